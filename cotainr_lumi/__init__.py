@@ -1,0 +1,51 @@
+"""
+cotainr-lumi: LUMI extensions for the cotainr container builder.
+
+Adds stages to cotainr's build pipeline (ordered pip steps after conda,
+safety-checked pruning, LUMI runtime injection, provenance) and registers
+them as the system ``lumi-g-ext``, so that ``cotainr build --system=lumi-g-ext``
+yields an image equivalent to the hand-built LUMI PyTorch image.
+
+Copyright the cotainr-lumi developers.
+Licensed under the European Union Public License (EUPL) 1.2
+- see the LICENSE file for details.
+
+Functions
+---------
+build(**request)
+    Build an image (see :func:`cotainr_lumi.api.build`).
+plan(**request)
+    Resolve a build into a plan without building.
+"""
+
+from ._version import __version__
+from .api import build, plan
+from .errors import (
+    CotainrLumiError,
+    ImageExistsError,
+    InputError,
+    ProfileError,
+    StageError,
+    UnknownSystemError,
+    UnsupportedCotainrError,
+)
+from .pipeline import BuildResult
+from .stage import Stage, StageContext, StageReport, register_stage
+
+__all__ = [
+    "__version__",
+    "build",
+    "plan",
+    "BuildResult",
+    "CotainrLumiError",
+    "ImageExistsError",
+    "InputError",
+    "ProfileError",
+    "StageError",
+    "UnknownSystemError",
+    "UnsupportedCotainrError",
+    "Stage",
+    "StageContext",
+    "StageReport",
+    "register_stage",
+]

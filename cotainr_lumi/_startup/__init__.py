@@ -1,0 +1,1 @@
+"""The start-up hook files installed at the top of site-packages."""

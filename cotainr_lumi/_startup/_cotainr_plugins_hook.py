@@ -1,0 +1,162 @@
+"""
+Generic start-up hook that loads cotainr plugins.
+
+cotainr has no plugin mechanism, so cotainr-lumi installs this module at the
+top of site-packages together with a ``.pth`` file that imports it when the
+interpreter starts. It only places a tiny import finder in front of
+``sys.meta_path``; nothing else happens unless and until ``cotainr.cli`` is
+imported. Then, right after ``cotainr.cli`` has executed, every entry point
+of the group ``cotainr.plugins`` is loaded and called with the ``cotainr.cli``
+module, provided the installed cotainr satisfies the ``cotainr`` requirement
+of the plugin's distribution. A plugin that does not fit, or fails, is left
+out with one warning and cotainr runs unchanged.
+
+Set ``COTAINR_LUMI_DISABLE=1`` to turn the hook off entirely.
+
+This module must stay import-cheap: standard library only, nothing imported
+at start-up beyond ``os`` and ``sys``.
+"""
+
+import os
+import sys
+
+DISABLE_ENV_VAR = "COTAINR_LUMI_DISABLE"
+ENTRY_POINT_GROUP = "cotainr.plugins"
+TARGET_MODULE = "cotainr.cli"
+
+
+def _warn(message):
+    """Print one warning line on stderr."""
+    sys.stderr.write(f"WARNING (cotainr plugin hook): {message}\n")
+
+
+def _plugin_fits_cotainr(entry_point):
+    """Check the plugin distribution's cotainr requirement; return a reason if not."""
+    dist = getattr(entry_point, "dist", None)
+    if dist is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    try:
+        cotainr_version = version("cotainr")
+    except PackageNotFoundError:
+        return "cotainr is not installed as a distribution"
+    for text in dist.requires or []:
+        req = Requirement(text)
+        if req.name.lower() != "cotainr":
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        if not req.specifier.contains(Version(cotainr_version), prereleases=True):
+            return (
+                f"{dist.metadata['Name']} {dist.version} supports cotainr{req.specifier} "
+                f"but cotainr {cotainr_version} is installed"
+            )
+    return None
+
+
+def load_plugins(cli_module):
+    """
+    Load and activate every ``cotainr.plugins`` entry point.
+
+    Parameters
+    ----------
+    cli_module : module
+        The freshly imported ``cotainr.cli`` module.
+
+    Returns
+    -------
+    loaded : list of str
+        The names of the plugins activated.
+    """
+    loaded = []
+    try:
+        from importlib.metadata import entry_points
+
+        try:
+            eps = entry_points(group=ENTRY_POINT_GROUP)
+        except TypeError:  # Python 3.9
+            eps = entry_points().get(ENTRY_POINT_GROUP, [])
+    except Exception as e:  # pragma: no cover - broken metadata
+        _warn(f"cannot list cotainr plugins ({e}); running stock cotainr")
+        return loaded
+    for ep in eps:
+        try:
+            reason = _plugin_fits_cotainr(ep)
+            if reason:
+                _warn(
+                    f"plugin '{ep.name}' not loaded: {reason}; running stock cotainr. "
+                    f"Set {DISABLE_ENV_VAR}=1 to silence this."
+                )
+                continue
+            ep.load()(cli_module)
+            loaded.append(ep.name)
+        except Exception as e:
+            _warn(
+                f"plugin '{ep.name}' failed to load ({type(e).__name__}: {e}); "
+                "running stock cotainr for it."
+            )
+    return loaded
+
+
+class _CotainrCliFinder:
+    """A one-shot meta path finder that wraps the loader of cotainr.cli."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != TARGET_MODULE:
+            return None
+        from importlib.machinery import PathFinder
+
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:  # pragma: no cover
+            pass
+        spec = PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _ActivatingLoader(spec.loader)
+        return spec
+
+    def invalidate_caches(self):
+        pass
+
+
+class _ActivatingLoader:
+    """Delegate to the real loader, then load the plugins."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        load_plugins(module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+def install():
+    """Place the finder in front of ``sys.meta_path`` (unless disabled)."""
+    if os.environ.get(DISABLE_ENV_VAR, "") not in ("", "0"):
+        return False
+    if TARGET_MODULE in sys.modules:
+        return False
+    if any(isinstance(f, _CotainrCliFinder) for f in sys.meta_path):
+        return False
+    sys.meta_path.insert(0, _CotainrCliFinder())
+    return True
+
+
+def uninstall():
+    """Remove the finder (e.g. when a plugin drives cotainr itself)."""
+    for finder in [f for f in sys.meta_path if isinstance(f, _CotainrCliFinder)]:
+        sys.meta_path.remove(finder)
+
+
+install()

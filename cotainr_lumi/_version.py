@@ -1,0 +1,3 @@
+"""The cotainr-lumi version number (CalVer, like cotainr)."""
+
+__version__ = "2026.11.0"

@@ -1,0 +1,351 @@
+"""
+The command line: ``cotainr build``/``info`` extended, and ``cotainr-lumi``.
+
+:class:`Build` and :class:`Info` subclass cotainr's subcommands. Through the
+start-up hook they replace cotainr's own in the stock ``cotainr`` command;
+``cotainr-lumi`` (and ``python -m cotainr_lumi``) use them without the hook.
+A build of a stock cotainr system, or a ``--base-image`` build without any
+cotainr-lumi option, runs cotainr's own build code unchanged.
+
+Classes
+-------
+Build
+    Build a container.
+Info
+    Obtain info about the dependencies and the available systems.
+CotainrLumiCLI
+    Build Apptainer/Singularity containers for LUMI with cotainr-lumi.
+
+Functions
+---------
+main(*args, **kwargs)
+    The ``cotainr-lumi`` entry point.
+patch_stock_cli(*, cli_module)
+    Make cotainr's CLI use :class:`Build` and :class:`Info`.
+"""
+
+import argparse
+import logging
+import sys
+
+import yaml
+
+from . import _cotainr
+from .errors import CotainrLumiError, ImageExistsError, InputError
+from .pipeline import run_plan
+from .plan import BuildRequest, make_plan
+from .profiles import load_systems
+from .stage import available_stages, get_stage_class
+
+logger = logging.getLogger(__name__)
+
+
+def _fail(error):
+    """Print one error message and exit with the error's code."""
+    sys.stderr.write(f"cotainr: error: {error}\n")
+    raise SystemExit(getattr(error, "exit_code", 1))
+
+
+def _parse_set_option(text):
+    """Parse ``STAGE.KEY=VALUE`` (VALUE as YAML) into (stage, key, value)."""
+    name, sep, raw_value = text.partition("=")
+    stage, dot, key = name.partition(".")
+    if not sep or not dot or not stage or not key:
+        raise InputError(
+            f"--set {text!r}: expected STAGE.KEY=VALUE, e.g. "
+            "--set provenance.hash-base-image=false"
+        )
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+    except yaml.YAMLError as e:
+        raise InputError(f"--set {text!r}: the value is not valid YAML ({e})") from e
+    return stage, key, value
+
+
+class Build(_cotainr.StockBuild):
+    """
+    Build a container.
+
+    The "build" subcommand.
+
+    Parameters
+    ----------
+    image_path : :class:`os.PathLike`
+        Path to the built container image.
+    base_image : str
+        Base image to use for the container which may be any valid
+        Apptainer/Singularity <BUILD SPEC>.
+    conda_env : :class:`os.PathLike`, optional
+        Path to a Conda environment.yml file to install and activate in the
+        container. When installing a Conda environment, you must accept the
+        Miniforge license terms, as specified during the build process.
+    system : str
+        Which system/partition you will be running the container on. This sets
+        base image and other parameters for a simpler container creation.
+        Running the info command will tell you more about the system and what
+        is available.
+    accept_licenses : bool, default=False
+        Accept all license terms (if any) needed for completing the container
+        build process.
+    verbosity : int, optional
+        The verbosity of the output from cotainr: -1 for only CRITICAL, 0 (the
+        default) for cotainr INFO and subprocess WARNING, 1 for subprocess
+        output as well, 2 for subprocess INFO, 3 for DEBUG, and 4 for TRACE.
+    log_to_file : bool
+        Create files containing all logging information shown on stdout/stderr.
+    no_color : bool
+        Do not use colored console output.
+    force : bool, default=False
+        Overwrite an existing image without asking (for batch jobs). The old
+        image is replaced only when the new build succeeds.
+    dry_run : bool, default=False
+        Print the resolved build plan (base image, stages in order, what each
+        will do) and build nothing.
+    base_image_override : str, optional
+        Use this base image instead of the system's (e.g. your own copy of a
+        LUMI base image).
+    set_settings : list of str, optional
+        Override a stage setting of the system profile, as STAGE.KEY=VALUE
+        with VALUE in YAML (repeatable).
+    skip_stages : list of str, optional
+        Do not run this stage of the system (repeatable).
+    """
+
+    def __init__(
+        self,
+        *,
+        image_path,
+        base_image=None,
+        conda_env=None,
+        system=None,
+        accept_licenses=False,
+        verbosity=0,
+        log_to_file=False,
+        no_color=False,
+        force=False,
+        dry_run=False,
+        base_image_override=None,
+        set_settings=None,
+        skip_stages=None,
+        **stage_args,
+    ):
+        """Construct the "build" subcommand."""
+        self.log_settings = _cotainr.make_log_settings(
+            verbosity=verbosity, log_to_file=log_to_file, no_color=no_color
+        )
+        try:
+            settings = self._stage_settings(
+                set_settings=set_settings or [],
+                stage_args=argparse.Namespace(**stage_args),
+            )
+            self.request = BuildRequest(
+                image_path=image_path,
+                system=system,
+                base_image=base_image,
+                base_image_override=base_image_override,
+                conda_env=conda_env,
+                settings=settings,
+                skip_stages=tuple(skip_stages or ()),
+                force=force,
+                dry_run=dry_run,
+                accept_licenses=accept_licenses,
+            )
+            self.plan = make_plan(request=self.request)
+            if self.plan.image_exists and not force and not dry_run:
+                self._confirm_overwrite()
+        except CotainrLumiError as e:
+            _fail(e)
+        # The attributes cotainr's own Build.execute() uses (stock builds).
+        self.image_path = self.plan.image_path
+        self.accept_licenses = accept_licenses
+        self.base_image = self.plan.base_image.given
+        self.conda_env = self.plan.conda_env
+        if self.plan.system is not None:
+            self.system = {"base-image": self.plan.system.base_image}
+
+    def _confirm_overwrite(self):
+        """Ask before overwriting; refuse when nobody can answer."""
+        if not sys.stdin or not sys.stdin.isatty():
+            raise ImageExistsError(
+                f"The image {self.plan.image_path} already exists and there is "
+                "no terminal to ask whether to overwrite it. Pass --force to "
+                "replace it, or choose another path."
+            )
+        if not _cotainr.answer_is_yes(
+            f"{self.plan.image_path} already exists. Would you like to overwrite it?"
+        ):
+            sys.stderr.write(
+                f"You have chosen not to overwrite {self.plan.image_path}. Exiting.\n"
+            )
+            raise SystemExit(0)
+        self.request.force = True
+
+    @staticmethod
+    def _stage_settings(*, set_settings, stage_args):
+        """Collect stage setting overrides from --set and stage options."""
+        settings = {}
+        for name in available_stages():
+            overrides = get_stage_class(name).settings_from_args(args=stage_args)
+            if overrides:
+                settings.setdefault(name, {}).update(overrides)
+        for text in set_settings:
+            stage, key, value = _parse_set_option(text)
+            settings.setdefault(stage, {})[key] = value
+        return settings
+
+    @classmethod
+    def add_arguments(cls, *, parser):
+        """Add arguments to the "build" subcommand subparser."""
+        super().add_arguments(parser=parser)
+
+        def helptext(arg):
+            return _cotainr.extract_help_from_docstring(arg=arg, docstring=cls.__doc__)
+
+        group = parser.add_argument_group("cotainr-lumi")
+        group.add_argument("--force", action="store_true", help=helptext("force"))
+        group.add_argument("--dry-run", action="store_true", help=helptext("dry_run"))
+        group.add_argument(
+            "--base-image-override",
+            metavar="IMAGE",
+            help=helptext("base_image_override"),
+        )
+        group.add_argument(
+            "--set",
+            dest="set_settings",
+            action="append",
+            metavar="STAGE.KEY=VALUE",
+            help=helptext("set_settings"),
+        )
+        group.add_argument(
+            "--skip-stage",
+            dest="skip_stages",
+            action="append",
+            metavar="STAGE",
+            help=helptext("skip_stages"),
+        )
+        for name in available_stages():
+            get_stage_class(name).add_arguments(parser=group)
+
+    def execute(self):
+        """Execute the "build" subcommand."""
+        if self.request.dry_run:
+            print(self.plan.describe())
+            return
+        if not self.plan.extended:
+            # A stock build: cotainr's own code, unchanged.
+            super().execute()
+            return
+        try:
+            result = run_plan(plan=self.plan, log_settings=self.log_settings)
+        except CotainrLumiError as e:
+            logger.error("%s", e)
+            logger.error("No image was written to %s.", self.plan.image_path)
+            raise SystemExit(getattr(e, "exit_code", 1)) from None
+        for report in result.reports:
+            hint = report.details.get("run-hint") if report.details else None
+            if hint:
+                logger.info("%s", hint)
+
+
+class Info(_cotainr.StockInfo):
+    """
+    Obtain info about the state of all required dependencies for building a container.
+
+    The "info" subcommand; also lists the cotainr-lumi systems.
+    """
+
+    def _check_systems(self):
+        """Report the available systems (stock and cotainr-lumi)."""
+        try:
+            systems = load_systems()
+        except CotainrLumiError as e:
+            return f"Cannot read the system profiles: {e}"
+        if not systems:
+            return "No system configurations available"
+        lines = ["Available system configurations:"]
+        for name, system in systems.items():
+            kind = "stock" if system.stock else "cotainr-lumi"
+            lines.append(f"\t- {name} [{kind}] base image: {system.base_image}".expandtabs(4))
+            if system.description and not system.stock:
+                lines.append(f"\t    {system.description}".expandtabs(4))
+        return "\n".join(lines)
+
+
+class CotainrLumiCLI(_cotainr.StockCLI):
+    """
+    Build Apptainer/Singularity containers for LUMI with cotainr-lumi.
+
+    The ``cotainr-lumi`` command: cotainr's CLI with the cotainr-lumi build
+    and info subcommands, without relying on the start-up hook.
+
+    Parameters
+    ----------
+    args : list of str, optional
+        The input arguments to the CLI (default: ``sys.argv``).
+    """
+
+    _subcommands = [Build, Info]
+
+    def __init__(self, *, args=None):
+        """Construct the command line interface."""
+        from ._version import __version__
+
+        parser = argparse.ArgumentParser(
+            prog="cotainr-lumi", description=self.__doc__.strip().splitlines()[0]
+        )
+        parser.add_argument(
+            "--version",
+            action="version",
+            version=(
+                f"%(prog)s {__version__} (cotainr {_cotainr.cotainr_version()})"
+            ),
+        )
+        subparsers = parser.add_subparsers(title="subcommands")
+        for subcommand_cls in self._subcommands:
+            summary = subcommand_cls.__doc__.strip().splitlines()[0]
+            sub_parser = subparsers.add_parser(
+                name=subcommand_cls.__name__.lower(), help=summary, description=summary
+            )
+            subcommand_cls.add_arguments(parser=sub_parser)
+            sub_parser.set_defaults(subcommand_cls=subcommand_cls)
+        self.args = parser.parse_args(args=args)
+        subcommand_args = {
+            k: v for k, v in vars(self.args).items() if k != "subcommand_cls"
+        }
+        if not hasattr(self.args, "subcommand_cls"):
+            parser.print_help()
+            raise SystemExit(0)
+        self.subcommand = self.args.subcommand_cls(**subcommand_args)
+        _cotainr.setup_cli_logging(
+            log_settings=getattr(
+                self.subcommand, "log_settings", _cotainr.make_log_settings()
+            )
+        )
+
+
+def patch_stock_cli(*, cli_module):
+    """
+    Make cotainr's CLI use :class:`Build` and :class:`Info`.
+
+    Parameters
+    ----------
+    cli_module : module
+        The ``cotainr.cli`` module.
+    """
+    replacements = {cli_module.Build: Build, cli_module.Info: Info}
+    cli_module.CotainrCLI._subcommands = [
+        replacements.get(cls, cls) for cls in cli_module.CotainrCLI._subcommands
+    ]
+
+
+def main(*args, **kwargs):
+    """The ``cotainr-lumi`` entry point."""
+    try:
+        _cotainr.check_cotainr_version()
+    except CotainrLumiError as e:
+        _fail(e)
+    cli = CotainrLumiCLI()
+    cli.subcommand.execute()
+
+
+__all__ = ["Build", "Info", "CotainrLumiCLI", "main", "patch_stock_cli"]

@@ -1,0 +1,166 @@
+"""
+Path handling confined to a container root file system.
+
+A sandbox is a directory on the host holding the image's root file system.
+Its symlinks are meant for the image: ``/opt/rocm -> /opt/rocm-6.2.4`` points
+to the image's ``/opt/rocm-6.2.4``, not the host's. Everything here resolves
+such links inside the sandbox root, so nothing we read for decisions, write or
+delete can be a host file.
+
+Functions
+---------
+resolve_in_root(*, root, path, follow_final=True)
+    Resolve an image path to a host path inside `root`.
+write_file_in_root(*, root, path, content, mode=0o644)
+    Write a regular file at an image path, never through a link.
+image_path_of(*, root, host_path)
+    The image path of a host path that lies inside `root`.
+"""
+
+import errno
+import logging
+import os
+from pathlib import Path, PurePosixPath
+
+logger = logging.getLogger(__name__)
+
+#: The most symlinks followed while resolving one path (as Linux' MAXSYMLINKS).
+MAX_SYMLINKS = 40
+
+
+class SymlinkLoopError(OSError):
+    """Too many symlinks (a loop) while resolving a path inside a root."""
+
+
+def resolve_in_root(*, root, path, follow_final=True):
+    """
+    Resolve an image path to a host path inside `root`.
+
+    The path is resolved component by component as the kernel would resolve
+    it with `root` as ``/`` (like ``chroot``): absolute symlink targets restart
+    at `root`, ``..`` never climbs above `root`, and missing components are
+    kept literally. The result therefore always lies inside `root`.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the root file system (e.g. a sandbox directory).
+    path : str or os.PathLike
+        The path as seen inside the image (relative paths count from ``/``).
+    follow_final : bool, default=True
+        Whether a symlink in the last component is followed.
+
+    Returns
+    -------
+    host_path : :class:`pathlib.Path`
+        The host path, inside `root`.
+
+    Raises
+    ------
+    SymlinkLoopError
+        If more than :data:`MAX_SYMLINKS` links are met (a loop).
+    """
+    root = Path(os.path.abspath(root))
+    pending = [p for p in PurePosixPath("/", path).parts[1:]]
+    pending.reverse()  # a stack: the next component is at the end
+    resolved = []
+    links_followed = 0
+    while pending:
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if resolved:
+                resolved.pop()
+            continue
+        candidate = root.joinpath(*resolved, part)
+        is_last = not pending
+        if is_last and not follow_final:
+            resolved.append(part)
+            break
+        try:
+            is_link = candidate.is_symlink()
+        except OSError:
+            is_link = False
+        if not is_link:
+            resolved.append(part)
+            continue
+        links_followed += 1
+        if links_followed > MAX_SYMLINKS:
+            raise SymlinkLoopError(
+                errno.ELOOP,
+                f"Too many levels of symbolic links resolving {path!s} inside {root}",
+            )
+        target = PurePosixPath(os.readlink(candidate))
+        if target.is_absolute():
+            resolved = []
+            target_parts = list(target.parts[1:])
+        else:
+            target_parts = list(target.parts)
+        pending.extend(reversed(target_parts))
+    return root.joinpath(*resolved)
+
+
+def image_path_of(*, root, host_path):
+    """
+    The image path of a host path that lies inside `root`.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the root file system.
+    host_path : os.PathLike
+        A host path inside `root` (not resolved through symlinks).
+
+    Returns
+    -------
+    image_path : :class:`pathlib.PurePosixPath`
+        The absolute path inside the image.
+
+    Raises
+    ------
+    ValueError
+        If `host_path` is not inside `root`.
+    """
+    rel = Path(os.path.abspath(host_path)).relative_to(os.path.abspath(root))
+    return PurePosixPath("/", *rel.parts)
+
+
+def write_file_in_root(*, root, path, content, mode=0o644):
+    """
+    Write a regular file at an image path, never through a link.
+
+    Parent directories are resolved inside `root` and created (mode 0755) if
+    missing. A symlink at the final component is replaced by the file (the
+    link is removed, its target is left alone).
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the root file system.
+    path : str or os.PathLike
+        The absolute path inside the image.
+    content : str or bytes
+        The file content (str is written as UTF-8).
+    mode : int, default=0o644
+        The permission bits of the file.
+
+    Returns
+    -------
+    host_path : :class:`pathlib.Path`
+        The host path of the written file.
+    """
+    image_path = PurePosixPath("/", path)
+    parent = resolve_in_root(root=root, path=image_path.parent)
+    parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    target = parent / image_path.name
+    if target.is_symlink():
+        target.unlink()
+    data = content.encode() if isinstance(content, str) else content
+    fd = os.open(
+        target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode
+    )
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(target, mode)
+    return target

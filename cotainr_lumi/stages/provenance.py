@@ -1,0 +1,139 @@
+"""
+The provenance stage: record how the image was built.
+
+Labels (``apptainer inspect --labels``):
+
+- ``cotainr-lumi.version``, ``cotainr-lumi.cotainr-version``
+- ``cotainr-lumi.system``
+- ``cotainr-lumi.base-image`` (as given), ``cotainr-lumi.base-image.resolved``
+  (the real path behind symlinks: LUMI's ``sif-images/`` links change without
+  notice) and ``cotainr-lumi.base-image.sha256`` (for a local file)
+- ``cotainr-lumi.stages`` (the stages run, in order)
+- ``cotainr-lumi.provenance`` (the JSON record inside the image)
+
+Classes
+-------
+ProvenanceStage
+    The stage.
+
+Functions
+---------
+sha256_of_file(*, path, chunk_size=4 MiB)
+    Stream a file through SHA-256.
+"""
+
+import datetime
+import hashlib
+import json
+import logging
+import platform
+
+from .. import _cotainr
+from .._version import __version__
+from ..rootfs import write_file_in_root
+from ..stage import Stage, StageReport, register_stage
+
+logger = logging.getLogger(__name__)
+
+#: Where the provenance record goes in the image.
+PROVENANCE_FILE = "/opt/cotainr-lumi/provenance.json"
+
+
+def sha256_of_file(*, path, chunk_size=4 * 1024 * 1024):
+    """
+    Stream a file through SHA-256.
+
+    Parameters
+    ----------
+    path : os.PathLike
+        The file.
+    chunk_size : int, default=4 MiB
+        Bytes read at a time (memory use stays at one chunk).
+
+    Returns
+    -------
+    digest : str
+        The hex digest.
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(chunk_size), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@register_stage
+class ProvenanceStage(Stage):
+    """Record how the image was built (labels and a JSON record)."""
+
+    name = "provenance"
+    defaults = {"hash-base-image": True}
+
+    @classmethod
+    def validate_settings(cls, *, settings):
+        """Check the settings (``hash-base-image`` must be a boolean)."""
+        problems = super().validate_settings(settings=settings)
+        value = settings.get("hash-base-image", True)
+        if not isinstance(value, bool):
+            problems.append(("hash-base-image", f"must be true or false (got {value!r})"))
+        return problems
+
+    def describe(self, *, plan):
+        """Describe the labels the stage will add."""
+        lines = [
+            "labels: cotainr-lumi.{version,cotainr-version,system,stages,"
+            "base-image,base-image.resolved,base-image.sha256,provenance}",
+            f"record: {PROVENANCE_FILE}",
+        ]
+        if plan.base_image.is_local_file and self.settings["hash-base-image"]:
+            lines.append(f"sha256 of {plan.base_image.resolved}")
+        return lines
+
+    def run(self, *, context):
+        """Write the labels and the provenance record."""
+        plan = context.plan
+        base = plan.base_image
+        sha256 = ""
+        if base.is_local_file and self.settings["hash-base-image"]:
+            logger.info("Computing the sha256 of %s", base.resolved)
+            sha256 = sha256_of_file(path=base.resolved)
+        stages = plan.stage_names
+        labels = {
+            "cotainr-lumi.version": __version__,
+            "cotainr-lumi.cotainr-version": _cotainr.cotainr_version(),
+            "cotainr-lumi.system": plan.system.name if plan.system else "",
+            "cotainr-lumi.base-image": base.given,
+            "cotainr-lumi.base-image.resolved": base.resolved,
+            "cotainr-lumi.stages": ",".join(stages),
+            "cotainr-lumi.provenance": PROVENANCE_FILE,
+        }
+        if sha256:
+            labels["cotainr-lumi.base-image.sha256"] = sha256
+        record = {
+            "cotainr-lumi": __version__,
+            "cotainr": _cotainr.cotainr_version(),
+            "built": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "build-host": {"machine": platform.machine(), "python": platform.python_version()},
+            "system": plan.system.name if plan.system else None,
+            "profile-sources": list(plan.system.sources) if plan.system else [],
+            "base-image": {
+                "given": base.given,
+                "resolved": base.resolved,
+                "sha256": sha256 or None,
+            },
+            "conda-env": plan.conda_env.name if plan.conda_env else None,
+            "stages": [
+                {"name": stage.name, "settings": stage.settings} for stage in plan.stages
+            ],
+            "reports": [
+                {"name": r.name, "summary": r.summary, "labels": r.labels}
+                for r in context.reports
+            ],
+        }
+        write_file_in_root(
+            root=context.sandbox.root,
+            path=PROVENANCE_FILE,
+            content=json.dumps(record, indent=2, sort_keys=True, default=str) + "\n",
+        )
+        summary = f"base image {base.resolved}" + (f" (sha256 {sha256[:12]}…)" if sha256 else "")
+        return StageReport(name=self.name, summary=summary, details=record, labels=labels)
