@@ -58,7 +58,7 @@ from cotainr import util as _util  # noqa: E402
 
 from .errors import UnsupportedCotainrError  # noqa: E402
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The cotainr releases this module is written and tested against.
 SUPPORTED_COTAINR = SpecifierSet(">=2025.7.1,<2025.8")
@@ -187,7 +187,7 @@ def setup_cli_logging(*, log_settings):
 
 def console_spinner():
     """
-    cotainr's console spinner, only when stdout is a terminal.
+    Cotainr's console spinner, only when stdout is a terminal.
 
     In a Slurm log (stdout not a terminal) the spinner's escape codes would
     flood the file, so a no-op context is returned instead.

@@ -28,7 +28,7 @@ from . import _cotainr
 from .pipeline import run_plan
 from .plan import BuildRequest, make_plan
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 def plan(

@@ -37,7 +37,7 @@ from .plan import BuildRequest, make_plan
 from .profiles import load_systems
 from .stage import available_stages, get_stage_class
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 def _fail(error):
@@ -265,7 +265,9 @@ class Info(_cotainr.StockInfo):
         lines = ["Available system configurations:"]
         for name, system in systems.items():
             kind = "stock" if system.stock else "cotainr-lumi"
-            lines.append(f"\t- {name} [{kind}] base image: {system.base_image}".expandtabs(4))
+            lines.append(
+                f"\t- {name} [{kind}] base image: {system.base_image}".expandtabs(4)
+            )
             if system.description and not system.stock:
                 lines.append(f"\t    {system.description}".expandtabs(4))
         return "\n".join(lines)
@@ -296,9 +298,7 @@ class CotainrLumiCLI(_cotainr.StockCLI):
         parser.add_argument(
             "--version",
             action="version",
-            version=(
-                f"%(prog)s {__version__} (cotainr {_cotainr.cotainr_version()})"
-            ),
+            version=(f"%(prog)s {__version__} (cotainr {_cotainr.cotainr_version()})"),
         )
         subparsers = parser.add_subparsers(title="subcommands")
         for subcommand_cls in self._subcommands:

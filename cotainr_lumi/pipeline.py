@@ -24,13 +24,13 @@ import logging
 import os
 from pathlib import Path
 import time
-from typing import Any, Dict, List, Optional
+from typing import Optional
 
 from . import _cotainr
 from .errors import CotainrLumiError, ImageExistsError, StageError
 from .stage import StageContext, StageReport
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: Bind variables a LUMI bindings module may leave set; they break builds
 #: because the bound host paths do not exist in the image being built.
@@ -70,8 +70,8 @@ class BuildResult:
     image_path: Path
     system: Optional[str]
     base_image: str
-    labels: Dict[str, str] = field(default_factory=dict)
-    reports: List[StageReport] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    reports: list[StageReport] = field(default_factory=list)
     duration: float = 0.0
     dry_run: bool = False
     plan_text: str = ""
@@ -115,7 +115,9 @@ def without_bind_variables():
     removed : dict
         The variables that were unset.
     """
-    removed = {name: os.environ.pop(name) for name in BIND_ENV_VARS if name in os.environ}
+    removed = {
+        name: os.environ.pop(name) for name in BIND_ENV_VARS if name in os.environ
+    }
     if removed:
         logger.warning(
             "Ignoring %s during the build (bind mounts are for running "
@@ -228,6 +230,13 @@ def run_plan(*, plan, log_settings=None):
         if cause is not None and getattr(cause, "stderr", None):
             details = "\n".join(cause.stderr.splitlines()[-20:])
         raise StageError(str(e), stage=current, details=details) from e
+    except Exception as e:
+        logger.debug("Unexpected error in %s", current, exc_info=True)
+        raise StageError(
+            f"unexpected {type(e).__name__}: {e}. This is a bug in cotainr-lumi "
+            "or a plugin stage; please report it with the output of -vvv.",
+            stage=current,
+        ) from e
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp_image.unlink()
@@ -241,4 +250,3 @@ def run_plan(*, plan, log_settings=None):
         time.strftime("%H:%M:%S", time.gmtime(result.duration)),
     )
     return result
-

@@ -28,13 +28,13 @@ import logging
 import os
 from pathlib import Path
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from .errors import InputError
 from .profiles import SystemProfile, get_system, load_systems
 from .stage import Stage, get_stage_class
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The order stages take when a --base-image build asks for some of them.
 CANONICAL_STAGE_ORDER = ("pip", "prune", "lumi-env", "provenance")
@@ -76,8 +76,8 @@ class BuildRequest:
     base_image: Optional[str] = None
     base_image_override: Optional[str] = None
     conda_env: Any = None
-    settings: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    skip_stages: Tuple[str, ...] = ()
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skip_stages: tuple[str, ...] = ()
     force: bool = False
     dry_run: bool = False
     accept_licenses: bool = False
@@ -158,8 +158,8 @@ class BuildPlan:
     system: Optional[SystemProfile]
     base_image: BaseImage
     conda_env: Optional[Path]
-    stages: List[Stage]
-    skipped: List[str]
+    stages: list[Stage]
+    skipped: list[str]
     extended: bool
     image_exists: bool
 
@@ -223,8 +223,7 @@ class BuildPlan:
         elif not _URI_RE.match(self.base_image.given):
             lines.append("    (not a file on this machine: the build will fail here)")
         lines.append(
-            "  conda env:  "
-            + (str(self.conda_env) if self.conda_env else "none")
+            "  conda env:  " + (str(self.conda_env) if self.conda_env else "none")
         )
         lines.append(f"  target env: {self.target_environment}")
         mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
@@ -233,7 +232,9 @@ class BuildPlan:
         lines.append(f"  {step}. cotainr: create the sandbox from the base image")
         if self.conda_env is not None:
             step += 1
-            lines.append(f"  {step}. cotainr: install the conda env {self.conda_env.name}")
+            lines.append(
+                f"  {step}. cotainr: install the conda env {self.conda_env.name}"
+            )
         for stage in self.stages:
             step += 1
             lines.append(f"  {step}. {stage.name}")
@@ -283,8 +284,7 @@ def make_plan(*, request, systems=None):
     """
     if (request.system is None) == (request.base_image is None):
         raise InputError(
-            "Give exactly one of a system (--system) and a base image "
-            "(--base-image)."
+            "Give exactly one of a system (--system) and a base image (--base-image)."
         )
     image_path = Path(request.image_path).expanduser().resolve()
     if image_path.is_dir():
@@ -301,9 +301,7 @@ def make_plan(*, request, systems=None):
     if request.conda_env is not None:
         conda_env = Path(request.conda_env).expanduser().resolve()
         if not conda_env.is_file():
-            raise InputError(
-                f"The conda environment file {conda_env} does not exist."
-            )
+            raise InputError(f"The conda environment file {conda_env} does not exist.")
 
     overrides = copy.deepcopy(request.settings or {})
     if not isinstance(overrides, dict) or not all(

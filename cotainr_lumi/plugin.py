@@ -12,7 +12,7 @@ activate(cli_module)
 
 import logging
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 def activate(cli_module):

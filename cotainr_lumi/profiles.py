@@ -47,13 +47,13 @@ from dataclasses import dataclass, field
 import logging
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional
 
 import yaml
 
 from .errors import ProfileError, UnknownSystemError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The profile file shipped in the package.
 PACKAGED_PROFILE = Path(__file__).with_name("systems.yaml")
@@ -98,10 +98,10 @@ class SystemProfile:
     name: str
     base_image: str
     description: str = ""
-    stages: Tuple[str, ...] = ()
-    settings: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    stages: tuple[str, ...] = ()
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     rocm_version: Optional[str] = None
-    sources: Tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
     stock: bool = False
 
     def stage_settings(self, name):
@@ -304,7 +304,7 @@ def _validate(*, name, merged, sources, where):
         parts = rocm.split(".")
         if len(parts) != 2 or not all(p.isdigit() for p in parts):
             raise ProfileError(
-                f"must be a ROCm major.minor such as \"6.2\" (got {rocm!r})",
+                f'must be a ROCm major.minor such as "6.2" (got {rocm!r})',
                 key="rocm-version",
                 **where,
             )

@@ -22,7 +22,7 @@ import logging
 import os
 from pathlib import Path, PurePosixPath
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The most symlinks followed while resolving one path (as Linux' MAXSYMLINKS).
 MAX_SYMLINKS = 40
@@ -157,9 +157,7 @@ def write_file_in_root(*, root, path, content, mode=0o644):
     if target.is_symlink():
         target.unlink()
     data = content.encode() if isinstance(content, str) else content
-    fd = os.open(
-        target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode
-    )
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.chmod(target, mode)

@@ -26,13 +26,14 @@ available_stages()
 """
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 import logging
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Optional
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"cotainr.{__name__}")
 
-_REGISTRY: Dict[str, type] = {}
+_REGISTRY: dict[str, type] = {}
 
 
 @dataclass
@@ -56,8 +57,8 @@ class StageReport:
 
     name: str
     summary: str = ""
-    details: Dict[str, Any] = field(default_factory=dict)
-    labels: Dict[str, str] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
     duration: float = 0.0
 
 
@@ -82,8 +83,8 @@ class StageContext:
 
     sandbox: Any
     plan: Any
-    reports: List[StageReport] = field(default_factory=list)
-    labels: Dict[str, str] = field(default_factory=dict)
+    reports: list[StageReport] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 class Stage(ABC):
@@ -112,7 +113,7 @@ class Stage(ABC):
         self.settings = merged
 
     @classmethod
-    def validate_settings(cls, *, settings: Mapping[str, Any]) -> List[Tuple[str, str]]:
+    def validate_settings(cls, *, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
         """
         Check stage settings from a profile.
 
@@ -134,7 +135,7 @@ class Stage(ABC):
                 problems.append((key, f"unknown setting (known: {known})"))
         return problems
 
-    @classmethod
+    @classmethod  # noqa: B027
     def add_arguments(cls, *, parser) -> None:
         """
         Add this stage's command line options to the ``build`` parser.
@@ -146,7 +147,7 @@ class Stage(ABC):
         """
 
     @classmethod
-    def settings_from_args(cls, *, args) -> Dict[str, Any]:
+    def settings_from_args(cls, *, args) -> dict[str, Any]:
         """
         Stage setting overrides from parsed command line options.
 
@@ -163,7 +164,7 @@ class Stage(ABC):
         """
         return {}
 
-    def describe(self, *, plan) -> List[str]:
+    def describe(self, *, plan) -> list[str]:
         """
         Describe what the stage will do, for the dry-run plan.
 

@@ -33,7 +33,7 @@ from .._version import __version__
 from ..rootfs import write_file_in_root
 from ..stage import Stage, StageReport, register_stage
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: Where the provenance record goes in the image.
 PROVENANCE_FILE = "/opt/cotainr-lumi/provenance.json"
@@ -75,7 +75,9 @@ class ProvenanceStage(Stage):
         problems = super().validate_settings(settings=settings)
         value = settings.get("hash-base-image", True)
         if not isinstance(value, bool):
-            problems.append(("hash-base-image", f"must be true or false (got {value!r})"))
+            problems.append(
+                ("hash-base-image", f"must be true or false (got {value!r})")
+            )
         return problems
 
     def describe(self, *, plan):
@@ -113,7 +115,10 @@ class ProvenanceStage(Stage):
             "cotainr-lumi": __version__,
             "cotainr": _cotainr.cotainr_version(),
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "build-host": {"machine": platform.machine(), "python": platform.python_version()},
+            "build-host": {
+                "machine": platform.machine(),
+                "python": platform.python_version(),
+            },
             "system": plan.system.name if plan.system else None,
             "profile-sources": list(plan.system.sources) if plan.system else [],
             "base-image": {
@@ -123,7 +128,8 @@ class ProvenanceStage(Stage):
             },
             "conda-env": plan.conda_env.name if plan.conda_env else None,
             "stages": [
-                {"name": stage.name, "settings": stage.settings} for stage in plan.stages
+                {"name": stage.name, "settings": stage.settings}
+                for stage in plan.stages
             ],
             "reports": [
                 {"name": r.name, "summary": r.summary, "labels": r.labels}
@@ -135,5 +141,9 @@ class ProvenanceStage(Stage):
             path=PROVENANCE_FILE,
             content=json.dumps(record, indent=2, sort_keys=True, default=str) + "\n",
         )
-        summary = f"base image {base.resolved}" + (f" (sha256 {sha256[:12]}…)" if sha256 else "")
-        return StageReport(name=self.name, summary=summary, details=record, labels=labels)
+        summary = f"base image {base.resolved}" + (
+            f" (sha256 {sha256[:12]}…)" if sha256 else ""
+        )
+        return StageReport(
+            name=self.name, summary=summary, details=record, labels=labels
+        )

@@ -1,0 +1,149 @@
+"""Shared fixtures for the unit tests.
+
+The unit tests never run Apptainer. Like cotainr's own tests, they patch
+``SingularitySandbox._subprocess_runner`` (the one place cotainr starts
+subprocesses) with :class:`FakeSingularity`, which records every command and
+emulates just enough of ``singularity`` for a build to complete: the sandbox
+directory gets a ``.singularity.d`` skeleton, ``touch`` creates files, and
+``build IMAGE SANDBOX`` writes a small file at IMAGE.
+"""
+
+import json
+from pathlib import Path
+import subprocess
+
+import pytest
+
+
+class FakeSingularity:
+    """Record and emulate the singularity commands cotainr runs."""
+
+    def __init__(self):
+        self.commands = []
+        self.handlers = []  # (predicate(argv) -> bool, handler(argv) -> CompletedProcess)
+
+    def add_handler(self, predicate, handler):
+        """Answer exec commands for which predicate(argv) is true."""
+        self.handlers.insert(0, (predicate, handler))
+
+    @property
+    def exec_commands(self):
+        """The argv (after the sandbox path) of every `singularity exec`."""
+        result = []
+        for args in self.commands:
+            if "exec" in args:
+                i = args.index("exec")
+                # exec --writable --no-home --no-umask SANDBOX cmd...
+                result.append(args[i + 5 :])
+        return result
+
+    def __call__(self, *, args, custom_log_dispatcher=None, **kwargs):
+        args = [str(a) for a in args]
+        self.commands.append(args)
+        if "build" in args and "--sandbox" in args:
+            sandbox = Path(args[-2])
+            (sandbox / ".singularity.d/env").mkdir(parents=True, exist_ok=True)
+            (sandbox / ".singularity.d/labels.json").write_text("{}")
+            return subprocess.CompletedProcess(args, 0, stdout="", stderr="")
+        if "build" in args:
+            image, sandbox = Path(args[-2]), Path(args[-1])
+            image.write_bytes(
+                b"FAKE-SIF\n" + (sandbox / ".singularity.d/labels.json").read_bytes()
+            )
+            return subprocess.CompletedProcess(args, 0, stdout="", stderr="")
+        if "exec" in args:
+            argv = args[args.index("exec") + 5 :]
+            for predicate, handler in self.handlers:
+                if predicate(argv):
+                    return handler(argv)
+            if argv[:3] == ["conda", "info", "--base"]:
+                return subprocess.CompletedProcess(
+                    args, 0, stdout="/opt/cotainr/conda\n", stderr=""
+                )
+            if argv[:2] == ["uname", "-m"]:
+                return subprocess.CompletedProcess(
+                    args, 0, stdout="x86_64\n", stderr=""
+                )
+            if argv[:1] == ["touch"]:
+                Path(argv[1]).touch()
+            return subprocess.CompletedProcess(args, 0, stdout="", stderr="")
+        return subprocess.CompletedProcess(args, 0, stdout="", stderr="")
+
+
+@pytest.fixture(autouse=True)
+def isolated_config(tmp_path_factory, monkeypatch):
+    """Keep a developer's own profile files and bind variables out of the tests."""
+    config_home = tmp_path_factory.mktemp("xdg-config")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config_home))
+    monkeypatch.delenv("COTAINR_LUMI_SYSTEMS", raising=False)
+    for name in (
+        "SINGULARITY_BIND",
+        "APPTAINER_BIND",
+        "SINGULARITY_BINDPATH",
+        "APPTAINER_BINDPATH",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    return config_home
+
+
+@pytest.fixture
+def fake_singularity(mocker):
+    """Patch cotainr's subprocess runner with a recording fake singularity."""
+    fake = FakeSingularity()
+    mocker.patch(
+        "cotainr.container.SingularitySandbox._subprocess_runner",
+        side_effect=fake,
+        autospec=False,
+    )
+    return fake
+
+
+@pytest.fixture
+def no_miniforge_download(mocker):
+    """Let cotainr's conda step run without downloading Miniforge."""
+
+    def fake_download(self, *, installer_path):
+        Path(installer_path).write_text("#!/bin/sh\n")
+
+    mocker.patch(
+        "cotainr.pack.CondaInstall._download_miniforge_installer", fake_download
+    )
+
+
+@pytest.fixture
+def base_image(tmp_path):
+    """A local file standing in for a base image (with a symlink to it)."""
+    real = tmp_path / "images" / "lumi-rocm-6.1.3.sif"
+    real.parent.mkdir()
+    real.write_bytes(b"not really a sif, but a file with content\n")
+    link = tmp_path / "images" / "lumi-rocm.sif"
+    link.symlink_to(real.name)
+    return link
+
+
+@pytest.fixture
+def test_profile(tmp_path, base_image, monkeypatch):
+    """A profile file adding 'lumi-test' (extends lumi-g-ext) on the fake base."""
+    path = tmp_path / "test-systems.yaml"
+    path.write_text(
+        "systems:\n"
+        "  lumi-test:\n"
+        "    extends: lumi-g-ext\n"
+        f"    base-image: {base_image}\n"
+        '    rocm-version: "6.1"\n'
+        "    stages: [provenance]\n"
+    )
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(path))
+    return path
+
+
+def read_labels(image):
+    """The labels a FakeSingularity image carries."""
+    data = Path(image).read_bytes()
+    return json.loads(data.split(b"\n", 1)[1])
+
+
+@pytest.fixture
+def labels_of():
+    """Read the labels of an image built with the fake singularity."""
+    return read_labels

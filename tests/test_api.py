@@ -1,0 +1,61 @@
+import pytest
+
+import cotainr_lumi
+
+
+def test_build_returns_result_with_labels_and_reports(
+    tmp_path, fake_singularity, test_profile
+):
+    result = cotainr_lumi.build(image_path=tmp_path / "a.sif", system="lumi-test")
+    assert result.image_path == tmp_path / "a.sif" and result.image_path.exists()
+    assert result.labels["cotainr-lumi.system"] == "lumi-test"
+    assert result.report("provenance").labels == result.labels
+    with pytest.raises(KeyError):
+        result.report("pip")
+
+
+def test_dry_run_and_plan(tmp_path, fake_singularity, test_profile):
+    result = cotainr_lumi.build(
+        image_path=tmp_path / "a.sif", system="lumi-test", dry_run=True
+    )
+    assert (
+        result.dry_run
+        and not (tmp_path / "a.sif").exists()
+        and "provenance" in result.plan_text
+    )
+    plan = cotainr_lumi.plan(image_path=tmp_path / "a.sif", system="lumi-test")
+    assert plan.stage_names == ["provenance"] and plan.extended
+
+
+def test_typed_exceptions(tmp_path, fake_singularity, test_profile):
+    with pytest.raises(cotainr_lumi.UnknownSystemError):
+        cotainr_lumi.build(image_path=tmp_path / "a.sif", system="nope")
+    with pytest.raises(cotainr_lumi.InputError):
+        cotainr_lumi.build(
+            image_path=tmp_path / "missing-dir" / "a.sif", system="lumi-test"
+        )
+    with pytest.raises(cotainr_lumi.InputError):
+        cotainr_lumi.build(
+            image_path=tmp_path / "a.sif", system="lumi-test", base_image="x.sif"
+        )
+    with pytest.raises(cotainr_lumi.InputError, match="pip"):
+        cotainr_lumi.build(
+            image_path=tmp_path / "a.sif", system="lumi-test", settings={"pip": {}}
+        )
+    (tmp_path / "a.sif").write_text("x")
+    with pytest.raises(cotainr_lumi.ImageExistsError):
+        cotainr_lumi.build(image_path=tmp_path / "a.sif", system="lumi-test")
+    assert isinstance(cotainr_lumi.ImageExistsError("x"), cotainr_lumi.CotainrLumiError)
+
+
+def test_base_image_build_with_settings_is_extended(
+    tmp_path, fake_singularity, base_image
+):
+    plan = cotainr_lumi.plan(
+        image_path=tmp_path / "a.sif",
+        base_image=str(base_image),
+        settings={"provenance": {"hash-base-image": False}},
+    )
+    assert plan.extended and plan.stage_names == ["provenance"]
+    stock = cotainr_lumi.plan(image_path=tmp_path / "a.sif", base_image=str(base_image))
+    assert not stock.extended and stock.stage_names == []

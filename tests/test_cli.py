@@ -1,0 +1,239 @@
+import sys
+
+import cotainr.cli as stock_cli
+import pytest
+
+from cotainr_lumi import cli
+
+
+def normalise(commands, sandbox_marker="singularity_sandbox"):
+    """Replace the random sandbox/temp paths so two runs compare equal."""
+    out = []
+    for args in commands:
+        row = []
+        for a in args:
+            if sandbox_marker in a:
+                a = "<SANDBOX>" + a.split(sandbox_marker, 1)[1]
+            row.append(a)
+        out.append(row)
+    return out
+
+
+def run_cli(mocker, subcommands, argv):
+    mocker.patch.object(stock_cli.CotainrCLI, "_subcommands", subcommands)
+    mocker.patch.object(sys, "argv", ["cotainr", *argv])
+    stock_cli.main()
+
+
+STOCK = [stock_cli.Build, stock_cli.Info]
+PATCHED = [cli.Build, cli.Info]
+
+
+@pytest.mark.parametrize("use_system", [False, True])
+def test_stock_builds_run_identical_commands_with_plugin(
+    tmp_path, fake_singularity, mocker, base_image, use_system, no_miniforge_download
+):
+    env = tmp_path / "env.yml"
+    env.write_text("name: x\ndependencies: [python]\n")
+    if use_system:
+        mocker.patch(
+            "cotainr.util.get_systems",
+            return_value={"stock-sys": {"base-image": str(base_image)}},
+        )
+        source = ["--system=stock-sys"]
+    else:
+        source = [f"--base-image={base_image}"]
+    run_cli(
+        mocker,
+        STOCK,
+        [
+            "build",
+            str(tmp_path / "stock.sif"),
+            *source,
+            f"--conda-env={env}",
+            "--accept-licenses",
+        ],
+    )
+    stock_commands = normalise(fake_singularity.commands)
+    stock_labels = (tmp_path / "stock.sif").read_bytes()
+    fake_singularity.commands.clear()
+    run_cli(
+        mocker,
+        PATCHED,
+        [
+            "build",
+            str(tmp_path / "stock.sif"),
+            *source,
+            f"--conda-env={env}",
+            "--accept-licenses",
+            "--force",
+        ],
+    )
+    assert normalise(fake_singularity.commands) == stock_commands
+    assert any("conda" in " ".join(c) for c in stock_commands)
+    assert (tmp_path / "stock.sif").read_bytes() == stock_labels.replace(
+        b"--accept-licenses", b"--accept-licenses --force"
+    )
+
+
+def test_lumi_system_runs_extended_pipeline_via_stock_command(
+    tmp_path, fake_singularity, mocker, test_profile, labels_of
+):
+    run_cli(mocker, PATCHED, ["build", str(tmp_path / "x.sif"), "--system=lumi-test"])
+    labels = labels_of(tmp_path / "x.sif")
+    assert labels["cotainr-lumi.system"] == "lumi-test"
+    assert labels["cotainr-lumi.stages"] == "provenance"
+
+
+def test_dry_run_prints_plan_and_builds_nothing(
+    tmp_path, fake_singularity, mocker, test_profile, capsys
+):
+    run_cli(
+        mocker,
+        PATCHED,
+        ["build", str(tmp_path / "x.sif"), "--system=lumi-test", "--dry-run"],
+    )
+    out = capsys.readouterr().out
+    assert "dry run" in out and "provenance" in out and "lumi-test" in out
+    assert fake_singularity.commands == []
+    assert list(tmp_path.glob("*.sif")) == []
+
+
+def test_dry_run_of_stock_base_image_build_builds_nothing(
+    tmp_path, fake_singularity, mocker, base_image, capsys
+):
+    run_cli(
+        mocker,
+        PATCHED,
+        ["build", str(tmp_path / "x.sif"), f"--base-image={base_image}", "--dry-run"],
+    )
+    assert "stock cotainr" in capsys.readouterr().out
+    assert fake_singularity.commands == []
+
+
+def test_existing_image_without_force_and_without_terminal_fails_clearly(
+    tmp_path, fake_singularity, mocker, test_profile, capsys
+):
+    image = tmp_path / "x.sif"
+    image.write_bytes(b"precious")
+    mocker.patch.object(sys.stdin, "isatty", return_value=False, create=True)
+    with pytest.raises(SystemExit) as info:
+        run_cli(mocker, PATCHED, ["build", str(image), "--system=lumi-test"])
+    assert info.value.code == 2
+    assert "--force" in capsys.readouterr().err
+    assert image.read_bytes() == b"precious" and fake_singularity.commands == []
+
+
+def test_force_overwrites_without_prompt(
+    tmp_path, fake_singularity, mocker, test_profile, labels_of
+):
+    image = tmp_path / "x.sif"
+    image.write_bytes(b"old")
+    prompt = mocker.patch("cotainr.util.answer_is_yes")
+    run_cli(mocker, PATCHED, ["build", str(image), "--system=lumi-test", "--force"])
+    prompt.assert_not_called()
+    assert labels_of(image)["cotainr-lumi.system"] == "lumi-test"
+
+
+def test_unknown_system_exits_non_zero_listing_systems(tmp_path, mocker, capsys):
+    with pytest.raises(SystemExit) as info:
+        run_cli(mocker, PATCHED, ["build", str(tmp_path / "x.sif"), "--system=no-such"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "no-such" in err and "lumi-g-ext" in err and "lumi-g-ext-rocm-6.1" in err
+
+
+def test_set_and_override_options(
+    tmp_path, fake_singularity, mocker, test_profile, base_image, labels_of, capsys
+):
+    other = tmp_path / "other.sif"
+    other.write_bytes(b"a different base")
+    run_cli(
+        mocker,
+        PATCHED,
+        [
+            "build",
+            str(tmp_path / "x.sif"),
+            "--system=lumi-test",
+            f"--base-image-override={other}",
+            "--set",
+            "provenance.hash-base-image=false",
+        ],
+    )
+    labels = labels_of(tmp_path / "x.sif")
+    assert labels["cotainr-lumi.base-image"] == str(other)
+    assert "cotainr-lumi.base-image.sha256" not in labels
+    assert fake_singularity.commands[0][-1] == str(other)
+
+
+@pytest.mark.parametrize(
+    "bad", ["provenance.hash-base-image=maybe", "nodot=1", "pip.x=1"]
+)
+def test_bad_set_option_is_one_clear_error(tmp_path, mocker, test_profile, bad, capsys):
+    with pytest.raises(SystemExit) as info:
+        run_cli(
+            mocker,
+            PATCHED,
+            ["build", str(tmp_path / "x.sif"), "--system=lumi-test", "--set", bad],
+        )
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("error") == 1 and err.startswith("cotainr: error:")
+
+
+def test_skip_stage(tmp_path, fake_singularity, mocker, test_profile, capsys):
+    run_cli(
+        mocker,
+        PATCHED,
+        [
+            "build",
+            str(tmp_path / "x.sif"),
+            "--system=lumi-test",
+            "--skip-stage=provenance",
+            "--dry-run",
+        ],
+    )
+    assert "skipped: provenance" in capsys.readouterr().out
+
+
+def test_info_lists_added_and_stock_systems(mocker, capsys):
+    mocker.patch(
+        "cotainr_lumi._cotainr.stock_systems",
+        return_value={"lumi-g": {"base-image": "docker://x"}},
+    )
+    mocker.patch.object(
+        cli.Info, "_check_singularity_dependency", return_value="singularity: mocked"
+    )
+    run_cli(mocker, PATCHED, ["info"])
+    out = capsys.readouterr().out
+    assert (
+        "lumi-g-ext [cotainr-lumi]" in out
+        and "lumi-g-ext-rocm-6.0 [cotainr-lumi]" in out
+    )
+    assert "lumi-g [stock]" in out
+
+
+def test_cotainr_lumi_command_gives_the_same_build(
+    tmp_path, fake_singularity, mocker, test_profile, labels_of
+):
+    mocker.patch.object(
+        sys,
+        "argv",
+        ["cotainr-lumi", "build", str(tmp_path / "y.sif"), "--system=lumi-test"],
+    )
+    cli.main()
+    assert labels_of(tmp_path / "y.sif")["cotainr-lumi.system"] == "lumi-test"
+
+
+def test_build_help_documents_new_options(mocker, capsys):
+    with pytest.raises(SystemExit):
+        cli.CotainrLumiCLI(args=["build", "--help"])
+    out = capsys.readouterr().out
+    for option in (
+        "--force",
+        "--dry-run",
+        "--base-image-override",
+        "--set",
+        "--skip-stage",
+    ):
+        assert option in out

@@ -1,0 +1,60 @@
+import hashlib
+import json
+import os
+
+from cotainr_lumi import _version, build
+from cotainr_lumi.stages.provenance import sha256_of_file
+
+
+def test_sha256_streams_in_chunks(tmp_path):
+    f = tmp_path / "blob"
+    data = os.urandom(3 * 1024 + 7)
+    f.write_bytes(data)
+    assert sha256_of_file(path=f, chunk_size=1024) == hashlib.sha256(data).hexdigest()
+
+
+def test_labels_record_given_and_resolved_base_image(
+    tmp_path, fake_singularity, test_profile, base_image, mocker
+):
+    captured = {}
+    real_build_image = __import__(
+        "cotainr_lumi._cotainr", fromlist=["Sandbox"]
+    ).Sandbox.build_image
+
+    def capture(self, *, path):
+        captured["record"] = json.loads(
+            (self.root / "opt/cotainr-lumi/provenance.json").read_text()
+        )
+        return real_build_image(self, path=path)
+
+    mocker.patch("cotainr_lumi._cotainr.Sandbox.build_image", capture)
+    result = build(image_path=tmp_path / "p.sif", system="lumi-test")
+    labels = result.labels
+    real = os.path.realpath(base_image)
+    assert labels["cotainr-lumi.base-image"] == str(base_image)
+    assert labels["cotainr-lumi.base-image.resolved"] == real and real != str(
+        base_image
+    )
+    assert (
+        labels["cotainr-lumi.base-image.sha256"]
+        == hashlib.sha256(open(real, "rb").read()).hexdigest()
+    )
+    assert labels["cotainr-lumi.version"] == _version.__version__
+    assert labels["cotainr-lumi.cotainr-version"].startswith("2025.7")
+    assert labels["cotainr-lumi.provenance"] == "/opt/cotainr-lumi/provenance.json"
+    record = captured["record"]
+    assert record["base-image"]["sha256"] == labels["cotainr-lumi.base-image.sha256"]
+    assert (
+        record["system"] == "lumi-test" and record["stages"][0]["name"] == "provenance"
+    )
+
+
+def test_remote_base_image_is_not_resolved_or_hashed(tmp_path, fake_singularity):
+    result = build(
+        image_path=tmp_path / "r.sif",
+        base_image="docker://ubuntu:24.04",
+        settings={"provenance": {}},
+    )
+    assert result.labels["cotainr-lumi.base-image.resolved"] == "docker://ubuntu:24.04"
+    assert "cotainr-lumi.base-image.sha256" not in result.labels
+    assert fake_singularity.commands[0][-1] == "docker://ubuntu:24.04"
