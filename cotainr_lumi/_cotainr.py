@@ -204,6 +204,33 @@ def console_spinner():
     return _tracing.ConsoleSpinner() if interactive else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def spinner_only_on_terminal():
+    """
+    Make cotainr's own build code skip its spinner when stdout is no terminal.
+
+    Used around a stock ``Build.execute()`` so Slurm logs of stock builds
+    are not flooded with spinner escape codes either.
+
+    Yields
+    ------
+    None
+    """
+    try:
+        interactive = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        interactive = False
+    if interactive:
+        yield
+        return
+    original = _cli.tracing.ConsoleSpinner
+    _cli.tracing.ConsoleSpinner = contextlib.nullcontext
+    try:
+        yield
+    finally:
+        _cli.tracing.ConsoleSpinner = original
+
+
 def new_log_dispatcher(*, name, log_settings):
     """
     A cotainr log dispatcher for subprocess output of a stage.

@@ -232,8 +232,10 @@ class Build(_cotainr.StockBuild):
             print(self.plan.describe())
             return
         if not self.plan.extended:
-            # A stock build: cotainr's own code, unchanged.
-            super().execute()
+            # A stock build: cotainr's own code, unchanged (but no spinner
+            # escape codes when stdout is a log file).
+            with _cotainr.spinner_only_on_terminal():
+                super().execute()
             return
         try:
             result = run_plan(plan=self.plan, log_settings=self.log_settings)

@@ -237,3 +237,14 @@ def test_build_help_documents_new_options(mocker, capsys):
         "--skip-stage",
     ):
         assert option in out
+
+
+@pytest.mark.parametrize("system", [False, True])
+def test_no_spinner_escape_codes_when_stdout_is_not_a_terminal(
+    tmp_path, fake_singularity, mocker, base_image, test_profile, capfd, system
+):
+    source = ["--system=lumi-test"] if system else [f"--base-image={base_image}"]
+    run_cli(mocker, PATCHED, ["build", str(tmp_path / "x.sif"), *source, "--no-color"])
+    captured = capfd.readouterr()
+    assert "Building container image" in captured.out
+    assert "\x1b" not in captured.out + captured.err
