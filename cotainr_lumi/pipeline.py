@@ -28,7 +28,7 @@ from typing import Optional
 
 from . import _cotainr
 from .errors import CotainrLumiError, ImageExistsError, StageError
-from .stage import StageContext, StageReport
+from .stage import OUTPUT_MARKER, StageContext, StageReport
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -130,6 +130,42 @@ def without_bind_variables():
         os.environ.update(removed)
 
 
+def _check_outputs(reports):
+    """Collect the host files stages asked for; refuse to clobber foreign files."""
+    outputs = {}
+    for report in reports:
+        wanted = dict(report.outputs)
+        wanted.update((report.details or {}).get("outputs") or {})
+        for path, content in wanted.items():
+            path = Path(path)
+            if OUTPUT_MARKER not in content:
+                raise StageError(
+                    f"output {path} lacks the marker {OUTPUT_MARKER!r}",
+                    stage=report.name,
+                )
+            if path.is_symlink() or (
+                path.exists() and OUTPUT_MARKER not in path.read_text(errors="replace")
+            ):
+                raise StageError(
+                    f"{path} exists and was not written by cotainr-lumi; it is "
+                    "left untouched. Move it away, or choose another output "
+                    "directory for this stage.",
+                    stage=report.name,
+                )
+            outputs[path] = content
+    return outputs
+
+
+def _write_outputs(outputs):
+    """Write the stages' host files (atomically, one by one)."""
+    for path, content in outputs.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        tmp.write_text(content)
+        os.replace(tmp, path)
+        logger.info("Wrote %s", path)
+
+
 def _temporary_image_path(image_path):
     """A temporary path next to `image_path` (same file system)."""
     return image_path.with_name(f".{image_path.name}.partial-{os.getpid()}")
@@ -206,11 +242,14 @@ def run_plan(*, plan, log_settings=None):
                         f": {report.summary}" if report.summary else "",
                     )
                 current = "cotainr:image"
+                outputs = _check_outputs(context.reports)
                 logger.info("Adding metadata to container")
                 sandbox.add_metadata(labels=context.labels)
                 logger.info("Building container image")
                 sandbox.build_image(path=tmp_image)
                 os.replace(tmp_image, plan.image_path)
+                current = "outputs"
+                _write_outputs(outputs)
     except CotainrLumiError:
         raise
     except _cotainr.CommandError as e:
