@@ -275,6 +275,56 @@ class Info(_cotainr.StockInfo):
         return "\n".join(lines)
 
 
+class Verify(_cotainr.StockSubcommand):
+    """
+    Check an image against the hand-built LUMI PyTorch image.
+
+    The "verify" subcommand: one row per check (PASS / FAIL / N/A with the
+    evidence) and a summary; exits non-zero if any check fails.
+
+    Parameters
+    ----------
+    image : :class:`os.PathLike`
+        The .sif image to check.
+    json : bool
+        Print the report as JSON.
+    """
+
+    def __init__(self, *, image, json=False):
+        """Construct the "verify" subcommand."""
+        self.image = image
+        self.json = json
+
+    @classmethod
+    def add_arguments(cls, *, parser):
+        """Add arguments to the "verify" subcommand subparser."""
+        parser.add_argument(
+            "image",
+            help=_cotainr.extract_help_from_docstring(
+                arg="image", docstring=cls.__doc__
+            ),
+        )
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help=_cotainr.extract_help_from_docstring(
+                arg="json", docstring=cls.__doc__
+            ),
+        )
+
+    def execute(self):
+        """Execute the "verify" subcommand."""
+        from .verify import verify_image
+
+        try:
+            report = verify_image(image=self.image)
+        except CotainrLumiError as e:
+            _fail(e)
+        print(report.as_json() if self.json else report.as_text())
+        if report.failed:
+            raise SystemExit(1)
+
+
 class CotainrLumiCLI(_cotainr.StockCLI):
     """
     Build Apptainer/Singularity containers for LUMI with cotainr-lumi.
@@ -288,7 +338,7 @@ class CotainrLumiCLI(_cotainr.StockCLI):
         The input arguments to the CLI (default: ``sys.argv``).
     """
 
-    _subcommands = [Build, Info]
+    _subcommands = [Build, Info, Verify]
 
     def __init__(self, *, args=None):
         """Construct the command line interface."""
@@ -350,4 +400,4 @@ def main(*args, **kwargs):
     cli.subcommand.execute()
 
 
-__all__ = ["Build", "Info", "CotainrLumiCLI", "main", "patch_stock_cli"]
+__all__ = ["Build", "Info", "Verify", "CotainrLumiCLI", "main", "patch_stock_cli"]

@@ -1,0 +1,134 @@
+"""
+Facts gathered inside an image for ``cotainr-lumi verify``.
+
+This file is run by the image's own ``python`` (``python -c <this source>``):
+it must use the standard library only and print one JSON document. It does
+not import torch (that would need a GPU stack); it reads files and runs the
+image's ``ldd`` and runscripts.
+"""
+
+import glob
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+WATCHED_ENV = (
+    "ROCM_PATH",
+    "ROCM_RELEASE",
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "WITH_CONDA",
+    "CONDA_PREFIX",
+    "CXI_FORK_SAFE",
+    "CXI_FORK_SAFE_HP",
+    "FI_CXI_DISABLE_CQ_HUGETLB",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_NET_GDR_LEVEL",
+    "FI_MR_CACHE_MONITOR",
+    "FI_CXI_DEFAULT_CQ_SIZE",
+    "PYTORCH_ROCM_ARCH",
+    "RCCL_DEBUG",
+    "MIOPEN_USER_DB_PATH",
+    "MIOPEN_CUSTOM_CACHE_DIR",
+)
+SAMPLE_NODELIST = "nid[005252-005254,005256],nid007000"
+
+
+def run(args, **kwargs):
+    """Run a command; return its exit status and output tails."""
+    try:
+        p = subprocess.run(args, capture_output=True, text=True, timeout=120, **kwargs)
+        return {"rc": p.returncode, "out": p.stdout[-4000:], "err": p.stderr[-2000:]}
+    except Exception as e:  # noqa: BLE001 - report anything
+        return {"rc": None, "out": "", "err": f"{type(e).__name__}: {e}"}
+
+
+def read(path, limit=200000):
+    """Read a text file, or None."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read(limit)
+    except OSError:
+        return None
+
+
+def entry(path):
+    """Describe a directory entry (kind, link target)."""
+    info = {"name": os.path.basename(path), "link": None, "kind": "missing"}
+    if os.path.islink(path):
+        info["link"] = os.readlink(path)
+        info["target"] = os.path.realpath(path)
+    if os.path.isdir(path):
+        info["kind"] = "dir"
+    elif os.path.isfile(path):
+        info["kind"] = "file"
+    return info
+
+
+facts = {"python": sys.executable, "prefix": sys.prefix}
+facts["env"] = {k: os.environ.get(k) for k in WATCHED_ENV}
+facts["labels"] = json.loads(read("/.singularity.d/labels.json") or "{}")
+rocm = os.environ.get("ROCM_PATH") or "/opt/rocm"
+facts["rocm"] = {
+    "path": rocm,
+    "exists": os.path.isdir(rocm),
+    "opt_rocm": entry("/opt/rocm"),
+    "realpath": os.path.realpath(rocm),
+    "version_file": (read(os.path.join(rocm, ".info/version")) or "").strip() or None,
+}
+rocm_names = set()
+for d in (os.path.join(rocm, "lib"), "/opt/amdgpu/lib64"):
+    if os.path.isdir(d):
+        rocm_names.update(os.listdir(d))
+facts["rocm"]["lib_names"] = sorted(rocm_names)
+facts["aws_ofi_rccl"] = sorted(glob.glob("/opt/aws-ofi-rccl/librccl-net.so*"))
+facts["env_libstdcxx"] = sorted(
+    glob.glob(os.path.join(sys.prefix, "lib", "libstdc++.so*"))
+)
+for name in ("prune-manifest.json", "pip/packages.json", "provenance.json"):
+    text = read(os.path.join("/opt/cotainr-lumi", name), limit=20000000)
+    facts.setdefault("files", {})[name] = None if text is None else len(text)
+manifest = read("/opt/cotainr-lumi/prune-manifest.json", limit=50000000)
+try:
+    facts["prune_manifest"] = json.loads(manifest) if manifest else None
+except ValueError:
+    facts["prune_manifest"] = "unreadable"
+
+spec = importlib.util.find_spec("torch")
+torch = None
+if spec is not None and spec.submodule_search_locations:
+    tdir = list(spec.submodule_search_locations)[0]
+    lib = os.path.join(tdir, "lib")
+    version_py = read(os.path.join(tdir, "version.py")) or ""
+    hip = None
+    for line in version_py.splitlines():
+        if line.startswith("hip") and "=" in line:
+            value = line.split("=", 1)[1].strip().strip("'\"")
+            hip = None if value in ("None", "") else value
+    entries = [entry(p) for p in sorted(glob.glob(os.path.join(lib, "*")))]
+    torch = {"dir": tdir, "hip": hip, "lib": entries}
+    hip_lib = os.path.join(lib, "libtorch_hip.so")
+    if os.path.exists(hip_lib):
+        torch["ldd_torch_hip"] = run(["ldd", hip_lib])
+facts["torch"] = torch
+
+scripts = {}
+for name in ("conda-python-simple", "conda-python-distributed", "get-master"):
+    path = os.path.join("/runscripts", name)
+    scripts[name] = {
+        "exists": os.path.isfile(path),
+        "executable": os.access(path, os.X_OK),
+    }
+if scripts["get-master"]["executable"]:
+    scripts["get-master"]["run"] = run(["/runscripts/get-master", SAMPLE_NODELIST])
+facts["runscripts"] = scripts
+facts["runscripts_on_path"] = "/runscripts" in (os.environ.get("PATH") or "").split(":")
+with_conda = os.environ.get("WITH_CONDA")
+if with_conda is not None:
+    # Exactly as the LUMI EasyBuild modules use it: an unquoted expansion.
+    facts["with_conda"] = run(
+        ["bash", "-c", '$WITH_CONDA && python -c "import sys; print(sys.prefix)"']
+    )
+print(json.dumps(facts))
