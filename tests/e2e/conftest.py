@@ -1,0 +1,149 @@
+"""Fixtures for cotainr-lumi's end-to-end tests (real Apptainer, real images).
+
+Session-scoped fixtures:
+
+``apptainer_path`` -> pathlib.Path
+    Runs ``scripts/provision-apptainer.sh`` once (a native apptainer/singularity
+    when present, else the cached Debian-unstable apptainer behind wrapper
+    scripts), prepends the printed directory to ``os.environ["PATH"]`` so that
+    cotainr subprocesses find ``singularity``, and returns that directory.
+    Also defaults ``APPTAINER_MKSQUASHFS_ARGS`` to ``-comp lz4`` (set it
+    yourself, e.g. to ``-comp gzip``, to override): SIF builds are ~3x faster.
+``lumi_like_base_image`` -> pathlib.Path
+    The cached LUMI-like base image with a stub ROCm 6.1.3
+    (``tests/e2e/base_image/build-base-image.sh``).
+``lumi_like_base_image_rocm60`` -> pathlib.Path
+    The same with a stub ROCm 6.0.3.
+``apptainer_exec`` -> callable ``(sif, *cmd, env=None, timeout=600)``
+    Runs ``apptainer exec --no-home SIF CMD...`` and returns the
+    ``subprocess.CompletedProcess`` (text output captured, ``check=False``).
+
+When the infrastructure cannot be set up, the fixtures fail the test if
+``CI=true`` (never skip in CI) and skip it otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import os
+from pathlib import Path
+import subprocess
+from typing import Callable
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROVISION_SCRIPT = REPO_ROOT / "scripts" / "provision-apptainer.sh"
+BUILD_BASE_IMAGE_SCRIPT = (
+    REPO_ROOT / "tests" / "e2e" / "base_image" / "build-base-image.sh"
+)
+
+# First provisioning ~1 min, first base image ~2 min; generous limits.
+_SETUP_TIMEOUT_S = 1800
+
+ApptainerExec = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI") == "true"
+
+
+def _unavailable(reason: str) -> None:
+    """Fail in CI, skip elsewhere."""
+    if _in_ci():
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+def _run_setup_script(what: str, argv: list[str]) -> str:
+    """Run a setup script; return its single stdout line or fail/skip."""
+    try:
+        proc = subprocess.run(
+            ["bash", *argv],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=_SETUP_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _unavailable(f"{what}: {exc}")
+        raise AssertionError("unreachable") from exc
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        _unavailable(
+            f"{what} failed (exit {proc.returncode}):\n{proc.stderr.strip()[-4000:]}"
+        )
+    return lines[-1].strip()
+
+
+@pytest.fixture(scope="session")
+def apptainer_path() -> Path:
+    """Directory with working ``apptainer`` and ``singularity``; put on PATH."""
+    out = _run_setup_script("scripts/provision-apptainer.sh", [str(PROVISION_SCRIPT)])
+    bin_dir = Path(out)
+    for name in ("apptainer", "singularity"):
+        if not os.access(bin_dir / name, os.X_OK):
+            _unavailable(
+                f"provision-apptainer.sh printed {bin_dir}, which has no {name}"
+            )
+    path_entries = os.environ.get("PATH", "").split(os.pathsep)
+    if not path_entries or path_entries[0] != str(bin_dir):
+        os.environ["PATH"] = os.pathsep.join([str(bin_dir), *path_entries])
+    os.environ.setdefault("APPTAINER_MKSQUASHFS_ARGS", "-comp lz4")
+    return bin_dir
+
+
+def _base_image(rocm_version: str) -> Path:
+    out = _run_setup_script(
+        f"build-base-image.sh --rocm {rocm_version}",
+        [str(BUILD_BASE_IMAGE_SCRIPT), "--rocm", rocm_version],
+    )
+    sif = Path(out)
+    if not sif.is_file():
+        _unavailable(f"build-base-image.sh printed {sif}, which is not a file")
+    return sif
+
+
+@pytest.fixture(scope="session")
+def lumi_like_base_image(apptainer_path: Path) -> Path:
+    """LUMI-like base image (Debian 12, stub ROCm 6.1.3, venv as conda env)."""
+    return _base_image("6.1.3")
+
+
+@pytest.fixture(scope="session")
+def lumi_like_base_image_rocm60(apptainer_path: Path) -> Path:
+    """LUMI-like base image with a stub ROCm 6.0.3."""
+    return _base_image("6.0.3")
+
+
+@pytest.fixture(scope="session")
+def apptainer_exec(apptainer_path: Path) -> ApptainerExec:
+    """Return ``run(sif, *cmd, env=None, timeout=600)``.
+
+    Runs ``apptainer exec --no-home SIF CMD...``. ``env`` (a mapping) is merged
+    over ``os.environ`` for the apptainer process; Apptainer passes the host
+    environment into the container (use ``APPTAINERENV_FOO`` to force one).
+    """
+    apptainer = str(apptainer_path / "apptainer")
+
+    def run(
+        sif: str | os.PathLike,
+        *cmd: str | os.PathLike,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 600,
+    ) -> subprocess.CompletedProcess[str]:
+        full_env = dict(os.environ)
+        if env:
+            full_env.update(env)
+        return subprocess.run(
+            [apptainer, "exec", "--no-home", str(sif), *map(str, cmd)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=timeout,
+            check=False,
+        )
+
+    return run
