@@ -1,0 +1,351 @@
+"""
+Generation of container env files with validated names and inert values.
+
+An env file is a POSIX shell script in the image's ``/.singularity.d/env/``
+that Apptainer sources at container start (with its embedded shell
+interpreter, so only POSIX sh is used). Every value written here is a single
+quoted literal (:func:`shlex.quote`): no value can expand, substitute or run
+anything, whatever it contains (``$(...)``, backticks, quotes, newlines).
+
+Settings are *defaults*: a variable the user already set (a host ``export``,
+``APPTAINERENV_NAME``/``SINGULARITYENV_NAME``, ``--env``) wins, even when set
+to the empty string. Apptainer evaluates env scripts with the host
+environment cleared (a host variable is restored afterwards only if no env
+script set it) and injects ``APPTAINERENV_*`` after the scripts, so a default
+is skipped when the variable is set in the shell *or* listed in
+``$__exported_env__`` (Apptainer's newline separated, escaped copy of the
+host environment, readable by env scripts; unset outside Apptainer). Search
+paths (``PATH``, ``LD_LIBRARY_PATH``) are never replaced: entries are added
+only when missing.
+
+Functions
+---------
+validate_name(name)
+    Check an environment variable name.
+validate_value(*, name, value)
+    Check a value and turn it into a string.
+default_assignment(*, name, value)
+    Shell code setting a variable unless it is already set.
+computed_default(*, name, expression)
+    The same for a trusted expression computed at run time.
+forced_assignment(*, name, value)
+    Shell code setting a variable unconditionally.
+path_addition(*, name, entries, position="append")
+    Shell code adding entries to a search path unless present.
+render_env_file(*, header, blocks)
+    Join code blocks into an env file.
+"""
+
+from collections.abc import Iterable, Mapping
+import logging
+import re
+import shlex
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+#: Search paths: extended with :func:`path_addition`, never assigned.
+PATH_VARIABLES = frozenset({"PATH", "LD_LIBRARY_PATH"})
+
+#: Names an env file must not set: shell and session state, and the search
+#: paths (see :data:`PATH_VARIABLES`).
+RESERVED_NAMES = frozenset(
+    {
+        "_",
+        "BASH_ENV",
+        "CDPATH",
+        "ENV",
+        "EUID",
+        "HOME",
+        "HOSTNAME",
+        "IFS",
+        "LOGNAME",
+        "OLDPWD",
+        "OPTARG",
+        "OPTIND",
+        "PPID",
+        "PROMPT_COMMAND",
+        "PS1",
+        "PS2",
+        "PS3",
+        "PS4",
+        "PWD",
+        "SHELL",
+        "SHELLOPTS",
+        "SHLVL",
+        "UID",
+        "USER",
+    }
+    | PATH_VARIABLES
+)
+
+#: Name prefixes that configure the container runtime itself.
+RESERVED_PREFIXES = (
+    "APPTAINER_",
+    "APPTAINERENV_",
+    "SINGULARITY_",
+    "SINGULARITYENV_",
+    "BASH_FUNC_",
+)
+
+
+class EnvError(ValueError):
+    """An environment variable name or value cannot be used."""
+
+
+def validate_name(name):
+    """
+    Check an environment variable name.
+
+    Parameters
+    ----------
+    name : str
+        The name.
+
+    Returns
+    -------
+    name : str
+        The name, unchanged.
+
+    Raises
+    ------
+    EnvError
+        If it is not a POSIX shell identifier (letters, digits, ``_``, not
+        starting with a digit), or is reserved (:data:`RESERVED_NAMES`,
+        :data:`RESERVED_PREFIXES`).
+    """
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise EnvError(
+            f"{name!r} is not a valid environment variable name: use letters, "
+            "digits and '_', not starting with a digit"
+        )
+    if name in PATH_VARIABLES:
+        raise EnvError(
+            f"{name} cannot be set as a value (it would replace the image's "
+            "search path); add directories with the 'path' or "
+            "'ld-library-path' settings instead"
+        )
+    if name in RESERVED_NAMES:
+        raise EnvError(
+            f"{name} is reserved for the shell or the session and cannot be set"
+        )
+    if name.startswith(RESERVED_PREFIXES):
+        raise EnvError(
+            f"{name} configures the container runtime and cannot be set in the image"
+        )
+    return name
+
+
+def validate_value(*, name, value):
+    """
+    Check a value and turn it into a string.
+
+    Parameters
+    ----------
+    name : str
+        The variable name (for messages).
+    value : str, int or float
+        The value; numbers are converted with :func:`str`.
+
+    Returns
+    -------
+    value : str
+        The value as a string.
+
+    Raises
+    ------
+    EnvError
+        For other types (a YAML ``true`` is ambiguous: write ``"1"``) and for
+        values containing a NUL character (impossible in an environment).
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise EnvError(
+            f"the value of {name} must be a string or a number (got "
+            f'{type(value).__name__} {value!r}); quote it, e.g. "1"'
+        )
+    text = str(value)
+    if "\0" in text:
+        raise EnvError(f"the value of {name} contains a NUL character")
+    return text
+
+
+def default_assignment(*, name, value):
+    """
+    Shell code setting a variable unless it is already set.
+
+    Parameters
+    ----------
+    name : str
+        A valid name (see :func:`validate_name`).
+    value : str, int or float
+        The value (see :func:`validate_value`).
+
+    Returns
+    -------
+    code : str
+        One line of POSIX sh; the value is a quoted literal.
+    """
+    validate_name(name)
+    text = validate_value(name=name, value=value)
+    return computed_default(name=name, expression=shlex.quote(text))
+
+
+def computed_default(*, name, expression):
+    """
+    Shell code setting a variable to a shell expression unless already set.
+
+    Parameters
+    ----------
+    name : str
+        A valid name (see :func:`validate_name`).
+    expression : str
+        Trusted shell code for the right-hand side of the assignment (a value
+        computed at run time, e.g. ``"/tmp/$(id -un)"``); never user input:
+        use :func:`default_assignment` for values.
+
+    Returns
+    -------
+    code : str
+        POSIX sh (two lines): the assignment runs only when `name` is neither
+        set in the shell nor in the host environment Apptainer hides from
+        env scripts.
+    """
+    validate_name(name)
+    return (
+        f'if [ -z "${{{name}+x}}" ]; then case "${{__exported_env__:-}}" in '
+        f'{name}=*|*"\n{name}="*) ;; *) {name}={expression}; export {name} ;; esac; fi'
+    )
+
+
+def forced_assignment(*, name, value):
+    """
+    Shell code setting a variable unconditionally.
+
+    Parameters
+    ----------
+    name : str
+        A valid name (see :func:`validate_name`).
+    value : str, int or float
+        The value (see :func:`validate_value`).
+
+    Returns
+    -------
+    code : str
+        One line of POSIX sh; the value is a quoted literal.
+    """
+    validate_name(name)
+    text = validate_value(name=name, value=value)
+    return f"{name}={shlex.quote(text)}; export {name}"
+
+
+def validate_path_entry(*, name, entry):
+    """
+    Check one search path entry.
+
+    Parameters
+    ----------
+    name : str
+        The search path variable (for messages).
+    entry : str
+        An absolute directory path.
+
+    Returns
+    -------
+    entry : str
+        The entry, unchanged.
+
+    Raises
+    ------
+    EnvError
+        If it is not an absolute path or contains ``:``, a newline or NUL.
+    """
+    if not isinstance(entry, str) or not entry.startswith("/"):
+        raise EnvError(f"{name} entries must be absolute paths (got {entry!r})")
+    if any(c in entry for c in ":\n\0"):
+        raise EnvError(f"{name} entry {entry!r} contains ':', a newline or NUL")
+    return entry
+
+
+def path_addition(*, name, entries, position="append"):
+    """
+    Shell code adding entries to a search path unless present.
+
+    Parameters
+    ----------
+    name : str
+        The variable, e.g. ``PATH`` or ``LD_LIBRARY_PATH``.
+    entries : iterable of str
+        Absolute directories, in the order they should appear.
+    position : {"append", "prepend"}, default="append"
+        Where missing entries go.
+
+    Returns
+    -------
+    code : str
+        POSIX sh (one ``case`` per entry).
+    """
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise EnvError(f"{name!r} is not a valid environment variable name")
+    if position not in ("append", "prepend"):
+        raise ValueError(f"position must be 'append' or 'prepend', not {position!r}")
+    entries = [validate_path_entry(name=name, entry=e) for e in entries]
+    if position == "prepend":
+        entries = list(reversed(entries))
+    lines = []
+    for entry in entries:
+        quoted = shlex.quote(entry)
+        if position == "append":
+            new = f'"${{{name}:+${name}:}}"{quoted}'
+        else:
+            new = f'{quoted}"${{{name}:+:${name}}}"'
+        lines.append(
+            f'case ":${{{name}-}}:" in *:{quoted}:*) ;; '
+            f"*) {name}={new}; export {name} ;; esac"
+        )
+    return "\n".join(lines)
+
+
+def render_env_file(*, header, blocks: Iterable[str]):
+    """
+    Join code blocks into an env file.
+
+    Parameters
+    ----------
+    header : str
+        Comment text (each line is prefixed with ``# ``).
+    blocks : iterable of str
+        Shell code blocks, in order.
+
+    Returns
+    -------
+    text : str
+        The file content.
+    """
+    lines = [f"# {line}".rstrip() for line in header.splitlines()]
+    lines.append("")
+    for block in blocks:
+        if block:
+            lines.append(block.rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
+def default_assignments(env: Mapping[str, object]):
+    """
+    Default assignments for a mapping, skipping ``None`` values.
+
+    Parameters
+    ----------
+    env : mapping of str to value
+        Names and values; a ``None`` value means "not set".
+
+    Returns
+    -------
+    code : str
+        One line per variable, in the mapping's order.
+    """
+    return "\n".join(
+        default_assignment(name=name, value=value)
+        for name, value in env.items()
+        if value is not None
+    )

@@ -1,0 +1,384 @@
+"""End-to-end tests of the lumi-env stage: one real build, many checks.
+
+The image is built with the stock ``cotainr`` command from a test system
+(COTAINR_LUMI_SYSTEMS) on the LUMI-like base image, then run with real
+Apptainer; the module file it writes is loaded in real Lmod.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+ENV_PREFIX = "/opt/cotainr/conda/envs/conda_container_env"
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
+BINDS = [
+    "/var/spool/slurmd",
+    "/opt/cray",
+    "/usr/lib64/libcxi.so.1",
+    "/pfs",
+    "/scratch",
+    "/projappl",
+    "/project",
+    "/flash",
+    "/appl",
+]
+PROFILE_ENV = {
+    "CXI_FORK_SAFE": "1",
+    "CXI_FORK_SAFE_HP": "1",
+    "FI_CXI_DISABLE_CQ_HUGETLB": "1",
+    "NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3",
+    "FI_MR_CACHE_MONITOR": "userfaultfd",
+    "FI_CXI_DEFAULT_CQ_SIZE": 131072,
+    "PYTORCH_ROCM_ARCH": "gfx90a",
+    "RCCL_DEBUG": "0",
+    "NCCL_NET_GDR_LEVEL": None,
+}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, lumi_like_base_image, apptainer_path):
+    """Build one image; return (image, module_dir, marker, hostile, cli output)."""
+    work = tmp_path_factory.mktemp("lumi-env-e2e")
+    marker = work / "PWNED"
+    hostile = (
+        f"a'b\"c $(touch {marker}) `touch {marker}` ;touch {marker}\nline2 \\ $HOME"
+    )
+    profile = work / "systems.yaml"
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "systems": {
+                    "lumi-env-e2e": {
+                        "extends": "lumi-g-ext",
+                        "base-image": str(lumi_like_base_image),
+                        "rocm-version": "6.1",
+                        "stages": ["lumi-env", "provenance"],
+                        "settings": {
+                            "lumi-env": {
+                                "env": dict(PROFILE_ENV, HOSTILE=hostile),
+                                "binds": BINDS,
+                            },
+                            "provenance": {"hash-base-image": False},
+                        },
+                    }
+                }
+            }
+        )
+    )
+    image = work / "torch.sif"
+    module_dir = work / "modules"
+    cotainr = Path(sys.executable).with_name("cotainr")
+    proc = subprocess.run(
+        [
+            str(cotainr),
+            "build",
+            str(image),
+            "--system=lumi-env-e2e",
+            "--force",
+            "--env",
+            "EXTRA_SETTING=from the command line",
+            "--env",
+            "CXI_FORK_SAFE_HP=2",
+            "--unset-env",
+            "RCCL_DEBUG",
+            "--module-dir",
+            str(module_dir),
+        ],
+        env={**os.environ, "COTAINR_LUMI_SYSTEMS": str(profile)},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=work,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return image, module_dir, marker, hostile, proc.stdout + proc.stderr
+
+
+def printenv(apptainer_exec, image, names, env=None):
+    """The values of `names` inside the container (None when unset)."""
+    script = "import json, os, sys; print(json.dumps({n: os.environ.get(n) for n in sys.argv[1:]}))"
+    proc = apptainer_exec(image, "python", "-c", script, *names, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_defaults_overrides_and_hostile_value(built, apptainer_exec):
+    image, _, marker, hostile, _ = built
+    names = [
+        *PROFILE_ENV,
+        "EXTRA_SETTING",
+        "HOSTILE",
+        "MIOPEN_USER_DB_PATH",
+        "MIOPEN_CUSTOM_CACHE_DIR",
+        "ROCM_PATH",
+        "WITH_CONDA",
+        "PATH",
+        "LD_LIBRARY_PATH",
+    ]
+    env = printenv(apptainer_exec, image, names)
+    assert env["CXI_FORK_SAFE"] == "1"
+    assert env["CXI_FORK_SAFE_HP"] == "2"  # --env overrides the profile
+    assert env["FI_CXI_DISABLE_CQ_HUGETLB"] == "1"
+    assert env["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"
+    assert env["FI_MR_CACHE_MONITOR"] == "userfaultfd"
+    assert env["FI_CXI_DEFAULT_CQ_SIZE"] == "131072"
+    assert env["PYTORCH_ROCM_ARCH"] == "gfx90a"
+    assert env["RCCL_DEBUG"] is None  # --unset-env
+    assert env["NCCL_NET_GDR_LEVEL"] is None  # null in the profile
+    assert env["EXTRA_SETTING"] == "from the command line"
+    assert env["HOSTILE"] == hostile
+    assert not marker.exists()
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    assert env["MIOPEN_USER_DB_PATH"] == f"/tmp/{user}-miopen-cache"
+    assert env["MIOPEN_CUSTOM_CACHE_DIR"] == f"/tmp/{user}-miopen-cache"
+    assert env["ROCM_PATH"] == "/opt/rocm"
+    assert env["PATH"].split(":").count("/runscripts") == 1
+    ld = env["LD_LIBRARY_PATH"].split(":")
+    # The base already has both: they are not added twice.
+    assert ld.count("/opt/rocm/lib") == 1 and ld.count("/opt/aws-ofi-rccl") == 1
+
+    # Run-time overrides win: a host export (also to the empty string),
+    # APPTAINERENV_ and SINGULARITYENV_.
+    over = printenv(
+        apptainer_exec,
+        image,
+        [
+            "CXI_FORK_SAFE",
+            "NCCL_SOCKET_IFNAME",
+            "FI_MR_CACHE_MONITOR",
+            "PYTORCH_ROCM_ARCH",
+            "NCCL_NET_GDR_LEVEL",
+            "MIOPEN_USER_DB_PATH",
+        ],
+        env={
+            "CXI_FORK_SAFE": "0",
+            "NCCL_SOCKET_IFNAME": "",
+            "APPTAINERENV_FI_MR_CACHE_MONITOR": "memhooks",
+            "SINGULARITYENV_PYTORCH_ROCM_ARCH": "gfx942",
+            "NCCL_NET_GDR_LEVEL": "PHB",
+            "MIOPEN_USER_DB_PATH": "/tmp/elsewhere",
+        },
+    )
+    assert over == {
+        "CXI_FORK_SAFE": "0",
+        "NCCL_SOCKET_IFNAME": "",
+        "FI_MR_CACHE_MONITOR": "memhooks",
+        "PYTORCH_ROCM_ARCH": "gfx942",
+        "NCCL_NET_GDR_LEVEL": "PHB",
+        "MIOPEN_USER_DB_PATH": "/tmp/elsewhere",
+    }
+    assert not marker.exists()
+
+
+def test_labels_and_run_hint(built, apptainer_path):
+    image, module_dir, _, _, output = built
+    proc = subprocess.run(
+        [
+            str(apptainer_path / "apptainer"),
+            "inspect",
+            "--json",
+            "--labels",
+            str(image),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    labels = json.loads(proc.stdout)["data"]["attributes"]["labels"]
+    assert labels["cotainr-lumi.binds"] == ",".join(BINDS)
+    assert labels["cotainr-lumi.runscripts"] == "/runscripts"
+    assert (
+        labels["cotainr-lumi.env-file"] == "/.singularity.d/env/93-cotainr-lumi-env.sh"
+    )
+    assert "HOSTILE" in labels["cotainr-lumi.env"].split(",")
+    assert f"module use {module_dir}; module load torch;" in output
+    assert (
+        f"srun singularity exec -B {','.join(BINDS)} {image} conda-python-distributed"
+        in output
+    )
+
+
+def test_runscripts_with_fake_slurm(built, apptainer_exec, tmp_path):
+    image = built[0]
+    slurm = {
+        "SLURM_JOB_ID": "4242424",
+        "SLURM_JOB_NODELIST": "nid[005252-005254,005256],nid007000",
+        "SLURM_PROCID": "13",
+        "SLURM_LOCALID": "5",
+        "SLURM_NODEID": "1",
+        "SLURM_NTASKS": "40",
+        "SLURM_NPROCS": "40",
+        "SLURM_TASKS_PER_NODE": "8(x5)",
+        "ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+    }
+    proc = apptainer_exec(image, "get-master", env=slurm)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "nid005252\n"
+    proc = apptainer_exec(image, "get-master", "--all", "gpu[08-10],login1", env=slurm)
+    assert proc.stdout.split() == ["gpu08", "gpu09", "gpu10", "login1"]
+
+    names = [
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "NODE_RANK",
+        "LOCAL_WORLD_SIZE",
+        "ROCR_VISIBLE_DEVICES",
+        "MIOPEN_USER_DB_PATH",
+    ]
+    script = "import json, os, sys; print(json.dumps({n: os.environ.get(n) for n in sys.argv[1:]}))"
+    proc = apptainer_exec(
+        image, "conda-python-distributed", "-c", script, *names, env=slurm
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["MASTER_ADDR"] == "nid005252"
+    assert got["MASTER_PORT"] == str(20000 + 4242424 % 12000)
+    assert 1024 < int(got["MASTER_PORT"]) < 32768
+    assert (got["RANK"], got["LOCAL_RANK"], got["WORLD_SIZE"]) == ("13", "5", "40")
+    assert (got["NODE_RANK"], got["LOCAL_WORLD_SIZE"]) == ("1", "8")
+    assert got["ROCR_VISIBLE_DEVICES"] == "5"
+    assert Path(
+        got["MIOPEN_USER_DB_PATH"]
+    ).is_dir()  # created (/tmp is shared with the host)
+
+    # An explicit MASTER_PORT wins; another job gets another port.
+    proc = apptainer_exec(
+        image,
+        "conda-python-distributed",
+        "-c",
+        script,
+        "MASTER_PORT",
+        env={**slurm, "MASTER_PORT": "31000"},
+    )
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["MASTER_PORT"] == "31000"
+    proc = apptainer_exec(
+        image,
+        "conda-python-distributed",
+        "-c",
+        script,
+        "MASTER_PORT",
+        env={**slurm, "SLURM_JOB_ID": "4242425"},
+    )
+    assert (
+        json.loads(proc.stdout.strip().splitlines()[-1])["MASTER_PORT"]
+        != got["MASTER_PORT"]
+    )
+
+    proc = apptainer_exec(
+        image, "conda-python-simple", "-c", "import sys; print(sys.prefix)"
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == ENV_PREFIX
+
+
+def test_with_conda_and_user_software_venv(built, apptainer_exec, tmp_path):
+    image = built[0]
+    # As the LUMI EasyBuild modules use it, with the env active and after
+    # the env was dropped from PATH.
+    proc = apptainer_exec(
+        image, "bash", "-c", '$WITH_CONDA; python -c "import sys; print(sys.prefix)"'
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == ENV_PREFIX, proc.stderr
+    proc = apptainer_exec(
+        image,
+        "bash",
+        "-c",
+        'export PATH=/usr/bin:/bin; $WITH_CONDA && python -c "import sys; print(sys.prefix)"',
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == ENV_PREFIX, proc.stderr
+    proc = apptainer_exec(image, "bash", "-c", 'eval "$WITH_CONDA" && echo ok')
+    assert proc.stdout.strip() == "ok"
+
+    # The EasyBuild user-software flow: a --system-site-packages venv on top
+    # of the image's env sees the env's packages and can install more. The
+    # test env is itself a venv of the system Python (a stand-in for conda),
+    # where --system-site-packages alone reaches /usr/lib/python3, not the
+    # env: init-user-venv links the env's site-packages in (the venv's own
+    # packages come first).
+    project = tmp_path / "tinypkg"
+    (project / "tinypkg").mkdir(parents=True)
+    (project / "tinypkg" / "__init__.py").write_text("VALUE = 42\n")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "tinypkg"\nversion = "1.0"\n'
+    )
+    venv = tmp_path / "user-software"
+    script = f"""
+set -e
+init-user-venv {venv}
+source {venv}/bin/activate
+python -c 'import importlib.metadata as m; [print("visible", d.metadata["Name"], d.locate_file("")) for d in m.distributions()]'
+pip install --no-index --no-build-isolation --quiet {project}
+python -c 'import tinypkg, sys; print("installed", tinypkg.VALUE, sys.prefix)'
+"""
+    proc = apptainer_exec(
+        image, "bash", "-c", script, env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(
+        f"^visible setuptools {ENV_PREFIX}/lib/python3[.0-9]+/site-packages$",
+        proc.stdout,
+        re.M,
+    )
+    assert f"installed 42 {venv}" in proc.stdout
+    assert list(
+        venv.glob("lib/python*/site-packages/tinypkg")
+    )  # in the venv, not the image
+
+
+def test_module_file_loads_in_real_lmod(built, apptainer_exec):
+    image, module_dir, _, _, _ = built
+    assert LMOD_INIT.exists(), "Lmod is needed: apt-get install -y lmod"
+    lua = module_dir / "torch.lua"
+    snippet = module_dir / "torch.sh"
+    assert lua.is_file() and snippet.is_file()
+    script = f'source {LMOD_INIT} && module use "$1" && module load torch && env -0'
+    proc = subprocess.run(
+        ["bash", "-c", script, "bash", str(module_dir)],
+        env={"PATH": os.environ["PATH"], "HOME": str(module_dir)},
+        capture_output=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    env = dict(e.decode().partition("=")[::2] for e in proc.stdout.split(b"\0") if e)
+    assert env["SIF"] == str(image)
+    assert env["SINGULARITY_BIND"] == ",".join(BINDS)
+    assert env["RUNSCRIPTS"] == "/runscripts"
+    assert env["SINGULARITYENV_PREPEND_PATH"] == "/runscripts"
+    proc = subprocess.run(
+        [
+            "sh",
+            "-c",
+            '. "$1" && printf "%s\\n" "$SIF" "$SINGULARITY_BIND"',
+            "sh",
+            str(snippet),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": os.environ["PATH"]},
+    )
+    assert proc.stdout.splitlines() == [str(image), ",".join(BINDS)]
+    # The module's SIF and PREPEND_PATH work with Apptainer (binds are LUMI
+    # host paths, absent here, so they are not passed).
+    proc = apptainer_exec(
+        env["SIF"],
+        "bash",
+        "-c",
+        'echo "$PATH"',
+        env={"SINGULARITYENV_PREPEND_PATH": env["SINGULARITYENV_PREPEND_PATH"]},
+    )
+    assert proc.stdout.startswith("/runscripts:")
