@@ -1,0 +1,135 @@
+"""Every example loads and dry-runs, so examples cannot rot."""
+
+import ast
+import json
+from pathlib import Path
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from cotainr_lumi import cli
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+# example directory -> cotainr build options (relative to the directory)
+DRY_RUNS = {
+    "pytorch-rocm6.2": [
+        "--system=lumi-g-ext-rocm-6.2",
+        "--conda-env=env.yml",
+        "--pip-steps=pip-steps.yml",
+    ],
+    "pytorch-rocm6.1": [
+        "--system=lumi-g-ext-rocm-6.1",
+        "--conda-env=env.yml",
+        "--pip-steps=pip-steps.yml",
+    ],
+    "minimal": ["--system=lumi-g-ext", "--conda-env=env.yml"],
+    "extend-lumi-pytorch": [
+        "--system=lumi-g-ext",
+        "--base-image-override=/appl/local/containers/easybuild-sif-images/lumi-pytorch.sif",
+        "--pip-requirements=requirements.txt",
+    ],
+    "demo": ["--system=lumi-g-ext", "--pip-requirements=requirements.txt"],
+}
+NOT_BUILD_INPUTS = {"slurm"}
+
+
+def test_every_example_directory_is_covered():
+    dirs = {p.name for p in EXAMPLES.iterdir() if p.is_dir()}
+    assert dirs == set(DRY_RUNS) | NOT_BUILD_INPUTS
+    for d in dirs:
+        assert (EXAMPLES / d / "README.md").is_file(), f"examples/{d} has no README"
+
+
+@pytest.mark.parametrize("name", sorted(DRY_RUNS))
+def test_example_dry_runs(name, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(EXAMPLES / name)
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "cotainr-lumi",
+            "build",
+            str(tmp_path / "x.sif"),
+            *DRY_RUNS[name],
+            "--dry-run",
+        ],
+    )
+    cli.main()  # exits non-zero on any error
+    out = capsys.readouterr().out
+    assert "dry run" in out and "pip" in out and "lumi-env" in out
+    assert not (tmp_path / "x.sif").exists()
+    for option in DRY_RUNS[name]:
+        if option.startswith(("--pip-steps", "--pip-requirements", "--conda-env")):
+            assert option.split("=", 1)[1] in out
+
+
+@pytest.mark.parametrize("version", ["6.2", "6.1"])
+def test_pytorch_examples_express_the_hand_built_stack(version):
+    steps = yaml.safe_load(
+        (EXAMPLES / f"pytorch-rocm{version}" / "pip-steps.yml").read_text()
+    )["steps"]
+    text = json.dumps(steps)
+    assert f"rocm{version}" in steps[0]["index-url"] and "torch==" in text
+    names = [s["name"] for s in steps]
+    order = [
+        next(i for i, n in enumerate(names) if key in n)
+        for key in ("PyTorch", "apex", "DeepSpeed", "flash", "bitsandbytes", "Hugging")
+    ]
+    assert order == sorted(order)
+    deepspeed = steps[order[2]]
+    assert deepspeed["no-build-isolation"] is True
+    for op in (
+        "FUSED_ADAM",
+        "FUSED_LAMB",
+        "FUSED_LION",
+        "CCL_COMM",
+        "STOCHASTIC_TRANSFORMER",
+    ):
+        assert deepspeed["env"][f"DS_BUILD_{op}"] == "1"
+    apex = steps[order[1]]
+    assert (
+        apex["no-build-isolation"] is True
+        and any("--cpp_ext" in a for a in apex["pip-args"])
+        and any("--cuda_ext" in a for a in apex["pip-args"])
+    )
+    assert all(s["env"]["PYTORCH_ROCM_ARCH"] == "gfx90a" for s in steps[1:5])
+
+
+def test_slurm_scripts_are_valid_bash():
+    for script in (EXAMPLES / "slurm").glob("*.sbatch"):
+        subprocess.run(["bash", "-n", str(script)], check=True)
+        assert "#SBATCH" in script.read_text()
+    acceptance = (EXAMPLES / "slurm" / "acceptance.sbatch").read_text()
+    assert "all_reduce_perf" in acceptance and "29" in acceptance
+    assert (
+        "NET/OFI Using aws-ofi-rccl" in acceptance
+        and "Selected Provider is cxi" in acceptance
+    )
+
+
+def test_python_examples_parse():
+    for script in [EXAMPLES / "api_build.py", EXAMPLES / "slurm" / "train_ddp.py"]:
+        ast.parse(script.read_text())
+
+
+def test_api_example_dry_run(tmp_path, capsys):
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import api_build
+    finally:
+        sys.path.pop(0)
+    assert (
+        api_build.main(
+            [
+                str(tmp_path / "a.sif"),
+                "--dry-run",
+                "--conda-env",
+                str(EXAMPLES / "minimal" / "env.yml"),
+            ]
+        )
+        == 0
+    )
+    assert "lumi-g-ext" in capsys.readouterr().out
