@@ -254,12 +254,15 @@ def _check_lumi_env(report, facts, expected):
         report.add(f"env:{name}", status, f"{name}={found!r} (expected {value!r})")
 
 
-def _manifest_entries(facts):
+def _libstdcxx_kept_reason(facts):
+    """Why the prune stage kept the env's libstdc++ (None if it did not say)."""
     manifest = facts.get("prune_manifest")
     if not isinstance(manifest, dict):
-        return []
-    entries = manifest.get("entries") or manifest.get("actions") or []
-    return [e for e in entries if isinstance(e, dict)]
+        return None
+    for decision in manifest.get("skipped") or []:
+        if isinstance(decision, dict) and decision.get("group") == "libstdcxx":
+            return decision.get("reason") or "reason recorded in the manifest"
+    return None
 
 
 def _check_libstdcxx(report, facts):
@@ -267,17 +270,9 @@ def _check_libstdcxx(report, facts):
     if not present:
         report.add("env-libstdcxx", PASS, f"no libstdc++ in {facts['prefix']}/lib")
         return
-    kept = [
-        e
-        for e in _manifest_entries(facts)
-        if "libstdc++" in str(e.get("path", "")) and e.get("action") == "kept"
-    ]
-    if kept:
-        report.add(
-            "env-libstdcxx",
-            PASS,
-            f"kept {present[0]}: {kept[0].get('reason', 'reason recorded in manifest')}",
-        )
+    reason = _libstdcxx_kept_reason(facts)
+    if reason:
+        report.add("env-libstdcxx", PASS, f"kept {present[0]}: {reason}")
     else:
         report.add(
             "env-libstdcxx",
