@@ -148,13 +148,14 @@ def test_broken_images_fail_exactly_the_expected_rows(
 def test_libstdcxx_kept_with_reason_passes(mocker, tmp_path):
     facts = mutate(("env_libstdcxx",), ["/opt/env/lib/libstdc++.so.6"])
     facts["prune_manifest"] = {
-        "entries": [
+        "entries": [],
+        "skipped": [
             {
-                "path": "/opt/env/lib/libstdc++.so.6",
-                "action": "kept",
-                "reason": "keep-libstdcxx requested",
+                "group": "libstdcxx",
+                "what": "/opt/env/lib",
+                "reason": "libstdcxx pruning is off (--keep-libstdcxx)",
             }
-        ]
+        ],
     }
     report = run_with(mocker, tmp_path, facts)
     assert report.status_of("env-libstdcxx") == "PASS"
