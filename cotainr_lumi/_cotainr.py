@@ -231,14 +231,22 @@ def spinner_only_on_terminal():
         _cli.tracing.ConsoleSpinner = original
 
 
+_DISPATCHERS = {}
+
+
 def new_log_dispatcher(*, name, log_settings):
     """
     A cotainr log dispatcher for subprocess output of a stage.
 
+    cotainr's ``LogDispatcher`` attaches new handlers to the loggers
+    ``NAME.out``/``NAME.err`` each time one is made, so dispatchers are made
+    once per name and log settings and then reused (otherwise every line
+    would be printed once per earlier command).
+
     Parameters
     ----------
     name : str
-        The name shown in log lines.
+        The stage name; the loggers are ``cotainr-lumi.NAME.out/.err``.
     log_settings : :class:`cotainr.tracing.LogSettings` or None
         The build's log settings (None: no dispatcher, output is printed).
 
@@ -249,11 +257,19 @@ def new_log_dispatcher(*, name, log_settings):
     """
     if log_settings is None:
         return None
-    return _tracing.LogDispatcher(
-        name=name,
-        map_log_level_func=_map_subprocess_log_level,
-        log_settings=log_settings,
+    key = (
+        name,
+        log_settings.verbosity,
+        str(log_settings.log_file_path),
+        log_settings.no_color,
     )
+    if key not in _DISPATCHERS:
+        _DISPATCHERS[key] = _tracing.LogDispatcher(
+            name=f"cotainr-lumi.{name}",
+            map_log_level_func=_map_subprocess_log_level,
+            log_settings=log_settings,
+        )
+    return _DISPATCHERS[key]
 
 
 def _map_subprocess_log_level(msg):

@@ -247,3 +247,14 @@ def test_foreign_output_file_is_never_overwritten_and_no_image_is_built(
         outputs_build(tmp_path, base_image, monkeypatch, target)
     assert target.read_text() == "my own module file\n"
     assert not (tmp_path / "out.sif").exists()
+
+
+def test_stage_log_dispatchers_are_reused_so_lines_are_not_repeated():
+    from cotainr_lumi import _cotainr
+
+    settings = _cotainr.make_log_settings(verbosity=1)
+    first = _cotainr.new_log_dispatcher(name="test-reuse", log_settings=settings)
+    second = _cotainr.new_log_dispatcher(name="test-reuse", log_settings=settings)
+    assert first is second
+    assert len(first.logger_stdout.handlers) == 1
+    assert first.logger_stdout.name == "cotainr-lumi.test-reuse.out"

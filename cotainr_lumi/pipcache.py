@@ -1,0 +1,130 @@
+"""
+A host pip cache reused across builds, never left in the image.
+
+cotainr runs commands in the sandbox without bind mounts, so the host cache
+cannot be mounted. Instead, before the pip steps its files are hard-linked
+(copied when the sandbox is on another file system) into a directory inside
+the sandbox that pip uses as ``--cache-dir``; after the steps, also when they
+fail, new or replaced files are linked (or copied) back into the host cache
+and the sandbox directory is removed.
+
+pip writes cache entries to a temporary file and renames it into place, so a
+hard-linked host file is never modified through the sandbox; several builds
+can share the host cache at the same time.
+
+Functions
+---------
+import_cache(*, host_dir, sandbox_dir)
+    Fill the sandbox cache directory from the host cache.
+export_cache(*, sandbox_dir, host_dir)
+    Move new cache entries back to the host and remove the sandbox copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+import shutil
+import tempfile
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+
+def _place(src, dst):
+    """Put file `src` at `dst` atomically: a hard link if possible, else a copy."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=".cotainr-lumi-")
+    os.close(fd)
+    os.unlink(tmp)
+    try:
+        try:
+            os.link(src, tmp)
+            linked = True
+        except OSError:
+            shutil.copy2(src, tmp)
+            linked = False
+        os.replace(tmp, dst)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    return linked
+
+
+def _files(top):
+    top = Path(top)
+    for dirpath, _dirnames, filenames in os.walk(top):
+        for name in filenames:
+            path = Path(dirpath) / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            yield path, path.relative_to(top)
+
+
+def import_cache(*, host_dir, sandbox_dir):
+    """
+    Fill the sandbox cache directory from the host cache.
+
+    Parameters
+    ----------
+    host_dir : os.PathLike
+        The host cache (created if missing).
+    sandbox_dir : os.PathLike
+        The host path of the cache directory inside the sandbox (created).
+
+    Returns
+    -------
+    stats : dict
+        ``files``, ``bytes`` and ``linked`` (hard links made).
+    """
+    host_dir, sandbox_dir = Path(host_dir), Path(sandbox_dir)
+    host_dir.mkdir(parents=True, exist_ok=True)
+    sandbox_dir.mkdir(parents=True, exist_ok=True)
+    stats = {"files": 0, "bytes": 0, "linked": 0}
+    for path, rel in _files(host_dir):
+        if rel.name.startswith(".cotainr-lumi-"):
+            continue
+        stats["files"] += 1
+        stats["bytes"] += path.stat().st_size
+        stats["linked"] += _place(path, sandbox_dir / rel)
+    return stats
+
+
+def export_cache(*, sandbox_dir, host_dir):
+    """
+    Move new cache entries back to the host and remove the sandbox copy.
+
+    Parameters
+    ----------
+    sandbox_dir : os.PathLike
+        The host path of the cache directory inside the sandbox.
+    host_dir : os.PathLike
+        The host cache.
+
+    Returns
+    -------
+    stats : dict
+        ``new`` (files added to or replaced in the host cache) and ``files``
+        (files in the sandbox cache).
+    """
+    sandbox_dir, host_dir = Path(sandbox_dir), Path(host_dir)
+    stats = {"files": 0, "new": 0}
+    if not sandbox_dir.is_dir():
+        return stats
+    try:
+        for path, rel in _files(sandbox_dir):
+            stats["files"] += 1
+            target = host_dir / rel
+            try:
+                if target.exists() and os.path.samefile(path, target):
+                    continue
+            except OSError:
+                pass
+            try:
+                _place(path, target)
+                stats["new"] += 1
+            except OSError as e:
+                logger.warning("Could not keep pip cache entry %s: %s", rel, e)
+    finally:
+        shutil.rmtree(sandbox_dir, ignore_errors=True)
+    return stats

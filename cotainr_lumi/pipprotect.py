@@ -1,0 +1,276 @@
+"""
+Protection of installed distributions against later pip steps.
+
+Before a step, every installed distribution (from ``pip list --format
+json``) is pinned ``name==version`` in a constraints file passed to ``pip
+install -c``, except the names the step may change (``allow-changes``). A
+plain ``torch`` dependency of a later package is then satisfied by the
+installed torch (``torch==2.13.0+cpu`` matches exactly that local version),
+and a requirement for another version makes pip's resolver fail. That failure
+is explained from pip's output (:func:`explain_conflicts`), and after the
+step :func:`changed_distributions` double-checks the package lists.
+
+Classes
+-------
+Conflict
+    A protected distribution a step wanted to change.
+
+Functions
+---------
+parse_pip_list(*, text)
+    Installed distributions from ``pip list --format json`` output.
+constraints_text(*, installed, allowed)
+    The constraints file pinning every installed distribution.
+explain_conflicts(*, output, installed, allowed)
+    The protected distributions pip's resolver error is about.
+changed_distributions(*, before, after, allowed)
+    Protected distributions upgraded, downgraded or removed by a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import json
+import logging
+import re
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+_CAUSE_RE = re.compile(
+    r"^\s*(?:The user requested (?P<constraint>\(constraint\) )?(?P<ureq>.+?)"
+    r"|(?P<pkg>\S+) (?P<ver>\S+) depends on (?P<dreq>.+?))\s*$"
+)
+_NOT_FOUND_RE = re.compile(
+    r"Could not find a version that satisfies the requirement (?P<req>.+?)"
+    r"(?: \(from (?P<from>[^)]*)\))?(?: \(from versions:.*)?$"
+)
+
+
+@dataclass
+class Conflict:
+    """
+    A protected distribution a step wanted to change.
+
+    Attributes
+    ----------
+    name : str
+        The distribution name as installed.
+    installed : str
+        The installed version.
+    wanted : list of str
+        The requirements that wanted another version, as pip reported them
+        (e.g. ``torch==2.12.0`` or ``foo 1.0 depends on torch<2``).
+    """
+
+    name: str
+    installed: str
+    wanted: list[str]
+
+    def describe(self):
+        """One sentence for an error message."""
+        wanted = "; ".join(self.wanted) if self.wanted else "a requirement of this step"
+        return (
+            f"{self.name} {self.installed} is installed (before this step) and "
+            f"protected, but another version was wanted by: {wanted}"
+        )
+
+
+def parse_pip_list(*, text):
+    """
+    Installed distributions from ``pip list --format json`` output.
+
+    Parameters
+    ----------
+    text : str
+        The command's stdout (the JSON is its last non-empty line).
+
+    Returns
+    -------
+    installed : dict of str to (str, str)
+        Canonical name -> (name as installed, version).
+
+    Raises
+    ------
+    ValueError
+        If no JSON list is found.
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        line = line.strip()
+        if line.startswith("["):
+            data = json.loads(line)
+            return {
+                canonicalize_name(d["name"]): (d["name"], d["version"]) for d in data
+            }
+    raise ValueError(f"no package list in pip's output: {text[-500:]!r}")
+
+
+def constraints_text(*, installed, allowed):
+    """
+    The constraints file pinning every installed distribution.
+
+    Parameters
+    ----------
+    installed : dict
+        From :func:`parse_pip_list`.
+    allowed : collection of str
+        Canonical names that are not pinned.
+
+    Returns
+    -------
+    text : str
+        One ``name==version`` line per protected distribution.
+    """
+    lines = [
+        "# Installed before this step; pinned by cotainr-lumi so that the step",
+        "# cannot upgrade, downgrade or remove them (see allow-changes).",
+    ]
+    for key in sorted(installed):
+        name, version = installed[key]
+        if key in allowed:
+            lines.append(f"# {name}=={version}  (allow-changes)")
+            continue
+        try:
+            Version(version)
+        except InvalidVersion:
+            logger.warning(
+                "Not protecting %s: its version %r is not a PEP 440 version.",
+                name,
+                version,
+            )
+            lines.append(f"# {name} {version}  (not a PEP 440 version: not pinned)")
+            continue
+        lines.append(f"{name}=={version}")
+    return "\n".join(lines) + "\n"
+
+
+def _req_name(text):
+    try:
+        return canonicalize_name(Requirement(text.strip()).name)
+    except InvalidRequirement:
+        m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)", text)
+        return canonicalize_name(m.group(1)) if m else None
+
+
+def explain_conflicts(*, output, installed, allowed):
+    """
+    The protected distributions pip's resolver error is about.
+
+    Understands pip's "The conflict is caused by:" block (``The user
+    requested (constraint) torch==2.13.0+cpu`` against ``The user requested
+    torch==2.12.0`` or ``foo 1.0 depends on torch<2``) and "Could not find a
+    version that satisfies the requirement X" for a protected X.
+
+    Parameters
+    ----------
+    output : str
+        pip's output (stdout and stderr).
+    installed : dict
+        The distributions installed before the step (:func:`parse_pip_list`).
+    allowed : collection of str
+        Canonical names the step may change.
+
+    Returns
+    -------
+    conflicts : list of Conflict
+        Empty when the failure is not about protected distributions.
+    """
+    pinned = set()
+    wanted: dict[str, list[str]] = {}
+    in_block = False
+    for line in output.splitlines():
+        if "The conflict is caused by:" in line:
+            in_block = True
+            continue
+        if in_block:
+            if not line.strip():
+                in_block = False
+                continue
+            m = _CAUSE_RE.match(line)
+            if not m:
+                continue
+            if m.group("ureq") is not None:
+                req = m.group("ureq")
+                name = _req_name(req)
+                if m.group("constraint"):
+                    pinned.add(name)
+                    continue
+                text = req
+            else:
+                req = m.group("dreq")
+                name = _req_name(req)
+                text = f"{m.group('pkg')} {m.group('ver')} depends on {req}"
+            wanted.setdefault(name, []).append(text)
+            continue
+        m = _NOT_FOUND_RE.search(line)
+        if m:
+            name = _req_name(m.group("req"))
+            if name in installed and name not in allowed:
+                pinned.add(name)
+                origin = f" (from {m.group('from')})" if m.group("from") else ""
+                wanted.setdefault(name, []).append(m.group("req").strip() + origin)
+    conflicts = []
+    for name in sorted(pinned):
+        if name not in installed or name in allowed:
+            continue
+        dist_name, version = installed[name]
+        items = list(dict.fromkeys(wanted.get(name, [])))
+        conflicts.append(Conflict(name=dist_name, installed=version, wanted=items))
+    return conflicts
+
+
+def changed_distributions(*, before, after, allowed):
+    """
+    Protected distributions upgraded, downgraded or removed by a step.
+
+    Parameters
+    ----------
+    before, after : dict
+        :func:`parse_pip_list` results before and after the step.
+    allowed : collection of str
+        Canonical names the step may change.
+
+    Returns
+    -------
+    changes : list of (str, str, str or None)
+        ``(name, version before, version after or None if removed)``.
+    """
+    changes = []
+    for key, (name, version) in sorted(before.items()):
+        if key in allowed:
+            continue
+        new = after.get(key)
+        if new is None:
+            changes.append((name, version, None))
+        elif new[1] != version:
+            changes.append((name, version, new[1]))
+    return changes
+
+
+def describe_changes(*, before, after):
+    """
+    Added and changed distributions of a step, for its report.
+
+    Parameters
+    ----------
+    before, after : dict
+        :func:`parse_pip_list` results.
+
+    Returns
+    -------
+    summary : dict
+        ``{"added": {name: version}, "changed": {name: [old, new]},
+        "removed": [name]}``.
+    """
+    added = {n: v for k, (n, v) in after.items() if k not in before}
+    changed = {
+        n: [v, after[k][1]]
+        for k, (n, v) in before.items()
+        if k in after and after[k][1] != v
+    }
+    removed = [n for k, (n, _) in before.items() if k not in after]
+    return {"added": added, "changed": changed, "removed": removed}

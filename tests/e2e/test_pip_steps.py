@@ -1,0 +1,428 @@
+"""End-to-end tests of the pip stage: real Apptainer, real torch, real builds.
+
+The torch layer (real torch 2.13.0 CPU from this machine's disk, its
+dependencies from PyPI) is built once per module and used as the base image
+override of the later builds:
+
+- a torch C++ extension built with ``no-build-isolation`` against the
+  installed torch, and a local wheel depending on plain ``torch``: the
+  extension runs in the final image and torch is untouched;
+- a step pinning another torch version stops with the protection error;
+- torch and the extension in one step fail with "No module named 'torch'";
+- a small sdist from a local index is installed by two builds: the second
+  takes the wheel built by the first from the host pip cache.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import http.server
+import io
+import json
+import os
+from pathlib import Path
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import zipfile
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+TORCH_WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+TORCHEXT = Path(__file__).parent / "data" / "pip" / "torchext"
+COTAINR = Path(sys.executable).with_name("cotainr")
+SYSTEM = "pip-e2e"
+
+#: Build times (s), printed at the end of the module.
+TIMES: dict[str, float] = {}
+
+
+def make_wheel(directory, name, version, requires=()):
+    """Write a minimal pure-Python wheel; return its path."""
+    dist = name.replace("-", "_")
+    filename = Path(directory) / f"{dist}-{version}-py3-none-any.whl"
+    info = f"{dist}-{version}.dist-info"
+    files = {
+        f"{dist}/__init__.py": f"VERSION = {version!r}\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\n"
+        f"Name: {name}\nVersion: {version}\n"
+        + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    with zipfile.ZipFile(filename, "w") as zf:
+        for path, text in files.items():
+            data = text.encode()
+            zf.writestr(path, data)
+            digest = (
+                base64.urlsafe_b64encode(hashlib.sha256(data).digest())
+                .rstrip(b"=")
+                .decode()
+            )
+            record.append(f"{path},sha256={digest},{len(data)}")
+        record.append(f"{info}/RECORD,,")
+        zf.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+    return filename
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, lumi_like_base_image):
+    """A work dir with a test system profile and its own pip cache."""
+    if not TORCH_WHEEL.is_file():
+        pytest.fail(f"{TORCH_WHEEL} is missing on this machine")
+    work = tmp_path_factory.mktemp("pip-e2e")
+    (work / "systems.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "systems": {
+                    SYSTEM: {
+                        "extends": "lumi-g-ext",
+                        "base-image": str(lumi_like_base_image),
+                        "rocm-version": "6.1",
+                        "stages": ["pip", "provenance"],
+                        "settings": {"provenance": {"hash-base-image": False}},
+                    }
+                }
+            }
+        )
+    )
+    return work
+
+
+def cotainr_build(work, image, *args, env=None, name):
+    """Run the stock ``cotainr build``; return (process, seconds)."""
+    full_env = dict(os.environ)
+    full_env.update(
+        COTAINR_LUMI_SYSTEMS=str(work / "systems.yaml"),
+        XDG_CACHE_HOME=str(work / "xdg-cache"),
+    )
+    full_env.update(env or {})
+    t0 = time.time()
+    proc = subprocess.run(
+        [
+            str(COTAINR),
+            "build",
+            str(image),
+            f"--system={SYSTEM}",
+            "--force",
+            *map(str, args),
+        ],
+        cwd=work,
+        env=full_env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    TIMES[name] = time.time() - t0
+    m = re.search(r"Finished stage pip in ([0-9.]+) s", proc.stdout + proc.stderr)
+    if m:
+        TIMES[f"{name} (pip stage)"] = float(m.group(1))
+    return proc
+
+
+def _inputs_for_torch(work):
+    (work / "wheels").mkdir(exist_ok=True)
+    link = work / "wheels" / TORCH_WHEEL.name
+    if not link.exists():
+        link.symlink_to(TORCH_WHEEL)
+    (work / "common.txt").write_text("wheel  # needed to build without isolation\n")
+    (work / "torch.txt").write_text(f"-r common.txt\n./wheels/{TORCH_WHEEL.name}\n")
+
+
+@pytest.fixture(scope="module")
+def torch_image(work):
+    """The torch layer, built once: base image + torch 2.13.0+cpu + wheel."""
+    _inputs_for_torch(work)
+    image = work / "torch.sif"
+    proc = cotainr_build(
+        work, image, "--pip-requirements", "torch.txt", name="torch layer"
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return image
+
+
+@pytest.fixture(scope="module")
+def extension_image(work, torch_image):
+    """torch layer + the C++ extension (no build isolation) + a torch user."""
+    shutil.copytree(TORCHEXT, work / "torchext", dirs_exist_ok=True)
+    make_wheel(work, "needs-torch", "1.0", requires=["torch"])
+    (work / "needs.txt").write_text("./needs_torch-1.0-py3-none-any.whl\n")
+    (work / "steps.yml").write_text(
+        yaml.safe_dump(
+            {
+                "steps": [
+                    {
+                        "name": "torch extension",
+                        "packages": ["./torchext"],
+                        "no-build-isolation": True,
+                        "env": {"MAX_JOBS": 2, "CXX": "g++"},
+                    },
+                    {"requirements": "needs.txt"},
+                ]
+            }
+        )
+    )
+    image = work / "ext.sif"
+    proc = cotainr_build(
+        work,
+        image,
+        "--base-image-override",
+        torch_image,
+        "--pip-steps",
+        "steps.yml",
+        # A LUMI bindings module left loaded must not break the build.
+        env={"SINGULARITY_BIND": "/var/spool/slurmd"},
+        name="extension build",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return image, proc
+
+
+def test_torch_layer_has_torch_and_its_records(torch_image, apptainer_exec):
+    proc = apptainer_exec(
+        torch_image,
+        "bash",
+        "-c",
+        "python -c 'import torch; print(torch.__version__)'; "
+        "cat /opt/cotainr-lumi/pip/step1/torch.txt /opt/cotainr-lumi/pip/step1/common.txt; "
+        "ls -a /opt/cotainr-lumi",
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "2.13.0+cpu"
+    # The -r include and the local wheel were staged and rewritten.
+    assert lines[1].startswith("-r /opt/cotainr-lumi/pip/step1/common.txt")
+    assert lines[2].startswith(
+        f"/opt/cotainr-lumi/.pip-work/staging/step1/1/{TORCH_WHEEL.name}  # cotainr-lumi: was ./wheels/"
+    )
+    assert lines[3].startswith("wheel")
+    # No staging dir or pip cache left in the image.
+    assert ".pip-work" not in lines[4:]
+
+
+def test_extension_builds_against_installed_torch_and_runs(
+    extension_image, apptainer_exec
+):
+    image, build = extension_image
+    assert "Ignoring SINGULARITY_BIND" in build.stdout + build.stderr
+    assert "pip steps install into /opt/cotainr/conda/envs/conda_container_env" in (
+        build.stdout + build.stderr
+    )
+    proc = apptainer_exec(
+        image,
+        "python",
+        "-c",
+        "import json, torch, torchext, needs_torch; "
+        "print(json.dumps([torchext.add_one(torch.zeros(3)).tolist(), "
+        "torchext.built_with_torch(), torch.__version__, needs_torch.VERSION]))",
+    )
+    assert proc.returncode == 0, proc.stderr
+    added, built_with, torch_version, needs = json.loads(proc.stdout.splitlines()[-1])
+    assert added == [1.0, 1.0, 1.0]
+    assert built_with == "2.13.0"
+    # The plain `torch` dependency of step 2 left the installed torch alone.
+    assert torch_version == "2.13.0+cpu"
+    assert needs == "1.0"
+
+
+def test_package_list_and_labels_are_in_the_image(
+    extension_image, apptainer_exec, apptainer_path
+):
+    image, _ = extension_image
+    labels = subprocess.run(
+        [
+            str(apptainer_path / "apptainer"),
+            "inspect",
+            "--labels",
+            "--json",
+            str(image),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert (
+        '"cotainr-lumi.pip.packages": "/opt/cotainr-lumi/pip/packages.json"' in labels
+    )
+    proc = apptainer_exec(
+        image,
+        "bash",
+        "-c",
+        "cat /opt/cotainr-lumi/pip/packages.json; echo ===; "
+        "cat /opt/cotainr-lumi/pip/steps.json; echo ===; "
+        "cat /opt/cotainr-lumi/pip/step2/protected-constraints.txt; echo ===; "
+        "ls -a /opt/cotainr-lumi",
+    )
+    assert proc.returncode == 0, proc.stderr
+    packages, steps, constraints, listing = proc.stdout.split("===\n")
+    versions = {p["name"].lower(): p["version"] for p in json.loads(packages)}
+    assert versions["torch"] == "2.13.0+cpu"
+    assert versions["torchext"] == "0.1.0"
+    assert versions["needs-torch"] == "1.0"
+    steps = json.loads(steps)
+    sources = [s["source"] for s in steps["steps"]]
+    assert sources[0].endswith("steps.yml, step 1"), sources
+    assert sources[1].endswith("steps.yml, step 2"), sources
+    assert "--no-build-isolation" in steps["steps"][0]["command"]
+    assert steps["steps"][0]["env"] == {"MAX_JOBS": "2", "CXX": "g++"}
+    assert "torch==2.13.0+cpu" in constraints.splitlines()
+    assert "torchext==0.1.0" in constraints.splitlines()
+    assert ".pip-work" not in listing.split()
+
+
+def test_step_wanting_another_torch_stops_the_build(work, torch_image):
+    (work / "pin.txt").write_text("torch==2.12.0\n")
+    image = work / "pinned.sif"
+    proc = cotainr_build(
+        work,
+        image,
+        "--base-image-override",
+        torch_image,
+        "--pip-requirements",
+        "pin.txt",
+        name="protection failure",
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "step 1 (pin.txt) would change protected package(s) torch" in output
+    assert "torch 2.13.0+cpu is installed (before this step) and protected" in output
+    assert "torch==2.12.0" in output
+    assert "allow-changes: [torch]" in output
+    assert not image.exists()
+
+
+def test_torch_and_extension_in_one_step_fail(work, lumi_like_base_image):
+    _inputs_for_torch(work)
+    shutil.copytree(TORCHEXT, work / "torchext", dirs_exist_ok=True)
+    (work / "one-step.txt").write_text(f"./wheels/{TORCH_WHEEL.name}\n./torchext\n")
+    image = work / "one-step.sif"
+    proc = cotainr_build(
+        work, image, "--pip-requirements", "one-step.txt", name="one-step failure"
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "pip install failed in step 1 (one-step.txt)" in output
+    assert "No module named 'torch'" in output
+    assert "No image was written" in output
+    assert not image.exists()
+
+
+def make_sdist(directory, name, version):
+    """Write a setuptools sdist (its build takes an isolated build env)."""
+    base = f"{name}-{version}"
+    filename = Path(directory) / f"{base}.tar.gz"
+    files = {
+        "pyproject.toml": (
+            '[build-system]\nrequires = ["setuptools>=61"]\n'
+            'build-backend = "setuptools.build_meta"\n'
+            f'[project]\nname = "{name}"\nversion = "{version}"\n'
+        ),
+        f"{name}/__init__.py": f"VERSION = {version!r}\n",
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+    }
+    with tarfile.open(filename, "w:gz") as tf:
+        for path, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{base}/{path}")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return filename
+
+
+@pytest.fixture
+def local_index(tmp_path):
+    """A local package index (plain HTTP) serving the sdist cachedemo 1.0."""
+    root = tmp_path / "index"
+    (root / "simple" / "cachedemo").mkdir(parents=True)
+    (root / "files").mkdir()
+    sdist = make_sdist(root / "files", "cachedemo", "1.0")
+    (root / "simple" / "cachedemo" / "index.html").write_text(
+        f'<html><body><a href="../../files/{sdist.name}">{sdist.name}</a></body></html>\n'
+    )
+    _RecordingIndex.requests = []
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_RecordingIndex, directory=str(root))
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield (
+        f"http://127.0.0.1:{server.server_address[1]}/simple",
+        _RecordingIndex.requests,
+    )
+    server.shutdown()
+    server.server_close()
+
+
+class _RecordingIndex(http.server.SimpleHTTPRequestHandler):
+    """Serve files and record the requested paths."""
+
+    requests: list[str] = []
+
+    def do_GET(self):
+        type(self).requests.append(self.path)
+        super().do_GET()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_host_pip_cache_is_reused_and_not_in_the_image(
+    work, lumi_like_base_image, local_index, apptainer_exec
+):
+    """The wheel pip builds from an sdist is reused by the next build.
+
+    (pip caches HTTP downloads only from HTTPS indexes that send caching
+    headers; this machine's PyPI proxy sends none, so the wheel cache is what
+    can be shown here. On LUMI, PyPI downloads are cached as well.)
+    """
+    index_url, requests = local_index
+    cache_dir = work / "cache-test-cache"
+    (work / "cache-steps.yml").write_text(
+        yaml.safe_dump(
+            {
+                "steps": [
+                    {"packages": ["cachedemo==1.0"], "extra-index-urls": [index_url]}
+                ],
+                "cache-dir": "cache-test-cache",
+            }
+        )
+    )
+    image = work / "cache.sif"
+    for n in (1, 2):
+        proc = cotainr_build(
+            work, image, "--pip-steps", "cache-steps.yml", name=f"cache build {n}"
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        downloads = [r for r in requests if r.endswith(".tar.gz")]
+        # The second build used the wheel cached on the host by the first.
+        assert len(downloads) == 1, requests
+    assert [p.name for p in (cache_dir / "wheels").rglob("*.whl")] == [
+        "cachedemo-1.0-py3-none-any.whl"
+    ]
+    proc = apptainer_exec(
+        image,
+        "bash",
+        "-c",
+        "python -c 'import cachedemo; print(cachedemo.VERSION)'; ls -a /opt/cotainr-lumi",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "1.0"
+    assert ".pip-work" not in proc.stdout
+
+
+def test_zz_report_times():
+    """Print the measured build times (run last; -s shows them)."""
+    for name, seconds in TIMES.items():
+        print(f"{name}: {seconds:.1f} s")
+    assert TIMES
