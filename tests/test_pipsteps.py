@@ -196,11 +196,13 @@ def test_default_cache_dir_follows_xdg(monkeypatch, tmp_path):
 def test_example_steps_express_the_hand_built_apex_and_deepspeed_steps():
     from cotainr_lumi.pipreqs import scan_step
 
-    example = Path(__file__).parents[1] / "examples" / "pip-steps" / "steps.yml"
+    example = (
+        Path(__file__).parents[1] / "examples" / "pytorch-rocm6.2" / "pip-steps.yml"
+    )
     settings = load_steps_file(path=example)
     steps = normalize_steps(settings=settings, cwd="/")
-    torch, apex, deepspeed = steps
-    assert torch.requirements == [example.parent / "torch-rocm.txt"]
+    torch, apex, deepspeed = steps[:3]
+    assert any(p.startswith("torch==") for p in torch.packages)
     assert apex.no_build_isolation and deepspeed.no_build_isolation
     assert "--config-settings=--build-option=--cuda_ext" in apex.pip_args
     for step in (apex, deepspeed):
