@@ -20,12 +20,19 @@ import time
 
 def timed(cmd, env):
     t0 = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     return time.perf_counter() - t0
 
 
 def hook_import_time_us():
-    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "pass"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     for line in out.stderr.splitlines():
         if line.rstrip().endswith("_cotainr_plugins_hook"):
             return int(line.split("|")[1].strip())

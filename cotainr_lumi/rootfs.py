@@ -15,6 +15,10 @@ write_file_in_root(*, root, path, content, mode=0o644)
     Write a regular file at an image path, never through a link.
 image_path_of(*, root, host_path)
     The image path of a host path that lies inside `root`.
+walk_in_root(*, root, path)
+    Walk a directory tree inside `root` without following symlinks.
+is_inside(*, parent, path)
+    Whether a (resolved) host path lies inside a directory.
 """
 
 import errno
@@ -162,3 +166,122 @@ def write_file_in_root(*, root, path, content, mode=0o644):
         f.write(data)
     os.chmod(target, mode)
     return target
+
+
+class RootEntry:
+    """
+    One entry met by :func:`walk_in_root` (never followed through a link).
+
+    Attributes
+    ----------
+    path : str
+        The host path of the entry (inside the root), as a string.
+    host_path : :class:`pathlib.Path`
+        The same as a Path (made on first use: walks meet many entries).
+    kind : str
+        ``"file"`` (regular file), ``"symlink"``, ``"dir"`` or ``"other"``
+        (FIFO, socket, device).
+    size : int
+        The size from ``lstat`` (of the link itself for a symlink).
+    """
+
+    __slots__ = ("path", "kind", "_size")
+
+    def __init__(self, *, path, kind, size=None):
+        self.path = path
+        self.kind = kind
+        self._size = size
+
+    @property
+    def host_path(self):
+        """The host path as a :class:`pathlib.Path`."""
+        return Path(self.path)
+
+    @property
+    def size(self):
+        """The size from ``lstat`` (read on first use; 0 if it vanished)."""
+        if self._size is None:
+            try:
+                self._size = os.lstat(self.path).st_size
+            except OSError:
+                self._size = 0
+        return self._size
+
+    def __repr__(self):
+        return f"RootEntry({self.path!r}, {self.kind!r}, {self.size})"
+
+
+def is_inside(*, parent, path):
+    """
+    Whether a host path lies inside (or is) a host directory, lexically.
+
+    Both paths should already be resolved (e.g. by :func:`resolve_in_root`);
+    no symlink is followed here.
+
+    Parameters
+    ----------
+    parent : os.PathLike
+        The directory.
+    path : os.PathLike
+        The path to check.
+
+    Returns
+    -------
+    inside : bool
+        True if `path` is `parent` or below it.
+    """
+    parent = os.path.abspath(parent)
+    path = os.path.abspath(path)
+    return os.path.commonpath([parent, path]) == parent
+
+
+def walk_in_root(*, root, path):
+    """
+    Walk a directory tree inside a root, never following a symlink.
+
+    The start directory is resolved with :func:`resolve_in_root` (so a link
+    on the way to it stays inside `root`); below it, symlinks are reported as
+    ``"symlink"`` entries and never followed, so the walk cannot leave the
+    start directory. Unreadable directories are logged and skipped.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the root file system.
+    path : str or os.PathLike
+        The image path of the directory to walk.
+
+    Yields
+    ------
+    entry : RootEntry
+        Every entry below the start directory (not the start itself),
+        directories before their contents.
+    """
+    start = resolve_in_root(root=root, path=path)
+    if not start.is_dir() or start.is_symlink():
+        return
+    stack = [str(start)]
+    while stack:
+        directory = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = list(it)
+        except OSError as e:
+            logger.warning("Cannot read directory %s: %s", directory, e.strerror)
+            continue
+        for entry in entries:
+            # The kinds come from the directory entries' d_type (no stat call
+            # on file systems that report it): walks meet many files.
+            try:
+                if entry.is_symlink():
+                    kind = "symlink"
+                elif entry.is_dir(follow_symlinks=False):
+                    kind = "dir"
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    kind = "file"
+                else:
+                    kind = "other"
+            except OSError:
+                continue
+            yield RootEntry(path=entry.path, kind=kind)
