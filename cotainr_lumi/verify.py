@@ -320,15 +320,17 @@ def _check_torch(report, facts):
         report.add("torch-rccl", NA, "no torch/lib/libtorch_hip.so to resolve")
         return
     rccl = [ln.strip() for ln in ldd["out"].splitlines() if "librccl" in ln]
-    target = (
-        rccl[0].split("=>", 1)[1].split("(")[0].strip()
-        if rccl and "=>" in rccl[0]
-        else ""
-    )
-    if target and (target.startswith(rocm_real) or target.startswith("/opt/rocm")):
-        report.add("torch-rccl", PASS, rccl[0])
+    real = torch.get("rccl_realpath") or ""
+    if real and real.startswith(rocm_real.rstrip("/") + "/"):
+        report.add("torch-rccl", PASS, f"{rccl[0]} (real path {real})")
     else:
-        report.add("torch-rccl", FAIL, rccl[0] if rccl else "librccl not resolved")
+        report.add(
+            "torch-rccl",
+            FAIL,
+            (f"{rccl[0]} (real path {real or 'unknown'}, not in {rocm_real})")
+            if rccl
+            else "librccl not resolved",
+        )
 
 
 def _check_runtime(report, facts):

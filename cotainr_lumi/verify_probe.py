@@ -111,7 +111,13 @@ if spec is not None and spec.submodule_search_locations:
     torch = {"dir": tdir, "hip": hip, "lib": entries}
     hip_lib = os.path.join(lib, "libtorch_hip.so")
     if os.path.exists(hip_lib):
-        torch["ldd_torch_hip"] = run(["ldd", hip_lib])
+        ldd = run(["ldd", hip_lib])
+        torch["ldd_torch_hip"] = ldd
+        for line in ldd["out"].splitlines():
+            if "librccl" in line and "=>" in line:
+                target = line.split("=>", 1)[1].split("(")[0].strip()
+                if target.startswith("/"):
+                    torch["rccl_realpath"] = os.path.realpath(target)
 facts["torch"] = torch
 
 scripts = {}

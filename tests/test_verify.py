@@ -62,6 +62,7 @@ GOOD = {
             },
             {"name": "libtorch_hip.so", "link": None, "kind": "file"},
         ],
+        "rccl_realpath": "/opt/rocm-6.1.3/lib/librccl.so.1",
         "ldd_torch_hip": {
             "rc": 0,
             "out": "\tlibrccl.so.1 => /opt/rocm-6.1.3/lib/librccl.so.1 (0x0)\n",
@@ -125,8 +126,8 @@ def mutate(path, value):
             {"torch-rocm-duplicates"},
         ),
         (
-            ("torch", "ldd_torch_hip", "out"),
-            "librccl.so.1 => /opt/env/lib/python3.11/site-packages/torch/lib/librccl.so.1 (0x0)",
+            ("torch", "rccl_realpath"),
+            "/opt/env/lib/python3.11/site-packages/torch/lib/librccl.so.1",
             {"torch-rccl"},
         ),
         (("env", "CXI_FORK_SAFE"), None, {"env:CXI_FORK_SAFE"}),

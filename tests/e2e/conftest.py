@@ -147,3 +147,21 @@ def apptainer_exec(apptainer_path: Path) -> ApptainerExec:
         )
 
     return run
+
+
+@pytest.fixture(scope="session")
+def rocm_torch_base_image(tmp_path_factory, lumi_like_base_image, apptainer_path):
+    """The LUMI-like base plus a removable libstdc++ and a matching ROCm torch fixture.
+
+    See ``prune_fixtures.py``: the env gets a copy of the base's libstdc++ and
+    a C++ library needing it, and ``torch/lib`` holds copies of the base's
+    ROCm 6.1 libraries with ``torch.version.hip`` matching.
+    """
+    from prune_fixtures import derive_base_image
+
+    return derive_base_image(
+        apptainer=str(apptainer_path / "apptainer"),
+        base_image=lumi_like_base_image,
+        work=tmp_path_factory.mktemp("rocm-torch-base"),
+        cases=("libstdcxx-safe", "torch"),
+    )

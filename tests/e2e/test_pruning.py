@@ -23,10 +23,10 @@ import json
 import logging
 import os
 from pathlib import Path
-import shlex
 import subprocess
 import sys
 
+from prune_fixtures import fixture_script
 import pytest
 import yaml
 
@@ -39,80 +39,6 @@ pytestmark = pytest.mark.e2e
 ENV = "/opt/cotainr/conda/envs/conda_container_env"
 SITE = f"{ENV}/lib/python3.11/site-packages"
 MANIFEST = "/opt/cotainr-lumi/prune-manifest.json"
-
-PRELUDE = r"""
-set -euo pipefail
-P="$(python -c 'import sys; print(sys.prefix)')"
-SP="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-W="$(mktemp -d)"
-"""
-
-LIBSTDCXX_SAFE = r"""
-SYS="$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')"
-REAL="$(readlink -f "$SYS")"
-mkdir -p "$P/lib"
-cp "$REAL" "$P/lib/$(basename "$REAL")"
-ln -sfn "$(basename "$REAL")" "$P/lib/libstdc++.so.6"
-ln -sfn libstdc++.so.6 "$P/lib/libstdc++.so"
-cat >"$W/cxxdemo.cpp" <<'EOF'
-#include <sstream>
-#include <string>
-extern "C" int cxxdemo_len(const char *s) {
-    std::ostringstream out;
-    out << std::string(s) << "!";
-    return static_cast<int>(out.str().size());
-}
-EOF
-g++ -shared -fPIC -o "$P/lib/libcxxdemo.so" "$W/cxxdemo.cpp" -L"$P/lib" -Wl,-rpath,'$ORIGIN'
-"""
-
-LIBSTDCXX_NEWER = r"""
-mkdir -p "$P/lib"
-cat >"$W/newstd.c" <<'EOF'
-int glibcxx_new_feature(void) { return 99; }
-EOF
-printf 'GLIBCXX_3.4 { global: *; };\nGLIBCXX_3.4.99 { global: glibcxx_new_feature; } GLIBCXX_3.4;\n' >"$W/newstd.map"
-gcc -shared -fPIC -o "$P/lib/libstdc++.so.6.0.99" "$W/newstd.c" -Wl,-soname,libstdc++.so.6 \
-    -Wl,--version-script="$W/newstd.map"
-ln -sfn libstdc++.so.6.0.99 "$P/lib/libstdc++.so.6"
-cat >"$W/user.c" <<'EOF'
-extern int glibcxx_new_feature(void);
-int needs_new_libstdcxx(void) { return glibcxx_new_feature(); }
-EOF
-mkdir -p "$SP/newcxx"
-gcc -shared -fPIC -o "$SP/newcxx/_ext.so" "$W/user.c" -L"$P/lib" -l:libstdc++.so.6.0.99 -Wl,-rpath,'$ORIGIN/../../..'
-"""
-
-TORCH = r"""
-T="$SP/torch"
-R=/opt/rocm/lib
-mkdir -p "$T/lib"
-for n in libamdhip64.so.6 libhsa-runtime64.so.1 libamd_comgr.so.2 librccl.so.1 librocm_smi64.so.7 \
-         librocblas.so.4 libroctx64.so.4; do
-    cp -L "$R/$n" "$T/lib/$n"
-done
-cp -rL "$R/rocblas" "$T/lib/rocblas"
-cat >"$W/th.c" <<'EOF'
-extern int amdhip64_marker(void);
-extern int rccl_marker(void);
-int torch_hip_probe(void) { return amdhip64_marker() * 1000 + rccl_marker(); }
-EOF
-gcc -shared -fPIC -o "$T/lib/libtorch_hip.so" "$W/th.c" -Wl,-soname,libtorch_hip.so \
-    -L"$T/lib" -l:libamdhip64.so.6 -l:librccl.so.1 -Wl,-rpath,'$ORIGIN',--enable-new-dtags
-printf 'from typing import Optional\n__version__ = "2.4.1+fixture"\nhip: Optional[str] = "%s"\n' "$HIP" >"$T/version.py"
-: >"$T/__init__.py"
-"""
-
-SCRIPTS = {
-    "libstdcxx-safe": LIBSTDCXX_SAFE,
-    "libstdcxx-newer": LIBSTDCXX_NEWER,
-    "torch": TORCH,
-}
-
-
-def fixture_script(*cases, hip="6.1.40093-fixture"):
-    """One bash script creating the fixture content of `cases`."""
-    return f"HIP={shlex.quote(hip)}\n" + PRELUDE + "".join(SCRIPTS[c] for c in cases)
 
 
 @register_stage
@@ -155,43 +81,7 @@ def labels_of(apptainer_path, image):
 
 
 @pytest.fixture(scope="module")
-def derived_base(tmp_path_factory, lumi_like_base_image, apptainer_path):
-    """The LUMI-like base with a removable libstdc++ and a matching ROCm torch."""
-    work = tmp_path_factory.mktemp("prune-derived")
-    sandbox = work / "sandbox"
-    apptainer = str(apptainer_path / "apptainer")
-    run = dict(capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
-    proc = subprocess.run(
-        [apptainer, "build", "--sandbox", str(sandbox), str(lumi_like_base_image)],
-        **run,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    script = fixture_script("libstdcxx-safe", "torch", hip="6.1.40093-fixture")
-    proc = subprocess.run(
-        [
-            apptainer,
-            "exec",
-            "--writable",
-            "--no-home",
-            str(sandbox),
-            "bash",
-            "-c",
-            script,
-        ],
-        **run,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    image = work / "derived-base.sif"
-    proc = subprocess.run(
-        [apptainer, "build", "--force", str(image), str(sandbox)], **run
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    subprocess.run(["rm", "-rf", str(sandbox)], check=False)
-    return image
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory, derived_base, apptainer_path):
+def built(tmp_path_factory, rocm_torch_base_image, apptainer_path):
     """Build with the stock cotainr command; return (image, output, dry-run output)."""
     work = tmp_path_factory.mktemp("prune-e2e")
     profile = write_profile(
@@ -199,7 +89,7 @@ def built(tmp_path_factory, derived_base, apptainer_path):
         {
             "prune-e2e": {
                 "extends": "lumi-g-ext",
-                "base-image": str(derived_base),
+                "base-image": str(rocm_torch_base_image),
                 "rocm-version": "6.1",
                 "stages": ["prune", "provenance"],
                 "settings": {

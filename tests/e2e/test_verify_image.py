@@ -1,0 +1,154 @@
+"""End-to-end: images built with lumi-g-ext pass `cotainr-lumi verify`;
+a deliberately broken one (pruning skipped) fails exactly the expected rows."""
+
+import base64
+import hashlib
+import json
+import os
+from pathlib import Path
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+HARDWARE_ROWS = {"rccl-bandwidth", "rccl-net-plugin", "gpus-visible"}
+
+
+def tiny_wheel(directory):
+    """A minimal pure-Python wheel (no network, no build backend needed)."""
+    name, version = "tinypkg", "1.0"
+    files = {
+        "tinypkg/__init__.py": b"VALUE = 42\n",
+        f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{name}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = (
+            base64.urlsafe_b64encode(hashlib.sha256(data).digest())
+            .rstrip(b"=")
+            .decode()
+        )
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{name}-{version}.dist-info/RECORD,,")
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+        zf.writestr(f"{name}-{version}.dist-info/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory, rocm_torch_base_image, apptainer_path):
+    work = tmp_path_factory.mktemp("verify-e2e")
+    profile = work / "systems.yaml"
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "systems": {
+                    "verify-e2e": {
+                        "extends": "lumi-g-ext",
+                        "base-image": str(rocm_torch_base_image),
+                        "rocm-version": "6.1",
+                        "settings": {"provenance": {"hash-base-image": False}},
+                    }
+                }
+            }
+        )
+    )
+    tiny_wheel(work)
+    (work / "requirements.txt").write_text("./tinypkg-1.0-py3-none-any.whl\n")
+    cotainr = str(Path(sys.executable).with_name("cotainr"))
+    env = {**os.environ, "COTAINR_LUMI_SYSTEMS": str(profile)}
+    built = {}
+    for name, extra in (("full", []), ("broken", ["--skip-stage=prune"])):
+        image = work / f"{name}.sif"
+        proc = subprocess.run(
+            [
+                cotainr,
+                "build",
+                str(image),
+                "--system=verify-e2e",
+                "--force",
+                "--pip-requirements=requirements.txt",
+                *extra,
+            ],
+            env=env,
+            cwd=work,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        built[name] = (image, proc.stdout + proc.stderr)
+    return built
+
+
+def verify(image):
+    cmd = [
+        str(Path(sys.executable).with_name("cotainr-lumi")),
+        "verify",
+        str(image),
+        "--json",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600
+    )
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def statuses(report):
+    return {row["check"]: row["status"] for row in report["results"]}
+
+
+def test_full_lumi_g_ext_image_passes_verify(images):
+    code, report = verify(images["full"][0])
+    rows = statuses(report)
+    assert code == 0, json.dumps(report, indent=1)
+    assert report["failed"] == []
+    assert {c for c, s in rows.items() if s == "N/A"} == HARDWARE_ROWS
+    for check in (
+        "torch-rocm-duplicates",
+        "torch-rccl",
+        "env-libstdcxx",
+        "runscripts",
+        "with-conda",
+        "package-list",
+        "aws-ofi-rccl",
+    ):
+        assert rows[check] == "PASS", check
+    assert "module load" in images["full"][1] or "singularity exec" in images["full"][1]
+
+
+def test_broken_image_fails_exactly_the_expected_rows(images):
+    code, report = verify(images["broken"][0])
+    assert code == 1
+    assert set(report["failed"]) == {"env-libstdcxx", "torch-rocm-duplicates"}
+
+
+def test_verify_text_output_and_missing_image(images, tmp_path):
+    cmd = str(Path(sys.executable).with_name("cotainr-lumi"))
+    proc = subprocess.run(
+        [cmd, "verify", str(images["full"][0])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0
+    assert (
+        proc.stdout.splitlines()[0].startswith("STATUS")
+        and "0 FAIL" in proc.stdout.splitlines()[-1]
+    )
+    proc = subprocess.run(
+        [cmd, "verify", str(tmp_path / "none.sif")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
