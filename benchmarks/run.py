@@ -1,0 +1,376 @@
+"""All cotainr-lumi benchmarks in one command, side by side with baselines.
+
+Sections (each a ratio measured in one run, on the same inputs):
+
+1. stage overhead: ``cotainr build --system=<lumi-g-ext on the test base>``
+   with no pip steps vs stock ``cotainr build --base-image`` (hook disabled)
+   of the same base image; alternating runs, medians, ratio (target <= 1.05),
+   and the time each stage took;
+2. pruning scan: ``benchmarks/prune_scan.py`` (ours vs
+   ``find | xargs readelf -V`` on a generated torch-ROCm-sized tree);
+3. bytes saved on the ROCm-layout fixture: bytes de-duplicated vs bytes of
+   the torch/lib entries that duplicate the base's ROCm (target 100%), and
+   the .sif size with and without pruning;
+4. cached rebuild: pip stage time of a first build (empty host cache) vs a
+   second build (same requirements, warm cache) of a generated C-extension
+   sdist served by a local index on 127.0.0.1 (its build dependency,
+   setuptools, comes from PyPI) (target >= 3x).
+
+Needs what the end-to-end tests need (root on Debian 12, or a native
+Apptainer). ``--quick`` runs each section once on small inputs (used in CI
+so this script cannot rot; no thresholds are asserted anywhere).
+
+Usage: python benchmarks/run.py [--quick] [--runs N] [--sections 1,2,3,4]
+"""
+
+import argparse
+import contextlib
+import functools
+import http.server
+import json
+import os
+from pathlib import Path
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "e2e"))
+BIN = Path(sys.executable).parent
+STAGE_RE = re.compile(r"Finished stage (\S+) in ([0-9.]+) s")
+
+
+def sh(cmd, **kwargs):
+    """Run a command, fail loudly with its output."""
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, **kwargs
+    )
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"command failed: {cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc
+
+
+def setup():
+    """Apptainer on PATH and the LUMI-like base image."""
+    bin_dir = sh(["bash", str(REPO / "scripts/provision-apptainer.sh")]).stdout.strip()
+    os.environ["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
+    os.environ.setdefault("APPTAINER_MKSQUASHFS_ARGS", "-comp lz4")
+    base = sh(
+        ["bash", str(REPO / "tests/e2e/base_image/build-base-image.sh")]
+    ).stdout.strip()
+    return Path(bin_dir), Path(base)
+
+
+def profile(work, name, base, **extra):
+    """A profile file with one system derived from lumi-g-ext."""
+    path = work / f"{name}.yaml"
+    system = {
+        "extends": "lumi-g-ext",
+        "base-image": str(base),
+        "rocm-version": "6.1",
+        **extra,
+    }
+    path.write_text(yaml.safe_dump({"systems": {name: system}}))
+    return path
+
+
+def build(image, args, *, env=None, cwd=None):
+    """Time one cotainr build; return (seconds, stage times, output)."""
+    image.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    proc = sh(
+        [str(BIN / "cotainr"), "build", str(image), *args],
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
+    seconds = time.perf_counter() - t0
+    out = proc.stdout + proc.stderr
+    return seconds, {m[0]: float(m[1]) for m in STAGE_RE.findall(out)}, out
+
+
+def section_overhead(work, base, runs):
+    """1. lumi-g-ext (no pip steps) vs stock cotainr on the same base image."""
+    prof = profile(work, "bench-lumi", base)
+    ours, stock, stages = [], [], {}
+    for _ in range(runs):
+        t, st, _ = build(
+            work / "ours.sif",
+            ["--system=bench-lumi"],
+            env={"COTAINR_LUMI_SYSTEMS": str(prof)},
+        )
+        ours.append(t)
+        for k, v in st.items():
+            stages.setdefault(k, []).append(v)
+        t, _, _ = build(
+            work / "stock.sif",
+            [f"--base-image={base}"],
+            env={"COTAINR_LUMI_DISABLE": "1"},
+        )
+        stock.append(t)
+    mo, ms = statistics.median(ours), statistics.median(stock)
+    rows = [
+        ("stock cotainr --base-image", f"{ms:.1f} s", "1.00x"),
+        (
+            "cotainr --system=lumi-g-ext (test base)",
+            f"{mo:.1f} s",
+            f"{mo / ms:.2f}x  (target <= 1.05x)",
+        ),
+    ]
+    for name, values in stages.items():
+        rows.append(
+            (f"  of which stage {name}", f"{statistics.median(values):.1f} s", "")
+        )
+    return rows
+
+
+def section_scan(quick):
+    """2. Pruning scan vs find | xargs readelf -V."""
+    args = (
+        ["--repeat", "1", "--files", "4000", "--elf", "50", "--gb", "0.5"]
+        if quick
+        else []
+    )
+    out = sh([sys.executable, str(REPO / "benchmarks/prune_scan.py"), *args]).stdout
+    return [("", line, "") for line in out.strip().splitlines()]
+
+
+def _torch_lib_duplicate_bytes(image):
+    """Bytes of torch/lib entries whose names exist in the image's ROCm lib dirs."""
+    script = (
+        "import os, importlib.util\n"
+        "t = os.path.join(list(importlib.util.find_spec('torch').submodule_search_locations)[0], 'lib')\n"
+        "rocm = set(os.listdir(os.path.join(os.environ.get('ROCM_PATH', '/opt/rocm'), 'lib')))\n"
+        "total = 0\n"
+        "for n in os.listdir(t):\n"
+        "    p = os.path.join(t, n)\n"
+        "    if n not in rocm or os.path.islink(p): continue\n"
+        "    if os.path.isdir(p):\n"
+        "        total += sum(os.lstat(os.path.join(d, f)).st_size for d, _, fs in os.walk(p) for f in fs)\n"
+        "    else: total += os.lstat(p).st_size\n"
+        "print(total)\n"
+    )
+    proc = sh(["apptainer", "exec", "--no-home", str(image), "python", "-c", script])
+    return int(proc.stdout.strip().splitlines()[-1])
+
+
+def section_bytes(work, base):
+    """3. Bytes de-duplicated on the ROCm-layout fixture; .sif sizes."""
+    from prune_fixtures import derive_base_image
+
+    fixture = derive_base_image(
+        apptainer="apptainer",
+        base_image=base,
+        work=work,
+        cases=("libstdcxx-safe", "torch"),
+    )
+    prof = profile(
+        work,
+        "bench-bytes",
+        fixture,
+        settings={"provenance": {"hash-base-image": False}},
+    )
+    env = {"COTAINR_LUMI_SYSTEMS": str(prof)}
+    build(work / "pruned.sif", ["--system=bench-bytes"], env=env)
+    build(
+        work / "unpruned.sif", ["--system=bench-bytes", "--skip-stage=prune"], env=env
+    )
+    dup = _torch_lib_duplicate_bytes(work / "unpruned.sif")
+    manifest = json.loads(
+        sh(
+            [
+                "apptainer",
+                "exec",
+                "--no-home",
+                str(work / "pruned.sif"),
+                "cat",
+                "/opt/cotainr-lumi/prune-manifest.json",
+            ]
+        ).stdout
+    )
+    rocm_saved = sum(
+        e.get("bytes", e.get("size", 0))
+        for e in manifest["entries"]
+        if e.get("group") == "rocm-dedup"
+    )
+    left = _torch_lib_duplicate_bytes(work / "pruned.sif")
+    sp, su = (
+        (work / "pruned.sif").stat().st_size,
+        (work / "unpruned.sif").stat().st_size,
+    )
+    return [
+        ("torch/lib bytes duplicating the base's ROCm", f"{dup} B", ""),
+        (
+            "de-duplicated by the prune stage (manifest)",
+            f"{rocm_saved} B",
+            f"{100 * rocm_saved / dup:.0f}%  (target 100%)" if dup else "n/a",
+        ),
+        ("duplicate bytes left after pruning", f"{left} B", ""),
+        (
+            "total bytes saved (manifest, incl. libstdc++)",
+            f"{manifest['bytes-saved']} B",
+            "",
+        ),
+        (".sif without pruning", f"{su} B", "1.00x"),
+        (".sif with pruning", f"{sp} B", f"{sp / su:.3f}x"),
+    ]
+
+
+@contextlib.contextmanager
+def local_index(root):
+    """Serve `root` on 127.0.0.1 (bounded: stopped when the block ends)."""
+
+    class QuietHandler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    finally:
+        server.shutdown()
+
+
+def _cext_sdist(directory, *, functions):
+    """An sdist whose C extension takes a while to compile (no such name on PyPI)."""
+    import tarfile
+
+    name, version = "cotainr_lumi_bench_cext", "1.0"
+    body = "\n".join(
+        f"static double f{i}(double x) {{ double s = 0; for (int k = 0; k < {i % 17 + 3}; k++) "
+        f"s += x * k / (k + {i % 7 + 1}.0); return s; }}"
+        for i in range(functions)
+    )
+    calls = " + ".join(f"f{i}(x)" for i in range(functions))
+    source = (
+        "#include <Python.h>\n" + body + "\n"
+        "static PyObject *total(PyObject *self, PyObject *arg) { double x = PyFloat_AsDouble(arg); "
+        f"return PyFloat_FromDouble({calls}); }}\n"
+        'static PyMethodDef methods[] = {{"total", total, METH_O, ""}, {NULL, NULL, 0, NULL}};\n'
+        f'static struct PyModuleDef mod = {{PyModuleDef_HEAD_INIT, "{name}", "", -1, methods}};\n'
+        f"PyMODINIT_FUNC PyInit_{name}(void) {{ return PyModule_Create(&mod); }}\n"
+    )
+    files = {
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        "pyproject.toml": '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n',
+        "setup.py": (
+            "from setuptools import Extension, setup\n"
+            f'setup(name="{name}", version="{version}", '
+            f'ext_modules=[Extension("{name}", ["cext.c"], extra_compile_args=["-O2"])])\n'
+        ),
+        "cext.c": source,
+    }
+    sdist = directory / f"{name}-{version}.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        for rel, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{name}-{version}/{rel}")
+            info.size = len(data)
+            import io
+
+            tar.addfile(info, io.BytesIO(data))
+    return name, version, sdist
+
+
+def section_cache(work, base, functions):
+    """4. pip stage: first build (empty cache) vs second build (warm cache)."""
+    files = work / "index" / "files"
+    files.mkdir(parents=True)
+    name, version, sdist = _cext_sdist(files, functions=functions)
+    page = work / "index" / "simple" / name.replace("_", "-")
+    page.mkdir(parents=True)
+    page.joinpath("index.html").write_text(
+        f'<a href="../../files/{sdist.name}">{sdist.name}</a>\n'
+    )
+    prof = profile(
+        work, "bench-cache", base, settings={"provenance": {"hash-base-image": False}}
+    )
+    times = []
+    with local_index(work / "index") as url:
+        steps = work / "steps.yml"
+        step = {"packages": [f"{name}=={version}"], "extra-index-urls": [url]}
+        steps.write_text(
+            yaml.safe_dump({"steps": [step], "cache-dir": str(work / "pip-cache")})
+        )
+        for n in (1, 2):
+            _, stages, _ = build(
+                work / f"cache{n}.sif",
+                ["--system=bench-cache", f"--pip-steps={steps}"],
+                env={"COTAINR_LUMI_SYSTEMS": str(prof)},
+            )
+            times.append(stages["pip"])
+    return [
+        (
+            f"pip stage, first build (C extension sdist, {functions} functions)",
+            f"{times[0]:.1f} s",
+            "1.00x",
+        ),
+        (
+            "pip stage, second build (warm host cache)",
+            f"{times[1]:.1f} s",
+            f"{times[0] / times[1]:.1f}x faster  (target >= 3x)",
+        ),
+    ]
+
+
+def main(argv=None):
+    """Run the selected sections and print one table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="one run each, small inputs (CI)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=5, help="alternating runs for section 1"
+    )
+    parser.add_argument("--sections", default="1,2,3,4")
+    parser.add_argument(
+        "--cache-package", default="psutil==7.0.0", help="an sdist with a C extension"
+    )
+    args = parser.parse_args(argv)
+    wanted = {int(s) for s in args.sections.split(",")}
+    print(
+        f"cotainr-lumi benchmarks, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, Python {sys.version.split()[0]}"
+    )
+    _, base = setup()
+    table = []
+    with tempfile.TemporaryDirectory(prefix="cotainr-lumi-bench-", dir="/tmp") as tmp:
+        work = Path(tmp)
+        if 1 in wanted:
+            table.append(("1. stage overhead", "", ""))
+            (work / "s1").mkdir()
+            table += section_overhead(work / "s1", base, 1 if args.quick else args.runs)
+        if 2 in wanted:
+            table.append(("2. pruning scan", "", ""))
+            table += section_scan(args.quick)
+        if 3 in wanted:
+            table.append(("3. bytes saved (ROCm-layout fixture)", "", ""))
+            (work / "s3").mkdir()
+            table += section_bytes(work / "s3", base)
+        if 4 in wanted:
+            table.append(("4. cached rebuild", "", ""))
+            (work / "s4").mkdir()
+            functions = 300 if args.quick else args.cext_functions
+            table += section_cache(work / "s4", base, functions)
+        shutil.rmtree(work, ignore_errors=True)
+    width = max(len(r[0]) for r in table)
+    for label, value, ratio in table:
+        print(
+            f"{label:<{width}}  {value:>12}  {ratio}"
+            if value or ratio
+            else f"\n{label}"
+        )
+
+
+if __name__ == "__main__":
+    main()
