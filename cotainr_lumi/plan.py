@@ -31,7 +31,7 @@ import re
 from typing import Any, Optional
 
 from .errors import InputError
-from .profiles import SystemProfile, get_system, load_systems
+from .profiles import SystemProfile, get_system, load_systems, merge_mappings
 from .stage import Stage, get_stage_class
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -250,17 +250,6 @@ class BuildPlan:
         return "\n".join(lines)
 
 
-def _merge_settings(base, over):
-    """Merge stage setting overrides into a copy of the profile settings."""
-    result = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(result.get(key), dict):
-            result[key] = _merge_settings(result[key], value)
-        else:
-            result[key] = copy.deepcopy(value)
-    return result
-
-
 def make_plan(*, request, systems=None):
     """
     Resolve a request into a plan.
@@ -357,7 +346,7 @@ def make_plan(*, request, systems=None):
             continue
         stage_cls = get_stage_class(name)
         profile_settings = system.stage_settings(name) if system is not None else {}
-        settings = _merge_settings(profile_settings, overrides.get(name, {}))
+        settings = merge_mappings(profile_settings, overrides.get(name, {}))
         problems = stage_cls.validate_settings(settings=settings)
         if problems:
             key, message = problems[0]

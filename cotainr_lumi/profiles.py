@@ -191,12 +191,26 @@ def _read_profile_file(path):
     return systems
 
 
-def _merge(base, over):
-    """Merge mapping `over` into a copy of `base` (mappings key by key)."""
+def merge_mappings(base, over):
+    """
+    Merge mapping `over` into a copy of `base`.
+
+    Nested mappings are merged key by key; other values are replaced.
+
+    Parameters
+    ----------
+    base, over : mapping
+        The mappings.
+
+    Returns
+    -------
+    merged : dict
+        A new mapping (deep copies of the values).
+    """
     result = copy.deepcopy(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(result.get(key), dict):
-            result[key] = _merge(result[key], value)
+            result[key] = merge_mappings(result[key], value)
         else:
             result[key] = copy.deepcopy(value)
     return result
@@ -229,7 +243,7 @@ def load_systems(*, files=None, include_stock=True):
     sources = {}
     for path in files:
         for name, definition in _read_profile_file(path).items():
-            raw[name] = _merge(raw.get(name, {}), definition)
+            raw[name] = merge_mappings(raw.get(name, {}), definition)
             sources.setdefault(name, []).append(str(path))
 
     systems = {}
@@ -268,7 +282,7 @@ def _resolve(*, name, raw, sources, chain=()):
                 **where,
             )
         base = _resolve(name=parent, raw=raw, sources=sources, chain=(*chain, name))
-        merged = _merge(
+        merged = merge_mappings(
             {
                 "description": base.description,
                 "base-image": base.base_image,
