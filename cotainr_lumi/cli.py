@@ -33,7 +33,7 @@ import yaml
 from . import _cotainr
 from .errors import CotainrLumiError, ImageExistsError, InputError
 from .pipeline import run_plan
-from .plan import BuildRequest, make_plan
+from .plan import CANONICAL_STAGE_ORDER, BuildRequest, make_plan
 from .profiles import load_systems
 from .stage import available_stages, get_stage_class
 
@@ -60,6 +60,13 @@ def _parse_set_option(text):
     except yaml.YAMLError as e:
         raise InputError(f"--set {text!r}: the value is not valid YAML ({e})") from e
     return stage, key, value
+
+
+def _stages_in_pipeline_order():
+    """Registered stage names, the built-in ones in pipeline order first."""
+    names = available_stages()
+    order = {name: i for i, name in enumerate(CANONICAL_STAGE_ORDER)}
+    return sorted(names, key=lambda n: (order.get(n, len(order)), n))
 
 
 class Build(_cotainr.StockBuild):
@@ -223,7 +230,7 @@ class Build(_cotainr.StockBuild):
             metavar="STAGE",
             help=helptext("skip_stages"),
         )
-        for name in available_stages():
+        for name in _stages_in_pipeline_order():
             get_stage_class(name).add_arguments(parser=group)
 
     def execute(self):

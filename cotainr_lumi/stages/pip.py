@@ -159,10 +159,10 @@ class PipStage(Stage):
             metavar="FILE",
             default=None,
             help=(
-                "Install this pip requirements file as one step after the conda "
-                "env (repeatable: one step per file, in order, mixed with "
-                "--pip-steps in command line order). Installed packages are "
-                "protected from later steps."
+                "pip: install this requirements file as one step after the "
+                "conda env (repeatable: one step per file, in order, mixed with "
+                "--pip-steps in command line order); installed packages are "
+                "protected from later steps"
             ),
         )
         parser.add_argument(
@@ -173,10 +173,10 @@ class PipStage(Stage):
             metavar="FILE",
             default=None,
             help=(
-                "A YAML file of pip steps with per-step settings "
+                "pip: a YAML file of pip steps with per-step settings "
                 "(no-build-isolation, env, pip-args, index-url, "
                 "extra-index-urls, allow-changes); paths in it are relative to "
-                "the file. Repeatable."
+                "the file (repeatable)"
             ),
         )
         parser.add_argument(
@@ -185,8 +185,8 @@ class PipStage(Stage):
             action="store_true",
             default=None,
             help=(
-                "Do not use the host pip cache "
-                "(${XDG_CACHE_HOME:-~/.cache}/cotainr-lumi/pip) for the pip steps."
+                "pip: do not use the host pip cache "
+                "(${XDG_CACHE_HOME:-~/.cache}/cotainr-lumi/pip) for the pip steps"
             ),
         )
 

@@ -134,7 +134,7 @@ class PruneStage(Stage):
             action="store_const",
             const=True,
             default=None,
-            help="keep the environment's own libstdc++ (prune stage: libstdcxx=false)",
+            help="prune: keep the environment's own libstdc++ (libstdcxx=false)",
         )
         parser.add_argument(
             "--no-rocm-dedup",
@@ -142,7 +142,7 @@ class PruneStage(Stage):
             action="store_const",
             const=True,
             default=None,
-            help="keep the ROCm libraries bundled in torch/lib (prune stage: rocm-dedup=false)",
+            help="prune: keep the ROCm libraries bundled in torch/lib (rocm-dedup=false)",
         )
         parser.add_argument(
             "--prune-strict",
@@ -150,7 +150,7 @@ class PruneStage(Stage):
             action="store_const",
             const=True,
             default=None,
-            help="fail instead of warning when a pruning has to be skipped (prune stage: strict=true)",
+            help="prune: fail instead of warning when a pruning has to be skipped (strict=true)",
         )
 
     @classmethod
