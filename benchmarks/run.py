@@ -324,6 +324,17 @@ def section_cache(work, base, functions):
     ]
 
 
+def print_table(table):
+    """Print rows as an aligned table."""
+    width = max(len(r[0]) for r in table)
+    for label, value, ratio in table:
+        if value or ratio:
+            print(f"{label:<{width}}  {value:>12}  {ratio}")
+        else:
+            print(f"\n{label}")
+    sys.stdout.flush()
+
+
 def main(argv=None):
     """Run the selected sections and print one table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -335,7 +346,10 @@ def main(argv=None):
     )
     parser.add_argument("--sections", default="1,2,3,4")
     parser.add_argument(
-        "--cache-package", default="psutil==7.0.0", help="an sdist with a C extension"
+        "--cext-functions",
+        type=int,
+        default=3000,
+        help="size of the generated C extension of section 4",
     )
     args = parser.parse_args(argv)
     wanted = {int(s) for s in args.sections.split(",")}
@@ -343,33 +357,29 @@ def main(argv=None):
         f"cotainr-lumi benchmarks, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, Python {sys.version.split()[0]}"
     )
     _, base = setup()
-    table = []
+    sections = {
+        1: (
+            "1. stage overhead",
+            lambda w: section_overhead(w, base, 1 if args.quick else args.runs),
+        ),
+        2: ("2. pruning scan", lambda w: section_scan(args.quick)),
+        3: ("3. bytes saved (ROCm-layout fixture)", lambda w: section_bytes(w, base)),
+        4: (
+            "4. cached rebuild",
+            lambda w: section_cache(
+                w, base, 300 if args.quick else args.cext_functions
+            ),
+        ),
+    }
     with tempfile.TemporaryDirectory(prefix="cotainr-lumi-bench-", dir="/tmp") as tmp:
-        work = Path(tmp)
-        if 1 in wanted:
-            table.append(("1. stage overhead", "", ""))
-            (work / "s1").mkdir()
-            table += section_overhead(work / "s1", base, 1 if args.quick else args.runs)
-        if 2 in wanted:
-            table.append(("2. pruning scan", "", ""))
-            table += section_scan(args.quick)
-        if 3 in wanted:
-            table.append(("3. bytes saved (ROCm-layout fixture)", "", ""))
-            (work / "s3").mkdir()
-            table += section_bytes(work / "s3", base)
-        if 4 in wanted:
-            table.append(("4. cached rebuild", "", ""))
-            (work / "s4").mkdir()
-            functions = 300 if args.quick else args.cext_functions
-            table += section_cache(work / "s4", base, functions)
-        shutil.rmtree(work, ignore_errors=True)
-    width = max(len(r[0]) for r in table)
-    for label, value, ratio in table:
-        print(
-            f"{label:<{width}}  {value:>12}  {ratio}"
-            if value or ratio
-            else f"\n{label}"
-        )
+        for number, (title, run) in sections.items():
+            if number not in wanted:
+                continue
+            work = Path(tmp) / f"s{number}"
+            work.mkdir()
+            # Print each section as soon as it is measured.
+            print_table([(title, "", ""), *run(work)])
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
