@@ -18,4 +18,4 @@ lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf $(VENV) demo.sif
+	rm -rf $(VENV) build/demo

@@ -4,7 +4,8 @@
 # and print how to run it. Usage: scripts/demo.sh [OUT.sif]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-out=$(realpath -m "${1:-$repo/demo.sif}")
+out=$(realpath -m "${1:-$repo/build/demo/demo.sif}")
+mkdir -p "$(dirname "$out")"
 py=${PYTHON:-python3}
 
 bin_dir=$("$repo/scripts/provision-apptainer.sh")
