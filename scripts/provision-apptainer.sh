@@ -38,6 +38,8 @@ die() {
     printf 'provision-apptainer: ERROR: %s\n' "$*" >&2
     exit 1
 }
+# shellcheck source=scripts/lib/debootstrap.sh
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/debootstrap.sh"
 
 CACHE_BASE="${COTAINR_LUMI_CACHE_DIR:-/var/cache/cotainr-lumi}"
 CACHE_DIR="${CACHE_BASE}/apptainer-sid"
@@ -135,33 +137,6 @@ if ! flock -n 9; then
     log "waiting for another provisioning run (lock ${CACHE_BASE}/apptainer-sid.lock)"
     flock -w 1800 9 || die "timed out waiting for the provisioning lock"
 fi
-
-debian_mirror() {
-    if [[ -n "${COTAINR_LUMI_DEBIAN_MIRROR:-}" ]]; then
-        printf '%s\n' "$COTAINR_LUMI_DEBIAN_MIRROR"
-        return
-    fi
-    local m
-    m="$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null |
-        awk 'tolower($1)=="uris:" { for (i = 2; i <= NF; i++) print $i }' |
-        grep -E '^https?://[^ ]*/debian/?$' | head -n1 || true)"
-    if [[ -z "$m" ]]; then
-        m="$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
-            awk '$1=="deb" { for (i = 2; i <= NF; i++) if ($i ~ /^https?:\/\//) { print $i; break } }' |
-            grep -E '/debian/?$' | head -n1 || true)"
-    fi
-    printf '%s\n' "${m:-http://deb.debian.org/debian}"
-}
-
-# Unmount anything a crashed debootstrap left mounted below $1, then remove it.
-remove_tree() {
-    local dir="$1" mp
-    [[ -e "$dir" ]] || return 0
-    while IFS= read -r mp; do
-        umount -l "$mp" 2>/dev/null || true
-    done < <(awk -v d="$dir/" 'index($2, d) == 1 { print $2 }' /proc/mounts | sort -r)
-    rm -rf --one-file-system "$dir"
-}
 
 write_if_changed() { # write_if_changed FILE MODE  (content on stdin)
     local file="$1" mode="$2" tmp
@@ -338,12 +313,7 @@ provision() {
     remove_tree "$ROOT_DIR.partial"
     rm -rf "$BIN_DIR"
 
-    if ! command -v debootstrap >/dev/null; then
-        command -v apt-get >/dev/null || die "debootstrap is missing and apt-get is unavailable"
-        log "installing debootstrap with apt-get"
-        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap; } >&2 ||
-            die "apt-get install debootstrap failed"
-    fi
+    ensure_debootstrap
 
     tmp_root="$ROOT_DIR.partial"
     mkdir -p "$tmp_root"

@@ -45,6 +45,8 @@ done
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../../.." && pwd)"
+# shellcheck source=scripts/lib/debootstrap.sh
+. "$REPO/scripts/lib/debootstrap.sh"
 CACHE_BASE="${COTAINR_LUMI_CACHE_DIR:-/var/cache/cotainr-lumi}"
 OUT_DIR="$CACHE_BASE/base-images"
 
@@ -88,32 +90,6 @@ t0=$SECONDS
 APPTAINER_DIR="$("$REPO/scripts/provision-apptainer.sh")" || die "scripts/provision-apptainer.sh failed"
 APPTAINER="$APPTAINER_DIR/apptainer"
 
-debian_mirror() {
-    if [[ -n "${COTAINR_LUMI_DEBIAN_MIRROR:-}" ]]; then
-        printf '%s\n' "$COTAINR_LUMI_DEBIAN_MIRROR"
-        return
-    fi
-    local m
-    m="$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null |
-        awk 'tolower($1)=="uris:" { for (i = 2; i <= NF; i++) print $i }' |
-        grep -E '^https?://[^ ]*/debian/?$' | head -n1 || true)"
-    if [[ -z "$m" ]]; then
-        m="$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
-            awk '$1=="deb" { for (i = 2; i <= NF; i++) if ($i ~ /^https?:\/\//) { print $i; break } }' |
-            grep -E '/debian/?$' | head -n1 || true)"
-    fi
-    printf '%s\n' "${m:-http://deb.debian.org/debian}"
-}
-
-remove_tree() { # unmount leftovers below $1, then delete it
-    local dir="$1" mp
-    [[ -e "$dir" ]] || return 0
-    while IFS= read -r mp; do
-        umount -l "$mp" 2>/dev/null || true
-    done < <(awk -v d="$dir/" 'index($2, d) == 1 { print $2 }' /proc/mounts | sort -r)
-    rm -rf --one-file-system "$dir"
-}
-
 WORK="$(mktemp -d "$OUT_DIR/work.XXXXXX")"
 cleanup() { remove_tree "$WORK"; }
 trap cleanup EXIT
@@ -129,12 +105,7 @@ ROOTFS_KEY="$(printf '%s\n' "$SUITE" "${PACKAGES[@]}" | sha256sum | cut -c1-12)"
 ROOTFS_TAR="$OUT_DIR/rootfs-$SUITE-$ROOTFS_KEY.tar"
 ROOTFS="$WORK/rootfs"
 if [[ ! -s "$ROOTFS_TAR" ]]; then
-    if ! command -v debootstrap >/dev/null; then
-        command -v apt-get >/dev/null || die "debootstrap is missing and apt-get is unavailable"
-        log "installing debootstrap with apt-get"
-        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap; } >&2 ||
-            die "apt-get install debootstrap failed"
-    fi
+    ensure_debootstrap
     log "debootstrap $SUITE from $MIRROR (~1 min)"
     include="$(
         IFS=,
