@@ -24,9 +24,6 @@ Usage: python benchmarks/run.py [--quick] [--runs N] [--sections 1,2,3,4]
 """
 
 import argparse
-import contextlib
-import functools
-import http.server
 import json
 import os
 from pathlib import Path
@@ -36,13 +33,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
+sys.path.insert(0, str(REPO / "tests"))
+
+from pkgfixtures import make_sdist, serve_index  # noqa: E402
+from prune_fixtures import derive_base_image  # noqa: E402
+
 BIN = Path(sys.executable).parent
 STAGE_RE = re.compile(r"Finished stage (\S+) in ([0-9.]+) s")
 
@@ -164,8 +165,6 @@ def _torch_lib_duplicate_bytes(image):
 
 def section_bytes(work, base):
     """3. Bytes de-duplicated on the ROCm-layout fixture; .sif sizes."""
-    from prune_fixtures import derive_base_image
-
     fixture = derive_base_image(
         apptainer="apptainer",
         base_image=base,
@@ -224,28 +223,8 @@ def section_bytes(work, base):
     ]
 
 
-@contextlib.contextmanager
-def local_index(root):
-    """Serve `root` on 127.0.0.1 (bounded: stopped when the block ends)."""
-
-    class QuietHandler(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    handler = functools.partial(QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
-    finally:
-        server.shutdown()
-
-
 def _cext_sdist(directory, *, functions):
     """An sdist whose C extension takes a while to compile (no such name on PyPI)."""
-    import tarfile
-
     name, version = "cotainr_lumi_bench_cext", "1.0"
     body = "\n".join(
         f"static double f{i}(double x) {{ double s = 0; for (int k = 0; k < {i % 17 + 3}; k++) "
@@ -258,46 +237,27 @@ def _cext_sdist(directory, *, functions):
         "static PyObject *total(PyObject *self, PyObject *arg) { double x = PyFloat_AsDouble(arg); "
         f"return PyFloat_FromDouble({calls}); }}\n"
         'static PyMethodDef methods[] = {{"total", total, METH_O, ""}, {NULL, NULL, 0, NULL}};\n'
-        f'static struct PyModuleDef mod = {{PyModuleDef_HEAD_INIT, "{name}", "", -1, methods}};\n'
-        f"PyMODINIT_FUNC PyInit_{name}(void) {{ return PyModule_Create(&mod); }}\n"
+        'static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_cext", "", -1, methods};\n'
+        "PyMODINIT_FUNC PyInit__cext(void) { return PyModule_Create(&mod); }\n"
     )
-    files = {
-        "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        "pyproject.toml": '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n',
-        "setup.py": (
-            "from setuptools import Extension, setup\n"
-            f'setup(name="{name}", version="{version}", '
-            f'ext_modules=[Extension("{name}", ["cext.c"], extra_compile_args=["-O2"])])\n'
-        ),
-        "cext.c": source,
-    }
-    sdist = directory / f"{name}-{version}.tar.gz"
-    with tarfile.open(sdist, "w:gz") as tar:
-        for rel, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(f"{name}-{version}/{rel}")
-            info.size = len(data)
-            import io
-
-            tar.addfile(info, io.BytesIO(data))
+    setup_py = (
+        "from setuptools import Extension, setup\n"
+        f'setup(ext_modules=[Extension("{name}._cext", ["cext.c"], extra_compile_args=["-O2"])])\n'
+    )
+    sdist = make_sdist(
+        directory, name, version, extra_files={"setup.py": setup_py, "cext.c": source}
+    )
     return name, version, sdist
 
 
 def section_cache(work, base, functions):
     """4. pip stage: first build (empty cache) vs second build (warm cache)."""
-    files = work / "index" / "files"
-    files.mkdir(parents=True)
-    name, version, sdist = _cext_sdist(files, functions=functions)
-    page = work / "index" / "simple" / name.replace("_", "-")
-    page.mkdir(parents=True)
-    page.joinpath("index.html").write_text(
-        f'<a href="../../files/{sdist.name}">{sdist.name}</a>\n'
-    )
+    name, version, sdist = _cext_sdist(work, functions=functions)
     prof = profile(
         work, "bench-cache", base, settings={"provenance": {"hash-base-image": False}}
     )
     times = []
-    with local_index(work / "index") as url:
+    with serve_index(work / "index", [sdist]) as (url, _requests):
         steps = work / "steps.yml"
         step = {"packages": [f"{name}=={version}"], "extra-index-urls": [url]}
         steps.write_text(

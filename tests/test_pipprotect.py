@@ -5,15 +5,12 @@ running these tests) resolving fake wheels offline, so the parsed messages are
 pip's real ones.
 """
 
-import base64
-import hashlib
 import json
 import os
-from pathlib import Path
 import subprocess
 import sys
-import zipfile
 
+from pkgfixtures import make_wheel
 import pytest
 
 from cotainr_lumi.pipprotect import (
@@ -23,35 +20,6 @@ from cotainr_lumi.pipprotect import (
     explain_conflicts,
     parse_pip_list,
 )
-
-
-def make_wheel(directory, name, version, requires=()):
-    """Write a minimal pure-Python wheel; return its path."""
-    dist = name.replace("-", "_")
-    filename = Path(directory) / f"{dist}-{version}-py3-none-any.whl"
-    info = f"{dist}-{version}.dist-info"
-    files = {
-        f"{dist}/__init__.py": f"VERSION = {version!r}\n",
-        f"{info}/METADATA": "Metadata-Version: 2.1\n"
-        f"Name: {name}\nVersion: {version}\n"
-        + "".join(f"Requires-Dist: {r}\n" for r in requires),
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    with zipfile.ZipFile(filename, "w") as zf:
-        for path, text in files.items():
-            data = text.encode()
-            zf.writestr(path, data)
-            digest = (
-                base64.urlsafe_b64encode(hashlib.sha256(data).digest())
-                .rstrip(b"=")
-                .decode()
-            )
-            record.append(f"{path},sha256={digest},{len(data)}")
-        record.append(f"{info}/RECORD,,")
-        zf.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
-    return filename
-
 
 INSTALLED = parse_pip_list(
     text='WARNING: noise\n[{"name": "torch", "version": "2.13.0+cpu"}, '

@@ -15,11 +15,6 @@ override of the later builds:
 
 from __future__ import annotations
 
-import base64
-import functools
-import hashlib
-import http.server
-import io
 import json
 import os
 from pathlib import Path
@@ -27,11 +22,9 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
-import threading
 import time
-import zipfile
 
+from pkgfixtures import make_sdist, make_wheel, serve_index
 import pytest
 import yaml
 
@@ -44,34 +37,6 @@ SYSTEM = "pip-e2e"
 
 #: Build times (s), printed at the end of the module.
 TIMES: dict[str, float] = {}
-
-
-def make_wheel(directory, name, version, requires=()):
-    """Write a minimal pure-Python wheel; return its path."""
-    dist = name.replace("-", "_")
-    filename = Path(directory) / f"{dist}-{version}-py3-none-any.whl"
-    info = f"{dist}-{version}.dist-info"
-    files = {
-        f"{dist}/__init__.py": f"VERSION = {version!r}\n",
-        f"{info}/METADATA": "Metadata-Version: 2.1\n"
-        f"Name: {name}\nVersion: {version}\n"
-        + "".join(f"Requires-Dist: {r}\n" for r in requires),
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    with zipfile.ZipFile(filename, "w") as zf:
-        for path, text in files.items():
-            data = text.encode()
-            zf.writestr(path, data)
-            digest = (
-                base64.urlsafe_b64encode(hashlib.sha256(data).digest())
-                .rstrip(b"=")
-                .decode()
-            )
-            record.append(f"{path},sha256={digest},{len(data)}")
-        record.append(f"{info}/RECORD,,")
-        zf.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
-    return filename
 
 
 @pytest.fixture(scope="module")
@@ -318,63 +283,12 @@ def test_torch_and_extension_in_one_step_fail(work, lumi_like_base_image):
     assert not image.exists()
 
 
-def make_sdist(directory, name, version):
-    """Write a setuptools sdist (its build takes an isolated build env)."""
-    base = f"{name}-{version}"
-    filename = Path(directory) / f"{base}.tar.gz"
-    files = {
-        "pyproject.toml": (
-            '[build-system]\nrequires = ["setuptools>=61"]\n'
-            'build-backend = "setuptools.build_meta"\n'
-            f'[project]\nname = "{name}"\nversion = "{version}"\n'
-        ),
-        f"{name}/__init__.py": f"VERSION = {version!r}\n",
-        "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-    }
-    with tarfile.open(filename, "w:gz") as tf:
-        for path, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(f"{base}/{path}")
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return filename
-
-
 @pytest.fixture
 def local_index(tmp_path):
     """A local package index (plain HTTP) serving the sdist cachedemo 1.0."""
-    root = tmp_path / "index"
-    (root / "simple" / "cachedemo").mkdir(parents=True)
-    (root / "files").mkdir()
-    sdist = make_sdist(root / "files", "cachedemo", "1.0")
-    (root / "simple" / "cachedemo" / "index.html").write_text(
-        f'<html><body><a href="../../files/{sdist.name}">{sdist.name}</a></body></html>\n'
-    )
-    _RecordingIndex.requests = []
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_RecordingIndex, directory=str(root))
-    )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield (
-        f"http://127.0.0.1:{server.server_address[1]}/simple",
-        _RecordingIndex.requests,
-    )
-    server.shutdown()
-    server.server_close()
-
-
-class _RecordingIndex(http.server.SimpleHTTPRequestHandler):
-    """Serve files and record the requested paths."""
-
-    requests: list[str] = []
-
-    def do_GET(self):
-        type(self).requests.append(self.path)
-        super().do_GET()
-
-    def log_message(self, *args):
-        pass
+    sdist = make_sdist(tmp_path, "cachedemo", "1.0")
+    with serve_index(tmp_path / "index", [sdist]) as served:
+        yield served
 
 
 def test_host_pip_cache_is_reused_and_not_in_the_image(

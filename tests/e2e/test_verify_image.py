@@ -1,46 +1,19 @@
 """End-to-end: images built with lumi-g-ext pass `cotainr-lumi verify`;
 a deliberately broken one (pruning skipped) fails exactly the expected rows."""
 
-import base64
-import hashlib
 import json
 import os
 from pathlib import Path
 import subprocess
 import sys
-import zipfile
 
+from pkgfixtures import make_wheel
 import pytest
 import yaml
 
 pytestmark = pytest.mark.e2e
 
 HARDWARE_ROWS = {"rccl-bandwidth", "rccl-net-plugin", "gpus-visible"}
-
-
-def tiny_wheel(directory):
-    """A minimal pure-Python wheel (no network, no build backend needed)."""
-    name, version = "tinypkg", "1.0"
-    files = {
-        "tinypkg/__init__.py": b"VALUE = 42\n",
-        f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{name}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, data in files.items():
-        digest = (
-            base64.urlsafe_b64encode(hashlib.sha256(data).digest())
-            .rstrip(b"=")
-            .decode()
-        )
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{name}-{version}.dist-info/RECORD,,")
-    wheel = directory / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, data in files.items():
-            zf.writestr(path, data)
-        zf.writestr(f"{name}-{version}.dist-info/RECORD", "\n".join(record) + "\n")
-    return wheel
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +34,7 @@ def images(tmp_path_factory, rocm_torch_base_image, apptainer_path):
             }
         )
     )
-    tiny_wheel(work)
+    make_wheel(work, "tinypkg", "1.0")
     (work / "requirements.txt").write_text("./tinypkg-1.0-py3-none-any.whl\n")
     cotainr = str(Path(sys.executable).with_name("cotainr"))
     env = {**os.environ, "COTAINR_LUMI_SYSTEMS": str(profile)}
