@@ -6,9 +6,9 @@ modules, a module file (Lua, for Lmod) and an equivalent POSIX shell snippet
 set ``SIF``, ``SINGULARITY_BIND``, ``RUNSCRIPTS`` and
 ``SINGULARITYENV_PREPEND_PATH`` for an image.
 
-Both files start with :data:`MARKER`; :func:`write_outputs` only ever
-replaces files carrying it, so a user's own file of the same name is never
-overwritten.
+Both files start with :data:`MARKER`; the pipeline (which writes a stage's
+``StageReport.outputs`` once the image is in place) only ever replaces files
+carrying it, so a user's own file of the same name is never overwritten.
 
 Functions
 ---------
@@ -20,17 +20,12 @@ render_lua(*, image, binds, runscripts, name)
     The Lmod module file.
 render_shell(*, image, binds, runscripts, name)
     The shell snippet.
-write_outputs(details)
-    Write the files a stage report lists under ``outputs``.
 """
 
-from collections.abc import Iterable, Mapping
-import contextlib
+from collections.abc import Iterable
 import logging
-import os
 from pathlib import Path
 import shlex
-import tempfile
 import unicodedata
 
 from ._version import __version__
@@ -227,80 +222,3 @@ def render_shell(*, image, binds: Iterable[str], runscripts="/runscripts", name=
     if binds:
         lines.append("export SINGULARITY_BIND")
     return "\n".join(lines) + "\n"
-
-
-def is_ours(path):
-    """
-    Whether an existing file was written by cotainr-lumi.
-
-    Parameters
-    ----------
-    path : os.PathLike
-        The file.
-
-    Returns
-    -------
-    ours : bool
-        True for a regular file (not a symlink) whose first line carries
-        :data:`MARKER`.
-    """
-    path = Path(path)
-    if path.is_symlink() or not path.is_file():
-        return False
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(4096)
-    except OSError:
-        return False
-    return MARKER.encode() in first
-
-
-def write_outputs(details: Mapping) -> dict[str, str]:
-    """
-    Write the files a stage report lists under ``details["outputs"]``.
-
-    Call this after the image is in place. A file is written (atomically:
-    a temporary file in the same directory, then renamed) when it does not
-    exist or was written by cotainr-lumi (:func:`is_ours`); any other
-    existing file, or a symlink, is left alone with a warning.
-
-    Parameters
-    ----------
-    details : mapping
-        A report's details; ``details["outputs"]`` maps absolute paths to
-        file contents (missing or empty: nothing to do).
-
-    Returns
-    -------
-    status : dict of str to str
-        ``{path: "written" | "kept (not written by cotainr-lumi)"}``.
-    """
-    status = {}
-    for path_text, content in (details or {}).get("outputs", {}).items():
-        path = Path(path_text)
-        if path.exists() or path.is_symlink():
-            if not is_ours(path):
-                logger.warning(
-                    "Not writing %s: a file not written by cotainr-lumi is in the "
-                    "way. Remove or rename it and rebuild, or choose another "
-                    "module-dir.",
-                    path,
-                )
-                status[str(path)] = "kept (not written by cotainr-lumi)"
-                continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(
-            dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
-        )
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(content)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        logger.info("Wrote %s", path)
-        status[str(path)] = "written"
-    return status

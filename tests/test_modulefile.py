@@ -10,14 +10,11 @@ from hypothesis import strategies as st
 import pytest
 
 from cotainr_lumi.modulefile import (
-    MARKER,
     check_image_path,
-    is_ours,
     lua_quote,
     render_lua,
     render_shell,
     validate_bind,
-    write_outputs,
 )
 
 LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
@@ -140,29 +137,3 @@ def test_bad_binds_are_rejected(bind):
 def test_unwritable_image_paths_are_rejected(image):
     with pytest.raises(ValueError):
         check_image_path(image)
-
-
-def test_write_outputs_never_overwrites_foreign_files(tmp_path):
-    ours = tmp_path / "ours.lua"
-    ours.write_text(f"-- {MARKER} old\n")
-    foreign = tmp_path / "foreign.sh"
-    foreign.write_text("my own script\n")
-    target = tmp_path / "real.txt"
-    target.write_text("target\n")
-    link = tmp_path / "link.lua"
-    link.symlink_to(target)
-    new = tmp_path / "sub" / "new.lua"
-    content = f"-- {MARKER} new\n"
-    status = write_outputs(
-        {"outputs": {str(p): content for p in (ours, foreign, link, new)}}
-    )
-    assert ours.read_text() == content and status[str(ours)] == "written"
-    assert new.read_text() == content and status[str(new)] == "written"
-    assert foreign.read_text() == "my own script\n" and status[str(foreign)].startswith(
-        "kept"
-    )
-    assert link.is_symlink() and target.read_text() == "target\n"
-    assert status[str(link)].startswith("kept")
-    assert not [p for p in tmp_path.rglob(".*.tmp")]
-    assert is_ours(ours) and not is_ours(foreign) and not is_ours(link)
-    assert write_outputs({}) == {} and write_outputs({"outputs": {}}) == {}

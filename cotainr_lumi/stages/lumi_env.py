@@ -25,13 +25,6 @@ Classes
 -------
 LumiEnvStage
     The stage.
-
-Functions
----------
-write_outputs(details)
-    Write files listed as ``{"outputs": {path: content}}`` (re-exported from
-    :mod:`cotainr_lumi.modulefile`; the pipeline writes ``report.outputs``
-    itself).
 """
 
 import importlib.resources
@@ -57,12 +50,11 @@ from ..modulefile import (
     render_lua,
     render_shell,
     validate_bind,
-    write_outputs,
 )
 from ..rootfs import resolve_in_root, write_file_in_root
 from ..stage import Stage, StageReport, register_stage
 
-__all__ = ["LumiEnvStage", "write_outputs"]
+__all__ = ["LumiEnvStage"]
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
