@@ -16,13 +16,15 @@ import subprocess
 
 PRELUDE = r"""
 set -euo pipefail
+trap 'echo "fixture script: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
 P="$(python -c 'import sys; print(sys.prefix)')"
 SP="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 W="$(mktemp -d)"
 """
 
 LIBSTDCXX_SAFE = r"""
-SYS="$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')"
+# No early `exit` in awk: under pipefail, ldconfig would die of SIGPIPE.
+SYS="$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ && !f {print $NF; f = 1}')"
 REAL="$(readlink -f "$SYS")"
 mkdir -p "$P/lib"
 cp "$REAL" "$P/lib/$(basename "$REAL")"
@@ -92,7 +94,15 @@ def fixture_script(*cases, hip="6.1.40093-fixture"):
 def derive_base_image(*, apptainer, base_image, work, cases, hip="6.1.40093-fixture"):
     """Build `work`/derived-base.sif: `base_image` plus the fixture content."""
     sandbox = work / "sandbox"
-    run = dict(capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+    # cwd=work (under /tmp, bound by default): a writable sandbox has no
+    # mount point for an arbitrary caller's directory.
+    run = dict(
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=900,
+        cwd=work,
+    )
     proc = subprocess.run(
         [apptainer, "build", "--sandbox", str(sandbox), str(base_image)], **run
     )
