@@ -52,7 +52,10 @@ version_ge() { # version_ge A B: true when A >= B
 }
 
 is_our_wrapper() {
-    head -c 4096 "$1" 2>/dev/null | grep -q "$WRAPPER_MARKER"
+    # No `| grep -q`: under pipefail an early grep exit can SIGPIPE the writer.
+    local head
+    head="$(head -c 4096 "$1" 2>/dev/null | tr -d '\0')" || return 1
+    [[ "$head" == *"$WRAPPER_MARKER"* ]]
 }
 
 # ---------------------------------------------------------------------------

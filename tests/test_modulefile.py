@@ -2,9 +2,9 @@
 
 import os
 from pathlib import Path
-import shutil
 import subprocess
 
+from hosttools import need_tool, unavailable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import pytest
@@ -18,16 +18,19 @@ from cotainr_lumi.modulefile import (
 )
 
 LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
-needs_lmod = pytest.mark.skipif(
-    not LMOD_INIT.exists(), reason="Lmod is not installed (apt-get install -y lmod)"
-)
-LUA = shutil.which("lua5.4") or shutil.which("lua5.3") or shutil.which("lua")
+
+
+def need_lmod() -> None:
+    if not LMOD_INIT.exists():
+        unavailable(f"Lmod is not installed, no {LMOD_INIT} (apt-get install -y lmod)")
+
 
 BINDS = ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1", "/pfs", "/scratch"]
 
 
 def lmod_env(module_dir, name, *, env=None, unload=False):
     """Load a module in real Lmod and return the resulting environment."""
+    need_lmod()
     script = f'source {LMOD_INIT} && module use "$1" && module load "$2"'
     if unload:
         script += ' && module unload "$2"'
@@ -52,17 +55,16 @@ PRINTABLE_PATH = st.text(
 ).map(lambda s: "/images/" + s.replace("/", "_") + ".sif")
 
 
-@pytest.mark.skipif(LUA is None, reason="no lua interpreter")
 @settings(max_examples=40, deadline=None)
 @given(st.text(max_size=30))
 def test_lua_quote_round_trips_in_real_lua(text):
+    lua = need_tool("lua5.4", "lua5.3", "lua", install="apt-get install -y lmod")
     proc = subprocess.run(
-        [LUA, "-e", f"io.write({lua_quote(text)})"], capture_output=True, check=True
+        [lua, "-e", f"io.write({lua_quote(text)})"], capture_output=True, check=True
     )
     assert proc.stdout == text.encode("utf-8", "surrogatepass")
 
 
-@needs_lmod
 @settings(
     max_examples=15,
     deadline=None,
@@ -81,7 +83,6 @@ def test_module_file_loads_in_lmod_with_hostile_paths(tmp_path, image):
     assert not marker.exists()
 
 
-@needs_lmod
 def test_module_file_keeps_existing_binds_and_unloads_cleanly(tmp_path):
     (tmp_path / "img.lua").write_text(render_lua(image="/x/img.sif", binds=BINDS))
     env = lmod_env(tmp_path, "img", env={"SINGULARITY_BIND": "/mine,/pfs"})

@@ -30,6 +30,7 @@ from pathlib import Path
 import subprocess
 from typing import Callable
 
+from hosttools import unavailable
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -44,17 +45,6 @@ _SETUP_TIMEOUT_S = 1800
 ApptainerExec = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI") == "true"
-
-
-def _unavailable(reason: str) -> None:
-    """Fail in CI, skip elsewhere."""
-    if _in_ci():
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
-
-
 def _run_setup_script(what: str, argv: list[str]) -> str:
     """Run a setup script; return its single stdout line or fail/skip."""
     try:
@@ -67,11 +57,11 @@ def _run_setup_script(what: str, argv: list[str]) -> str:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        _unavailable(f"{what}: {exc}")
+        unavailable(f"{what}: {exc}")
         raise AssertionError("unreachable") from exc
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        _unavailable(
+        unavailable(
             f"{what} failed (exit {proc.returncode}):\n{proc.stderr.strip()[-4000:]}"
         )
     return lines[-1].strip()
@@ -84,7 +74,7 @@ def apptainer_path() -> Path:
     bin_dir = Path(out)
     for name in ("apptainer", "singularity"):
         if not os.access(bin_dir / name, os.X_OK):
-            _unavailable(
+            unavailable(
                 f"provision-apptainer.sh printed {bin_dir}, which has no {name}"
             )
     path_entries = os.environ.get("PATH", "").split(os.pathsep)
@@ -101,7 +91,7 @@ def _base_image(rocm_version: str) -> Path:
     )
     sif = Path(out)
     if not sif.is_file():
-        _unavailable(f"build-base-image.sh printed {sif}, which is not a file")
+        unavailable(f"build-base-image.sh printed {sif}, which is not a file")
     return sif
 
 

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+from hosttools import unavailable
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -138,7 +139,7 @@ def test_stock_cotainr_build(
 ):
     cotainr = Path(sys.executable).parent / "cotainr"
     if not cotainr.exists():
-        pytest.skip(f"no cotainr executable next to {sys.executable}")
+        unavailable(f"no cotainr executable next to {sys.executable}")
     out = tmp_path / "stock.sif"
     build = subprocess.run(
         [str(cotainr), "build", str(out), "--base-image", str(lumi_like_base_image)],
