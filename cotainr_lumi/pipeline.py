@@ -212,6 +212,15 @@ def run_plan(*, plan, log_settings=None):
     current = "cotainr:sandbox"
     try:
         with without_bind_variables(), _cotainr.console_spinner():
+            base = plan.base_image
+            if base.is_local_file and base.resolved != os.path.abspath(base.given):
+                logger.info(
+                    "Base image %s is a link to %s; building from %s (links "
+                    "such as LUMI's sif-images/ change without notice)",
+                    base.given,
+                    base.resolved,
+                    base.resolved,
+                )
             logger.info("Creating Singularity Sandbox")
             # Build from the resolved path so the image recorded in the
             # provenance labels is the one really used.

@@ -174,10 +174,13 @@ def test_command_failure_becomes_stage_error_with_output(
 
 
 def test_base_image_is_built_from_its_resolved_path(
-    tmp_path, fake_singularity, ordered_profile, base_image
+    tmp_path, fake_singularity, ordered_profile, base_image, caplog
 ):
-    build(tmp_path, "ordered")
-    assert fake_singularity.commands[0][-1] == os.path.realpath(base_image)
+    with caplog.at_level("INFO", logger="cotainr.cotainr_lumi"):
+        build(tmp_path, "ordered")
+    real = os.path.realpath(base_image)
+    assert fake_singularity.commands[0][-1] == real
+    assert f"Base image {base_image} is a link to {real}" in caplog.text
 
 
 @register_stage
