@@ -162,7 +162,7 @@ def test_plan_describes_target_commands_and_staging(inputs, tmp_path):
     )
 
 
-def test_no_steps_disables_the_stage(tmp_path):
+def test_no_steps_records_the_package_list_only(tmp_path):
     plan = make_plan(
         request=BuildRequest(
             image_path=tmp_path / "x.sif",
@@ -170,8 +170,41 @@ def test_no_steps_disables_the_stage(tmp_path):
             settings={"pip": {"cache": False}},
         )
     )
-    assert plan.stage_names == ["provenance"]
-    assert "pip (disabled by its settings)" in plan.skipped
+    assert plan.stage_names == ["pip", "provenance"]
+    assert "no pip steps: record the environment's package list only" in (
+        plan.describe()
+    )
+    stage = plan.stages[0]
+    sandbox = FakeSandbox(tmp_path / "sb", {"numpy": "2.1.0", "torch": "2.13.0"})
+    report = stage.run(context=StageContext(sandbox=sandbox, plan=plan))
+    assert sandbox.installs() == []
+    assert [a[:4] for a, _ in sandbox.commands][-1] == ["python", "-m", "pip", "list"]
+    packages = json.loads(sandbox.host(PACKAGES_FILE).read_text())
+    assert {p["name"]: p["version"] for p in packages} == {
+        "numpy": "2.1.0",
+        "torch": "2.13.0",
+    }
+    assert report.labels == {"cotainr-lumi.pip.packages": PACKAGES_FILE}
+    assert report.summary.startswith(f"no pip steps; package list of {PREFIX}: 2")
+    assert "(torch 2.13.0)" in report.summary
+    assert not sandbox.host(WORK_DIR).exists()
+
+
+def test_no_steps_and_no_pip_warns_and_goes_on(tmp_path, mocker, caplog):
+    stage = PipStage(settings={"cache": False})
+    sandbox = FakeSandbox(tmp_path / "sb", {})
+    mocker.patch.object(
+        sandbox,
+        "run",
+        side_effect=_cotainr.CommandError(
+            cmd=["bash"], returncode=127, stdout="", stderr="no python on PATH"
+        ),
+    )
+    with caplog.at_level("WARNING", logger="cotainr.cotainr_lumi"):
+        report = stage.run(context=StageContext(sandbox=sandbox, plan=None))
+    assert "No pip steps and no package list" in caplog.text
+    assert report.labels == {}
+    assert not sandbox.host(PACKAGES_FILE).exists()
 
 
 def test_run_installs_steps_in_order_with_exact_commands(inputs, tmp_path):

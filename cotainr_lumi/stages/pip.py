@@ -201,10 +201,6 @@ class PipStage(Stage):
             overrides["cache"] = False
         return overrides
 
-    def enabled(self, *, plan):
-        """Run only when there are steps."""
-        return bool(self.steps)
-
     # -- the plan ----------------------------------------------------------
 
     def _pip_command(self, *, step, requirement_files, constraints, cache_dir):
@@ -235,6 +231,13 @@ class PipStage(Stage):
     def describe(self, *, plan):
         """The steps, their pip commands, protection and cache."""
         lines = [f"target: {plan.target_environment}"]
+        if not self.steps:
+            lines.append(
+                "no pip steps: record the environment's package list only "
+                f"({PACKAGES_FILE}; skipped with a warning if the image has "
+                "no `python -m pip`)"
+            )
+            return lines
         cache = self.settings["cache"]
         lines.append(
             f"pip cache: {self.cache_dir} (linked into the sandbox, never kept in the image)"
@@ -349,6 +352,8 @@ class PipStage(Stage):
     def run(self, *, context):
         """Run the pip steps in order."""
         sandbox = context.sandbox
+        if not self.steps:
+            return self._record_packages_only(sandbox)
         root = sandbox.root
         info = self._probe(sandbox)
         logger.info(
@@ -399,13 +404,7 @@ class PipStage(Stage):
                 cache_stats["export"]["seconds"] = round(time.time() - t0, 2)
             shutil.rmtree(work, ignore_errors=True)
 
-        installed, raw = self._pip_list(sandbox)
-        packages = json.loads(raw.strip().splitlines()[-1])
-        write_file_in_root(
-            root=root,
-            path=PACKAGES_FILE,
-            content=json.dumps(packages, indent=2, sort_keys=True) + "\n",
-        )
+        installed = self._record_packages(sandbox)
         steps_record = {
             "target": info,
             "steps": records,
@@ -429,6 +428,45 @@ class PipStage(Stage):
             summary=summary,
             details=steps_record,
             labels=labels,
+        )
+
+    def _record_packages(self, sandbox):
+        """Write the package list into the image; return the installed map."""
+        installed, raw = self._pip_list(sandbox)
+        packages = json.loads(raw.strip().splitlines()[-1])
+        write_file_in_root(
+            root=sandbox.root,
+            path=PACKAGES_FILE,
+            content=json.dumps(packages, indent=2, sort_keys=True) + "\n",
+        )
+        return installed
+
+    def _record_packages_only(self, sandbox):
+        """No steps: keep the environment's package list (if pip can list it)."""
+        try:
+            info = self._probe(sandbox)
+            installed = self._record_packages(sandbox)
+        except (StageError, _cotainr.CommandError) as e:
+            logger.warning(
+                "No pip steps and no package list: %s",
+                str(e).splitlines()[0] if str(e) else type(e).__name__,
+            )
+            return StageReport(
+                name=self.name,
+                summary="no pip steps; no package list (no `python -m pip` in the image)",
+            )
+        torch = installed.get("torch")
+        summary = (
+            f"no pip steps; package list of {info.get('prefix')}: "
+            f"{len(installed)} distributions"
+        )
+        if torch:
+            summary += f" (torch {torch[1]})"
+        return StageReport(
+            name=self.name,
+            summary=summary,
+            details={"target": info, "steps": []},
+            labels={"cotainr-lumi.pip.packages": PACKAGES_FILE},
         )
 
     @staticmethod
