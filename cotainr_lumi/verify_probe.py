@@ -14,25 +14,6 @@ import os
 import subprocess
 import sys
 
-WATCHED_ENV = (
-    "ROCM_PATH",
-    "ROCM_RELEASE",
-    "PATH",
-    "LD_LIBRARY_PATH",
-    "WITH_CONDA",
-    "CONDA_PREFIX",
-    "CXI_FORK_SAFE",
-    "CXI_FORK_SAFE_HP",
-    "FI_CXI_DISABLE_CQ_HUGETLB",
-    "NCCL_SOCKET_IFNAME",
-    "NCCL_NET_GDR_LEVEL",
-    "FI_MR_CACHE_MONITOR",
-    "FI_CXI_DEFAULT_CQ_SIZE",
-    "PYTORCH_ROCM_ARCH",
-    "RCCL_DEBUG",
-    "MIOPEN_USER_DB_PATH",
-    "MIOPEN_CUSTOM_CACHE_DIR",
-)
 SAMPLE_NODELIST = "nid[005252-005254,005256],nid007000"
 
 
@@ -68,7 +49,9 @@ def entry(path):
 
 
 facts = {"python": sys.executable, "prefix": sys.prefix}
-facts["env"] = {k: os.environ.get(k) for k in WATCHED_ENV}
+# The whole environment (the image's own, under --cleanenv): a profile can
+# add variables of its own that verify must find.
+facts["env"] = dict(os.environ)
 facts["labels"] = json.loads(read("/.singularity.d/labels.json") or "{}")
 rocm = os.environ.get("ROCM_PATH") or "/opt/rocm"
 facts["rocm"] = {

@@ -1,5 +1,6 @@
 import copy
 import json
+import os
 from pathlib import Path
 import subprocess
 import sys
@@ -196,14 +197,18 @@ def test_missing_image_is_an_input_error(tmp_path):
 
 
 def test_probe_runs_with_a_real_python_and_prints_facts():
+    site_value = "a'b\nline2 $(x)"
     out = subprocess.run(
         [sys.executable, "-c", PROBE.read_text()],
         capture_output=True,
         text=True,
         check=True,
+        env={**os.environ, "SITE_ADDED_VARIABLE": site_value},
     )
     facts = json.loads(out.stdout)
     assert facts["prefix"] == sys.prefix
+    # Every variable, not a fixed list: profiles add their own.
+    assert facts["env"]["SITE_ADDED_VARIABLE"] == site_value
     assert set(facts) >= {
         "env",
         "labels",
