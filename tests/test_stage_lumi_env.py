@@ -329,3 +329,29 @@ def test_stage_is_registered():
         .parent.joinpath("runscripts", "get-master")
         .is_file()
     )
+
+
+def test_base_image_runscripts_are_replaced_with_a_note(tmp_path, caplog):
+    root = make_root(tmp_path)
+    (root / "runscripts").mkdir()
+    (root / "runscripts/conda-python-distributed").write_text("#!/bin/bash\nold\n")
+    (root / "runscripts/init-conda-venv").write_text("#!/bin/bash\ntheirs\n")
+    sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
+    stage = LumiEnvStage(settings=LUMI_SETTINGS)
+    plan = SimpleNamespace(image_path=tmp_path / "out" / "torch.sif")
+    with caplog.at_level("INFO", logger="cotainr.cotainr_lumi"):
+        stage.run(context=StageContext(sandbox=sandbox, plan=plan))
+    replaced = [r for r in caplog.messages if r.startswith("Replacing")]
+    assert replaced == [
+        "Replacing the base image's /runscripts/conda-python-distributed "
+        "with cotainr-lumi's"
+    ]
+    text = (root / "runscripts/conda-python-distributed").read_text()
+    assert "old" not in text and "SLURM_PROCID" in text
+    # The base image's other runscripts stay.
+    assert (root / "runscripts/init-conda-venv").read_text() == "#!/bin/bash\ntheirs\n"
+    # Building again on an image that has ours: nothing to note.
+    caplog.clear()
+    with caplog.at_level("INFO", logger="cotainr.cotainr_lumi"):
+        stage.run(context=StageContext(sandbox=sandbox, plan=plan))
+    assert not [r for r in caplog.messages if r.startswith("Replacing")]

@@ -403,6 +403,23 @@ class LumiEnvStage(Stage):
         ]
         return "\n".join(lines) + "\n", prefix
 
+    @staticmethod
+    def _note_replaced_runscript(*, root, name):
+        """Say so when a base image's own runscript (not ours) is replaced."""
+        existing = resolve_in_root(root=root, path=f"{RUNSCRIPTS_DIR}/{name}")
+        if not existing.is_file():
+            return
+        try:
+            text = existing.read_text(errors="replace")
+        except OSError:
+            text = ""
+        if text != _runscript_text(name):
+            logger.info(
+                "Replacing the base image's %s/%s with cotainr-lumi's",
+                RUNSCRIPTS_DIR,
+                name,
+            )
+
     def _search_path_blocks(self, *, root):
         """PATH/LD_LIBRARY_PATH additions and what was found."""
         blocks, found = [], {}
@@ -486,6 +503,7 @@ class LumiEnvStage(Stage):
         )
         if self.settings["runscripts"]:
             for name in RUNSCRIPTS:
+                self._note_replaced_runscript(root=root, name=name)
                 write_file_in_root(
                     root=root,
                     path=f"{RUNSCRIPTS_DIR}/{name}",
