@@ -17,6 +17,11 @@ Session-scoped fixtures:
 ``apptainer_exec`` -> callable ``(sif, *cmd, env=None, timeout=600)``
     Runs ``apptainer exec --no-home SIF CMD...`` and returns the
     ``subprocess.CompletedProcess`` (text output captured, ``check=False``).
+``rocm_torch_base_image`` -> pathlib.Path
+    The 6.1.3 base plus prune fixture content (see ``prune_fixtures.py``).
+``verify_image`` -> callable ``(sif, env=None)``
+    Runs ``cotainr-lumi verify SIF --json``; returns (exit code,
+    ``{check: status}``, the JSON report).
 
 When the infrastructure cannot be set up, the fixtures fail the test if
 ``CI=true`` (never skip in CI) and skip it otherwise.
@@ -25,9 +30,11 @@ When the infrastructure cannot be set up, the fixtures fail the test if
 from __future__ import annotations
 
 from collections.abc import Mapping
+import json
 import os
 from pathlib import Path
 import subprocess
+import sys
 from typing import Callable
 
 from hosttools import unavailable
@@ -155,3 +162,31 @@ def rocm_torch_base_image(tmp_path_factory, lumi_like_base_image, apptainer_path
         work=tmp_path_factory.mktemp("rocm-torch-base"),
         cases=("libstdcxx-safe", "torch"),
     )
+
+
+@pytest.fixture(scope="session")
+def verify_image(apptainer_path):
+    """Return ``run(image, env=None) -> (exit code, {check: status}, report)``.
+
+    Runs ``cotainr-lumi verify IMAGE --json`` (the installed command); ``env``
+    is merged into the environment (e.g. ``COTAINR_LUMI_SYSTEMS`` so the
+    image's test system gives the expected LUMI values).
+    """
+    command = Path(sys.executable).with_name("cotainr-lumi")
+
+    def run(image, env=None):
+        proc = subprocess.run(
+            [str(command), "verify", str(image), "--json"],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            timeout=600,
+            check=False,
+        )
+        assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+        report = json.loads(proc.stdout)
+        rows = {row["check"]: row["status"] for row in report["results"]}
+        return proc.returncode, rows, report
+
+    return run

@@ -47,7 +47,7 @@ PROFILE_ENV = {
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, lumi_like_base_image, apptainer_path):
-    """Build one image; return (image, module_dir, marker, hostile, cli output)."""
+    """Build one image; return (image, module_dir, marker, hostile, output, profile)."""
     work = tmp_path_factory.mktemp("lumi-env-e2e")
     marker = work / "PWNED"
     hostile = (
@@ -62,7 +62,6 @@ def built(tmp_path_factory, lumi_like_base_image, apptainer_path):
                         "extends": "lumi-g-ext",
                         "base-image": str(lumi_like_base_image),
                         "rocm-version": "6.1",
-                        "stages": ["lumi-env", "provenance"],
                         "settings": {
                             "lumi-env": {
                                 "env": dict(PROFILE_ENV, HOSTILE=hostile),
@@ -102,7 +101,7 @@ def built(tmp_path_factory, lumi_like_base_image, apptainer_path):
         cwd=work,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return image, module_dir, marker, hostile, proc.stdout + proc.stderr
+    return image, module_dir, marker, hostile, proc.stdout + proc.stderr, profile
 
 
 def printenv(apptainer_exec, image, names, env=None):
@@ -114,7 +113,7 @@ def printenv(apptainer_exec, image, names, env=None):
 
 
 def test_defaults_overrides_and_hostile_value(built, apptainer_exec):
-    image, _, marker, hostile, _ = built
+    image, _, marker, hostile, _, _ = built
     names = [
         *PROFILE_ENV,
         "EXTRA_SETTING",
@@ -182,7 +181,7 @@ def test_defaults_overrides_and_hostile_value(built, apptainer_exec):
 
 
 def test_labels_and_run_hint(built, apptainer_path):
-    image, module_dir, _, _, output = built
+    image, module_dir, _, _, output, _ = built
     proc = subprocess.run(
         [
             str(apptainer_path / "apptainer"),
@@ -340,7 +339,7 @@ python -c 'import tinypkg, sys; print("installed", tinypkg.VALUE, sys.prefix)'
 
 
 def test_module_file_loads_in_real_lmod(built, apptainer_exec):
-    image, module_dir, _, _, _ = built
+    image, module_dir, _, _, _, _ = built
     assert LMOD_INIT.exists(), "Lmod is needed: apt-get install -y lmod"
     lua = module_dir / "torch.lua"
     snippet = module_dir / "torch.sh"
@@ -382,3 +381,18 @@ def test_module_file_loads_in_real_lmod(built, apptainer_exec):
         env={"SINGULARITYENV_PREPEND_PATH": env["SINGULARITYENV_PREPEND_PATH"]},
     )
     assert proc.stdout.startswith("/runscripts:")
+
+
+def test_verify_fails_only_the_deliberate_build_overrides(built, verify_image):
+    image, *_, profile = built
+    code, rows, report = verify_image(image, env={"COTAINR_LUMI_SYSTEMS": str(profile)})
+    # The build set CXI_FORK_SAFE_HP=2 and unset RCCL_DEBUG on purpose; the
+    # test system's other values (HOSTILE included) are in the image.
+    assert code == 1
+    assert set(report["failed"]) == {"env:CXI_FORK_SAFE_HP", "env:RCCL_DEBUG"}, [
+        r for r in report["results"] if r["status"] == "FAIL"
+    ]
+    assert rows["env:HOSTILE"] == "PASS"
+    for check in ("rocm-layout", "aws-ofi-rccl", "runscripts", "with-conda"):
+        assert rows[check] == "PASS", check
+    assert rows["package-list"] == "PASS"

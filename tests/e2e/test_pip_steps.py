@@ -53,7 +53,6 @@ def work(tmp_path_factory, lumi_like_base_image):
                         "extends": "lumi-g-ext",
                         "base-image": str(lumi_like_base_image),
                         "rocm-version": "6.1",
-                        "stages": ["pip", "provenance"],
                         "settings": {"provenance": {"hash-base-image": False}},
                     }
                 }
@@ -244,6 +243,15 @@ def test_package_list_and_labels_are_in_the_image(
     assert "torch==2.13.0+cpu" in constraints.splitlines()
     assert "torchext==0.1.0" in constraints.splitlines()
     assert ".pip-work" not in listing.split()
+
+
+def test_layered_image_passes_verify(extension_image, verify_image):
+    # A real but CPU torch: the ROCm torch rows do not apply.
+    image, _ = extension_image
+    code, rows, report = verify_image(image)
+    assert code == 0 and report["failed"] == [], report
+    assert rows["torch-rocm-duplicates"] == rows["torch-rccl"] == "N/A"
+    assert rows["package-list"] == rows["with-conda"] == "PASS"
 
 
 def test_step_wanting_another_torch_stops_the_build(work, torch_image):

@@ -91,7 +91,6 @@ def built(tmp_path_factory, rocm_torch_base_image, apptainer_path):
                 "extends": "lumi-g-ext",
                 "base-image": str(rocm_torch_base_image),
                 "rocm-version": "6.1",
-                "stages": ["prune", "provenance"],
                 "settings": {
                     "prune": {"libstdcxx": True, "rocm-dedup": True},
                     "provenance": {"hash-base-image": False},
@@ -127,6 +126,14 @@ def built(tmp_path_factory, rocm_torch_base_image, apptainer_path):
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return image, proc.stdout + proc.stderr, dry.stdout
+
+
+def test_pruned_image_passes_verify(built, verify_image):
+    image, _out, _dry = built
+    code, rows, report = verify_image(image)
+    assert code == 0 and report["failed"] == [], report
+    assert rows["env-libstdcxx"] == rows["torch-rocm-duplicates"] == "PASS"
+    assert rows["torch-rccl"] == rows["package-list"] == "PASS"
 
 
 def test_dry_run_describes_the_checks(built):

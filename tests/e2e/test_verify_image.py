@@ -63,26 +63,8 @@ def images(tmp_path_factory, rocm_torch_base_image, apptainer_path):
     return built
 
 
-def verify(image):
-    cmd = [
-        str(Path(sys.executable).with_name("cotainr-lumi")),
-        "verify",
-        str(image),
-        "--json",
-    ]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600
-    )
-    return proc.returncode, json.loads(proc.stdout)
-
-
-def statuses(report):
-    return {row["check"]: row["status"] for row in report["results"]}
-
-
-def test_full_lumi_g_ext_image_passes_verify(images):
-    code, report = verify(images["full"][0])
-    rows = statuses(report)
+def test_full_lumi_g_ext_image_passes_verify(images, verify_image):
+    code, rows, report = verify_image(images["full"][0])
     assert code == 0, json.dumps(report, indent=1)
     assert report["failed"] == []
     assert {c for c, s in rows.items() if s == "N/A"} == HARDWARE_ROWS
@@ -99,8 +81,8 @@ def test_full_lumi_g_ext_image_passes_verify(images):
     assert "module load" in images["full"][1] or "singularity exec" in images["full"][1]
 
 
-def test_broken_image_fails_exactly_the_expected_rows(images):
-    code, report = verify(images["broken"][0])
+def test_broken_image_fails_exactly_the_expected_rows(images, verify_image):
+    code, _, report = verify_image(images["broken"][0])
     assert code == 1
     assert set(report["failed"]) == {"env-libstdcxx", "torch-rocm-duplicates"}
 
