@@ -34,6 +34,8 @@ Functions
 ---------
 scan_step(*, step)
     Scan a step's requirement files (recursively) and check their references.
+moving_vcs_ref(url)
+    Why a VCS requirement URL does not pin one revision (None if it does).
 stage_step(*, scan, root, keep_dir, staging_dir)
     Stage a scanned step into the sandbox.
 """
@@ -70,6 +72,9 @@ ARCHIVE_EXTENSIONS = (
 
 _COMMENT_RE = re.compile(r"(^|\s+)#.*$")
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_VCS_SCHEMES = ("git+", "hg+", "svn+", "bzr+")
+_COMMIT_RE = re.compile(r"^([0-9a-f]{40}|[0-9a-f]{64})$")
+_VERSION_TAG_RE = re.compile(r"^v?\d+(\.\d+)+([.+-].*)?$")
 _FILE_OPTIONS = {
     "-r": "requirements",
     "--requirement": "requirements",
@@ -164,10 +169,13 @@ class StepScan:
         The step.
     files : list of ReqFile
         Its top-level requirement files (inline packages last).
+    moving_refs : list of str
+        VCS requirements that do not pin a revision (where, URL and why).
     """
 
     step: object
     files: list[ReqFile]
+    moving_refs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -217,6 +225,32 @@ def _looks_like_path(name):
     return "/" in name or name.startswith(".")
 
 
+def moving_vcs_ref(url):
+    """
+    Why a VCS requirement URL does not pin one revision (None if it does).
+
+    Parameters
+    ----------
+    url : str
+        A requirement URL, e.g. ``git+https://github.com/ROCm/apex.git@master``.
+
+    Returns
+    -------
+    reason : str or None
+        None for a non-VCS URL, a full commit hash or a version tag
+        (``v1.2.3``, ``2.6.3``); else what moves (no ref, or a branch name).
+    """
+    if not url.lower().startswith(_VCS_SCHEMES):
+        return None
+    path = urlsplit(url.split("+", 1)[1]).path
+    ref = unquote(path.rpartition("@")[2]) if "@" in path else ""
+    if not ref:
+        return "no revision given: it installs whatever the default branch holds"
+    if _COMMIT_RE.match(ref) or _VERSION_TAG_RE.match(ref):
+        return None
+    return f"{ref!r} is a branch or other moving ref"
+
+
 def _error(where, message):
     return InputError(f"{where}: {message}")
 
@@ -240,6 +274,15 @@ class _Scanner:
     def __init__(self):
         self.cache: dict[Path, ReqFile] = {}
         self.active: list[Path] = []
+        self.moving_refs: list[str] = []
+
+    def note_vcs_url(self, url, *, where):
+        reason = moving_vcs_ref(url)
+        if reason:
+            self.moving_refs.append(
+                f"{where}: {url}: {reason}; pin a commit (@<sha>) or a tag "
+                "for a reproducible image"
+            )
 
     def scan_path(self, path, *, where):
         path = Path(os.path.abspath(path))
@@ -346,6 +389,7 @@ class _Scanner:
             kind = "file-url" if target.kind != "image-path" else "image-path"
             return ReqLine(start, end, kind, target.path, "", "", tail, url.strip())
         if _URL_RE.match(req_text):
+            self.note_vcs_url(req_text.partition(";")[0].strip(), where=where)
             return None  # remote URL (https://..., git+https://...)
         if "@" in req_text and not _looks_like_path(req_text.split("@", 1)[0].strip()):
             try:
@@ -367,6 +411,8 @@ class _Scanner:
                     tail + (f" {suffix}" if suffix else ""),
                     req.url,
                 )
+            if req.url:
+                self.note_vcs_url(req.url, where=where)
             return None
         path_part, sep, markers = req_text.partition(";")
         path_part = path_part.strip()
@@ -494,7 +540,7 @@ def scan_step(*, step):
             if ref is not None:
                 rf.refs.append(ref)
         files.append(rf)
-    return StepScan(step=step, files=files)
+    return StepScan(step=step, files=files, moving_refs=list(scanner.moving_refs))
 
 
 def local_inputs(*, scan):

@@ -64,6 +64,11 @@ def test_example_dry_runs(name, tmp_path, monkeypatch, capsys):
     for option in DRY_RUNS[name]:
         if option.startswith(("--pip-steps", "--pip-requirements", "--conda-env")):
             assert option.split("=", 1)[1] in out
+    if name.startswith("pytorch-rocm"):
+        # The git refs of apex, flash-attention and bitsandbytes are branches:
+        # the plan says so, so users pin them for a reproducible image.
+        assert out.count("not pinned: ") == 3
+        assert "apex.git@master: 'master' is a branch" in out
 
 
 @pytest.mark.parametrize("version", ["6.2", "6.1"])

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from cotainr_lumi.errors import InputError, StageError
-from cotainr_lumi.pipreqs import local_inputs, scan_step, stage_step
+from cotainr_lumi.pipreqs import local_inputs, moving_vcs_ref, scan_step, stage_step
 from cotainr_lumi.pipsteps import PipStep
 
 KEEP = "/opt/cotainr-lumi/pip/step1"
@@ -206,3 +206,48 @@ def test_same_file_names_get_distinct_kept_names(tmp_path):
         f"{KEEP}/requirements.txt",
         f"{KEEP}/requirements-2.txt",
     ]
+
+
+@pytest.mark.parametrize(
+    ("url", "moving"),
+    [
+        ("git+https://github.com/ROCm/apex.git@master", "'master' is a branch"),
+        ("git+https://github.com/ROCm/apex.git", "no revision given"),
+        ("git+https://github.com/ROCm/apex.git@release/1.5.0", "'release/1.5.0'"),
+        ("git+ssh://git@github.com/o/r.git#egg=r", "no revision given"),
+        ("git+https://github.com/o/r.git@" + "a" * 40, None),
+        ("git+https://github.com/o/r.git@v2.6.3#egg=r", None),
+        ("git+https://github.com/o/r.git@2.6.3-cktile", None),
+        ("https://example.org/pkg-1.0.tar.gz", None),
+    ],
+)
+def test_moving_vcs_ref(url, moving):
+    reason = moving_vcs_ref(url)
+    if moving is None:
+        assert reason is None
+    else:
+        assert moving in reason
+
+
+def test_scan_lists_unpinned_vcs_requirements_with_file_and_line(tmp_path, project):
+    (project / "more.txt").write_text(
+        "numpy\n"
+        "flash_attn @ git+https://github.com/ROCm/flash-attention.git@main\n"
+        "git+https://github.com/o/pinned.git@" + "0" * 40 + "#egg=pinned\n"
+    )
+    (project / "r.txt").write_text("-r more.txt\n")
+    step = _step(
+        tmp_path,
+        requirements=[project / "r.txt"],
+        packages=["apex @ git+https://github.com/ROCm/apex.git@master"],
+        base_dir=project,
+    )
+    scan = scan_step(step=step)
+    assert len(scan.moving_refs) == 2
+    assert scan.moving_refs[0].startswith(f"{project / 'more.txt'}, line 2: ")
+    assert "flash-attention.git@main: 'main' is a branch" in scan.moving_refs[0]
+    assert (
+        ", packages[1]: git+https://github.com/ROCm/apex.git@master"
+        in (scan.moving_refs[1])
+    )
+    assert "pin a commit" in scan.moving_refs[1]

@@ -269,6 +269,8 @@ class PipStage(Stage):
             if step.allow_changes:
                 protected += f" except {', '.join(sorted(step.allow_changes))}"
             lines.append(f"  protects: {protected}")
+            for moving in scan.moving_refs:
+                lines.append(f"  not pinned: {moving}")
         lines.append(f"records: {PIP_DIR}/stepN/, {STEPS_FILE}, {PACKAGES_FILE}")
         return lines
 
@@ -355,6 +357,9 @@ class PipStage(Stage):
         if not self.steps:
             return self._record_packages_only(sandbox)
         root = sandbox.root
+        for scan in self.scans:
+            for moving in scan.moving_refs:
+                logger.warning("Not pinned: %s", moving)
         info = self._probe(sandbox)
         logger.info(
             "pip steps install into %s (python %s at %s, pip %s)",
