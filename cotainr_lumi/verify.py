@@ -33,6 +33,10 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 PASS, FAIL, NA = "PASS", "FAIL", "N/A"
 
+#: Where the LUMI base images expect the host's Cray libfabric (FACTS §2):
+#: ``/opt/cray`` is removed from the images and bound from the host.
+CRAY_LIBFABRIC_PREFIX = "/opt/cray/libfabric/"
+
 #: The LUMI settings of the hand-built images (FACTS §2–3), used when the
 #: image's system profile does not say otherwise.
 DEFAULT_LUMI_ENV = {
@@ -242,6 +246,35 @@ def _check_rocm(report, facts, env):
         report.add("aws-ofi-rccl", FAIL, f"{plugins[0]} not on LD_LIBRARY_PATH")
     else:
         report.add("aws-ofi-rccl", PASS, f"{plugins[0]} on LD_LIBRARY_PATH")
+    _check_cray_libfabric(report, env, has_plugin=bool(plugins))
+
+
+def _check_cray_libfabric(report, env, *, has_plugin):
+    """The plugin loads the host's Cray libfabric, bound at /opt/cray."""
+    if not has_plugin:
+        report.add("cray-libfabric", NA, "no aws-ofi-rccl plugin in the image")
+        return
+    entries = [
+        p
+        for p in (env.get("LD_LIBRARY_PATH") or "").split(":")
+        if os.path.normpath(p).startswith(CRAY_LIBFABRIC_PREFIX)
+    ]
+    if entries:
+        report.add(
+            "cray-libfabric",
+            PASS,
+            f"LD_LIBRARY_PATH has {entries[0]} (the host's, bound with /opt/cray "
+            "at run time; check the version exists on LUMI: ls /opt/cray/libfabric)",
+        )
+    else:
+        report.add(
+            "cray-libfabric",
+            FAIL,
+            f"no {CRAY_LIBFABRIC_PREFIX}<version>/lib64 on LD_LIBRARY_PATH: "
+            "aws-ofi-rccl cannot load the host's libfabric and RCCL falls back "
+            "to TCP sockets; build on a LUMI ROCm base image (they set it) or "
+            "add it with the lumi-env `ld-library-path` setting",
+        )
 
 
 def _check_lumi_env(report, facts, expected):

@@ -18,7 +18,10 @@ GOOD = {
     "env": {
         "ROCM_PATH": "/opt/rocm",
         "PATH": "/runscripts:/opt/rocm/bin:/opt/rocm/llvm/bin:/usr/bin",
-        "LD_LIBRARY_PATH": "/opt/rocm/lib:/opt/aws-ofi-rccl",
+        "LD_LIBRARY_PATH": (
+            "/opt/cray/libfabric/1.15.2.0/lib64:/opt/cray/pe/lib64:"
+            "/opt/rocm/lib:/opt/aws-ofi-rccl"
+        ),
         "WITH_CONDA": "true",
         **verify.DEFAULT_LUMI_ENV,
     },
@@ -132,7 +135,16 @@ def mutate(path, value):
             {"torch-rccl"},
         ),
         (("env", "CXI_FORK_SAFE"), None, {"env:CXI_FORK_SAFE"}),
-        (("env", "LD_LIBRARY_PATH"), "/opt/rocm/lib", {"aws-ofi-rccl"}),
+        (
+            ("env", "LD_LIBRARY_PATH"),
+            "/opt/cray/libfabric/1.22.0/lib64:/opt/rocm/lib",
+            {"aws-ofi-rccl"},
+        ),
+        (
+            ("env", "LD_LIBRARY_PATH"),
+            "/opt/rocm/lib:/opt/aws-ofi-rccl",
+            {"cray-libfabric"},
+        ),
         (("aws_ofi_rccl",), [], {"aws-ofi-rccl"}),
         (("runscripts", "get-master", "executable"), False, {"runscripts"}),
         (("with_conda",), None, {"with-conda"}),
@@ -145,6 +157,22 @@ def test_broken_images_fail_exactly_the_expected_rows(
 ):
     report = run_with(mocker, tmp_path, mutate(path, value))
     assert set(report.failed) == failing
+
+
+def test_cray_libfabric_row_names_the_entry_or_the_way_out(mocker, tmp_path):
+    report = run_with(mocker, tmp_path, GOOD)
+    row = next(r for r in report.results if r.check == "cray-libfabric")
+    assert row.status == "PASS"
+    assert "/opt/cray/libfabric/1.15.2.0/lib64" in row.evidence
+    facts = mutate(("env", "LD_LIBRARY_PATH"), "/opt/rocm/lib:/opt/aws-ofi-rccl")
+    row = next(
+        r
+        for r in run_with(mocker, tmp_path, facts).results
+        if r.check == "cray-libfabric"
+    )
+    assert "falls back to TCP" in row.evidence and "ld-library-path" in row.evidence
+    no_plugin = run_with(mocker, tmp_path, mutate(("aws_ofi_rccl",), []))
+    assert no_plugin.status_of("cray-libfabric") == "N/A"
 
 
 def test_libstdcxx_kept_with_reason_passes(mocker, tmp_path):

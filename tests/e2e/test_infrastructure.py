@@ -123,9 +123,10 @@ def test_base_image_environment(lumi_like_base_image: Path, apptainer_exec):
     prefix, rocm, ld_path, rccl, net = proc.stdout.splitlines()
     assert prefix == ENV_PREFIX
     assert rocm.split() == ["/opt/rocm", "6.1.3", ENV_PREFIX]
-    assert "/opt/rocm/lib" in ld_path.split(
-        ":"
-    ) and "/opt/aws-ofi-rccl" in ld_path.split(":")
+    # LUMI's order: the host's Cray libraries (bound), ROCm, the plugin.
+    ld = ld_path.split(":")
+    assert ld[0] == "/opt/cray/libfabric/1.15.2.0/lib64"
+    assert ld.index("/opt/rocm/lib") < ld.index("/opt/aws-ofi-rccl")
     assert rccl == "103 6.1.3"
     assert net == "110"
 

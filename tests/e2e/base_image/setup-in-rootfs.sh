@@ -178,7 +178,9 @@ cat >/.singularity.d/env/90-environment.sh <<EOF
 export ROCM_PATH=/opt/rocm
 export ROCM_RELEASE=$VER
 export PATH="\$ROCM_PATH/bin:\$ROCM_PATH/llvm/bin:\$PATH"
-export LD_LIBRARY_PATH="\$ROCM_PATH/lib:/opt/aws-ofi-rccl\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+# Like the LUMI base images: the host's Cray libraries first (/opt/cray is
+# bound at run time, absent from the image), then ROCm, then the plugin.
+export LD_LIBRARY_PATH="/opt/cray/libfabric/1.15.2.0/lib64:/opt/cray/pe/lib64:\$ROCM_PATH/lib:/opt/aws-ofi-rccl\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 EOF
 printf '%s\n' "source $CONDA/etc/profile.d/conda.sh" "conda activate conda_container_env" \
     >/.singularity.d/env/92-cotainr-env.sh
