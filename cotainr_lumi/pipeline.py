@@ -152,6 +152,15 @@ def _check_outputs(reports):
                     "directory for this stage.",
                     stage=report.name,
                 )
+            ancestor = path.parent
+            while not ancestor.exists() and ancestor != ancestor.parent:
+                ancestor = ancestor.parent
+            if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+                raise StageError(
+                    f"cannot write {path}: {ancestor} is not a writable "
+                    "directory. Choose another output directory for this stage.",
+                    stage=report.name,
+                )
             outputs[path] = content
     return outputs
 

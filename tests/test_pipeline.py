@@ -253,6 +253,17 @@ def test_foreign_output_file_is_never_overwritten_and_no_image_is_built(
     assert not (tmp_path / "out.sif").exists()
 
 
+def test_output_directory_that_cannot_exist_stops_before_the_image(
+    tmp_path, fake_singularity, base_image, monkeypatch
+):
+    (tmp_path / "afile").write_text("not a directory\n")
+    target = tmp_path / "afile" / "sub" / "out.lua"
+    with pytest.raises(StageError, match="is not a writable directory"):
+        outputs_build(tmp_path, base_image, monkeypatch, target)
+    assert not (tmp_path / "out.sif").exists()
+    assert (tmp_path / "afile").read_text() == "not a directory\n"
+
+
 def test_output_symlink_is_never_written_through(
     tmp_path, fake_singularity, base_image, monkeypatch
 ):

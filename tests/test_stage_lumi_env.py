@@ -250,6 +250,22 @@ def test_invalid_settings_name_the_key(settings, key):
     assert problems and problems[0][0] == key
 
 
+def test_module_dir_must_be_able_to_hold_files(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for directory, problem in (
+        (afile, "exists and is not a directory"),
+        (afile / "sub", f"cannot create {afile / 'sub'}: {afile} is not a directory"),
+    ):
+        problems = LumiEnvStage.validate_settings(
+            settings={"module-dir": str(directory)}
+        )
+        assert problems == [("module-dir", problems[0][1])]
+        assert problem in problems[0][1]
+    for fine in (tmp_path, tmp_path / "new" / "dir"):
+        assert LumiEnvStage.validate_settings(settings={"module-dir": str(fine)}) == []
+
+
 def test_cli_options_become_settings():
     args = SimpleNamespace(
         lumi_env_set=["A=1", "B=x=y", "C="],

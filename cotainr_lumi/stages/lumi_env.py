@@ -29,6 +29,7 @@ LumiEnvStage
 
 import importlib.resources
 import logging
+import os
 from pathlib import Path, PurePosixPath
 import shlex
 
@@ -100,6 +101,24 @@ printf 'conda_env=%s\n' "${CONDA_DEFAULT_ENV:-}"
 def _runscript_text(name):
     """The text of a shipped runscript."""
     return (importlib.resources.files("cotainr_lumi") / "runscripts" / name).read_text()
+
+
+def _directory_problem(directory):
+    """Why `directory` cannot hold the module files (None if it can)."""
+    if directory.exists():
+        if not directory.is_dir():
+            return f"{directory} exists and is not a directory"
+        if not os.access(directory, os.W_OK | os.X_OK):
+            return f"{directory} is not writable"
+        return None
+    ancestor = directory.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"cannot create {directory}: {ancestor} is not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot create {directory}: {ancestor} is not writable"
+    return None
 
 
 def _check_env_mapping(env, *, key="env"):
@@ -175,6 +194,10 @@ class LumiEnvStage(Stage):
             problems.append(
                 ("module-dir", f"must be a directory path or null (got {module_dir!r})")
             )
+        elif module_dir:
+            problem = _directory_problem(Path(module_dir).expanduser())
+            if problem:
+                problems.append(("module-dir", problem))
         module_name = settings.get("module-name")
         if module_name is not None and (
             not isinstance(module_name, str)
