@@ -58,7 +58,11 @@ def _parse_set_option(text):
     try:
         value = yaml.safe_load(raw_value) if raw_value.strip() else ""
     except yaml.YAMLError as e:
-        raise InputError(f"--set {text!r}: the value is not valid YAML ({e})") from e
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(
+            f"--set {text!r}: the value is not valid YAML ({problem}); quote "
+            "strings with special characters, e.g. --set 'lumi-env.path=[\"/x\"]'"
+        ) from e
     return stage, key, value
 
 

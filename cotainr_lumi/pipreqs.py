@@ -297,6 +297,10 @@ class _Scanner:
             text = path.read_text()
         except OSError as e:
             raise _error(where, f"cannot read {path}: {e.strerror}") from e
+        except UnicodeDecodeError as e:
+            raise _error(
+                where, f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8"
+            ) from e
         rf = ReqFile(path=path, display=str(path), lines=text.splitlines(keepends=True))
         self.active.append(path)
         try:

@@ -396,6 +396,11 @@ def load_steps_file(*, path):
         data = yaml.safe_load(path.read_text())
     except OSError as e:
         raise InputError(f"Cannot read the pip steps file {path}: {e.strerror}.") from e
+    except UnicodeDecodeError as e:
+        raise InputError(
+            f"The pip steps file {path} is not UTF-8 text (byte {e.start}); "
+            "save it as UTF-8."
+        ) from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -157,6 +157,10 @@ def _read_profile_file(path):
         data = yaml.safe_load(Path(path).read_text())
     except OSError as e:
         raise ProfileError(f"cannot read the file: {e.strerror}", file=path) from e
+    except UnicodeDecodeError as e:
+        raise ProfileError(
+            f"not UTF-8 text (byte {e.start}): save it as UTF-8", file=path
+        ) from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

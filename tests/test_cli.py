@@ -167,7 +167,8 @@ def test_set_and_override_options(
 
 
 @pytest.mark.parametrize(
-    "bad", ["provenance.hash-base-image=maybe", "nodot=1", "pip.x=1"]
+    "bad",
+    ["provenance.hash-base-image=maybe", "nodot=1", "pip.x=1", "prune.strict=[1"],
 )
 def test_bad_set_option_is_one_clear_error(tmp_path, mocker, test_profile, bad, capsys):
     with pytest.raises(SystemExit) as info:

@@ -251,3 +251,11 @@ def test_scan_lists_unpinned_vcs_requirements_with_file_and_line(tmp_path, proje
         in (scan.moving_refs[1])
     )
     assert "pin a commit" in scan.moving_refs[1]
+
+
+def test_non_utf8_requirements_file_names_step_and_file(tmp_path, project):
+    (project / "r.txt").write_text("-r latin1.txt\n")
+    (project / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    step = _step(tmp_path, requirements=[project / "r.txt"], base_dir=project)
+    with pytest.raises(InputError, match="latin1.txt is not UTF-8 text"):
+        scan_step(step=step)

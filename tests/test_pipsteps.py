@@ -218,3 +218,11 @@ def test_example_steps_express_the_hand_built_apex_and_deepspeed_steps():
     }
     for step in steps:
         scan_step(step=step)  # every reference is valid
+
+
+def test_non_utf8_steps_file_is_one_clear_error(tmp_path):
+    path = tmp_path / "steps.yml"
+    path.write_bytes("steps:\n  - packages: [caf\xe9]\n".encode("latin-1"))
+    with pytest.raises(InputError, match=r"is not UTF-8 text \(byte 25\)") as info:
+        load_steps_file(path=path)
+    assert str(path) in str(info.value)

@@ -157,3 +157,11 @@ def test_unknown_system_lists_available():
     assert "no-such" in str(info.value)
     assert "lumi-g-ext" in str(info.value) and "lumi-g-ext-rocm-6.0" in str(info.value)
     assert "lumi-g-ext" in info.value.available
+
+
+def test_non_utf8_profile_names_the_file(tmp_path):
+    f = tmp_path / "latin1.yaml"
+    f.write_bytes("systems:\n  caf\xe9: {}\n".encode("latin-1"))
+    with pytest.raises(ProfileError, match="not UTF-8 text") as info:
+        profiles.load_systems(files=[f], include_stock=False)
+    assert str(f) in str(info.value)
