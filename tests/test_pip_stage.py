@@ -190,8 +190,7 @@ def test_no_steps_records_the_package_list_only(tmp_path):
     assert not sandbox.host(WORK_DIR).exists()
 
 
-def test_no_steps_and_no_pip_warns_and_goes_on(tmp_path, mocker, caplog):
-    stage = PipStage(settings={"cache": False})
+def _sandbox_without_python(tmp_path, mocker):
     sandbox = FakeSandbox(tmp_path / "sb", {})
     mocker.patch.object(
         sandbox,
@@ -200,6 +199,12 @@ def test_no_steps_and_no_pip_warns_and_goes_on(tmp_path, mocker, caplog):
             cmd=["bash"], returncode=127, stdout="", stderr="no python on PATH"
         ),
     )
+    return sandbox
+
+
+def test_no_steps_and_no_pip_warns_and_goes_on(tmp_path, mocker, caplog):
+    stage = PipStage(settings={"cache": False})
+    sandbox = _sandbox_without_python(tmp_path, mocker)
     with caplog.at_level("WARNING", logger="cotainr.cotainr_lumi"):
         report = stage.run(context=StageContext(sandbox=sandbox, plan=None))
     assert "No pip steps and no package list" in caplog.text
@@ -417,13 +422,6 @@ def test_changes_that_slip_through_are_caught(inputs, tmp_path):
 
 def test_no_python_in_the_container(inputs, tmp_path, mocker):
     stage = PipStage(settings={"steps": ["torch.txt"]})
-    sandbox = FakeSandbox(tmp_path / "sb", {})
-    mocker.patch.object(
-        sandbox,
-        "run",
-        side_effect=_cotainr.CommandError(
-            cmd=["bash"], returncode=127, stdout="", stderr="no python on PATH"
-        ),
-    )
+    sandbox = _sandbox_without_python(tmp_path, mocker)
     with pytest.raises(StageError, match="no working `python -m pip` in the container"):
         stage.run(context=StageContext(sandbox=sandbox, plan=None))
