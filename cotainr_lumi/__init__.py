@@ -18,8 +18,11 @@ plan(**request)
     Resolve a build into a plan without building.
 """
 
+from . import stages  # noqa: F401  (the built-in stages register themselves)
 from ._version import __version__
 from .api import build, plan
+from .engine.pipeline import BuildResult
+from .engine.stage import Stage, StageContext, StageReport, register_stage
 from .errors import (
     CotainrLumiError,
     ImageExistsError,
@@ -29,8 +32,6 @@ from .errors import (
     UnknownSystemError,
     UnsupportedCotainrError,
 )
-from .pipeline import BuildResult
-from .stage import Stage, StageContext, StageReport, register_stage
 
 __all__ = [
     "__version__",

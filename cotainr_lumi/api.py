@@ -25,8 +25,8 @@ build(**request)
 import logging
 
 from . import _cotainr
-from .pipeline import run_plan
-from .plan import BuildRequest, make_plan
+from .engine.pipeline import run_plan
+from .engine.plan import BuildRequest, make_plan
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -50,7 +50,7 @@ def plan(
 
     Returns
     -------
-    plan : :class:`cotainr_lumi.plan.BuildPlan`
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
         The plan; ``plan.describe()`` is the ``--dry-run`` text.
     """
     _cotainr.check_cotainr_version()
@@ -122,7 +122,7 @@ def build(
 
     Returns
     -------
-    result : :class:`cotainr_lumi.pipeline.BuildResult`
+    result : :class:`cotainr_lumi.engine.pipeline.BuildResult`
         Image path, labels and per-stage reports.
 
     Raises

@@ -31,11 +31,11 @@ import sys
 import yaml
 
 from . import _cotainr
+from .engine.pipeline import run_plan
+from .engine.plan import CANONICAL_STAGE_ORDER, BuildRequest, make_plan
+from .engine.profiles import load_systems
+from .engine.stage import available_stages, get_stage_class
 from .errors import CotainrLumiError, ImageExistsError, InputError
-from .pipeline import run_plan
-from .plan import CANONICAL_STAGE_ORDER, BuildRequest, make_plan
-from .profiles import load_systems
-from .stage import available_stages, get_stage_class
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -325,7 +325,7 @@ class Verify(_cotainr.StockSubcommand):
 
     def execute(self):
         """Execute the "verify" subcommand."""
-        from .verify import verify_image
+        from .verify.checks import verify_image
 
         try:
             report = verify_image(image=self.image)

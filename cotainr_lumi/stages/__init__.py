@@ -2,7 +2,7 @@
 The built-in stages of cotainr-lumi.
 
 Importing this package imports every module in it; each module registers its
-stage(s) with :func:`cotainr_lumi.stage.register_stage`.
+stage(s) with :func:`cotainr_lumi.engine.stage.register_stage`.
 """
 
 import importlib

@@ -30,8 +30,8 @@ import platform
 
 from .. import _cotainr
 from .._version import __version__
-from ..rootfs import write_file_in_root
-from ..stage import Stage, StageReport, register_stage
+from ..engine.rootfs import write_file_in_root
+from ..engine.stage import Stage, StageReport, register_stage
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 

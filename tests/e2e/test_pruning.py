@@ -31,8 +31,8 @@ import pytest
 import yaml
 
 import cotainr_lumi
+from cotainr_lumi.engine.stage import Stage, StageReport, register_stage
 from cotainr_lumi.errors import StageError
-from cotainr_lumi.stage import Stage, StageReport, register_stage
 
 pytestmark = pytest.mark.e2e
 

@@ -1,0 +1,9 @@
+"""
+The engine: what a stage is, how a build is planned and run.
+
+:mod:`.stage` (the stage base class and registry), :mod:`.profiles` (system
+profiles, read from ``systems.yaml`` files), :mod:`.plan` (a build request
+resolved into a plan), :mod:`.pipeline` (runs a plan around cotainr's
+sandbox), :mod:`.rootfs` (paths resolved inside a sandbox, never on the host).
+The engine imports no stage; stages import the engine.
+"""

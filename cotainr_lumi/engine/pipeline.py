@@ -1,0 +1,309 @@
+"""
+Run a build plan: cotainr's sandbox and conda steps, our stages, the image.
+
+The order is cotainr's sandbox creation (and conda install when a conda env
+is given), then the plan's stages in order, then cotainr's metadata and the
+SIF build. The SIF is written next to the target under a temporary name and
+moved into place only when everything succeeded, so a failed build leaves no
+partial image and never touches an existing one.
+
+Classes
+-------
+BuildResult
+    What a build produced.
+
+Functions
+---------
+run_plan(*, plan, log_settings=None)
+    Build the image a plan describes.
+"""
+
+import contextlib
+from dataclasses import dataclass, field
+import logging
+import os
+from pathlib import Path
+import time
+from typing import Optional
+
+from .. import _cotainr
+from ..errors import CotainrLumiError, ImageExistsError, StageError
+from .stage import OUTPUT_MARKER, StageContext, StageReport
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: Bind variables a LUMI bindings module may leave set; they break builds
+#: because the bound host paths do not exist in the image being built.
+BIND_ENV_VARS = (
+    "SINGULARITY_BIND",
+    "SINGULARITY_BINDPATH",
+    "APPTAINER_BIND",
+    "APPTAINER_BINDPATH",
+)
+
+
+@dataclass
+class BuildResult:
+    """
+    What a build produced.
+
+    Attributes
+    ----------
+    image_path : :class:`pathlib.Path`
+        The image (not created for a dry run).
+    system : str or None
+        The system name.
+    base_image : str
+        The base image as given.
+    labels : dict of str to str
+        The labels cotainr-lumi added.
+    reports : list of StageReport
+        One report per stage, in order.
+    duration : float
+        Wall time in seconds.
+    dry_run : bool
+        True if nothing was built.
+    plan_text : str
+        The plan description.
+    """
+
+    image_path: Path
+    system: Optional[str]
+    base_image: str
+    labels: dict[str, str] = field(default_factory=dict)
+    reports: list[StageReport] = field(default_factory=list)
+    duration: float = 0.0
+    dry_run: bool = False
+    plan_text: str = ""
+
+    def report(self, name):
+        """
+        The report of one stage.
+
+        Parameters
+        ----------
+        name : str
+            The stage name.
+
+        Returns
+        -------
+        report : StageReport
+            The report.
+
+        Raises
+        ------
+        KeyError
+            If the stage did not run.
+        """
+        for report in self.reports:
+            if report.name == name:
+                return report
+        raise KeyError(name)
+
+
+@contextlib.contextmanager
+def without_bind_variables():
+    """
+    Unset Apptainer/Singularity bind variables for the duration of a build.
+
+    A LUMI bindings module left loaded sets ``SINGULARITY_BIND`` to host paths
+    (``/var/spool/slurmd`` ...) that the image being built lacks, which makes
+    every ``singularity exec`` of the build fail. They are restored after.
+
+    Yields
+    ------
+    removed : dict
+        The variables that were unset.
+    """
+    removed = {
+        name: os.environ.pop(name) for name in BIND_ENV_VARS if name in os.environ
+    }
+    if removed:
+        logger.warning(
+            "Ignoring %s during the build (bind mounts are for running "
+            "containers, not for building them); they are restored afterwards.",
+            ", ".join(sorted(removed)),
+        )
+    try:
+        yield removed
+    finally:
+        os.environ.update(removed)
+
+
+def _check_outputs(reports):
+    """Collect the host files stages asked for; refuse to clobber foreign files."""
+    outputs = {}
+    for report in reports:
+        wanted = dict(report.outputs)
+        wanted.update((report.details or {}).get("outputs") or {})
+        for path, content in wanted.items():
+            path = Path(path)
+            if OUTPUT_MARKER not in content:
+                raise StageError(
+                    f"output {path} lacks the marker {OUTPUT_MARKER!r}",
+                    stage=report.name,
+                )
+            if path.is_symlink() or (
+                path.exists() and OUTPUT_MARKER not in path.read_text(errors="replace")
+            ):
+                raise StageError(
+                    f"{path} exists and was not written by cotainr-lumi; it is "
+                    "left untouched. Move it away, or choose another output "
+                    "directory for this stage.",
+                    stage=report.name,
+                )
+            ancestor = path.parent
+            while not ancestor.exists() and ancestor != ancestor.parent:
+                ancestor = ancestor.parent
+            if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+                raise StageError(
+                    f"cannot write {path}: {ancestor} is not a writable "
+                    "directory. Choose another output directory for this stage.",
+                    stage=report.name,
+                )
+            outputs[path] = content
+    return outputs
+
+
+def _write_outputs(outputs):
+    """Write the stages' host files (atomically, one by one)."""
+    for path, content in outputs.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        tmp.write_text(content)
+        os.replace(tmp, path)
+        logger.info("Wrote %s", path)
+
+
+def _temporary_image_path(image_path):
+    """A temporary path next to `image_path` (same file system)."""
+    return image_path.with_name(f".{image_path.name}.partial-{os.getpid()}")
+
+
+def run_plan(*, plan, log_settings=None):
+    """
+    Build the image a plan describes.
+
+    Parameters
+    ----------
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+        The plan (from :func:`cotainr_lumi.engine.plan.make_plan`).
+    log_settings : :class:`cotainr.tracing.LogSettings`, optional
+        The log settings for subprocess output.
+
+    Returns
+    -------
+    result : BuildResult
+        What was built.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.CotainrLumiError`
+        If the image exists without force, or any step fails. No image is
+        written then and an existing image is left untouched.
+    """
+    t_start = time.time()
+    result = BuildResult(
+        image_path=plan.image_path,
+        system=plan.system.name if plan.system else None,
+        base_image=plan.base_image.given,
+        plan_text=plan.describe(),
+    )
+    if plan.request.dry_run:
+        result.dry_run = True
+        return result
+    if plan.image_exists and not plan.request.force:
+        raise ImageExistsError(
+            f"The image {plan.image_path} already exists. Pass --force "
+            "(force=True) to replace it, or choose another path."
+        )
+    tmp_image = _temporary_image_path(plan.image_path)
+    current = "cotainr:sandbox"
+    try:
+        with without_bind_variables(), _cotainr.console_spinner():
+            base = plan.base_image
+            if base.is_local_file and base.resolved != os.path.abspath(base.given):
+                logger.info(
+                    "Base image %s is a link to %s; building from %s (links "
+                    "such as LUMI's sif-images/ change without notice)",
+                    base.given,
+                    base.resolved,
+                    base.resolved,
+                )
+            logger.info("Creating Singularity Sandbox")
+            # Build from the resolved path so the image recorded in the
+            # provenance labels is the one really used.
+            with _cotainr.Sandbox(
+                base_image=plan.base_image.resolved, log_settings=log_settings
+            ) as sandbox:
+                if plan.conda_env is not None:
+                    current = "cotainr:conda"
+                    _cotainr.install_conda_env(
+                        sandbox=sandbox,
+                        conda_env=plan.conda_env,
+                        accept_licenses=plan.request.accept_licenses,
+                        log_settings=log_settings,
+                    )
+                context = StageContext(sandbox=sandbox, plan=plan)
+                for stage in plan.stages:
+                    current = stage.name
+                    logger.info("Running stage: %s", stage.name)
+                    t_stage = time.time()
+                    report = stage.run(context=context)
+                    report.duration = time.time() - t_stage
+                    context.reports.append(report)
+                    context.labels.update(report.labels)
+                    logger.info(
+                        "Finished stage %s in %.1f s%s",
+                        stage.name,
+                        report.duration,
+                        f": {report.summary}" if report.summary else "",
+                    )
+                current = "cotainr:image"
+                outputs = _check_outputs(context.reports)
+                logger.info("Adding metadata to container")
+                sandbox.add_metadata(labels=context.labels)
+                logger.info("Building container image")
+                sandbox.build_image(path=tmp_image)
+                os.replace(tmp_image, plan.image_path)
+                current = "outputs"
+                _write_outputs(outputs)
+    except CotainrLumiError:
+        raise
+    except _cotainr.CommandError as e:
+        raise StageError(str(e), stage=current, details=e.error_lines()) from e
+    except FileNotFoundError as e:
+        if e.filename == "singularity":
+            raise StageError(
+                "the 'singularity' command was not found. Install Apptainer "
+                "(or SingularityCE) so that 'singularity' is on PATH; on this "
+                "project's test machines run scripts/provision-apptainer.sh.",
+                stage=current,
+            ) from e
+        raise StageError(str(e), stage=current) from e
+    except (OSError, ValueError, RuntimeError) as e:
+        details = None
+        cause = e.__cause__
+        if cause is not None and getattr(cause, "stderr", None):
+            details = "\n".join(cause.stderr.splitlines()[-20:])
+        raise StageError(str(e), stage=current, details=details) from e
+    except Exception as e:
+        logger.debug("Unexpected error in %s", current, exc_info=True)
+        raise StageError(
+            f"unexpected {type(e).__name__}: {e}. This is a bug in cotainr-lumi "
+            "or a plugin stage; please report it with the output of -vvv.",
+            stage=current,
+        ) from e
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_image.unlink()
+
+    result.labels = dict(context.labels)
+    result.reports = list(context.reports)
+    result.duration = time.time() - t_start
+    logger.info(
+        "Finished building %s in %s",
+        plan.image_path,
+        time.strftime("%H:%M:%S", time.gmtime(result.duration)),
+    )
+    return result

@@ -1,0 +1,374 @@
+"""
+Build requests and the resolved build plan.
+
+A :class:`BuildRequest` is what the user asked for (command line or Python
+API); :func:`make_plan` checks it against the system profiles and yields a
+:class:`BuildPlan`: the base image, the stages in order with their settings,
+and whether the build is an extended (cotainr-lumi) build or a stock cotainr
+build. :meth:`BuildPlan.describe` is the ``--dry-run`` output.
+
+Classes
+-------
+BuildRequest
+    What the user asked for.
+BuildPlan
+    The resolved plan.
+BaseImage
+    The base image as given and as resolved.
+
+Functions
+---------
+make_plan(*, request, systems=None)
+    Resolve a request into a plan.
+"""
+
+import copy
+from dataclasses import dataclass, field
+import logging
+import os
+from pathlib import Path
+import re
+from typing import Any, Optional
+
+from ..errors import InputError
+from .profiles import SystemProfile, get_system, load_systems, merge_mappings
+from .stage import Stage, get_stage_class
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The order stages take when a --base-image build asks for some of them.
+CANONICAL_STAGE_ORDER = ("pip", "prune", "lumi-env", "provenance")
+
+_URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+@dataclass
+class BuildRequest:
+    """
+    What the user asked for.
+
+    Attributes
+    ----------
+    image_path : os.PathLike
+        The image to build.
+    system : str, optional
+        A system name (exclusive with `base_image`).
+    base_image : str, optional
+        A base image build spec for a build without a system.
+    base_image_override : str, optional
+        Replaces the system's base image (e.g. a user's own copy).
+    conda_env : os.PathLike, optional
+        A conda environment file for cotainr's conda step.
+    settings : dict, optional
+        Stage settings overriding the profile's, per stage name.
+    skip_stages : tuple of str
+        Stages of the system not to run.
+    force : bool
+        Overwrite an existing image.
+    dry_run : bool
+        Only describe the plan.
+    accept_licenses : bool
+        Accept the Miniforge licence (cotainr's conda step).
+    """
+
+    image_path: Any
+    system: Optional[str] = None
+    base_image: Optional[str] = None
+    base_image_override: Optional[str] = None
+    conda_env: Any = None
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skip_stages: tuple[str, ...] = ()
+    force: bool = False
+    dry_run: bool = False
+    accept_licenses: bool = False
+
+
+@dataclass
+class BaseImage:
+    """
+    The base image as given and as resolved.
+
+    Attributes
+    ----------
+    given : str
+        As written in the profile or on the command line.
+    resolved : str
+        The real path behind symlinks for a local file, else `given`.
+    is_local_file : bool
+        Whether it is a file on this machine.
+    """
+
+    given: str
+    resolved: str
+    is_local_file: bool
+
+    @classmethod
+    def from_spec(cls, spec):
+        """
+        Resolve a base image spec.
+
+        Parameters
+        ----------
+        spec : str
+            A local path or an Apptainer build spec (``docker://...``).
+
+        Returns
+        -------
+        base_image : BaseImage
+            The resolved base image.
+        """
+        spec = str(spec)
+        if _URI_RE.match(spec):
+            return cls(given=spec, resolved=spec, is_local_file=False)
+        path = Path(spec).expanduser()
+        if path.is_file():
+            return cls(given=spec, resolved=os.path.realpath(path), is_local_file=True)
+        return cls(given=spec, resolved=spec, is_local_file=False)
+
+
+@dataclass
+class BuildPlan:
+    """
+    The resolved plan.
+
+    Attributes
+    ----------
+    request : BuildRequest
+        The request it was made from.
+    image_path : :class:`pathlib.Path`
+        The absolute image path.
+    system : SystemProfile or None
+        The system (None for a ``--base-image`` build).
+    base_image : BaseImage
+        The base image.
+    conda_env : :class:`pathlib.Path` or None
+        The conda environment file.
+    stages : list of Stage
+        The stages to run, in order.
+    skipped : list of str
+        Stages of the system that will not run, with the reason.
+    extended : bool
+        False when stock cotainr builds the image unchanged.
+    image_exists : bool
+        Whether `image_path` exists now.
+    """
+
+    request: BuildRequest
+    image_path: Path
+    system: Optional[SystemProfile]
+    base_image: BaseImage
+    conda_env: Optional[Path]
+    stages: list[Stage]
+    skipped: list[str]
+    extended: bool
+    image_exists: bool
+
+    @property
+    def stage_names(self):
+        """The names of the stages to run, in order."""
+        return [stage.name for stage in self.stages]
+
+    @property
+    def target_environment(self):
+        """
+        Where Python packages go in this build, in words.
+
+        Returns
+        -------
+        text : str
+            The conda env cotainr creates, or the base image's active env.
+        """
+        from .._cotainr import CONDA_ENV_NAME, CONDA_PREFIX
+
+        if self.conda_env is not None:
+            return (
+                f"the conda env cotainr creates from {self.conda_env.name} "
+                f"({CONDA_PREFIX}/envs/{CONDA_ENV_NAME})"
+            )
+        return (
+            "the Python environment the base image activates "
+            "(its `python`/`pip` on PATH at container start)"
+        )
+
+    def describe(self):
+        """
+        The dry-run description of the plan.
+
+        Returns
+        -------
+        text : str
+            Several lines.
+        """
+        lines = ["cotainr-lumi build plan (dry run: nothing is built)"]
+        exists = ""
+        if self.image_exists:
+            exists = (
+                " (exists: will be replaced when the build succeeds)"
+                if self.request.force
+                else " (exists: the build will refuse; pass --force to overwrite)"
+            )
+        lines.append(f"  image:      {self.image_path}{exists}")
+        if self.system is not None:
+            kind = "stock cotainr system" if self.system.stock else "profile"
+            lines.append(
+                f"  system:     {self.system.name} ({kind}: "
+                f"{', '.join(self.system.sources)})"
+            )
+        else:
+            lines.append("  system:     none (--base-image)")
+        lines.append(f"  base image: {self.base_image.given}")
+        if self.base_image.is_local_file:
+            if self.base_image.resolved != os.path.abspath(self.base_image.given):
+                lines.append(f"    resolved: {self.base_image.resolved}")
+        elif not _URI_RE.match(self.base_image.given):
+            lines.append("    (not a file on this machine: the build will fail here)")
+        lines.append(
+            "  conda env:  " + (str(self.conda_env) if self.conda_env else "none")
+        )
+        lines.append(f"  target env: {self.target_environment}")
+        mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
+        lines.append(f"  pipeline:   {mode}")
+        step = 1
+        lines.append(f"  {step}. cotainr: create the sandbox from the base image")
+        if self.conda_env is not None:
+            step += 1
+            lines.append(
+                f"  {step}. cotainr: install the conda env {self.conda_env.name}"
+            )
+        for stage in self.stages:
+            step += 1
+            lines.append(f"  {step}. {stage.name}")
+            for detail in stage.describe(plan=self):
+                lines.append(f"       {detail}")
+        step += 1
+        lines.append(
+            f"  {step}. cotainr: add metadata labels and build the SIF "
+            "(written next to the target, moved into place on success)"
+        )
+        for reason in self.skipped:
+            lines.append(f"  skipped: {reason}")
+        return "\n".join(lines)
+
+
+def make_plan(*, request, systems=None):
+    """
+    Resolve a request into a plan.
+
+    Parameters
+    ----------
+    request : BuildRequest
+        What the user asked for.
+    systems : dict, optional
+        The systems (default: :func:`cotainr_lumi.engine.profiles.load_systems`).
+
+    Returns
+    -------
+    plan : BuildPlan
+        The plan.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.CotainrLumiError`
+        For an unknown system, an invalid profile or invalid inputs.
+    """
+    if (request.system is None) == (request.base_image is None):
+        raise InputError(
+            "Give exactly one of a system (--system) and a base image (--base-image)."
+        )
+    image_path = Path(request.image_path).expanduser().resolve()
+    if image_path.is_dir():
+        raise InputError(
+            f"The image path {image_path} is a directory; give a file name "
+            "such as my-image.sif."
+        )
+    if not image_path.parent.is_dir():
+        raise InputError(
+            f"The directory of the image path does not exist: {image_path.parent}. "
+            "Create it first."
+        )
+    conda_env = None
+    if request.conda_env is not None:
+        conda_env = Path(request.conda_env).expanduser().resolve()
+        if not conda_env.is_file():
+            raise InputError(f"The conda environment file {conda_env} does not exist.")
+
+    overrides = copy.deepcopy(request.settings or {})
+    if not isinstance(overrides, dict) or not all(
+        isinstance(v, dict) for v in overrides.values()
+    ):
+        raise InputError(
+            "Stage settings must map stage names to mappings, e.g. "
+            "{'pip': {'requirements': ['req.txt']}}."
+        )
+
+    system = None
+    if request.system is not None:
+        systems = load_systems() if systems is None else systems
+        system = get_system(name=request.system, systems=systems)
+        stage_names = list(system.stages)
+        base_spec = request.base_image_override or system.base_image
+        extended = not system.stock or bool(overrides)
+        if system.stock and overrides:
+            stage_names = [s for s in CANONICAL_STAGE_ORDER if s in overrides]
+            if "provenance" not in stage_names:
+                stage_names.append("provenance")
+    else:
+        base_spec = request.base_image
+        if request.base_image_override:
+            raise InputError(
+                "--base-image-override only applies to --system builds; "
+                "use --base-image alone."
+            )
+        extended = bool(overrides)
+        stage_names = [s for s in CANONICAL_STAGE_ORDER if s in overrides]
+        if extended and "provenance" not in stage_names:
+            stage_names.append("provenance")
+
+    unknown = [name for name in overrides if name not in stage_names]
+    if unknown:
+        raise InputError(
+            f"Settings were given for stage(s) {', '.join(sorted(unknown))}, "
+            f"which this build does not run (its stages: "
+            f"{', '.join(stage_names) or 'none'})."
+        )
+    for name in request.skip_stages:
+        if name not in stage_names:
+            raise InputError(
+                f"Cannot skip stage {name!r}: this build's stages are "
+                f"{', '.join(stage_names) or 'none'}."
+            )
+
+    stages = []
+    skipped = []
+    for name in stage_names:
+        if name in request.skip_stages:
+            skipped.append(f"{name} (skipped on request)")
+            continue
+        stage_cls = get_stage_class(name)
+        profile_settings = system.stage_settings(name) if system is not None else {}
+        settings = merge_mappings(profile_settings, overrides.get(name, {}))
+        problems = stage_cls.validate_settings(settings=settings)
+        if problems:
+            key, message = problems[0]
+            raise InputError(f"Invalid setting {name}.{key}: {message}")
+        stages.append(stage_cls(settings=settings))
+
+    plan = BuildPlan(
+        request=request,
+        image_path=image_path,
+        system=system,
+        base_image=BaseImage.from_spec(base_spec),
+        conda_env=conda_env,
+        stages=stages,
+        skipped=skipped,
+        extended=extended,
+        image_exists=image_path.exists(),
+    )
+    kept = []
+    for stage in plan.stages:
+        if stage.enabled(plan=plan):
+            kept.append(stage)
+        else:
+            plan.skipped.append(f"{stage.name} (disabled by its settings)")
+    plan.stages = kept
+    return plan

@@ -1,0 +1,402 @@
+"""
+System profiles: the systems cotainr-lumi builds for, defined as data.
+
+Profiles are YAML files. They are read in this order, later files adding
+systems or overriding keys of earlier ones (mappings are merged key by key,
+other values replaced):
+
+1. ``systems.yaml`` shipped in this package (``lumi-g-ext`` and its ROCm
+   variants);
+2. the user file ``$XDG_CONFIG_HOME/cotainr-lumi/systems.yaml`` (default
+   ``~/.config/cotainr-lumi/systems.yaml``);
+3. every file in the colon-separated ``COTAINR_LUMI_SYSTEMS`` (site files,
+   e.g. set by a LUMI module), in order.
+
+The systems of cotainr's own ``systems.json`` stay available as *stock*
+systems (built by stock cotainr) unless a profile defines the same name.
+
+File format::
+
+    systems:
+      my-system:
+        extends: lumi-g-ext          # optional: start from another system
+        description: One line for 'cotainr info'
+        base-image: /path/to/base.sif
+        rocm-version: "6.2"          # the base image's ROCm major.minor
+        stages: [pip, prune, lumi-env, provenance]
+        settings:                    # per stage name
+          provenance: {hash-base-image: true}
+
+Classes
+-------
+SystemProfile
+    A resolved system.
+
+Functions
+---------
+profile_files()
+    The profile files read, in order.
+load_systems(*, files=None, include_stock=True)
+    Read, merge, resolve and validate all systems.
+get_system(*, name, systems=None)
+    Look up one system, with a helpful error.
+"""
+
+import copy
+from dataclasses import dataclass, field
+import logging
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from ..errors import ProfileError, UnknownSystemError
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The profile file shipped in the package.
+PACKAGED_PROFILE = Path(__file__).parent.parent / "systems.yaml"
+#: The environment variable naming site/user profile files.
+PROFILES_ENV_VAR = "COTAINR_LUMI_SYSTEMS"
+
+_SYSTEM_KEYS = {
+    "extends",
+    "description",
+    "base-image",
+    "rocm-version",
+    "stages",
+    "settings",
+}
+
+
+@dataclass(frozen=True)
+class SystemProfile:
+    """
+    A resolved system.
+
+    Attributes
+    ----------
+    name : str
+        The system name (``--system``).
+    base_image : str
+        The base image build spec.
+    description : str
+        One line for ``cotainr info``.
+    stages : tuple of str
+        The stage names, in the order they run.
+    settings : dict
+        Settings per stage name.
+    rocm_version : str or None
+        The base image's ROCm major.minor, if the profile states it.
+    sources : tuple of str
+        The files that define or change the system.
+    stock : bool
+        True for a system from cotainr's own ``systems.json``.
+    """
+
+    name: str
+    base_image: str
+    description: str = ""
+    stages: tuple[str, ...] = ()
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rocm_version: Optional[str] = None
+    sources: tuple[str, ...] = ()
+    stock: bool = False
+
+    def stage_settings(self, name):
+        """
+        The settings of one stage.
+
+        Parameters
+        ----------
+        name : str
+            The stage name.
+
+        Returns
+        -------
+        settings : dict
+            A copy (empty when the profile gives none).
+        """
+        return copy.deepcopy(self.settings.get(name, {}))
+
+
+def profile_files():
+    """
+    The profile files read, in order.
+
+    Returns
+    -------
+    files : list of :class:`pathlib.Path`
+        The packaged file, the user file if it exists, then the files of
+        ``COTAINR_LUMI_SYSTEMS`` (which must exist).
+    """
+    files = [PACKAGED_PROFILE]
+    config_home = os.environ.get("XDG_CONFIG_HOME") or os.path.join(
+        os.path.expanduser("~"), ".config"
+    )
+    user_file = Path(config_home) / "cotainr-lumi" / "systems.yaml"
+    if user_file.is_file():
+        files.append(user_file)
+    for entry in os.environ.get(PROFILES_ENV_VAR, "").split(":"):
+        if entry.strip():
+            path = Path(entry).expanduser()
+            if not path.is_file():
+                raise ProfileError(
+                    f"{PROFILES_ENV_VAR} names {entry!r}, which is not a file. "
+                    f"Fix or unset {PROFILES_ENV_VAR}.",
+                    file=entry,
+                )
+            files.append(path)
+    return files
+
+
+def _read_profile_file(path):
+    """Parse one profile file into ``{name: raw mapping}``."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise ProfileError(f"cannot read the file: {e.strerror}", file=path) from e
+    except UnicodeDecodeError as e:
+        raise ProfileError(
+            f"not UTF-8 text (byte {e.start}): save it as UTF-8", file=path
+        ) from e
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ProfileError(f"not valid YAML{where}: {problem}", file=path) from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or set(data) - {"systems", "version"}:
+        raise ProfileError(
+            "the top level must be a mapping with a 'systems' key "
+            "(and optionally 'version')",
+            file=path,
+        )
+    systems = data.get("systems") or {}
+    if not isinstance(systems, dict):
+        raise ProfileError("'systems' must be a mapping", file=path, key="systems")
+    for name, raw in systems.items():
+        if not isinstance(name, str) or not name.strip():
+            raise ProfileError(f"invalid system name {name!r}", file=path)
+        if not isinstance(raw, dict):
+            raise ProfileError(
+                "a system must be a mapping of keys", file=path, system=name
+            )
+        unknown = set(raw) - _SYSTEM_KEYS
+        if unknown:
+            raise ProfileError(
+                f"unknown key (known keys: {', '.join(sorted(_SYSTEM_KEYS))})",
+                file=path,
+                system=name,
+                key=sorted(unknown)[0],
+            )
+    return systems
+
+
+def merge_mappings(base, over):
+    """
+    Merge mapping `over` into a copy of `base`.
+
+    Nested mappings are merged key by key; other values are replaced.
+
+    Parameters
+    ----------
+    base, over : mapping
+        The mappings.
+
+    Returns
+    -------
+    merged : dict
+        A new mapping (deep copies of the values).
+    """
+    result = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merge_mappings(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def load_systems(*, files=None, include_stock=True):
+    """
+    Read, merge, resolve and validate all systems.
+
+    Parameters
+    ----------
+    files : list of os.PathLike, optional
+        The profile files, in order (default: :func:`profile_files`).
+    include_stock : bool, default=True
+        Whether to add cotainr's own systems.
+
+    Returns
+    -------
+    systems : dict of str to SystemProfile
+        All systems by name.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.ProfileError`
+        If a file or a system is invalid (the message names file, system and
+        key).
+    """
+    files = profile_files() if files is None else [Path(f) for f in files]
+    raw = {}
+    sources = {}
+    for path in files:
+        for name, definition in _read_profile_file(path).items():
+            raw[name] = merge_mappings(raw.get(name, {}), definition)
+            sources.setdefault(name, []).append(str(path))
+
+    systems = {}
+    if include_stock:
+        from .. import _cotainr
+
+        for name, definition in _cotainr.stock_systems().items():
+            if name not in raw:
+                systems[name] = SystemProfile(
+                    name=name,
+                    base_image=str(definition["base-image"]),
+                    description="stock cotainr system",
+                    sources=(str(_cotainr.stock_systems_file()),),
+                    stock=True,
+                )
+
+    for name in raw:
+        systems[name] = _resolve(name=name, raw=raw, sources=sources)
+    return systems
+
+
+def _resolve(*, name, raw, sources, chain=()):
+    """Resolve `extends` and validate one system."""
+    where = {"file": sources[name][-1], "system": name}
+    if name in chain:
+        cycle = " -> ".join((*chain, name))
+        raise ProfileError(f"'extends' forms a cycle: {cycle}", key="extends", **where)
+    definition = raw[name]
+    parent = definition.get("extends")
+    if parent is not None:
+        if parent not in raw:
+            raise ProfileError(
+                f"extends unknown system {parent!r} (profile systems: "
+                f"{', '.join(sorted(raw))})",
+                key="extends",
+                **where,
+            )
+        base = _resolve(name=parent, raw=raw, sources=sources, chain=(*chain, name))
+        merged = merge_mappings(
+            {
+                "description": base.description,
+                "base-image": base.base_image,
+                "rocm-version": base.rocm_version,
+                "stages": list(base.stages),
+                "settings": base.settings,
+            },
+            {k: v for k, v in definition.items() if k != "extends"},
+        )
+    else:
+        merged = definition
+    return _validate(name=name, merged=merged, sources=sources[name], where=where)
+
+
+def _validate(*, name, merged, sources, where):
+    """Check the keys of a resolved system and build its SystemProfile."""
+    from .stage import available_stages, get_stage_class
+
+    base_image = merged.get("base-image")
+    if not isinstance(base_image, str) or not base_image.strip():
+        raise ProfileError(
+            "'base-image' is required and must be a non-empty string "
+            "(a .sif path or an Apptainer build spec such as docker://...)",
+            key="base-image",
+            **where,
+        )
+    description = merged.get("description") or ""
+    if not isinstance(description, str):
+        raise ProfileError("must be a string", key="description", **where)
+    rocm = merged.get("rocm-version")
+    if rocm is not None:
+        rocm = str(rocm)
+        parts = rocm.split(".")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise ProfileError(
+                f'must be a ROCm major.minor such as "6.2" (got {rocm!r})',
+                key="rocm-version",
+                **where,
+            )
+    stages = merged.get("stages") or []
+    if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):
+        raise ProfileError("must be a list of stage names", key="stages", **where)
+    known = available_stages()
+    for stage_name in stages:
+        if stage_name not in known:
+            raise ProfileError(
+                f"unknown stage {stage_name!r} (available stages: {', '.join(known)})",
+                key="stages",
+                **where,
+            )
+    if len(set(stages)) != len(stages):
+        raise ProfileError("a stage is listed twice", key="stages", **where)
+    settings = merged.get("settings") or {}
+    if not isinstance(settings, dict):
+        raise ProfileError("must be a mapping of stage names", key="settings", **where)
+    for stage_name, stage_settings in settings.items():
+        if stage_name not in known:
+            raise ProfileError(
+                f"settings for unknown stage (available stages: {', '.join(known)})",
+                key=f"settings.{stage_name}",
+                **where,
+            )
+        if stage_settings is None:
+            stage_settings = settings[stage_name] = {}
+        if not isinstance(stage_settings, dict):
+            raise ProfileError(
+                "stage settings must be a mapping",
+                key=f"settings.{stage_name}",
+                **where,
+            )
+        problems = get_stage_class(stage_name).validate_settings(
+            settings=stage_settings
+        )
+        if problems:
+            key, message = problems[0]
+            raise ProfileError(message, key=f"settings.{stage_name}.{key}", **where)
+    return SystemProfile(
+        name=name,
+        base_image=base_image,
+        description=description,
+        stages=tuple(stages),
+        settings=copy.deepcopy(settings),
+        rocm_version=rocm,
+        sources=tuple(sources),
+    )
+
+
+def get_system(*, name, systems=None):
+    """
+    Look up one system, with a helpful error.
+
+    Parameters
+    ----------
+    name : str
+        The system name.
+    systems : dict, optional
+        The systems (default: :func:`load_systems`).
+
+    Returns
+    -------
+    system : SystemProfile
+        The system.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.UnknownSystemError`
+        If there is no such system (the message lists the available ones).
+    """
+    systems = load_systems() if systems is None else systems
+    try:
+        return systems[name]
+    except KeyError:
+        raise UnknownSystemError(name, available=list(systems)) from None

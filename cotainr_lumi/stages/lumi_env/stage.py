@@ -1,0 +1,610 @@
+"""
+The lumi-env stage: LUMI runtime settings, runscripts, binds and module file.
+
+The hand-built LUMI images get their runtime setup from baked Docker ``ENV``
+lines and an EasyBuild module. This stage puts into the image what can live
+there and describes, next to the image, what cannot (bind mounts):
+
+- ``/.singularity.d/env/93-cotainr-lumi-env.sh`` (sourced after cotainr's
+  ``92-cotainr-env.sh``): the profile's environment variables as *defaults*
+  (a host ``export`` or ``APPTAINERENV_NAME``/``SINGULARITYENV_NAME`` wins),
+  the MIOpen cache on node-local ``/tmp``, ROCm and aws-ofi-rccl search path
+  entries when missing, ``/runscripts`` on ``PATH`` and ``WITH_CONDA``.
+- ``/runscripts/{conda-python-simple,conda-python-distributed,get-master,
+  init-user-venv}``.
+- ``/opt/cotainr-lumi/with-conda.sh``: what ``$WITH_CONDA`` runs (activates
+  the image's Python environment; a no-op when it is active).
+- Labels ``cotainr-lumi.binds``, ``cotainr-lumi.env-file``,
+  ``cotainr-lumi.env``, ``cotainr-lumi.runscripts``.
+- Next to the image (``report.outputs``, written by the pipeline once the
+  image is in place): an Lmod module file
+  ``NAME.lua`` and a shell snippet ``NAME.sh`` setting ``SIF``,
+  ``SINGULARITY_BIND``, ``RUNSCRIPTS`` and ``SINGULARITYENV_PREPEND_PATH``.
+
+Classes
+-------
+LumiEnvStage
+    The stage.
+"""
+
+import importlib.resources
+import logging
+import os
+from pathlib import Path, PurePosixPath
+import shlex
+
+from ... import _cotainr
+from ...engine.rootfs import resolve_in_root, write_file_in_root
+from ...engine.stage import Stage, StageReport, register_stage
+from ...errors import InputError, StageError
+from .envfile import (
+    EnvError,
+    computed_default,
+    default_assignments,
+    forced_assignment,
+    path_addition,
+    render_env_file,
+    validate_name,
+    validate_path_entry,
+    validate_value,
+)
+from .modulefile import (
+    check_image_path,
+    render_lua,
+    render_shell,
+    validate_bind,
+)
+
+__all__ = ["LumiEnvStage"]
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The env file in the image (after cotainr's 92-cotainr-env.sh).
+ENV_FILE = "/.singularity.d/env/93-cotainr-lumi-env.sh"
+#: Where the runscripts go in the image.
+RUNSCRIPTS_DIR = "/runscripts"
+#: The runscripts shipped in ``cotainr_lumi/runscripts/``.
+RUNSCRIPTS = (
+    "conda-python-simple",
+    "conda-python-distributed",
+    "get-master",
+    "init-user-venv",
+)
+#: The script ``$WITH_CONDA`` sources.
+WITH_CONDA_FILE = "/opt/cotainr-lumi/with-conda.sh"
+#: The value of ``WITH_CONDA`` (works as ``$WITH_CONDA`` and ``eval``).
+WITH_CONDA_VALUE = f". {WITH_CONDA_FILE}"
+
+#: ROCm directories added to the search paths when present in the image.
+ROCM_ROOT = "/opt/rocm"
+#: Where aws-ofi-rccl's ``librccl-net.so`` may be, first match wins.
+AWS_OFI_RCCL_DIRS = (
+    "/opt/aws-ofi-rccl",
+    "/opt/aws-ofi-rccl/lib",
+    "/opt/aws-ofi-rccl/lib64",
+)
+
+#: The MIOpen cache directory, computed at run time (the one value of the env
+#: file that is not a literal). Node-local /tmp, per user. Host variables such
+#: as $USER or $SLURM_NODEID are hidden from Apptainer env scripts, so the user
+#: name comes from `id`; its output is not evaluated (double quotes).
+MIOPEN_CACHE_EXPRESSION = '"/tmp/$(id -un 2>/dev/null || id -u)-miopen-cache"'
+
+_PROBE_SCRIPT = r"""
+printf 'prefix=%s\n' "$(python -c 'import sys; print(sys.prefix)' 2>/dev/null || true)"
+printf 'conda_prefix=%s\n' "${CONDA_PREFIX:-}"
+printf 'conda_exe=%s\n' "${CONDA_EXE:-}"
+printf 'conda_env=%s\n' "${CONDA_DEFAULT_ENV:-}"
+"""
+
+
+def _runscript_text(name):
+    """The text of a shipped runscript."""
+    return (importlib.resources.files(__package__) / "runscripts" / name).read_text()
+
+
+def _directory_problem(directory):
+    """Why `directory` cannot hold the module files (None if it can)."""
+    if directory.exists():
+        if not directory.is_dir():
+            return f"{directory} exists and is not a directory"
+        if not os.access(directory, os.W_OK | os.X_OK):
+            return f"{directory} is not writable"
+        return None
+    ancestor = directory.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"cannot create {directory}: {ancestor} is not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot create {directory}: {ancestor} is not writable"
+    return None
+
+
+def _check_env_mapping(env, *, key="env"):
+    """Problems of an ``env`` setting: (key, message) pairs."""
+    if not isinstance(env, dict):
+        return [(key, f"must map variable names to values (got {env!r})")]
+    problems = []
+    for name, value in env.items():
+        try:
+            validate_name(name)
+            if value is not None:
+                validate_value(name=name, value=value)
+        except EnvError as e:
+            problems.append((f"{key}.{name}", str(e)))
+    return problems
+
+
+def _check_list(settings, key, check):
+    value = settings.get(key, [])
+    if not isinstance(value, list):
+        return [(key, f"must be a list (got {value!r})")]
+    problems = []
+    for item in value:
+        try:
+            check(item)
+        except ValueError as e:
+            problems.append((key, str(e)))
+    return problems
+
+
+@register_stage
+class LumiEnvStage(Stage):
+    """Inject LUMI runtime settings, runscripts and bind information."""
+
+    name = "lumi-env"
+    defaults = {
+        "env": {},
+        "miopen-cache": True,
+        "rocm-paths": True,
+        "path": [],
+        "ld-library-path": [],
+        "runscripts": True,
+        "with-conda": True,
+        "binds": [],
+        "module-file": True,
+        "module-dir": None,
+        "module-name": None,
+    }
+
+    # ------------------------------------------------------------------ settings
+    @classmethod
+    def validate_settings(cls, *, settings):
+        """Check the settings: names, values, paths, binds and types."""
+        problems = super().validate_settings(settings=settings)
+        problems += _check_env_mapping(settings.get("env", {}))
+        for key in (
+            "miopen-cache",
+            "rocm-paths",
+            "runscripts",
+            "with-conda",
+            "module-file",
+        ):
+            value = settings.get(key, True)
+            if not isinstance(value, bool):
+                problems.append((key, f"must be true or false (got {value!r})"))
+        for key, var in (("path", "PATH"), ("ld-library-path", "LD_LIBRARY_PATH")):
+            problems += _check_list(
+                settings, key, lambda e, var=var: validate_path_entry(name=var, entry=e)
+            )
+        problems += _check_list(settings, "binds", validate_bind)
+        module_dir = settings.get("module-dir")
+        if module_dir is not None and not isinstance(module_dir, str):
+            problems.append(
+                ("module-dir", f"must be a directory path or null (got {module_dir!r})")
+            )
+        elif module_dir:
+            problem = _directory_problem(Path(module_dir).expanduser())
+            if problem:
+                problems.append(("module-dir", problem))
+        module_name = settings.get("module-name")
+        if module_name is not None and (
+            not isinstance(module_name, str)
+            or not module_name
+            or "/" in module_name
+            or module_name.startswith(".")
+        ):
+            problems.append(
+                (
+                    "module-name",
+                    f"must be a file name without '/' or null (got {module_name!r})",
+                )
+            )
+        return problems
+
+    @classmethod
+    def add_arguments(cls, *, parser):
+        """Add ``--env``, ``--unset-env``, ``--module-dir``, ``--no-module-file``."""
+        parser.add_argument(
+            "--env",
+            dest="lumi_env_set",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="lumi-env: set a default environment variable in the image "
+            "(overridable at run time; repeatable)",
+        )
+        parser.add_argument(
+            "--unset-env",
+            dest="lumi_env_unset",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="lumi-env: drop a variable the system profile would set (repeatable)",
+        )
+        parser.add_argument(
+            "--module-dir",
+            dest="lumi_env_module_dir",
+            default=None,
+            metavar="DIR",
+            help="lumi-env: where to write the Lmod module file and shell "
+            "snippet (default: next to the image)",
+        )
+        parser.add_argument(
+            "--no-module-file",
+            dest="lumi_env_no_module_file",
+            action="store_true",
+            default=None,
+            help="lumi-env: do not write a module file and shell snippet",
+        )
+
+    @classmethod
+    def settings_from_args(cls, *, args):
+        """Turn ``--env``/``--unset-env``/``--module-dir``/``--no-module-file`` into settings."""
+        overrides = {}
+        env = {}
+        for text in getattr(args, "lumi_env_set", None) or []:
+            name, sep, value = text.partition("=")
+            if not sep:
+                raise InputError(
+                    f"--env {text!r}: expected NAME=VALUE (use --unset-env NAME "
+                    "to drop a profile default)"
+                )
+            try:
+                validate_name(name)
+            except EnvError as e:
+                raise InputError(f"--env {text!r}: {e}") from None
+            env[name] = value
+        for name in getattr(args, "lumi_env_unset", None) or []:
+            env[name] = None
+        if env:
+            overrides["env"] = env
+        module_dir = getattr(args, "lumi_env_module_dir", None)
+        if module_dir is not None:
+            overrides["module-dir"] = module_dir
+        if getattr(args, "lumi_env_no_module_file", None):
+            overrides["module-file"] = False
+        return overrides
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def env(self):
+        """The variables set as defaults (``None`` values dropped)."""
+        return {
+            k: v for k, v in (self.settings.get("env") or {}).items() if v is not None
+        }
+
+    def _module_paths(self, *, image_path):
+        """(lua, shell) paths next to the image, or None when disabled."""
+        if not self.settings["module-file"]:
+            return None
+        image_path = Path(image_path)
+        directory = self.settings.get("module-dir")
+        directory = (
+            Path(directory).expanduser().resolve() if directory else image_path.parent
+        )
+        name = self.settings.get("module-name") or image_path.stem
+        return directory / f"{name}.lua", directory / f"{name}.sh"
+
+    def _module_name(self, *, image_path):
+        return self.settings.get("module-name") or Path(image_path).stem
+
+    def run_hint(self, *, image_path):
+        """
+        The command to run the image on LUMI.
+
+        Parameters
+        ----------
+        image_path : os.PathLike
+            The image.
+
+        Returns
+        -------
+        hint : str
+            One or two command lines.
+        """
+        entry = "conda-python-distributed" if self.settings["runscripts"] else "python"
+        binds = ",".join(self.settings["binds"])
+        bind_opt = f"-B {shlex.quote(binds)} " if binds else ""
+        lines = ["Run the image on LUMI with:"]
+        paths = self._module_paths(image_path=image_path)
+        if paths is not None:
+            lua = paths[0]
+            lines.append(
+                f"  module use {shlex.quote(str(lua.parent))}; "
+                f"module load {shlex.quote(self._module_name(image_path=image_path))}; "
+                f'srun singularity exec "$SIF" {entry} your_script.py'
+            )
+            lines.append("or, without the module:")
+        lines.append(
+            f"  srun singularity exec {bind_opt}{shlex.quote(str(image_path))} "
+            f"{entry} your_script.py"
+        )
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ plan
+    def describe(self, *, plan):
+        """Describe the env file, runscripts, binds and module file."""
+        lines = [f"env file {ENV_FILE} (defaults, overridable at run time):"]
+        for name, value in self.env.items():
+            lines.append(f"  {name}={shlex.quote(str(value))}")
+        dropped = [k for k, v in (self.settings.get("env") or {}).items() if v is None]
+        if dropped:
+            lines.append(f"  not set: {', '.join(dropped)}")
+        if self.settings["miopen-cache"]:
+            lines.append(
+                "  MIOPEN_USER_DB_PATH, MIOPEN_CUSTOM_CACHE_DIR="
+                "/tmp/$(id -un)-miopen-cache (computed at run time)"
+            )
+        if self.settings["rocm-paths"]:
+            lines.append(
+                f"  ROCM_PATH, PATH += {ROCM_ROOT}/bin, LD_LIBRARY_PATH += "
+                f"{ROCM_ROOT}/lib and aws-ofi-rccl (when in the image and missing)"
+            )
+        for key, var in (("path", "PATH"), ("ld-library-path", "LD_LIBRARY_PATH")):
+            if self.settings[key]:
+                lines.append(f"  {var} += {':'.join(self.settings[key])}")
+        if self.settings["with-conda"]:
+            lines.append(f"  WITH_CONDA={shlex.quote(WITH_CONDA_VALUE)}")
+        if self.settings["runscripts"]:
+            lines.append(
+                f"runscripts in {RUNSCRIPTS_DIR} (on PATH): {', '.join(RUNSCRIPTS)}"
+            )
+        binds = ",".join(self.settings["binds"])
+        lines.append(f"label cotainr-lumi.binds={binds or '(none)'}")
+        paths = self._module_paths(image_path=plan.image_path)
+        if paths is not None:
+            lines.append(f"module file {paths[0]}, shell snippet {paths[1]}")
+        else:
+            lines.append("no module file (module-file: false)")
+        return lines
+
+    # ------------------------------------------------------------------ run
+    def _probe(self, *, sandbox):
+        """The active Python environment of the image."""
+        try:
+            proc = sandbox.run(["bash", "-c", _PROBE_SCRIPT], log_name=self.name)
+        except _cotainr.CommandError as e:
+            raise StageError(
+                "could not inspect the image's environment",
+                stage=self.name,
+                details=e.error_lines(),
+            ) from e
+        info = {}
+        for line in (proc.stdout or "").splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                info[key.strip()] = value.strip()
+        return info
+
+    def _with_conda_script(self, *, root, info):
+        """The content of with-conda.sh for the probed environment."""
+        prefix = info.get("prefix", "")
+        lines = [
+            "# with-conda.sh: activate the image's Python environment. Installed by",
+            "# cotainr-lumi; WITH_CONDA is '. /opt/cotainr-lumi/with-conda.sh', so",
+            "# `$WITH_CONDA; python ...` (as in the LUMI EasyBuild modules) works. A",
+            "# no-op when the environment is already active (the image's env files",
+            "# activate it at container start).",
+        ]
+        if not prefix or not prefix.startswith("/"):
+            lines.append(": # the image has no Python environment to activate")
+            return "\n".join(lines) + "\n", None
+        bin_dir = prefix.rstrip("/") + "/bin"
+        conda_exe = info.get("conda_exe", "")
+        conda_sh = None
+        if info.get("conda_prefix") == prefix and conda_exe.startswith("/"):
+            candidate = (
+                PurePosixPath(conda_exe).parent.parent / "etc/profile.d/conda.sh"
+            )
+            if resolve_in_root(root=root, path=candidate).is_file():
+                conda_sh = str(candidate)
+        if conda_sh:
+            activate = (
+                f". {shlex.quote(conda_sh)} && conda activate {shlex.quote(prefix)}"
+            )
+        elif resolve_in_root(root=root, path=f"{bin_dir}/activate").is_file():
+            activate = f". {shlex.quote(bin_dir + '/activate')}"
+        else:
+            activate = f'PATH={shlex.quote(bin_dir)}"${{PATH:+:$PATH}}"; export PATH'
+        lines += [
+            'case ":${PATH-}:" in',
+            f"    *:{shlex.quote(bin_dir)}:*) ;;",
+            f"    *) {activate} ;;",
+            "esac",
+        ]
+        return "\n".join(lines) + "\n", prefix
+
+    @staticmethod
+    def _note_replaced_runscript(*, root, name):
+        """Say so when a base image's own runscript (not ours) is replaced."""
+        existing = resolve_in_root(root=root, path=f"{RUNSCRIPTS_DIR}/{name}")
+        if not existing.is_file():
+            return
+        try:
+            text = existing.read_text(errors="replace")
+        except OSError:
+            text = ""
+        if text != _runscript_text(name):
+            logger.info(
+                "Replacing the base image's %s/%s with cotainr-lumi's",
+                RUNSCRIPTS_DIR,
+                name,
+            )
+
+    def _search_path_blocks(self, *, root):
+        """PATH/LD_LIBRARY_PATH additions and what was found."""
+        blocks, found = [], {}
+        if self.settings["rocm-paths"]:
+            rocm = resolve_in_root(root=root, path=ROCM_ROOT)
+            if rocm.is_dir():
+                found["rocm"] = ROCM_ROOT
+                blocks.append(default_assignments({"ROCM_PATH": ROCM_ROOT}))
+                if (rocm / "bin").is_dir():
+                    blocks.append(
+                        path_addition(name="PATH", entries=[f"{ROCM_ROOT}/bin"])
+                    )
+                if (rocm / "lib").is_dir():
+                    blocks.append(
+                        path_addition(
+                            name="LD_LIBRARY_PATH", entries=[f"{ROCM_ROOT}/lib"]
+                        )
+                    )
+            for directory in AWS_OFI_RCCL_DIRS:
+                host_dir = resolve_in_root(root=root, path=directory)
+                if host_dir.is_dir() and any(host_dir.glob("librccl-net.so*")):
+                    found["aws-ofi-rccl"] = directory
+                    blocks.append(
+                        path_addition(name="LD_LIBRARY_PATH", entries=[directory])
+                    )
+                    break
+        if self.settings["path"]:
+            blocks.append(path_addition(name="PATH", entries=self.settings["path"]))
+        if self.settings["ld-library-path"]:
+            blocks.append(
+                path_addition(
+                    name="LD_LIBRARY_PATH", entries=self.settings["ld-library-path"]
+                )
+            )
+        return blocks, found
+
+    def run(self, *, context):
+        """Write the env file, runscripts and with-conda.sh; report the outputs."""
+        sandbox = context.sandbox
+        root = sandbox.root
+        plan = context.plan
+        info = self._probe(sandbox=sandbox) if self.settings["with-conda"] else {}
+
+        blocks = [
+            "# Profile and build settings (defaults: a variable already set wins).",
+            default_assignments(self.env),
+        ]
+        if self.settings["miopen-cache"]:
+            blocks += ["# MIOpen caches on node-local /tmp."] + [
+                computed_default(name=name, expression=MIOPEN_CACHE_EXPRESSION)
+                for name in ("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR")
+            ]
+        path_blocks, found = self._search_path_blocks(root=root)
+        if path_blocks:
+            blocks += [
+                "# Search paths (entries added only when missing)."
+            ] + path_blocks
+        if self.settings["runscripts"]:
+            blocks.append(path_addition(name="PATH", entries=[RUNSCRIPTS_DIR]))
+        env_prefix = None
+        if self.settings["with-conda"]:
+            script, env_prefix = self._with_conda_script(root=root, info=info)
+            write_file_in_root(
+                root=root, path=WITH_CONDA_FILE, content=script, mode=0o644
+            )
+            # Set unconditionally: a WITH_CONDA left on the host by a LUMI
+            # EasyBuild module names another image's conda and would break
+            # this one. APPTAINERENV_WITH_CONDA still overrides it.
+            blocks += [
+                "# LUMI EasyBuild compatibility: `$WITH_CONDA; python ...`.",
+                forced_assignment(name="WITH_CONDA", value=WITH_CONDA_VALUE),
+            ]
+        header = (
+            "cotainr-lumi LUMI runtime settings (lumi-env stage).\n"
+            "Every value is a default: export NAME (or APPTAINERENV_NAME) to override it."
+        )
+        write_file_in_root(
+            root=root,
+            path=ENV_FILE,
+            content=render_env_file(header=header, blocks=blocks),
+        )
+        if self.settings["runscripts"]:
+            for name in RUNSCRIPTS:
+                self._note_replaced_runscript(root=root, name=name)
+                write_file_in_root(
+                    root=root,
+                    path=f"{RUNSCRIPTS_DIR}/{name}",
+                    content=_runscript_text(name),
+                    mode=0o755,
+                )
+        self._check_in_sandbox(sandbox=sandbox)
+
+        image_path = Path(plan.image_path)
+        outputs = {}
+        paths = self._module_paths(image_path=image_path)
+        runscripts = RUNSCRIPTS_DIR if self.settings["runscripts"] else None
+        if paths is not None:
+            try:
+                check_image_path(image_path)
+            except ValueError as e:
+                logger.warning("Not writing a module file: %s", e)
+                paths = None
+        if paths is not None:
+            name = self._module_name(image_path=image_path)
+            common = dict(
+                image=image_path,
+                binds=self.settings["binds"],
+                runscripts=runscripts,
+                name=name,
+            )
+            outputs = {
+                str(paths[0]): render_lua(**common),
+                str(paths[1]): render_shell(**common),
+            }
+        labels = {
+            "cotainr-lumi.binds": ",".join(self.settings["binds"]),
+            "cotainr-lumi.env-file": ENV_FILE,
+            "cotainr-lumi.env": ",".join(self.env),
+        }
+        if runscripts:
+            labels["cotainr-lumi.runscripts"] = RUNSCRIPTS_DIR
+        details = {
+            "env-file": ENV_FILE,
+            "env": dict(self.env),
+            "search-paths": found,
+            "python-prefix": env_prefix,
+            "runscripts": [f"{RUNSCRIPTS_DIR}/{n}" for n in RUNSCRIPTS]
+            if runscripts
+            else [],
+            "binds": list(self.settings["binds"]),
+            "module-files": sorted(outputs),
+            "run-hint": self.run_hint(image_path=image_path),
+        }
+        summary = f"{len(self.env)} variables in {ENV_FILE}"
+        if runscripts:
+            summary += f", runscripts in {RUNSCRIPTS_DIR}"
+        if outputs:
+            summary += f", module file {paths[0]}"
+        return StageReport(
+            name=self.name,
+            summary=summary,
+            details=details,
+            labels=labels,
+            outputs=outputs,
+        )
+
+    def _check_in_sandbox(self, *, sandbox):
+        """Start the container once so a broken env file fails the build."""
+        script = 'printf "ok\\n"'
+        if self.settings["runscripts"]:
+            script = "command -v get-master >/dev/null && " + script
+        try:
+            proc = sandbox.run(["bash", "-c", script], log_name=self.name)
+        except _cotainr.CommandError as e:
+            raise StageError(
+                f"the container does not start with the generated {ENV_FILE}",
+                stage=self.name,
+                details=e.error_lines(),
+            ) from e
+        if "ok" not in (proc.stdout or ""):
+            raise StageError(
+                f"the container did not run a command with the generated {ENV_FILE}",
+                stage=self.name,
+                details=(proc.stderr or "")[-2000:],
+            )

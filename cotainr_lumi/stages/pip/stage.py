@@ -1,0 +1,599 @@
+"""
+The pip stage: ordered pip steps after cotainr's conda step.
+
+Each step is one ``pip install`` run inside the container, in the Python
+environment that is active there (cotainr's conda env, or the base image's
+own env without ``--conda-env``). Steps run in order, so a package that needs
+torch at build time (apex, DeepSpeed ops, flash-attention, ...) can be built
+with ``no-build-isolation`` against the torch a previous step installed.
+
+Every distribution installed before a step is pinned for that step (see
+:mod:`cotainr_lumi.stages.pip.protect`): a later step cannot replace the ROCm torch
+unless it lists torch in ``allow-changes``. Requirement files and their
+local references are staged into the sandbox (:mod:`cotainr_lumi.stages.pip.requirements`),
+a host pip cache is reused (:mod:`cotainr_lumi.stages.pip.cache`).
+
+In the image:
+
+- ``/opt/cotainr-lumi/pip/stepN/`` the requirement files as used (rewritten)
+  and ``protected-constraints.txt`` (what was pinned);
+- ``/opt/cotainr-lumi/pip/steps.json`` the steps and their pip commands;
+- ``/opt/cotainr-lumi/pip/packages.json`` ``pip list --format json`` after
+  the stage (label ``cotainr-lumi.pip.packages``).
+
+Classes
+-------
+PipStage
+    The stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+from pathlib import Path
+import shlex
+import shutil
+import time
+
+from ... import _cotainr
+from ...engine.rootfs import resolve_in_root, write_file_in_root
+from ...engine.stage import Stage, StageReport, register_stage
+from ...errors import InputError, StageError
+from .cache import export_cache, import_cache
+from .protect import (
+    changed_distributions,
+    constraints_text,
+    describe_changes,
+    explain_conflicts,
+    parse_pip_list,
+)
+from .requirements import local_inputs, scan_step, stage_step
+from .steps import (
+    SETTINGS_DEFAULTS,
+    check_settings,
+    default_cache_dir,
+    normalize_steps,
+    steps_from_inputs,
+)
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: Kept in the image: rewritten requirement files, steps and package list.
+PIP_DIR = "/opt/cotainr-lumi/pip"
+#: The package list after the stage.
+PACKAGES_FILE = f"{PIP_DIR}/packages.json"
+#: The steps as run.
+STEPS_FILE = f"{PIP_DIR}/steps.json"
+#: Temporary (removed before the image is built): staged files and the cache.
+WORK_DIR = "/opt/cotainr-lumi/.pip-work"
+
+#: Host pip variables that would send packages elsewhere than the active env.
+UNSET_PIP_VARIABLES = (
+    "PIP_TARGET",
+    "PIP_PREFIX",
+    "PIP_ROOT",
+    "PIP_USER",
+    "PIP_REQUIRE_VIRTUALENV",
+    "PIP_REQUIRE_VENV",
+    "PIP_EDITABLE",
+)
+#: Host pip variables holding paths (which may not exist in the container).
+PATH_PIP_VARIABLES = ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_REQUIREMENT", "PIP_CERT")
+
+_PROBE_SCRIPT = (
+    "command -v python >/dev/null 2>&1 || { echo 'no python on PATH' >&2; exit 127; }; "
+    'python -c \'import json, sys; print(json.dumps({"prefix": sys.prefix, '
+    '"executable": sys.executable, "version": sys.version.split()[0]}))\' && '
+    "python -m pip --version"
+)
+
+
+class _InputAction(argparse.Action):
+    """Append (kind, value) to one list, keeping command line order."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        items = list(getattr(namespace, self.dest, None) or [])
+        items.append((self.const, values))
+        setattr(namespace, self.dest, items)
+
+
+def _pip_error_lines(output, *, limit=60):
+    """Pip's own error output without warnings (the last `limit` lines)."""
+    keep = [
+        ln
+        for ln in output.splitlines()
+        if ln.strip()
+        and not ln.lstrip().startswith(("WARNING:", "DEPRECATION:", "Looking in"))
+    ]
+    first_error = next(
+        (i for i, ln in enumerate(keep) if ln.lstrip().lower().startswith("error")),
+        None,
+    )
+    if first_error is not None:
+        keep = keep[max(0, first_error - 20) :]
+    return "\n".join(keep[-limit:])
+
+
+@register_stage
+class PipStage(Stage):
+    """Ordered pip steps that cannot clobber installed packages."""
+
+    name = "pip"
+    defaults = dict(SETTINGS_DEFAULTS)
+
+    def __init__(self, *, settings=None):
+        super().__init__(settings=settings)
+        problems = check_settings(settings=self.settings)
+        if problems:
+            key, message = problems[0]
+            raise InputError(f"Invalid setting pip.{key}: {message}")
+        cwd = Path.cwd()
+        self.steps = normalize_steps(settings=self.settings, cwd=cwd)
+        self.scans = [scan_step(step=step) for step in self.steps]
+        cache_dir = self.settings.get("cache-dir")
+        if cache_dir:
+            cache_dir = Path(os.path.expanduser(cache_dir))
+            self.cache_dir = cache_dir if cache_dir.is_absolute() else cwd / cache_dir
+        else:
+            self.cache_dir = default_cache_dir()
+
+    # -- configuration -----------------------------------------------------
+
+    @classmethod
+    def validate_settings(cls, *, settings):
+        """Check the settings (see :mod:`cotainr_lumi.stages.pip.steps`)."""
+        return check_settings(settings=settings)
+
+    @classmethod
+    def add_arguments(cls, *, parser):
+        """Add ``--pip-requirements``, ``--pip-steps`` and ``--no-pip-cache``."""
+        parser.add_argument(
+            "--pip-requirements",
+            dest="pip_inputs",
+            action=_InputAction,
+            const="requirements",
+            metavar="FILE",
+            default=None,
+            help=(
+                "pip: install this requirements file as one step after the "
+                "conda env (repeatable: one step per file, in order, mixed with "
+                "--pip-steps in command line order); installed packages are "
+                "protected from later steps"
+            ),
+        )
+        parser.add_argument(
+            "--pip-steps",
+            dest="pip_inputs",
+            action=_InputAction,
+            const="steps",
+            metavar="FILE",
+            default=None,
+            help=(
+                "pip: a YAML file of pip steps with per-step settings "
+                "(no-build-isolation, env, pip-args, index-url, "
+                "extra-index-urls, allow-changes); paths in it are relative to "
+                "the file (repeatable)"
+            ),
+        )
+        parser.add_argument(
+            "--no-pip-cache",
+            dest="pip_no_cache",
+            action="store_true",
+            default=None,
+            help=(
+                "pip: do not use the host pip cache "
+                "(${XDG_CACHE_HOME:-~/.cache}/cotainr-lumi/pip) for the pip steps"
+            ),
+        )
+
+    @classmethod
+    def settings_from_args(cls, *, args):
+        """The pip settings given on the command line."""
+        overrides = {}
+        inputs = getattr(args, "pip_inputs", None)
+        if inputs:
+            overrides.update(steps_from_inputs(inputs=inputs))
+        if getattr(args, "pip_no_cache", None):
+            overrides["cache"] = False
+        return overrides
+
+    # -- the plan ----------------------------------------------------------
+
+    def _pip_command(self, *, step, requirement_files, constraints, cache_dir):
+        cmd = [
+            "python",
+            "-m",
+            "pip",
+            "install",
+            "--no-input",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "off",
+        ]
+        cmd += ["--cache-dir", cache_dir] if cache_dir else ["--no-cache-dir"]
+        if step.no_build_isolation:
+            cmd.append("--no-build-isolation")
+        if step.index_url:
+            cmd += ["--index-url", step.index_url]
+        for url in step.extra_index_urls:
+            cmd += ["--extra-index-url", url]
+        cmd += step.pip_args
+        if constraints:
+            cmd += ["-c", constraints]
+        for path in requirement_files:
+            cmd += ["-r", path]
+        return cmd
+
+    def describe(self, *, plan):
+        """The steps, their pip commands, protection and cache."""
+        lines = [f"target: {plan.target_environment}"]
+        if not self.steps:
+            lines.append(
+                "no pip steps: record the environment's package list only "
+                f"({PACKAGES_FILE}; skipped with a warning if the image has "
+                "no `python -m pip`)"
+            )
+            return lines
+        cache = self.settings["cache"]
+        lines.append(
+            f"pip cache: {self.cache_dir} (linked into the sandbox, never kept in the image)"
+            if cache
+            else "pip cache: off"
+        )
+        for step, scan in zip(self.steps, self.scans):
+            keep = f"{PIP_DIR}/step{step.number}"
+            files = [
+                f"{keep}/{rf.path.name if rf.path else 'packages.txt'}"
+                for rf in scan.files
+            ]
+            cmd = self._pip_command(
+                step=step,
+                requirement_files=files,
+                constraints=f"{keep}/protected-constraints.txt",
+                cache_dir=f"{WORK_DIR}/cache" if cache else None,
+            )
+            lines.append(f"{step.title}:")
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in step.env.items())
+            lines.append(f"  {env + ' ' if env else ''}{shlex.join(cmd)}")
+            for path in step.requirements:
+                lines.append(f"  requirements: {path}")
+            for pkg in step.packages:
+                lines.append(f"  package: {pkg}")
+            for item in local_inputs(scan=scan):
+                lines.append(f"  stages: {item}")
+            protected = "everything installed before it"
+            if step.allow_changes:
+                protected += f" except {', '.join(sorted(step.allow_changes))}"
+            lines.append(f"  protects: {protected}")
+            for moving in scan.moving_refs:
+                lines.append(f"  not pinned: {moving}")
+        lines.append(f"records: {PIP_DIR}/stepN/, {STEPS_FILE}, {PACKAGES_FILE}")
+        return lines
+
+    # -- running -----------------------------------------------------------
+
+    def _run(self, sandbox, args, *, env=None):
+        return sandbox.run(args, env=env, log_name="pip")
+
+    def _pip_list(self, sandbox):
+        proc = self._run(
+            sandbox,
+            [
+                "python",
+                "-m",
+                "pip",
+                "list",
+                "--format",
+                "json",
+                "--disable-pip-version-check",
+            ],
+        )
+        try:
+            return parse_pip_list(text=proc.stdout), proc.stdout
+        except ValueError as e:
+            raise StageError(
+                f"cannot read the installed packages: {e}", stage=self.name
+            ) from e
+
+    def _probe(self, sandbox):
+        try:
+            proc = self._run(sandbox, ["bash", "-c", _PROBE_SCRIPT])
+        except _cotainr.CommandError as e:
+            raise StageError(
+                "no working `python -m pip` in the container. Give a conda env "
+                "(--conda-env) or use a base image with an active Python "
+                "environment.",
+                stage=self.name,
+                details=e.error_lines(),
+            ) from e
+        info = {}
+        for line in proc.stdout.splitlines():
+            if line.startswith("{"):
+                info = json.loads(line)
+            elif line.startswith("pip "):
+                info["pip"] = line.split()[1]
+        return info
+
+    def _host_pip_warnings(self, root):
+        for name in PATH_PIP_VARIABLES:
+            value = os.environ.get(name)
+            if not value:
+                continue
+            missing = [
+                p
+                for p in value.split()
+                if p.startswith("/") and not resolve_in_root(root=root, path=p).exists()
+            ]
+            if missing:
+                logger.warning(
+                    "%s=%s is set on this machine and passes into the container, "
+                    "where %s does not exist (pip ignores or fails on it). Unset it "
+                    "or put the files into the steps (requirements files can "
+                    "reference local files).",
+                    name,
+                    value,
+                    ", ".join(missing),
+                )
+        for path in (
+            Path(os.path.expanduser("~/.config/pip/pip.conf")),
+            Path(os.path.expanduser("~/.pip/pip.conf")),
+        ):
+            if path.is_file():
+                logger.info(
+                    "Your pip config %s is not used inside the container (no home "
+                    "directory there); PIP_* variables are. Put index URLs etc. "
+                    "into the pip steps.",
+                    path,
+                )
+                break
+
+    def run(self, *, context):
+        """Run the pip steps in order."""
+        sandbox = context.sandbox
+        if not self.steps:
+            return self._record_packages_only(sandbox)
+        root = sandbox.root
+        for scan in self.scans:
+            for moving in scan.moving_refs:
+                logger.warning("Not pinned: %s", moving)
+        info = self._probe(sandbox)
+        logger.info(
+            "pip steps install into %s (python %s at %s, pip %s)",
+            info.get("prefix"),
+            info.get("version"),
+            info.get("executable"),
+            info.get("pip"),
+        )
+        self._host_pip_warnings(root)
+        work = resolve_in_root(root=root, path=WORK_DIR)
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        use_cache = bool(self.settings["cache"])
+        cache_image_dir = f"{WORK_DIR}/cache"
+        cache_stats = {}
+        records = []
+        try:
+            if use_cache:
+                t0 = time.time()
+                cache_stats["import"] = import_cache(
+                    host_dir=self.cache_dir,
+                    sandbox_dir=resolve_in_root(root=root, path=cache_image_dir),
+                )
+                cache_stats["import"]["seconds"] = round(time.time() - t0, 2)
+                logger.info(
+                    "pip cache %s: %d files linked/copied into the sandbox",
+                    self.cache_dir,
+                    cache_stats["import"]["files"],
+                )
+            for step, scan in zip(self.steps, self.scans):
+                records.append(
+                    self._run_step(
+                        sandbox=sandbox,
+                        step=step,
+                        scan=scan,
+                        cache_dir=cache_image_dir if use_cache else None,
+                    )
+                )
+        finally:
+            if use_cache:
+                t0 = time.time()
+                cache_stats["export"] = export_cache(
+                    sandbox_dir=resolve_in_root(root=root, path=cache_image_dir),
+                    host_dir=self.cache_dir,
+                )
+                cache_stats["export"]["seconds"] = round(time.time() - t0, 2)
+            shutil.rmtree(work, ignore_errors=True)
+
+        installed = self._record_packages(sandbox)
+        steps_record = {
+            "target": info,
+            "steps": records,
+            "cache": {"dir": str(self.cache_dir) if use_cache else None, **cache_stats},
+        }
+        write_file_in_root(
+            root=root,
+            path=STEPS_FILE,
+            content=json.dumps(steps_record, indent=2, sort_keys=True) + "\n",
+        )
+        torch = installed.get("torch")
+        summary = f"{len(self.steps)} step(s) into {info.get('prefix')}; {len(installed)} distributions"
+        if torch:
+            summary += f" (torch {torch[1]})"
+        labels = {
+            "cotainr-lumi.pip.packages": PACKAGES_FILE,
+            "cotainr-lumi.pip.steps": STEPS_FILE,
+        }
+        return StageReport(
+            name=self.name,
+            summary=summary,
+            details=steps_record,
+            labels=labels,
+        )
+
+    def _record_packages(self, sandbox):
+        """Write the package list into the image; return the installed map."""
+        installed, raw = self._pip_list(sandbox)
+        packages = json.loads(raw.strip().splitlines()[-1])
+        write_file_in_root(
+            root=sandbox.root,
+            path=PACKAGES_FILE,
+            content=json.dumps(packages, indent=2, sort_keys=True) + "\n",
+        )
+        return installed
+
+    def _record_packages_only(self, sandbox):
+        """No steps: keep the environment's package list (if pip can list it)."""
+        try:
+            info = self._probe(sandbox)
+            installed = self._record_packages(sandbox)
+        except (StageError, _cotainr.CommandError) as e:
+            logger.warning(
+                "No pip steps and no package list: %s",
+                str(e).splitlines()[0] if str(e) else type(e).__name__,
+            )
+            return StageReport(
+                name=self.name,
+                summary="no pip steps; no package list (no `python -m pip` in the image)",
+            )
+        torch = installed.get("torch")
+        summary = (
+            f"no pip steps; package list of {info.get('prefix')}: "
+            f"{len(installed)} distributions"
+        )
+        if torch:
+            summary += f" (torch {torch[1]})"
+        return StageReport(
+            name=self.name,
+            summary=summary,
+            details={"target": info, "steps": []},
+            labels={"cotainr-lumi.pip.packages": PACKAGES_FILE},
+        )
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _private_wheel_cache(*, root, step, cache_dir):
+        """
+        Hide pip's wheel cache from steps whose builds depend on the image.
+
+        A wheel built without build isolation (against the installed torch)
+        or with build variables (``DS_BUILD_*``) is only right for this image,
+        but pip's wheel cache keys wheels by their source only. For such steps
+        the cached wheels are set aside and the wheels the step builds are
+        dropped; downloads are still cached.
+        """
+        if not cache_dir or not (step.no_build_isolation or step.env):
+            yield
+            return
+        wheels = resolve_in_root(root=root, path=f"{cache_dir}/wheels")
+        aside = resolve_in_root(root=root, path=f"{cache_dir}/.wheels-aside")
+        if wheels.exists():
+            os.replace(wheels, aside)
+        try:
+            yield
+        finally:
+            shutil.rmtree(wheels, ignore_errors=True)
+            if aside.exists():
+                os.replace(aside, wheels)
+
+    def _run_step(self, *, sandbox, step, scan, cache_dir):
+        root = sandbox.root
+        logger.info("pip %s", step.title)
+        t0 = time.time()
+        keep_dir = f"{PIP_DIR}/step{step.number}"
+        staged = stage_step(
+            scan=scan,
+            root=root,
+            keep_dir=keep_dir,
+            staging_dir=f"{WORK_DIR}/staging/step{step.number}",
+        )
+        before, _ = self._pip_list(sandbox)
+        constraints = f"{keep_dir}/protected-constraints.txt"
+        write_file_in_root(
+            root=root,
+            path=constraints,
+            content=constraints_text(installed=before, allowed=step.allow_changes),
+        )
+        cmd = self._pip_command(
+            step=step,
+            requirement_files=staged.requirement_files,
+            constraints=constraints,
+            cache_dir=cache_dir,
+        )
+        script = f"unset {' '.join(UNSET_PIP_VARIABLES)}; exec {shlex.join(cmd)}"
+        logger.info("Running: %s", shlex.join(cmd))
+        try:
+            with self._private_wheel_cache(root=root, step=step, cache_dir=cache_dir):
+                self._run(sandbox, ["bash", "-c", script], env=step.env or None)
+        except _cotainr.CommandError as e:
+            output = f"{e.stdout}\n{e.stderr}"
+            conflicts = explain_conflicts(
+                output=output, installed=before, allowed=step.allow_changes
+            )
+            files = "\n".join(f"  {k} <- {v}" for k, v in staged.kept_files.items())
+            if conflicts:
+                names = ", ".join(c.name for c in conflicts)
+                message = (
+                    f"{step.title} would change protected package(s) {names}:\n"
+                    + "\n".join(f"  {c.describe()}" for c in conflicts)
+                    + "\nPackages installed before a step are not upgraded, "
+                    "downgraded or removed. Fix the requirement, or let this step "
+                    f"change them with 'allow-changes: [{names}]' in the step."
+                )
+            else:
+                message = (
+                    f"pip install failed in {step.title} (exit status {e.returncode})."
+                )
+            raise StageError(
+                message,
+                stage=self.name,
+                details=(
+                    "pip's error output:\n"
+                    + _pip_error_lines(output)
+                    + f"\nRequirement files (in the image <- from):\n{files}"
+                ),
+            ) from e
+        after, _ = self._pip_list(sandbox)
+        changes = changed_distributions(
+            before=before, after=after, allowed=step.allow_changes
+        )
+        if changes:
+            text = "\n".join(
+                f"  {name} {old} -> {new if new else 'removed'}"
+                for name, old, new in changes
+            )
+            names = ", ".join(name for name, _, _ in changes)
+            raise StageError(
+                f"{step.title} changed protected package(s) {names} despite the "
+                f"constraints:\n{text}\nAdd 'allow-changes: [{names}]' to the step "
+                "if this is intended.",
+                stage=self.name,
+            )
+        shutil.rmtree(
+            resolve_in_root(root=root, path=f"{WORK_DIR}/staging/step{step.number}"),
+            ignore_errors=True,
+        )
+        diff = describe_changes(before=before, after=after)
+        logger.info(
+            "Finished pip %s in %.1f s: %d added, %d changed",
+            step.title,
+            time.time() - t0,
+            len(diff["added"]),
+            len(diff["changed"]),
+        )
+        return {
+            "number": step.number,
+            "name": step.name,
+            "source": step.source,
+            "command": cmd,
+            "env": step.env,
+            "requirement-files": staged.kept_files,
+            "staged": staged.staged,
+            "allow-changes": sorted(step.allow_changes),
+            "seconds": round(time.time() - t0, 1),
+            **diff,
+        }

@@ -1,0 +1,400 @@
+"""
+Read the dynamic-linking facts of ELF files with pyelftools.
+
+Only what the loader needs is read: the ELF header, the section headers, the
+dynamic section (``DT_SONAME``, ``DT_NEEDED``, ``DT_RPATH``/``DT_RUNPATH``)
+and the GNU version sections (``.gnu.version_r``: versions an object needs
+from each library; ``.gnu.version_d``: versions a library defines). Symbol
+tables, relocations and debug information are never parsed, and files that
+do not start with the ELF magic are skipped after reading 4 bytes.
+
+Files are opened with ``O_NOFOLLOW``: a symlink is never read through (the
+callers find files with :func:`cotainr_lumi.engine.rootfs.walk_in_root` or resolve
+them with :func:`cotainr_lumi.engine.rootfs.resolve_in_root` first).
+
+Classes
+-------
+ElfInfo
+    The dynamic-linking facts of one ELF file.
+
+Functions
+---------
+is_elf(*, path)
+    Whether a regular file starts with the ELF magic.
+read_elf_info(*, path)
+    Read the dynamic-linking facts of an ELF file.
+scan_elf_files(*, root, path)
+    Read every ELF regular file below an image directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import io
+import logging
+import os
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.dynamic import DynamicSection
+from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection
+from elftools.elf.structs import ELFStructs
+
+from ...engine.rootfs import walk_in_root
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The first four bytes of every ELF file.
+ELF_MAGIC = b"\x7fELF"
+
+#: The verdef flag of the entry that names the library itself (not a version).
+_VER_FLG_BASE = 0x1
+
+
+@dataclass(frozen=True)
+class ElfInfo:
+    """
+    The dynamic-linking facts of one ELF file.
+
+    Attributes
+    ----------
+    path : str
+        The host path it was read from.
+    elfclass : int
+        32 or 64.
+    machine : str
+        ``e_machine``, e.g. ``"EM_X86_64"``.
+    elftype : str
+        ``e_type``, e.g. ``"ET_DYN"``.
+    soname : str or None
+        ``DT_SONAME``.
+    needed : tuple of str
+        ``DT_NEEDED`` entries, in order.
+    rpath, runpath : tuple of str
+        ``DT_RPATH`` / ``DT_RUNPATH`` entries (split at ``:``).
+    version_needs : dict of str to frozenset of str
+        Per needed file name (e.g. ``"libstdc++.so.6"``), the version names
+        required from it (e.g. ``{"GLIBCXX_3.4.30", "CXXABI_1.3"}``).
+    version_defs : frozenset of str
+        The version names the file defines (without the base entry).
+    """
+
+    path: str
+    elfclass: int
+    machine: str
+    elftype: str
+    soname: str | None = None
+    needed: tuple[str, ...] = ()
+    rpath: tuple[str, ...] = ()
+    runpath: tuple[str, ...] = ()
+    version_needs: dict[str, frozenset[str]] = field(default_factory=dict)
+    version_defs: frozenset[str] = frozenset()
+
+    def needs_from(self, *, prefix):
+        """
+        The versions needed from libraries whose file name starts with `prefix`.
+
+        Parameters
+        ----------
+        prefix : str
+            E.g. ``"libstdc++.so."``.
+
+        Returns
+        -------
+        versions : frozenset of str
+            The union of the versions needed from those libraries.
+        """
+        found = set()
+        for name, versions in self.version_needs.items():
+            if name.startswith(prefix):
+                found.update(versions)
+        return frozenset(found)
+
+    def compatible_with(self, other):
+        """
+        Whether two ELF files could be loaded into the same process.
+
+        Parameters
+        ----------
+        other : ElfInfo
+            The other file.
+
+        Returns
+        -------
+        compatible : bool
+            True when ELF class and machine agree.
+        """
+        return (self.elfclass, self.machine) == (other.elfclass, other.machine)
+
+
+def _open_fd(path):
+    """Open a file read-only without following a symlink in its last component."""
+    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+
+
+def _open_nofollow(path):
+    """Open a file (``O_NOFOLLOW``) as a binary stream."""
+    return os.fdopen(_open_fd(path), "rb")
+
+
+def is_elf(*, path):
+    r"""
+    Whether a regular file starts with the ELF magic.
+
+    Parameters
+    ----------
+    path : os.PathLike
+        The file (a symlink is not followed: it is not an ELF file here).
+
+    Returns
+    -------
+    elf : bool
+        True if the first 4 bytes are ``\x7fELF``.
+    """
+    try:
+        fd = _open_fd(path)
+    except OSError:
+        return False
+    try:
+        return os.read(fd, 4) == ELF_MAGIC
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def read_elf_info(*, path):
+    """
+    Read the dynamic-linking facts of an ELF file.
+
+    Parameters
+    ----------
+    path : os.PathLike
+        The file (opened with ``O_NOFOLLOW``).
+
+    Returns
+    -------
+    info : ElfInfo or None
+        None if the file is not ELF, is truncated or cannot be parsed
+        (logged at debug level).
+    """
+    try:
+        fd = _open_fd(path)
+    except OSError as e:
+        logger.debug("Cannot open %s: %s", path, e)
+        return None
+    try:
+        # The magic is checked on the raw descriptor: most files are not ELF,
+        # and a buffered stream would read (and allocate) far more.
+        if os.read(fd, 4) != ELF_MAGIC:
+            os.close(fd)
+            return None
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            return _read_open_elf(f, path=os.fspath(path))
+    except (OSError, ELFError, ValueError, KeyError, AssertionError) as e:
+        # pyelftools raises a mix of errors (and construct's) for damaged files.
+        logger.debug("Cannot read ELF file %s: %s", path, e)
+        return None
+    except Exception as e:  # noqa: BLE001 - construct.StreamError and friends
+        logger.debug("Cannot read ELF file %s: %s: %s", path, type(e).__name__, e)
+        return None
+
+
+class _ScanELFFile(ELFFile):
+    """
+    An :class:`ELFFile` that reuses the struct definitions across files.
+
+    ``ELFFile.__init__`` builds some 200 ``construct`` parser objects for
+    every file, which costs more than everything we then read. They depend
+    only on the byte order, class, type, machine and OS ABI, so this subclass
+    builds them once per combination; the rest is pyelftools' own
+    ``__init__`` sequence (header identification and parsing).
+    """
+
+    _cache = {}
+
+    def __init__(self, stream):  # noqa: D107 - see the class docstring
+        self.stream = stream
+        self.stream.seek(0, io.SEEK_END)
+        self.stream_len = self.stream.tell()
+        self._identify_file()
+        basic_key = (self.little_endian, self.elfclass)
+        basic = self._cache.get(basic_key)
+        if basic is None:
+            basic = ELFStructs(little_endian=self.little_endian, elfclass=self.elfclass)
+            basic.create_basic_structs()
+            self._cache[basic_key] = basic
+        self.structs = basic
+        self.header = self._parse_elf_header()
+        key = (
+            *basic_key,
+            self["e_type"],
+            self["e_machine"],
+            self["e_ident"]["EI_OSABI"],
+        )
+        full = self._cache.get(key)
+        if full is None:
+            full = ELFStructs(little_endian=self.little_endian, elfclass=self.elfclass)
+            full.create_basic_structs()
+            full.create_advanced_structs(*key[2:])
+            self._cache[key] = full
+        self.structs = full
+        self.stream.seek(0)
+        self.e_ident_raw = self.stream.read(16)
+        self.stream_loader = None
+
+
+def _make_elffile(stream):
+    """An ELF file object: the caching subclass, or plain pyelftools if it fails."""
+    try:
+        return _ScanELFFile(stream)
+    except AttributeError:  # pragma: no cover - pyelftools internals changed
+        stream.seek(0)
+        return ELFFile(stream)
+
+
+def _read_open_elf(stream, *, path):
+    """Parse the header, dynamic and version sections of an open ELF file."""
+    elf = _make_elffile(stream)
+    soname = None
+    needed = []
+    rpath = []
+    runpath = []
+    needs = {}
+    defs = set()
+    dynamic_seen = False
+    for section in _iter_wanted_sections(elf):
+        if isinstance(section, DynamicSection):
+            dynamic_seen = True
+            soname = (
+                _read_dynamic(section, needed=needed, rpath=rpath, runpath=runpath)
+                or soname
+            )
+        elif isinstance(section, GNUVerNeedSection):
+            for verneed, auxiliaries in section.iter_versions():
+                versions = needs.setdefault(verneed.name, set())
+                versions.update(aux.name for aux in auxiliaries)
+        elif isinstance(section, GNUVerDefSection):
+            for verdef, auxiliaries in section.iter_versions():
+                if verdef["vd_flags"] & _VER_FLG_BASE:
+                    continue
+                first = next(iter(auxiliaries), None)
+                if first is not None:
+                    defs.add(first.name)
+    if not dynamic_seen:
+        # No section headers (stripped hard): fall back to the PT_DYNAMIC
+        # segment, which has the tags but no version information.
+        for segment in elf.iter_segments(type="PT_DYNAMIC"):
+            soname = (
+                _read_dynamic(segment, needed=needed, rpath=rpath, runpath=runpath)
+                or soname
+            )
+    return ElfInfo(
+        path=path,
+        elfclass=elf.elfclass,
+        machine=elf["e_machine"],
+        elftype=elf["e_type"],
+        soname=soname,
+        needed=tuple(needed),
+        rpath=tuple(rpath),
+        runpath=tuple(runpath),
+        version_needs={name: frozenset(v) for name, v in needs.items()},
+        version_defs=frozenset(defs),
+    )
+
+
+#: The section types read; all others (symbol and hash tables ...) are skipped.
+_WANTED_SECTION_TYPES = frozenset({"SHT_DYNAMIC", "SHT_GNU_verneed", "SHT_GNU_verdef"})
+#: Their numeric values (ELF gABI and the GNU extensions).
+_WANTED_SH_TYPES = frozenset({6, 0x6FFFFFFD, 0x6FFFFFFE})
+
+
+def _iter_wanted_sections(elf):
+    """
+    Yield only the dynamic and GNU version sections of an ELF file.
+
+    ``ELFFile.iter_sections`` builds an object for every section (for hash
+    tables that means parsing the whole table) and parsing every section
+    header costs more than the rest of the scan. So the section header table
+    is read in one piece and only the ``sh_type`` word of each header (at
+    offset 4 in both ELF classes) is looked at to pick the few sections that
+    pyelftools then parses. Files with extended section numbering fall back
+    to pyelftools' own iteration.
+    """
+    count = elf["e_shnum"]
+    entsize = elf["e_shentsize"]
+    offset = elf["e_shoff"]
+    if not offset or not count or entsize < 8:
+        if offset:  # extended numbering (e_shnum == 0): let pyelftools count
+            for section in elf.iter_sections():
+                if section["sh_type"] in _WANTED_SECTION_TYPES:
+                    yield section
+        return
+    elf.stream.seek(offset)
+    table = elf.stream.read(count * entsize)
+    order = "little" if elf.little_endian else "big"
+    for index in range(min(count, len(table) // entsize)):
+        start = index * entsize + 4
+        if int.from_bytes(table[start : start + 4], order) in _WANTED_SH_TYPES:
+            yield elf.get_section(index)
+
+
+def _read_dynamic(dynamic, *, needed, rpath, runpath):
+    """
+    Collect DT_NEEDED / DT_RPATH / DT_RUNPATH from a dynamic section or segment.
+
+    Returns the DT_SONAME (or None), read in the same single pass.
+    """
+    soname = None
+    for tag in dynamic.iter_tags():
+        kind = tag.entry.d_tag
+        if kind == "DT_SONAME":
+            soname = tag.soname
+        elif kind == "DT_NEEDED":
+            needed.append(tag.needed)
+        elif kind == "DT_RPATH":
+            rpath.extend(p for p in tag.rpath.split(":") if p)
+        elif kind == "DT_RUNPATH":
+            runpath.extend(p for p in tag.runpath.split(":") if p)
+    return soname
+
+
+def scan_elf_files(*, root, path, skip=()):
+    """
+    Read every ELF regular file below an image directory.
+
+    The directory is resolved inside `root` and walked without following
+    symlinks (:func:`cotainr_lumi.engine.rootfs.walk_in_root`); files that do not
+    start with the ELF magic cost one 4-byte read.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the root file system.
+    path : str or os.PathLike
+        The image path of the directory.
+    skip : container of str, optional
+        Host paths (as str) not to read.
+
+    Yields
+    ------
+    info : ElfInfo
+        One per readable ELF regular file.
+    """
+    for entry in walk_in_root(root=root, path=path):
+        if entry.kind != "file":
+            continue
+        host = entry.path
+        if host in skip:
+            continue
+        info = read_elf_info(path=host)
+        if info is not None:
+            yield info
+
+
+__all__ = ["ELF_MAGIC", "ElfInfo", "is_elf", "read_elf_info", "scan_elf_files"]

@@ -1,0 +1,454 @@
+"""
+Decide whether an environment's own libstdc++ can go, and remove it.
+
+Conda environments ship their own ``lib/libstdc++.so*``. The hand-built LUMI
+images delete it so that the base image's system libstdc++ is used; that is
+safe only when the system library defines every symbol version
+(``GLIBCXX_*``, ``CXXABI_*`` ...) some ELF object of the environment needs
+from ``libstdc++.so.6``. :func:`check_libstdcxx` proves that by reading the
+version needs of every ELF object in the environment and the version
+definitions of the system library found the way the loader would find it
+(the image's ``ld.so.cache`` via ``ldconfig -p``, then the standard
+directories), all inside the sandbox root.
+
+Classes
+-------
+LibstdcxxCheck
+    The outcome of the safety check.
+
+Functions
+---------
+parse_ldconfig(*, text)
+    Parse ``ldconfig -p`` output.
+find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None)
+    Find the base image's libstdc++ inside the sandbox.
+check_libstdcxx(*, root, env_prefix, ldconfig_text="")
+    Check whether removing the env's libstdc++ is safe.
+remove_libstdcxx(*, check, root, manifest)
+    Remove the env's libstdc++ files found by a safe check.
+version_sort_key(version)
+    Sort ``GLIBCXX_3.4.9`` before ``GLIBCXX_3.4.30``.
+format_missing(*, check, limit=20)
+    The refusal text: objects and the versions they miss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import fnmatch
+import logging
+import os
+from pathlib import PurePosixPath
+import re
+
+from ...engine.rootfs import image_path_of, is_inside, resolve_in_root
+from .elfinfo import read_elf_info, scan_elf_files
+from .manifest import ManifestEntry
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The SONAME the loader looks for.
+LIBSTDCXX_SONAME = "libstdc++.so.6"
+#: The file names removed from ``<env>/lib`` (as the hand-built images do).
+LIBSTDCXX_GLOB = "libstdc++.so*"
+#: Directories the loader searches after its cache (glibc defaults and the
+#: multiarch directories of Debian/Ubuntu), in order.
+STANDARD_LIB_DIRS = (
+    "/lib64",
+    "/usr/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib",
+    "/usr/lib",
+)
+
+#: Prefixes of the system itself: never treated as an environment to prune.
+SYSTEM_PREFIXES = frozenset({"/", "/usr", "/usr/local"})
+
+_LDCONFIG_LINE = re.compile(
+    r"^\s*(?P<name>\S+)\s+\((?P<flags>[^)]*)\).*=>\s*(?P<path>/.*?)\s*$"
+)
+
+
+def version_sort_key(version):
+    """
+    Sort ``GLIBCXX_3.4.9`` before ``GLIBCXX_3.4.30``.
+
+    Parameters
+    ----------
+    version : str
+        A symbol version name.
+
+    Returns
+    -------
+    key : tuple
+        Text parts and numbers, comparable.
+    """
+    return tuple(
+        (0, int(part), "") if part.isdigit() else (1, 0, part)
+        for part in re.split(r"(\d+)", version)
+        if part
+    )
+
+
+def parse_ldconfig(*, text):
+    """
+    Parse ``ldconfig -p`` output.
+
+    Parameters
+    ----------
+    text : str
+        The output (lines like ``libstdc++.so.6 (libc6,x86-64) => /usr/lib64/libstdc++.so.6``).
+
+    Returns
+    -------
+    entries : list of (str, str, str)
+        ``(name, flags, path)`` in cache order.
+    """
+    entries = []
+    for line in text.splitlines():
+        match = _LDCONFIG_LINE.match(line)
+        if match:
+            entries.append((match["name"], match["flags"], match["path"]))
+    return entries
+
+
+@dataclass
+class SystemLib:
+    """
+    A library of the base image.
+
+    Attributes
+    ----------
+    image_path : str
+        Where the loader finds it in the image.
+    host_path : str
+        Its host path inside the sandbox (links resolved inside the root).
+    info : :class:`cotainr_lumi.stages.prune.elfinfo.ElfInfo`
+        Its ELF facts.
+    how : str
+        ``"ld.so.cache"`` or ``"standard directory"``.
+    """
+
+    image_path: str
+    host_path: str
+    info: object
+    how: str
+
+
+def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
+    """
+    Find the base image's libstdc++ inside the sandbox.
+
+    Candidates come from the image's loader cache (``ldconfig -p`` output run
+    in the container) and then the standard directories; each is resolved
+    inside `root` and must be an ELF file with SONAME ``libstdc++.so.6``.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the sandbox.
+    ldconfig_text : str, optional
+        ``ldconfig -p`` output from inside the container.
+    exclude : os.PathLike, optional
+        A host directory whose libraries do not count (the environment).
+    like : :class:`cotainr_lumi.stages.prune.elfinfo.ElfInfo`, optional
+        Only libraries of this ELF class and machine count.
+
+    Returns
+    -------
+    lib : SystemLib or None
+        The first matching library.
+    """
+    candidates = [
+        (path, "ld.so.cache")
+        for name, _flags, path in parse_ldconfig(text=ldconfig_text)
+        if name == LIBSTDCXX_SONAME
+    ]
+    candidates += [
+        (f"{d}/{LIBSTDCXX_SONAME}", "standard directory") for d in STANDARD_LIB_DIRS
+    ]
+    seen = set()
+    for image_path, how in candidates:
+        try:
+            host = resolve_in_root(root=root, path=image_path)
+        except OSError as e:  # a symlink loop
+            logger.debug("Skipping %s: %s", image_path, e)
+            continue
+        if str(host) in seen:
+            continue
+        seen.add(str(host))
+        if exclude is not None and is_inside(parent=exclude, path=host):
+            continue
+        if not host.is_file() or host.is_symlink():
+            continue
+        info = read_elf_info(path=host)
+        if info is None or info.soname != LIBSTDCXX_SONAME:
+            continue
+        if like is not None and not info.compatible_with(like):
+            continue
+        return SystemLib(image_path=image_path, host_path=str(host), info=info, how=how)
+    return None
+
+
+@dataclass
+class LibstdcxxCheck:
+    """
+    The outcome of the safety check.
+
+    Attributes
+    ----------
+    env_prefix : str
+        The environment's image path.
+    status : str
+        ``"absent"`` (no libstdc++ in the env), ``"safe"``, ``"unsafe"``
+        (some object needs a version the system lacks) or ``"unsupported"``
+        (the layout makes removal unsafe, e.g. ``lib`` links out of the env).
+    reason : str
+        Why, in words.
+    candidates : list of :class:`pathlib.Path`
+        Host paths of the env's ``lib/libstdc++.so*`` entries.
+    lib_dir : :class:`pathlib.Path` or None
+        The host path of ``<env>/lib``.
+    system : SystemLib or None
+        The base image's libstdc++.
+    missing : dict of str to list of str
+        Image path of an object -> versions the system lacks.
+    objects_checked : int
+        ELF objects read.
+    requirers : int
+        Objects that need ``libstdc++.so.6``.
+    """
+
+    env_prefix: str
+    status: str
+    reason: str
+    candidates: list = field(default_factory=list)
+    lib_dir: object = None
+    system: SystemLib | None = None
+    missing: dict = field(default_factory=dict)
+    objects_checked: int = 0
+    requirers: int = 0
+
+
+def _env_candidates(lib_dir):
+    """The ``libstdc++.so*`` files and links directly in `lib_dir`."""
+    found = []
+    try:
+        with os.scandir(lib_dir) as it:
+            for entry in it:
+                if not fnmatch.fnmatchcase(entry.name, LIBSTDCXX_GLOB):
+                    continue
+                if entry.is_symlink() or entry.is_file(follow_symlinks=False):
+                    found.append(lib_dir / entry.name)
+    except OSError:
+        return []
+    return sorted(found)
+
+
+def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
+    """
+    Check whether removing the env's libstdc++ is safe.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the sandbox.
+    env_prefix : str
+        The environment's image path (``sys.prefix`` in the container).
+    ldconfig_text : str, optional
+        ``ldconfig -p`` output from inside the container.
+
+    Returns
+    -------
+    check : LibstdcxxCheck
+        The outcome; nothing is changed.
+    """
+    env_prefix = str(PurePosixPath("/", env_prefix))
+    env_host = resolve_in_root(root=root, path=env_prefix)
+    real_prefix = str(image_path_of(root=root, host_path=env_host))
+    if real_prefix in SYSTEM_PREFIXES:
+        return LibstdcxxCheck(
+            env_prefix=env_prefix,
+            status="unsupported",
+            reason=(
+                f"the active Python's prefix is {real_prefix}, the system itself "
+                "rather than a separate environment; the system's libstdc++ is "
+                "never removed"
+            ),
+        )
+    if not env_host.is_dir():
+        return LibstdcxxCheck(
+            env_prefix=env_prefix,
+            status="absent",
+            reason=f"the environment {env_prefix} does not exist in the image",
+        )
+    lib_image = f"{env_prefix}/lib"
+    lib_host = resolve_in_root(root=root, path=lib_image)
+    if not lib_host.is_dir():
+        return LibstdcxxCheck(
+            env_prefix=env_prefix,
+            status="absent",
+            reason=f"{lib_image} does not exist",
+        )
+    if lib_host == env_host or not is_inside(parent=env_host, path=lib_host):
+        return LibstdcxxCheck(
+            env_prefix=env_prefix,
+            status="unsupported",
+            reason=(
+                f"{lib_image} is a link to "
+                f"{image_path_of(root=root, host_path=lib_host)}, outside the "
+                "environment; nothing there is removed"
+            ),
+            lib_dir=lib_host,
+        )
+    candidates = _env_candidates(lib_host)
+    if not candidates:
+        return LibstdcxxCheck(
+            env_prefix=env_prefix,
+            status="absent",
+            reason=f"no {LIBSTDCXX_GLOB} in {lib_image}",
+            lib_dir=lib_host,
+        )
+
+    env_lib_info = None
+    for path in candidates:
+        if not path.is_symlink():
+            env_lib_info = read_elf_info(path=path) or env_lib_info
+    skip = {str(p) for p in candidates}
+    needs = {}
+    objects = 0
+    like = env_lib_info
+    for info in scan_elf_files(root=root, path=env_prefix, skip=skip):
+        objects += 1
+        versions = info.needs_from(prefix="libstdc++.so.")
+        uses = versions or any(n.startswith("libstdc++.so.") for n in info.needed)
+        if not uses:
+            continue
+        if like is None:
+            like = info
+        needs[info.path] = (info, versions)
+
+    system = find_system_libstdcxx(
+        root=root, ldconfig_text=ldconfig_text, exclude=env_host, like=like
+    )
+    missing = {}
+    for host_path, (info, versions) in needs.items():
+        if system is not None and not info.compatible_with(system.info):
+            continue  # another architecture: never loads the system library
+        lacking = versions - system.info.version_defs if system else set(versions)
+        if system is None:
+            lacking = set(lacking) or {LIBSTDCXX_SONAME}
+        if lacking:
+            image = str(image_path_of(root=root, host_path=host_path))
+            missing[image] = sorted(lacking, key=version_sort_key)
+
+    check = LibstdcxxCheck(
+        env_prefix=env_prefix,
+        status="unsafe" if missing else "safe",
+        reason="",
+        candidates=candidates,
+        lib_dir=lib_host,
+        system=system,
+        missing=missing,
+        objects_checked=objects,
+        requirers=len(needs),
+    )
+    if system is None:
+        where = "the image's ld.so.cache and " + ", ".join(STANDARD_LIB_DIRS)
+        check.reason = (
+            f"the base image has no {LIBSTDCXX_SONAME} (looked in {where})"
+            + (f", but {len(needs)} object(s) of the env need it" if needs else "")
+        )
+        if not needs:
+            check.status = "safe"
+            check.reason += "; no ELF object of the environment uses libstdc++"
+    elif missing:
+        check.reason = (
+            f"{len(missing)} ELF object(s) need versions that the base image's "
+            f"{system.image_path} does not define"
+        )
+    else:
+        newest = sorted(
+            {v for _info, vs in needs.values() for v in vs}, key=version_sort_key
+        )
+        check.reason = (
+            f"the base image's {system.image_path} ({system.how}) defines every "
+            f"version the {len(needs)} object(s) using libstdc++ need"
+            + (f" (highest: {newest[-1]})" if newest else "")
+        )
+    return check
+
+
+def format_missing(*, check, limit=20):
+    """
+    The refusal text: objects and the versions they miss.
+
+    Parameters
+    ----------
+    check : LibstdcxxCheck
+        An ``"unsafe"`` check.
+    limit : int, default=20
+        The most objects listed.
+
+    Returns
+    -------
+    text : str
+        One line per object.
+    """
+    lines = []
+    for image_path in sorted(check.missing)[:limit]:
+        lines.append(f"  {image_path}: needs {', '.join(check.missing[image_path])}")
+    if len(check.missing) > limit:
+        lines.append(f"  ... and {len(check.missing) - limit} more object(s)")
+    return "\n".join(lines)
+
+
+def remove_libstdcxx(*, check, root, manifest):
+    """
+    Remove the env's libstdc++ files found by a safe check.
+
+    Only the entries of ``check.candidates`` are removed, each after checking
+    again that it lies directly in the environment's ``lib`` directory; a
+    symlink is removed itself, never its target.
+
+    Parameters
+    ----------
+    check : LibstdcxxCheck
+        A check with status ``"safe"``.
+    root : os.PathLike
+        The host path of the sandbox.
+    manifest : :class:`cotainr_lumi.stages.prune.manifest.PruneManifest`
+        Gets one entry per removed path.
+
+    Returns
+    -------
+    removed : int
+        The bytes freed.
+    """
+    if check.status != "safe":
+        raise ValueError(f"refusing to remove libstdc++: check status {check.status}")
+    env_host = resolve_in_root(root=root, path=check.env_prefix)
+    freed = 0
+    for path in check.candidates:
+        if path.parent != check.lib_dir or not is_inside(parent=env_host, path=path):
+            raise ValueError(f"{path} is not in the environment's lib directory")
+        st = os.lstat(path)
+        kind = "symlink" if os.path.islink(path) else "file"
+        size = 0 if kind == "symlink" else st.st_size
+        os.unlink(path)
+        freed += size
+        manifest.add(
+            ManifestEntry(
+                path=str(image_path_of(root=root, host_path=path)),
+                action="removed",
+                size=size,
+                reason=check.reason,
+                kind=kind,
+                group="libstdcxx",
+            )
+        )
+        logger.debug("Removed %s", path)
+    return freed

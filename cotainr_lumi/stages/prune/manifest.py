@@ -1,0 +1,229 @@
+"""
+The prune manifest: what the prune stage removed or linked, and why.
+
+The manifest is a JSON file inside the image (:data:`MANIFEST_PATH`) that the
+label :data:`MANIFEST_LABEL` points at. Every entry records an image path, the
+action taken, the bytes it freed and the reason; decisions not to prune are
+recorded as well.
+
+Classes
+-------
+ManifestEntry
+    One pruned path.
+PruneManifest
+    All entries and skipped decisions of one build.
+
+Functions
+---------
+format_bytes(*, size)
+    A byte count for humans (``1.5 GiB``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+import json
+import logging
+
+from ...engine.rootfs import write_file_in_root
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: Where the manifest goes in the image.
+MANIFEST_PATH = "/opt/cotainr-lumi/prune-manifest.json"
+#: The label pointing at the manifest.
+MANIFEST_LABEL = "cotainr-lumi.prune.manifest"
+#: The version of the manifest format.
+MANIFEST_FORMAT = 1
+
+
+def format_bytes(*, size):
+    """
+    A byte count for humans.
+
+    Parameters
+    ----------
+    size : int
+        Bytes.
+
+    Returns
+    -------
+    text : str
+        E.g. ``"512 B"``, ``"3.2 MiB"``, ``"10.7 GiB"``.
+    """
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"  # pragma: no cover
+
+
+@dataclass
+class ManifestEntry:
+    """
+    One pruned path.
+
+    Attributes
+    ----------
+    path : str
+        The image path.
+    action : str
+        ``"removed"`` or ``"symlinked"``.
+    size : int
+        The bytes freed (a directory: the sum of its files).
+    reason : str
+        Why it was safe.
+    kind : str
+        ``"file"``, ``"symlink"`` or ``"dir"`` (what was there before).
+    target : str or None
+        The link target for ``"symlinked"`` (relative to the link).
+    group : str
+        The pruning it belongs to (``"libstdcxx"`` or ``"rocm-dedup"``).
+    """
+
+    path: str
+    action: str
+    size: int
+    reason: str
+    kind: str = "file"
+    target: str | None = None
+    group: str = ""
+
+
+@dataclass
+class PruneManifest:
+    """
+    All entries and skipped decisions of one build.
+
+    Attributes
+    ----------
+    entries : list of ManifestEntry
+        What was removed or linked.
+    skipped : list of dict
+        Decisions not to prune: ``{"group", "what", "reason"}``.
+    settings : dict
+        The stage settings used.
+    facts : dict
+        What the decisions were based on (env prefix, ROCm versions, the
+        system libstdc++ ...).
+    """
+
+    entries: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+    facts: dict = field(default_factory=dict)
+
+    def add(self, entry):
+        """
+        Record a pruned path.
+
+        Parameters
+        ----------
+        entry : ManifestEntry
+            The entry.
+        """
+        self.entries.append(entry)
+
+    def skip(self, *, group, what, reason):
+        """
+        Record a decision not to prune.
+
+        Parameters
+        ----------
+        group : str
+            ``"libstdcxx"`` or ``"rocm-dedup"``.
+        what : str
+            The path or package concerned.
+        reason : str
+            Why it was left alone.
+        """
+        self.skipped.append({"group": group, "what": str(what), "reason": reason})
+
+    @property
+    def bytes_saved(self):
+        """The bytes freed by all entries."""
+        return sum(entry.size for entry in self.entries)
+
+    def count(self, *, action=None, group=None):
+        """
+        The number of entries with an action and/or group.
+
+        Parameters
+        ----------
+        action : str, optional
+            Only entries with this action.
+        group : str, optional
+            Only entries of this group.
+
+        Returns
+        -------
+        n : int
+            The count.
+        """
+        return sum(
+            1
+            for e in self.entries
+            if (action is None or e.action == action)
+            and (group is None or e.group == group)
+        )
+
+    def summary(self):
+        """
+        One line for the build log.
+
+        Returns
+        -------
+        text : str
+            E.g. ``"removed 3, symlinked 12 (10.7 GiB saved); skipped 1"``.
+        """
+        parts = []
+        removed = self.count(action="removed")
+        linked = self.count(action="symlinked")
+        if removed:
+            parts.append(f"removed {removed}")
+        if linked:
+            parts.append(f"replaced {linked} by links into ROCm")
+        text = ", ".join(parts) if parts else "nothing pruned"
+        text += f" ({format_bytes(size=self.bytes_saved)} saved)"
+        if self.skipped:
+            text += f"; {len(self.skipped)} decision(s) not to prune (see manifest)"
+        return text
+
+    def to_dict(self):
+        """
+        The JSON-serialisable manifest.
+
+        Returns
+        -------
+        data : dict
+            With ``format``, ``bytes-saved``, ``entries``, ``skipped``,
+            ``settings`` and ``facts``.
+        """
+        return {
+            "format": MANIFEST_FORMAT,
+            "bytes-saved": self.bytes_saved,
+            "entries": [
+                asdict(e) for e in sorted(self.entries, key=lambda e: (e.group, e.path))
+            ],
+            "skipped": list(self.skipped),
+            "settings": dict(self.settings),
+            "facts": dict(self.facts),
+        }
+
+    def write(self, *, root):
+        """
+        Write the manifest into the image at :data:`MANIFEST_PATH`.
+
+        Parameters
+        ----------
+        root : os.PathLike
+            The host path of the sandbox.
+
+        Returns
+        -------
+        host_path : :class:`pathlib.Path`
+            Where it was written.
+        """
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+        return write_file_in_root(root=root, path=MANIFEST_PATH, content=text + "\n")

@@ -1,0 +1,731 @@
+"""
+De-duplicate the ROCm libraries Python packages bundle (``torch/lib``).
+
+ROCm wheels of PyTorch bundle several GB of ROCm libraries (RCCL, rocBLAS,
+hipBLASLt, MIOpen ...). The base image has the same libraries under
+``$ROCM_PATH/lib`` and ``/opt/amdgpu/lib64``, and its RCCL is the one that
+uses the image's network plugin. An entry of a package's ``lib`` directory
+whose name also exists there is replaced by a relative symlink into the ROCm
+directory, so ``$ORIGIN`` RUNPATH lookups keep working without
+``LD_LIBRARY_PATH`` and the loaded library is the base image's. This is done
+only when the package's ROCm major.minor matches the base image's and, for
+ELF files, the SONAMEs match; the stage then checks inside the container that
+everything still resolves and rolls back otherwise.
+
+Originals are first renamed to backups in the same directory and deleted only
+on :func:`commit`, so :func:`rollback` restores them exactly.
+
+Classes
+-------
+BundleDir
+    A package directory that bundles ROCm libraries.
+DedupAction
+    One planned replacement.
+
+Functions
+---------
+major_minor(*, version)
+    ``"6.1"`` from ``"6.1.40091-a8dbc0c19"``.
+base_rocm_version(*, root, rocm_path)
+    The base image's ROCm version from ``.info/version``.
+hip_version_of_package(*, version_file)
+    ``hip`` from a package's ``version.py`` (read as text, never imported).
+rocm_names(*, rocm_dirs)
+    The entry names of the ROCm library directories.
+find_bundle_dirs(*, root, site_dirs, rocm_dirs)
+    Package directories holding entries that ROCm also has.
+find_rocm_sdk_packages(*, root, site_dirs)
+    ``_rocm_sdk_*`` packages (the newer ROCm wheel layout).
+plan_dedup(*, root, bundle, rocm_dirs)
+    The replacements for one bundle directory, and what is left alone.
+apply_actions(*, actions)
+    Replace entries by links, keeping backups.
+commit(*, actions)
+    Delete the backups.
+rollback(*, actions)
+    Restore the originals.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+import logging
+import os
+from pathlib import Path
+import re
+import shutil
+
+from ...engine.rootfs import image_path_of, is_inside, resolve_in_root, walk_in_root
+from .elfinfo import read_elf_info
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: Where AMD's user-space graphics libraries live in ROCm images.
+AMDGPU_LIB_DIR = "/opt/amdgpu/lib64"
+#: Prefix of backup names (in the bundle directory, until commit/rollback).
+BACKUP_PREFIX = ".cotainr-lumi-prune-backup."
+#: Prefix of the package directories of the newer ROCm wheel layout.
+ROCM_SDK_PREFIX = "_rocm_sdk"
+
+_MAJOR_MINOR = re.compile(r"^\s*(\d+)\.(\d+)")
+
+
+def major_minor(*, version):
+    """
+    ``"6.1"`` from ``"6.1.40091-a8dbc0c19"`` or ``"6.1.3-122"``.
+
+    Parameters
+    ----------
+    version : str or None
+        A version string.
+
+    Returns
+    -------
+    major_minor : str or None
+        None if it does not start with ``N.N``.
+    """
+    if not version:
+        return None
+    match = _MAJOR_MINOR.match(str(version))
+    return f"{int(match[1])}.{int(match[2])}" if match else None
+
+
+def base_rocm_version(*, root, rocm_path):
+    """
+    The base image's ROCm version from ``$ROCM_PATH/.info/version``.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the sandbox.
+    rocm_path : str
+        The image's ``ROCM_PATH`` (e.g. ``/opt/rocm``).
+
+    Returns
+    -------
+    version : str or None
+        The first line (e.g. ``"6.1.3-122"``), None if absent.
+    """
+    try:
+        host = resolve_in_root(root=root, path=f"{rocm_path}/.info/version")
+    except OSError:
+        return None
+    if not host.is_file() or host.is_symlink():
+        return None
+    try:
+        with open(host, encoding="utf-8", errors="replace") as f:
+            line = f.readline(200).strip()
+    except OSError:
+        return None
+    return line or None
+
+
+def hip_version_of_package(*, version_file):
+    """
+    ``hip`` from a package's ``version.py``, read as text, never imported.
+
+    Accepts ``hip = '6.1.40091-a8dbc0c19'`` and the annotated form
+    ``hip: Optional[str] = '...'`` that torch writes.
+
+    Parameters
+    ----------
+    version_file : os.PathLike
+        The host path of ``version.py`` (a symlink is not followed).
+
+    Returns
+    -------
+    hip : str or None
+        None if the file is missing, unparsable or has no string ``hip``.
+    """
+    try:
+        fd = os.open(version_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            source = f.read(1024 * 1024)
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == "hip" for t in targets):
+            value = node.value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                return value.value
+            return None
+    return None
+
+
+@dataclass
+class RocmDir:
+    """
+    A ROCm library directory of the base image.
+
+    Attributes
+    ----------
+    image_path : str
+        As named (e.g. ``/opt/rocm/lib``).
+    host_path : :class:`pathlib.Path`
+        Resolved inside the sandbox.
+    real_image_path : str
+        The image path after resolving links (``/opt/rocm-6.1.3/lib``).
+    names : frozenset of str
+        Its entry names.
+    """
+
+    image_path: str
+    host_path: Path
+    real_image_path: str
+    names: frozenset
+
+
+def rocm_dirs_of(*, root, rocm_path):
+    """
+    The ROCm library directories that exist in the image.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the sandbox.
+    rocm_path : str
+        The image's ``ROCM_PATH``.
+
+    Returns
+    -------
+    dirs : list of RocmDir
+        ``$ROCM_PATH/lib`` and :data:`AMDGPU_LIB_DIR`, when present.
+    """
+    found = []
+    for image_path in (f"{rocm_path.rstrip('/')}/lib", AMDGPU_LIB_DIR):
+        try:
+            host = resolve_in_root(root=root, path=image_path)
+        except OSError:
+            continue
+        if not host.is_dir() or host == Path(os.path.abspath(root)):
+            continue
+        try:
+            names = frozenset(os.listdir(host))
+        except OSError:
+            continue
+        found.append(
+            RocmDir(
+                image_path=image_path,
+                host_path=host,
+                real_image_path=str(image_path_of(root=root, host_path=host)),
+                names=names,
+            )
+        )
+    return found
+
+
+def rocm_names(*, rocm_dirs):
+    """
+    The entry names of the ROCm library directories.
+
+    Parameters
+    ----------
+    rocm_dirs : list of RocmDir
+        The directories.
+
+    Returns
+    -------
+    names : frozenset of str
+        The union of their names.
+    """
+    names = set()
+    for d in rocm_dirs:
+        names |= d.names
+    return frozenset(names)
+
+
+@dataclass
+class BundleDir:
+    """
+    A package directory that bundles ROCm libraries.
+
+    Attributes
+    ----------
+    package : str
+        The package (top-level directory name in site-packages).
+    package_dir : :class:`pathlib.Path`
+        Its host path.
+    host_path : :class:`pathlib.Path`
+        The host path of the bundle directory (e.g. ``.../torch/lib``).
+    image_path : str
+        Its image path (links resolved).
+    overlap : list of str
+        Entry names that a ROCm directory has too.
+    """
+
+    package: str
+    package_dir: Path
+    host_path: Path
+    image_path: str
+    overlap: list
+
+
+def _real_subdirs(directory):
+    """Sub-directories of `directory` that are not symlinks, by name."""
+    try:
+        with os.scandir(directory) as it:
+            return sorted(
+                (e.name, Path(e.path)) for e in it if e.is_dir(follow_symlinks=False)
+            )
+    except OSError:
+        return []
+
+
+def find_bundle_dirs(*, root, site_dirs, rocm_dirs):
+    """
+    Package directories holding entries that ROCm also has.
+
+    Looked at: ``<site-packages>/<package>/lib`` (torch's layout) and
+    auditwheel's ``<site-packages>/<package>.libs``; links are not followed.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the sandbox.
+    site_dirs : list of str
+        Image paths of the site-packages directories.
+    rocm_dirs : list of RocmDir
+        The base image's ROCm directories.
+
+    Returns
+    -------
+    bundles : list of BundleDir
+        Those with at least one overlapping name.
+    """
+    names = rocm_names(rocm_dirs=rocm_dirs)
+    bundles = []
+    seen = set()
+    for site in site_dirs:
+        site_host = resolve_in_root(root=root, path=site)
+        if not site_host.is_dir() or str(site_host) in seen:
+            continue
+        seen.add(str(site_host))
+        for name, pkg_dir in _real_subdirs(site_host):
+            if name.startswith(ROCM_SDK_PREFIX):
+                continue
+            if name.endswith(".libs"):
+                candidates = [(name[: -len(".libs")], pkg_dir, pkg_dir)]
+            else:
+                lib = pkg_dir / "lib"
+                if not lib.is_dir() or lib.is_symlink():
+                    continue
+                candidates = [(name, pkg_dir, lib)]
+            for package, package_dir, lib_dir in candidates:
+                try:
+                    overlap = sorted(set(os.listdir(lib_dir)) & names)
+                except OSError:
+                    continue
+                if overlap:
+                    bundles.append(
+                        BundleDir(
+                            package=package,
+                            package_dir=package_dir,
+                            host_path=lib_dir,
+                            image_path=str(image_path_of(root=root, host_path=lib_dir)),
+                            overlap=overlap,
+                        )
+                    )
+    return bundles
+
+
+def find_rocm_sdk_packages(*, root, site_dirs):
+    """
+    ``_rocm_sdk_*`` packages (the newer ROCm wheel layout).
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the sandbox.
+    site_dirs : list of str
+        Image paths of the site-packages directories.
+
+    Returns
+    -------
+    packages : list of str
+        Image paths of the package directories.
+    """
+    found = []
+    for site in site_dirs:
+        site_host = resolve_in_root(root=root, path=site)
+        for name, path in _real_subdirs(site_host):
+            if name.startswith(ROCM_SDK_PREFIX):
+                found.append(str(image_path_of(root=root, host_path=path)))
+    return sorted(set(found))
+
+
+@dataclass
+class DedupAction:
+    """
+    One planned replacement of a bundled entry by a link into ROCm.
+
+    Attributes
+    ----------
+    host_path : :class:`pathlib.Path`
+        The bundled entry.
+    image_path : str
+        Its image path.
+    kind : str
+        ``"file"`` or ``"dir"``.
+    size : int
+        Bytes it holds (a directory: the sum of its regular files).
+    target : str
+        The relative link target.
+    rocm_image_path : str
+        What the link points at, as an image path.
+    reason : str
+        Why it is safe.
+    backup : :class:`pathlib.Path` or None
+        Where the original is kept between apply and commit/rollback.
+    """
+
+    host_path: Path
+    image_path: str
+    kind: str
+    size: int
+    target: str
+    rocm_image_path: str
+    reason: str
+    backup: Path | None = None
+    is_elf: bool = False
+
+
+def _tree_size(host_path):
+    """The sum of the sizes of the regular files below a directory (no links followed)."""
+    total = 0
+    stack = [str(host_path)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+    return total
+
+
+@dataclass
+class DedupPlan:
+    """
+    The replacements for one bundle directory, and what is left alone.
+
+    Attributes
+    ----------
+    actions : list of DedupAction
+        The replacements.
+    left_alone : list of (str, str)
+        ``(image path, reason)`` of overlapping entries kept.
+    """
+
+    actions: list = field(default_factory=list)
+    left_alone: list = field(default_factory=list)
+
+
+def plan_dedup(*, root, bundle, rocm_dirs):
+    """
+    The replacements for one bundle directory, and what is left alone.
+
+    For every overlapping name: a directory is replaced when ROCm's entry is a
+    directory; an ELF file when ROCm's entry resolves (inside the sandbox) to
+    an ELF file of the same class, machine and SONAME; a non-ELF file when
+    ROCm's entry is a non-ELF file. Links in the bundle are left alone (they
+    point at bundled files, which are replaced themselves).
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the sandbox.
+    bundle : BundleDir
+        The bundle directory.
+    rocm_dirs : list of RocmDir
+        The ROCm directories, in priority order.
+
+    Returns
+    -------
+    plan : DedupPlan
+        Nothing is changed.
+    """
+    plan = DedupPlan()
+    for name in bundle.overlap:
+        ours = bundle.host_path / name
+        ours_image = f"{bundle.image_path}/{name}"
+        rocm = next(d for d in rocm_dirs if name in d.names)
+        theirs_image = f"{rocm.real_image_path}/{name}"
+        try:
+            theirs = resolve_in_root(root=root, path=theirs_image)
+        except OSError as e:  # a symlink loop
+            plan.left_alone.append((ours_image, f"{theirs_image}: {e.strerror or e}"))
+            continue
+        if ours.is_symlink():
+            plan.left_alone.append((ours_image, "already a link"))
+            continue
+        target = os.path.relpath(theirs_image, start=bundle.image_path)
+        if ours.is_dir():
+            if not theirs.is_dir():
+                plan.left_alone.append(
+                    (ours_image, f"{theirs_image} is not a directory")
+                )
+                continue
+            plan.actions.append(
+                DedupAction(
+                    host_path=ours,
+                    image_path=ours_image,
+                    kind="dir",
+                    size=_tree_size(ours),
+                    target=target,
+                    rocm_image_path=theirs_image,
+                    reason=f"same directory in the base image ({theirs_image})",
+                )
+            )
+            continue
+        if not ours.is_file():
+            plan.left_alone.append((ours_image, "not a regular file or directory"))
+            continue
+        size = os.lstat(ours).st_size
+        ours_info = read_elf_info(path=ours)
+        theirs_info = read_elf_info(path=theirs) if theirs.is_file() else None
+        if ours_info is None:
+            if not theirs.is_file() or read_elf_info(path=theirs) is not None:
+                plan.left_alone.append(
+                    (ours_image, f"{theirs_image} is not a matching data file")
+                )
+                continue
+            reason = f"same data file name in the base image ({theirs_image})"
+        else:
+            if theirs_info is None:
+                plan.left_alone.append(
+                    (ours_image, f"{theirs_image} is not an ELF file")
+                )
+                continue
+            if not ours_info.compatible_with(theirs_info):
+                plan.left_alone.append(
+                    (ours_image, f"{theirs_image} is for another architecture")
+                )
+                continue
+            if ours_info.soname != theirs_info.soname:
+                plan.left_alone.append(
+                    (
+                        ours_image,
+                        f"SONAME {ours_info.soname} differs from "
+                        f"{theirs_info.soname} of {theirs_image}",
+                    )
+                )
+                continue
+            reason = f"same SONAME {ours_info.soname} as {theirs_image}"
+        plan.actions.append(
+            DedupAction(
+                host_path=ours,
+                image_path=ours_image,
+                kind="file",
+                size=size,
+                target=target,
+                rocm_image_path=theirs_image,
+                reason=reason,
+                is_elf=ours_info is not None,
+            )
+        )
+    return plan
+
+
+def apply_actions(*, actions):
+    """
+    Replace entries by links, keeping backups.
+
+    Each original is renamed to ``.cotainr-lumi-prune-backup.<name>`` in the
+    same directory (an atomic rename, no copy), then the link is created.
+
+    Parameters
+    ----------
+    actions : list of DedupAction
+        The planned replacements; their ``backup`` is set.
+    """
+    done = []
+    try:
+        for action in actions:
+            backup = action.host_path.with_name(BACKUP_PREFIX + action.host_path.name)
+            if os.path.lexists(backup):
+                _remove(backup)
+            os.rename(action.host_path, backup)
+            action.backup = backup
+            done.append(action)
+            os.symlink(action.target, action.host_path)
+    except OSError:
+        rollback(actions=done)
+        raise
+
+
+def commit(*, actions):
+    """
+    Delete the backups of applied actions.
+
+    Parameters
+    ----------
+    actions : list of DedupAction
+        Applied actions.
+    """
+    for action in actions:
+        if action.backup is not None:
+            _remove(action.backup)
+            action.backup = None
+
+
+def rollback(*, actions):
+    """
+    Restore the originals of applied actions.
+
+    Parameters
+    ----------
+    actions : list of DedupAction
+        Applied actions (others are ignored).
+    """
+    for action in reversed(actions):
+        if action.backup is None:
+            continue
+        if os.path.islink(action.host_path):
+            os.unlink(action.host_path)
+        os.rename(action.backup, action.host_path)
+        action.backup = None
+
+
+def _remove(path):
+    """Remove a file, link or directory tree (links are never followed)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def elf_objects_below(*, root, bundle, actions):
+    """
+    Image paths of the ELF objects to check after de-duplication.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the sandbox.
+    bundle : BundleDir
+        The bundle directory.
+    actions : list of DedupAction
+        The applied actions (their links count as objects if ELF).
+
+    Returns
+    -------
+    paths : list of str
+        Sorted image paths: every ELF regular file below the package
+        directory (backups excluded) and every new link to an ELF file.
+    """
+    paths = set()
+    package_image = str(image_path_of(root=root, host_path=bundle.package_dir))
+    for entry in walk_in_root(root=root, path=package_image):
+        if entry.kind != "file" or entry.host_path.name.startswith(BACKUP_PREFIX):
+            continue
+        if any(part.startswith(BACKUP_PREFIX) for part in entry.host_path.parts):
+            continue
+        if read_elf_info(path=entry.host_path) is not None:
+            paths.add(str(image_path_of(root=root, host_path=entry.host_path)))
+    for action in actions:
+        if action.kind == "file" and action.is_elf:
+            paths.add(action.image_path)
+    return sorted(paths)
+
+
+#: The bash script that lists unresolved libraries with the image's loader.
+VERIFY_SCRIPT = r"""
+if command -v ldd >/dev/null 2>&1; then list() { ldd "$1"; }
+else
+    loader=""
+    for l in /lib64/ld-linux-x86-64.so.2 /lib/ld-linux-aarch64.so.1; do
+        if [ -x "$l" ]; then loader="$l"; break; fi
+    done
+    if [ -z "$loader" ]; then echo "COTAINR_LUMI_NO_LOADER"; exit 3; fi
+    list() { "$loader" --list "$1"; }
+fi
+for f in "$@"; do
+    out="$(list "$f" 2>&1)" || true
+    while IFS= read -r line; do
+        case "$line" in
+        *"not found"*) printf 'COTAINR_LUMI_NOTFOUND\t%s\t%s\n' "$f" "$line" ;;
+        esac
+    done <<<"$out"
+done
+echo COTAINR_LUMI_VERIFY_DONE
+"""
+
+
+def parse_verify_output(*, text):
+    """
+    Parse the output of :data:`VERIFY_SCRIPT`.
+
+    Parameters
+    ----------
+    text : str
+        Its stdout.
+
+    Returns
+    -------
+    failures : set of (str, str)
+        ``(object, missing library)`` pairs.
+
+    Raises
+    ------
+    RuntimeError
+        If the script did not finish (no completion marker).
+    """
+    if "COTAINR_LUMI_VERIFY_DONE" not in text:
+        raise RuntimeError("the library check in the container did not complete")
+    failures = set()
+    for line in text.splitlines():
+        if line.startswith("COTAINR_LUMI_NOTFOUND\t"):
+            _tag, obj, detail = line.split("\t", 2)
+            missing = detail.strip().split(" ", 1)[0]
+            failures.add((obj, missing))
+    return failures
+
+
+def is_backup_free(*, bundle):
+    """
+    Whether a bundle directory holds no leftover backups.
+
+    Parameters
+    ----------
+    bundle : BundleDir
+        The bundle directory.
+
+    Returns
+    -------
+    clean : bool
+        True if no entry starts with :data:`BACKUP_PREFIX`.
+    """
+    return not any(n.startswith(BACKUP_PREFIX) for n in os.listdir(bundle.host_path))
+
+
+def link_stays_inside(*, root, action):
+    """
+    Whether an action's link resolves to its ROCm entry inside the sandbox.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the sandbox.
+    action : DedupAction
+        The action.
+
+    Returns
+    -------
+    ok : bool
+        True if resolving the link's image path in `root` ends at the ROCm
+        entry's resolved path.
+    """
+    via_link = resolve_in_root(root=root, path=action.image_path)
+    direct = resolve_in_root(root=root, path=action.rocm_image_path)
+    return via_link == direct and is_inside(parent=root, path=via_link)

@@ -1,0 +1,454 @@
+"""
+Check a built image against the hand-built LUMI PyTorch image.
+
+``cotainr-lumi verify IMAGE.sif`` runs :mod:`cotainr_lumi.verify.probe`
+inside the image (its own ``python``, a clean environment) and turns the facts
+into one row per check: PASS, FAIL or N/A, with the evidence (path, value,
+version). Checks that need LUMI hardware are listed as N/A with what to run
+instead.
+
+Classes
+-------
+CheckResult
+    One row of the report.
+VerifyReport
+    All rows, with a summary.
+
+Functions
+---------
+verify_image(*, image, expected_env=None)
+    Run every check on an image.
+"""
+
+from dataclasses import asdict, dataclass, field
+import json
+import logging
+import os
+from pathlib import Path
+
+from ..errors import CotainrLumiError, InputError
+from . import apptainer
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+PASS, FAIL, NA = "PASS", "FAIL", "N/A"
+
+#: Where the LUMI base images expect the host's Cray libfabric (FACTS §2):
+#: ``/opt/cray`` is removed from the images and bound from the host.
+CRAY_LIBFABRIC_PREFIX = "/opt/cray/libfabric/"
+
+#: The LUMI settings of the hand-built images (FACTS §2–3), used when the
+#: image's system profile does not say otherwise.
+DEFAULT_LUMI_ENV = {
+    "CXI_FORK_SAFE": "1",
+    "CXI_FORK_SAFE_HP": "1",
+    "FI_CXI_DISABLE_CQ_HUGETLB": "1",
+    "NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3",
+    "FI_MR_CACHE_MONITOR": "userfaultfd",
+    "FI_CXI_DEFAULT_CQ_SIZE": "131072",
+    "PYTORCH_ROCM_ARCH": "gfx90a",
+}
+#: Labels every cotainr-lumi image carries (provenance stage).
+REQUIRED_LABELS = (
+    "cotainr-lumi.version",
+    "cotainr-lumi.system",
+    "cotainr-lumi.base-image",
+    "cotainr-lumi.base-image.resolved",
+    "cotainr-lumi.stages",
+)
+HARDWARE_CHECKS = (
+    (
+        "rccl-bandwidth",
+        "rccl-tests all_reduce_perf >= 29 GB/s bus bandwidth on 4 nodes x 8 GCDs",
+        "sbatch examples/slurm/acceptance.sbatch IMAGE (on LUMI-G)",
+    ),
+    (
+        "rccl-net-plugin",
+        'NCCL_DEBUG=INFO shows "NET/OFI Using aws-ofi-rccl" and "Selected Provider is cxi"',
+        "sbatch examples/slurm/acceptance.sbatch IMAGE (on LUMI-G)",
+    ),
+    (
+        "gpus-visible",
+        "torch.cuda.device_count() == 8 on a LUMI-G node",
+        "srun -p dev-g --gpus-per-node=8 singularity exec IMAGE python -c "
+        "'import torch; print(torch.cuda.device_count())'",
+    ),
+)
+
+
+@dataclass
+class CheckResult:
+    """
+    One row of the report.
+
+    Attributes
+    ----------
+    check : str
+        The check id.
+    status : str
+        ``PASS``, ``FAIL`` or ``N/A``.
+    evidence : str
+        What was found (path, value, version) or what to run instead.
+    """
+
+    check: str
+    status: str
+    evidence: str
+
+
+@dataclass
+class VerifyReport:
+    """
+    All rows, with a summary.
+
+    Attributes
+    ----------
+    image : str
+        The image checked.
+    results : list of CheckResult
+        The rows, in order.
+    """
+
+    image: str
+    results: list = field(default_factory=list)
+
+    def add(self, check, status, evidence):
+        """Append a row."""
+        self.results.append(CheckResult(check=check, status=status, evidence=evidence))
+
+    @property
+    def failed(self):
+        """The ids of the failed checks."""
+        return [r.check for r in self.results if r.status == FAIL]
+
+    def status_of(self, check):
+        """The status of one check (KeyError if absent)."""
+        for r in self.results:
+            if r.check == check:
+                return r.status
+        raise KeyError(check)
+
+    def summary(self):
+        """One line: counts per status."""
+        counts = {s: sum(r.status == s for r in self.results) for s in (PASS, FAIL, NA)}
+        return (
+            f"verify {self.image}: {counts[PASS]} PASS, {counts[FAIL]} FAIL, "
+            f"{counts[NA]} N/A"
+        )
+
+    def as_text(self):
+        """The table and the summary."""
+        width = max((len(r.check) for r in self.results), default=5)
+        lines = [f"{'STATUS':<6}  {'CHECK':<{width}}  EVIDENCE"]
+        for r in self.results:
+            lines.append(f"{r.status:<6}  {r.check:<{width}}  {r.evidence}")
+        lines.append(self.summary())
+        return "\n".join(lines)
+
+    def as_json(self):
+        """A JSON document with all rows and the summary."""
+        return json.dumps(
+            {
+                "image": self.image,
+                "results": [asdict(r) for r in self.results],
+                "failed": self.failed,
+                "summary": self.summary(),
+            },
+            indent=2,
+        )
+
+
+def _expected_env(labels):
+    """The LUMI env values expected for the image's system."""
+    expected = dict(DEFAULT_LUMI_ENV)
+    system_name = labels.get("cotainr-lumi.system")
+    if not system_name:
+        return expected
+    try:
+        from ..engine.profiles import load_systems
+
+        system = load_systems().get(system_name)
+    except CotainrLumiError:
+        system = None
+    if system is not None and "lumi-env" in system.stages:
+        settings = system.stage_settings("lumi-env")
+        for key, value in (settings.get("env") or {}).items():
+            if value is None:
+                expected.pop(key, None)
+            else:
+                expected[key] = str(value)
+    return expected
+
+
+def _on_path_list(value, wanted):
+    parts = [os.path.normpath(p) for p in (value or "").split(":") if p]
+    return os.path.normpath(wanted) in parts
+
+
+def _check_labels(report, facts):
+    labels = facts["labels"]
+    missing = [k for k in REQUIRED_LABELS if not labels.get(k)]
+    if missing:
+        report.add("provenance-labels", FAIL, f"missing labels: {', '.join(missing)}")
+    else:
+        report.add(
+            "provenance-labels",
+            PASS,
+            f"system={labels['cotainr-lumi.system']} "
+            f"base={labels['cotainr-lumi.base-image.resolved']} "
+            f"stages={labels['cotainr-lumi.stages']}",
+        )
+    pkg = labels.get("cotainr-lumi.pip.packages")
+    size = facts.get("files", {}).get("pip/packages.json")
+    if pkg and size:
+        report.add("package-list", PASS, f"{pkg} ({size} bytes)")
+    else:
+        report.add(
+            "package-list",
+            FAIL,
+            "no package list (label cotainr-lumi.pip.packages -> "
+            "/opt/cotainr-lumi/pip/packages.json); build with the pip stage",
+        )
+
+
+def _check_rocm(report, facts, env):
+    rocm = facts["rocm"]
+    opt_rocm = rocm["opt_rocm"]
+    if env.get("ROCM_PATH") and rocm["exists"] and opt_rocm["kind"] == "dir":
+        link = f" -> {opt_rocm['link']}" if opt_rocm["link"] else ""
+        report.add(
+            "rocm-layout",
+            PASS,
+            f"ROCM_PATH={env['ROCM_PATH']}, /opt/rocm{link}, version "
+            f"{rocm['version_file'] or 'unknown'}",
+        )
+    else:
+        report.add(
+            "rocm-layout",
+            FAIL,
+            f"ROCM_PATH={env.get('ROCM_PATH')!r}, /opt/rocm is {opt_rocm['kind']}",
+        )
+    rocm_path = env.get("ROCM_PATH") or "/opt/rocm"
+    problems = []
+    if not _on_path_list(env.get("PATH"), os.path.join(rocm_path, "bin")):
+        problems.append(f"{rocm_path}/bin not on PATH")
+    if not _on_path_list(env.get("LD_LIBRARY_PATH"), os.path.join(rocm_path, "lib")):
+        problems.append(f"{rocm_path}/lib not on LD_LIBRARY_PATH")
+    report.add(
+        "rocm-env",
+        FAIL if problems else PASS,
+        "; ".join(problems) or f"PATH and LD_LIBRARY_PATH include {rocm_path}",
+    )
+    plugins = facts["aws_ofi_rccl"]
+    if not plugins:
+        report.add("aws-ofi-rccl", FAIL, "no /opt/aws-ofi-rccl/librccl-net.so*")
+    elif not _on_path_list(env.get("LD_LIBRARY_PATH"), "/opt/aws-ofi-rccl"):
+        report.add("aws-ofi-rccl", FAIL, f"{plugins[0]} not on LD_LIBRARY_PATH")
+    else:
+        report.add("aws-ofi-rccl", PASS, f"{plugins[0]} on LD_LIBRARY_PATH")
+    _check_cray_libfabric(report, env, has_plugin=bool(plugins))
+
+
+def _check_cray_libfabric(report, env, *, has_plugin):
+    """The plugin loads the host's Cray libfabric, bound at /opt/cray."""
+    if not has_plugin:
+        report.add("cray-libfabric", NA, "no aws-ofi-rccl plugin in the image")
+        return
+    entries = [
+        p
+        for p in (env.get("LD_LIBRARY_PATH") or "").split(":")
+        if os.path.normpath(p).startswith(CRAY_LIBFABRIC_PREFIX)
+    ]
+    if entries:
+        report.add(
+            "cray-libfabric",
+            PASS,
+            f"LD_LIBRARY_PATH has {entries[0]} (the host's, bound with /opt/cray "
+            "at run time; check the version exists on LUMI: ls /opt/cray/libfabric)",
+        )
+    else:
+        report.add(
+            "cray-libfabric",
+            FAIL,
+            f"no {CRAY_LIBFABRIC_PREFIX}<version>/lib64 on LD_LIBRARY_PATH: "
+            "aws-ofi-rccl cannot load the host's libfabric and RCCL falls back "
+            "to TCP sockets; build on a LUMI ROCm base image (they set it) or "
+            "add it with the lumi-env `ld-library-path` setting",
+        )
+
+
+def _check_lumi_env(report, facts, expected):
+    env = facts["env"]
+    for name, value in expected.items():
+        found = env.get(name)
+        if found is None and name not in env:
+            found = None
+        status = PASS if found == value else FAIL
+        report.add(f"env:{name}", status, f"{name}={found!r} (expected {value!r})")
+
+
+def _libstdcxx_kept_reason(facts):
+    """Why the prune stage kept the env's libstdc++ (None if it did not say)."""
+    manifest = facts.get("prune_manifest")
+    if not isinstance(manifest, dict):
+        return None
+    for decision in manifest.get("skipped") or []:
+        if isinstance(decision, dict) and decision.get("group") == "libstdcxx":
+            return decision.get("reason") or "reason recorded in the manifest"
+    return None
+
+
+def _check_libstdcxx(report, facts):
+    present = facts["env_libstdcxx"]
+    if not present:
+        report.add("env-libstdcxx", PASS, f"no libstdc++ in {facts['prefix']}/lib")
+        return
+    reason = _libstdcxx_kept_reason(facts)
+    if reason:
+        report.add("env-libstdcxx", PASS, f"kept {present[0]}: {reason}")
+    else:
+        report.add(
+            "env-libstdcxx",
+            FAIL,
+            f"{', '.join(present)} present and the prune manifest gives no reason",
+        )
+
+
+def _check_torch(report, facts):
+    torch = facts.get("torch")
+    if torch is None:
+        report.add("torch-rocm-duplicates", NA, "torch is not installed in the image")
+        report.add("torch-rccl", NA, "torch is not installed in the image")
+        return
+    if not torch.get("hip"):
+        report.add(
+            "torch-rocm-duplicates", NA, f"{torch['dir']} is not a ROCm build of torch"
+        )
+        report.add("torch-rccl", NA, f"{torch['dir']} is not a ROCm build of torch")
+        return
+    rocm_names = set(facts["rocm"]["lib_names"])
+    rocm_real = facts["rocm"]["realpath"]
+    dups = [
+        e["name"]
+        for e in torch["lib"]
+        if e["name"] in rocm_names
+        and not (e["link"] and str(e.get("target", "")).startswith(rocm_real))
+    ]
+    if dups:
+        report.add(
+            "torch-rocm-duplicates",
+            FAIL,
+            f"{len(dups)} torch/lib entries duplicate the base's ROCm: "
+            f"{', '.join(sorted(dups)[:6])}{' ...' if len(dups) > 6 else ''}",
+        )
+    else:
+        linked = sum(1 for e in torch["lib"] if e["name"] in rocm_names)
+        report.add(
+            "torch-rocm-duplicates",
+            PASS,
+            f"torch {torch['hip']}: no duplicates ({linked} entries link into {rocm_real})",
+        )
+    ldd = torch.get("ldd_torch_hip")
+    if not ldd:
+        report.add("torch-rccl", NA, "no torch/lib/libtorch_hip.so to resolve")
+        return
+    rccl = [ln.strip() for ln in ldd["out"].splitlines() if "librccl" in ln]
+    real = torch.get("rccl_realpath") or ""
+    if real and real.startswith(rocm_real.rstrip("/") + "/"):
+        report.add("torch-rccl", PASS, f"{rccl[0]} (real path {real})")
+    else:
+        report.add(
+            "torch-rccl",
+            FAIL,
+            (f"{rccl[0]} (real path {real or 'unknown'}, not in {rocm_real})")
+            if rccl
+            else "librccl not resolved",
+        )
+
+
+def _check_runtime(report, facts):
+    scripts = facts["runscripts"]
+    missing = [n for n, s in scripts.items() if not s["executable"]]
+    if missing:
+        report.add(
+            "runscripts", FAIL, f"missing or not executable: {', '.join(missing)}"
+        )
+    else:
+        run = scripts["get-master"].get("run", {})
+        master = run.get("out", "").strip()
+        ok = master == "nid005252" and facts["runscripts_on_path"]
+        report.add(
+            "runscripts",
+            PASS if ok else FAIL,
+            f"/runscripts on PATH: {facts['runscripts_on_path']}; get-master "
+            f"'nid[005252-005254,005256],nid007000' -> {master!r}",
+        )
+    with_conda = facts.get("with_conda")
+    if with_conda is None:
+        report.add("with-conda", FAIL, "WITH_CONDA is not set in the image")
+    elif with_conda["rc"] == 0 and with_conda["out"].strip() == facts["prefix"]:
+        report.add(
+            "with-conda",
+            PASS,
+            f"$WITH_CONDA={facts['env']['WITH_CONDA']!r} -> {with_conda['out'].strip()}",
+        )
+    else:
+        report.add(
+            "with-conda",
+            FAIL,
+            f"$WITH_CONDA failed (rc={with_conda['rc']}): {with_conda['err'].strip()[-200:]}",
+        )
+
+
+def verify_image(*, image, expected_env=None):
+    """
+    Run every check on an image.
+
+    Parameters
+    ----------
+    image : os.PathLike
+        The ``.sif`` file.
+    expected_env : mapping, optional
+        The LUMI variables and values expected (default: the image's system
+        profile, else :data:`DEFAULT_LUMI_ENV`).
+
+    Returns
+    -------
+    report : VerifyReport
+        The rows.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.InputError`
+        If the image does not exist or cannot be run.
+    """
+    image = Path(image)
+    if not image.exists():
+        raise InputError(f"The image {image} does not exist.")
+    probe = Path(__file__).with_name("probe.py").read_text()
+    proc = apptainer.exec_in_image(
+        image=image,
+        args=[
+            "bash",
+            "-c",
+            'exec "$(command -v python || command -v python3)" -c "$0"',
+            probe,
+        ],
+    )
+    if proc.returncode != 0:
+        raise InputError(
+            f"Cannot inspect {image}: running its python failed "
+            f"(exit {proc.returncode}): {proc.stderr.strip()[-500:]}"
+        )
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = VerifyReport(image=str(image))
+    _check_labels(report, facts)
+    _check_rocm(report, facts, facts["env"])
+    expected = dict(expected_env) if expected_env else _expected_env(facts["labels"])
+    _check_lumi_env(report, facts, expected)
+    _check_libstdcxx(report, facts)
+    _check_torch(report, facts)
+    _check_runtime(report, facts)
+    for check, what, instead in HARDWARE_CHECKS:
+        report.add(check, NA, f"needs LUMI hardware: {what}; run: {instead}")
+    return report

@@ -1,0 +1,137 @@
+"""The generic start-up hook (``_cotainr_plugins_hook``)."""
+
+import os
+from pathlib import Path
+import subprocess
+import sys
+import sysconfig
+import types
+
+import pytest
+
+from cotainr_lumi._cotainr._startup import _cotainr_plugins_hook as hook
+
+SOURCE = Path(hook.__file__)
+
+
+def python(code, **env):
+    full_env = {k: v for k, v in os.environ.items() if k != "COTAINR_LUMI_DISABLE"}
+    full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        check=True,
+    )
+
+
+def test_installed_hook_is_this_source():
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    assert (purelib / "_cotainr_plugins_hook.py").read_text() == SOURCE.read_text()
+    assert (
+        purelib / "cotainr-plugins-hook.pth"
+    ).read_text().strip() == "import _cotainr_plugins_hook"
+
+
+def test_hook_patches_cotainr_cli_when_imported():
+    out = python(
+        "import cotainr.cli as c; print(sorted({k.__module__ for k in c.CotainrCLI._subcommands}))"
+    )
+    assert out.stdout.strip() == "['cotainr_lumi.cli']"
+    assert out.stderr == ""
+
+
+def test_disable_env_var_leaves_cotainr_stock():
+    out = python(
+        "import cotainr.cli as c; print(sorted({k.__module__ for k in c.CotainrCLI._subcommands}))",
+        COTAINR_LUMI_DISABLE="1",
+    )
+    assert out.stdout.strip() == "['cotainr.cli']"
+
+
+def test_programs_not_importing_cotainr_import_nothing_of_it():
+    out = python(
+        "import sys, json; print(json.dumps(sorted(m for m in sys.modules if 'cotainr' in m)))"
+    )
+    assert out.stdout.strip() == '["_cotainr_plugins_hook"]'
+
+
+def test_hook_is_one_shot_and_only_matches_cotainr_cli():
+    finder = hook._CotainrCliFinder()
+    assert finder.find_spec("json") is None
+    assert finder.find_spec("cotainr") is None
+
+
+class FakeDist:
+    def __init__(self, requires):
+        self.requires = requires
+        self.version = "9.9"
+        self.metadata = {"Name": "fake-plugin"}
+
+
+def fake_entry_point(requires, activate):
+    return types.SimpleNamespace(
+        name="fake", dist=FakeDist(requires), load=lambda: activate
+    )
+
+
+def test_plugin_outside_cotainr_range_is_skipped_with_one_warning(mocker, capsys):
+    called = []
+    ep = fake_entry_point(["cotainr<2000", "PyYAML"], called.append)
+    mocker.patch("importlib.metadata.entry_points", return_value=[ep])
+    assert hook.load_plugins("cli-module") == []
+    assert called == []
+    err = capsys.readouterr().err
+    assert (
+        err.count("WARNING") == 1 and "cotainr<2000" in err and "stock cotainr" in err
+    )
+
+
+def test_plugin_inside_range_is_activated_with_cli_module(mocker, capsys):
+    called = []
+    ep = fake_entry_point(
+        ["cotainr>=2025.7.1,<2025.8", "extra-thing; extra == 'test'"], called.append
+    )
+    mocker.patch("importlib.metadata.entry_points", return_value=[ep])
+    assert hook.load_plugins("cli-module") == ["fake"]
+    assert called == ["cli-module"]
+    assert capsys.readouterr().err == ""
+
+
+def test_failing_plugin_leaves_cotainr_with_one_warning(mocker, capsys):
+    def boom(module):
+        raise RuntimeError("kaputt")
+
+    mocker.patch(
+        "importlib.metadata.entry_points", return_value=[fake_entry_point([], boom)]
+    )
+    assert hook.load_plugins("cli-module") == []
+    err = capsys.readouterr().err
+    assert err.count("WARNING") == 1 and "kaputt" in err
+
+
+@pytest.mark.parametrize(
+    "value, installed", [("1", False), ("yes", False), ("0", True), ("", True)]
+)
+def test_install_respects_disable_variable(monkeypatch, value, installed):
+    monkeypatch.setenv("COTAINR_LUMI_DISABLE", value)
+    monkeypatch.setattr(
+        sys,
+        "meta_path",
+        [m for m in sys.meta_path if not isinstance(m, hook._CotainrCliFinder)],
+    )
+    monkeypatch.delitem(sys.modules, "cotainr.cli", raising=False)
+    assert hook.install() is installed
+    hook.uninstall()
+
+
+def test_unsupported_cotainr_version_is_refused_by_the_plugin(mocker):
+    from cotainr_lumi._cotainr import plugin
+    from cotainr_lumi.errors import UnsupportedCotainrError
+
+    mocker.patch("cotainr_lumi._cotainr.cotainr_version", return_value="2099.1.0")
+    module = types.SimpleNamespace()
+    with pytest.raises(UnsupportedCotainrError, match="2099.1.0"):
+        plugin.activate(module)
+    assert vars(module) == {}

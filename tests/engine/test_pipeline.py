@@ -1,0 +1,289 @@
+import os
+
+import pytest
+
+from cotainr_lumi.engine import pipeline
+from cotainr_lumi.engine.plan import BuildRequest, make_plan
+from cotainr_lumi.engine.stage import Stage, StageReport, register_stage
+from cotainr_lumi.errors import ImageExistsError, StageError
+
+RUN_ORDER = []
+
+
+@register_stage
+class RecordA(Stage):
+    name = "test-record-a"
+
+    def run(self, *, context):
+        RUN_ORDER.append((self.name, list(r.name for r in context.reports)))
+        context.sandbox.run(["echo", "a"], env={"X": "1"})
+        return StageReport(name=self.name, summary="did a", labels={"test.a": "1"})
+
+
+@register_stage
+class RecordB(Stage):
+    name = "test-record-b"
+
+    def run(self, *, context):
+        RUN_ORDER.append((self.name, list(r.name for r in context.reports)))
+        return StageReport(
+            name=self.name,
+            labels={
+                "test.b": "a-ran-before" if "test.a" in context.labels else "b-first"
+            },
+        )
+
+
+@register_stage
+class Failing(Stage):
+    name = "test-failing"
+
+    def run(self, *, context):
+        raise StageError("deliberate failure", stage=self.name)
+
+
+@pytest.fixture
+def ordered_profile(tmp_path, base_image, monkeypatch):
+    path = tmp_path / "ordered.yaml"
+    path.write_text(
+        "systems:\n"
+        "  ordered:\n"
+        f"    base-image: {base_image}\n"
+        "    stages: [test-record-b, test-record-a, provenance]\n"
+        "  failing:\n"
+        f"    base-image: {base_image}\n"
+        "    stages: [test-record-a, test-failing, provenance]\n"
+    )
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(path))
+    RUN_ORDER.clear()
+    return path
+
+
+def build(tmp_path, system, **kwargs):
+    plan = make_plan(
+        request=BuildRequest(image_path=tmp_path / "out.sif", system=system, **kwargs)
+    )
+    return pipeline.run_plan(plan=plan)
+
+
+def test_stages_run_in_profile_order_between_sandbox_and_image(
+    tmp_path, fake_singularity, ordered_profile, labels_of
+):
+    result = build(tmp_path, "ordered")
+    assert [name for name, _ in RUN_ORDER] == ["test-record-b", "test-record-a"]
+    assert RUN_ORDER[1][1] == ["test-record-b"]  # a sees b's report
+    assert [r.name for r in result.reports] == [
+        "test-record-b",
+        "test-record-a",
+        "provenance",
+    ]
+    # sandbox first, image last, stage commands in between
+    cmds = fake_singularity.commands
+    assert "--sandbox" in cmds[0]
+    assert cmds[-1][-2].endswith(f".partial-{os.getpid()}")
+    assert ["env", "X=1", "echo", "a"] in fake_singularity.exec_commands
+    labels = labels_of(tmp_path / "out.sif")
+    assert labels["test.a"] == "1"
+    assert labels["test.b"] == "b-first"
+    assert labels["cotainr-lumi.stages"] == "test-record-b,test-record-a,provenance"
+    assert "cotainr.version" in labels  # cotainr's own metadata is still there
+    assert not list(tmp_path.glob(".out.sif.partial-*"))
+
+
+def test_failing_stage_leaves_no_image_and_keeps_existing(
+    tmp_path, fake_singularity, ordered_profile
+):
+    existing = tmp_path / "out.sif"
+    existing.write_bytes(b"precious")
+    with pytest.raises(StageError, match="deliberate failure"):
+        build(tmp_path, "failing", force=True)
+    assert existing.read_bytes() == b"precious"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []
+    assert not any(
+        "--sandbox" not in c and "build" in c for c in fake_singularity.commands
+    )
+
+
+def test_failing_stage_without_existing_image_creates_nothing(
+    tmp_path, fake_singularity, ordered_profile
+):
+    with pytest.raises(StageError):
+        build(tmp_path, "failing")
+    assert not (tmp_path / "out.sif").exists()
+
+
+def test_existing_image_without_force_is_refused_before_anything_runs(
+    tmp_path, fake_singularity, ordered_profile
+):
+    (tmp_path / "out.sif").write_bytes(b"precious")
+    with pytest.raises(ImageExistsError, match="--force"):
+        build(tmp_path, "ordered")
+    assert fake_singularity.commands == []
+    assert (tmp_path / "out.sif").read_bytes() == b"precious"
+
+
+def test_force_replaces_existing_image(tmp_path, fake_singularity, ordered_profile):
+    (tmp_path / "out.sif").write_bytes(b"old")
+    build(tmp_path, "ordered", force=True)
+    assert (tmp_path / "out.sif").read_bytes().startswith(b"FAKE-SIF")
+
+
+def test_dry_run_runs_nothing(tmp_path, fake_singularity, ordered_profile):
+    result = build(tmp_path, "ordered", dry_run=True)
+    assert result.dry_run and fake_singularity.commands == []
+    assert not (tmp_path / "out.sif").exists()
+    assert "1. cotainr: create the sandbox" in result.plan_text
+    assert result.plan_text.index("test-record-b") < result.plan_text.index(
+        "test-record-a"
+    )
+
+
+def test_bind_variables_are_unset_during_build_and_restored(
+    tmp_path, fake_singularity, ordered_profile, monkeypatch, mocker
+):
+    monkeypatch.setenv("SINGULARITY_BIND", "/var/spool/slurmd,/opt/cray")
+    seen = []
+    fake_singularity.add_handler(
+        lambda argv: "echo" in argv,
+        lambda argv: (
+            seen.append(os.environ.get("SINGULARITY_BIND"))
+            or __import__("subprocess").CompletedProcess(argv, 0, "", "")
+        ),
+    )
+    build(tmp_path, "ordered")
+    assert seen == [None]
+    assert os.environ["SINGULARITY_BIND"] == "/var/spool/slurmd,/opt/cray"
+
+
+def test_command_failure_becomes_stage_error_with_output(
+    tmp_path, fake_singularity, ordered_profile
+):
+    import subprocess
+
+    def fail(argv):
+        raise subprocess.CalledProcessError(
+            1, argv, output="", stderr="ERROR: something broke\nmore\n"
+        )
+
+    fake_singularity.add_handler(lambda argv: argv[:1] == ["env"], fail)
+    with pytest.raises(StageError) as info:
+        build(tmp_path, "ordered")
+    assert info.value.stage == "test-record-a"
+    assert "ERROR: something broke" in str(info.value)
+    assert not (tmp_path / "out.sif").exists()
+
+
+def test_base_image_is_built_from_its_resolved_path(
+    tmp_path, fake_singularity, ordered_profile, base_image, caplog
+):
+    with caplog.at_level("INFO", logger="cotainr.cotainr_lumi"):
+        build(tmp_path, "ordered")
+    real = os.path.realpath(base_image)
+    assert fake_singularity.commands[0][-1] == real
+    assert f"Base image {base_image} is a link to {real}" in caplog.text
+
+
+@register_stage
+class Buggy(Stage):
+    name = "test-buggy"
+
+    def run(self, *, context):
+        return {}["missing"]
+
+
+def test_unexpected_stage_exception_is_one_clear_error(
+    tmp_path, fake_singularity, base_image, monkeypatch
+):
+    path = tmp_path / "buggy.yaml"
+    path.write_text(
+        f"systems:\n  buggy:\n    base-image: {base_image}\n    stages: [test-buggy]\n"
+    )
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(path))
+    with pytest.raises(StageError) as info:
+        build(tmp_path, "buggy")
+    assert (
+        info.value.stage == "test-buggy"
+        and "KeyError" in str(info.value)
+        and "bug" in str(info.value)
+    )
+    assert not (tmp_path / "out.sif").exists()
+
+
+@register_stage
+class WritesOutputs(Stage):
+    name = "test-outputs"
+    defaults = {"target": ""}
+
+    def run(self, *, context):
+        return StageReport(
+            name=self.name,
+            outputs={self.settings["target"]: "# generated by cotainr-lumi\nx=1\n"},
+        )
+
+
+def outputs_build(tmp_path, base_image, monkeypatch, target):
+    path = tmp_path / "outputs.yaml"
+    path.write_text(
+        f"systems:\n  out:\n    base-image: {base_image}\n    stages: [test-outputs]\n    settings: {{test-outputs: {{target: {target}}}}}\n"
+    )
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(path))
+    return build(tmp_path, "out", force=True)
+
+
+def test_outputs_are_written_after_the_image(
+    tmp_path, fake_singularity, base_image, monkeypatch
+):
+    target = tmp_path / "modules" / "out.lua"
+    outputs_build(tmp_path, base_image, monkeypatch, target)
+    assert target.read_text().startswith("# generated by cotainr-lumi")
+    target.write_text("# generated by cotainr-lumi\nold\n")
+    outputs_build(tmp_path, base_image, monkeypatch, target)  # ours: replaced
+    assert "x=1" in target.read_text()
+    assert not list(tmp_path.rglob(".*.partial-*"))
+
+
+def test_foreign_output_file_is_never_overwritten_and_no_image_is_built(
+    tmp_path, fake_singularity, base_image, monkeypatch
+):
+    target = tmp_path / "mine.lua"
+    target.write_text("my own module file\n")
+    with pytest.raises(StageError, match="not written by cotainr-lumi"):
+        outputs_build(tmp_path, base_image, monkeypatch, target)
+    assert target.read_text() == "my own module file\n"
+    assert not (tmp_path / "out.sif").exists()
+
+
+def test_output_directory_that_cannot_exist_stops_before_the_image(
+    tmp_path, fake_singularity, base_image, monkeypatch
+):
+    (tmp_path / "afile").write_text("not a directory\n")
+    target = tmp_path / "afile" / "sub" / "out.lua"
+    with pytest.raises(StageError, match="is not a writable directory"):
+        outputs_build(tmp_path, base_image, monkeypatch, target)
+    assert not (tmp_path / "out.sif").exists()
+    assert (tmp_path / "afile").read_text() == "not a directory\n"
+
+
+def test_output_symlink_is_never_written_through(
+    tmp_path, fake_singularity, base_image, monkeypatch
+):
+    real = tmp_path / "real.txt"
+    real.write_text("target\n")
+    link = tmp_path / "link.lua"
+    link.symlink_to(real)
+    with pytest.raises(StageError, match="not written by cotainr-lumi"):
+        outputs_build(tmp_path, base_image, monkeypatch, link)
+    assert link.is_symlink() and real.read_text() == "target\n"
+    assert not (tmp_path / "out.sif").exists()
+    assert not list(tmp_path.rglob(".*.partial-*"))
+
+
+def test_stage_log_dispatchers_are_reused_so_lines_are_not_repeated():
+    from cotainr_lumi import _cotainr
+
+    settings = _cotainr.make_log_settings(verbosity=1)
+    first = _cotainr.new_log_dispatcher(name="test-reuse", log_settings=settings)
+    second = _cotainr.new_log_dispatcher(name="test-reuse", log_settings=settings)
+    assert first is second
+    assert len(first.logger_stdout.handlers) == 1
+    assert first.logger_stdout.name == "cotainr-lumi.test-reuse.out"

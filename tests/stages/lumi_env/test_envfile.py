@@ -1,0 +1,231 @@
+"""Tests of cotainr_lumi.stages.lumi_env.envfile: names, quoting and override semantics.
+
+The generated code is run through real shells (bash and POSIX sh) with
+hostile values; a marker file proves nothing in a value was executed.
+"""
+
+import os
+import shutil
+import subprocess
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+import pytest
+
+from cotainr_lumi.stages.lumi_env.envfile import (
+    EnvError,
+    default_assignment,
+    default_assignments,
+    forced_assignment,
+    path_addition,
+    render_env_file,
+    validate_name,
+    validate_value,
+)
+
+SHELLS = [s for s in ("bash", "sh") if shutil.which(s)]
+
+NAMES = st.from_regex(r"\ACXT_[A-Za-z0-9_]{0,12}\Z")
+HOSTILE_PIECES = st.sampled_from(
+    [
+        "$(touch {m})",
+        "`touch {m}`",
+        "'",
+        '"',
+        "\\",
+        "\n",
+        "$HOME",
+        "${X:=y}",
+        ";touch {m};",
+        "|| touch {m}",
+        "!",
+        "*",
+        "~",
+        " ",
+        "\t",
+        "\r",
+        "$'\\n'",
+        "%s",
+        "é",
+        "#",
+    ]
+)
+
+
+def hostile_values(marker):
+    """Text mixing arbitrary characters with shell syntax aimed at `marker`."""
+    return st.lists(
+        st.one_of(
+            st.text(
+                st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)),
+                max_size=8,
+            ),
+            HOSTILE_PIECES.map(lambda s: s.replace("{m}", str(marker))),
+        ),
+        max_size=8,
+    ).map("".join)
+
+
+def source_and_dump(script, *, shell="bash", env=None):
+    """Source `script` in `shell` and return the resulting environment."""
+    base = {"PATH": os.environ["PATH"]}
+    base.update(env or {})
+    proc = subprocess.run(
+        [shell, "-c", '. "$1" && env -0', "sh", str(script)],
+        env=base,
+        capture_output=True,
+        check=True,
+    )
+    result = {}
+    for entry in proc.stdout.split(b"\0"):
+        if entry:
+            key, _, value = entry.partition(b"=")
+            result[key.decode()] = value.decode("utf-8", "surrogateescape")
+    return result
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("envfile")
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_hostile_values_round_trip_and_never_execute(shell, data, workdir):
+    marker = workdir / "PWNED"
+    env = data.draw(
+        st.dictionaries(NAMES, hostile_values(marker), min_size=1, max_size=4)
+    )
+    script = workdir / "env.sh"
+    script.write_text(render_env_file(header="test", blocks=[default_assignments(env)]))
+    result = source_and_dump(script, shell=shell)
+    assert not marker.exists(), f"a value was executed: {env!r}"
+    for name, value in env.items():
+        assert result[name] == value
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_defaults_yield_to_values_already_set_even_empty(shell, tmp_path):
+    script = tmp_path / "env.sh"
+    script.write_text(
+        render_env_file(
+            header="t",
+            blocks=[
+                default_assignments({"A": "1", "B": "2", "C": 3, "D": None}),
+                forced_assignment(name="F", value="forced"),
+            ],
+        )
+    )
+    result = source_and_dump(
+        script, shell=shell, env={"B": "host", "C": "", "F": "host"}
+    )
+    assert result["A"] == "1"
+    assert result["B"] == "host"
+    assert result["C"] == ""  # set but empty counts as set
+    assert "D" not in result  # None: not set at all
+    assert result["F"] == "forced"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("position", ["append", "prepend"])
+def test_path_addition_adds_missing_entries_once(shell, position, tmp_path):
+    script = tmp_path / "env.sh"
+    code = path_addition(
+        name="LD_LIBRARY_PATH", entries=["/opt/rocm/lib", "/opt/x y"], position=position
+    )
+    script.write_text(code + "\n" + code + "\n")  # twice: idempotent
+    result = source_and_dump(
+        script, shell=shell, env={"LD_LIBRARY_PATH": "/base:/opt/rocm/lib"}
+    )
+    if position == "append":
+        assert result["LD_LIBRARY_PATH"] == "/base:/opt/rocm/lib:/opt/x y"
+    else:
+        assert result["LD_LIBRARY_PATH"] == "/opt/x y:/base:/opt/rocm/lib"
+    unset = source_and_dump(script, shell=shell)
+    expected = (
+        "/opt/rocm/lib:/opt/x y" if position == "append" else "/opt/rocm/lib:/opt/x y"
+    )
+    assert unset["LD_LIBRARY_PATH"] == expected
+
+
+@given(st.text(max_size=12))
+def test_validate_name_accepts_only_safe_identifiers(name):
+    try:
+        validate_name(name)
+    except EnvError:
+        return
+    assert name.isascii() and (name[0].isalpha() or name[0] == "_")
+    assert all(c.isalnum() or c == "_" for c in name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "PATH",
+        "LD_LIBRARY_PATH",
+        "HOME",
+        "IFS",
+        "PS1",
+        "_",
+        "APPTAINER_BIND",
+        "SINGULARITYENV_X",
+        "1X",
+        "A-B",
+        "A B",
+        "A=B",
+        "",
+        "X$(id)",
+        "Ä",
+    ],
+)
+def test_validate_name_rejects(name):
+    with pytest.raises(EnvError):
+        validate_name(name)
+
+
+def test_path_variables_point_to_the_path_settings():
+    with pytest.raises(EnvError, match="ld-library-path"):
+        validate_name("LD_LIBRARY_PATH")
+
+
+@pytest.mark.parametrize("value", [True, None, [1], {"a": 1}, "a\0b"])
+def test_validate_value_rejects(value):
+    with pytest.raises(EnvError):
+        validate_value(name="X", value=value)
+
+
+def test_validate_value_accepts_numbers():
+    assert validate_value(name="X", value=131072) == "131072"
+    assert validate_value(name="X", value=1.5) == "1.5"
+
+
+@pytest.mark.parametrize("entry", ["relative", "/a:b", "/a\nb", ""])
+def test_path_addition_rejects_bad_entries(entry):
+    with pytest.raises(EnvError):
+        path_addition(name="PATH", entries=[entry])
+
+
+def test_default_assignment_shape():
+    code = default_assignment(name="X", value="a b")
+    assert code.startswith('if [ -z "${X+x}" ]; then case "${__exported_env__:-}" in')
+    assert "X='a b'; export X" in code
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_defaults_yield_to_host_variables_apptainer_hides(shell, tmp_path):
+    # Apptainer clears the host environment while env scripts run and lists
+    # it in $__exported_env__; a listed variable must not get the default
+    # (Apptainer then restores the host value).
+    script = tmp_path / "env.sh"
+    script.write_text(default_assignments({"A": "1", "B": "2", "C": "3", "AB": "4"}))
+    hidden = "A_LONGER=x\nB=host\nZ=a\\nC=escaped newline in a value"
+    result = source_and_dump(script, shell=shell, env={"__exported_env__": hidden})
+    assert result["A"] == "1"  # A_LONGER is another variable
+    assert "B" not in result  # listed: left for Apptainer to restore
+    assert result["C"] == "3"  # 'C=' only inside an (escaped) value
+    assert result["AB"] == "4"

@@ -1,0 +1,373 @@
+"""Tests of the lumi-env stage (unit level: a fake sandbox directory).
+
+The real Apptainer behaviour is covered by tests/e2e/test_lumi_env.py.
+"""
+
+import os
+from pathlib import Path
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+import cotainr_lumi
+from cotainr_lumi import _cotainr
+from cotainr_lumi.engine.stage import StageContext, get_stage_class
+from cotainr_lumi.errors import InputError, StageError
+from cotainr_lumi.stages.lumi_env.stage import (
+    ENV_FILE,
+    RUNSCRIPTS,
+    WITH_CONDA_FILE,
+    LumiEnvStage,
+)
+
+LUMI_SETTINGS = {
+    "env": {
+        "CXI_FORK_SAFE": "1",
+        "FI_CXI_DEFAULT_CQ_SIZE": 131072,
+        "NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3",
+        "NCCL_NET_GDR_LEVEL": None,
+    },
+    "binds": ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1", "/pfs"],
+}
+
+
+class FakeSandbox:
+    """A sandbox directory; run() answers the stage's two commands."""
+
+    def __init__(self, root, *, probe="", fail_check=False):
+        self.root = root
+        self.probe = probe
+        self.fail_check = fail_check
+        self.calls = []
+
+    def run(self, args, *, env=None, log_name=None):
+        self.calls.append(list(args))
+        script = args[-1]
+        if "sys.prefix" in script:
+            return subprocess.CompletedProcess(args, 0, stdout=self.probe, stderr="")
+        if self.fail_check:
+            raise _cotainr.CommandError(
+                cmd=args, returncode=255, stdout="", stderr="FATAL: bad env"
+            )
+        return subprocess.CompletedProcess(args, 0, stdout="ok\n", stderr="")
+
+
+def make_root(tmp_path, *, rocm=True, ofi=True, venv=True):
+    root = tmp_path / "sandbox"
+    (root / ".singularity.d/env").mkdir(parents=True)
+    if rocm:
+        for sub in ("bin", "lib"):
+            (root / "opt/rocm-6.1.3" / sub).mkdir(parents=True)
+        (root / "opt/rocm").symlink_to(
+            "/opt/rocm-6.1.3"
+        )  # absolute: resolved in the root
+    if ofi:
+        (root / "opt/aws-ofi-rccl").mkdir(parents=True)
+        (root / "opt/aws-ofi-rccl/librccl-net.so").write_bytes(b"")
+    if venv:
+        (root / "opt/env/bin").mkdir(parents=True)
+        (root / "opt/env/bin/activate").write_text("")
+    return root
+
+
+def run_stage(tmp_path, settings, **root_kw):
+    root = make_root(tmp_path, **root_kw)
+    sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
+    stage = LumiEnvStage(settings=settings)
+    assert stage.validate_settings(settings=stage.settings) == []
+    plan = SimpleNamespace(image_path=tmp_path / "out" / "torch.sif")
+    report = stage.run(context=StageContext(sandbox=sandbox, plan=plan))
+    return root, report, sandbox
+
+
+def source_env(root, env_file=ENV_FILE, env=None):
+    proc = subprocess.run(
+        ["bash", "-c", '. "$1" && env -0', "bash", str(root / env_file.lstrip("/"))],
+        env={"PATH": "/usr/bin:/bin", **(env or {})},
+        capture_output=True,
+        check=True,
+    )
+    return dict(e.decode().partition("=")[::2] for e in proc.stdout.split(b"\0") if e)
+
+
+def test_stage_writes_env_file_runscripts_and_reports_outputs(tmp_path):
+    root, report, sandbox = run_stage(tmp_path, LUMI_SETTINGS)
+    env = source_env(
+        root, env={"USER": "alice", "SLURM_NODEID": "3", "LD_LIBRARY_PATH": "/base"}
+    )
+    assert env["CXI_FORK_SAFE"] == "1"
+    assert env["FI_CXI_DEFAULT_CQ_SIZE"] == "131072"
+    assert env["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"
+    assert "NCCL_NET_GDR_LEVEL" not in env
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    assert env["MIOPEN_USER_DB_PATH"] == f"/tmp/{user}-miopen-cache"
+    assert env["MIOPEN_CUSTOM_CACHE_DIR"] == f"/tmp/{user}-miopen-cache"
+    assert env["ROCM_PATH"] == "/opt/rocm"
+    assert env["LD_LIBRARY_PATH"] == "/base:/opt/rocm/lib:/opt/aws-ofi-rccl"
+    assert env["PATH"] == "/usr/bin:/bin:/opt/rocm/bin:/runscripts"
+    assert env["WITH_CONDA"] == f". {WITH_CONDA_FILE}"
+    for name in RUNSCRIPTS:
+        path = root / "runscripts" / name
+        assert path.is_file() and os.access(path, os.X_OK)
+    assert "/opt/env/bin/activate" in (root / WITH_CONDA_FILE.lstrip("/")).read_text()
+    assert (
+        report.labels["cotainr-lumi.binds"]
+        == "/var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/pfs"
+    )
+    assert report.labels["cotainr-lumi.runscripts"] == "/runscripts"
+    assert (
+        report.labels["cotainr-lumi.env"]
+        == "CXI_FORK_SAFE,FI_CXI_DEFAULT_CQ_SIZE,NCCL_SOCKET_IFNAME"
+    )
+    outputs = report.outputs
+    assert sorted(outputs) == [
+        str(tmp_path / "out/torch.lua"),
+        str(tmp_path / "out/torch.sh"),
+    ]
+    assert str(tmp_path / "out/torch.sif") in outputs[str(tmp_path / "out/torch.lua")]
+    assert "module load torch" in report.details["run-hint"]
+    assert (
+        "-B /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/pfs"
+        in report.details["run-hint"]
+    )
+    assert report.details["search-paths"] == {
+        "rocm": "/opt/rocm",
+        "aws-ofi-rccl": "/opt/aws-ofi-rccl",
+    }
+    assert len(sandbox.calls) == 2  # the probe and the start-up check
+
+
+def test_runtime_values_win_over_every_default(tmp_path):
+    root, _, _ = run_stage(tmp_path, LUMI_SETTINGS)
+    env = source_env(
+        root,
+        env={
+            "CXI_FORK_SAFE": "0",
+            "NCCL_SOCKET_IFNAME": "",
+            "MIOPEN_USER_DB_PATH": "/x",
+            "ROCM_PATH": "/opt/rocm-6.2.4",
+            "LD_LIBRARY_PATH": "/opt/aws-ofi-rccl:/opt/rocm/lib",
+        },
+    )
+    assert env["CXI_FORK_SAFE"] == "0"
+    assert env["NCCL_SOCKET_IFNAME"] == ""
+    assert env["MIOPEN_USER_DB_PATH"] == "/x"
+    assert env["ROCM_PATH"] == "/opt/rocm-6.2.4"
+    assert env["LD_LIBRARY_PATH"] == "/opt/aws-ofi-rccl:/opt/rocm/lib"
+
+
+def test_hostile_user_values_are_inert_in_the_env_file(tmp_path):
+    marker = tmp_path / "PWNED"
+    value = f"$(touch {marker})`touch {marker}`'\"\n;touch {marker}"
+    root, _, _ = run_stage(tmp_path, {"env": {"EVIL": value}})
+    env = source_env(root)
+    assert env["EVIL"] == value
+    assert not marker.exists()
+
+
+def test_without_rocm_runscripts_conda_or_module_file(tmp_path):
+    settings = {
+        "runscripts": False,
+        "with-conda": False,
+        "module-file": False,
+        "miopen-cache": False,
+    }
+    root, report, sandbox = run_stage(tmp_path, settings, rocm=False, ofi=False)
+    env = source_env(root)
+    assert env["PATH"] == "/usr/bin:/bin"
+    assert (
+        "WITH_CONDA" not in env
+        and "ROCM_PATH" not in env
+        and "MIOPEN_USER_DB_PATH" not in env
+    )
+    assert not (root / "runscripts").exists()
+    assert report.outputs == {} and report.details["module-files"] == []
+    assert "module load" not in report.details["run-hint"]
+    assert len(sandbox.calls) == 1  # no probe without with-conda
+
+
+def test_conda_environment_is_activated_with_conda_sh(tmp_path):
+    root = make_root(tmp_path)
+    (root / "opt/cotainr/conda/etc/profile.d").mkdir(parents=True)
+    (root / "opt/cotainr/conda/etc/profile.d/conda.sh").write_text("")
+    prefix = "/opt/cotainr/conda/envs/conda_container_env"
+    sandbox = FakeSandbox(
+        root,
+        probe=f"prefix={prefix}\nconda_prefix={prefix}\nconda_exe=/opt/cotainr/conda/bin/conda\n",
+    )
+    stage = LumiEnvStage(settings={})
+    stage.run(
+        context=StageContext(
+            sandbox=sandbox, plan=SimpleNamespace(image_path=tmp_path / "a.sif")
+        )
+    )
+    text = (root / WITH_CONDA_FILE.lstrip("/")).read_text()
+    assert f"conda activate {prefix}" in text
+    assert ". /opt/cotainr/conda/etc/profile.d/conda.sh" in text
+
+
+def test_module_dir_and_name_settings(tmp_path):
+    _, report, _ = run_stage(
+        tmp_path, {"module-dir": str(tmp_path / "mods"), "module-name": "pt"}
+    )
+    assert sorted(report.outputs) == [
+        str(tmp_path / "mods/pt.lua"),
+        str(tmp_path / "mods/pt.sh"),
+    ]
+
+
+def test_broken_env_file_fails_the_stage(tmp_path):
+    root = make_root(tmp_path)
+    sandbox = FakeSandbox(root, fail_check=True)
+    with pytest.raises(StageError, match="does not start"):
+        LumiEnvStage(settings={}).run(
+            context=StageContext(
+                sandbox=sandbox, plan=SimpleNamespace(image_path=tmp_path / "a.sif")
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    "settings, key",
+    [
+        ({"env": {"PATH": "/x"}}, "env.PATH"),
+        ({"env": {"1BAD": "x"}}, "env.1BAD"),
+        ({"env": {"X": True}}, "env.X"),
+        ({"env": ["X=1"]}, "env"),
+        ({"binds": ["/a,/b"]}, "binds"),
+        ({"binds": "/a"}, "binds"),
+        ({"path": ["rel"]}, "path"),
+        ({"ld-library-path": ["/a:/b"]}, "ld-library-path"),
+        ({"module-file": "yes"}, "module-file"),
+        ({"module-name": "a/b"}, "module-name"),
+        ({"module-dir": 3}, "module-dir"),
+        ({"unknown": 1}, "unknown"),
+    ],
+)
+def test_invalid_settings_name_the_key(settings, key):
+    problems = LumiEnvStage.validate_settings(settings=settings)
+    assert problems and problems[0][0] == key
+
+
+def test_module_dir_must_be_able_to_hold_files(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for directory, problem in (
+        (afile, "exists and is not a directory"),
+        (afile / "sub", f"cannot create {afile / 'sub'}: {afile} is not a directory"),
+    ):
+        problems = LumiEnvStage.validate_settings(
+            settings={"module-dir": str(directory)}
+        )
+        assert problems == [("module-dir", problems[0][1])]
+        assert problem in problems[0][1]
+    for fine in (tmp_path, tmp_path / "new" / "dir"):
+        assert LumiEnvStage.validate_settings(settings={"module-dir": str(fine)}) == []
+
+
+def test_cli_options_become_settings():
+    args = SimpleNamespace(
+        lumi_env_set=["A=1", "B=x=y", "C="],
+        lumi_env_unset=["NCCL_SOCKET_IFNAME"],
+        lumi_env_module_dir="/m",
+        lumi_env_no_module_file=True,
+    )
+    assert LumiEnvStage.settings_from_args(args=args) == {
+        "env": {"A": "1", "B": "x=y", "C": "", "NCCL_SOCKET_IFNAME": None},
+        "module-dir": "/m",
+        "module-file": False,
+    }
+    none_given = SimpleNamespace(
+        lumi_env_set=[],
+        lumi_env_unset=[],
+        lumi_env_module_dir=None,
+        lumi_env_no_module_file=None,
+    )
+    assert LumiEnvStage.settings_from_args(args=none_given) == {}
+    for bad in (["NOEQUALS"], ["PATH=/x"], ["1X=2"]):
+        with pytest.raises(InputError, match="--env"):
+            LumiEnvStage.settings_from_args(args=SimpleNamespace(lumi_env_set=bad))
+
+
+@pytest.fixture
+def lumi_env_profile(tmp_path, base_image, monkeypatch):
+    path = tmp_path / "systems.yaml"
+    path.write_text(
+        "systems:\n"
+        "  lumi-env-test:\n"
+        "    extends: lumi-g-ext\n"
+        f"    base-image: {base_image}\n"
+        "    stages: [lumi-env, provenance]\n"
+        "    settings:\n"
+        "      lumi-env:\n"
+        "        env: {CXI_FORK_SAFE: '1', NCCL_SOCKET_IFNAME: 'hsn0,hsn1', NCCL_NET_GDR_LEVEL: null}\n"
+        "        binds: [/opt/cray, /pfs]\n"
+    )
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(path))
+    return path
+
+
+def test_api_build_and_dry_run_plan(tmp_path, fake_singularity, lumi_env_profile):
+    settings = {"lumi-env": {"env": {"NCCL_SOCKET_IFNAME": None, "EXTRA": "$(x)"}}}
+    plan = cotainr_lumi.plan(
+        image_path=tmp_path / "pt.sif", system="lumi-env-test", settings=settings
+    )
+    text = plan.describe()
+    assert "CXI_FORK_SAFE=1" in text and "EXTRA='$(x)'" in text
+    assert "not set: NCCL_SOCKET_IFNAME, NCCL_NET_GDR_LEVEL" in text
+    assert "runscripts in /runscripts (on PATH): conda-python-simple" in text
+    assert "MIOPEN_CUSTOM_CACHE_DIR=/tmp/$(id -un)-miopen-cache" in text
+    assert f"module file {tmp_path / 'pt.lua'}" in text
+    fake_singularity.add_handler(
+        lambda argv: argv[:2] == ["bash", "-c"] and "ok" in argv[2],
+        lambda argv: subprocess.CompletedProcess(argv, 0, stdout="ok\n", stderr=""),
+    )
+    result = cotainr_lumi.build(
+        image_path=tmp_path / "pt.sif", system="lumi-env-test", settings=settings
+    )
+    assert result.labels["cotainr-lumi.binds"] == "/opt/cray,/pfs"
+    # the lumi-g-ext defaults merged with the test profile's and the build's
+    env_label = result.labels["cotainr-lumi.env"].split(",")
+    assert env_label[0] == "CXI_FORK_SAFE" and env_label[-1] == "EXTRA"
+    assert "PYTORCH_ROCM_ARCH" in env_label and "NCCL_SOCKET_IFNAME" not in env_label
+    report = result.report("lumi-env")
+    assert str(tmp_path / "pt.lua") in report.outputs
+    # The pipeline wrote the module file and shell snippet next to the image.
+    assert 'setenv("SIF"' in (tmp_path / "pt.lua").read_text()
+    assert (tmp_path / "pt.sh").read_text().count("SINGULARITY_BIND=") == 2
+
+
+def test_stage_is_registered():
+    assert get_stage_class("lumi-env") is LumiEnvStage
+    assert (
+        Path(cotainr_lumi.__file__)
+        .parent.joinpath("stages", "lumi_env", "runscripts", "get-master")
+        .is_file()
+    )
+
+
+def test_base_image_runscripts_are_replaced_with_a_note(tmp_path, caplog):
+    root = make_root(tmp_path)
+    (root / "runscripts").mkdir()
+    (root / "runscripts/conda-python-distributed").write_text("#!/bin/bash\nold\n")
+    (root / "runscripts/init-conda-venv").write_text("#!/bin/bash\ntheirs\n")
+    sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
+    stage = LumiEnvStage(settings=LUMI_SETTINGS)
+    plan = SimpleNamespace(image_path=tmp_path / "out" / "torch.sif")
+    with caplog.at_level("INFO", logger="cotainr.cotainr_lumi"):
+        stage.run(context=StageContext(sandbox=sandbox, plan=plan))
+    replaced = [r for r in caplog.messages if r.startswith("Replacing")]
+    assert replaced == [
+        "Replacing the base image's /runscripts/conda-python-distributed "
+        "with cotainr-lumi's"
+    ]
+    text = (root / "runscripts/conda-python-distributed").read_text()
+    assert "old" not in text and "SLURM_PROCID" in text
+    # The base image's other runscripts stay.
+    assert (root / "runscripts/init-conda-venv").read_text() == "#!/bin/bash\ntheirs\n"
+    # Building again on an image that has ours: nothing to note.
+    caplog.clear()
+    with caplog.at_level("INFO", logger="cotainr.cotainr_lumi"):
+        stage.run(context=StageContext(sandbox=sandbox, plan=plan))
+    assert not [r for r in caplog.messages if r.startswith("Replacing")]

@@ -1,0 +1,140 @@
+"""Tests of cotainr_lumi.stages.lumi_env.modulefile: the Lmod module file and shell snippet."""
+
+import os
+from pathlib import Path
+import subprocess
+
+from hosttools import need_tool, unavailable
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+import pytest
+
+from cotainr_lumi.stages.lumi_env.modulefile import (
+    check_image_path,
+    lua_quote,
+    render_lua,
+    render_shell,
+    validate_bind,
+)
+
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
+
+
+def need_lmod() -> None:
+    if not LMOD_INIT.exists():
+        unavailable(f"Lmod is not installed, no {LMOD_INIT} (apt-get install -y lmod)")
+
+
+BINDS = ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1", "/pfs", "/scratch"]
+
+
+def lmod_env(module_dir, name, *, env=None, unload=False):
+    """Load a module in real Lmod and return the resulting environment."""
+    need_lmod()
+    script = f'source {LMOD_INIT} && module use "$1" && module load "$2"'
+    if unload:
+        script += ' && module unload "$2"'
+    script += " && env -0"
+    proc = subprocess.run(
+        ["bash", "-c", script, "bash", str(module_dir), name],
+        env={"PATH": os.environ["PATH"], "HOME": str(module_dir), **(env or {})},
+        capture_output=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert b"error" not in proc.stderr.lower(), proc.stderr.decode()
+    return dict(e.decode().partition("=")[::2] for e in proc.stdout.split(b"\0") if e)
+
+
+PRINTABLE_PATH = st.text(
+    st.characters(
+        min_codepoint=0x20, max_codepoint=0x2FF, blacklist_categories=("Cc",)
+    ),
+    min_size=1,
+    max_size=20,
+).map(lambda s: "/images/" + s.replace("/", "_") + ".sif")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.text(max_size=30))
+def test_lua_quote_round_trips_in_real_lua(text):
+    lua = need_tool("lua5.4", "lua5.3", "lua", install="apt-get install -y lmod")
+    proc = subprocess.run(
+        [lua, "-e", f"io.write({lua_quote(text)})"], capture_output=True, check=True
+    )
+    assert proc.stdout == text.encode("utf-8", "surrogatepass")
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(image=PRINTABLE_PATH)
+def test_module_file_loads_in_lmod_with_hostile_paths(tmp_path, image):
+    marker = tmp_path / "PWNED"
+    image = image.replace("X", f"$(touch {marker})`touch {marker}`")
+    (tmp_path / "img.lua").write_text(render_lua(image=image, binds=BINDS))
+    env = lmod_env(tmp_path, "img")
+    assert env["SIF"] == image
+    assert env["SINGULARITY_BIND"] == ",".join(BINDS)
+    assert env["RUNSCRIPTS"] == "/runscripts"
+    assert env["SINGULARITYENV_PREPEND_PATH"] == "/runscripts"
+    assert not marker.exists()
+
+
+def test_module_file_keeps_existing_binds_and_unloads_cleanly(tmp_path):
+    (tmp_path / "img.lua").write_text(render_lua(image="/x/img.sif", binds=BINDS))
+    env = lmod_env(tmp_path, "img", env={"SINGULARITY_BIND": "/mine,/pfs"})
+    binds = env["SINGULARITY_BIND"].split(",")
+    assert binds.count("/pfs") == 1 and "/mine" in binds
+    assert set(BINDS) <= set(binds)
+    after = lmod_env(
+        tmp_path, "img", env={"SINGULARITY_BIND": "/mine,/pfs"}, unload=True
+    )
+    assert "SIF" not in after
+    assert set(after["SINGULARITY_BIND"].split(",")) == {"/mine", "/pfs"}
+
+
+def test_shell_snippet_sets_the_same_variables(tmp_path):
+    image = "/x/it's $(touch " + str(tmp_path / "PWNED") + ").sif"
+    snippet = tmp_path / "img.sh"
+    snippet.write_text(render_shell(image=image, binds=BINDS))
+    for shell in ("bash", "sh"):
+        proc = subprocess.run(
+            [shell, "-c", '. "$1"; . "$1"; env -0', "sh", str(snippet)],
+            env={"PATH": os.environ["PATH"], "SINGULARITY_BIND": "/mine,/pfs"},
+            capture_output=True,
+            check=True,
+        )
+        env = dict(
+            e.decode().partition("=")[::2] for e in proc.stdout.split(b"\0") if e
+        )
+        assert env["SIF"] == image
+        assert env["SINGULARITY_BIND"] == "/mine,/pfs," + ",".join(
+            b for b in BINDS if b != "/pfs"
+        )
+        assert env["RUNSCRIPTS"] == "/runscripts"
+        assert env["SINGULARITYENV_PREPEND_PATH"] == "/runscripts"
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_no_runscripts_means_no_runscripts_variables():
+    text = render_lua(image="/x/a.sif", binds=[], runscripts=None)
+    assert 'setenv("RUNSCRIPTS"' not in text and "append_path" not in text
+    assert 'setenv("SIF", "/x/a.sif")' in text
+    shell = render_shell(image="/x/a.sif", binds=[], runscripts=None)
+    assert "RUNSCRIPTS=" not in shell and "SINGULARITY_BIND" not in shell
+    assert "SIF=/x/a.sif; export SIF" in shell
+
+
+@pytest.mark.parametrize("bind", ["relative", "/a,/b", "/a b", "/a\nb", "", None])
+def test_bad_binds_are_rejected(bind):
+    with pytest.raises(ValueError):
+        validate_bind(bind)
+
+
+@pytest.mark.parametrize("image", ["relative.sif", "/a\nb.sif", "/a\tb.sif"])
+def test_unwritable_image_paths_are_rejected(image):
+    with pytest.raises(ValueError):
+        check_image_path(image)

@@ -1,0 +1,167 @@
+"""Tests of cotainr_lumi.stages.lumi_env.nodelist and of the get-master runscript (real bash).
+
+Node lists are generated from a model (host expressions with bracket groups
+of ranges); the expected hosts come from the model, and both the Python
+reference and the bash script must produce them.
+"""
+
+import itertools
+from pathlib import Path
+import subprocess
+
+from hosttools import need_tool
+from hypothesis import given, settings
+from hypothesis import strategies as st
+import pytest
+
+import cotainr_lumi
+from cotainr_lumi.stages.lumi_env.nodelist import (
+    NodelistError,
+    expand_nodelist,
+    first_host,
+)
+
+GET_MASTER = (
+    Path(cotainr_lumi.__file__).parent
+    / "stages"
+    / "lumi_env"
+    / "runscripts"
+    / "get-master"
+)
+
+TEXT = st.text(alphabet="abcxyz019-_.", min_size=0, max_size=4)
+
+
+@st.composite
+def ranges(draw):
+    lo = draw(st.integers(0, 120))
+    hi = lo + draw(st.integers(0, 3))
+    width = draw(st.integers(1, 6))
+    lo_text = str(lo).zfill(width)
+    hi_text = str(hi).zfill(draw(st.integers(1, 6)))
+    text = lo_text if lo == hi and draw(st.booleans()) else f"{lo_text}-{hi_text}"
+    return text, [str(n).zfill(len(lo_text)) for n in range(lo, hi + 1)]
+
+
+@st.composite
+def host_expressions(draw):
+    n_groups = draw(st.integers(0, 2))
+    texts = [draw(TEXT) for _ in range(n_groups + 1)]
+    if n_groups == 0 and not texts[0]:
+        texts[0] = "n"
+    groups = [draw(st.lists(ranges(), min_size=1, max_size=3)) for _ in range(n_groups)]
+    rendered = texts[0]
+    for group, text in zip(groups, texts[1:]):
+        rendered += "[" + ",".join(r[0] for r in group) + "]" + text
+    numbers = [[n for r in group for n in r[1]] for group in groups]
+    hosts = []
+    for combo in itertools.product(*numbers):
+        name = texts[0]
+        for number, text in zip(combo, texts[1:]):
+            name += number + text
+        hosts.append(name)
+    return rendered, hosts
+
+
+@st.composite
+def nodelists(draw):
+    items = draw(st.lists(host_expressions(), min_size=1, max_size=4))
+    return ",".join(i[0] for i in items), [h for i in items for h in i[1]]
+
+
+def run_get_master(*args, env=None):
+    return subprocess.run(
+        ["bash", str(GET_MASTER), *args],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", **(env or {})},
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(nodelists())
+def test_python_reference_matches_model(case):
+    nodelist, hosts = case
+    assert expand_nodelist(nodelist) == hosts
+    assert first_host(nodelist) == hosts[0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(nodelists())
+def test_get_master_bash_matches_python_reference(case):
+    nodelist, hosts = case
+    first = run_get_master("--", nodelist)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == hosts[0] + "\n"
+    every = run_get_master("--all", "--", nodelist)
+    assert every.returncode == 0, every.stderr
+    assert every.stdout.splitlines() == expand_nodelist(nodelist) == hosts
+
+
+@pytest.mark.parametrize(
+    "nodelist, expected",
+    [
+        (
+            "nid[005252-005254,005256],nid007000",
+            ["nid005252", "nid005253", "nid005254", "nid005256", "nid007000"],
+        ),
+        ("nid[8-10]", ["nid8", "nid9", "nid10"]),
+        ("nid[08-10]", ["nid08", "nid09", "nid10"]),
+        ("a[1-2]b[7,9]", ["a1b7", "a1b9", "a2b7", "a2b9"]),
+        ("login1,gpu[3],cpu[0001-0002]", ["login1", "gpu3", "cpu0001", "cpu0002"]),
+        ("  nid001 ", ["nid001"]),
+    ],
+)
+def test_examples(nodelist, expected):
+    assert expand_nodelist(nodelist) == expected
+    assert run_get_master("--all", nodelist).stdout.splitlines() == expected
+
+
+@pytest.mark.parametrize(
+    "nodelist",
+    [
+        "",
+        "a,,b",
+        "a[]",
+        "a[1,]",
+        "a[2-1]",
+        "a[1",
+        "a]",
+        "a[[1]]",
+        "a[x]",
+        "a[1-]",
+        ",a",
+        "a b",
+    ],
+)
+def test_malformed_lists_are_rejected_by_both(nodelist):
+    with pytest.raises(NodelistError):
+        expand_nodelist(nodelist)
+    for args in (["--", nodelist], ["--all", "--", nodelist]):
+        proc = run_get_master(*args)
+        assert proc.returncode == 2
+        assert proc.stdout == ""
+        assert proc.stderr.startswith("get-master: ")
+
+
+def test_get_master_reads_slurm_variables():
+    proc = run_get_master(
+        env={"SLURM_JOB_NODELIST": "nid[000100-000103]", "SLURM_NODELIST": "x"}
+    )
+    assert proc.stdout == "nid000100\n"
+    proc = run_get_master(env={"SLURM_NODELIST": "nid[7-8]"})
+    assert proc.stdout == "nid7\n"
+    proc = run_get_master()
+    assert proc.returncode == 2 and "SLURM_JOB_NODELIST" in proc.stderr
+
+
+def test_runscripts_pass_bash_n():
+    for script in GET_MASTER.parent.iterdir():
+        subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_runscripts_are_shellcheck_clean():
+    shellcheck = need_tool("shellcheck", install="apt-get install -y shellcheck")
+    for script in GET_MASTER.parent.iterdir():
+        proc = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout

@@ -1,0 +1,427 @@
+"""Unit tests of the pip stage (cotainr_lumi/stages/pip.py) with a fake sandbox."""
+
+import argparse
+import json
+from pathlib import Path
+import shlex
+import subprocess
+
+import pytest
+
+from cotainr_lumi import _cotainr
+from cotainr_lumi.engine.plan import BuildRequest, make_plan
+from cotainr_lumi.engine.stage import StageContext
+from cotainr_lumi.errors import InputError, StageError
+from cotainr_lumi.stages.pip.stage import PACKAGES_FILE, WORK_DIR, PipStage
+
+PREFIX = "/opt/cotainr/conda/envs/conda_container_env"
+
+
+class FakeSandbox:
+    """Answers the commands the pip stage runs, keeping a package list."""
+
+    def __init__(self, root, installed):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.installed = dict(installed)
+        self.commands = []
+        self.on_install = None  # (argv, env) -> None, may raise CommandError
+
+    def run(self, args, *, env=None, log_name=None):
+        args = list(args)
+        self.commands.append((args, dict(env or {})))
+        if args[:2] == ["bash", "-c"] and "python -m pip --version" in args[2]:
+            out = json.dumps(
+                {
+                    "prefix": PREFIX,
+                    "executable": f"{PREFIX}/bin/python",
+                    "version": "3.11.2",
+                }
+            )
+            return subprocess.CompletedProcess(
+                args, 0, stdout=f"{out}\npip 23.0.1 from x\n", stderr=""
+            )
+        if args[:5] == ["python", "-m", "pip", "list", "--format"]:
+            data = [{"name": n, "version": v} for n, v in self.installed.items()]
+            return subprocess.CompletedProcess(
+                args, 0, stdout=json.dumps(data) + "\n", stderr=""
+            )
+        if args[:2] == ["bash", "-c"] and "pip install" in args[2]:
+            argv = shlex.split(args[2].split("exec ", 1)[1])
+            if self.on_install:
+                self.on_install(argv, env or {})
+            return subprocess.CompletedProcess(args, 0, stdout="", stderr="")
+        raise AssertionError(f"unexpected command {args}")
+
+    def installs(self):
+        return [
+            (shlex.split(a[2].split("exec ", 1)[1]), e)
+            for a, e in self.commands
+            if "pip install" in a[-1]
+        ]
+
+    def host(self, image_path):
+        return self.root / image_path.lstrip("/")
+
+
+@pytest.fixture
+def inputs(tmp_path, monkeypatch):
+    work = tmp_path / "inputs"
+    work.mkdir()
+    (work / "torch.txt").write_text(
+        "-r common.txt\n./wheels/torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl\n"
+    )
+    (work / "common.txt").write_text("wheel\n")
+    (work / "wheels").mkdir()
+    (work / "wheels" / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(
+        b"torch"
+    )
+    (work / "ext").mkdir()
+    (work / "ext" / "setup.py").write_text("")
+    (work / "steps.yml").write_text(
+        "steps:\n"
+        "  - name: extension\n"
+        "    packages: [./ext]\n"
+        "    no-build-isolation: true\n"
+        "    env: {PYTORCH_ROCM_ARCH: gfx90a, MAX_JOBS: 2}\n"
+        "    index-url: https://pypi.example.org/simple\n"
+        "    extra-index-urls: [https://download.pytorch.org/whl/rocm6.2]\n"
+        "    pip-args: [--verbose]\n"
+        "    allow-changes: [numpy]\n"
+    )
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return work
+
+
+def _stage_from_cli(argv):
+    parser = argparse.ArgumentParser()
+    PipStage.add_arguments(parser=parser)
+    args = parser.parse_args(argv)
+    return PipStage(settings=PipStage.settings_from_args(args=args))
+
+
+def test_cli_options_become_settings_in_order(inputs):
+    parser = argparse.ArgumentParser()
+    PipStage.add_arguments(parser=parser)
+    assert PipStage.settings_from_args(args=parser.parse_args([])) == {}
+    args = parser.parse_args(
+        [
+            "--pip-requirements",
+            "torch.txt",
+            "--pip-steps",
+            "steps.yml",
+            "--no-pip-cache",
+        ]
+    )
+    settings = PipStage.settings_from_args(args=args)
+    assert settings["cache"] is False
+    stage = PipStage(settings=settings)
+    assert [s.source for s in stage.steps] == [
+        "torch.txt",
+        f"{inputs / 'steps.yml'}, step 1",
+    ]
+    assert stage.steps[0].allow_changes == {"pip", "setuptools", "wheel"}
+    assert stage.steps[1].allow_changes == {"pip", "setuptools", "wheel", "numpy"}
+
+
+def test_bad_reference_fails_when_the_plan_is_made(inputs, tmp_path):
+    (inputs / "bad.txt").write_text("numpy\n-e ./ext\n")
+    with pytest.raises(InputError, match=r"bad.txt, line 2: editable installs"):
+        make_plan(
+            request=BuildRequest(
+                image_path=tmp_path / "x.sif",
+                base_image="docker://debian",
+                settings={"pip": {"steps": ["bad.txt"]}},
+            )
+        )
+
+
+def test_plan_describes_target_commands_and_staging(inputs, tmp_path):
+    plan = make_plan(
+        request=BuildRequest(
+            image_path=tmp_path / "x.sif",
+            base_image="docker://debian",
+            settings={
+                "pip": {"steps": [{"requirements": "torch.txt"}], "cache-dir": "c"}
+            },
+        )
+    )
+    assert plan.stage_names == ["pip", "provenance"]
+    text = plan.describe()
+    assert "target: the Python environment the base image activates" in text
+    assert f"pip cache: {inputs / 'c'}" in text
+    assert (
+        "python -m pip install --no-input --disable-pip-version-check --progress-bar off "
+        f"--cache-dir {WORK_DIR}/cache -c /opt/cotainr-lumi/pip/step1/protected-constraints.txt "
+        "-r /opt/cotainr-lumi/pip/step1/torch.txt"
+    ) in text
+    assert (
+        f"stages: {inputs / 'wheels' / 'torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl'}"
+        in text
+    )
+
+
+def test_no_steps_records_the_package_list_only(tmp_path):
+    plan = make_plan(
+        request=BuildRequest(
+            image_path=tmp_path / "x.sif",
+            base_image="docker://debian",
+            settings={"pip": {"cache": False}},
+        )
+    )
+    assert plan.stage_names == ["pip", "provenance"]
+    assert "no pip steps: record the environment's package list only" in (
+        plan.describe()
+    )
+    stage = plan.stages[0]
+    sandbox = FakeSandbox(tmp_path / "sb", {"numpy": "2.1.0", "torch": "2.13.0"})
+    report = stage.run(context=StageContext(sandbox=sandbox, plan=plan))
+    assert sandbox.installs() == []
+    assert [a[:4] for a, _ in sandbox.commands][-1] == ["python", "-m", "pip", "list"]
+    packages = json.loads(sandbox.host(PACKAGES_FILE).read_text())
+    assert {p["name"]: p["version"] for p in packages} == {
+        "numpy": "2.1.0",
+        "torch": "2.13.0",
+    }
+    assert report.labels == {"cotainr-lumi.pip.packages": PACKAGES_FILE}
+    assert report.summary.startswith(f"no pip steps; package list of {PREFIX}: 2")
+    assert "(torch 2.13.0)" in report.summary
+    assert not sandbox.host(WORK_DIR).exists()
+
+
+def _sandbox_without_python(tmp_path, mocker):
+    sandbox = FakeSandbox(tmp_path / "sb", {})
+    mocker.patch.object(
+        sandbox,
+        "run",
+        side_effect=_cotainr.CommandError(
+            cmd=["bash"], returncode=127, stdout="", stderr="no python on PATH"
+        ),
+    )
+    return sandbox
+
+
+def test_no_steps_and_no_pip_warns_and_goes_on(tmp_path, mocker, caplog):
+    stage = PipStage(settings={"cache": False})
+    sandbox = _sandbox_without_python(tmp_path, mocker)
+    with caplog.at_level("WARNING", logger="cotainr.cotainr_lumi"):
+        report = stage.run(context=StageContext(sandbox=sandbox, plan=None))
+    assert "No pip steps and no package list" in caplog.text
+    assert report.labels == {}
+    assert not sandbox.host(PACKAGES_FILE).exists()
+
+
+def test_run_installs_steps_in_order_with_exact_commands(inputs, tmp_path):
+    stage = _stage_from_cli(
+        ["--pip-requirements", "torch.txt", "--pip-steps", "steps.yml"]
+    )
+    sandbox = FakeSandbox(tmp_path / "sb", {"pip": "23.0.1", "setuptools": "66.1.1"})
+    cache_in_sandbox = sandbox.host(f"{WORK_DIR}/cache")
+    host_cache = tmp_path / "xdg" / "cotainr-lumi" / "pip"
+    (host_cache / "wheels").mkdir(parents=True)
+    (host_cache / "wheels" / "isolated-build.whl").write_text("from an earlier build")
+    seen = []
+
+    def on_install(argv, env):
+        # What pip would see inside the container at this moment.
+        reqs = [argv[i + 1] for i, a in enumerate(argv) if a == "-r"]
+        seen.append({r: sandbox.host(r).read_text() for r in reqs})
+        seen[-1]["constraints"] = sandbox.host(argv[argv.index("-c") + 1]).read_text()
+        assert cache_in_sandbox.is_dir()
+        (cache_in_sandbox / "http").mkdir(exist_ok=True)
+        (cache_in_sandbox / "http" / f"entry{len(seen)}").write_text("cached")
+        wheels = cache_in_sandbox / "wheels"
+        if len(seen) == 1:
+            # An isolated step without build variables sees the wheel cache.
+            assert (wheels / "isolated-build.whl").is_file()
+        else:
+            # A no-build-isolation step neither sees nor keeps built wheels.
+            assert not wheels.exists()
+            wheels.mkdir()
+            (wheels / "built-against-this-torch.whl").write_text("x")
+        if len(seen) == 1:
+            assert sandbox.host(
+                f"{WORK_DIR}/staging/step1/1/torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"
+            ).is_file()
+            sandbox.installed.update(
+                {"torch": "2.13.0+cpu", "wheel": "0.45.0", "setuptools": "80.0"}
+            )
+        else:
+            sandbox.installed["ext"] = "0.1"
+
+    sandbox.on_install = on_install
+    report = stage.run(context=StageContext(sandbox=sandbox, plan=None))
+
+    (cmd1, env1), (cmd2, env2) = sandbox.installs()
+    assert cmd1 == [
+        "python",
+        "-m",
+        "pip",
+        "install",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "--cache-dir",
+        f"{WORK_DIR}/cache",
+        "-c",
+        "/opt/cotainr-lumi/pip/step1/protected-constraints.txt",
+        "-r",
+        "/opt/cotainr-lumi/pip/step1/torch.txt",
+    ]
+    assert env1 == {}
+    assert cmd2 == [
+        "python",
+        "-m",
+        "pip",
+        "install",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "--cache-dir",
+        f"{WORK_DIR}/cache",
+        "--no-build-isolation",
+        "--index-url",
+        "https://pypi.example.org/simple",
+        "--extra-index-url",
+        "https://download.pytorch.org/whl/rocm6.2",
+        "--verbose",
+        "-c",
+        "/opt/cotainr-lumi/pip/step2/protected-constraints.txt",
+        "-r",
+        "/opt/cotainr-lumi/pip/step2/packages.txt",
+    ]
+    assert env2 == {"PYTORCH_ROCM_ARCH": "gfx90a", "MAX_JOBS": "2"}
+    # Host pip variables that would redirect the install are unset.
+    install_script = [a[2] for a, _ in sandbox.commands if "pip install" in a[-1]][0]
+    assert install_script.startswith("unset PIP_TARGET PIP_PREFIX PIP_ROOT PIP_USER")
+
+    assert (
+        seen[0]["/opt/cotainr-lumi/pip/step1/torch.txt"]
+        .splitlines()[0]
+        .startswith("-r /opt/cotainr-lumi/pip/step1/common.txt")
+    )
+    # Step 1 protects nothing but what was there; setuptools/pip are allowed.
+    assert "\nsetuptools==" not in seen[0]["constraints"]
+    assert "# setuptools==66.1.1  (allow-changes)" in seen[0]["constraints"]
+    assert "torch==2.13.0+cpu" in seen[1]["constraints"]
+    assert seen[1]["/opt/cotainr-lumi/pip/step2/packages.txt"].startswith(
+        f"{WORK_DIR}/staging/step2/1/ext"
+    )
+
+    # Kept: rewritten files, package list; removed: staging and cache.
+    assert (
+        sandbox.host("/opt/cotainr-lumi/pip/step1/common.txt").read_text() == "wheel\n"
+    )
+    packages = json.loads(sandbox.host(PACKAGES_FILE).read_text())
+    assert {"name": "torch", "version": "2.13.0+cpu"} in packages
+    assert not sandbox.host(WORK_DIR).exists()
+    assert sorted(p.name for p in (host_cache / "wheels").iterdir()) == [
+        "isolated-build.whl"
+    ]
+    assert sorted(p.name for p in (host_cache / "http").iterdir()) == [
+        "entry1",
+        "entry2",
+    ]
+    assert report.labels == {
+        "cotainr-lumi.pip.packages": "/opt/cotainr-lumi/pip/packages.json",
+        "cotainr-lumi.pip.steps": "/opt/cotainr-lumi/pip/steps.json",
+    }
+    assert "torch 2.13.0+cpu" in report.summary
+    assert report.details["steps"][0]["added"]["torch"] == "2.13.0+cpu"
+    assert report.details["target"]["prefix"] == PREFIX
+
+
+CONFLICT_STDERR = """\
+ERROR: Cannot install -r /opt/cotainr-lumi/pip/step1/torch.txt (line 1) because these package versions have conflicting dependencies.
+
+The conflict is caused by:
+    The user requested torch==2.12.0
+    The user requested (constraint) torch==2.13.0+cpu
+
+To fix this you could try to:
+ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/
+"""
+
+
+def test_protection_conflict_names_package_version_and_requirement(inputs, tmp_path):
+    (inputs / "pin.txt").write_text("torch==2.12.0\n")
+    stage = PipStage(settings={"steps": ["pin.txt"]})
+    sandbox = FakeSandbox(tmp_path / "sb", {"torch": "2.13.0+cpu"})
+
+    def on_install(argv, env):
+        cache = sandbox.host(f"{WORK_DIR}/cache")
+        (cache / "kept-even-on-failure").write_text("x")
+        raise _cotainr.CommandError(
+            cmd=argv, returncode=1, stdout="", stderr=CONFLICT_STDERR
+        )
+
+    sandbox.on_install = on_install
+    with pytest.raises(StageError) as info:
+        stage.run(context=StageContext(sandbox=sandbox, plan=None))
+    text = str(info.value)
+    assert (
+        "step 1 (pip settings, step 1) would change protected package(s) torch" in text
+    )
+    assert "torch 2.13.0+cpu is installed" in text
+    assert "torch==2.12.0" in text
+    assert "allow-changes: [torch]" in text
+    assert (
+        "The user requested (constraint) torch==2.13.0+cpu" in text
+    )  # pip's own lines
+    assert f"/opt/cotainr-lumi/pip/step1/pin.txt <- {inputs / 'pin.txt'}" in text
+    assert not sandbox.host(WORK_DIR).exists()
+    assert (
+        tmp_path / "xdg" / "cotainr-lumi" / "pip" / "kept-even-on-failure"
+    ).is_file()
+
+
+def test_other_pip_failure_shows_step_source_and_pip_errors(inputs, tmp_path):
+    stage = PipStage(settings={"steps": ["torch.txt"], "cache": False})
+    sandbox = FakeSandbox(tmp_path / "sb", {})
+
+    def on_install(argv, env):
+        assert "--no-cache-dir" in argv
+        raise _cotainr.CommandError(
+            cmd=argv,
+            returncode=1,
+            stdout="Collecting x\n",
+            stderr="WARNING: noise\n  error: subprocess-exited-with-error\n"
+            "      ModuleNotFoundError: No module named 'torch'\n",
+        )
+
+    sandbox.on_install = on_install
+    with pytest.raises(StageError) as info:
+        stage.run(context=StageContext(sandbox=sandbox, plan=None))
+    text = str(info.value)
+    assert "pip install failed in step 1 (pip settings, step 1) (exit status 1)" in text
+    assert "No module named 'torch'" in text
+    assert "WARNING: noise" not in text
+
+
+def test_changes_that_slip_through_are_caught(inputs, tmp_path):
+    stage = PipStage(
+        settings={"steps": [{"packages": ["foo"], "allow-changes": ["numpy"]}]}
+    )
+    sandbox = FakeSandbox(tmp_path / "sb", {"torch": "2.13.0+cpu", "numpy": "1.26.4"})
+
+    def on_install(argv, env):
+        sandbox.installed["torch"] = "2.12.0"
+        sandbox.installed["numpy"] = "2.0.0"
+
+    sandbox.on_install = on_install
+    with pytest.raises(
+        StageError, match=r"changed protected package\(s\) torch despite"
+    ) as info:
+        stage.run(context=StageContext(sandbox=sandbox, plan=None))
+    assert "torch 2.13.0+cpu -> 2.12.0" in str(info.value)
+    assert "numpy" not in str(info.value).split("constraints:")[1].split("Add")[0]
+
+
+def test_no_python_in_the_container(inputs, tmp_path, mocker):
+    stage = PipStage(settings={"steps": ["torch.txt"]})
+    sandbox = _sandbox_without_python(tmp_path, mocker)
+    with pytest.raises(StageError, match="no working `python -m pip` in the container"):
+        stage.run(context=StageContext(sandbox=sandbox, plan=None))

@@ -1,0 +1,341 @@
+"""Tests of the prune stage (cotainr_lumi.stages.prune.stage) with a fake sandbox.
+
+The sandbox root is a real directory tree with real ELF files; only the two
+commands the stage runs in the container (the probe and the loader check) are
+answered by the fake. The real container runs are in tests/e2e/test_prune.py.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+import shutil
+import subprocess
+from types import SimpleNamespace
+
+import elfbuild
+import pytest
+from test_libstdcxx import DEB_DIR, install_lib
+from test_rocm import make_rocm
+
+from cotainr_lumi import _cotainr
+from cotainr_lumi.engine.plan import BuildRequest, make_plan
+from cotainr_lumi.engine.profiles import load_systems
+from cotainr_lumi.engine.stage import StageContext, get_stage_class
+from cotainr_lumi.errors import ProfileError, StageError
+from cotainr_lumi.stages.prune.manifest import MANIFEST_LABEL, MANIFEST_PATH
+from cotainr_lumi.stages.prune.rocm import VERIFY_SCRIPT
+from cotainr_lumi.stages.prune.stage import PROBE_SCRIPT, PruneStage
+
+ENV = "/opt/cotainr/conda/envs/conda_container_env"
+SITE = f"{ENV}/lib/python3.11/site-packages"
+DONE = "COTAINR_LUMI_VERIFY_DONE\n"
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    return elfbuild.Kit(tmp_path_factory.mktemp("kit"))
+
+
+class FakeSandbox:
+    """Answers the stage's probe and loader-check commands."""
+
+    def __init__(
+        self, root, *, prefix=ENV, site=(SITE,), rocm_path="/opt/rocm", verify=None
+    ):
+        self.root = root
+        self.prefix = prefix
+        self.site = list(site)
+        self.rocm_path = rocm_path
+        self.verify = verify or (lambda objects: DONE)
+        self.verified = []
+
+    def run(self, args, *, env=None, log_name=None):
+        assert args[:2] == ["bash", "-c"]
+        if args[2] == PROBE_SCRIPT:
+            facts = {
+                "prefix": self.prefix,
+                "site": self.site,
+                "rocm_path": self.rocm_path,
+            }
+            out = "COTAINR_LUMI_PRUNE_PROBE=" + json.dumps(facts) + "\n"
+            out += "\tlibstdc++.so.6 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libstdc++.so.6\n"
+            return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
+        if args[2] == VERIFY_SCRIPT:
+            objects = args[4:]
+            self.verified.append(objects)
+            return subprocess.CompletedProcess(
+                args, 0, stdout=self.verify(objects), stderr=""
+            )
+        raise AssertionError(f"unexpected command {args}")
+
+
+def context_for(sandbox, rocm_version="6.1"):
+    plan = SimpleNamespace(
+        system=SimpleNamespace(rocm_version=rocm_version, name="lumi-test")
+    )
+    return StageContext(sandbox=sandbox, plan=plan)
+
+
+@pytest.fixture
+def root(tmp_path, kit):
+    root = tmp_path / "sandbox"
+    make_rocm(root, kit)
+    install_lib(root / DEB_DIR, kit.sys_lib)
+    env = root / ENV.lstrip("/")
+    install_lib(env / "lib", kit.env_lib)
+    shutil.copy2(kit.old_user, env / "lib/libold.so")
+    torch = root / SITE.lstrip("/") / "torch"
+    (torch / "lib/rocblas/library").mkdir(parents=True)
+    shutil.copy2(kit.hip, torch / "lib/libamdhip64.so.6")
+    shutil.copy2(kit.rccl, torch / "lib/librccl.so.1")
+    shutil.copy2(kit.torch_hip_user, torch / "lib/libtorch_hip.so")
+    (torch / "lib/rocblas/library/kernels.dat").write_bytes(b"k" * 5000)
+    (torch / "version.py").write_text("hip: Optional[str] = '6.1.40091-a8dbc0c19'\n")
+    return root
+
+
+def torch_lib(root):
+    return root / SITE.lstrip("/") / "torch/lib"
+
+
+def read_manifest(root):
+    return json.loads((root / MANIFEST_PATH.lstrip("/")).read_text())
+
+
+def test_run_prunes_both_and_writes_manifest(root, caplog):
+    sandbox = FakeSandbox(root)
+    caplog.set_level("INFO", logger="cotainr")
+    report = PruneStage().run(context=context_for(sandbox))
+    lib = torch_lib(root)
+    assert not list((root / ENV.lstrip("/") / "lib").glob("libstdc++.so*"))
+    assert all(
+        os.path.islink(lib / n) for n in ("libamdhip64.so.6", "librccl.so.1", "rocblas")
+    )
+    assert not os.path.islink(lib / "libtorch_hip.so")
+    assert report.labels[MANIFEST_LABEL] == MANIFEST_PATH
+    manifest = read_manifest(root)
+    actions = {(e["path"].rsplit("/", 1)[1], e["action"]) for e in manifest["entries"]}
+    assert actions == {
+        ("libstdc++.so.6", "removed"),
+        ("libstdc++.so.6.0.30", "removed"),
+        ("libamdhip64.so.6", "symlinked"),
+        ("librccl.so.1", "symlinked"),
+        ("rocblas", "symlinked"),
+    }
+    assert all(e["reason"] and e["size"] >= 0 for e in manifest["entries"])
+    assert (
+        manifest["bytes-saved"]
+        == int(report.labels["cotainr-lumi.prune.bytes-saved"])
+        > 5000
+    )
+    assert manifest["facts"]["rocm-dedup"]["base-rocm"]["major-minor"] == "6.1"
+    assert "saved" in report.summary and "replaced 3" in report.summary
+    # One loader check, covering every ELF object under torch (links included).
+    (objects,) = sandbox.verified
+    assert (
+        f"{SITE}/torch/lib/libtorch_hip.so" in objects
+        and f"{SITE}/torch/lib/librccl.so.1" in objects
+    )
+    assert "Prune summary" in caplog.text
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_rocm_version_mismatch_skips_or_fails(root, strict, caplog):
+    (torch_lib(root).parent / "version.py").write_text("hip = '6.0.32830-d62f6a171'\n")
+    stage = PruneStage(settings={"strict": strict})
+    if strict:
+        with pytest.raises(StageError, match="ROCm version mismatch"):
+            stage.run(context=context_for(FakeSandbox(root)))
+        return
+    report = stage.run(context=context_for(FakeSandbox(root)))
+    assert not any(p.is_symlink() for p in torch_lib(root).iterdir())
+    assert "ROCm version mismatch" in caplog.text and "6.0.32830" in caplog.text
+    assert any("mismatch" in w for w in report.details["warnings"])
+    assert any(
+        s["group"] == "rocm-dedup" and "mismatch" in s["reason"]
+        for s in read_manifest(root)["skipped"]
+    )
+
+
+def test_profile_version_used_when_image_has_none(root):
+    os.unlink(root / "opt/rocm-6.1.3/.info/version")
+    PruneStage().run(context=context_for(FakeSandbox(root), rocm_version="6.1"))
+    assert (torch_lib(root) / "librccl.so.1").is_symlink()
+    assert (
+        read_manifest(root)["facts"]["rocm-dedup"]["base-rocm"]["source"]
+        == "the profile's rocm-version"
+    )
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_unresolved_after_dedup_rolls_back(root, strict, kit):
+    original = (torch_lib(root) / "librccl.so.1").read_bytes()
+
+    def verify(objects):
+        lines = ""
+        if os.path.islink(torch_lib(root) / "librccl.so.1"):
+            lines = f"COTAINR_LUMI_NOTFOUND\t{SITE}/torch/lib/libtorch_hip.so\t\tlibhsa-runtime64.so.1 => not found\n"
+        return lines + DONE
+
+    sandbox = FakeSandbox(root, verify=verify)
+    stage = PruneStage(settings={"strict": strict, "libstdcxx": False})
+    if strict:
+        with pytest.raises(StageError, match="libhsa-runtime64.so.1 not found"):
+            stage.run(context=context_for(sandbox))
+    else:
+        report = stage.run(context=context_for(sandbox))
+        assert "could not resolve" in report.details["warnings"][0]
+    lib = torch_lib(root)
+    assert not any(p.is_symlink() for p in lib.iterdir())
+    assert (lib / "librccl.so.1").read_bytes() == original
+    assert not [p for p in lib.iterdir() if p.name.startswith(".cotainr-lumi")]
+    assert len(sandbox.verified) == 2
+
+
+def test_preexisting_unresolved_does_not_block(root, caplog):
+    def verify(objects):
+        return (
+            f"COTAINR_LUMI_NOTFOUND\t{SITE}/torch/lib/libtorch_hip.so\t\tlibfoo.so.9 => not found\n"
+            + DONE
+        )
+
+    sandbox = FakeSandbox(root, verify=verify)
+    PruneStage(settings={"libstdcxx": False}).run(context=context_for(sandbox))
+    assert (torch_lib(root) / "librccl.so.1").is_symlink()
+    assert "exist with or without de-duplication" in caplog.text
+    assert not [
+        p for p in torch_lib(root).iterdir() if p.name.startswith(".cotainr-lumi")
+    ]
+
+
+def test_failed_check_command_rolls_back(root, mocker):
+    sandbox = FakeSandbox(root)
+
+    def failing(objects):
+        raise _cotainr.CommandError(
+            cmd=["bash"], returncode=1, stdout="", stderr="ERROR: boom"
+        )
+
+    sandbox.verify = failing
+    with pytest.raises(StageError, match="were restored"):
+        PruneStage(settings={"libstdcxx": False}).run(context=context_for(sandbox))
+    assert not any(p.is_symlink() for p in torch_lib(root).iterdir())
+
+
+def test_unsafe_libstdcxx_stops_the_build(root, kit):
+    shutil.copy2(kit.new_user, root / ENV.lstrip("/") / "lib/libnew.so")
+    with pytest.raises(StageError) as info:
+        PruneStage().run(context=context_for(FakeSandbox(root)))
+    text = str(info.value)
+    assert f"{ENV}/lib/libnew.so: needs CXXABI_1.3.13, GLIBCXX_3.4.30" in text
+    assert "--keep-libstdcxx" in text and "libstdcxx: false" in text and "newer" in text
+    assert (root / ENV.lstrip("/") / "lib/libstdc++.so.6.0.30").is_file()
+    assert not (root / MANIFEST_PATH.lstrip("/")).exists()
+
+
+def test_switches_keep_everything(root):
+    report = PruneStage(settings={"libstdcxx": False, "rocm-dedup": False}).run(
+        context=context_for(FakeSandbox(root))
+    )
+    assert (root / ENV.lstrip("/") / "lib/libstdc++.so.6.0.30").is_file()
+    assert not any(p.is_symlink() for p in torch_lib(root).iterdir())
+    assert report.details["entries"] == [] and len(report.details["skipped"]) == 2
+    assert not PruneStage(settings={"libstdcxx": False, "rocm-dedup": False}).enabled(
+        plan=None
+    )
+
+
+def test_rocm_sdk_layout_is_reported(root, caplog):
+    (root / SITE.lstrip("/") / "_rocm_sdk_libraries_gfx90X/lib").mkdir(parents=True)
+    report = PruneStage().run(context=context_for(FakeSandbox(root)))
+    assert any("_rocm_sdk_" in w for w in report.details["warnings"])
+    assert "newer ROCm wheel layout" in caplog.text
+    assert read_manifest(root)["facts"]["rocm-dedup"]["rocm-sdk-packages"] == [
+        f"{SITE}/_rocm_sdk_libraries_gfx90X"
+    ]
+
+
+def test_no_python_in_image(root):
+    report = PruneStage().run(
+        context=context_for(FakeSandbox(root, prefix="", site=()))
+    )
+    assert "no python" in report.details["warnings"][0]
+    with pytest.raises(StageError, match="strict"):
+        PruneStage(settings={"strict": True}).run(
+            context=context_for(FakeSandbox(root, prefix="", site=()))
+        )
+
+
+def test_cli_options_and_settings():
+    parser = argparse.ArgumentParser()
+    PruneStage.add_arguments(parser=parser)
+    assert PruneStage.settings_from_args(args=parser.parse_args([])) == {}
+    args = parser.parse_args(["--keep-libstdcxx", "--no-rocm-dedup", "--prune-strict"])
+    assert PruneStage.settings_from_args(args=args) == {
+        "libstdcxx": False,
+        "rocm-dedup": False,
+        "strict": True,
+    }
+    assert (
+        PruneStage.validate_settings(settings={"libstdcxx": True, "strict": False})
+        == []
+    )
+    problems = PruneStage.validate_settings(settings={"libstdcxx": "yes", "bogus": 1})
+    assert (
+        "bogus",
+        "unknown setting (known: libstdcxx, rocm-dedup, strict)",
+    ) in problems
+    assert any(k == "libstdcxx" and "true or false" in m for k, m in problems)
+    assert get_stage_class("prune") is PruneStage
+
+
+def test_profile_settings_and_dry_run_description(tmp_path, monkeypatch):
+    base = tmp_path / "base.sif"
+    base.write_bytes(b"sif")
+    profile = tmp_path / "systems.yaml"
+    profile.write_text(
+        "systems:\n  prune-test:\n    extends: lumi-g-ext\n"
+        f"    base-image: {base}\n    rocm-version: '6.1'\n"
+        "    stages: [prune, provenance]\n"
+        "    settings:\n      prune: {libstdcxx: false, strict: true}\n"
+    )
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(profile))
+    systems = load_systems()
+    plan = make_plan(
+        request=BuildRequest(
+            image_path=tmp_path / "out.sif",
+            system="prune-test",
+            settings={"prune": {"strict": False}},
+        ),
+        systems=systems,
+    )
+    (stage,) = [s for s in plan.stages if s.name == "prune"]
+    assert stage.settings == {"libstdcxx": False, "rocm-dedup": True, "strict": False}
+    text = "\n".join(stage.describe(plan=plan))
+    assert "libstdc++: kept" in text
+    assert (
+        "torch.version.hip" in text
+        and "profile says 6.1" in text
+        and "SONAMEs match" in text
+    )
+    assert MANIFEST_PATH in text and "skip with a warning" in text
+    assert "prune" in plan.describe()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(profile.read_text().replace("strict: true", "strict: maybe"))
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(bad))
+    with pytest.raises(ProfileError, match="settings.prune.strict"):
+        load_systems()
+
+
+def test_manifest_is_written_into_the_root_not_through_links(root, tmp_path):
+    host = tmp_path / "host-opt"
+    host.mkdir()
+    (root / "opt/cotainr-lumi").symlink_to(
+        host
+    )  # absolute host path: means the image's
+    PruneStage(settings={"libstdcxx": False, "rocm-dedup": False}).run(
+        context=context_for(FakeSandbox(root))
+    )
+    assert not list(host.iterdir())
+    assert Path(root / str(host).lstrip("/") / "prune-manifest.json").is_file()

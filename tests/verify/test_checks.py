@@ -1,0 +1,247 @@
+import copy
+import json
+import os
+from pathlib import Path
+import subprocess
+import sys
+
+import pytest
+
+from cotainr_lumi.errors import InputError
+from cotainr_lumi.verify import checks as verify
+
+PROBE = Path(verify.__file__).with_name("probe.py")
+
+GOOD = {
+    "python": "/opt/env/bin/python",
+    "prefix": "/opt/env",
+    "env": {
+        "ROCM_PATH": "/opt/rocm",
+        "PATH": "/runscripts:/opt/rocm/bin:/opt/rocm/llvm/bin:/usr/bin",
+        "LD_LIBRARY_PATH": (
+            "/opt/cray/libfabric/1.15.2.0/lib64:/opt/cray/pe/lib64:"
+            "/opt/rocm/lib:/opt/aws-ofi-rccl"
+        ),
+        "WITH_CONDA": "true",
+        **verify.DEFAULT_LUMI_ENV,
+    },
+    "labels": {
+        "cotainr-lumi.version": "1",
+        "cotainr-lumi.system": "not-a-profile-system",
+        "cotainr-lumi.base-image": "/b.sif",
+        "cotainr-lumi.base-image.resolved": "/real/b.sif",
+        "cotainr-lumi.stages": "pip,prune,lumi-env,provenance",
+        "cotainr-lumi.pip.packages": "/opt/cotainr-lumi/pip/packages.json",
+    },
+    "rocm": {
+        "path": "/opt/rocm",
+        "exists": True,
+        "opt_rocm": {
+            "name": "rocm",
+            "link": "rocm-6.1.3",
+            "kind": "dir",
+            "target": "/opt/rocm-6.1.3",
+        },
+        "realpath": "/opt/rocm-6.1.3",
+        "version_file": "6.1.3-122",
+        "lib_names": ["librccl.so.1", "librocblas.so.4", "rocblas"],
+    },
+    "aws_ofi_rccl": ["/opt/aws-ofi-rccl/librccl-net.so"],
+    "env_libstdcxx": [],
+    "files": {
+        "pip/packages.json": 120,
+        "prune-manifest.json": 50,
+        "provenance.json": 10,
+    },
+    "prune_manifest": {"entries": []},
+    "torch": {
+        "dir": "/opt/env/lib/python3.11/site-packages/torch",
+        "hip": "6.1.40091",
+        "lib": [
+            {
+                "name": "librccl.so.1",
+                "link": "../../../../../../rocm-6.1.3/lib/librccl.so.1",
+                "kind": "file",
+                "target": "/opt/rocm-6.1.3/lib/librccl.so.1",
+            },
+            {"name": "libtorch_hip.so", "link": None, "kind": "file"},
+        ],
+        "rccl_realpath": "/opt/rocm-6.1.3/lib/librccl.so.1",
+        "ldd_torch_hip": {
+            "rc": 0,
+            "out": "\tlibrccl.so.1 => /opt/rocm-6.1.3/lib/librccl.so.1 (0x0)\n",
+            "err": "",
+        },
+    },
+    "runscripts": {
+        "conda-python-simple": {"exists": True, "executable": True},
+        "conda-python-distributed": {"exists": True, "executable": True},
+        "get-master": {
+            "exists": True,
+            "executable": True,
+            "run": {"rc": 0, "out": "nid005252\n", "err": ""},
+        },
+    },
+    "runscripts_on_path": True,
+    "with_conda": {"rc": 0, "out": "/opt/env\n", "err": ""},
+}
+
+
+def run_with(mocker, tmp_path, facts):
+    image = tmp_path / "x.sif"
+    image.write_bytes(b"x")
+    mocker.patch(
+        "cotainr_lumi.verify.apptainer.exec_in_image",
+        return_value=subprocess.CompletedProcess(
+            [], 0, stdout="noise\n" + json.dumps(facts) + "\n", stderr=""
+        ),
+    )
+    return verify.verify_image(image=image)
+
+
+def test_good_image_passes_everything_checkable(mocker, tmp_path):
+    report = run_with(mocker, tmp_path, GOOD)
+    assert report.failed == []
+    assert {r.check for r in report.results if r.status == "N/A"} == {
+        "rccl-bandwidth",
+        "rccl-net-plugin",
+        "gpus-visible",
+    }
+    assert "3 N/A" in report.summary() and "0 FAIL" in report.summary()
+    assert all("run:" in r.evidence for r in report.results if r.status == "N/A")
+
+
+def mutate(path, value):
+    facts = copy.deepcopy(GOOD)
+    target = facts
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return facts
+
+
+@pytest.mark.parametrize(
+    "path, value, failing",
+    [
+        (("env_libstdcxx",), ["/opt/env/lib/libstdc++.so.6"], {"env-libstdcxx"}),
+        (
+            ("torch", "lib"),
+            [{"name": "librccl.so.1", "link": None, "kind": "file"}],
+            {"torch-rocm-duplicates"},
+        ),
+        (
+            ("torch", "rccl_realpath"),
+            "/opt/env/lib/python3.11/site-packages/torch/lib/librccl.so.1",
+            {"torch-rccl"},
+        ),
+        (("env", "CXI_FORK_SAFE"), None, {"env:CXI_FORK_SAFE"}),
+        (
+            ("env", "LD_LIBRARY_PATH"),
+            "/opt/cray/libfabric/1.22.0/lib64:/opt/rocm/lib",
+            {"aws-ofi-rccl"},
+        ),
+        (
+            ("env", "LD_LIBRARY_PATH"),
+            "/opt/rocm/lib:/opt/aws-ofi-rccl",
+            {"cray-libfabric"},
+        ),
+        (("aws_ofi_rccl",), [], {"aws-ofi-rccl"}),
+        (("runscripts", "get-master", "executable"), False, {"runscripts"}),
+        (("with_conda",), None, {"with-conda"}),
+        (("labels", "cotainr-lumi.stages"), "", {"provenance-labels"}),
+        (("files", "pip/packages.json"), None, {"package-list"}),
+    ],
+)
+def test_broken_images_fail_exactly_the_expected_rows(
+    mocker, tmp_path, path, value, failing
+):
+    report = run_with(mocker, tmp_path, mutate(path, value))
+    assert set(report.failed) == failing
+
+
+def test_cray_libfabric_row_names_the_entry_or_the_way_out(mocker, tmp_path):
+    report = run_with(mocker, tmp_path, GOOD)
+    row = next(r for r in report.results if r.check == "cray-libfabric")
+    assert row.status == "PASS"
+    assert "/opt/cray/libfabric/1.15.2.0/lib64" in row.evidence
+    facts = mutate(("env", "LD_LIBRARY_PATH"), "/opt/rocm/lib:/opt/aws-ofi-rccl")
+    row = next(
+        r
+        for r in run_with(mocker, tmp_path, facts).results
+        if r.check == "cray-libfabric"
+    )
+    assert "falls back to TCP" in row.evidence and "ld-library-path" in row.evidence
+    no_plugin = run_with(mocker, tmp_path, mutate(("aws_ofi_rccl",), []))
+    assert no_plugin.status_of("cray-libfabric") == "N/A"
+
+
+def test_libstdcxx_kept_with_reason_passes(mocker, tmp_path):
+    facts = mutate(("env_libstdcxx",), ["/opt/env/lib/libstdc++.so.6"])
+    facts["prune_manifest"] = {
+        "entries": [],
+        "skipped": [
+            {
+                "group": "libstdcxx",
+                "what": "/opt/env/lib",
+                "reason": "libstdcxx pruning is off (--keep-libstdcxx)",
+            }
+        ],
+    }
+    report = run_with(mocker, tmp_path, facts)
+    assert report.status_of("env-libstdcxx") == "PASS"
+
+
+def test_cpu_torch_and_no_torch_are_not_applicable(mocker, tmp_path):
+    assert (
+        run_with(mocker, tmp_path, mutate(("torch", "hip"), None)).status_of(
+            "torch-rccl"
+        )
+        == "N/A"
+    )
+    assert (
+        run_with(mocker, tmp_path, mutate(("torch",), None)).status_of(
+            "torch-rocm-duplicates"
+        )
+        == "N/A"
+    )
+
+
+def test_json_output(mocker, tmp_path):
+    data = json.loads(
+        run_with(
+            mocker, tmp_path, mutate(("env", "PYTORCH_ROCM_ARCH"), "gfx942")
+        ).as_json()
+    )
+    assert data["failed"] == ["env:PYTORCH_ROCM_ARCH"]
+    assert any(
+        r["check"] == "env:PYTORCH_ROCM_ARCH" and "gfx942" in r["evidence"]
+        for r in data["results"]
+    )
+
+
+def test_missing_image_is_an_input_error(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        verify.verify_image(image=tmp_path / "nope.sif")
+
+
+def test_probe_runs_with_a_real_python_and_prints_facts():
+    site_value = "a'b\nline2 $(x)"
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.read_text()],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "SITE_ADDED_VARIABLE": site_value},
+    )
+    facts = json.loads(out.stdout)
+    assert facts["prefix"] == sys.prefix
+    # Every variable, not a fixed list: profiles add their own.
+    assert facts["env"]["SITE_ADDED_VARIABLE"] == site_value
+    assert set(facts) >= {
+        "env",
+        "labels",
+        "rocm",
+        "torch",
+        "runscripts",
+        "env_libstdcxx",
+    }
