@@ -240,6 +240,7 @@ class Build(_cotainr.StockBuild):
     def execute(self):
         """Execute the "build" subcommand."""
         if self.request.dry_run:
+            self.plan.ask_base_image()
             print(self.plan.describe())
             return
         if not self.plan.extended:

@@ -9,6 +9,7 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
+from targetenv_fakes import is_probe, probe_stdout
 
 import cotainr_lumi
 from cotainr_lumi import _cotainr
@@ -44,6 +45,13 @@ class FakeSandbox:
     def run(self, args, *, env=None, log_name=None):
         self.calls.append(list(args))
         script = args[-1]
+        if is_probe(args):
+            # The build's one target env discovery sees the same env.
+            found = dict(
+                line.split("=", 1) for line in self.probe.splitlines() if "=" in line
+            )
+            out = probe_stdout(found.get("prefix") or None)
+            return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
         if "sys.prefix" in script:
             return subprocess.CompletedProcess(args, 0, stdout=self.probe, stderr="")
         if self.fail_check:
@@ -135,7 +143,9 @@ def test_stage_writes_env_file_runscripts_and_reports_outputs(tmp_path):
         "rocm": "/opt/rocm",
         "aws-ofi-rccl": "/opt/aws-ofi-rccl",
     }
-    assert len(sandbox.calls) == 2  # the probe and the start-up check
+    assert (
+        len(sandbox.calls) == 3
+    )  # the probes (conda variables, target env) and the check
 
 
 def test_runtime_values_win_over_every_default(tmp_path):
