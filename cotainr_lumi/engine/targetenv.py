@@ -93,7 +93,8 @@ pyinfo() { # pyinfo WHERE PREFIX: facts of PREFIX's own interpreter
             fact "$1" python "$("$py" -c 'import json, sys, sysconfig
 paths = sysconfig.get_paths()
 site = [paths["purelib"], paths["platlib"]]
-site += [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))]
+site += [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))
+         and not p.startswith("/usr/")]
 print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix,
     "executable": sys.executable, "version": sys.version.split()[0],
     "site": list(dict.fromkeys(site))}))' 2>/dev/null)"
