@@ -381,3 +381,52 @@ def test_base_image_runscripts_are_replaced_with_a_note(tmp_path, caplog):
     with caplog.at_level("INFO", logger="cotainr.cotainr_lumi"):
         stage.run(context=StageContext(sandbox=sandbox, plan=plan))
     assert not [r for r in caplog.messages if r.startswith("Replacing")]
+
+
+def _write_fake_conda(tmp_path):
+    """A conda-like `activate NAME` script and an env it activates."""
+    env = tmp_path / "conda" / "envs" / "pytorch"
+    (env / "bin").mkdir(parents=True)
+    activate = tmp_path / "conda" / "activate"
+    activate.write_text(
+        f'export CONDA_PREFIX="{tmp_path}/conda/envs/$1"\n'
+        'export PATH="$CONDA_PREFIX/bin:$PATH"\n'
+    )
+    return env, f"source {activate} pytorch"
+
+
+def test_with_conda_chains_to_the_base_images_command(tmp_path):
+    env, base_value = _write_fake_conda(tmp_path)
+    root = make_root(tmp_path, venv=False)
+    stage = LumiEnvStage(settings={})
+    target = SimpleNamespace(with_conda=base_value)
+    chained = stage._base_with_conda(root=root, target=target)
+    assert chained == base_value
+    script, prefix = stage._with_conda_script(
+        root=root, info={"prefix": str(env)}, base_with_conda=chained
+    )
+    assert prefix == str(env)
+    (tmp_path / "with-conda.sh").write_text(script)
+    # Run it as `$WITH_CONDA` would: the base's command activates the env.
+    proc = subprocess.run(
+        ["bash", "-c", f'. {tmp_path}/with-conda.sh; echo "$CONDA_PREFIX|$PATH"'],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        check=True,
+    )
+    conda_prefix, path = proc.stdout.strip().split("|")
+    assert conda_prefix == str(env)
+    assert path.split(":")[0] == f"{env}/bin"
+    # A base built by cotainr-lumi: its chained command is kept, never a
+    # script that sources itself.
+    (root / "opt/cotainr-lumi").mkdir(parents=True)
+    (root / "opt/cotainr-lumi/with-conda.sh").write_text(script)
+    again = stage._base_with_conda(
+        root=root,
+        target=SimpleNamespace(with_conda=". /opt/cotainr-lumi/with-conda.sh"),
+    )
+    assert again == base_value
+    assert (
+        stage._base_with_conda(root=root, target=SimpleNamespace(with_conda="")) is None
+    )

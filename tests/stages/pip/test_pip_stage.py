@@ -435,3 +435,18 @@ def test_no_python_in_the_container(inputs, tmp_path, mocker):
     sandbox = _sandbox_without_python(tmp_path, mocker)
     with pytest.raises(StageError, match="could not start the container"):
         stage.run(context=StageContext(sandbox=sandbox, plan=None))
+
+
+def test_system_python_only_is_refused_before_installing(inputs, tmp_path):
+    stage = PipStage(settings={"steps": ["torch.txt"], "cache": False})
+    sandbox = FakeSandbox(tmp_path / "sb", {})
+    sandbox.run = lambda args, **kw: subprocess.CompletedProcess(
+        args, 0, stdout=probe_stdout(None), stderr=""
+    )
+    with pytest.raises(StageError) as info:
+        stage.run(context=StageContext(sandbox=sandbox, plan=None))
+    text = str(info.value)
+    assert "no Python environment to install into" in text
+    assert "/usr/bin/python3 (prefix /usr), a system Python" in text
+    assert "--conda-env" in text and "--set target-env.prefix=" in text
+    assert not sandbox.host(WORK_DIR).exists()
