@@ -142,6 +142,16 @@ def test_dry_run_names_the_env_and_why(built, work):
     if name == "layout1":
         assert "from the base image's $WITH_CONDA" in line
         assert f"not the target: {layouts.CONDA}/bin/python" in proc.stdout
+        # The explicit setting wins (and needs no probe to be described).
+        proc = cotainr(
+            work,
+            systems,
+            work / "dry.sif",
+            f"--system={name}-e2e",
+            "--dry-run",
+            f"--set=target-env.prefix={layouts.VENV}",
+        )
+        assert f"target env: {layouts.VENV} (named explicitly" in proc.stdout
     else:
         assert "already active in its environment" in line or "active in" in line
 
