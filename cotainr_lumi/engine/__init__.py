@@ -4,6 +4,8 @@ The engine: what a stage is, how a build is planned and run.
 :mod:`.stage` (the stage base class and registry), :mod:`.profiles` (system
 profiles, read from ``systems.yaml`` files), :mod:`.plan` (a build request
 resolved into a plan), :mod:`.pipeline` (runs a plan around cotainr's
-sandbox), :mod:`.rootfs` (paths resolved inside a sandbox, never on the host).
+sandbox), :mod:`.rootfs` (paths resolved inside a sandbox, never on the host),
+:mod:`.targetenv` (the one discovery of the Python environment a build
+installs into, shared by every stage, ``verify`` and the plan).
 The engine imports no stage; stages import the engine.
 """
