@@ -174,8 +174,7 @@ def validate_value(*, name, value):
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise EnvError(
-            f"the value of {name} is not valid UTF-8 ({text!r}); give it as "
-            "UTF-8 text"
+            f"the value of {name} is not valid UTF-8 ({text!r}); give it as UTF-8 text"
         ) from None
     return text
 
