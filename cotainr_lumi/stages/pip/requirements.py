@@ -84,6 +84,9 @@ _FILE_OPTIONS = {
     "--find-links": "find-links",
 }
 _EDITABLE = ("-e", "--editable")
+#: How deep ``-r``/``-c`` files may include each other (a chain of this many
+#: files is already far beyond any real project).
+MAX_INCLUDE_DEPTH = 100
 
 
 @dataclass
@@ -242,7 +245,10 @@ def moving_vcs_ref(url):
     """
     if not url.lower().startswith(_VCS_SCHEMES):
         return None
-    path = urlsplit(url.split("+", 1)[1]).path
+    try:
+        path = urlsplit(url.split("+", 1)[1]).path
+    except ValueError as e:
+        return f"not a valid URL ({e})"
     ref = unquote(path.rpartition("@")[2]) if "@" in path else ""
     if not ref:
         return "no revision given: it installs whatever the default branch holds"
@@ -253,6 +259,17 @@ def moving_vcs_ref(url):
 
 def _error(where, message):
     return InputError(f"{where}: {message}")
+
+
+def _split_url(url, *, where):
+    """:func:`urllib.parse.urlsplit`, with an InputError for a malformed URL."""
+    try:
+        # A VCS URL (git+https://...) is split without its scheme prefix.
+        return urlsplit(url.split("+", 1)[1] if "+" in url.split(":", 1)[0] else url)
+    except ValueError as e:
+        raise _error(
+            where, f"{url} is not a valid URL ({e}); check its brackets and host"
+        ) from None
 
 
 def _split_options(tokens):
@@ -415,7 +432,9 @@ class _LineParser:
             kind = "file-url" if target.kind != "image-path" else "image-path"
             return ReqLine(start, end, kind, target.path, "", "", tail, url.strip())
         if _URL_RE.match(req_text):
-            self.vcs.note(req_text.partition(";")[0].strip(), where=where)
+            url = req_text.partition(";")[0].strip()
+            _split_url(url, where=where)
+            self.vcs.note(url, where=where)
             return None  # remote URL (https://..., git+https://...)
         if "@" in req_text and not _looks_like_path(req_text.split("@", 1)[0].strip()):
             try:
@@ -438,6 +457,7 @@ class _LineParser:
                     req.url,
                 )
             if req.url:
+                _split_url(req.url, where=where)
                 self.vcs.note(req.url, where=where)
             return None
         path_part, sep, markers = req_text.partition(";")
@@ -484,6 +504,13 @@ class _FileScanner:
             )
         if path in self.cache:
             return self.cache[path]
+        if len(self.active) > MAX_INCLUDE_DEPTH:
+            raise _error(
+                where,
+                "requirement files include each other more than "
+                f"{MAX_INCLUDE_DEPTH} levels deep (from {self.active[0]}); "
+                "flatten the chain of -r/-c files",
+            )
         try:
             text = path.read_text()
         except OSError as e:
@@ -514,7 +541,7 @@ class _FileScanner:
 
 
 def _file_url_path(url, *, where):
-    parts = urlsplit(url)
+    parts = _split_url(url, where=where)
     if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
         raise _error(
             where,

@@ -157,6 +157,15 @@ def test_inline_packages_are_relative_to_the_base_dir(tmp_path, project):
         ("./wheels/${VERSION}.whl\n", "cannot be staged"),
         ("-r loop.txt\n", "cycle"),
         ("-c /no/such/host/constraints.txt\n", "does not exist on this machine"),
+        # malformed URLs: an InputError with file and line, not a ValueError
+        (
+            "numpy\ngit+https://[x/y.git\n",
+            "line 2: git+https://[x/y.git is not a valid URL",
+        ),
+        ("pkg @ file://[::1/x.whl\n", "line 1: file://[::1/x.whl is not a valid URL"),
+        ("file://[::1/x.whl\n", "line 1: file://[::1/x.whl is not a valid URL"),
+        ("pkg @ git+https://[x/y.git\n", "line 1: git+https://[x/y.git is not a valid"),
+        ("pkg @ https://[x/y.whl\n", "line 1: https://[x/y.whl is not a valid URL"),
     ],
 )
 def test_bad_references_name_file_and_line(tmp_path, project, content, fragment):
@@ -264,3 +273,38 @@ def test_non_utf8_requirements_file_names_step_and_file(tmp_path, project):
     step = _step(tmp_path, requirements=[project / "r.txt"], base_dir=project)
     with pytest.raises(InputError, match="latin1.txt is not UTF-8 text"):
         scan_step(step=step)
+
+
+def test_malformed_url_in_inline_packages_names_the_package(tmp_path):
+    step = _step(tmp_path, packages=["numpy", "git+https://[x/y.git"])
+    with pytest.raises(
+        InputError, match=r"packages\[2\]: git\+https://\[x/y.git is not"
+    ):
+        scan_step(step=step)
+
+
+def test_moving_vcs_ref_of_a_malformed_url_is_no_traceback():
+    assert "not a valid URL" in moving_vcs_ref("git+https://[x/y.git")
+
+
+def test_very_deep_include_chain_is_one_clear_error(tmp_path):
+    depth = 400
+    for i in range(depth):
+        (tmp_path / f"r{i}.txt").write_text(f"-r r{i + 1}.txt\n")
+    (tmp_path / f"r{depth}.txt").write_text("numpy\n")
+    with pytest.raises(
+        InputError, match="include each other more than 100 levels deep"
+    ):
+        scan_step(step=_step(tmp_path, requirements=[tmp_path / "r0.txt"]))
+
+
+def test_include_chain_within_the_limit_is_scanned_and_staged(tmp_path):
+    depth = 100
+    for i in range(depth):
+        (tmp_path / f"r{i}.txt").write_text(f"-r r{i + 1}.txt\n")
+    (tmp_path / f"r{depth}.txt").write_text("numpy\n")
+    scan = scan_step(step=_step(tmp_path, requirements=[tmp_path / "r0.txt"]))
+    root = tmp_path / "root"
+    root.mkdir()
+    staged = stage_step(scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING)
+    assert len(staged.kept_files) == depth + 1
