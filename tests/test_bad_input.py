@@ -119,3 +119,74 @@ def test_non_utf8_pip_step_env_value_is_rejected_by_the_api_plan(tmp_path, env_p
         cotainr_lumi.plan(
             image_path=tmp_path / "x.sif", system="env-test", settings=settings
         )
+
+
+# ---------------------------------------------------------------- finding 5
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (b"name: x\ndependencies: [python\n", "is not valid YAML at line"),
+        (b"name: x\ndependencies: [caf\xe9]\n", "is not UTF-8 text (byte 26)"),
+        (b"- just\n- a list\n", "must be a YAML mapping"),
+        (b"\tname: x\n", "is not valid YAML"),
+    ],
+)
+def test_bad_conda_env_file_fails_the_dry_run(
+    mocker, capsys, tmp_path, env_profile, content, fragment
+):
+    env = tmp_path / "env.yml"
+    env.write_bytes(content)
+    code, err = dry_run(mocker, capsys, tmp_path, f"--conda-env={env}")
+    assert code != 0
+    one_error(err, str(env), fragment)
+
+
+def test_good_conda_env_file_passes_the_dry_run(mocker, capsys, tmp_path, env_profile):
+    env = tmp_path / "env.yml"
+    env.write_text("name: x\nchannels: [conda-forge]\ndependencies: [python=3.12]\n")
+    code, err = dry_run(mocker, capsys, tmp_path, f"--conda-env={env}")
+    assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize("version", ["2", "'1'", "0", "true"])
+def test_profile_with_an_unknown_version_is_rejected(
+    mocker, capsys, tmp_path, env_profile, version
+):
+    env_profile.write_text(f"version: {version}\n" + env_profile.read_text())
+    code, err = dry_run(mocker, capsys, tmp_path)
+    assert code != 0
+    one_error(err, str(env_profile), "unknown format version")
+
+
+def test_info_with_a_broken_profile_exits_non_zero(mocker, capsys, env_profile):
+    env_profile.write_text("systems: [not, a, mapping\n")
+    mocker.patch.object(
+        cli.Info, "_check_singularity_dependency", return_value="singularity: mocked"
+    )
+    mocker.patch.object(stock_cli.CotainrCLI, "_subcommands", [cli.Build, cli.Info])
+    mocker.patch.object(sys, "argv", ["cotainr", "info"])
+    with pytest.raises(SystemExit) as info:
+        stock_cli.main()
+    assert info.value.code != 0
+    out = capsys.readouterr().out
+    assert "Cannot read the system profiles" in out and str(env_profile) in out
+
+
+def test_info_with_good_profiles_exits_zero(mocker, capsys, env_profile):
+    mocker.patch.object(
+        cli.Info, "_check_singularity_dependency", return_value="singularity: mocked"
+    )
+    mocker.patch.object(stock_cli.CotainrCLI, "_subcommands", [cli.Build, cli.Info])
+    mocker.patch.object(sys, "argv", ["cotainr", "info"])
+    stock_cli.main()
+    assert "env-test [cotainr-lumi]" in capsys.readouterr().out
+
+
+def test_verify_of_a_directory_says_not_an_image(mocker, capsys, tmp_path, monkeypatch):
+    # No apptainer on PATH: the answer must still be about the input.
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    mocker.patch.object(sys, "argv", ["cotainr-lumi", "verify", str(tmp_path)])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code != 0
+    one_error(capsys.readouterr().err, str(tmp_path), "is not an image")
