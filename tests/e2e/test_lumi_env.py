@@ -338,8 +338,13 @@ python -c 'import tinypkg, sys; print("installed", tinypkg.VALUE, sys.prefix)'
     )  # in the venv, not the image
 
 
-def test_module_file_loads_in_real_lmod(built, apptainer_exec):
-    lmod_init = need_lmod()
+@pytest.fixture(scope="session")
+def lmod_init():
+    """Lmod's init script; session scope: checked before the module's build."""
+    return need_lmod()
+
+
+def test_module_file_loads_in_real_lmod(lmod_init, built, apptainer_exec):
     image, module_dir, _, _, _, _ = built
     lua = module_dir / "torch.lua"
     snippet = module_dir / "torch.sh"

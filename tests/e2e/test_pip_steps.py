@@ -348,3 +348,38 @@ def test_host_pip_cache_is_reused_and_not_in_the_image(
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "1.0"
     assert ".pip-work" not in proc.stdout
+
+
+def test_host_find_links_missing_in_the_container_is_said_once(
+    work, lumi_like_base_image, local_index
+):
+    """A host PIP_FIND_LINKS pointing nowhere in the container: one warning.
+
+    pip warned "Location ... is ignored" for every package it looked up and in
+    every isolated build; the pip stage leaves such entries out and says so
+    once.
+    """
+    index_url, _ = local_index
+    (work / "links-steps.yml").write_text(
+        yaml.safe_dump(
+            {
+                "steps": [
+                    {"packages": ["cachedemo==1.0"], "extra-index-urls": [index_url]}
+                ]
+            }
+        )
+    )
+    missing = "/no/such/host/wheelhouse"
+    proc = cotainr_build(
+        work,
+        work / "links.sif",
+        "--pip-steps",
+        "links-steps.yml",
+        "-vv",
+        env={"PIP_FIND_LINKS": missing},
+        name="host PIP_FIND_LINKS",
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    assert output.count(f"PIP_FIND_LINKS={missing} is set on this machine") == 1
+    assert "is ignored" not in output
