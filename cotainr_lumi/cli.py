@@ -269,11 +269,20 @@ class Info(_cotainr.StockInfo):
     The "info" subcommand; also lists the cotainr-lumi systems.
     """
 
+    profile_error = None
+
+    def execute(self):
+        """Execute the "info" subcommand; exit non-zero if a profile is broken."""
+        super().execute()
+        if self.profile_error is not None:
+            raise SystemExit(getattr(self.profile_error, "exit_code", 1))
+
     def _check_systems(self):
         """Report the available systems (stock and cotainr-lumi)."""
         try:
             systems = load_systems()
         except CotainrLumiError as e:
+            self.profile_error = e
             return f"Cannot read the system profiles: {e}"
         if not systems:
             return "No system configurations available"

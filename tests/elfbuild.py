@@ -1,4 +1,4 @@
-"""Compile small real ELF files for the prune tests (gcc is on the machine).
+"""Compile small real ELF files for the prune tests (with the host's gcc).
 
 Everything is built from tiny C sources with version scripts, so the tests
 control exactly which symbol versions a "libstdc++" defines and which ones an
@@ -9,11 +9,14 @@ from pathlib import Path
 import shutil
 import subprocess
 
+from hosttools import need_tool
+
 
 def gcc(*args, cwd=None):
     """Run gcc, failing the test with its stderr on error."""
+    compiler = need_tool("gcc", install="apt-get install -y gcc")
     proc = subprocess.run(
-        ["gcc", *map(str, args)], cwd=cwd, capture_output=True, text=True
+        [compiler, *map(str, args)], cwd=cwd, capture_output=True, text=True
     )
     if proc.returncode:
         raise AssertionError(f"gcc {' '.join(map(str, args))} failed:\n{proc.stderr}")

@@ -6,9 +6,13 @@ On a developer machine the test is skipped with the command that installs it.
 """
 
 import os
+from pathlib import Path
 import shutil
 
 import pytest
+
+#: Lmod's bash initialisation (Debian's ``lmod`` package).
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
 
 
 def in_ci() -> bool:
@@ -37,3 +41,16 @@ def need_root(why: str) -> None:
     """Fail/skip unless running as root."""
     if os.geteuid() != 0:
         unavailable(f"needs root: {why}")
+
+
+def need_file(path: Path, *, install: str) -> Path:
+    """Return `path` if it is a file on this machine, or fail/skip."""
+    path = Path(path)
+    if not path.is_file():
+        unavailable(f"{path} is missing on this machine ({install})")
+    return path
+
+
+def need_lmod() -> Path:
+    """Return Lmod's bash init script, or fail/skip."""
+    return need_file(LMOD_INIT, install="apt-get install -y lmod")

@@ -30,6 +30,8 @@ from pathlib import Path
 import re
 from typing import Any, Optional
 
+import yaml
+
 from ..errors import InputError
 from . import targetenv
 from .profiles import SystemProfile, get_system, load_systems, merge_mappings
@@ -264,6 +266,34 @@ class BuildPlan:
         return "\n".join(lines)
 
 
+def _check_conda_env_file(path):
+    """Fail early on a conda environment file conda could not read."""
+    try:
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise InputError(
+            f"Cannot read the conda environment file {path}: {e.strerror}."
+        ) from None
+    except UnicodeDecodeError as e:
+        raise InputError(
+            f"The conda environment file {path} is not UTF-8 text (byte {e.start}); "
+            "save it as UTF-8."
+        ) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(
+            f"The conda environment file {path} is not valid YAML{where}: {problem}."
+        ) from None
+    if not isinstance(data, dict):
+        raise InputError(
+            f"The conda environment file {path} must be a YAML mapping with "
+            "'dependencies' (and optionally 'name' and 'channels'), got "
+            f"{type(data).__name__}."
+        )
+
+
 def make_plan(*, request, systems=None):
     """
     Resolve a request into a plan.
@@ -305,6 +335,7 @@ def make_plan(*, request, systems=None):
         conda_env = Path(request.conda_env).expanduser().resolve()
         if not conda_env.is_file():
             raise InputError(f"The conda environment file {conda_env} does not exist.")
+        _check_conda_env_file(conda_env)
 
     overrides = copy.deepcopy(request.settings or {})
     if not isinstance(overrides, dict) or not all(

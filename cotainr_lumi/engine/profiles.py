@@ -152,6 +152,10 @@ def profile_files():
     return files
 
 
+#: The profile file format this version reads (the optional ``version:`` key).
+PROFILE_FORMAT_VERSION = 1
+
+
 def _read_profile_file(path):
     """Parse one profile file into ``{name: raw mapping}``."""
     try:
@@ -174,6 +178,15 @@ def _read_profile_file(path):
             "the top level must be a mapping with a 'systems' key "
             "(and optionally 'version')",
             file=path,
+        )
+    version = data.get("version", PROFILE_FORMAT_VERSION)
+    if version != PROFILE_FORMAT_VERSION or isinstance(version, bool):
+        raise ProfileError(
+            f"unknown format version {version!r}: this cotainr-lumi reads version "
+            f"{PROFILE_FORMAT_VERSION}; write 'version: {PROFILE_FORMAT_VERSION}' "
+            "(or leave it out), or upgrade cotainr-lumi",
+            file=path,
+            key="version",
         )
     systems = data.get("systems") or {}
     if not isinstance(systems, dict):

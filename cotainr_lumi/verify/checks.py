@@ -424,6 +424,30 @@ def _check_runtime(report, facts):
         )
 
 
+#: A SIF file has this magic after its 32-byte launch line.
+SIF_MAGIC = b"SIF_MAGIC"
+_SIF_MAGIC_OFFSET = 32
+
+
+def _check_is_sif(image):
+    """Raise an InputError unless `image` is a SIF file (checked before Apptainer)."""
+    if not image.is_file():
+        raise InputError(
+            f"{image} is not an image: it is a directory or special file; give the "
+            ".sif file built by cotainr, e.g. cotainr-lumi verify my.sif"
+        )
+    try:
+        with open(image, "rb") as f:
+            head = f.read(_SIF_MAGIC_OFFSET + len(SIF_MAGIC))
+    except OSError as e:
+        raise InputError(f"Cannot read the image {image}: {e.strerror}.") from None
+    if head[_SIF_MAGIC_OFFSET:] != SIF_MAGIC:
+        raise InputError(
+            f"{image} is not an image: it is not a SIF file (no SIF header); give "
+            "the .sif file built by cotainr"
+        )
+
+
 def verify_image(*, image, expected_env=None):
     """
     Run every check on an image.
@@ -449,6 +473,7 @@ def verify_image(*, image, expected_env=None):
     image = Path(image)
     if not image.exists():
         raise InputError(f"The image {image} does not exist.")
+    _check_is_sif(image)
     probe = Path(__file__).with_name("probe.py").read_text()
     proc = apptainer.exec_in_image(
         image=image,

@@ -22,6 +22,9 @@ Session-scoped fixtures:
 ``verify_image`` -> callable ``(sif, env=None)``
     Runs ``cotainr-lumi verify SIF --json``; returns (exit code,
     ``{check: status}``, the JSON report).
+``build_times`` -> dict
+    Build times (name -> seconds) that tests record; printed in the terminal
+    summary (``pytest_terminal_summary``), not by a test.
 
 When the infrastructure cannot be set up, the fixtures fail the test if
 ``CI=true`` (never skip in CI) and skip it otherwise.
@@ -45,6 +48,9 @@ PROVISION_SCRIPT = REPO_ROOT / "scripts" / "provision-apptainer.sh"
 BUILD_BASE_IMAGE_SCRIPT = (
     REPO_ROOT / "tests" / "e2e" / "base_image" / "build-base-image.sh"
 )
+
+#: Where ``build_times`` keeps its dict (read by the terminal summary).
+BUILD_TIMES = pytest.StashKey[dict]()
 
 # First provisioning ~1 min, first base image ~2 min; generous limits.
 _SETUP_TIMEOUT_S = 1800
@@ -190,3 +196,19 @@ def verify_image(apptainer_path):
         return proc.returncode, rows, report
 
     return run
+
+
+@pytest.fixture(scope="session")
+def build_times(request) -> dict[str, float]:
+    """Build times (name -> seconds), printed at the end of the run."""
+    return request.config.stash.setdefault(BUILD_TIMES, {})
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Print the build times the e2e tests recorded (if any ran)."""
+    times = config.stash.get(BUILD_TIMES, {})
+    if not times:
+        return
+    terminalreporter.section("cotainr-lumi build times")
+    for name, seconds in times.items():
+        terminalreporter.write_line(f"{name}: {seconds:.1f} s")

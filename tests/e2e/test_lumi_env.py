@@ -14,13 +14,13 @@ import re
 import subprocess
 import sys
 
+from hosttools import need_lmod
 import pytest
 import yaml
 
 pytestmark = pytest.mark.e2e
 
 ENV_PREFIX = "/opt/cotainr/conda/envs/conda_container_env"
-LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
 BINDS = [
     "/var/spool/slurmd",
     "/opt/cray",
@@ -338,13 +338,18 @@ python -c 'import tinypkg, sys; print("installed", tinypkg.VALUE, sys.prefix)'
     )  # in the venv, not the image
 
 
-def test_module_file_loads_in_real_lmod(built, apptainer_exec):
+@pytest.fixture(scope="session")
+def lmod_init():
+    """Lmod's init script; session scope: checked before the module's build."""
+    return need_lmod()
+
+
+def test_module_file_loads_in_real_lmod(lmod_init, built, apptainer_exec):
     image, module_dir, _, _, _, _ = built
-    assert LMOD_INIT.exists(), "Lmod is needed: apt-get install -y lmod"
     lua = module_dir / "torch.lua"
     snippet = module_dir / "torch.sh"
     assert lua.is_file() and snippet.is_file()
-    script = f'source {LMOD_INIT} && module use "$1" && module load torch && env -0'
+    script = f'source {lmod_init} && module use "$1" && module load torch && env -0'
     proc = subprocess.run(
         ["bash", "-c", script, "bash", str(module_dir)],
         env={"PATH": os.environ["PATH"], "HOME": str(module_dir)},

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 
+from hosttools import need_file
 from pkgfixtures import make_sdist, make_wheel, serve_index
 import pytest
 import yaml
@@ -35,15 +36,20 @@ TORCHEXT = Path(__file__).parent / "data" / "pip" / "torchext"
 COTAINR = Path(sys.executable).with_name("cotainr")
 SYSTEM = "pip-e2e"
 
-#: Build times (s), printed at the end of the module.
+#: Build times (s) of this module, handed to the ``build_times`` fixture
+#: (printed in the terminal summary).
 TIMES: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, lumi_like_base_image):
+def work(tmp_path_factory, lumi_like_base_image, build_times):
     """A work dir with a test system profile and its own pip cache."""
-    if not TORCH_WHEEL.is_file():
-        pytest.fail(f"{TORCH_WHEEL} is missing on this machine")
+    need_file(
+        TORCH_WHEEL,
+        install="a real torch CPU wheel: pip download --no-deps "
+        f"--only-binary :all: -d {TORCH_WHEEL.parent} 'torch==2.13.0+cpu' "
+        "--index-url https://download.pytorch.org/whl/cpu",
+    )
     work = tmp_path_factory.mktemp("pip-e2e")
     (work / "systems.yaml").write_text(
         yaml.safe_dump(
@@ -59,7 +65,8 @@ def work(tmp_path_factory, lumi_like_base_image):
             }
         )
     )
-    return work
+    yield work
+    build_times.update(TIMES)
 
 
 def cotainr_build(work, image, *args, env=None, name):
@@ -343,8 +350,36 @@ def test_host_pip_cache_is_reused_and_not_in_the_image(
     assert ".pip-work" not in proc.stdout
 
 
-def test_zz_report_times():
-    """Print the measured build times (run last; -s shows them)."""
-    for name, seconds in TIMES.items():
-        print(f"{name}: {seconds:.1f} s")
-    assert TIMES
+def test_host_find_links_missing_in_the_container_is_said_once(
+    work, lumi_like_base_image, local_index
+):
+    """A host PIP_FIND_LINKS pointing nowhere in the container: one warning.
+
+    pip warned "Location ... is ignored" for every package it looked up and in
+    every isolated build; the pip stage leaves such entries out and says so
+    once.
+    """
+    index_url, _ = local_index
+    (work / "links-steps.yml").write_text(
+        yaml.safe_dump(
+            {
+                "steps": [
+                    {"packages": ["cachedemo==1.0"], "extra-index-urls": [index_url]}
+                ]
+            }
+        )
+    )
+    missing = "/no/such/host/wheelhouse"
+    proc = cotainr_build(
+        work,
+        work / "links.sif",
+        "--pip-steps",
+        "links-steps.yml",
+        "-vv",
+        env={"PIP_FIND_LINKS": missing},
+        name="host PIP_FIND_LINKS",
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    assert output.count(f"PIP_FIND_LINKS={missing} is set on this machine") == 1
+    assert "is ignored" not in output

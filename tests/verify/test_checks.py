@@ -91,10 +91,13 @@ GOOD = {
     "with_conda": {"rc": 0, "out": "/opt/env\n", "err": ""},
 }
 
+# The first bytes of a real SIF file (launch line, then the magic).
+SIF_HEADER = b"#!/usr/bin/env run-singularity\n\0SIF_MAGIC\x0001\x00rest"
+
 
 def run_with(mocker, tmp_path, facts):
     image = tmp_path / "x.sif"
-    image.write_bytes(b"x")
+    image.write_bytes(SIF_HEADER)
     mocker.patch(
         "cotainr_lumi.verify.apptainer.exec_in_image",
         return_value=subprocess.CompletedProcess(
@@ -222,6 +225,19 @@ def test_json_output(mocker, tmp_path):
         r["check"] == "env:PYTORCH_ROCM_ARCH" and "gfx942" in r["evidence"]
         for r in data["results"]
     )
+
+
+@pytest.mark.parametrize("kind", ["dir", "text", "empty"])
+def test_not_an_image_is_said_before_apptainer_is_looked_for(tmp_path, mocker, kind):
+    image = tmp_path / "x.sif"
+    if kind == "dir":
+        image.mkdir()
+    else:
+        image.write_bytes(b"hello\n" if kind == "text" else b"")
+    runner = mocker.patch("cotainr_lumi.verify.apptainer.exec_in_image")
+    with pytest.raises(InputError, match="is not an image"):
+        verify.verify_image(image=image)
+    runner.assert_not_called()
 
 
 def test_missing_image_is_an_input_error(tmp_path):

@@ -43,7 +43,8 @@ import shlex
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Matched with fullmatch: "$" would also match before a trailing newline.
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 #: Search paths: extended with :func:`path_addition`, never assigned.
 PATH_VARIABLES = frozenset({"PATH", "LD_LIBRARY_PATH"})
@@ -115,7 +116,7 @@ def validate_name(name):
         starting with a digit), or is reserved (:data:`RESERVED_NAMES`,
         :data:`RESERVED_PREFIXES`).
     """
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise EnvError(
             f"{name!r} is not a valid environment variable name: use letters, "
             "digits and '_', not starting with a digit"
@@ -156,8 +157,10 @@ def validate_value(*, name, value):
     Raises
     ------
     EnvError
-        For other types (a YAML ``true`` is ambiguous: write ``"1"``) and for
-        values containing a NUL character (impossible in an environment).
+        For other types (a YAML ``true`` is ambiguous: write ``"1"``), for
+        values containing a NUL character (impossible in an environment) and
+        for values that are not valid UTF-8 (undecodable bytes given on the
+        command line).
     """
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise EnvError(
@@ -167,6 +170,12 @@ def validate_value(*, name, value):
     text = str(value)
     if "\0" in text:
         raise EnvError(f"the value of {name} contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise EnvError(
+            f"the value of {name} is not valid UTF-8 ({text!r}); give it as UTF-8 text"
+        ) from None
     return text
 
 
@@ -285,7 +294,7 @@ def path_addition(*, name, entries, position="append"):
     code : str
         POSIX sh (one ``case`` per entry).
     """
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise EnvError(f"{name!r} is not a valid environment variable name")
     if position not in ("append", "prepend"):
         raise ValueError(f"position must be 'append' or 'prepend', not {position!r}")

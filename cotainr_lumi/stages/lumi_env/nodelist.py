@@ -27,8 +27,14 @@ import re
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-_RANGE_RE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
-_HOST_CHARS_RE = re.compile(r"^[^\[\],\s]*$")
+# Matched with fullmatch ("$" would also match before a trailing newline).
+_RANGE_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+#: White space as Slurm (C isspace) and the bash script see it.
+WHITESPACE = " \t\n\r\v\f"
+_HOST_CHARS_RE = re.compile(r"[^\[\],\t\n\r\v\f ]*")
+#: The most significant digits a node number may have: bash arithmetic (in
+#: ``get-master``) is 64-bit, so larger numbers would wrap around.
+MAX_DIGITS = 18
 
 
 class NodelistError(ValueError):
@@ -60,41 +66,55 @@ def _split_top_level(text):
     return items
 
 
-def _expand_group(group, *, nodelist):
-    """The numbers (as padded strings) of one bracket group."""
-    numbers = []
+def _parse_group(group, *, nodelist):
+    """The ranges ``(lo_text, lo, hi)`` of one bracket group, checked."""
+    ranges = []
     for part in group.split(","):
-        match = _RANGE_RE.match(part)
+        match = _RANGE_RE.fullmatch(part)
         if not match:
             raise NodelistError(f"bad range {part!r} in node list {nodelist!r}")
         lo_text, hi_text = match.group(1), match.group(2)
+        for text in (lo_text, hi_text or ""):
+            if len(text.lstrip("0")) > MAX_DIGITS:
+                raise NodelistError(
+                    f"number {text} in node list {nodelist!r} is too large "
+                    f"(more than {MAX_DIGITS} digits)"
+                )
         lo = int(lo_text)
         hi = lo if hi_text is None else int(hi_text)
         if hi < lo:
             raise NodelistError(f"descending range {part!r} in node list {nodelist!r}")
-        width = len(lo_text)
-        numbers.extend(f"{n:0{width}d}" for n in range(lo, hi + 1))
-    return numbers
+        ranges.append((lo_text, lo, hi))
+    return ranges
 
 
-def _expand_item(item, *, nodelist):
-    """The host names of one host expression."""
+def _parse_item(item, *, nodelist):
+    """The texts and parsed groups of one host expression, checked."""
     if not item:
         raise NodelistError(f"empty host name in node list {nodelist!r}")
     pieces = re.split(r"\[([^\]]*)\]", item)
     # pieces: text, group, text, group, ..., text
     texts = pieces[0::2]
     for text in texts:
-        if not _HOST_CHARS_RE.match(text):
+        if not _HOST_CHARS_RE.fullmatch(text):
             raise NodelistError(f"bad host name {item!r} in node list {nodelist!r}")
-    groups = [_expand_group(g, nodelist=nodelist) for g in pieces[1::2]]
-    hosts = []
-    for combo in itertools.product(*groups):
-        name = texts[0]
-        for number, text in zip(combo, texts[1:]):
-            name += number + text
-        hosts.append(name)
-    return hosts
+    groups = [_parse_group(g, nodelist=nodelist) for g in pieces[1::2]]
+    return texts, groups
+
+
+def _join(texts, numbers):
+    name = texts[0]
+    for number, text in zip(numbers, texts[1:]):
+        name += number + text
+    return name
+
+
+def _parse(nodelist):
+    """Every host expression of a node list, parsed and checked."""
+    nodelist = nodelist.strip(WHITESPACE)
+    if not nodelist:
+        raise NodelistError("empty node list")
+    return [_parse_item(i, nodelist=nodelist) for i in _split_top_level(nodelist)]
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -115,14 +135,20 @@ def expand_nodelist(nodelist: str) -> list[str]:
     ------
     NodelistError
         If the node list is malformed (empty host, unbalanced or nested
-        brackets, a range that is not ``N`` or ``LO-HI`` with ``LO <= HI``).
+        brackets, a range that is not ``N`` or ``LO-HI`` with ``LO <= HI``,
+        a number with more than :data:`MAX_DIGITS` significant digits).
     """
-    nodelist = nodelist.strip()
-    if not nodelist:
-        raise NodelistError("empty node list")
     hosts = []
-    for item in _split_top_level(nodelist):
-        hosts.extend(_expand_item(item, nodelist=nodelist))
+    for texts, groups in _parse(nodelist):
+        numbers = [
+            [
+                f"{n:0{len(lo_text)}d}"
+                for lo_text, lo, hi in group
+                for n in range(lo, hi + 1)
+            ]
+            for group in groups
+        ]
+        hosts.extend(_join(texts, combo) for combo in itertools.product(*numbers))
     return hosts
 
 
@@ -138,11 +164,16 @@ def first_host(nodelist: str) -> str:
     Returns
     -------
     host : str
-        The first host (what ``get-master`` prints: the rank 0 node).
+        The first host (what ``get-master`` prints: the rank 0 node),
+        without expanding the ranges.
 
     Raises
     ------
     NodelistError
-        If the node list is malformed.
+        If the node list is malformed (as for :func:`expand_nodelist`).
     """
-    return expand_nodelist(nodelist)[0]
+    # The whole list is checked, but only the first host is built: a range
+    # such as n[0-99999999999] costs nothing. The first number of a group is
+    # its first LO, which is already padded to its own width.
+    texts, groups = _parse(nodelist)[0]
+    return _join(texts, [group[0][0] for group in groups])

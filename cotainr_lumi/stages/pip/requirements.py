@@ -84,6 +84,9 @@ _FILE_OPTIONS = {
     "--find-links": "find-links",
 }
 _EDITABLE = ("-e", "--editable")
+#: How deep ``-r``/``-c`` files may include each other (a chain of this many
+#: files is already far beyond any real project).
+MAX_INCLUDE_DEPTH = 100
 
 
 @dataclass
@@ -242,7 +245,10 @@ def moving_vcs_ref(url):
     """
     if not url.lower().startswith(_VCS_SCHEMES):
         return None
-    path = urlsplit(url.split("+", 1)[1]).path
+    try:
+        path = urlsplit(url.split("+", 1)[1]).path
+    except ValueError as e:
+        return f"not a valid URL ({e})"
     ref = unquote(path.rpartition("@")[2]) if "@" in path else ""
     if not ref:
         return "no revision given: it installs whatever the default branch holds"
@@ -253,6 +259,17 @@ def moving_vcs_ref(url):
 
 def _error(where, message):
     return InputError(f"{where}: {message}")
+
+
+def _split_url(url, *, where):
+    """:func:`urllib.parse.urlsplit`, with an InputError for a malformed URL."""
+    try:
+        # A VCS URL (git+https://...) is split without its scheme prefix.
+        return urlsplit(url.split("+", 1)[1] if "+" in url.split(":", 1)[0] else url)
+    except ValueError as e:
+        raise _error(
+            where, f"{url} is not a valid URL ({e}); check its brackets and host"
+        ) from None
 
 
 def _split_options(tokens):
@@ -268,15 +285,14 @@ def _split_options(tokens):
     return first, value, tokens[2:]
 
 
-class _Scanner:
-    """Scan files recursively, detecting include cycles."""
+class _VcsPins:
+    """Collect VCS requirements that do not pin one revision."""
 
     def __init__(self):
-        self.cache: dict[Path, ReqFile] = {}
-        self.active: list[Path] = []
         self.moving_refs: list[str] = []
 
-    def note_vcs_url(self, url, *, where):
+    def note(self, url, *, where):
+        """Record `url` if it does not pin a revision."""
         reason = moving_vcs_ref(url)
         if reason:
             self.moving_refs.append(
@@ -284,47 +300,69 @@ class _Scanner:
                 "for a reproducible image"
             )
 
-    def scan_path(self, path, *, where):
-        path = Path(os.path.abspath(path))
-        if path in self.active:
-            cycle = " -> ".join(str(p) for p in (*self.active, path))
+
+@dataclass
+class _Target:
+    kind: str  # "host" or "image-path"
+    path: Path
+
+
+def _local_target(value, *, base, where):
+    """Where a local reference points: on this machine or (absolute) in the image."""
+    path = Path(value)
+    if path.is_absolute():
+        if os.path.lexists(path):
+            return _Target("host", Path(os.path.abspath(path)))
+        return _Target("image-path", Path(os.path.normpath(path)))
+    resolved = Path(os.path.abspath(base / path))
+    if not os.path.lexists(resolved):
+        raise _error(where, f"{value}: {resolved} does not exist")
+    return _Target("host", resolved)
+
+
+def _check_installable(target, *, where, original):
+    """Check that a host target is a wheel, an sdist or a project directory."""
+    if target.kind == "image-path":
+        return
+    path = target.path
+    if path.is_dir():
+        if not ((path / "pyproject.toml").is_file() or (path / "setup.py").is_file()):
             raise _error(
-                where, f"requirement files include each other in a cycle: {cycle}"
+                where,
+                f"{original}: the directory {path} is not a Python project "
+                "(no pyproject.toml or setup.py)",
             )
-        if path in self.cache:
-            return self.cache[path]
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise _error(where, f"cannot read {path}: {e.strerror}") from e
-        except UnicodeDecodeError as e:
+    elif path.is_file():
+        if not _is_archive(path.name):
             raise _error(
-                where, f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8"
-            ) from e
-        rf = ReqFile(path=path, display=str(path), lines=text.splitlines(keepends=True))
-        self.active.append(path)
-        try:
-            self.scan_lines(rf, base=path.parent)
-        finally:
-            self.active.pop()
-        self.cache[path] = rf
-        return rf
+                where,
+                f"{original}: {path} is neither a wheel nor an sdist "
+                f"(expected one of {', '.join(ARCHIVE_EXTENSIONS)})",
+            )
+    else:
+        raise _error(where, f"{original}: {path} is not a file or directory")
 
-    def scan_lines(self, rf, *, base):
-        for start, end, text in _logical_lines(rf.lines):
-            if not text:
-                continue
-            where = f"{rf.display}, line {start + 1}"
-            if text.startswith("-"):
-                ref = self.scan_option_line(text, start, end, base=base, where=where)
-            else:
-                ref = self.scan_requirement_line(
-                    text, start, end, base=base, where=where
-                )
-            if ref is not None:
-                rf.refs.append(ref)
 
-    def scan_option_line(self, text, start, end, *, base, where):
+class _LineParser:
+    """
+    Turn one logical line into a :class:`ReqLine` (or None), checking it.
+
+    Included files are handed to `include` (a callable ``(path, *, where)``
+    returning the scanned :class:`ReqFile`); VCS URLs to `vcs`.
+    """
+
+    def __init__(self, *, include, vcs):
+        self.include = include
+        self.vcs = vcs
+
+    def parse(self, text, start, end, *, base, where):
+        """The reference on one logical line, or None."""
+        if text.startswith("-"):
+            return self.option_line(text, start, end, base=base, where=where)
+        return self.requirement_line(text, start, end, base=base, where=where)
+
+    def option_line(self, text, start, end, *, base, where):
+        """An option line (``-r``, ``-c``, ``-f``; editable installs rejected)."""
         try:
             tokens = shlex.split(text)
         except ValueError as e:
@@ -350,7 +388,7 @@ class _Scanner:
                 f"{value!r}: local paths with ${{VARIABLES}} cannot be staged "
                 "into the container; write the path out",
             )
-        target = self.local_target(value, base=base, where=where)
+        target = _local_target(value, base=base, where=where)
         suffix = " ".join(shlex.quote(t) for t in rest)
         if kind == "find-links":
             if target.kind == "image-path":
@@ -370,12 +408,13 @@ class _Scanner:
             )
         if not target.path.is_file():
             raise _error(where, f"{option} {value}: {target.path} is not a file")
-        include = self.scan_path(target.path, where=where)
+        include = self.include(target.path, where=where)
         return ReqLine(
             start, end, kind, target.path, option, "", suffix, value, include
         )
 
-    def scan_requirement_line(self, text, start, end, *, base, where):
+    def requirement_line(self, text, start, end, *, base, where):
+        """A requirement line: a name, a URL, a ``file:`` URL or a local path."""
         tokens = text.split()
         n = next((i for i, t in enumerate(tokens) if t.startswith("-")), len(tokens))
         req_text = " ".join(tokens[:n])
@@ -385,15 +424,17 @@ class _Scanner:
         if req_text.startswith("file:"):
             url, sep, markers = req_text.partition("; ")
             path = _file_url_path(url.strip(), where=where)
-            target = self.local_target(str(path), base=base, where=where)
-            self.check_installable(target, where=where, original=url)
+            target = _local_target(str(path), base=base, where=where)
+            _check_installable(target, where=where, original=url)
             tail = (f" ; {markers.strip()}" if sep else "") + (
                 f" {suffix}" if suffix else ""
             )
             kind = "file-url" if target.kind != "image-path" else "image-path"
             return ReqLine(start, end, kind, target.path, "", "", tail, url.strip())
         if _URL_RE.match(req_text):
-            self.note_vcs_url(req_text.partition(";")[0].strip(), where=where)
+            url = req_text.partition(";")[0].strip()
+            _split_url(url, where=where)
+            self.vcs.note(url, where=where)
             return None  # remote URL (https://..., git+https://...)
         if "@" in req_text and not _looks_like_path(req_text.split("@", 1)[0].strip()):
             try:
@@ -402,8 +443,8 @@ class _Scanner:
                 raise _error(where, f"invalid requirement {req_text!r}: {e}") from e
             if req.url and req.url.startswith("file:"):
                 path = _file_url_path(req.url, where=where)
-                target = self.local_target(str(path), base=base, where=where)
-                self.check_installable(target, where=where, original=req.url)
+                target = _local_target(str(path), base=base, where=where)
+                _check_installable(target, where=where, original=req.url)
                 head, _, tail = req_text.partition(req.url)
                 return ReqLine(
                     start,
@@ -416,7 +457,8 @@ class _Scanner:
                     req.url,
                 )
             if req.url:
-                self.note_vcs_url(req.url, where=where)
+                _split_url(req.url, where=where)
+                self.vcs.note(req.url, where=where)
             return None
         path_part, sep, markers = req_text.partition(";")
         path_part = path_part.strip()
@@ -429,8 +471,8 @@ class _Scanner:
                     f"{bare!r}: local paths with ${{VARIABLES}} cannot be staged "
                     "into the container; write the path out",
                 )
-            target = self.local_target(bare, base=base, where=where)
-            self.check_installable(target, where=where, original=bare)
+            target = _local_target(bare, base=base, where=where)
+            _check_installable(target, where=where, original=bare)
             tail = (f" ; {markers.strip()}" if sep else "") + (
                 f" {suffix}" if suffix else ""
             )
@@ -442,51 +484,64 @@ class _Scanner:
             raise _error(where, f"invalid requirement {req_text!r}: {e}") from e
         return None
 
-    @staticmethod
-    def local_target(value, *, base, where):
-        path = Path(value)
-        if path.is_absolute():
-            if os.path.lexists(path):
-                return _Target("host", Path(os.path.abspath(path)))
-            return _Target("image-path", Path(os.path.normpath(path)))
-        resolved = Path(os.path.abspath(base / path))
-        if not os.path.lexists(resolved):
-            raise _error(where, f"{value}: {resolved} does not exist")
-        return _Target("host", resolved)
 
-    @staticmethod
-    def check_installable(target, *, where, original):
-        if target.kind == "image-path":
-            return
-        path = target.path
-        if path.is_dir():
-            if not (
-                (path / "pyproject.toml").is_file() or (path / "setup.py").is_file()
-            ):
-                raise _error(
-                    where,
-                    f"{original}: the directory {path} is not a Python project "
-                    "(no pyproject.toml or setup.py)",
-                )
-        elif path.is_file():
-            if not _is_archive(path.name):
-                raise _error(
-                    where,
-                    f"{original}: {path} is neither a wheel nor an sdist "
-                    f"(expected one of {', '.join(ARCHIVE_EXTENSIONS)})",
-                )
-        else:
-            raise _error(where, f"{original}: {path} is not a file or directory")
+class _FileScanner:
+    """Read requirement files, each once, following includes and detecting cycles."""
 
+    def __init__(self):
+        self.cache: dict[Path, ReqFile] = {}
+        self.active: list[Path] = []
+        self.vcs = _VcsPins()
+        self.parser = _LineParser(include=self.scan_path, vcs=self.vcs)
 
-@dataclass
-class _Target:
-    kind: str  # "host" or "image-path"
-    path: Path
+    def scan_path(self, path, *, where):
+        """Read and scan one file (and what it includes)."""
+        path = Path(os.path.abspath(path))
+        if path in self.active:
+            cycle = " -> ".join(str(p) for p in (*self.active, path))
+            raise _error(
+                where, f"requirement files include each other in a cycle: {cycle}"
+            )
+        if path in self.cache:
+            return self.cache[path]
+        if len(self.active) > MAX_INCLUDE_DEPTH:
+            raise _error(
+                where,
+                "requirement files include each other more than "
+                f"{MAX_INCLUDE_DEPTH} levels deep (from {self.active[0]}); "
+                "flatten the chain of -r/-c files",
+            )
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise _error(where, f"cannot read {path}: {e.strerror}") from e
+        except UnicodeDecodeError as e:
+            raise _error(
+                where, f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8"
+            ) from e
+        rf = ReqFile(path=path, display=str(path), lines=text.splitlines(keepends=True))
+        self.active.append(path)
+        try:
+            self.scan_lines(
+                rf, base=path.parent, where=lambda i, s: f"{rf.display}, line {s + 1}"
+            )
+        finally:
+            self.active.pop()
+        self.cache[path] = rf
+        return rf
+
+    def scan_lines(self, rf, *, base, where):
+        """Scan `rf`'s lines; ``where(i, start)`` names the i-th logical line."""
+        for i, (start, end, text) in enumerate(_logical_lines(rf.lines)):
+            if not text:
+                continue
+            ref = self.parser.parse(text, start, end, base=base, where=where(i, start))
+            if ref is not None:
+                rf.refs.append(ref)
 
 
 def _file_url_path(url, *, where):
-    parts = urlsplit(url)
+    parts = _split_url(url, where=where)
     if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
         raise _error(
             where,
@@ -515,7 +570,7 @@ def scan_step(*, step):
     :class:`cotainr_lumi.errors.InputError`
         For a missing or unsupportable reference (names file and line).
     """
-    scanner = _Scanner()
+    scanner = _FileScanner()
     files = []
     for path in step.requirements:
         if not path.is_file():
@@ -529,22 +584,13 @@ def scan_step(*, step):
             display=f"{step.title}, packages",
             lines=[p.strip() + "\n" for p in step.packages],
         )
-        for i, (start, end, text) in enumerate(_logical_lines(rf.lines)):
-            if not text:
-                continue
-            where = f"{step.title}, packages[{i + 1}]"
-            if text.startswith("-"):
-                ref = scanner.scan_option_line(
-                    text, start, end, base=step.base_dir, where=where
-                )
-            else:
-                ref = scanner.scan_requirement_line(
-                    text, start, end, base=step.base_dir, where=where
-                )
-            if ref is not None:
-                rf.refs.append(ref)
+        scanner.scan_lines(
+            rf,
+            base=step.base_dir,
+            where=lambda i, s: f"{step.title}, packages[{i + 1}]",
+        )
         files.append(rf)
-    return StepScan(step=step, files=files, moving_refs=list(scanner.moving_refs))
+    return StepScan(step=step, files=files, moving_refs=list(scanner.vcs.moving_refs))
 
 
 def local_inputs(*, scan):

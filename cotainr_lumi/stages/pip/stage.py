@@ -46,6 +46,7 @@ from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import InputError, StageError
 from .cache import export_cache, import_cache
+from .hostenv import host_pip_variables
 from .protect import (
     changed_distributions,
     constraints_text,
@@ -83,8 +84,6 @@ UNSET_PIP_VARIABLES = (
     "PIP_REQUIRE_VENV",
     "PIP_EDITABLE",
 )
-#: Host pip variables holding paths (which may not exist in the container).
-PATH_PIP_VARIABLES = ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_REQUIREMENT", "PIP_CERT")
 
 
 class _InputAction(argparse.Action):
@@ -277,7 +276,11 @@ class PipStage(Stage):
 
     # -- running -----------------------------------------------------------
 
+    #: Host pip variables replaced for the pip commands (see hostenv).
+    _pip_env: dict = {}
+
     def _run(self, sandbox, args, *, env=None):
+        env = {**self._pip_env, **(env or {})} or None
         return sandbox.run(args, env=env, log_name="pip")
 
     def _in_target(self, command):
@@ -341,25 +344,10 @@ class PipStage(Stage):
         return info
 
     def _host_pip_warnings(self, root):
-        for name in PATH_PIP_VARIABLES:
-            value = os.environ.get(name)
-            if not value:
-                continue
-            missing = [
-                p
-                for p in value.split()
-                if p.startswith("/") and not resolve_in_root(root=root, path=p).exists()
-            ]
-            if missing:
-                logger.warning(
-                    "%s=%s is set on this machine and passes into the container, "
-                    "where %s does not exist (pip ignores or fails on it). Unset it "
-                    "or put the files into the steps (requirements files can "
-                    "reference local files).",
-                    name,
-                    value,
-                    ", ".join(missing),
-                )
+        host = host_pip_variables(root=root, environ=os.environ)
+        for message in host.warnings:
+            logger.warning("%s", message)
+        self._pip_env = host.overrides
         for path in (
             Path(os.path.expanduser("~/.config/pip/pip.conf")),
             Path(os.path.expanduser("~/.pip/pip.conf")),

@@ -105,7 +105,8 @@ FORBIDDEN_PIP_ARGS = {
     "--extra-index-url": "use the step key 'extra-index-urls'",
 }
 
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Matched with fullmatch: "$" would also match before a trailing newline.
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -178,6 +179,15 @@ def default_cache_dir():
     return Path(base) / "cotainr-lumi" / "pip"
 
 
+def _is_utf8(text):
+    """Whether `text` can be written out as UTF-8 (no undecodable bytes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _is_str_list(value):
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
@@ -187,7 +197,7 @@ def _check_names(value, key):
     if not _is_str_list(value):
         return [(key, f"must be a list of package names (got {value!r})")]
     for name in value:
-        if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$", name):
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
             problems.append((key, f"{name!r} is not a package name"))
     return problems
 
@@ -262,7 +272,7 @@ def _check_step(step, index):
             )
         else:
             for name, value in env.items():
-                if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+                if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
                     problems.append((f"{key}.env", f"{name!r} is not a variable name"))
                 elif isinstance(value, bool) or not isinstance(
                     value, (str, int, float)
@@ -272,6 +282,13 @@ def _check_step(step, index):
                             f"{key}.env.{name}",
                             f"must be a string or a number (got {value!r}); "
                             'quote it, e.g. "1"',
+                        )
+                    )
+                elif not _is_utf8(str(value)):
+                    problems.append(
+                        (
+                            f"{key}.env.{name}",
+                            f"is not valid UTF-8 ({value!r}); give it as UTF-8 text",
                         )
                     )
     pip_args = step.get("pip-args")

@@ -41,7 +41,12 @@ import os
 from pathlib import PurePosixPath
 import re
 
-from ...engine.rootfs import image_path_of, is_inside, resolve_in_root
+from ...engine.rootfs import (
+    SymlinkLoopError,
+    image_path_of,
+    is_inside,
+    resolve_in_root,
+)
 from .elfinfo import read_elf_info, scan_elf_files
 from .manifest import ManifestEntry
 
@@ -248,6 +253,18 @@ def _env_candidates(lib_dir):
     return sorted(found)
 
 
+def _looping(*, env_prefix, path):
+    """The check of an environment whose `path` is a symlink loop."""
+    return LibstdcxxCheck(
+        env_prefix=env_prefix,
+        status="unsupported",
+        reason=(
+            f"{path} is a symlink loop (too many levels of symbolic links), so "
+            "its libstdc++ is left alone"
+        ),
+    )
+
+
 def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
     """
     Check whether removing the env's libstdc++ is safe.
@@ -267,7 +284,10 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
         The outcome; nothing is changed.
     """
     env_prefix = str(PurePosixPath("/", env_prefix))
-    env_host = resolve_in_root(root=root, path=env_prefix)
+    try:
+        env_host = resolve_in_root(root=root, path=env_prefix)
+    except SymlinkLoopError:
+        return _looping(env_prefix=env_prefix, path=env_prefix)
     real_prefix = str(image_path_of(root=root, host_path=env_host))
     if real_prefix in SYSTEM_PREFIXES:
         return LibstdcxxCheck(
@@ -286,7 +306,10 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
             reason=f"the environment {env_prefix} does not exist in the image",
         )
     lib_image = f"{env_prefix}/lib"
-    lib_host = resolve_in_root(root=root, path=lib_image)
+    try:
+        lib_host = resolve_in_root(root=root, path=lib_image)
+    except SymlinkLoopError:
+        return _looping(env_prefix=env_prefix, path=lib_image)
     if not lib_host.is_dir():
         return LibstdcxxCheck(
             env_prefix=env_prefix,

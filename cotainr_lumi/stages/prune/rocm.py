@@ -56,7 +56,13 @@ from pathlib import Path
 import re
 import shutil
 
-from ...engine.rootfs import image_path_of, is_inside, resolve_in_root, walk_in_root
+from ...engine.rootfs import (
+    SymlinkLoopError,
+    image_path_of,
+    is_inside,
+    resolve_in_root,
+    walk_in_root,
+)
 from .elfinfo import read_elf_info
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -268,6 +274,33 @@ class BundleDir:
     overlap: list
 
 
+def _resolve_or_none(*, root, path):
+    """:func:`resolve_in_root`, or None for a symlink loop."""
+    try:
+        return resolve_in_root(root=root, path=path)
+    except SymlinkLoopError:
+        return None
+
+
+def looping_paths(*, root, paths):
+    """
+    The image paths among `paths` that are symlink loops.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the sandbox.
+    paths : list of str
+        Image paths (e.g. the site-packages directories).
+
+    Returns
+    -------
+    loops : list of str
+        Those that cannot be resolved (too many levels of symbolic links).
+    """
+    return [p for p in paths if _resolve_or_none(root=root, path=p) is None]
+
+
 def _real_subdirs(directory):
     """Sub-directories of `directory` that are not symlinks, by name."""
     try:
@@ -304,8 +337,8 @@ def find_bundle_dirs(*, root, site_dirs, rocm_dirs):
     bundles = []
     seen = set()
     for site in site_dirs:
-        site_host = resolve_in_root(root=root, path=site)
-        if not site_host.is_dir() or str(site_host) in seen:
+        site_host = _resolve_or_none(root=root, path=site)
+        if site_host is None or not site_host.is_dir() or str(site_host) in seen:
             continue
         seen.add(str(site_host))
         for name, pkg_dir in _real_subdirs(site_host):
@@ -354,7 +387,9 @@ def find_rocm_sdk_packages(*, root, site_dirs):
     """
     found = []
     for site in site_dirs:
-        site_host = resolve_in_root(root=root, path=site)
+        site_host = _resolve_or_none(root=root, path=site)
+        if site_host is None:
+            continue
         for name, path in _real_subdirs(site_host):
             if name.startswith(ROCM_SDK_PREFIX):
                 found.append(str(image_path_of(root=root, host_path=path)))

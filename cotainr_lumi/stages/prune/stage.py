@@ -60,6 +60,7 @@ from .rocm import (
     find_rocm_sdk_packages,
     hip_version_of_package,
     link_stays_inside,
+    looping_paths,
     major_minor,
     parse_verify_output,
     plan_dedup,
@@ -330,6 +331,16 @@ class PruneStage(Stage):
         root = context.sandbox.root
         rocm_path = facts.get("rocm_path") or "/opt/rocm"
         site_dirs = list(facts.get("site") or [])
+        for site in looping_paths(root=root, paths=site_dirs):
+            site_dirs.remove(site)
+            self._skip_or_fail(
+                manifest,
+                warnings,
+                group="rocm-dedup",
+                what=site,
+                reason=f"{site} is a symlink loop (too many levels of symbolic "
+                "links), so nothing in it is de-duplicated",
+            )
         rocm_dirs = rocm_dirs_of(root=root, rocm_path=rocm_path)
         info = {
             "rocm-path": rocm_path,

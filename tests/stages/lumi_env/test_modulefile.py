@@ -1,10 +1,9 @@
 """Tests of cotainr_lumi.stages.lumi_env.modulefile: the Lmod module file and shell snippet."""
 
 import os
-from pathlib import Path
 import subprocess
 
-from hosttools import need_tool, unavailable
+from hosttools import LMOD_INIT, need_lmod, need_tool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import pytest
@@ -16,14 +15,6 @@ from cotainr_lumi.stages.lumi_env.modulefile import (
     render_shell,
     validate_bind,
 )
-
-LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
-
-
-def need_lmod() -> None:
-    if not LMOD_INIT.exists():
-        unavailable(f"Lmod is not installed, no {LMOD_INIT} (apt-get install -y lmod)")
-
 
 BINDS = ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1", "/pfs", "/scratch"]
 

@@ -8,6 +8,7 @@ reference and the bash script must produce them.
 import itertools
 from pathlib import Path
 import subprocess
+import sys
 
 from hosttools import need_tool
 from hypothesis import given, settings
@@ -165,3 +166,88 @@ def test_runscripts_are_shellcheck_clean():
     for script in GET_MASTER.parent.iterdir():
         proc = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout
+
+
+def test_first_host_does_not_expand_the_ranges():
+    # Run in a child process with a time limit: expanding 10^11 hosts would
+    # never finish (and would fill the memory).
+    code = (
+        "from cotainr_lumi.stages.lumi_env.nodelist import first_host\n"
+        "print(first_host('n[0-99999999999],m[5-6]'))\n"
+        "print(first_host('a[0009-99999999999]b[3-999999999999]c'))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(Path(cotainr_lumi.__file__).parents[1])},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["n0", "a0009b3c"]
+    first = run_get_master("--", "a[0009-99999999999]b[3-999999999999]c")
+    assert first.stdout == "a0009b3c\n"
+
+
+@pytest.mark.parametrize(
+    "nodelist",
+    [
+        "n[18446744073709551617]",
+        "n[9223372036854775808]",
+        "n[1-18446744073709551617]",
+        "n[0001000000000000000000]",
+        "a,n[5,99999999999999999999999]",
+    ],
+)
+def test_numbers_too_large_for_bash_are_rejected_by_both(nodelist):
+    with pytest.raises(NodelistError, match="too large"):
+        first_host(nodelist)
+    with pytest.raises(NodelistError, match="too large"):
+        expand_nodelist(nodelist)
+    for args in (["--", nodelist], ["--all", "--", nodelist]):
+        proc = run_get_master(*args)
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert "too large (more than 18 digits)" in proc.stderr
+
+
+def test_largest_numbers_give_the_same_host_in_both():
+    big = "9" * 18  # nodelist.MAX_DIGITS
+    nodelist = f"n[{big}],m[00000000000000000000000{big}]"
+    expected = [f"n{big}", f"m00000000000000000000000{big}"]
+    assert expand_nodelist(nodelist) == expected
+    assert first_host(nodelist) == expected[0]
+    assert run_get_master("--all", "--", nodelist).stdout.splitlines() == expected
+
+
+@pytest.mark.parametrize(
+    "nodelist", ["a\n,b", "n[5\n]", "n[5,\n6]", "a\x0bb", "n[1]\x0cx,b"]
+)
+def test_white_space_inside_is_rejected_by_both(nodelist):
+    with pytest.raises(NodelistError):
+        first_host(nodelist)
+    assert run_get_master("--", nodelist).returncode == 2
+
+
+# Hostile text: every character the grammar cares about, white space,
+# control characters and non-ASCII; both implementations must agree on
+# rejecting it or on its first host.
+HOSTILE = st.text(
+    alphabet=st.sampled_from(list("n0159[]-,, \t\n\x0b\x1c\x1f$`'\"\\*é")),
+    max_size=14,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(HOSTILE)
+def test_fuzz_python_and_bash_agree_on_hostile_node_lists(nodelist):
+    try:
+        expected = first_host(nodelist) + "\n"
+    except NodelistError:
+        expected = None
+    proc = run_get_master("--", nodelist)
+    if expected is None:
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+        assert proc.stderr.startswith("get-master: ")
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == expected

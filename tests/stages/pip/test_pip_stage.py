@@ -65,6 +65,13 @@ class FakeSandbox:
         return self.root / image_path.lstrip("/")
 
 
+@pytest.fixture(autouse=True)
+def no_host_pip_path_variables(monkeypatch):
+    """The machine running the tests may set PIP_FIND_LINKS etc."""
+    for name in ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_REQUIREMENT", "PIP_CERT"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def inputs(tmp_path, monkeypatch):
     work = tmp_path / "inputs"
@@ -450,3 +457,46 @@ def test_system_python_only_is_refused_before_installing(inputs, tmp_path):
     assert "/usr/bin/python3 (prefix /usr), a system Python" in text
     assert "--conda-env" in text and "--set target-env.prefix=" in text
     assert not sandbox.host(WORK_DIR).exists()
+
+
+def test_host_find_links_missing_in_the_container_is_said_once_and_left_out(
+    inputs, tmp_path, monkeypatch, caplog
+):
+    sandbox = FakeSandbox(tmp_path / "sb", {"pip": "23.0.1"})
+    (sandbox.root / "wheels").mkdir()
+    monkeypatch.setenv(
+        "PIP_FIND_LINKS", "/host/only/wheels https://example.org/w /wheels"
+    )
+    caplog.set_level("WARNING", logger="cotainr")
+    stage = _stage_from_cli(
+        ["--pip-requirements", "torch.txt", "--pip-steps", "steps.yml"]
+    )
+    stage.run(context=StageContext(sandbox=sandbox, plan=None))
+    installs = sandbox.installs()
+    assert len(installs) == 2
+    for _, env in installs:
+        assert env["PIP_FIND_LINKS"] == "https://example.org/w /wheels"
+    # the build variables of a step still reach pip
+    assert installs[1][1]["PYTORCH_ROCM_ARCH"] == "gfx90a"
+    # every pip command gets the same value (pip list included)
+    pip_runs = [e for a, e in sandbox.commands if "pip" in " ".join(a)]
+    assert all(
+        e.get("PIP_FIND_LINKS") == "https://example.org/w /wheels" for e in pip_runs[1:]
+    )
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    about = [w for w in warnings if "/host/only/wheels" in w]
+    assert len(about) == 1
+    assert "PIP_FIND_LINKS" in about[0] and "left out" in about[0]
+
+
+def test_host_pip_variables_that_exist_in_the_container_are_untouched(
+    inputs, tmp_path, monkeypatch, caplog
+):
+    sandbox = FakeSandbox(tmp_path / "sb", {"pip": "23.0.1"})
+    (sandbox.root / "wheels").mkdir()
+    monkeypatch.setenv("PIP_FIND_LINKS", "/wheels")
+    caplog.set_level("WARNING", logger="cotainr")
+    stage = _stage_from_cli(["--pip-requirements", "torch.txt"])
+    stage.run(context=StageContext(sandbox=sandbox, plan=None))
+    assert all("PIP_FIND_LINKS" not in env for _, env in sandbox.installs())
+    assert "PIP_FIND_LINKS" not in caplog.text

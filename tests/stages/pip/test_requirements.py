@@ -2,7 +2,10 @@
 
 import os
 from pathlib import Path
+import tempfile
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import pytest
 
 from cotainr_lumi.errors import InputError, StageError
@@ -157,6 +160,15 @@ def test_inline_packages_are_relative_to_the_base_dir(tmp_path, project):
         ("./wheels/${VERSION}.whl\n", "cannot be staged"),
         ("-r loop.txt\n", "cycle"),
         ("-c /no/such/host/constraints.txt\n", "does not exist on this machine"),
+        # malformed URLs: an InputError with file and line, not a ValueError
+        (
+            "numpy\ngit+https://[x/y.git\n",
+            "line 2: git+https://[x/y.git is not a valid URL",
+        ),
+        ("pkg @ file://[::1/x.whl\n", "line 1: file://[::1/x.whl is not a valid URL"),
+        ("file://[::1/x.whl\n", "line 1: file://[::1/x.whl is not a valid URL"),
+        ("pkg @ git+https://[x/y.git\n", "line 1: git+https://[x/y.git is not a valid"),
+        ("pkg @ https://[x/y.whl\n", "line 1: https://[x/y.whl is not a valid URL"),
     ],
 )
 def test_bad_references_name_file_and_line(tmp_path, project, content, fragment):
@@ -264,3 +276,128 @@ def test_non_utf8_requirements_file_names_step_and_file(tmp_path, project):
     step = _step(tmp_path, requirements=[project / "r.txt"], base_dir=project)
     with pytest.raises(InputError, match="latin1.txt is not UTF-8 text"):
         scan_step(step=step)
+
+
+def test_malformed_url_in_inline_packages_names_the_package(tmp_path):
+    step = _step(tmp_path, packages=["numpy", "git+https://[x/y.git"])
+    with pytest.raises(
+        InputError, match=r"packages\[2\]: git\+https://\[x/y.git is not"
+    ):
+        scan_step(step=step)
+
+
+def test_moving_vcs_ref_of_a_malformed_url_is_no_traceback():
+    assert "not a valid URL" in moving_vcs_ref("git+https://[x/y.git")
+
+
+def test_very_deep_include_chain_is_one_clear_error(tmp_path):
+    depth = 400
+    for i in range(depth):
+        (tmp_path / f"r{i}.txt").write_text(f"-r r{i + 1}.txt\n")
+    (tmp_path / f"r{depth}.txt").write_text("numpy\n")
+    with pytest.raises(
+        InputError, match="include each other more than 100 levels deep"
+    ):
+        scan_step(step=_step(tmp_path, requirements=[tmp_path / "r0.txt"]))
+
+
+def test_include_chain_within_the_limit_is_scanned_and_staged(tmp_path):
+    depth = 100
+    for i in range(depth):
+        (tmp_path / f"r{i}.txt").write_text(f"-r r{i + 1}.txt\n")
+    (tmp_path / f"r{depth}.txt").write_text("numpy\n")
+    scan = scan_step(step=_step(tmp_path, requirements=[tmp_path / "r0.txt"]))
+    root = tmp_path / "root"
+    root.mkdir()
+    staged = stage_step(scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING)
+    assert len(staged.kept_files) == depth + 1
+
+
+# Fuzz: requirement files made of hostile pieces (malformed URLs, options,
+# quoting, continuations, local paths, NUL-free control characters). The
+# scan gives an InputError or a scan; staging a scan rewrites only lines
+# that reference local things, keeps the line count and writes nothing
+# outside the sandbox.
+REQ_PIECES = st.sampled_from(
+    [
+        "numpy",
+        "numpy>=1.26",
+        "torch==2.4 ; python_version>'3'",
+        "git+https://[x/y.git",
+        "git+https://github.com/a/b.git@v1.2",
+        "pkg @ file://[::1/x.whl",
+        "pkg @ https://[x/y.whl",
+        "file:///abs/x.whl",
+        "-r",
+        "-c",
+        "-f",
+        "--find-links",
+        "-e",
+        "./wheels/demo-1.0-py3-none-any.whl",
+        "./proj",
+        "../..",
+        "sub/base.txt",
+        "/etc/passwd",
+        "--hash=sha256:abc",
+        "'",
+        '"',
+        "\\",
+        "#",
+        " ",
+        "\t",
+        "[",
+        "]",
+        "@",
+        ";",
+        "${HOME}",
+        "é",
+        "\r",
+    ]
+)
+REQ_LINES = st.lists(
+    st.lists(REQ_PIECES, min_size=1, max_size=4).map(" ".join), max_size=5
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(lines=REQ_LINES)
+def test_fuzz_requirement_files_scan_and_stage_or_one_clear_error(lines):
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        src = tmp / "src"
+        (src / "wheels").mkdir(parents=True)
+        (src / "wheels" / "demo-1.0-py3-none-any.whl").write_bytes(b"w")
+        (src / "proj").mkdir()
+        (src / "proj" / "setup.py").write_text("")
+        (src / "sub").mkdir()
+        (src / "sub" / "base.txt").write_text("numpy\n")
+        req = src / "r.txt"
+        req.write_text("\n".join(lines) + "\n")
+        try:
+            scan = scan_step(step=_step(tmp, requirements=[req], base_dir=src))
+        except InputError as e:
+            # names the file (this one or an included one) and the line
+            assert ", line " in str(e) or str(req) in str(e)
+            return
+        root = tmp / "root"
+        root.mkdir()
+        before = {p for p in tmp.rglob("*") if not p.is_relative_to(root)}
+        try:
+            staged = stage_step(
+                scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING
+            )
+        except StageError as e:  # an absolute path in neither place
+            assert "nor in the image" in str(e)
+            return
+        after = {p for p in tmp.rglob("*") if not p.is_relative_to(root)}
+        assert after == before  # nothing written outside the sandbox
+        kept = root / staged.requirement_files[0].lstrip("/")
+        original = req.read_text().splitlines()
+        rewritten = kept.read_text().splitlines()
+        assert len(rewritten) == len(original)
+        changed = {r.start for r in scan.files[0].refs}
+        for i, (old, new) in enumerate(zip(original, rewritten)):
+            if i not in changed and not any(
+                r.start < i <= r.end for r in scan.files[0].refs
+            ):
+                assert new == old

@@ -339,3 +339,41 @@ def test_manifest_is_written_into_the_root_not_through_links(root, tmp_path):
     )
     assert not list(host.iterdir())
     assert Path(root / str(host).lstrip("/") / "prune-manifest.json").is_file()
+
+
+def _make_loop(root, where):
+    """Replace the env prefix, <env>/lib or the site-packages dir by a self-loop."""
+    path = {
+        "prefix": root / ENV.lstrip("/"),
+        "lib": root / ENV.lstrip("/") / "lib",
+        "site": root / SITE.lstrip("/"),
+    }[where]
+    shutil.rmtree(path)
+    path.symlink_to(path.name)
+    return path
+
+
+@pytest.mark.parametrize("where", ["prefix", "lib", "site"])
+def test_symlink_loop_in_the_env_is_skipped_with_a_warning(root, where, caplog):
+    _make_loop(root, where)
+    caplog.set_level("WARNING", logger="cotainr")
+    report = PruneStage().run(context=context_for(FakeSandbox(root)))
+    assert "symlink loop" in caplog.text
+    assert any("symlink loop" in w for w in report.details["warnings"])
+    manifest = read_manifest(root)
+    assert any("symlink loop" in skip["reason"] for skip in manifest["skipped"])
+    entries = manifest["entries"]
+    assert not [e for e in entries if e["group"] != "libstdcxx"]
+    if where != "site":  # the loop hides <env>/lib: nothing removed there
+        assert entries == []
+    # The base image's ROCm is untouched.
+    assert (root / "opt/rocm-6.1.3/lib").is_dir()
+
+
+@pytest.mark.parametrize("where", ["prefix", "lib", "site"])
+def test_symlink_loop_in_the_env_fails_a_strict_build(root, where):
+    _make_loop(root, where)
+    with pytest.raises(StageError, match="symlink loop.*strict"):
+        PruneStage(settings={"strict": True}).run(
+            context=context_for(FakeSandbox(root))
+        )

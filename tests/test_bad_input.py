@@ -1,0 +1,192 @@
+"""Bad and hostile input reaching the front ends: one clear error at dry-run time.
+
+Each test drives the ``cotainr build ... --dry-run`` command line (or the
+``info``/``verify`` subcommands) with one bad input and checks for a single
+``cotainr: error:`` line that says what is wrong and where, and a non-zero
+exit, before anything is built.
+"""
+
+import sys
+
+import cotainr.cli as stock_cli
+import pytest
+
+import cotainr_lumi
+from cotainr_lumi import cli
+from cotainr_lumi.errors import CotainrLumiError
+
+
+@pytest.fixture
+def env_profile(tmp_path, base_image, monkeypatch):
+    """A system 'env-test' running the pip and lumi-env stages."""
+    path = tmp_path / "systems.yaml"
+    path.write_text(
+        "systems:\n"
+        "  env-test:\n"
+        "    extends: lumi-g-ext\n"
+        f"    base-image: {base_image}\n"
+        "    stages: [pip, lumi-env, provenance]\n"
+    )
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(path))
+    return path
+
+
+def dry_run(mocker, capsys, tmp_path, *args):
+    """Run ``cotainr build X.sif --system=env-test --dry-run ARGS``; return (code, stderr)."""
+    mocker.patch.object(stock_cli.CotainrCLI, "_subcommands", [cli.Build, cli.Info])
+    argv = ["cotainr", "build", str(tmp_path / "x.sif"), "--system=env-test"]
+    mocker.patch.object(sys, "argv", [*argv, "--dry-run", *args])
+    try:
+        stock_cli.main()
+    except SystemExit as e:
+        code = e.code
+    else:
+        code = 0
+    return code, capsys.readouterr().err
+
+
+def one_error(err, *needles):
+    """The stderr holds exactly one error line mentioning every needle."""
+    assert err.startswith("cotainr: error:"), err
+    assert err.count("cotainr: error:") == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+# ---------------------------------------------------------------- finding 1
+@pytest.mark.parametrize("name", ["X\n", "X\n\n", "PATH\n", "BASH_ENV\n"])
+def test_env_name_with_trailing_newline_is_rejected_by_env_option(
+    mocker, capsys, tmp_path, env_profile, name
+):
+    code, err = dry_run(mocker, capsys, tmp_path, "--env", f"{name}=v")
+    assert code != 0
+    one_error(err, "not a valid environment variable name")
+
+
+def test_env_name_with_trailing_newline_is_rejected_by_set(
+    mocker, capsys, tmp_path, env_profile
+):
+    code, err = dry_run(mocker, capsys, tmp_path, "--set", 'lumi-env.env={"X\\n": v}')
+    assert code != 0
+    one_error(err, "not a valid environment variable name")
+
+
+def test_env_name_with_trailing_newline_is_rejected_by_unset_env(
+    mocker, capsys, tmp_path, env_profile
+):
+    code, err = dry_run(mocker, capsys, tmp_path, "--unset-env", "X\n")
+    assert code != 0
+    one_error(err, "not a valid environment variable name")
+
+
+def test_env_name_with_trailing_newline_is_rejected_in_a_profile(
+    mocker, capsys, tmp_path, env_profile
+):
+    with env_profile.open("a") as f:
+        f.write('    settings:\n      lumi-env:\n        env: {"X\\n": v}\n')
+    code, err = dry_run(mocker, capsys, tmp_path)
+    assert code != 0
+    one_error(err, "not a valid environment variable name")
+
+
+def test_env_name_with_trailing_newline_is_rejected_in_a_pip_step(
+    mocker, capsys, tmp_path, env_profile
+):
+    steps = tmp_path / "steps.yml"
+    steps.write_text('steps:\n  - packages: [x]\n    env: {"X\\n": "1"}\n')
+    code, err = dry_run(mocker, capsys, tmp_path, "--pip-steps", str(steps))
+    assert code != 0
+    one_error(err, "is not a variable name", str(steps))
+
+
+# ---------------------------------------------------------------- finding 4
+def test_non_utf8_env_value_is_rejected_at_dry_run(
+    mocker, capsys, tmp_path, env_profile
+):
+    value = b"\xff".decode("utf-8", "surrogateescape")  # how Python sees argv
+    code, err = dry_run(mocker, capsys, tmp_path, "--env", f"V={value}")
+    assert code != 0
+    one_error(err, "V", "not valid UTF-8")
+
+
+def test_non_utf8_pip_step_env_value_is_rejected_by_the_api_plan(tmp_path, env_profile):
+    # The command line's YAML parser already refuses such a value; the API
+    # takes settings as Python objects.
+    value = b"\xff".decode("utf-8", "surrogateescape")
+    settings = {"pip": {"steps": [{"packages": ["x"], "env": {"V": value}}]}}
+    with pytest.raises(CotainrLumiError, match="not valid UTF-8"):
+        cotainr_lumi.plan(
+            image_path=tmp_path / "x.sif", system="env-test", settings=settings
+        )
+
+
+# ---------------------------------------------------------------- finding 5
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (b"name: x\ndependencies: [python\n", "is not valid YAML at line"),
+        (b"name: x\ndependencies: [caf\xe9]\n", "is not UTF-8 text (byte 26)"),
+        (b"- just\n- a list\n", "must be a YAML mapping"),
+        (b"\tname: x\n", "is not valid YAML"),
+    ],
+)
+def test_bad_conda_env_file_fails_the_dry_run(
+    mocker, capsys, tmp_path, env_profile, content, fragment
+):
+    env = tmp_path / "env.yml"
+    env.write_bytes(content)
+    code, err = dry_run(mocker, capsys, tmp_path, f"--conda-env={env}")
+    assert code != 0
+    one_error(err, str(env), fragment)
+
+
+def test_good_conda_env_file_passes_the_dry_run(mocker, capsys, tmp_path, env_profile):
+    env = tmp_path / "env.yml"
+    env.write_text("name: x\nchannels: [conda-forge]\ndependencies: [python=3.12]\n")
+    code, err = dry_run(mocker, capsys, tmp_path, f"--conda-env={env}")
+    assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize("version", ["2", "'1'", "0", "true"])
+def test_profile_with_an_unknown_version_is_rejected(
+    mocker, capsys, tmp_path, env_profile, version
+):
+    env_profile.write_text(f"version: {version}\n" + env_profile.read_text())
+    code, err = dry_run(mocker, capsys, tmp_path)
+    assert code != 0
+    one_error(err, str(env_profile), "unknown format version")
+
+
+def test_info_with_a_broken_profile_exits_non_zero(mocker, capsys, env_profile):
+    env_profile.write_text("systems: [not, a, mapping\n")
+    mocker.patch.object(
+        cli.Info, "_check_singularity_dependency", return_value="singularity: mocked"
+    )
+    mocker.patch.object(stock_cli.CotainrCLI, "_subcommands", [cli.Build, cli.Info])
+    mocker.patch.object(sys, "argv", ["cotainr", "info"])
+    with pytest.raises(SystemExit) as info:
+        stock_cli.main()
+    assert info.value.code != 0
+    out = capsys.readouterr().out
+    assert "Cannot read the system profiles" in out and str(env_profile) in out
+
+
+def test_info_with_good_profiles_exits_zero(mocker, capsys, env_profile):
+    mocker.patch.object(
+        cli.Info, "_check_singularity_dependency", return_value="singularity: mocked"
+    )
+    mocker.patch.object(stock_cli.CotainrCLI, "_subcommands", [cli.Build, cli.Info])
+    mocker.patch.object(sys, "argv", ["cotainr", "info"])
+    stock_cli.main()
+    assert "env-test [cotainr-lumi]" in capsys.readouterr().out
+
+
+def test_verify_of_a_directory_says_not_an_image(mocker, capsys, tmp_path, monkeypatch):
+    # No apptainer on PATH: the answer must still be about the input.
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    mocker.patch.object(sys, "argv", ["cotainr-lumi", "verify", str(tmp_path)])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code != 0
+    one_error(capsys.readouterr().err, str(tmp_path), "is not an image")
