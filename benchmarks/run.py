@@ -14,13 +14,21 @@ Sections (each a ratio measured in one run, on the same inputs):
 4. cached rebuild: pip stage time of a first build (empty host cache) vs a
    second build (same requirements, warm cache) of a generated C-extension
    sdist served by a local index on 127.0.0.1 (its build dependency,
-   setuptools, comes from PyPI) (target >= 3x).
+   setuptools, comes from PyPI) (target >= 3x);
+5. stage overhead on a torch-sized env: a base laid out like the LUMI
+   EasyBuild PyTorch images up to 20240209 (the env at
+   ``/opt/miniconda3/envs/pytorch``, activated only by ``$WITH_CONDA``;
+   ``tests/e2e/layouts.py``) whose env holds the real torch 2.13.0 wheel and a
+   removable ``libstdc++``: stock ``cotainr build --base-image`` vs
+   ``--system=<lumi-g-ext on it>`` (no pip steps), so the target env
+   discovery and the pruning scans run on a real torch tree (target <= 1.05).
+   Not in ``--quick`` (a 1 GB base image; several minutes per run).
 
 Needs what the end-to-end tests need (root on Debian 12, or a native
 Apptainer). ``--quick`` runs each section once on small inputs (used in CI
 so this script cannot rot; no thresholds are asserted anywhere).
 
-Usage: python benchmarks/run.py [--quick] [--runs N] [--sections 1,2,3,4]
+Usage: python benchmarks/run.py [--quick] [--runs N] [--sections 1,2,3,4,5]
 """
 
 import argparse
@@ -41,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 sys.path.insert(0, str(REPO / "tests"))
 
+import layouts  # noqa: E402
 from pkgfixtures import make_sdist, serve_index  # noqa: E402
 from prune_fixtures import derive_base_image  # noqa: E402
 
@@ -284,6 +293,77 @@ def section_cache(work, base, functions):
     ]
 
 
+#: The torch wheel this machine has (CPU build; torch's deps come from PyPI).
+TORCH_WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+
+
+def section_torch_env(work, base, runs):
+    """5. Stage overhead on a layout-1 base whose env holds the real torch."""
+    if not TORCH_WHEEL.is_file():
+        return [(f"skipped: {TORCH_WHEEL} is not on this machine", "", "")]
+    shutil.copy(TORCH_WHEEL, work / TORCH_WHEEL.name)
+    install = (
+        f"{layouts.ENV}/bin/python -m pip install -q --no-cache-dir "
+        f"{work / TORCH_WHEEL.name}\n"
+    )
+    t0 = time.perf_counter()
+    torch_base = derive_base_image(
+        apptainer="apptainer",
+        base_image=base,
+        work=work,
+        cases=("libstdcxx-safe",),
+        setup=layouts.LAYOUT1 + install,
+        python=f"{layouts.ENV}/bin/python",
+    )
+    derive = time.perf_counter() - t0
+    (work / TORCH_WHEEL.name).unlink()
+    prof = profile(
+        work,
+        "bench-torch",
+        torch_base,
+        settings={"provenance": {"hash-base-image": False}},
+    )
+    ours, stock, stages, target = [], [], {}, ""
+    for _ in range(runs):
+        t, st, out = build(
+            work / "ours.sif",
+            ["--system=bench-torch"],
+            env={"COTAINR_LUMI_SYSTEMS": str(prof)},
+        )
+        ours.append(t)
+        for k, v in st.items():
+            stages.setdefault(k, []).append(v)
+        m = re.search(r"Target Python environment: (\S+)", out)
+        target = m.group(1) if m else "?"
+        t, _, _ = build(
+            work / "stock.sif",
+            [f"--base-image={torch_base}"],
+            env={"COTAINR_LUMI_DISABLE": "1"},
+        )
+        stock.append(t)
+    mo, ms = statistics.median(ours), statistics.median(stock)
+    size = torch_base.stat().st_size
+    rows = [
+        (
+            f"layout-1 base with torch 2.13.0 ({size / 1e9:.2f} GB .sif)",
+            f"{derive:.1f} s",
+            "to derive",
+        ),
+        ("stock cotainr --base-image", f"{ms:.1f} s", "1.00x"),
+        (
+            "cotainr --system=lumi-g-ext (layout-1 torch base)",
+            f"{mo:.1f} s",
+            f"{mo / ms:.2f}x  (target <= 1.05x)",
+        ),
+        (f"  target env found: {target}", "", "-"),
+    ]
+    for name, values in stages.items():
+        rows.append(
+            (f"  of which stage {name}", f"{statistics.median(values):.1f} s", "")
+        )
+    return rows
+
+
 def print_table(table):
     """Print rows as an aligned table."""
     width = max(len(r[0]) for r in table)
@@ -304,12 +384,18 @@ def main(argv=None):
     parser.add_argument(
         "--runs", type=int, default=5, help="alternating runs for section 1"
     )
-    parser.add_argument("--sections", default="1,2,3,4")
+    parser.add_argument("--sections", default="1,2,3,4,5")
     parser.add_argument(
         "--cext-functions",
         type=int,
         default=3000,
         help="size of the generated C extension of section 4",
+    )
+    parser.add_argument(
+        "--torch-runs",
+        type=int,
+        default=3,
+        help="alternating runs for section 5 (torch-sized env)",
     )
     args = parser.parse_args(argv)
     wanted = {int(s) for s in args.sections.split(",")}
@@ -330,7 +416,14 @@ def main(argv=None):
                 w, base, 300 if args.quick else args.cext_functions
             ),
         ),
+        5: (
+            "5. stage overhead on a torch-sized env (layout 1)",
+            lambda w: section_torch_env(w, base, args.torch_runs),
+        ),
     }
+    if args.quick:
+        # A 1 GB base image and minutes per build: not for CI's quick mode.
+        wanted.discard(5)
     with tempfile.TemporaryDirectory(prefix="cotainr-lumi-bench-", dir="/tmp") as tmp:
         for number, (title, run) in sections.items():
             if number not in wanted:

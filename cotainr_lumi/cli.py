@@ -117,7 +117,8 @@ class Build(_cotainr.StockBuild):
         LUMI base image).
     set_settings : list of str, optional
         Override a stage setting of the system profile, as STAGE.KEY=VALUE
-        with VALUE in YAML (repeatable).
+        with VALUE in YAML (repeatable); target-env.prefix=PATH names the
+        Python environment of the base image to install into.
     skip_stages : list of str, optional
         Do not run this stage of the system (repeatable).
     """
@@ -240,6 +241,7 @@ class Build(_cotainr.StockBuild):
     def execute(self):
         """Execute the "build" subcommand."""
         if self.request.dry_run:
+            self.plan.ask_base_image()
             print(self.plan.describe())
             return
         if not self.plan.extended:

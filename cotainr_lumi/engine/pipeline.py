@@ -203,6 +203,8 @@ def run_plan(*, plan, log_settings=None):
         written then and an existing image is left untouched.
     """
     t_start = time.time()
+    if plan.request.dry_run:
+        plan.ask_base_image()
     result = BuildResult(
         image_path=plan.image_path,
         system=plan.system.name if plan.system else None,

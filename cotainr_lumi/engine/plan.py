@@ -31,6 +31,7 @@ import re
 from typing import Any, Optional
 
 from ..errors import InputError
+from . import targetenv
 from .profiles import SystemProfile, get_system, load_systems, merge_mappings
 from .stage import Stage, get_stage_class
 
@@ -151,6 +152,10 @@ class BuildPlan:
         False when stock cotainr builds the image unchanged.
     image_exists : bool
         Whether `image_path` exists now.
+    target_settings : dict
+        The ``target-env`` settings (profile merged with the build's).
+    base_target : TargetEnv or TargetEnvNotFoundError or None
+        For a dry run: the answer the base image gave (None: not asked).
     """
 
     request: BuildRequest
@@ -162,6 +167,8 @@ class BuildPlan:
     skipped: list[str]
     extended: bool
     image_exists: bool
+    target_settings: dict = field(default_factory=dict)
+    base_target: Any = None
 
     @property
     def stage_names(self):
@@ -176,19 +183,24 @@ class BuildPlan:
         Returns
         -------
         text : str
-            The conda env cotainr creates, or the base image's active env.
+            The env and why (see :mod:`cotainr_lumi.engine.targetenv`).
         """
-        from .._cotainr import CONDA_ENV_NAME, CONDA_PREFIX
+        return targetenv.describe_lines(plan=self)[0]
 
-        if self.conda_env is not None:
-            return (
-                f"the conda env cotainr creates from {self.conda_env.name} "
-                f"({CONDA_PREFIX}/envs/{CONDA_ENV_NAME})"
-            )
-        return (
-            "the Python environment the base image activates "
-            "(its `python`/`pip` on PATH at container start)"
-        )
+    def ask_base_image(self):
+        """
+        For a dry run: ask a local base image for its target env now.
+
+        Sets :attr:`base_target` (once); does nothing when the env is given
+        (setting, ``--conda-env``) or the base image is not a local file.
+        """
+        if self.base_target is not None:
+            return
+        if targetenv.explicit_prefix(plan=self) or self.conda_env is not None:
+            return
+        if not self.base_image.is_local_file:
+            return
+        self.base_target = targetenv.probe_image(image=self.base_image.resolved)
 
     def describe(self):
         """
@@ -225,7 +237,9 @@ class BuildPlan:
         lines.append(
             "  conda env:  " + (str(self.conda_env) if self.conda_env else "none")
         )
-        lines.append(f"  target env: {self.target_environment}")
+        target_lines = targetenv.describe_lines(plan=self)
+        lines.append(f"  target env: {target_lines[0]}")
+        lines += [f"              {line}" for line in target_lines[1:]]
         mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
         lines.append(f"  pipeline:   {mode}")
         step = 1
@@ -301,13 +315,17 @@ def make_plan(*, request, systems=None):
             "{'pip': {'requirements': ['req.txt']}}."
         )
 
+    target_settings = dict(overrides.pop(targetenv.SETTINGS_NAME, {}) or {})
     system = None
     if request.system is not None:
         systems = load_systems() if systems is None else systems
         system = get_system(name=request.system, systems=systems)
         stage_names = list(system.stages)
+        target_settings = merge_mappings(
+            system.stage_settings(targetenv.SETTINGS_NAME), target_settings
+        )
         base_spec = request.base_image_override or system.base_image
-        extended = not system.stock or bool(overrides)
+        extended = not system.stock or bool(overrides) or bool(target_settings)
         if system.stock and overrides:
             stage_names = [s for s in CANONICAL_STAGE_ORDER if s in overrides]
             if "provenance" not in stage_names:
@@ -319,11 +337,15 @@ def make_plan(*, request, systems=None):
                 "--base-image-override only applies to --system builds; "
                 "use --base-image alone."
             )
-        extended = bool(overrides)
+        extended = bool(overrides) or bool(target_settings)
         stage_names = [s for s in CANONICAL_STAGE_ORDER if s in overrides]
         if extended and "provenance" not in stage_names:
             stage_names.append("provenance")
 
+    problems = targetenv.validate_settings(settings=target_settings)
+    if problems:
+        key, message = problems[0]
+        raise InputError(f"Invalid setting {targetenv.SETTINGS_NAME}.{key}: {message}")
     unknown = [name for name in overrides if name not in stage_names]
     if unknown:
         raise InputError(
@@ -363,6 +385,7 @@ def make_plan(*, request, systems=None):
         skipped=skipped,
         extended=extended,
         image_exists=image_path.exists(),
+        target_settings=target_settings,
     )
     kept = []
     for stage in plan.stages:

@@ -52,6 +52,7 @@ from typing import Any, Optional
 import yaml
 
 from ..errors import ProfileError, UnknownSystemError
+from . import targetenv
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -343,6 +344,18 @@ def _validate(*, name, merged, sources, where):
     if not isinstance(settings, dict):
         raise ProfileError("must be a mapping of stage names", key="settings", **where)
     for stage_name, stage_settings in settings.items():
+        if stage_name == targetenv.SETTINGS_NAME:
+            if not isinstance(stage_settings, (dict, type(None))):
+                raise ProfileError(
+                    "must be a mapping, e.g. {prefix: /opt/env}",
+                    key=f"settings.{stage_name}",
+                    **where,
+                )
+            problems = targetenv.validate_settings(settings=stage_settings or {})
+            if problems:
+                key, message = problems[0]
+                raise ProfileError(message, key=f"settings.{stage_name}.{key}", **where)
+            continue
         if stage_name not in known:
             raise ProfileError(
                 f"settings for unknown stage (available stages: {', '.join(known)})",

@@ -90,12 +90,16 @@ class StageContext:
         The reports of the stages that already ran, in order.
     labels : dict of str to str
         Labels collected so far (stages may read what earlier stages set).
+    target_env : TargetEnv or TargetEnvNotFoundError or None
+        The target Python environment once discovered (use
+        :func:`cotainr_lumi.engine.targetenv.for_context`, which fills it).
     """
 
     sandbox: Any
     plan: Any
     reports: list[StageReport] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
+    target_env: Any = None
 
 
 class Stage(ABC):

@@ -314,6 +314,30 @@ def _check_libstdcxx(report, facts):
         )
 
 
+def _check_target_env(report, facts):
+    target = facts.get("target_env")
+    if not isinstance(target, dict):
+        report.add(
+            "target-env",
+            NA,
+            "no /opt/cotainr-lumi/target-env.json (not built by this cotainr-lumi); "
+            f"inspected the `python` on PATH ({facts['python']})",
+        )
+    elif target.get("prefix") == facts["prefix"]:
+        report.add(
+            "target-env",
+            PASS,
+            f"{facts['prefix']} ({facts['python']}): {target.get('reason', '')}",
+        )
+    else:
+        report.add(
+            "target-env",
+            FAIL,
+            f"the build installed into {target.get('prefix')} but its interpreter "
+            f"{target.get('python')} reports sys.prefix {facts['prefix']}",
+        )
+
+
 def _check_torch(report, facts):
     torch = facts.get("torch")
     if torch is None:
@@ -431,7 +455,7 @@ def verify_image(*, image, expected_env=None):
         args=[
             "bash",
             "-c",
-            'exec "$(command -v python || command -v python3)" -c "$0"',
+            'exec "$(command -v python || command -v python3)" -c "$0" "$0"',
             probe,
         ],
     )
@@ -446,6 +470,7 @@ def verify_image(*, image, expected_env=None):
     _check_rocm(report, facts, facts["env"])
     expected = dict(expected_env) if expected_env else _expected_env(facts["labels"])
     _check_lumi_env(report, facts, expected)
+    _check_target_env(report, facts)
     _check_libstdcxx(report, facts)
     _check_torch(report, facts)
     _check_runtime(report, facts)

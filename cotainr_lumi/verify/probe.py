@@ -48,7 +48,30 @@ def entry(path):
     return info
 
 
-facts = {"python": sys.executable, "prefix": sys.prefix}
+#: The build's answer to "which Python environment" (engine/targetenv.py).
+TARGET_ENV_FILE = "/opt/cotainr-lumi/target-env.json"
+try:
+    with open(TARGET_ENV_FILE) as f:
+        target_env = json.load(f)
+except (OSError, ValueError):
+    target_env = None
+# Run as the target env's own interpreter (not whatever `python` is first
+# on PATH): verify looks at the env the build installed into. The source of
+# this file is argv[1] (see checks.verify_image).
+if (
+    isinstance(target_env, dict)
+    and target_env.get("python")
+    and target_env.get("prefix") != sys.prefix
+    and os.environ.get("COTAINR_LUMI_VERIFY_REEXEC") != "1"
+    and len(sys.argv) > 1
+    and os.access(target_env["python"], os.X_OK)
+):
+    os.environ["COTAINR_LUMI_VERIFY_REEXEC"] = "1"
+    os.execv(
+        target_env["python"], [target_env["python"], "-c", sys.argv[1], sys.argv[1]]
+    )
+
+facts = {"python": sys.executable, "prefix": sys.prefix, "target_env": target_env}
 # The whole environment (the image's own, under --cleanenv): a profile can
 # add variables of its own that verify must find.
 facts["env"] = dict(os.environ)
@@ -67,8 +90,14 @@ for d in (os.path.join(rocm, "lib"), "/opt/amdgpu/lib64"):
         rocm_names.update(os.listdir(d))
 facts["rocm"]["lib_names"] = sorted(rocm_names)
 facts["aws_ofi_rccl"] = sorted(glob.glob("/opt/aws-ofi-rccl/librccl-net.so*"))
+# The env's own lib/ and, for a venv, its base env's (a conda env), never /usr.
+env_prefixes = [sys.prefix]
+if sys.base_prefix not in (sys.prefix, "/usr", "/usr/local", "/"):
+    env_prefixes.append(sys.base_prefix)
 facts["env_libstdcxx"] = sorted(
-    glob.glob(os.path.join(sys.prefix, "lib", "libstdc++.so*"))
+    path
+    for prefix in env_prefixes
+    for path in glob.glob(os.path.join(prefix, "lib", "libstdc++.so*"))
 )
 for name in ("prune-manifest.json", "pip/packages.json", "provenance.json"):
     text = read(os.path.join("/opt/cotainr-lumi", name), limit=20000000)

@@ -17,8 +17,9 @@ import subprocess
 PRELUDE = r"""
 set -euo pipefail
 trap 'echo "fixture script: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
-P="$(python -c 'import sys; print(sys.prefix)')"
-SP="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+PY="${PY:-python}"
+P="$("$PY" -c 'import sys; print(sys.prefix)')"
+SP="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 W="$(mktemp -d)"
 """
 
@@ -86,13 +87,27 @@ SCRIPTS = {
 }
 
 
-def fixture_script(*cases, hip="6.1.40093-fixture"):
-    """One bash script creating the fixture content of `cases`."""
-    return f"HIP={shlex.quote(hip)}\n" + PRELUDE + "".join(SCRIPTS[c] for c in cases)
+def fixture_script(*cases, hip="6.1.40093-fixture", python="python"):
+    """One bash script creating the fixture content of `cases` in `python`'s env."""
+    return (
+        f"HIP={shlex.quote(hip)}\nPY={shlex.quote(python)}\n"
+        + PRELUDE
+        + "".join(SCRIPTS[c] for c in cases)
+    )
 
 
-def derive_base_image(*, apptainer, base_image, work, cases, hip="6.1.40093-fixture"):
-    """Build `work`/derived-base.sif: `base_image` plus the fixture content."""
+def derive_base_image(
+    *,
+    apptainer,
+    base_image,
+    work,
+    cases,
+    hip="6.1.40093-fixture",
+    setup="",
+    python="python",
+):
+    """Build `work`/derived-base.sif: `base_image`, a `setup` script, then the
+    fixture content in the env of `python`."""
     sandbox = work / "sandbox"
     # cwd=work (under /tmp, bound by default): a writable sandbox has no
     # mount point for an arbitrary caller's directory.
@@ -107,7 +122,7 @@ def derive_base_image(*, apptainer, base_image, work, cases, hip="6.1.40093-fixt
         [apptainer, "build", "--sandbox", str(sandbox), str(base_image)], **run
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    script = fixture_script(*cases, hip=hip)
+    script = setup + "\n" + fixture_script(*cases, hip=hip, python=python)
     proc = subprocess.run(
         [
             apptainer,

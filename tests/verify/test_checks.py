@@ -15,6 +15,11 @@ PROBE = Path(verify.__file__).with_name("probe.py")
 GOOD = {
     "python": "/opt/env/bin/python",
     "prefix": "/opt/env",
+    "target_env": {
+        "prefix": "/opt/env",
+        "python": "/opt/env/bin/python",
+        "reason": "x",
+    },
     "env": {
         "ROCM_PATH": "/opt/rocm",
         "PATH": "/runscripts:/opt/rocm/bin:/opt/rocm/llvm/bin:/usr/bin",

@@ -34,6 +34,7 @@ from pathlib import Path, PurePosixPath
 import shlex
 
 from ... import _cotainr
+from ...engine import targetenv
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import InputError, StageError
@@ -74,6 +75,8 @@ RUNSCRIPTS = (
 WITH_CONDA_FILE = "/opt/cotainr-lumi/with-conda.sh"
 #: The value of ``WITH_CONDA`` (works as ``$WITH_CONDA`` and ``eval``).
 WITH_CONDA_VALUE = f". {WITH_CONDA_FILE}"
+#: The comment above the base image's own ``$WITH_CONDA`` in with-conda.sh.
+BASE_WITH_CONDA_MARK = "# The base image's $WITH_CONDA, kept (run first):"
 
 #: ROCm directories added to the search paths when present in the image.
 ROCM_ROOT = "/opt/rocm"
@@ -388,8 +391,34 @@ class LumiEnvStage(Stage):
                 info[key.strip()] = value.strip()
         return info
 
-    def _with_conda_script(self, *, root, info):
-        """The content of with-conda.sh for the probed environment."""
+    @staticmethod
+    def _base_with_conda(*, root, target):
+        """
+        The base image's own ``$WITH_CONDA`` command (None when it had none).
+
+        A base built by cotainr-lumi has ours (``. with-conda.sh``): then the
+        command that file chained to is kept, so rebuilding never makes the
+        script source itself.
+        """
+        value = target.with_conda if target is not None else None
+        if not value or not value.strip():
+            return None
+        if value.strip() != WITH_CONDA_VALUE:
+            return value
+        existing = resolve_in_root(root=root, path=WITH_CONDA_FILE)
+        try:
+            lines = existing.read_text(errors="replace").splitlines()
+        except OSError:
+            return None
+        for i, line in enumerate(lines[:-1]):
+            if line == BASE_WITH_CONDA_MARK:
+                words = shlex.split(lines[i + 1])
+                if len(words) == 2 and words[0] == "eval":
+                    return words[1]
+        return None
+
+    def _with_conda_script(self, *, root, info, base_with_conda=None):
+        """The content of with-conda.sh for the target environment."""
         prefix = info.get("prefix", "")
         lines = [
             "# with-conda.sh: activate the image's Python environment. Installed by",
@@ -398,6 +427,10 @@ class LumiEnvStage(Stage):
             "# no-op when the environment is already active (the image's env files",
             "# activate it at container start).",
         ]
+        if base_with_conda:
+            # Chain to the base image's command: it keeps activating the same
+            # env (which now holds the new packages) with all its side effects.
+            lines += [BASE_WITH_CONDA_MARK, f"eval {shlex.quote(base_with_conda)}"]
         if not prefix or not prefix.startswith("/"):
             lines.append(": # the image has no Python environment to activate")
             return "\n".join(lines) + "\n", None
@@ -485,6 +518,11 @@ class LumiEnvStage(Stage):
         root = sandbox.root
         plan = context.plan
         info = self._probe(sandbox=sandbox) if self.settings["with-conda"] else {}
+        target = None
+        if self.settings["with-conda"]:
+            # The one discovery of the build's env (never `python` on PATH).
+            target = targetenv.for_context(context=context, stage=self.name)
+            info["prefix"] = target.prefix if target is not None else ""
 
         blocks = [
             "# Profile and build settings (defaults: a variable already set wins).",
@@ -504,7 +542,11 @@ class LumiEnvStage(Stage):
             blocks.append(path_addition(name="PATH", entries=[RUNSCRIPTS_DIR]))
         env_prefix = None
         if self.settings["with-conda"]:
-            script, env_prefix = self._with_conda_script(root=root, info=info)
+            script, env_prefix = self._with_conda_script(
+                root=root,
+                info=info,
+                base_with_conda=self._base_with_conda(root=root, target=target),
+            )
             write_file_in_root(
                 root=root, path=WITH_CONDA_FILE, content=script, mode=0o644
             )

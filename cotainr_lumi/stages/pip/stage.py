@@ -1,9 +1,10 @@
 """
 The pip stage: ordered pip steps after cotainr's conda step.
 
-Each step is one ``pip install`` run inside the container, in the Python
-environment that is active there (cotainr's conda env, or the base image's
-own env without ``--conda-env``). Steps run in order, so a package that needs
+Each step is one ``pip install`` run inside the container by the interpreter
+of the target environment (:mod:`cotainr_lumi.engine.targetenv`: cotainr's
+conda env, the env the base image's ``$WITH_CONDA`` activates, or its active
+venv/conda env), with that env activated. Steps run in order, so a package that needs
 torch at build time (apex, DeepSpeed ops, flash-attention, ...) can be built
 with ``no-build-isolation`` against the torch a previous step installed.
 
@@ -40,6 +41,7 @@ import shutil
 import time
 
 from ... import _cotainr
+from ...engine import targetenv
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import InputError, StageError
@@ -83,13 +85,6 @@ UNSET_PIP_VARIABLES = (
 )
 #: Host pip variables holding paths (which may not exist in the container).
 PATH_PIP_VARIABLES = ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_REQUIREMENT", "PIP_CERT")
-
-_PROBE_SCRIPT = (
-    "command -v python >/dev/null 2>&1 || { echo 'no python on PATH' >&2; exit 127; }; "
-    'python -c \'import json, sys; print(json.dumps({"prefix": sys.prefix, '
-    '"executable": sys.executable, "version": sys.version.split()[0]}))\' && '
-    "python -m pip --version"
-)
 
 
 class _InputAction(argparse.Action):
@@ -203,9 +198,11 @@ class PipStage(Stage):
 
     # -- the plan ----------------------------------------------------------
 
-    def _pip_command(self, *, step, requirement_files, constraints, cache_dir):
+    def _pip_command(
+        self, *, step, requirement_files, constraints, cache_dir, python="python"
+    ):
         cmd = [
-            "python",
+            python,
             "-m",
             "pip",
             "install",
@@ -230,7 +227,11 @@ class PipStage(Stage):
 
     def describe(self, *, plan):
         """The steps, their pip commands, protection and cache."""
-        lines = [f"target: {plan.target_environment}"]
+        lines = [
+            f"target: {plan.target_environment}",
+            "pip runs as the target env's own interpreter (<env>/bin/python -m pip), "
+            "with the env activated",
+        ]
         if not self.steps:
             lines.append(
                 "no pip steps: record the environment's package list only "
@@ -279,18 +280,25 @@ class PipStage(Stage):
     def _run(self, sandbox, args, *, env=None):
         return sandbox.run(args, env=env, log_name="pip")
 
+    def _in_target(self, command):
+        """A ``bash -c`` command running `command` (a list) in the target env."""
+        script = f"{self._target.activation()}; exec {shlex.join(command)}"
+        return ["bash", "-c", script]
+
     def _pip_list(self, sandbox):
         proc = self._run(
             sandbox,
-            [
-                "python",
-                "-m",
-                "pip",
-                "list",
-                "--format",
-                "json",
-                "--disable-pip-version-check",
-            ],
+            self._in_target(
+                [
+                    self._target.python,
+                    "-m",
+                    "pip",
+                    "list",
+                    "--format",
+                    "json",
+                    "--disable-pip-version-check",
+                ]
+            ),
         )
         try:
             return parse_pip_list(text=proc.stdout), proc.stdout
@@ -299,22 +307,36 @@ class PipStage(Stage):
                 f"cannot read the installed packages: {e}", stage=self.name
             ) from e
 
-    def _probe(self, sandbox):
+    def _probe(self, context, *, required=True):
+        """The target env (one discovery per build) and its pip version."""
+        target = targetenv.for_context(
+            context=context, required=required, stage=self.name
+        )
+        if target is None:
+            raise StageError("no Python environment in the image", stage=self.name)
+        self._target = target
         try:
-            proc = self._run(sandbox, ["bash", "-c", _PROBE_SCRIPT])
+            proc = self._run(
+                context.sandbox,
+                self._in_target([target.python, "-m", "pip", "--version"]),
+            )
         except _cotainr.CommandError as e:
             raise StageError(
-                "no working `python -m pip` in the container. Give a conda env "
-                "(--conda-env) or use a base image with an active Python "
-                "environment.",
+                f"the target environment {target.prefix} ({target.reason}) has no "
+                f"working `python -m pip` ({target.python}). Install pip into it "
+                "in the base image, or give a conda env (--conda-env).",
                 stage=self.name,
                 details=e.error_lines(),
             ) from e
-        info = {}
+        info = {
+            "prefix": target.prefix,
+            "executable": target.python,
+            "version": target.version,
+            "source": target.source,
+            "reason": target.reason,
+        }
         for line in proc.stdout.splitlines():
-            if line.startswith("{"):
-                info = json.loads(line)
-            elif line.startswith("pip "):
+            if line.startswith("pip "):
                 info["pip"] = line.split()[1]
         return info
 
@@ -355,12 +377,12 @@ class PipStage(Stage):
         """Run the pip steps in order."""
         sandbox = context.sandbox
         if not self.steps:
-            return self._record_packages_only(sandbox)
+            return self._record_packages_only(context)
         root = sandbox.root
         for scan in self.scans:
             for moving in scan.moving_refs:
                 logger.warning("Not pinned: %s", moving)
-        info = self._probe(sandbox)
+        info = self._probe(context)
         logger.info(
             "pip steps install into %s (python %s at %s, pip %s)",
             info.get("prefix"),
@@ -446,10 +468,11 @@ class PipStage(Stage):
         )
         return installed
 
-    def _record_packages_only(self, sandbox):
+    def _record_packages_only(self, context):
         """No steps: keep the environment's package list (if pip can list it)."""
+        sandbox = context.sandbox
         try:
-            info = self._probe(sandbox)
+            info = self._probe(context, required=False)
             installed = self._record_packages(sandbox)
         except (StageError, _cotainr.CommandError) as e:
             logger.warning(
@@ -458,7 +481,7 @@ class PipStage(Stage):
             )
             return StageReport(
                 name=self.name,
-                summary="no pip steps; no package list (no `python -m pip` in the image)",
+                summary="no pip steps; no package list (no Python env with pip in the image)",
             )
         torch = installed.get("torch")
         summary = (
@@ -523,8 +546,12 @@ class PipStage(Stage):
             requirement_files=staged.requirement_files,
             constraints=constraints,
             cache_dir=cache_dir,
+            python=self._target.python,
         )
-        script = f"unset {' '.join(UNSET_PIP_VARIABLES)}; exec {shlex.join(cmd)}"
+        script = (
+            f"{self._target.activation()}; unset {' '.join(UNSET_PIP_VARIABLES)}; "
+            f"exec {shlex.join(cmd)}"
+        )
         logger.info("Running: %s", shlex.join(cmd))
         try:
             with self._private_wheel_cache(root=root, step=step, cache_dir=cache_dir):

@@ -33,6 +33,7 @@ import json
 import logging
 
 from ... import _cotainr
+from ...engine import targetenv
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import StageError
 from .libstdcxx import (
@@ -70,23 +71,12 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 _PROBE_MARK = "COTAINR_LUMI_PRUNE_PROBE="
 
-#: Asks the container for the active Python env, its site-packages, ROCM_PATH
-#: and the loader cache's libstdc++ entries.
+#: Asks the container for ROCM_PATH and the loader cache's libstdc++ entries
+#: (the Python environment comes from the build's one target env discovery,
+#: :mod:`cotainr_lumi.engine.targetenv`).
 PROBE_SCRIPT = r"""
-py="$(command -v python || command -v python3 || true)"
-if [ -n "$py" ]; then
-"$py" - <<'EOF'
-import json, os, sys, sysconfig
-paths = sysconfig.get_paths()
-print("COTAINR_LUMI_PRUNE_PROBE=" + json.dumps({
-    "prefix": sys.prefix,
-    "site": sorted({paths["purelib"], paths["platlib"]}),
-    "rocm_path": os.environ.get("ROCM_PATH", ""),
-}))
-EOF
-else
-    printf 'COTAINR_LUMI_PRUNE_PROBE={"prefix": "", "site": [], "rocm_path": "%s"}\n' "${ROCM_PATH:-}"
-fi
+case "${ROCM_PATH:-}" in *[\"\\]*) ROCM_PATH= ;; esac
+printf 'COTAINR_LUMI_PRUNE_PROBE={"rocm_path": "%s"}\n' "${ROCM_PATH:-}"
 { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true; } | grep -F 'libstdc++' || true
 """
 
@@ -172,7 +162,8 @@ class PruneStage(Stage):
     def describe(self, *, plan):
         """Describe the checks and actions (the sandbox does not exist yet)."""
         lines = [
-            f"environment: {plan.target_environment} (found by asking its python for sys.prefix)"
+            f"environment: {plan.target_environment} (torch/lib in its site-packages; "
+            "libstdc++ in <env>/lib)"
         ]
         if self.settings["libstdcxx"]:
             lines.append(
@@ -213,14 +204,17 @@ class PruneStage(Stage):
         """Probe the environment, prune what is safe and write the manifest."""
         sandbox = context.sandbox
         root = sandbox.root
+        target = targetenv.for_context(context=context, stage=self.name)
         proc = sandbox.run(["bash", "-c", PROBE_SCRIPT], log_name=self.name)
         facts, ldconfig_text = _parse_probe(proc.stdout)
-        prefix = facts.get("prefix") or ""
+        prefix = target.prefix if target is not None else ""
+        facts["site"] = list(target.site) if target is not None else []
         manifest = PruneManifest(
             settings=dict(self.settings),
             facts={
                 "env-prefix": prefix or None,
-                "site-packages": facts.get("site", []),
+                "env-source": target.reason if target is not None else None,
+                "site-packages": facts["site"],
             },
         )
         warnings = []
@@ -230,11 +224,17 @@ class PruneStage(Stage):
                 warnings,
                 group="all",
                 what="environment",
-                reason="the image has no python on PATH: there is no environment to prune",
+                reason=(
+                    "the image has no Python environment (no $WITH_CONDA, venv or "
+                    "conda env): there is no environment to prune"
+                ),
             )
         else:
             if self.settings["libstdcxx"]:
-                self._prune_libstdcxx(root, prefix, ldconfig_text, manifest, warnings)
+                for env_prefix in target.env_prefixes:
+                    self._prune_libstdcxx(
+                        root, env_prefix, ldconfig_text, manifest, warnings
+                    )
             else:
                 manifest.skip(
                     group="libstdcxx",
@@ -281,6 +281,10 @@ class PruneStage(Stage):
         check = check_libstdcxx(
             root=root, env_prefix=prefix, ldconfig_text=ldconfig_text
         )
+        if check.status == "absent" and "libstdcxx" in manifest.facts:
+            # Another prefix of the env (a venv's base) already reported.
+            manifest.skip(group="libstdcxx", what=f"{prefix}/lib", reason=check.reason)
+            return
         manifest.facts["libstdcxx"] = {
             "status": check.status,
             "reason": check.reason,

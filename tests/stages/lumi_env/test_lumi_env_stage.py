@@ -9,6 +9,7 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
+from targetenv_fakes import is_probe, probe_stdout
 
 import cotainr_lumi
 from cotainr_lumi import _cotainr
@@ -44,6 +45,13 @@ class FakeSandbox:
     def run(self, args, *, env=None, log_name=None):
         self.calls.append(list(args))
         script = args[-1]
+        if is_probe(args):
+            # The build's one target env discovery sees the same env.
+            found = dict(
+                line.split("=", 1) for line in self.probe.splitlines() if "=" in line
+            )
+            out = probe_stdout(found.get("prefix") or None)
+            return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
         if "sys.prefix" in script:
             return subprocess.CompletedProcess(args, 0, stdout=self.probe, stderr="")
         if self.fail_check:
@@ -135,7 +143,9 @@ def test_stage_writes_env_file_runscripts_and_reports_outputs(tmp_path):
         "rocm": "/opt/rocm",
         "aws-ofi-rccl": "/opt/aws-ofi-rccl",
     }
-    assert len(sandbox.calls) == 2  # the probe and the start-up check
+    assert (
+        len(sandbox.calls) == 3
+    )  # the probes (conda variables, target env) and the check
 
 
 def test_runtime_values_win_over_every_default(tmp_path):
@@ -371,3 +381,52 @@ def test_base_image_runscripts_are_replaced_with_a_note(tmp_path, caplog):
     with caplog.at_level("INFO", logger="cotainr.cotainr_lumi"):
         stage.run(context=StageContext(sandbox=sandbox, plan=plan))
     assert not [r for r in caplog.messages if r.startswith("Replacing")]
+
+
+def _write_fake_conda(tmp_path):
+    """A conda-like `activate NAME` script and an env it activates."""
+    env = tmp_path / "conda" / "envs" / "pytorch"
+    (env / "bin").mkdir(parents=True)
+    activate = tmp_path / "conda" / "activate"
+    activate.write_text(
+        f'export CONDA_PREFIX="{tmp_path}/conda/envs/$1"\n'
+        'export PATH="$CONDA_PREFIX/bin:$PATH"\n'
+    )
+    return env, f"source {activate} pytorch"
+
+
+def test_with_conda_chains_to_the_base_images_command(tmp_path):
+    env, base_value = _write_fake_conda(tmp_path)
+    root = make_root(tmp_path, venv=False)
+    stage = LumiEnvStage(settings={})
+    target = SimpleNamespace(with_conda=base_value)
+    chained = stage._base_with_conda(root=root, target=target)
+    assert chained == base_value
+    script, prefix = stage._with_conda_script(
+        root=root, info={"prefix": str(env)}, base_with_conda=chained
+    )
+    assert prefix == str(env)
+    (tmp_path / "with-conda.sh").write_text(script)
+    # Run it as `$WITH_CONDA` would: the base's command activates the env.
+    proc = subprocess.run(
+        ["bash", "-c", f'. {tmp_path}/with-conda.sh; echo "$CONDA_PREFIX|$PATH"'],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        check=True,
+    )
+    conda_prefix, path = proc.stdout.strip().split("|")
+    assert conda_prefix == str(env)
+    assert path.split(":")[0] == f"{env}/bin"
+    # A base built by cotainr-lumi: its chained command is kept, never a
+    # script that sources itself.
+    (root / "opt/cotainr-lumi").mkdir(parents=True)
+    (root / "opt/cotainr-lumi/with-conda.sh").write_text(script)
+    again = stage._base_with_conda(
+        root=root,
+        target=SimpleNamespace(with_conda=". /opt/cotainr-lumi/with-conda.sh"),
+    )
+    assert again == base_value
+    assert (
+        stage._base_with_conda(root=root, target=SimpleNamespace(with_conda="")) is None
+    )

@@ -7,6 +7,7 @@ import shlex
 import subprocess
 
 import pytest
+from targetenv_fakes import is_probe, probe_stdout
 
 from cotainr_lumi import _cotainr
 from cotainr_lumi.engine.plan import BuildRequest, make_plan
@@ -30,24 +31,24 @@ class FakeSandbox:
     def run(self, args, *, env=None, log_name=None):
         args = list(args)
         self.commands.append((args, dict(env or {})))
-        if args[:2] == ["bash", "-c"] and "python -m pip --version" in args[2]:
-            out = json.dumps(
-                {
-                    "prefix": PREFIX,
-                    "executable": f"{PREFIX}/bin/python",
-                    "version": "3.11.2",
-                }
-            )
+        if is_probe(args):
             return subprocess.CompletedProcess(
-                args, 0, stdout=f"{out}\npip 23.0.1 from x\n", stderr=""
+                args, 0, stdout=probe_stdout(PREFIX), stderr=""
             )
-        if args[:5] == ["python", "-m", "pip", "list", "--format"]:
+        inner = []
+        if args[:2] == ["bash", "-c"] and "; exec " in args[2]:
+            inner = shlex.split(args[2].rsplit("; exec ", 1)[1])
+        if inner[1:] == ["-m", "pip", "--version"]:
+            return subprocess.CompletedProcess(
+                args, 0, stdout="pip 23.0.1 from x\n", stderr=""
+            )
+        if inner[1:5] == ["-m", "pip", "list", "--format"]:
             data = [{"name": n, "version": v} for n, v in self.installed.items()]
             return subprocess.CompletedProcess(
                 args, 0, stdout=json.dumps(data) + "\n", stderr=""
             )
         if args[:2] == ["bash", "-c"] and "pip install" in args[2]:
-            argv = shlex.split(args[2].split("exec ", 1)[1])
+            argv = shlex.split(args[2].rsplit("; exec ", 1)[1])
             if self.on_install:
                 self.on_install(argv, env or {})
             return subprocess.CompletedProcess(args, 0, stdout="", stderr="")
@@ -55,7 +56,7 @@ class FakeSandbox:
 
     def installs(self):
         return [
-            (shlex.split(a[2].split("exec ", 1)[1]), e)
+            (shlex.split(a[2].rsplit("; exec ", 1)[1]), e)
             for a, e in self.commands
             if "pip install" in a[-1]
         ]
@@ -149,7 +150,8 @@ def test_plan_describes_target_commands_and_staging(inputs, tmp_path):
     )
     assert plan.stage_names == ["pip", "provenance"]
     text = plan.describe()
-    assert "target: the Python environment the base image activates" in text
+    assert "target: found in the base image when the build starts" in text
+    assert "$WITH_CONDA" in text
     assert f"pip cache: {inputs / 'c'}" in text
     assert (
         "python -m pip install --no-input --disable-pip-version-check --progress-bar off "
@@ -178,7 +180,13 @@ def test_no_steps_records_the_package_list_only(tmp_path):
     sandbox = FakeSandbox(tmp_path / "sb", {"numpy": "2.1.0", "torch": "2.13.0"})
     report = stage.run(context=StageContext(sandbox=sandbox, plan=plan))
     assert sandbox.installs() == []
-    assert [a[:4] for a, _ in sandbox.commands][-1] == ["python", "-m", "pip", "list"]
+    last = sandbox.commands[-1][0]
+    assert shlex.split(last[2].rsplit("; exec ", 1)[1])[:4] == [
+        f"{PREFIX}/bin/python",
+        "-m",
+        "pip",
+        "list",
+    ]
     packages = json.loads(sandbox.host(PACKAGES_FILE).read_text())
     assert {p["name"]: p["version"] for p in packages} == {
         "numpy": "2.1.0",
@@ -255,7 +263,7 @@ def test_run_installs_steps_in_order_with_exact_commands(inputs, tmp_path):
 
     (cmd1, env1), (cmd2, env2) = sandbox.installs()
     assert cmd1 == [
-        "python",
+        f"{PREFIX}/bin/python",
         "-m",
         "pip",
         "install",
@@ -272,7 +280,7 @@ def test_run_installs_steps_in_order_with_exact_commands(inputs, tmp_path):
     ]
     assert env1 == {}
     assert cmd2 == [
-        "python",
+        f"{PREFIX}/bin/python",
         "-m",
         "pip",
         "install",
@@ -296,7 +304,9 @@ def test_run_installs_steps_in_order_with_exact_commands(inputs, tmp_path):
     assert env2 == {"PYTORCH_ROCM_ARCH": "gfx90a", "MAX_JOBS": "2"}
     # Host pip variables that would redirect the install are unset.
     install_script = [a[2] for a, _ in sandbox.commands if "pip install" in a[-1]][0]
-    assert install_script.startswith("unset PIP_TARGET PIP_PREFIX PIP_ROOT PIP_USER")
+    assert install_script.startswith(
+        f'PATH={PREFIX}/bin"${{PATH:+:$PATH}}"; export PATH; unset PIP_TARGET PIP_PREFIX PIP_ROOT PIP_USER'
+    )
 
     assert (
         seen[0]["/opt/cotainr-lumi/pip/step1/torch.txt"]
@@ -423,5 +433,20 @@ def test_changes_that_slip_through_are_caught(inputs, tmp_path):
 def test_no_python_in_the_container(inputs, tmp_path, mocker):
     stage = PipStage(settings={"steps": ["torch.txt"]})
     sandbox = _sandbox_without_python(tmp_path, mocker)
-    with pytest.raises(StageError, match="no working `python -m pip` in the container"):
+    with pytest.raises(StageError, match="could not start the container"):
         stage.run(context=StageContext(sandbox=sandbox, plan=None))
+
+
+def test_system_python_only_is_refused_before_installing(inputs, tmp_path):
+    stage = PipStage(settings={"steps": ["torch.txt"], "cache": False})
+    sandbox = FakeSandbox(tmp_path / "sb", {})
+    sandbox.run = lambda args, **kw: subprocess.CompletedProcess(
+        args, 0, stdout=probe_stdout(None), stderr=""
+    )
+    with pytest.raises(StageError) as info:
+        stage.run(context=StageContext(sandbox=sandbox, plan=None))
+    text = str(info.value)
+    assert "no Python environment to install into" in text
+    assert "/usr/bin/python3 (prefix /usr), a system Python" in text
+    assert "--conda-env" in text and "--set target-env.prefix=" in text
+    assert not sandbox.host(WORK_DIR).exists()

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import elfbuild
 import pytest
+from targetenv_fakes import is_probe, probe_stdout
 from test_libstdcxx import DEB_DIR, install_lib
 from test_rocm import make_rocm
 
@@ -51,13 +52,12 @@ class FakeSandbox:
         self.verified = []
 
     def run(self, args, *, env=None, log_name=None):
+        if is_probe(args):
+            out = probe_stdout(self.prefix or None, site=self.site)
+            return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
         assert args[:2] == ["bash", "-c"]
         if args[2] == PROBE_SCRIPT:
-            facts = {
-                "prefix": self.prefix,
-                "site": self.site,
-                "rocm_path": self.rocm_path,
-            }
+            facts = {"rocm_path": self.rocm_path}
             out = "COTAINR_LUMI_PRUNE_PROBE=" + json.dumps(facts) + "\n"
             out += "\tlibstdc++.so.6 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libstdc++.so.6\n"
             return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
@@ -260,7 +260,7 @@ def test_no_python_in_image(root):
     report = PruneStage().run(
         context=context_for(FakeSandbox(root, prefix="", site=()))
     )
-    assert "no python" in report.details["warnings"][0]
+    assert "no Python environment" in report.details["warnings"][0]
     with pytest.raises(StageError, match="strict"):
         PruneStage(settings={"strict": True}).run(
             context=context_for(FakeSandbox(root, prefix="", site=()))

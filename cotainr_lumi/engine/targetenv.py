@@ -1,0 +1,696 @@
+"""
+The one discovery of the Python environment a build installs into.
+
+Every stage that needs "the image's Python" (pip installs into it, prune
+looks for torch and libstdc++ in it, lumi-env makes ``$WITH_CONDA`` activate
+it, verify inspects it) asks this module, and it answers once per build. The
+answer is written into the image as :data:`TARGET_ENV_FILE`, so that
+``cotainr-lumi verify`` later reads the same answer.
+
+Order of precedence (the first that applies wins):
+
+1. ``setting``: the explicit setting ``target-env.prefix`` (``--set
+   target-env.prefix=/opt/miniconda3/envs/pytorch``, or ``target-env:
+   {prefix: ...}`` under ``settings:`` of a system profile);
+2. ``conda-env``: the conda env cotainr creates from ``--conda-env``;
+3. ``with-conda``: the env the base image's ``$WITH_CONDA`` activates (the
+   LUMI EasyBuild PyTorch images up to 20240209:
+   ``source /opt/miniconda3/bin/activate pytorch``);
+4. ``active-env``: a venv or conda env active in the image's environment
+   (``VIRTUAL_ENV`` / ``CONDA_PREFIX`` set by its env files: the 2025
+   refresh, ``/user-software/venv`` images, cotainr's own conda env);
+5. none: a stage that must install refuses with one clear error. A system
+   Python (``/usr/bin/python3``) is never a target.
+
+The base image is asked the way a user's job would ask it: inside the
+container, in a clean environment (no host variables), after its
+``/.singularity.d/env`` scripts, then ``eval "$WITH_CONDA"``. An env is
+identified by the ``sys.prefix`` and ``sys.executable`` of its own
+interpreter (``<prefix>/bin/python``), never by whatever ``python`` comes
+first on ``PATH``.
+
+Classes
+-------
+TargetEnv
+    The chosen environment and why.
+TargetEnvNotFoundError
+    Why no environment could be chosen.
+
+Functions
+---------
+discover(*, run, explicit=None, conda_env=False)
+    Ask an image (through `run`) and choose the environment.
+choose(*, facts, explicit=None, conda_env=False)
+    Choose from the probe's facts.
+for_context(*, context, required=False)
+    The target environment of a running build (discovered once).
+describe_lines(*, plan)
+    What the plan says about the target environment.
+probe_image(*, image)
+    Discover the target environment of an image file (dry runs).
+"""
+
+from dataclasses import asdict, dataclass, field
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+from typing import Any, Optional
+
+from .. import _cotainr
+from ..errors import StageError
+from .rootfs import write_file_in_root
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: Where the answer is recorded in the image (read by ``cotainr-lumi verify``).
+TARGET_ENV_FILE = "/opt/cotainr-lumi/target-env.json"
+#: The pseudo-stage name of the explicit setting (``target-env.prefix``).
+SETTINGS_NAME = "target-env"
+#: The settings it accepts.
+SETTINGS_DEFAULTS = {"prefix": None}
+#: Prefixes of system Pythons: never a target.
+SYSTEM_PREFIXES = ("/usr", "/usr/local", "/")
+
+_MARK = "COTAINR_LUMI_TARGET_ENV "
+
+#: Runs in a clean environment inside the container: sources the image's env
+#: scripts, reports the environment, evaluates $WITH_CONDA in a subshell and
+#: reports again. $1: an explicit prefix to check (may be empty). Every fact
+#: is one line "MARK <where> <key> <value>"; interpreters are asked for their
+#: sys.prefix/sys.executable as JSON.
+PROBE_SCRIPT = r"""
+for f in /.singularity.d/env/*.sh; do
+    [ -r "$f" ] && . "$f" >/dev/null 2>&1
+done
+M='COTAINR_LUMI_TARGET_ENV'
+fact() { printf '%s %s %s %s\n' "$M" "$1" "$2" "$(printf '%s' "$3" | tr '\n' ' ')"; }
+pyinfo() { # pyinfo WHERE PREFIX: facts of PREFIX's own interpreter
+    for py in "$2/bin/python" "$2/bin/python3"; do
+        if [ -x "$py" ]; then
+            fact "$1" python "$("$py" -c 'import json, sys, sysconfig
+paths = sysconfig.get_paths()
+site = [paths["purelib"], paths["platlib"]]
+site += [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))
+         and not p.startswith("/usr/")]
+print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix,
+    "executable": sys.executable, "version": sys.version.split()[0],
+    "site": list(dict.fromkeys(site))}))' 2>/dev/null)"
+            return
+        fi
+    done
+}
+state() { # state WHERE: the environment as it is now
+    fact "$1" virtual_env "${VIRTUAL_ENV:-}"
+    fact "$1" conda_prefix "${CONDA_PREFIX:-}"
+    fact "$1" path "${PATH:-}"
+    fact "$1" path_python "$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
+    [ -n "${VIRTUAL_ENV:-}" ] && pyinfo "$1.virtual_env" "$VIRTUAL_ENV"
+    [ -n "${CONDA_PREFIX:-}" ] && pyinfo "$1.conda_prefix" "$CONDA_PREFIX"
+    py="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
+    [ -n "$py" ] && pyinfo "$1.path_python" "$(dirname "$(dirname "$py")")"
+}
+fact image with_conda_set "${WITH_CONDA+set}"
+fact image with_conda "${WITH_CONDA:-}"
+state image
+[ -n "${1:-}" ] && pyinfo explicit "$1"
+if [ -n "${WITH_CONDA:-}" ]; then
+    (
+        eval "$WITH_CONDA" >/dev/null 2>&1
+        fact with_conda rc "$?"
+        state with_conda
+    )
+fi
+exit 0
+"""
+
+#: A clean start (no host variables), like ``apptainer exec --cleanenv``.
+CLEAN_ENV = (
+    "env",
+    "-i",
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME=/",
+    "LANG=C",
+)
+
+_SOURCE_WORDS = {
+    "setting": "named explicitly (target-env.prefix)",
+    "conda-env": "the conda env cotainr creates from --conda-env",
+    "with-conda": "from the base image's $WITH_CONDA",
+    "active-env": "active in the base image's environment",
+}
+
+
+class TargetEnvNotFoundError(Exception):
+    """Why no environment could be chosen (the message says how to go on)."""
+
+
+@dataclass
+class TargetEnv:
+    """
+    The chosen environment and why.
+
+    Attributes
+    ----------
+    prefix : str
+        The environment's ``sys.prefix`` (an image path).
+    python : str
+        Its interpreter (``sys.executable``).
+    version : str
+        The Python version.
+    base_prefix : str
+        Its ``sys.base_prefix`` (the conda env under a venv).
+    site : list of str
+        Its site-packages directories (including inherited ones).
+    source : str
+        ``setting``, ``conda-env``, ``with-conda`` or ``active-env``.
+    reason : str
+        Why it was chosen, in words.
+    with_conda : str or None
+        The base image's ``$WITH_CONDA`` (None when unset).
+    decoys : dict of str to str
+        Other interpreters seen (e.g. ``python`` on PATH) that were not chosen.
+    """
+
+    prefix: str
+    python: str
+    version: str = ""
+    base_prefix: str = ""
+    site: list[str] = field(default_factory=list)
+    source: str = ""
+    reason: str = ""
+    with_conda: Optional[str] = None
+    decoys: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bin_dir(self):
+        """The environment's ``bin`` directory."""
+        return self.prefix.rstrip("/") + "/bin"
+
+    @property
+    def env_prefixes(self):
+        """The prefixes whose ``lib/`` belongs to this env (itself, a venv's base)."""
+        prefixes = [self.prefix]
+        if self.base_prefix and self.base_prefix not in prefixes:
+            if not _is_system_prefix(self.base_prefix):
+                prefixes.append(self.base_prefix)
+        return prefixes
+
+    def activation(self):
+        """
+        Shell code that activates the env for a command (pip, builds).
+
+        Returns
+        -------
+        script : str
+            Runs the base image's ``$WITH_CONDA`` (when the env came from
+            it), then puts the env's ``bin`` first on ``PATH``.
+        """
+        parts = []
+        if self.source == "with-conda" and self.with_conda:
+            parts.append(f"eval {shlex.quote(self.with_conda)} >/dev/null 2>&1 || true")
+        parts.append(
+            f'PATH={shlex.quote(self.bin_dir)}"${{PATH:+:$PATH}}"; export PATH'
+        )
+        return "; ".join(parts)
+
+    def describe(self):
+        """One line: the env, its interpreter and why."""
+        return f"{self.prefix} (python {self.version} at {self.python}; {self.reason})"
+
+    def to_dict(self):
+        """JSON-serialisable form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data):
+        """
+        Read the form :meth:`to_dict` wrote.
+
+        Parameters
+        ----------
+        data : dict
+            The recorded fields.
+
+        Returns
+        -------
+        target : TargetEnv
+            The environment.
+        """
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def _is_system_prefix(prefix):
+    return os.path.normpath(prefix or "/") in SYSTEM_PREFIXES
+
+
+def parse_probe(*, text):
+    """
+    Parse the output of :data:`PROBE_SCRIPT`.
+
+    Parameters
+    ----------
+    text : str
+        The script's standard output.
+
+    Returns
+    -------
+    facts : dict
+        ``{where: {key: value}}``; ``python`` values are dicts (or None when
+        the interpreter did not answer).
+    """
+    facts: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        if not line.startswith(_MARK):
+            continue
+        where, _, rest = line[len(_MARK) :].partition(" ")
+        key, _, value = rest.partition(" ")
+        if key == "python":
+            try:
+                value = json.loads(value) if value.strip() else None
+            except ValueError:
+                value = None
+        facts.setdefault(where, {})[key] = value
+    return facts
+
+
+def _python(facts, where):
+    info = facts.get(where, {}).get("python")
+    return info if isinstance(info, dict) and info.get("prefix") else None
+
+
+def _active(facts, where):
+    """The env active in one state: (variable, python facts) or None."""
+    state = facts.get(where, {})
+    path = [p.rstrip("/") for p in (state.get("path") or "").split(":") if p]
+    candidates = []
+    for var in ("virtual_env", "conda_prefix"):
+        info = _python(facts, f"{where}.{var}")
+        if state.get(var) and info and not _is_system_prefix(info["prefix"]):
+            bin_dir = state[var].rstrip("/") + "/bin"
+            rank = path.index(bin_dir) if bin_dir in path else len(path)
+            candidates.append((rank, var, info))
+    if not candidates:
+        return None
+    candidates.sort(key=lambda c: c[0])
+    _rank, var, info = candidates[0]
+    return var, info
+
+
+def _env_words(var, facts, where):
+    name = {"virtual_env": "VIRTUAL_ENV", "conda_prefix": "CONDA_PREFIX"}[var]
+    return f"{name}={facts[where][var]}"
+
+
+def _decoys(facts, chosen_prefix):
+    decoys = {}
+    path_py = facts.get("image", {}).get("path_python")
+    info = _python(facts, "image.path_python")
+    if path_py and info and info["prefix"] != chosen_prefix:
+        decoys["python on PATH"] = f"{path_py} (prefix {info['prefix']})"
+    return decoys
+
+
+def _not_found_message(facts):
+    image = facts.get("image", {})
+    seen = []
+    with_conda = image.get("with_conda")
+    if with_conda:
+        rc = facts.get("with_conda", {}).get("rc")
+        seen.append(
+            f"$WITH_CONDA={with_conda!r} "
+            + ("failed" if rc not in (None, "0") else "activates no venv/conda env")
+        )
+    else:
+        seen.append("$WITH_CONDA is not set")
+    seen.append("no VIRTUAL_ENV/CONDA_PREFIX in its environment")
+    path_py = image.get("path_python")
+    info = _python(facts, "image.path_python")
+    if path_py:
+        where = f" (prefix {info['prefix']})" if info else ""
+        seen.append(f"`python` on PATH is {path_py}{where}, a system Python")
+    else:
+        seen.append("no python on PATH")
+    return (
+        "the base image has no Python environment to install into: "
+        + "; ".join(seen)
+        + ". cotainr-lumi never installs into a system Python (/usr). Give a "
+        "conda env (--conda-env FILE) to create one, or name the image's env: "
+        "--set target-env.prefix=/path/to/env (or `target-env: {prefix: "
+        "/path/to/env}` under settings: of a system profile)."
+    )
+
+
+def choose(*, facts, explicit=None, conda_env=False):
+    """
+    Choose the target environment from the probe's facts.
+
+    Parameters
+    ----------
+    facts : dict
+        From :func:`parse_probe`.
+    explicit : str, optional
+        The ``target-env.prefix`` setting.
+    conda_env : bool, default=False
+        Whether cotainr created its conda env (``--conda-env``).
+
+    Returns
+    -------
+    target : TargetEnv
+        The environment.
+
+    Raises
+    ------
+    TargetEnvNotFoundError
+        If no environment qualifies (the message says how to go on).
+    """
+    image = facts.get("image", {})
+    with_conda = image.get("with_conda") if image.get("with_conda_set") else None
+
+    def make(info, source, reason):
+        return TargetEnv(
+            prefix=info["prefix"],
+            python=info["executable"],
+            version=info.get("version", ""),
+            base_prefix=info.get("base_prefix", ""),
+            site=list(info.get("site") or []),
+            source=source,
+            reason=reason,
+            with_conda=with_conda,
+            decoys=_decoys(facts, info["prefix"]),
+        )
+
+    if explicit:
+        info = _python(facts, "explicit")
+        if info is None:
+            raise TargetEnvNotFoundError(
+                f"target-env.prefix={explicit}: there is no working "
+                f"{explicit}/bin/python (or python3) in the image. Give the prefix "
+                "of a venv or conda env of the base image (the directory holding "
+                "bin/python), or drop the setting to let cotainr-lumi find it."
+            )
+        if _is_system_prefix(info["prefix"]):
+            raise TargetEnvNotFoundError(
+                f"target-env.prefix={explicit} is a system Python (sys.prefix "
+                f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
+                "or conda env, or give --conda-env."
+            )
+        return make(info, "setting", _SOURCE_WORDS["setting"])
+    if conda_env:
+        info = _python(facts, "explicit")
+        if info is None:
+            raise TargetEnvNotFoundError(
+                "the conda env cotainr created "
+                f"({_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}) has no "
+                "working python; check the conda environment file"
+            )
+        return make(info, "conda-env", _SOURCE_WORDS["conda-env"])
+    before = _active(facts, "image")
+    if with_conda:
+        rc = facts.get("with_conda", {}).get("rc")
+        after = _active(facts, "with_conda")
+        if rc not in (None, "0"):
+            logger.warning(
+                "The base image's $WITH_CONDA (%r) failed in the container "
+                "(exit status %s); looking for an active environment instead.",
+                with_conda,
+                rc,
+            )
+        elif after is not None:
+            var, info = after
+            reason = (
+                f"from the base image's $WITH_CONDA ({with_conda!r} sets "
+                f"{_env_words(var, facts, 'with_conda')})"
+            )
+            if before is not None and before[1]["prefix"] == info["prefix"]:
+                reason += "; already active in its environment"
+            return make(info, "with-conda", reason)
+    if before is not None:
+        var, info = before
+        reason = (
+            f"active in the base image's environment "
+            f"({_env_words(var, facts, 'image')})"
+        )
+        return make(info, "active-env", reason)
+    raise TargetEnvNotFoundError(_not_found_message(facts))
+
+
+def probe_command(*, explicit=None):
+    """
+    The command that probes an image (run inside the container).
+
+    Parameters
+    ----------
+    explicit : str, optional
+        A prefix to check as well.
+
+    Returns
+    -------
+    args : list of str
+        ``env -i ... bash -c SCRIPT probe PREFIX``.
+    """
+    return [
+        *CLEAN_ENV,
+        "bash",
+        "--noprofile",
+        "--norc",
+        "-c",
+        PROBE_SCRIPT,
+        "probe",
+        explicit or "",
+    ]
+
+
+def discover(*, run, explicit=None, conda_env=False):
+    """
+    Ask an image (through `run`) and choose the environment.
+
+    Parameters
+    ----------
+    run : callable
+        ``run(args) -> stdout`` running a command in the container.
+    explicit : str, optional
+        The ``target-env.prefix`` setting.
+    conda_env : bool, default=False
+        Whether cotainr created its conda env (checked at its prefix).
+
+    Returns
+    -------
+    target : TargetEnv
+        The environment.
+
+    Raises
+    ------
+    TargetEnvNotFoundError
+        If none qualifies.
+    """
+    check = explicit
+    if not explicit and conda_env:
+        check = f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
+    facts = parse_probe(text=run(probe_command(explicit=check)))
+    return choose(facts=facts, explicit=explicit, conda_env=conda_env)
+
+
+def explicit_prefix(*, plan):
+    """
+    The ``target-env.prefix`` setting of a plan (None when not given).
+
+    Parameters
+    ----------
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+        The plan.
+
+    Returns
+    -------
+    prefix : str or None
+        The prefix.
+    """
+    settings = getattr(plan, "target_settings", None) or {}
+    return settings.get("prefix") or None
+
+
+def validate_settings(*, settings):
+    """
+    Check ``target-env`` settings.
+
+    Parameters
+    ----------
+    settings : mapping
+        The settings.
+
+    Returns
+    -------
+    problems : list of (str, str)
+        ``(key, message)`` pairs.
+    """
+    problems = []
+    for key, value in settings.items():
+        if key not in SETTINGS_DEFAULTS:
+            problems.append((key, "unknown setting (known: prefix)"))
+        elif value is not None and not (
+            isinstance(value, str) and value.startswith("/")
+        ):
+            problems.append(
+                (key, f"must be an absolute path in the image (got {value!r})")
+            )
+    return problems
+
+
+def for_context(*, context, required=False, stage="target-env"):
+    """
+    The target environment of a running build (discovered once).
+
+    The first call probes the sandbox and records the answer in the image
+    (:data:`TARGET_ENV_FILE`); later calls return it.
+
+    Parameters
+    ----------
+    context : :class:`cotainr_lumi.engine.stage.StageContext`
+        The running build.
+    required : bool, default=False
+        Raise when there is no environment (a stage must install into it).
+    stage : str, default="target-env"
+        The asking stage (for the error).
+
+    Returns
+    -------
+    target : TargetEnv or None
+        The environment; None when there is none and it is not required.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.StageError`
+        If `required` and there is none.
+    """
+    if context.target_env is None:
+        plan = context.plan
+        sandbox = context.sandbox
+
+        def run(args):
+            try:
+                return sandbox.run(args, log_name="target-env").stdout or ""
+            except _cotainr.CommandError as e:
+                raise StageError(
+                    "could not start the container to find its Python environment",
+                    stage=stage,
+                    details=e.error_lines(),
+                ) from e
+
+        try:
+            target = discover(
+                run=run,
+                explicit=explicit_prefix(plan=plan),
+                conda_env=getattr(plan, "conda_env", None) is not None,
+            )
+        except TargetEnvNotFoundError as e:
+            context.target_env = e
+        else:
+            context.target_env = target
+            logger.info("Target Python environment: %s", target.describe())
+            for decoy in target.decoys.values():
+                logger.info("Not the target: %s", decoy)
+            write_file_in_root(
+                root=sandbox.root,
+                path=TARGET_ENV_FILE,
+                content=json.dumps(target.to_dict(), indent=2, sort_keys=True) + "\n",
+            )
+            context.labels["cotainr-lumi.target-env"] = target.prefix
+    found = context.target_env
+    if isinstance(found, TargetEnvNotFoundError):
+        if required:
+            raise StageError(str(found), stage=stage)
+        return None
+    return found
+
+
+def probe_image(*, image, explicit=None, timeout=120):
+    """
+    Discover the target environment of an image file (dry runs).
+
+    Parameters
+    ----------
+    image : os.PathLike
+        A local ``.sif`` (or sandbox directory).
+    explicit : str, optional
+        The ``target-env.prefix`` setting.
+    timeout : float, default=120
+        Seconds before giving up.
+
+    Returns
+    -------
+    target : TargetEnv or TargetEnvNotFoundError or None
+        The answer; None when the image could not be run here.
+    """
+    runtime = shutil.which("apptainer") or shutil.which("singularity")
+    if runtime is None:
+        return None
+
+    def run(args):
+        proc = subprocess.run(
+            [runtime, "exec", "--no-home", "--cleanenv", os.fspath(image), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+        if proc.returncode != 0:
+            raise OSError(proc.stderr.strip()[-300:])
+        return proc.stdout
+
+    try:
+        return discover(run=run, explicit=explicit)
+    except TargetEnvNotFoundError as e:
+        return e
+    except (OSError, subprocess.SubprocessError) as e:
+        logger.debug("Could not probe %s: %s", image, e)
+        return None
+
+
+#: What a build looks for when it cannot ask the base image now.
+LOOKS_FOR = (
+    "found in the base image when the build starts, first match wins: "
+    "the env its $WITH_CONDA activates (evaluated in the container after its "
+    "env scripts); else a venv/conda env active in its environment "
+    "(VIRTUAL_ENV/CONDA_PREFIX); else the build stops with an error before "
+    "installing (never into a system Python); override with "
+    "--set target-env.prefix=PATH"
+)
+
+
+def describe_lines(*, plan):
+    """
+    What the plan says about the target environment.
+
+    For a dry run with a local base image (and Apptainer here) the base image
+    is asked now; otherwise the lines say what the build will look for.
+
+    Parameters
+    ----------
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+        The plan.
+
+    Returns
+    -------
+    lines : list of str
+        The first line is the short answer.
+    """
+    explicit = explicit_prefix(plan=plan)
+    if explicit:
+        return [f"{explicit} ({_SOURCE_WORDS['setting']}; checked at build start)"]
+    if plan.conda_env is not None:
+        return [
+            f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME} "
+            f"({_SOURCE_WORDS['conda-env']} {plan.conda_env.name})"
+        ]
+    answer = getattr(plan, "base_target", None)
+    if isinstance(answer, TargetEnv):
+        lines = [answer.describe()]
+        lines += [f"not the target: {d}" for d in answer.decoys.values()]
+        return lines
+    if isinstance(answer, TargetEnvNotFoundError):
+        return [f"none: {answer} (the build would stop before installing)"]
+    return [LOOKS_FOR]

@@ -1,0 +1,281 @@
+"""The one discovery of the target Python environment (engine/targetenv.py)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cotainr_lumi.engine import targetenv
+from cotainr_lumi.engine.plan import BuildRequest, make_plan
+from cotainr_lumi.engine.targetenv import (
+    PROBE_SCRIPT,
+    TargetEnv,
+    TargetEnvNotFoundError,
+    choose,
+    parse_probe,
+)
+from cotainr_lumi.errors import InputError
+
+M = "COTAINR_LUMI_TARGET_ENV"
+ENV = "/opt/miniconda3/envs/pytorch"
+BASE = "/opt/miniconda3"
+VENV = "/user-software/venv/pytorch"
+
+
+def py(prefix, base_prefix=None):
+    return {
+        "prefix": prefix,
+        "base_prefix": base_prefix or prefix,
+        "executable": f"{prefix}/bin/python",
+        "version": "3.12.1",
+        "site": [f"{prefix}/lib/python3.12/site-packages"],
+    }
+
+
+def facts_text(**states):
+    """Probe output: states maps 'image'/'with_conda' to dicts of facts."""
+    lines = []
+    for where, values in states.items():
+        for key, value in values.items():
+            if isinstance(value, dict):
+                value = json.dumps(value)
+            lines.append(f"{M} {where} {key} {value}")
+    return "\n".join(lines) + "\n"
+
+
+def layout1():
+    """Conda env activated only by $WITH_CONDA; decoys on PATH."""
+    return parse_probe(
+        text=facts_text(
+            image={
+                "with_conda_set": "set",
+                "with_conda": f"source {BASE}/bin/activate pytorch",
+                "virtual_env": "",
+                "conda_prefix": "",
+                "path": f"{BASE}/bin:/usr/bin:/bin",
+                "path_python": f"{BASE}/bin/python",
+            },
+            **{"image.path_python": {"python": py(BASE)}},
+            with_conda={
+                "rc": "0",
+                "virtual_env": "",
+                "conda_prefix": ENV,
+                "path": f"{ENV}/bin:{BASE}/bin:/usr/bin:/bin",
+                "path_python": f"{ENV}/bin/python",
+            },
+            **{"with_conda.conda_prefix": {"python": py(ENV)}},
+        )
+    )
+
+
+def test_layout1_with_conda_wins_over_the_decoys():
+    target = choose(facts=layout1())
+    assert (target.prefix, target.python) == (ENV, f"{ENV}/bin/python")
+    assert target.source == "with-conda"
+    assert "from the base image's $WITH_CONDA" in target.reason
+    assert target.decoys == {"python on PATH": f"{BASE}/bin/python (prefix {BASE})"}
+    # pip runs after the base's own activation, with the env first on PATH.
+    assert target.activation().startswith(
+        f"eval 'source {BASE}/bin/activate pytorch' >/dev/null 2>&1 || true; PATH={ENV}/bin"
+    )
+
+
+def test_layout2_preactivated_conda_with_a_no_op_with_conda():
+    facts = parse_probe(
+        text=facts_text(
+            image={
+                "with_conda_set": "set",
+                "with_conda": "true",
+                "conda_prefix": ENV,
+                "path": f"{ENV}/bin:/usr/bin",
+            },
+            **{"image.conda_prefix": {"python": py(ENV)}},
+            with_conda={"rc": "0", "conda_prefix": ENV, "path": f"{ENV}/bin:/usr/bin"},
+            **{"with_conda.conda_prefix": {"python": py(ENV)}},
+        )
+    )
+    target = choose(facts=facts)
+    assert target.prefix == ENV
+    assert "already active in its environment" in target.reason
+
+
+def test_layout3_venv_over_conda_env_is_the_target_and_keeps_its_base():
+    facts = parse_probe(
+        text=facts_text(
+            image={
+                "with_conda_set": "",
+                "with_conda": "",
+                "virtual_env": VENV,
+                "conda_prefix": ENV,
+                "path": f"{VENV}/bin:{ENV}/bin:/usr/bin",
+            },
+            **{
+                "image.virtual_env": {"python": py(VENV, base_prefix=ENV)},
+                "image.conda_prefix": {"python": py(ENV)},
+            },
+        )
+    )
+    target = choose(facts=facts)
+    assert (target.prefix, target.source) == (VENV, "active-env")
+    assert "VIRTUAL_ENV=" in target.reason
+    assert target.env_prefixes == [VENV, ENV]
+
+
+def test_the_env_first_on_path_wins_between_venv_and_conda():
+    facts = parse_probe(
+        text=facts_text(
+            image={
+                "virtual_env": VENV,
+                "conda_prefix": ENV,
+                "path": f"{ENV}/bin:{VENV}/bin:/usr/bin",
+            },
+            **{
+                "image.virtual_env": {"python": py(VENV)},
+                "image.conda_prefix": {"python": py(ENV)},
+            },
+        )
+    )
+    assert choose(facts=facts).prefix == ENV
+
+
+def test_layout4_conda_env_and_explicit_setting():
+    cotainr = "/opt/cotainr/conda/envs/conda_container_env"
+    facts = parse_probe(text=facts_text(explicit={"python": py(cotainr)}))
+    assert choose(facts=facts, conda_env=True).source == "conda-env"
+    facts = parse_probe(
+        text=facts_text(**layout1_text_states(), explicit={"python": py(ENV)})
+    )
+    target = choose(facts=facts, explicit=ENV)
+    assert (target.prefix, target.source) == (ENV, "setting")
+
+
+def layout1_text_states():
+    return {"image": {"path_python": "/usr/bin/python3"}}
+
+
+def test_layout5_system_python_only_is_refused_with_the_ways_out():
+    facts = parse_probe(
+        text=facts_text(
+            image={"with_conda_set": "", "path_python": "/usr/bin/python3"},
+            **{"image.path_python": {"python": py("/usr")}},
+        )
+    )
+    with pytest.raises(TargetEnvNotFoundError) as info:
+        choose(facts=facts)
+    text = str(info.value)
+    assert "$WITH_CONDA is not set" in text
+    assert "/usr/bin/python3 (prefix /usr), a system Python" in text
+    assert "--conda-env" in text and "--set target-env.prefix=" in text
+
+
+def test_explicit_setting_must_name_a_non_system_env():
+    with pytest.raises(TargetEnvNotFoundError, match="no working /nope/bin/python"):
+        choose(facts=parse_probe(text=""), explicit="/nope")
+    facts = parse_probe(text=facts_text(explicit={"python": py("/usr")}))
+    with pytest.raises(TargetEnvNotFoundError, match="system Python"):
+        choose(facts=facts, explicit="/usr")
+
+
+def test_a_failing_with_conda_falls_back_to_the_active_env(caplog):
+    facts = parse_probe(
+        text=facts_text(
+            image={
+                "with_conda_set": "set",
+                "with_conda": "source /x",
+                "conda_prefix": ENV,
+            },
+            **{"image.conda_prefix": {"python": py(ENV)}},
+            with_conda={"rc": "1"},
+        )
+    )
+    with caplog.at_level("WARNING", logger="cotainr.cotainr_lumi"):
+        target = choose(facts=facts)
+    assert target.source == "active-env"
+    assert "failed in the container" in caplog.text
+
+
+def test_target_env_round_trips_through_its_record():
+    target = choose(facts=layout1())
+    assert TargetEnv.from_dict(json.loads(json.dumps(target.to_dict()))) == target
+
+
+def test_probe_script_with_a_real_shell_and_venv(tmp_path):
+    """The probe itself (host bash, a real venv activated by WITH_CONDA)."""
+    venv = tmp_path / "env"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "WITH_CONDA": f"source {venv}/bin/activate",
+    }
+    proc = subprocess.run(
+        ["bash", "-c", PROBE_SCRIPT, "probe", ""],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    target = choose(facts=parse_probe(text=proc.stdout))
+    assert target.prefix == str(venv)
+    assert target.python == f"{venv}/bin/python"
+    assert target.source == "with-conda"
+    assert "VIRTUAL_ENV=" in target.reason
+
+
+def _plan(tmp_path, **kw):
+    base = tmp_path / "base.sif"
+    base.write_bytes(b"")
+    return make_plan(
+        request=BuildRequest(
+            image_path=tmp_path / "out.sif", base_image=str(base), **kw
+        )
+    )
+
+
+def test_setting_in_plan_and_dry_run_text(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")  # no apptainer: cannot ask
+    plan = _plan(tmp_path, settings={"target-env": {"prefix": ENV}, "pip": {}})
+    assert plan.target_settings == {"prefix": ENV}
+    text = plan.describe()
+    assert f"target env: {ENV} (named explicitly (target-env.prefix)" in text
+    plan = _plan(tmp_path, settings={"pip": {}}, dry_run=True)
+    plan.ask_base_image()
+    assert plan.base_target is None
+    assert "the env its $WITH_CONDA activates" in plan.describe()
+
+
+def test_dry_run_says_what_the_base_image_answered(tmp_path):
+    plan = _plan(tmp_path, settings={"pip": {}})
+    plan.base_target = choose(facts=layout1())
+    text = plan.describe()
+    assert (
+        f"target env: {ENV} (python 3.12.1 at {ENV}/bin/python; from the base image's $WITH_CONDA"
+        in text
+    )
+    assert f"not the target: {BASE}/bin/python" in text
+    plan.base_target = TargetEnvNotFoundError(
+        "the base image has no Python environment"
+    )
+    assert "none: the base image has no Python environment" in plan.describe()
+
+
+def test_bad_setting_is_one_clear_error(tmp_path):
+    with pytest.raises(InputError, match="target-env.prefix: must be an absolute path"):
+        _plan(tmp_path, settings={"target-env": {"prefix": "relative"}, "pip": {}})
+    with pytest.raises(InputError, match="target-env.python: unknown setting"):
+        _plan(tmp_path, settings={"target-env": {"python": "/x"}, "pip": {}})
+
+
+def test_setting_from_a_site_profile(tmp_path, monkeypatch):
+    site = tmp_path / "site.yaml"
+    site.write_text(
+        "version: 1\nsystems:\n  lumi-pt:\n    extends: lumi-g-ext\n"
+        f"    settings:\n      target-env: {{prefix: {ENV}}}\n"
+    )
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(site))
+    plan = make_plan(
+        request=BuildRequest(image_path=tmp_path / "o.sif", system="lumi-pt")
+    )
+    assert targetenv.explicit_prefix(plan=plan) == ENV
