@@ -54,10 +54,10 @@ from .modulefile import (
     MARKER,
     check_image_path,
     check_var_name,
-    var_name_of,
     render_lua,
     render_shell,
     validate_bind,
+    var_name_of,
 )
 
 __all__ = ["LumiEnvStage"]
