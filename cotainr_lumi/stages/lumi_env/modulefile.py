@@ -195,6 +195,7 @@ def render_lua(
     name=None,
     var=None,
     container_root=None,
+    user_software=True,
 ):
     """
     The Lmod module file for an image, a drop-in for LUST's EasyBuild modules.
@@ -215,6 +216,9 @@ def render_lua(
     container_root : os.PathLike, optional
         The ``CONTAINERROOT`` directory (``bin/``, ``runscripts/``,
         ``user-software/``); None for a module with only the image.
+    user_software : bool, default=True
+        Mount ``$CONTAINERROOT/user-software`` (or its SquashFS file) at
+        ``/user-software``; False when the image has its own.
 
     Returns
     -------
@@ -265,6 +269,7 @@ def render_lua(
                 'setenv("RUNSCRIPTS", pathJoin(root, "runscripts"))',
                 f'setenv("RUNSCRIPTS{var}", pathJoin(root, "runscripts"))',
             ]
+    if root and user_software:
         lines += [
             "-- /user-software: the SquashFS file when there is one, else the directory.",
             "-- (image-src=// because Lmod drops a final '/' from path entries.)",
@@ -275,7 +280,7 @@ def render_lua(
             '    append_path("SINGULARITY_BIND", pathJoin(root, "user-software") .. ":/user-software", ",")',
             "end",
         ]
-    elif runscripts:
+    if not root and runscripts:
         lines.append(f'setenv("RUNSCRIPTS", {lua_quote(runscripts)})')
     for bind in binds:
         lines.append(f'append_path("SINGULARITY_BIND", {lua_quote(bind)}, ",")')
@@ -298,6 +303,7 @@ def render_shell(
     name=None,
     var=None,
     container_root=None,
+    user_software=True,
 ):
     """
     The POSIX shell snippet for an image (source it: ``. FILE``).
@@ -316,6 +322,8 @@ def render_shell(
         The suffix of ``SIF<NAME>`` (see :func:`render_lua`).
     container_root : os.PathLike, optional
         The ``CONTAINERROOT`` directory (see :func:`render_lua`).
+    user_software : bool, default=True
+        Mount ``/user-software`` (see :func:`render_lua`).
 
     Returns
     -------
@@ -354,6 +362,7 @@ def render_shell(
                 'RUNSCRIPTS="$CONTAINERROOT/runscripts"; export RUNSCRIPTS',
                 f"RUNSCRIPTS{var}=$RUNSCRIPTS; export RUNSCRIPTS{var}",
             ]
+    if root and user_software:
         lines += [
             'if [ -f "$CONTAINERROOT/user-software.squashfs" ]; then',
             "    "
@@ -364,7 +373,7 @@ def render_shell(
             "    " + _shell_bind('"$CONTAINERROOT/user-software:/user-software"'),
             "fi",
         ]
-    elif runscripts:
+    if not root and runscripts:
         lines.append(f"RUNSCRIPTS={shlex.quote(runscripts)}; export RUNSCRIPTS")
     for bind in binds:
         lines.append(_shell_bind(shlex.quote(bind)))

@@ -684,7 +684,18 @@ class LumiEnvStage(Stage):
                 "# LUMI EasyBuild compatibility: `$WITH_CONDA; python ...`.",
                 forced_assignment(name="WITH_CONDA", value=WITH_CONDA_VALUE),
             ]
+        if target is not None and target.prefix.startswith("/"):
+            # Active from the container's start, as LUST's modules make it
+            # through SINGULARITYENV_* (a base that activates it only through
+            # $WITH_CONDA would otherwise start with conda base or /usr/bin).
+            blocks += [
+                "# The image's Python environment, active from the start.",
+                path_addition(
+                    name="PATH", entries=[target.bin_dir], position="prepend"
+                ),
+            ]
         user_venv = self._user_venv(image_path=plan.image_path)
+        user_software = not self._image_has_user_software(root=root)
         blocks += [
             "# LUST's user-software workflow: the user venv (init-conda-venv).",
             default_assignments({"COTAINR_LUMI_USER_VENV": user_venv}),
@@ -731,6 +742,7 @@ class LumiEnvStage(Stage):
                 name=name,
                 var=self._var_name(image_path=image_path),
                 container_root=container_root,
+                user_software=user_software,
             )
             outputs = {
                 str(paths[0]): render_lua(**common),
@@ -775,6 +787,21 @@ class LumiEnvStage(Stage):
             labels=labels,
             outputs=outputs,
         )
+
+    @staticmethod
+    def _image_has_user_software(*, root):
+        """Whether the image itself has content in /user-software."""
+        path = resolve_in_root(root=root, path=USER_SOFTWARE)
+        if path.is_dir() and any(path.iterdir()):
+            logger.warning(
+                "The image has its own %s (e.g. the base image's venv); the "
+                "module will not mount $CONTAINERROOT/user-software over it, so "
+                "the user-software workflow (init-conda-venv, make-squashfs) is "
+                "off for this image. Install more packages with a pip step instead.",
+                USER_SOFTWARE,
+            )
+            return True
+        return False
 
     def _container_root_files(self, *, root, image_path, user_venv):
         """CONTAINERROOT's files: host commands, runscripts, user-software."""

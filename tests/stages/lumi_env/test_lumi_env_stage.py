@@ -115,7 +115,8 @@ def test_stage_writes_env_file_runscripts_and_reports_outputs(tmp_path):
     assert env["MIOPEN_CUSTOM_CACHE_DIR"] == f"/tmp/{user}-miopen-cache"
     assert env["ROCM_PATH"] == "/opt/rocm"
     assert env["LD_LIBRARY_PATH"] == "/base:/opt/rocm/lib:/opt/aws-ofi-rccl"
-    assert env["PATH"] == "/usr/bin:/bin:/opt/rocm/bin:/runscripts"
+    # The target env (/opt/env, not yet on PATH here) is active from the start.
+    assert env["PATH"] == "/opt/env/bin:/usr/bin:/bin:/opt/rocm/bin:/runscripts"
     assert env["WITH_CONDA"] == f". {WITH_CONDA_FILE}"
     for name in RUNSCRIPTS:
         path = root / "runscripts" / name
