@@ -171,6 +171,9 @@ def _write_outputs(outputs):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
         tmp.write_text(content)
+        # Scripts (a "#!" first line) are executable: host commands such as
+        # lumi-env's make-squashfs.
+        tmp.chmod(0o755 if content.startswith("#!") else 0o644)
         os.replace(tmp, path)
         logger.info("Wrote %s", path)
 

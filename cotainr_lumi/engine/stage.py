@@ -58,6 +58,7 @@ class StageReport:
         content). The pipeline writes them only after the image is in place,
         and never overwrites an existing file that does not contain
         :data:`OUTPUT_MARKER` (i.e. that cotainr-lumi did not write).
+        Content starting with ``#!`` is written executable.
     """
 
     name: str

@@ -358,9 +358,13 @@ def test_module_file_loads_in_real_lmod(lmod_init, built, apptainer_exec):
     )
     assert proc.returncode == 0, proc.stderr.decode()
     env = dict(e.decode().partition("=")[::2] for e in proc.stdout.split(b"\0") if e)
-    assert env["SIF"] == str(image)
-    assert env["SINGULARITY_BIND"] == ",".join(BINDS)
-    assert env["RUNSCRIPTS"] == "/runscripts"
+    assert env["SIF"] == env["SIFTORCH"] == str(image)
+    root = image.parent / "torch.root"
+    assert env["CONTAINERROOT"] == env["EBROOTTORCH"] == str(root)
+    assert env["SINGULARITY_BIND"] == ",".join(
+        [f"{root}/user-software:/user-software", *BINDS]
+    )
+    assert env["RUNSCRIPTS"] == str(root / "runscripts")
     assert env["SINGULARITYENV_PREPEND_PATH"] == "/runscripts"
     proc = subprocess.run(
         [
@@ -375,7 +379,10 @@ def test_module_file_loads_in_real_lmod(lmod_init, built, apptainer_exec):
         check=True,
         env={"PATH": os.environ["PATH"]},
     )
-    assert proc.stdout.splitlines() == [str(image), ",".join(BINDS)]
+    assert proc.stdout.splitlines() == [
+        str(image),
+        ",".join([f"{root}/user-software:/user-software", *BINDS]),
+    ]
     # The module's SIF and PREPEND_PATH work with Apptainer (binds are LUMI
     # host paths, absent here, so they are not passed).
     proc = apptainer_exec(

@@ -3,8 +3,10 @@ The files written next to an image: an Lmod module file and a shell snippet.
 
 Bind mounts cannot be baked into a SIF, so, like the LUMI EasyBuild container
 modules, a module file (Lua, for Lmod) and an equivalent POSIX shell snippet
-set ``SIF``, ``SINGULARITY_BIND``, ``RUNSCRIPTS`` and
-``SINGULARITYENV_PREPEND_PATH`` for an image.
+set what LUST's EasyBuild container modules set: ``SIF``, ``SIF<NAME>``,
+``CONTAINERROOT``, ``EBROOT<NAME>``, ``RUNSCRIPTS``, ``SINGULARITY_BIND``
+(with ``/user-software``) and ``SINGULARITYENV_PREPEND_PATH``, and put the
+host commands of ``$CONTAINERROOT/bin`` on ``PATH``.
 
 Both files start with :data:`MARKER`; the pipeline (which writes a stage's
 ``StageReport.outputs`` once the image is in place) only ever replaces files
@@ -16,15 +18,18 @@ lua_quote(text)
     A Lua string literal.
 validate_bind(bind)
     Check one bind specification.
-render_lua(*, image, binds, runscripts, name)
+var_name_of(name)
+    The ``SIF<NAME>`` suffix for a module name.
+render_lua(*, image, binds, runscripts, name, var, container_root)
     The Lmod module file.
-render_shell(*, image, binds, runscripts, name)
+render_shell(*, image, binds, runscripts, name, var, container_root)
     The shell snippet.
 """
 
 from collections.abc import Iterable
 import logging
 from pathlib import Path
+import re
 import shlex
 import unicodedata
 
@@ -134,9 +139,66 @@ def _header(*, image, comment):
     ]
 
 
-def render_lua(*, image, binds: Iterable[str], runscripts="/runscripts", name=None):
+def var_name_of(name):
     """
-    The Lmod module file for an image.
+    The ``SIF<NAME>`` suffix for a module name, as EasyBuild would make it.
+
+    Parameters
+    ----------
+    name : str
+        The module name (e.g. ``pytorch-2.5``).
+
+    Returns
+    -------
+    var : str
+        Upper case letters, digits and ``_`` (e.g. ``PYTORCH_2_5``), starting
+        with a letter.
+    """
+    var = re.sub(r"[^A-Z0-9]+", "_", str(name).upper()).strip("_")
+    if not var or not var[0].isalpha():
+        var = "IMAGE_" + var if var else "IMAGE"
+    return var
+
+
+def check_var_name(var):
+    """
+    Check a ``SIF<NAME>`` suffix.
+
+    Parameters
+    ----------
+    var : str
+        The suffix.
+
+    Returns
+    -------
+    var : str
+        The suffix, unchanged.
+
+    Raises
+    ------
+    ValueError
+        If it is not upper case letters, digits and ``_`` starting with a letter.
+    """
+    if not isinstance(var, str) or not re.fullmatch(r"[A-Z][A-Z0-9_]*", var):
+        raise ValueError(
+            f"must be upper case letters, digits and '_', starting with a letter "
+            f"(got {var!r}), e.g. PYTORCH for SIFPYTORCH"
+        )
+    return var
+
+
+def render_lua(
+    *,
+    image,
+    binds: Iterable[str],
+    runscripts="/runscripts",
+    name=None,
+    var=None,
+    container_root=None,
+    user_software=True,
+):
+    """
+    The Lmod module file for an image, a drop-in for LUST's EasyBuild modules.
 
     Parameters
     ----------
@@ -147,7 +209,16 @@ def render_lua(*, image, binds: Iterable[str], runscripts="/runscripts", name=No
     runscripts : str or None, default="/runscripts"
         The runscripts directory in the image (None: not set).
     name : str, optional
-        The module name (for the help text).
+        The module name (for the help text; default: the image's stem).
+    var : str, optional
+        The suffix of ``SIF<NAME>``, ``RUNSCRIPTS<NAME>`` and ``EBROOT<NAME>``
+        (default: :func:`var_name_of` the name).
+    container_root : os.PathLike, optional
+        The ``CONTAINERROOT`` directory (``bin/``, ``runscripts/``,
+        ``user-software/``); None for a module with only the image.
+    user_software : bool, default=True
+        Mount ``$CONTAINERROOT/user-software`` (or its SquashFS file) at
+        ``/user-software``; False when the image has its own.
 
     Returns
     -------
@@ -157,30 +228,83 @@ def render_lua(*, image, binds: Iterable[str], runscripts="/runscripts", name=No
     image = check_image_path(image)
     binds = [validate_bind(b) for b in binds]
     name = name or Path(image).stem
+    var = check_var_name(var or var_name_of(name))
+    root = check_image_path(container_root) if container_root else None
     help_text = (
         f"cotainr-lumi container image {image}\n\n"
-        "Sets SIF (the image), SINGULARITY_BIND (the LUMI host paths the image\n"
-        "needs), RUNSCRIPTS and SINGULARITYENV_PREPEND_PATH. Run with e.g.\n"
-        '  srun singularity exec "$SIF" conda-python-distributed train.py\n'
+        f"Sets SIF and SIF{var} (the image), SINGULARITY_BIND (the LUMI host paths\n"
+        "the image needs), SINGULARITYENV_PREPEND_PATH (/runscripts first in the\n"
+        "container)"
     )
+    if root:
+        help_text += (
+            f", CONTAINERROOT ({root}), RUNSCRIPTS (host copies of the\n"
+            "runscripts) and puts start-shell, make-squashfs and unmake-squashfs on\n"
+            "PATH. $CONTAINERROOT/user-software (or user-software.squashfs, after\n"
+            "make-squashfs) is mounted at /user-software; a venv there is active in\n"
+            "the container (source /runscripts/init-conda-venv creates it)"
+        )
+    help_text += '. Run with e.g.\n  srun singularity exec "$SIF" conda-python-distributed train.py\n'
     lines = _header(image=image, comment="--")
     lines += [
         f"help({lua_quote(help_text)})",
         f"whatis({lua_quote('Name: ' + name)})",
         f"whatis({lua_quote('Description: cotainr-lumi container image ' + image)})",
         f'setenv("SIF", {lua_quote(image)})',
+        f'setenv("SIF{var}", {lua_quote(image)})',
     ]
     if runscripts:
+        lines.append(
+            f'prepend_path("SINGULARITYENV_PREPEND_PATH", {lua_quote(runscripts)})'
+        )
+    if root:
         lines += [
-            f'setenv("RUNSCRIPTS", {lua_quote(runscripts)})',
-            f'setenv("SINGULARITYENV_PREPEND_PATH", {lua_quote(runscripts)})',
+            f"local root = {lua_quote(root)}",
+            'setenv("CONTAINERROOT", root)',
+            f'setenv("EBROOT{var}", root)',
+            'prepend_path("PATH", pathJoin(root, "bin"))',
         ]
+        if runscripts:
+            lines += [
+                'setenv("RUNSCRIPTS", pathJoin(root, "runscripts"))',
+                f'setenv("RUNSCRIPTS{var}", pathJoin(root, "runscripts"))',
+            ]
+    if root and user_software:
+        lines += [
+            "-- /user-software: the SquashFS file when there is one, else the directory.",
+            "-- (image-src=// because Lmod drops a final '/' from path entries.)",
+            'local squashfs = pathJoin(root, "user-software.squashfs")',
+            "if isFile(squashfs) then",
+            '    append_path("SINGULARITY_BIND", squashfs .. ":/user-software:image-src=//", ",")',
+            'elseif isDir(pathJoin(root, "user-software")) then',
+            '    append_path("SINGULARITY_BIND", pathJoin(root, "user-software") .. ":/user-software", ",")',
+            "end",
+        ]
+    if not root and runscripts:
+        lines.append(f'setenv("RUNSCRIPTS", {lua_quote(runscripts)})')
     for bind in binds:
         lines.append(f'append_path("SINGULARITY_BIND", {lua_quote(bind)}, ",")')
     return "\n".join(lines) + "\n"
 
 
-def render_shell(*, image, binds: Iterable[str], runscripts="/runscripts", name=None):
+def _shell_bind(value):
+    """Shell code adding one bind (a shell word) to SINGULARITY_BIND when missing."""
+    return (
+        f'case ",${{SINGULARITY_BIND-}}," in *,{value},*) ;; '
+        f'*) SINGULARITY_BIND="${{SINGULARITY_BIND:+$SINGULARITY_BIND,}}"{value} ;; esac'
+    )
+
+
+def render_shell(
+    *,
+    image,
+    binds: Iterable[str],
+    runscripts="/runscripts",
+    name=None,
+    var=None,
+    container_root=None,
+    user_software=True,
+):
     """
     The POSIX shell snippet for an image (source it: ``. FILE``).
 
@@ -193,7 +317,13 @@ def render_shell(*, image, binds: Iterable[str], runscripts="/runscripts", name=
     runscripts : str or None, default="/runscripts"
         The runscripts directory in the image (None: not set).
     name : str, optional
-        Unused; for symmetry with :func:`render_lua`.
+        The module name (default: the image's stem).
+    var : str, optional
+        The suffix of ``SIF<NAME>`` (see :func:`render_lua`).
+    container_root : os.PathLike, optional
+        The ``CONTAINERROOT`` directory (see :func:`render_lua`).
+    user_software : bool, default=True
+        Mount ``/user-software`` (see :func:`render_lua`).
 
     Returns
     -------
@@ -202,23 +332,51 @@ def render_shell(*, image, binds: Iterable[str], runscripts="/runscripts", name=
     """
     image = check_image_path(image)
     binds = [validate_bind(b) for b in binds]
+    name = name or Path(image).stem
+    var = check_var_name(var or var_name_of(name))
+    root = check_image_path(container_root) if container_root else None
     lines = _header(image=image, comment="#")
     lines.append(
         '# Use: . THIS_FILE, then e.g. srun singularity exec "$SIF" conda-python-simple x.py'
     )
     lines.append(f"SIF={shlex.quote(image)}; export SIF")
+    lines.append(f"SIF{var}=$SIF; export SIF{var}")
     if runscripts:
+        quoted = shlex.quote(runscripts)
+        lines.append(
+            f'case ":${{SINGULARITYENV_PREPEND_PATH-}}:" in *:{quoted}:*) ;; '
+            f'*) SINGULARITYENV_PREPEND_PATH={quoted}"${{SINGULARITYENV_PREPEND_PATH:+:$SINGULARITYENV_PREPEND_PATH}}" ;; esac'
+        )
+        lines.append("export SINGULARITYENV_PREPEND_PATH")
+    if root:
+        quoted = shlex.quote(root)
+        lines += [
+            f"CONTAINERROOT={quoted}; export CONTAINERROOT",
+            f"EBROOT{var}=$CONTAINERROOT; export EBROOT{var}",
+            'case ":${PATH-}:" in *:"$CONTAINERROOT/bin":*) ;; '
+            '*) PATH="$CONTAINERROOT/bin${PATH:+:$PATH}" ;; esac',
+            "export PATH",
+        ]
+        if runscripts:
+            lines += [
+                'RUNSCRIPTS="$CONTAINERROOT/runscripts"; export RUNSCRIPTS',
+                f"RUNSCRIPTS{var}=$RUNSCRIPTS; export RUNSCRIPTS{var}",
+            ]
+    if root and user_software:
+        lines += [
+            'if [ -f "$CONTAINERROOT/user-software.squashfs" ]; then',
+            "    "
+            + _shell_bind(
+                '"$CONTAINERROOT/user-software.squashfs:/user-software:image-src=/"'
+            ),
+            'elif [ -d "$CONTAINERROOT/user-software" ]; then',
+            "    " + _shell_bind('"$CONTAINERROOT/user-software:/user-software"'),
+            "fi",
+        ]
+    if not root and runscripts:
         lines.append(f"RUNSCRIPTS={shlex.quote(runscripts)}; export RUNSCRIPTS")
-        lines.append(
-            f"SINGULARITYENV_PREPEND_PATH={shlex.quote(runscripts)}; "
-            "export SINGULARITYENV_PREPEND_PATH"
-        )
     for bind in binds:
-        quoted = shlex.quote(bind)
-        lines.append(
-            f'case ",${{SINGULARITY_BIND-}}," in *,{quoted},*) ;; '
-            f'*) SINGULARITY_BIND="${{SINGULARITY_BIND:+$SINGULARITY_BIND,}}"{quoted} ;; esac'
-        )
-    if binds:
-        lines.append("export SINGULARITY_BIND")
+        lines.append(_shell_bind(shlex.quote(bind)))
+    if binds or root:
+        lines.append('[ -n "${SINGULARITY_BIND-}" ] && export SINGULARITY_BIND || :')
     return "\n".join(lines) + "\n"

@@ -34,6 +34,7 @@ from pathlib import Path, PurePosixPath
 import shlex
 
 from ... import _cotainr
+from ..._version import __version__
 from ...engine import targetenv
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
@@ -50,10 +51,13 @@ from .envfile import (
     validate_value,
 )
 from .modulefile import (
+    MARKER,
     check_image_path,
+    check_var_name,
     render_lua,
     render_shell,
     validate_bind,
+    var_name_of,
 )
 
 __all__ = ["LumiEnvStage"]
@@ -69,8 +73,13 @@ RUNSCRIPTS = (
     "conda-python-simple",
     "conda-python-distributed",
     "get-master",
+    "init-conda-venv",
     "init-user-venv",
 )
+#: The host commands in ``$CONTAINERROOT/bin`` (``cotainr_lumi/.../hostscripts/``).
+HOST_COMMANDS = ("make-squashfs", "unmake-squashfs", "start-shell")
+#: Where the module mounts ``$CONTAINERROOT/user-software``.
+USER_SOFTWARE = "/user-software"
 #: The script ``$WITH_CONDA`` sources.
 WITH_CONDA_FILE = "/opt/cotainr-lumi/with-conda.sh"
 #: The value of ``WITH_CONDA`` (works as ``$WITH_CONDA`` and ``eval``).
@@ -104,6 +113,56 @@ printf 'conda_env=%s\n' "${CONDA_DEFAULT_ENV:-}"
 def _runscript_text(name):
     """The text of a shipped runscript."""
     return (importlib.resources.files(__package__) / "runscripts" / name).read_text()
+
+
+def _host_copy(text, *, what):
+    """`text` (a script) with the output marker after its first line."""
+    first, _, rest = text.partition("\n")
+    return f"{first}\n# {what}, {MARKER} {__version__}.\n{rest}"
+
+
+def _host_command_text(name, *, image, root):
+    """A host command of ``$CONTAINERROOT/bin`` for this image."""
+    body = (importlib.resources.files(__package__) / "hostscripts" / name).read_text()
+    return (
+        f"#!/bin/bash\n# {name}: {MARKER} {__version__} for {image}.\n"
+        f"default_sif={shlex.quote(str(image))}\n"
+        f"default_root={shlex.quote(str(root))}\n{body}"
+    )
+
+
+#: The user venv's activation, after the image's env (POSIX sh).
+_USER_VENV_BLOCK = """\
+# The user venv in /user-software (LUST's layout; the module mounts
+# $CONTAINERROOT/user-software there): active when present.
+if [ -n "${COTAINR_LUMI_USER_VENV-}" ] && [ -x "${COTAINR_LUMI_USER_VENV}/bin/python" ]; then
+    case ":${PATH-}:" in
+        *:"${COTAINR_LUMI_USER_VENV}/bin":*) ;;
+        *) PATH="${COTAINR_LUMI_USER_VENV}/bin${PATH:+:$PATH}"; export PATH ;;
+    esac
+    VIRTUAL_ENV=$COTAINR_LUMI_USER_VENV; export VIRTUAL_ENV
+fi"""
+
+#: Appended to with-conda.sh: the user venv comes first again after the
+#: image's env was (re)activated.
+_WITH_CONDA_USER_VENV = """\
+# Then the user venv in /user-software, when present (source
+# /runscripts/init-conda-venv creates it).
+if [ -n "${COTAINR_LUMI_USER_VENV-}" ] && [ -x "${COTAINR_LUMI_USER_VENV}/bin/python" ]; then
+    VIRTUAL_ENV=$COTAINR_LUMI_USER_VENV
+    PATH="$VIRTUAL_ENV/bin${PATH:+:$PATH}"
+    export VIRTUAL_ENV PATH
+fi
+"""
+
+
+def _check_root_path(value):
+    """Why `value` cannot be a CONTAINERROOT (None if it can)."""
+    if not isinstance(value, str) or not value:
+        return f"must be a directory path or null (got {value!r})"
+    if any(c in value for c in ",:\0") or any(c.isspace() for c in value):
+        return f"{value!r} contains ',', ':', white space or NUL (it goes into SINGULARITY_BIND)"
+    return None
 
 
 def _directory_problem(directory):
@@ -169,6 +228,9 @@ class LumiEnvStage(Stage):
         "module-file": True,
         "module-dir": None,
         "module-name": None,
+        "module-var-name": None,
+        "container-root": None,
+        "user-venv": None,
     }
 
     # ------------------------------------------------------------------ settings
@@ -201,6 +263,33 @@ class LumiEnvStage(Stage):
             problem = _directory_problem(Path(module_dir).expanduser())
             if problem:
                 problems.append(("module-dir", problem))
+        var = settings.get("module-var-name")
+        if var is not None:
+            try:
+                check_var_name(var)
+            except ValueError as e:
+                problems.append(("module-var-name", str(e)))
+        root = settings.get("container-root")
+        if root is not None:
+            problem = _check_root_path(root)
+            if not problem:
+                problem = _directory_problem(Path(root).expanduser())
+            if problem:
+                problems.append(("container-root", problem))
+        venv = settings.get("user-venv")
+        if venv is not None and (
+            not isinstance(venv, str)
+            or not venv.startswith(USER_SOFTWARE + "/")
+            or _check_root_path(venv)
+            or "/../" in venv + "/"
+        ):
+            problems.append(
+                (
+                    "user-venv",
+                    f"must be a path below {USER_SOFTWARE}/ without ',', ':', "
+                    f"'..' or white space (got {venv!r})",
+                )
+            )
         module_name = settings.get("module-name")
         if module_name is not None and (
             not isinstance(module_name, str)
@@ -303,6 +392,29 @@ class LumiEnvStage(Stage):
     def _module_name(self, *, image_path):
         return self.settings.get("module-name") or Path(image_path).stem
 
+    def _var_name(self, *, image_path):
+        """The suffix of SIF<NAME>, RUNSCRIPTS<NAME>, EBROOT<NAME>."""
+        return self.settings.get("module-var-name") or var_name_of(
+            self._module_name(image_path=image_path)
+        )
+
+    def _container_root(self, *, image_path):
+        """CONTAINERROOT on the host (None without a module file)."""
+        if not self.settings["module-file"]:
+            return None
+        root = self.settings.get("container-root")
+        if root:
+            return Path(root).expanduser().resolve()
+        image_path = Path(image_path)
+        name = self._module_name(image_path=image_path)
+        return image_path.parent.resolve() / f"{name}.root"
+
+    def _user_venv(self, *, image_path):
+        """The user venv's path in the container."""
+        return self.settings.get("user-venv") or (
+            f"{USER_SOFTWARE}/venv/{self._var_name(image_path=image_path).lower()}"
+        )
+
     def run_hint(self, *, image_path):
         """
         The command to run the image on LUMI.
@@ -369,6 +481,18 @@ class LumiEnvStage(Stage):
         paths = self._module_paths(image_path=plan.image_path)
         if paths is not None:
             lines.append(f"module file {paths[0]}, shell snippet {paths[1]}")
+            image_path = plan.image_path
+            var = self._var_name(image_path=image_path)
+            lines.append(
+                f"  SIF, SIF{var}, CONTAINERROOT="
+                f"{self._container_root(image_path=image_path)} (bin/: start-shell, "
+                "make-squashfs, unmake-squashfs; runscripts/; user-software/ "
+                f"mounted at {USER_SOFTWARE}), RUNSCRIPTS, EBROOT{var}"
+            )
+            lines.append(
+                f"  user venv {self._user_venv(image_path=image_path)} "
+                "(source /runscripts/init-conda-venv; active when present)"
+            )
         else:
             lines.append("no module file (module-file: false)")
         return lines
@@ -548,7 +672,10 @@ class LumiEnvStage(Stage):
                 base_with_conda=self._base_with_conda(root=root, target=target),
             )
             write_file_in_root(
-                root=root, path=WITH_CONDA_FILE, content=script, mode=0o644
+                root=root,
+                path=WITH_CONDA_FILE,
+                content=script + _WITH_CONDA_USER_VENV,
+                mode=0o644,
             )
             # Set unconditionally: a WITH_CONDA left on the host by a LUMI
             # EasyBuild module names another image's conda and would break
@@ -557,6 +684,23 @@ class LumiEnvStage(Stage):
                 "# LUMI EasyBuild compatibility: `$WITH_CONDA; python ...`.",
                 forced_assignment(name="WITH_CONDA", value=WITH_CONDA_VALUE),
             ]
+        if target is not None and target.prefix.startswith("/"):
+            # Active from the container's start, as LUST's modules make it
+            # through SINGULARITYENV_* (a base that activates it only through
+            # $WITH_CONDA would otherwise start with conda base or /usr/bin).
+            blocks += [
+                "# The image's Python environment, active from the start.",
+                path_addition(
+                    name="PATH", entries=[target.bin_dir], position="prepend"
+                ),
+            ]
+        user_venv = self._user_venv(image_path=plan.image_path)
+        user_software = not self._image_has_user_software(root=root)
+        blocks += [
+            "# LUST's user-software workflow: the user venv (init-conda-venv).",
+            default_assignments({"COTAINR_LUMI_USER_VENV": user_venv}),
+            _USER_VENV_BLOCK,
+        ]
         header = (
             "cotainr-lumi LUMI runtime settings (lumi-env stage).\n"
             "Every value is a default: export NAME (or APPTAINERENV_NAME) to override it."
@@ -587,18 +731,28 @@ class LumiEnvStage(Stage):
             except ValueError as e:
                 logger.warning("Not writing a module file: %s", e)
                 paths = None
+        container_root = None
         if paths is not None:
             name = self._module_name(image_path=image_path)
+            container_root = self._container_root(image_path=image_path)
             common = dict(
                 image=image_path,
                 binds=self.settings["binds"],
                 runscripts=runscripts,
                 name=name,
+                var=self._var_name(image_path=image_path),
+                container_root=container_root,
+                user_software=user_software,
             )
             outputs = {
                 str(paths[0]): render_lua(**common),
                 str(paths[1]): render_shell(**common),
             }
+            outputs.update(
+                self._container_root_files(
+                    root=container_root, image_path=image_path, user_venv=user_venv
+                )
+            )
         labels = {
             "cotainr-lumi.binds": ",".join(self.settings["binds"]),
             "cotainr-lumi.env-file": ENV_FILE,
@@ -615,7 +769,10 @@ class LumiEnvStage(Stage):
             if runscripts
             else [],
             "binds": list(self.settings["binds"]),
-            "module-files": sorted(outputs),
+            "module-files": sorted(str(p) for p in (paths or ())),
+            "container-root": str(container_root) if container_root else None,
+            "user-venv": user_venv,
+            "host-files": sorted(outputs),
             "run-hint": self.run_hint(image_path=image_path),
         }
         summary = f"{len(self.env)} variables in {ENV_FILE}"
@@ -630,6 +787,45 @@ class LumiEnvStage(Stage):
             labels=labels,
             outputs=outputs,
         )
+
+    @staticmethod
+    def _image_has_user_software(*, root):
+        """Whether the image itself has content in /user-software."""
+        path = resolve_in_root(root=root, path=USER_SOFTWARE)
+        if path.is_dir() and any(path.iterdir()):
+            logger.warning(
+                "The image has its own %s (e.g. the base image's venv); the "
+                "module will not mount $CONTAINERROOT/user-software over it, so "
+                "the user-software workflow (init-conda-venv, make-squashfs) is "
+                "off for this image. Install more packages with a pip step instead.",
+                USER_SOFTWARE,
+            )
+            return True
+        return False
+
+    def _container_root_files(self, *, root, image_path, user_venv):
+        """CONTAINERROOT's files: host commands, runscripts, user-software."""
+        files = {
+            str(root / "bin" / name): _host_command_text(
+                name, image=image_path, root=root
+            )
+            for name in HOST_COMMANDS
+        }
+        if self.settings["runscripts"]:
+            for name in RUNSCRIPTS:
+                files[str(root / "runscripts" / name)] = _host_copy(
+                    _runscript_text(name),
+                    what=f"Host copy of {RUNSCRIPTS_DIR}/{name} (edit a copy)",
+                )
+        files[str(root / "user-software" / "README.cotainr-lumi")] = (
+            f"{MARKER} {__version__} for {image_path}.\n"
+            f"This directory is mounted at {USER_SOFTWARE} by the module.\n"
+            f"In the container, `source /runscripts/init-conda-venv` creates and\n"
+            f"activates the venv {user_venv} on top of the image's Python\n"
+            "environment; `pip install` then installs here. `make-squashfs` packs\n"
+            "this directory into ../user-software.squashfs (reload the module).\n"
+        )
+        return files
 
     def _check_in_sandbox(self, *, sandbox):
         """Start the container once so a broken env file fails the build."""

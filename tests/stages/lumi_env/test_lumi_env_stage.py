@@ -15,8 +15,10 @@ import cotainr_lumi
 from cotainr_lumi import _cotainr
 from cotainr_lumi.engine.stage import StageContext, get_stage_class
 from cotainr_lumi.errors import InputError, StageError
+from cotainr_lumi.stages.lumi_env.modulefile import MARKER
 from cotainr_lumi.stages.lumi_env.stage import (
     ENV_FILE,
+    HOST_COMMANDS,
     RUNSCRIPTS,
     WITH_CONDA_FILE,
     LumiEnvStage,
@@ -113,7 +115,8 @@ def test_stage_writes_env_file_runscripts_and_reports_outputs(tmp_path):
     assert env["MIOPEN_CUSTOM_CACHE_DIR"] == f"/tmp/{user}-miopen-cache"
     assert env["ROCM_PATH"] == "/opt/rocm"
     assert env["LD_LIBRARY_PATH"] == "/base:/opt/rocm/lib:/opt/aws-ofi-rccl"
-    assert env["PATH"] == "/usr/bin:/bin:/opt/rocm/bin:/runscripts"
+    # The target env (/opt/env, not yet on PATH here) is active from the start.
+    assert env["PATH"] == "/opt/env/bin:/usr/bin:/bin:/opt/rocm/bin:/runscripts"
     assert env["WITH_CONDA"] == f". {WITH_CONDA_FILE}"
     for name in RUNSCRIPTS:
         path = root / "runscripts" / name
@@ -129,10 +132,26 @@ def test_stage_writes_env_file_runscripts_and_reports_outputs(tmp_path):
         == "CXI_FORK_SAFE,FI_CXI_DEFAULT_CQ_SIZE,NCCL_SOCKET_IFNAME"
     )
     outputs = report.outputs
-    assert sorted(outputs) == [
-        str(tmp_path / "out/torch.lua"),
-        str(tmp_path / "out/torch.sh"),
-    ]
+    croot = tmp_path / "out/torch.root"
+    assert sorted(outputs) == sorted(
+        [
+            str(tmp_path / "out/torch.lua"),
+            str(tmp_path / "out/torch.sh"),
+            *(str(croot / "bin" / n) for n in HOST_COMMANDS),
+            *(str(croot / "runscripts" / n) for n in RUNSCRIPTS),
+            str(croot / "user-software/README.cotainr-lumi"),
+        ]
+    )
+    assert report.details["container-root"] == str(croot)
+    assert report.details["user-venv"] == "/user-software/venv/torch"
+    for name in HOST_COMMANDS:
+        text = outputs[str(croot / "bin" / name)]
+        assert text.startswith("#!/bin/bash\n") and MARKER in text
+        assert f"default_sif={tmp_path / 'out/torch.sif'}" in text
+    lua = outputs[str(tmp_path / "out/torch.lua")]
+    assert 'setenv("SIFTORCH", ' in lua and 'setenv("EBROOTTORCH", root)' in lua
+    env_file = (root / ENV_FILE.lstrip("/")).read_text()
+    assert "COTAINR_LUMI_USER_VENV" in env_file
     assert str(tmp_path / "out/torch.sif") in outputs[str(tmp_path / "out/torch.lua")]
     assert "module load torch" in report.details["run-hint"]
     assert (
@@ -221,10 +240,51 @@ def test_module_dir_and_name_settings(tmp_path):
     _, report, _ = run_stage(
         tmp_path, {"module-dir": str(tmp_path / "mods"), "module-name": "pt"}
     )
-    assert sorted(report.outputs) == [
+    outputs = sorted(report.outputs)
+    assert [o for o in outputs if "/mods/" in o] == [
         str(tmp_path / "mods/pt.lua"),
         str(tmp_path / "mods/pt.sh"),
     ]
+    # CONTAINERROOT stays next to the image, out of the module directory
+    # (Lmod walks module directories; user-software can hold many files).
+    assert all(
+        o.startswith(str(tmp_path / "out/pt.root/"))
+        for o in outputs
+        if "/mods/" not in o
+    )
+    assert report.details["user-venv"] == "/user-software/venv/pt"
+
+
+def test_container_root_var_name_and_user_venv_settings(tmp_path):
+    _, report, _ = run_stage(
+        tmp_path,
+        {
+            "container-root": str(tmp_path / "croot"),
+            "module-var-name": "PYTORCH",
+            "user-venv": "/user-software/venv/pytorch",
+        },
+    )
+    lua = report.outputs[str(tmp_path / "out/torch.lua")]
+    assert 'setenv("SIFPYTORCH"' in lua and 'setenv("EBROOTPYTORCH", root)' in lua
+    assert f'local root = "{tmp_path / "croot"}"' in lua
+    assert str(tmp_path / "croot/bin/start-shell") in report.outputs
+    assert report.details["user-venv"] == "/user-software/venv/pytorch"
+
+
+@pytest.mark.parametrize(
+    "settings, key",
+    [
+        ({"module-var-name": "pytorch"}, "module-var-name"),
+        ({"module-var-name": "1X"}, "module-var-name"),
+        ({"container-root": "/a,b"}, "container-root"),
+        ({"container-root": "/a b"}, "container-root"),
+        ({"user-venv": "/opt/venv"}, "user-venv"),
+        ({"user-venv": "/user-software/../etc"}, "user-venv"),
+    ],
+)
+def test_bad_container_root_settings_are_named(settings, key):
+    problems = LumiEnvStage.validate_settings(settings=settings)
+    assert [k for k, _ in problems] == [key], problems
 
 
 def test_broken_env_file_fails_the_stage(tmp_path):
@@ -345,7 +405,14 @@ def test_api_build_and_dry_run_plan(tmp_path, fake_singularity, lumi_env_profile
     assert str(tmp_path / "pt.lua") in report.outputs
     # The pipeline wrote the module file and shell snippet next to the image.
     assert 'setenv("SIF"' in (tmp_path / "pt.lua").read_text()
-    assert (tmp_path / "pt.sh").read_text().count("SINGULARITY_BIND=") == 2
+    # Two binds, and the /user-software bind (SquashFS file or directory).
+    assert (tmp_path / "pt.sh").read_text().count("SINGULARITY_BIND=") == 4
+    # The host commands are executable; user-software/ exists.
+    croot = tmp_path / "pt.root"
+    for name in ("make-squashfs", "unmake-squashfs", "start-shell"):
+        assert os.access(croot / "bin" / name, os.X_OK), name
+    assert (croot / "user-software").is_dir()
+    assert not os.access(croot / "user-software/README.cotainr-lumi", os.X_OK)
 
 
 def test_stage_is_registered():
@@ -362,6 +429,7 @@ def test_base_image_runscripts_are_replaced_with_a_note(tmp_path, caplog):
     (root / "runscripts").mkdir()
     (root / "runscripts/conda-python-distributed").write_text("#!/bin/bash\nold\n")
     (root / "runscripts/init-conda-venv").write_text("#!/bin/bash\ntheirs\n")
+    (root / "runscripts/my-own").write_text("#!/bin/bash\nmine\n")
     sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
     stage = LumiEnvStage(settings=LUMI_SETTINGS)
     plan = SimpleNamespace(image_path=tmp_path / "out" / "torch.sif")
@@ -370,12 +438,13 @@ def test_base_image_runscripts_are_replaced_with_a_note(tmp_path, caplog):
     replaced = [r for r in caplog.messages if r.startswith("Replacing")]
     assert replaced == [
         "Replacing the base image's /runscripts/conda-python-distributed "
-        "with cotainr-lumi's"
+        "with cotainr-lumi's",
+        "Replacing the base image's /runscripts/init-conda-venv with cotainr-lumi's",
     ]
     text = (root / "runscripts/conda-python-distributed").read_text()
     assert "old" not in text and "SLURM_PROCID" in text
     # The base image's other runscripts stay.
-    assert (root / "runscripts/init-conda-venv").read_text() == "#!/bin/bash\ntheirs\n"
+    assert (root / "runscripts/my-own").read_text() == "#!/bin/bash\nmine\n"
     # Building again on an image that has ours: nothing to note.
     caplog.clear()
     with caplog.at_level("INFO", logger="cotainr.cotainr_lumi"):

@@ -10,10 +10,12 @@ import pytest
 
 from cotainr_lumi.stages.lumi_env.modulefile import (
     check_image_path,
+    check_var_name,
     lua_quote,
     render_lua,
     render_shell,
     validate_bind,
+    var_name_of,
 )
 
 BINDS = ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1", "/pfs", "/scratch"]
@@ -129,3 +131,68 @@ def test_bad_binds_are_rejected(bind):
 def test_unwritable_image_paths_are_rejected(image):
     with pytest.raises(ValueError):
         check_image_path(image)
+
+
+def test_var_name_of_follows_easybuild_style():
+    assert var_name_of("pytorch") == "PYTORCH"
+    assert var_name_of("my-torch.2") == "MY_TORCH_2"
+    assert var_name_of("2x") == "IMAGE_2X"
+    assert var_name_of("---") == "IMAGE"
+    with pytest.raises(ValueError, match="upper case"):
+        check_var_name("pytorch")
+
+
+def _lust_env(tmp_path, *, squashfs):
+    root = tmp_path / "pt.root"
+    (root / "user-software").mkdir(parents=True)
+    if squashfs:
+        (root / "user-software.squashfs").write_bytes(b"")
+    mods = tmp_path / "mods"
+    mods.mkdir(exist_ok=True)
+    (mods / "pt.lua").write_text(
+        render_lua(image="/x/pt.sif", binds=BINDS, container_root=root, name="pt")
+    )
+    return root, mods
+
+
+@pytest.mark.parametrize("squashfs", [False, True])
+def test_module_file_is_a_drop_in_for_lusts_module(tmp_path, squashfs):
+    root, mods = _lust_env(tmp_path, squashfs=squashfs)
+    before = {"SINGULARITYENV_PREPEND_PATH": "/mine", "PATH": os.environ["PATH"]}
+    env = lmod_env(mods, "pt", env=before)
+    assert env["SIF"] == env["SIFPT"] == "/x/pt.sif"
+    assert env["CONTAINERROOT"] == env["EBROOTPT"] == str(root)
+    assert env["RUNSCRIPTS"] == env["RUNSCRIPTSPT"] == str(root / "runscripts")
+    # Prepended, never overwritten.
+    assert env["SINGULARITYENV_PREPEND_PATH"] == "/runscripts:/mine"
+    assert env["PATH"].split(":")[0] == str(root / "bin")
+    user_bind = (
+        f"{root}/user-software.squashfs:/user-software:image-src=//"
+        if squashfs
+        else f"{root}/user-software:/user-software"
+    )
+    assert env["SINGULARITY_BIND"].split(",") == [user_bind, *BINDS]
+    after = lmod_env(mods, "pt", env=before, unload=True)
+    assert after["SINGULARITYENV_PREPEND_PATH"] == "/mine"
+    assert "CONTAINERROOT" not in after and "SIFPT" not in after
+
+
+@pytest.mark.parametrize("squashfs", [False, True])
+def test_shell_snippet_is_the_same_drop_in(tmp_path, squashfs):
+    root, _ = _lust_env(tmp_path, squashfs=squashfs)
+    snippet = tmp_path / "pt.sh"
+    snippet.write_text(
+        render_shell(image="/x/pt.sif", binds=BINDS, container_root=root, name="pt")
+    )
+    proc = subprocess.run(
+        ["sh", "-c", '. "$1"; . "$1"; env -0', "sh", str(snippet)],
+        env={"PATH": os.environ["PATH"], "SINGULARITYENV_PREPEND_PATH": "/mine"},
+        capture_output=True,
+        check=True,
+    )
+    env = dict(e.decode().partition("=")[::2] for e in proc.stdout.split(b"\0") if e)
+    assert env["SIFPT"] == "/x/pt.sif" and env["EBROOTPT"] == str(root)
+    assert env["SINGULARITYENV_PREPEND_PATH"] == "/runscripts:/mine"
+    assert env["PATH"].split(":").count(str(root / "bin")) == 1
+    suffix = ".squashfs:/user-software:image-src=/" if squashfs else ":/user-software"
+    assert env["SINGULARITY_BIND"].split(",")[0] == f"{root}/user-software{suffix}"

@@ -1,0 +1,260 @@
+"""End-to-end: the module file is a drop-in for LUST's EasyBuild PyTorch module.
+
+An image is built with the stock ``cotainr`` command on bases laid out like
+LUMI's PyTorch images (layout 1: the env only through ``$WITH_CONDA``;
+layout 2: conda pre-activated), its module is loaded in real Lmod, and the
+commands of LUMI's PyTorch documentation run as written: ``singularity exec
+$SIF pip list``, ``$WITH_CONDA; pip list``, ``start-shell -c 'pip list'``, a
+user ``pip install`` into the venv in ``/user-software``, ``make-squashfs``,
+a reload with the SquashFS file mounted, ``unmake-squashfs``, and
+``conda-python-distributed`` under Slurm task variables.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+import shlex
+import subprocess
+import sys
+
+from hosttools import need_tool, unavailable
+import layouts
+from pkgfixtures import make_wheel
+from prune_fixtures import derive_base_image
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+COTAINR = Path(sys.executable).with_name("cotainr")
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
+BASES = {"layout1": layouts.LAYOUT1, "layout2": layouts.LAYOUT2}
+
+
+def _need_lmod():
+    if not LMOD_INIT.exists():
+        unavailable(f"Lmod is not installed, no {LMOD_INIT} (apt-get install -y lmod)")
+
+
+@pytest.fixture(scope="module", params=sorted(BASES))
+def image(request, tmp_path_factory, lumi_like_base_image, apptainer_path):
+    """(work dir, module dir, image) built on a LUMI-PyTorch-like base."""
+    _need_lmod()
+    need_tool("mksquashfs", install="apt-get install -y squashfs-tools")
+    need_tool("unsquashfs", install="apt-get install -y squashfs-tools")
+    name = request.param
+    work = tmp_path_factory.mktemp(f"dropin-{name}")
+    base = derive_base_image(
+        apptainer=str(apptainer_path / "apptainer"),
+        base_image=lumi_like_base_image,
+        work=work,
+        cases=(),
+        setup=BASES[name],
+        python=f"{layouts.ENV}/bin/python",
+    )
+    (work / "wheels").mkdir()
+    image_pkg = make_wheel(work / "wheels", "imagepkg", "1.0")
+    make_wheel(work / "wheels", "userpkg", "2.0")
+    (work / "req.txt").write_text(f"./wheels/{image_pkg.name}\n")
+    systems = work / "systems.yaml"
+    systems.write_text(
+        yaml.safe_dump(
+            {
+                "systems": {
+                    "dropin": {
+                        "extends": "lumi-g-ext",
+                        "base-image": str(base),
+                        "rocm-version": "6.1",
+                        "settings": {
+                            # LUMI's host paths do not exist here.
+                            "lumi-env": {"binds": []},
+                            "provenance": {"hash-base-image": False},
+                        },
+                    }
+                }
+            }
+        )
+    )
+    sif = work / "pytorch.sif"
+    proc = subprocess.run(
+        [
+            str(COTAINR),
+            "build",
+            str(sif),
+            "--system=dropin",
+            "--pip-requirements",
+            "req.txt",
+            "--module-dir",
+            str(work / "modules"),
+        ],
+        cwd=work,
+        env={**os.environ, "COTAINR_LUMI_SYSTEMS": str(systems)},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return work, work / "modules", sif
+
+
+def module_run(modules, script, *, env=None, cwd=None):
+    """Run `script` in bash after ``module use MODULES; module load pytorch``."""
+    full = (
+        f"source {shlex.quote(str(LMOD_INIT))} && module use {shlex.quote(str(modules))}"
+        f" && module load pytorch && {script}"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", full],
+        env={
+            "PATH": os.environ["PATH"],
+            "HOME": str(modules),
+            "APPTAINER_MKSQUASHFS_ARGS": "-comp lz4",
+            **(env or {}),
+        },
+        cwd=cwd or modules,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    return proc
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_lust_user_software_workflow_as_documented(image):
+    work, modules, sif = image
+    root = work / "pytorch.root"
+    # The module's variables.
+    out = ok(
+        module_run(
+            modules,
+            'printf "%s\\n" "$SIF" "$SIFPYTORCH" "$CONTAINERROOT" "$RUNSCRIPTS" '
+            '"$EBROOTPYTORCH" "$SINGULARITYENV_PREPEND_PATH" "$SINGULARITY_BIND"; '
+            "command -v make-squashfs unmake-squashfs start-shell",
+            env={"SINGULARITYENV_PREPEND_PATH": "/mine"},
+        )
+    ).splitlines()
+    assert out[:7] == [
+        str(sif),
+        str(sif),
+        str(root),
+        str(root / "runscripts"),
+        str(root),
+        "/runscripts:/mine",
+        f"{root}/user-software:/user-software",
+    ]
+    assert out[7:] == [
+        str(root / "bin" / n)
+        for n in ("make-squashfs", "unmake-squashfs", "start-shell")
+    ]
+    assert os.access(root / "runscripts" / "conda-python-distributed", os.X_OK)
+
+    # The documented ways to list packages all see the image's env.
+    for script in (
+        'singularity exec "$SIF" pip list',
+        "singularity exec \"$SIF\" bash -c '$WITH_CONDA ; pip list'",
+        "start-shell -c 'pip list'",
+    ):
+        assert "imagepkg" in ok(module_run(modules, script)), script
+
+    # A user pip install into the venv in /user-software (the exampleVenv flow).
+    wheel = next((work / "wheels").glob("userpkg-*.whl"))
+    ok(
+        module_run(
+            modules,
+            'singularity exec "$SIF" bash -c \'source /runscripts/init-conda-venv; '
+            f"pip install --no-index --no-deps {shlex.quote(str(wheel))}'",
+        )
+    )
+    venv_site = list(root.glob("user-software/venv/pytorch/lib/python*/site-packages"))
+    assert venv_site and (venv_site[0] / "userpkg").is_dir()
+    # Not in the image's env, not in the decoys: only in the user venv.
+    check = (
+        "import imagepkg, userpkg, sys; "
+        "print(userpkg.__file__); print(imagepkg.__file__); print(sys.prefix)"
+    )
+    for script in (
+        f'singularity exec "$SIF" python -c {shlex.quote(check)}',
+        f'singularity exec "$SIF" bash -c \'$WITH_CONDA; python -c "{check}"\'',
+        f"start-shell -c {shlex.quote('python -c ' + shlex.quote(check))}",
+    ):
+        lines = ok(module_run(modules, script)).splitlines()
+        assert lines[-3].startswith("/user-software/venv/pytorch/"), script
+        assert lines[-2].startswith(layouts.ENV + "/"), script
+    assert "userpkg" in ok(module_run(modules, 'singularity exec "$SIF" pip list'))
+
+    # make-squashfs, remove the directory, reload: the SquashFS file is mounted.
+    ok(module_run(modules, "make-squashfs"))
+    assert (root / "user-software.squashfs").is_file()
+    subprocess.run(["rm", "-rf", str(root / "user-software")], check=True)
+    out = ok(
+        module_run(
+            modules,
+            'printf "%s\\n" "$SINGULARITY_BIND"; '
+            f'singularity exec "$SIF" python -c {shlex.quote(check)}; '
+            'singularity exec "$SIF" touch /user-software/x && echo WRITABLE || echo READONLY',
+        )
+    ).splitlines()
+    assert out[0] == f"{root}/user-software.squashfs:/user-software:image-src=//"
+    assert out[1].startswith("/user-software/venv/pytorch/")
+    assert out[-1] == "READONLY"
+
+    # unmake-squashfs recreates the directory; it refuses to overwrite it.
+    ok(module_run(modules, "unmake-squashfs"))
+    assert (root / "user-software/venv/pytorch/bin/python").exists()
+    again = module_run(modules, "unmake-squashfs")
+    assert again.returncode != 0 and "not empty" in again.stderr
+
+
+def test_conda_python_distributed_under_slurm_variables(image):
+    _, modules, _ = image
+    user = subprocess.run(
+        ["id", "-un"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    probe = (
+        "import os; print(*(os.environ.get(n) for n in ('MASTER_ADDR', 'MASTER_PORT',"
+        " 'RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'NCCL_NET_GDR_LEVEL',"
+        " 'MIOPEN_USER_DB_PATH', 'MIOPEN_CUSTOM_CACHE_DIR')), sep='|');"
+        " print(os.path.isdir(os.environ['MIOPEN_USER_DB_PATH']))"
+    )
+    slurm = {
+        "SLURM_NODELIST": "nid[005252-005254,005256],nid007000",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NODEID": "2",
+        "SLURM_LOCALID": "0",
+        "SLURM_PROCID": "17",
+        "SLURM_NTASKS": "40",
+    }
+    cache = Path(f"/tmp/{user}-miopen-cache-2")
+    cache.mkdir(exist_ok=True)
+    (cache / "stale").write_text("from an earlier job\n")
+    script = f'singularity exec "$SIF" conda-python-distributed -c {shlex.quote(probe)}'
+    lines = ok(module_run(modules, script, env=slurm)).splitlines()
+    assert lines[-2].split("|") == [
+        "nid005252",
+        str(20000 + 4242 % 12000),
+        "17",
+        "0",
+        "40",
+        "3",
+        str(cache),
+        str(cache),
+    ]
+    assert lines[-1] == "True"
+    # Local rank 0 wiped the node's cache at job start.
+    assert not (cache / "stale").exists()
+    # Another local rank keeps it; a value the user sets is kept too.
+    (cache / "mine").write_text("x")
+    env = {**slurm, "SLURM_LOCALID": "3", "NCCL_NET_GDR_LEVEL": "PHB"}
+    lines = ok(module_run(modules, script, env=env)).splitlines()
+    fields = lines[-2].split("|")
+    assert fields[3] == "3" and fields[5] == "PHB" and fields[6] == str(cache)
+    assert (cache / "mine").exists()
