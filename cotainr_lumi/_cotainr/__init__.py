@@ -332,6 +332,46 @@ class CommandError(Exception):
         return "\n".join(chosen[-limit:])
 
 
+def command_error_from(error, *, cmd=None):
+    """
+    The :class:`CommandError` a failed sandbox command raised, if it was one.
+
+    cotainr 2025.7 raises a ``ValueError`` from the
+    ``subprocess.CalledProcessError`` of a failed command; later releases
+    (upstream PR #158) re-raise the ``CalledProcessError`` itself. Both mean
+    "the command failed", not "cotainr-lumi has a bug".
+
+    Parameters
+    ----------
+    error : BaseException
+        What was raised.
+    cmd : sequence of str, optional
+        The command as we gave it (default: as the error records it).
+
+    Returns
+    -------
+    command_error : CommandError or None
+        None when `error` is not a failed command.
+    """
+    if isinstance(error, CommandError):
+        return error
+    cause = error
+    if isinstance(error, ValueError) and isinstance(
+        error.__cause__, subprocess.CalledProcessError
+    ):
+        cause = error.__cause__
+    if not isinstance(cause, subprocess.CalledProcessError):
+        return None
+    if cmd is None:
+        cmd = cause.cmd if isinstance(cause.cmd, (list, tuple)) else [str(cause.cmd)]
+    return CommandError(
+        cmd=[str(c) for c in cmd],
+        returncode=cause.returncode,
+        stdout=cause.stdout,
+        stderr=cause.stderr,
+    )
+
+
 class Sandbox:
     """
     A cotainr ``SingularitySandbox`` with the helpers our stages use.
@@ -357,6 +397,31 @@ class Sandbox:
             base_image=base_image, log_settings=log_settings
         )
         self.root = None
+
+    @classmethod
+    def wrap(cls, *, stock, log_settings=None):
+        """
+        Wrap a cotainr sandbox that is already inside its context.
+
+        Used on cotainr's build stage seam, where cotainr creates the sandbox.
+
+        Parameters
+        ----------
+        stock : :class:`cotainr.container.SingularitySandbox`
+            The sandbox cotainr created (inside its context).
+        log_settings : :class:`cotainr.tracing.LogSettings`, optional
+            The build's log settings.
+
+        Returns
+        -------
+        sandbox : Sandbox
+            The wrapper, with :attr:`root` set.
+        """
+        sandbox = cls.__new__(cls)
+        sandbox.log_settings = log_settings
+        sandbox.stock = stock
+        sandbox.root = Path(stock.sandbox_dir)
+        return sandbox
 
     def __enter__(self):
         self.stock.__enter__()
@@ -404,16 +469,11 @@ class Sandbox:
             return self.stock.run_command_in_container(
                 cmd=shlex.join(cmd), custom_log_dispatcher=dispatcher
             )
-        except ValueError as e:
-            cause = e.__cause__
-            if isinstance(cause, subprocess.CalledProcessError):
-                raise CommandError(
-                    cmd=cmd,
-                    returncode=cause.returncode,
-                    stdout=cause.stdout,
-                    stderr=cause.stderr,
-                ) from e
-            raise
+        except (ValueError, subprocess.CalledProcessError) as e:
+            command_error = command_error_from(e, cmd=cmd)
+            if command_error is None:
+                raise
+            raise command_error from e
 
     def add_to_env(self, *, shell_script):
         """
