@@ -114,6 +114,42 @@ def check_cotainr_version():
         )
 
 
+def single_conda_env(conda_env):
+    """
+    The one conda environment file of a build.
+
+    cotainr 2025.7 takes one ``--conda-env`` file; an upstream branch makes it
+    a list of files applied in order. cotainr-lumi orders installs with its
+    pip steps instead, so it takes one file (a list of one is accepted).
+
+    Parameters
+    ----------
+    conda_env : os.PathLike or list of os.PathLike or None
+        As cotainr's ``Build`` holds it.
+
+    Returns
+    -------
+    conda_env : os.PathLike or None
+        The file.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.InputError`
+        If several files are given.
+    """
+    if isinstance(conda_env, (list, tuple)):
+        if len(conda_env) > 1:
+            from ..errors import InputError
+
+            raise InputError(
+                "cotainr-lumi builds take one --conda-env file; put the "
+                "packages that must be installed after others in pip steps "
+                "(--pip-requirements or --pip-steps) instead."
+            )
+        return conda_env[0] if conda_env else None
+    return conda_env
+
+
 def stock_systems():
     """
     The systems cotainr itself defines (its ``systems.json``).
