@@ -29,6 +29,7 @@ import logging
 import sys
 
 from . import _cotainr, buildoptions
+from ._cotainr import seam
 from .engine.pipeline import run_plan
 from .engine.plan import make_plan
 from .engine.profiles import load_systems
@@ -280,11 +281,11 @@ class CotainrLumiCLI(_cotainr.StockCLI):
         The input arguments to the CLI (default: ``sys.argv``).
     """
 
-    _subcommands = [Build, Info, Verify]
-
     def __init__(self, *, args=None):
         """Construct the command line interface."""
         from ._version import __version__
+
+        subcommands = [*activated_subcommands(), Verify]
 
         parser = argparse.ArgumentParser(
             prog="cotainr-lumi", description=self.__doc__.strip().splitlines()[0]
@@ -295,7 +296,7 @@ class CotainrLumiCLI(_cotainr.StockCLI):
             version=(f"%(prog)s {__version__} (cotainr {_cotainr.cotainr_version()})"),
         )
         subparsers = parser.add_subparsers(title="subcommands")
-        for subcommand_cls in self._subcommands:
+        for subcommand_cls in subcommands:
             summary = subcommand_cls.__doc__.strip().splitlines()[0]
             sub_parser = subparsers.add_parser(
                 name=subcommand_cls.__name__.lower(), help=summary, description=summary
@@ -315,6 +316,27 @@ class CotainrLumiCLI(_cotainr.StockCLI):
                 self.subcommand, "log_settings", _cotainr.make_log_settings()
             )
         )
+
+
+def activated_subcommands():
+    """
+    The ``build`` and ``info`` subcommands with cotainr-lumi active.
+
+    On a cotainr with the public build stage seam these are cotainr's own
+    (with the cotainr-lumi stage and systems registered); otherwise the
+    :class:`Build` and :class:`Info` subclasses (the fallback path).
+
+    Returns
+    -------
+    subcommands : list of type
+        The build and info subcommand classes.
+    """
+    if seam.has_build_stage_seam():
+        from .seamstage import register
+
+        register()
+        return [_cotainr.StockBuild, _cotainr.StockInfo]
+    return [Build, Info]
 
 
 def patch_stock_cli(*, cli_module):
@@ -342,4 +364,12 @@ def main(*args, **kwargs):
     cli.subcommand.execute()
 
 
-__all__ = ["Build", "Info", "Verify", "CotainrLumiCLI", "main", "patch_stock_cli"]
+__all__ = [
+    "Build",
+    "Info",
+    "Verify",
+    "CotainrLumiCLI",
+    "activated_subcommands",
+    "main",
+    "patch_stock_cli",
+]

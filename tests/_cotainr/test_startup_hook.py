@@ -9,6 +9,7 @@ import types
 
 import pytest
 
+from cotainr_lumi._cotainr import seam
 from cotainr_lumi._cotainr._startup import _cotainr_plugins_hook as hook
 
 SOURCE = Path(hook.__file__)
@@ -38,7 +39,31 @@ def test_hook_patches_cotainr_cli_when_imported():
     out = python(
         "import cotainr.cli as c; print(sorted({k.__module__ for k in c.CotainrCLI._subcommands}))"
     )
-    assert out.stdout.strip() == "['cotainr_lumi.cli']"
+    if seam.has_build_stage_seam():
+        # cotainr loads its plugins itself: the hook leaves cotainr.cli alone.
+        assert out.stdout.strip() == "['cotainr.cli']"
+    else:
+        assert out.stdout.strip() == "['cotainr_lumi.cli']"
+    assert out.stderr == ""
+
+
+def test_stock_command_loads_cotainr_lumi_once():
+    out = python(
+        "import cotainr.cli as c, cotainr.util as u\n"
+        "for _ in range(3):\n"
+        "    try: c.CotainrCLI(args=['--version'])\n"
+        "    except SystemExit: pass\n"
+        "print(sorted(u.get_systems()))\n"
+        "import argparse; p = argparse.ArgumentParser()\n"
+        "[s for s in c.CotainrCLI._subcommands if s.__name__ == 'Build'][0]"
+        ".add_arguments(parser=p)\n"
+        "print(sum(a.dest == 'set_settings' for a in p._actions))"
+    )
+    systems, set_options = out.stdout.strip().splitlines()[-2:]
+    # With the seam, cotainr's own get_systems() includes the cotainr-lumi
+    # systems (a systems source); without it, cotainr-lumi's Info lists them.
+    assert ("lumi-g-ext" in systems) == seam.has_build_stage_seam()
+    assert set_options == "1"
     assert out.stderr == ""
 
 
@@ -131,6 +156,8 @@ def test_unsupported_cotainr_version_is_refused_by_the_plugin(mocker):
     from cotainr_lumi.errors import UnsupportedCotainrError
 
     mocker.patch("cotainr_lumi._cotainr.cotainr_version", return_value="2099.1.0")
+    # The version matters on the fallback path only.
+    mocker.patch.object(seam, "has_build_stage_seam", return_value=False)
     module = types.SimpleNamespace()
     with pytest.raises(UnsupportedCotainrError, match="2099.1.0"):
         plugin.activate(module)

@@ -58,6 +58,25 @@ def _plugin_fits_cotainr(entry_point):
     return None
 
 
+def native_plugin_support(cli_module):
+    """
+    Whether cotainr loads its plugins itself (the upstream plugin support).
+
+    Parameters
+    ----------
+    cli_module : module
+        The freshly imported ``cotainr.cli`` module.
+
+    Returns
+    -------
+    native : bool
+        True when ``cotainr.cli`` uses ``cotainr.plugins.load_plugins``;
+        this hook then does nothing.
+    """
+    plugins = getattr(cli_module, "plugins", None)
+    return callable(getattr(plugins, "load_plugins", None))
+
+
 def load_plugins(cli_module):
     """
     Load and activate every ``cotainr.plugins`` entry point.
@@ -135,6 +154,8 @@ class _ActivatingLoader:
 
     def exec_module(self, module):
         self._loader.exec_module(module)
+        if native_plugin_support(module):
+            return
         load_plugins(module)
 
     def __getattr__(self, name):
