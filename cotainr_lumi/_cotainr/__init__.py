@@ -60,13 +60,17 @@ from ..errors import UnsupportedCotainrError  # noqa: E402
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The cotainr releases this module is written and tested against.
-SUPPORTED_COTAINR = SpecifierSet(">=2025.7.1,<2025.8")
+#: The cotainr releases cotainr-lumi supports: from the oldest release LUMI's
+#: cotainr module still ships. Newer releases are accepted when they have the
+#: public seam or meet the checked contract (:mod:`.contract`); no upper pin.
+SUPPORTED_COTAINR = SpecifierSet(">=2025.3.0")
+
+from . import contract, seam  # noqa: E402
 
 #: The conda environment name cotainr uses.
 CONDA_ENV_NAME = "conda_container_env"
-#: Where cotainr installs conda in the image.
-CONDA_PREFIX = "/opt/cotainr/conda"
+#: Where cotainr installs conda in the image (``/opt/conda`` before 2025.7).
+CONDA_PREFIX = contract.conda_prefix()
 #: The env file cotainr appends its activation to.
 COTAINR_ENV_FILE = "/.singularity.d/env/92-cotainr-env.sh"
 
@@ -93,13 +97,25 @@ def cotainr_version():
 
 def check_cotainr_version():
     """
-    Raise unless the installed cotainr is in the supported range.
+    Raise unless the installed cotainr can run cotainr-lumi.
+
+    A cotainr with the public seam (``docs/upstream/``) is used through it.
+    Otherwise the release must be supported (:data:`SUPPORTED_COTAINR`) and
+    meet every assumption of the fallback path (:mod:`.contract`).
+
+    Returns
+    -------
+    path : str
+        ``"seam"`` or ``"fallback"``.
 
     Raises
     ------
     :class:`cotainr_lumi.errors.UnsupportedCotainrError`
-        If the version is outside :data:`SUPPORTED_COTAINR` or unreadable.
+        Naming the release, or the assumptions it breaks; stock ``cotainr``
+        keeps working then.
     """
+    if seam.has_build_stage_seam():
+        return "seam"
     found = cotainr_version()
     try:
         ok = Version(found) in SUPPORTED_COTAINR
@@ -107,11 +123,21 @@ def check_cotainr_version():
         ok = False
     if not ok:
         raise UnsupportedCotainrError(
-            f"cotainr {found} is installed but cotainr-lumi supports "
-            f"cotainr{SUPPORTED_COTAINR}. Install a supported cotainr "
-            f"(pip install 'cotainr{SUPPORTED_COTAINR}') or a cotainr-lumi "
-            "release made for your cotainr."
+            f"cotainr-lumi is disabled: cotainr {found} is installed but "
+            f"cotainr-lumi needs cotainr{SUPPORTED_COTAINR}. Stock cotainr "
+            f"works unchanged; install 'cotainr{SUPPORTED_COTAINR}' to use "
+            "cotainr-lumi."
         )
+    broken = contract.broken_assumptions()
+    if broken:
+        reasons = "; ".join(f"{a.name} ({reason})" for a, reason in broken)
+        raise UnsupportedCotainrError(
+            f"cotainr-lumi is disabled: cotainr {found} changed internals "
+            f"cotainr-lumi relies on: {reasons}. Stock cotainr works "
+            "unchanged; install a cotainr-lumi release that supports cotainr "
+            f"{found}, or a cotainr with the plugin seam."
+        )
+    return "fallback"
 
 
 def single_conda_env(conda_env):

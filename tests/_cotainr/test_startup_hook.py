@@ -155,10 +155,10 @@ def test_unsupported_cotainr_version_is_refused_by_the_plugin(mocker):
     from cotainr_lumi._cotainr import plugin
     from cotainr_lumi.errors import UnsupportedCotainrError
 
-    mocker.patch("cotainr_lumi._cotainr.cotainr_version", return_value="2099.1.0")
+    mocker.patch("cotainr_lumi._cotainr.cotainr_version", return_value="2024.10.0")
     # The version matters on the fallback path only.
     mocker.patch.object(seam, "has_build_stage_seam", return_value=False)
     module = types.SimpleNamespace()
-    with pytest.raises(UnsupportedCotainrError, match="2099.1.0"):
+    with pytest.raises(UnsupportedCotainrError, match="2024.10.0"):
         plugin.activate(module)
     assert vars(module) == {}
