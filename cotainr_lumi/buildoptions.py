@@ -13,7 +13,7 @@ add_options(*, parser, generic)
 request_from_options(*, image_path, system, base_image, conda_env, accept_licenses, force, dry_run, options)
     The build request the parsed options describe.
 help_text(arg)
-    The help text of an option, from :data:`OPTIONS_DOC`.
+    The help text of an option, from :data:`OPTION_HELP`.
 """
 
 import argparse
@@ -21,32 +21,24 @@ import logging
 
 import yaml
 
-from . import _cotainr
 from .engine.plan import CANONICAL_STAGE_ORDER, BuildRequest
 from .engine.stage import available_stages, get_stage_class
 from .errors import InputError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: numpydoc text the option help is extracted from (as cotainr does).
-OPTIONS_DOC = """
-    Parameters
-    ----------
-    force : bool, default=False
-        Overwrite an existing image without asking (for batch jobs). The old
-        image is replaced only when the new build succeeds.
-    dry_run : bool, default=False
-        Print the resolved build plan (base image, stages in order, what each
-        will do) and build nothing.
-    base_image_override : str, optional
-        Use this base image instead of the system's (e.g. your own copy of a
-        LUMI base image).
-    set_settings : list of str, optional
-        Override a stage setting of the system profile, as STAGE.KEY=VALUE
-        with VALUE in YAML (repeatable).
-    skip_stages : list of str, optional
-        Do not run this stage of the system (repeatable).
-"""
+#: The help of the options, formatted as cotainr formats its own.
+OPTION_HELP = {
+    "force": "overwrite an existing image without asking (for batch jobs). The "
+    "old image is replaced only when the new build succeeds",
+    "dry_run": "print the resolved build plan (base image, stages in order, "
+    "what each will do) and build nothing",
+    "base_image_override": "use this base image instead of the system's (e.g. "
+    "your own copy of a LUMI base image)",
+    "set_settings": "override a stage setting of the system profile, as "
+    "STAGE.KEY=VALUE with VALUE in YAML (repeatable)",
+    "skip_stages": "do not run this stage of the system (repeatable)",
+}
 
 #: Options added here that are not stage options.
 GENERIC_OPTIONS = ("force", "dry_run")
@@ -55,7 +47,7 @@ BUILD_OPTIONS = ("base_image_override", "set_settings", "skip_stages")
 
 def help_text(arg):
     """
-    The help text of an option, from :data:`OPTIONS_DOC`.
+    The help text of an option, from :data:`OPTION_HELP`.
 
     Parameters
     ----------
@@ -67,7 +59,7 @@ def help_text(arg):
     text : str
         One line, as cotainr formats its own option help.
     """
-    return _cotainr.extract_help_from_docstring(arg=arg, docstring=OPTIONS_DOC)
+    return OPTION_HELP[arg]
 
 
 def stages_in_pipeline_order():

@@ -138,7 +138,7 @@ def test_force_overwrites_without_prompt(
 ):
     image = tmp_path / "x.sif"
     image.write_bytes(b"old")
-    prompt = mocker.patch("cotainr.util.answer_is_yes")
+    prompt = mocker.patch("cotainr_lumi._cotainr.answer_is_yes")
     run_cli(mocker, PATCHED, ["build", str(image), "--system=lumi-test", "--force"])
     prompt.assert_not_called()
     assert labels_of(image)["cotainr-lumi.system"] == "lumi-test"

@@ -80,7 +80,20 @@ StockInfo = _cli.Info
 StockCLI = _cli.CotainrCLI
 StockSubcommand = _cli.CotainrSubcommand
 extract_help_from_docstring = _cli._extract_help_from_docstring
-answer_is_yes = _util.answer_is_yes
+
+
+def _ask_yes_no(input_text):
+    """Ask until the answer is yes or no (cotainr before 2025.7 has no helper)."""
+    prompt = input_text + " [yes/no]\n>>> "
+    while True:
+        answer = input(prompt).strip().lower()
+        if answer in ("yes", "no"):
+            return answer == "yes"
+        prompt = f'You answered "{answer}". Please answer yes or no.\n>>> '
+
+
+#: cotainr's yes/no question (``cotainr.util.answer_is_yes`` from 2025.7).
+answer_is_yes = getattr(_util, "answer_is_yes", _ask_yes_no)
 
 
 def cotainr_version():

@@ -4,6 +4,7 @@ import subprocess
 import sys
 import types
 
+from packaging.version import Version
 import pytest
 
 from cotainr_lumi import _cotainr
@@ -31,11 +32,8 @@ def test_installed_cotainr_is_usable():
 
 
 def test_conda_prefix_follows_the_release():
-    expected = (
-        "/opt/conda"
-        if _cotainr.cotainr_version().startswith("2025.3")
-        else "/opt/cotainr/conda"
-    )
+    old = Version(_cotainr.cotainr_version()) < Version("2025.7.0")
+    expected = "/opt/conda" if old else "/opt/cotainr/conda"
     assert contract.conda_prefix() == expected == _cotainr.CONDA_PREFIX
 
 

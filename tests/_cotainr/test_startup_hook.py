@@ -116,7 +116,7 @@ def test_plugin_outside_cotainr_range_is_skipped_with_one_warning(mocker, capsys
 def test_plugin_inside_range_is_activated_with_cli_module(mocker, capsys):
     called = []
     ep = fake_entry_point(
-        ["cotainr>=2025.7.1,<2025.8", "extra-thing; extra == 'test'"], called.append
+        ["cotainr>=2025.3.0", "extra-thing; extra == 'test'"], called.append
     )
     mocker.patch("importlib.metadata.entry_points", return_value=[ep])
     assert hook.load_plugins("cli-module") == ["fake"]
