@@ -16,7 +16,11 @@ SOURCE = Path(hook.__file__)
 
 
 def python(code, **env):
-    full_env = {k: v for k, v in os.environ.items() if k != "COTAINR_LUMI_DISABLE"}
+    full_env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("COTAINR_LUMI_DISABLE", "COTAINR_DISABLE_PLUGINS")
+    }
     full_env.update(env)
     return subprocess.run(
         [sys.executable, "-c", code],
@@ -67,10 +71,13 @@ def test_stock_command_loads_cotainr_lumi_once():
     assert out.stderr == ""
 
 
-def test_disable_env_var_leaves_cotainr_stock():
+@pytest.mark.parametrize(
+    "variable", ["COTAINR_LUMI_DISABLE", "COTAINR_DISABLE_PLUGINS"]
+)
+def test_disable_env_var_leaves_cotainr_stock(variable):
     out = python(
         "import cotainr.cli as c; print(sorted({k.__module__ for k in c.CotainrCLI._subcommands}))",
-        COTAINR_LUMI_DISABLE="1",
+        **{variable: "1"},
     )
     assert out.stdout.strip() == "['cotainr.cli']"
 
