@@ -74,7 +74,7 @@ read -r stock_pass stock_bad < <(run_cotainr_suite "$work/venv-stock" "$work/sto
 read -r patched_pass patched_bad < <(run_cotainr_suite "$work/venv-patched" "$work/patched-run" "$work/patched")
 
 echo "== cotainr-lumi's unit tests against the patched cotainr"
-quiet_pip "$work/venv-patched/bin/python" -m pip install --quiet "$root[test]"
+quiet_pip "$work/venv-patched/bin/python" -m pip install --quiet "${root}[test]"
 lumi_rc=0
 (cd "$root" && CI=true "$work/venv-patched/bin/python" -m pytest -q -p no:cacheprovider \
     -m "not e2e" tests >"$work/lumi-run.log" 2>&1) || lumi_rc=$?

@@ -23,7 +23,7 @@ for release in "${releases[@]}"; do
     venv="$work/venv-$release"
     "$python" -m venv "$venv"
     quiet_pip "$venv/bin/python" -m pip install --quiet "cotainr==$release"
-    quiet_pip "$venv/bin/python" -m pip install --quiet "$root[test]" "cotainr==$release"
+    quiet_pip "$venv/bin/python" -m pip install --quiet "${root}[test]" "cotainr==$release"
     found=$("$venv/bin/python" -c "import cotainr; print(cotainr.__version__)")
     rc=0
     (cd "$root" && CI=true "$venv/bin/python" -m pytest -q -p no:cacheprovider \
