@@ -1,4 +1,6 @@
+from contextlib import nullcontext
 import sys
+from unittest import mock
 
 import cotainr.cli as stock_cli
 import pytest
@@ -46,17 +48,19 @@ def test_stock_builds_run_identical_commands_with_plugin(
         source = ["--system=stock-sys"]
     else:
         source = [f"--base-image={base_image}"]
-    run_cli(
-        mocker,
-        STOCK,
-        [
-            "build",
-            str(tmp_path / "stock.sif"),
-            *source,
-            f"--conda-env={env}",
-            "--accept-licenses",
-        ],
-    )
+    with mock.patch.object(stock_cli.Build, "_stages", []) if SEAM else nullcontext():
+        # On the seam path: cotainr's Build without the cotainr-lumi stage.
+        run_cli(
+            mocker,
+            STOCK,
+            [
+                "build",
+                str(tmp_path / "stock.sif"),
+                *source,
+                f"--conda-env={env}",
+                "--accept-licenses",
+            ],
+        )
     stock_commands = normalise(fake_singularity.commands)
     stock_labels = (tmp_path / "stock.sif").read_bytes()
     fake_singularity.commands.clear()
