@@ -28,14 +28,12 @@ import argparse
 import logging
 import sys
 
-import yaml
-
-from . import _cotainr
+from . import _cotainr, buildoptions
+from ._cotainr import seam
 from .engine.pipeline import run_plan
-from .engine.plan import CANONICAL_STAGE_ORDER, BuildRequest, make_plan
+from .engine.plan import make_plan
 from .engine.profiles import load_systems
-from .engine.stage import available_stages, get_stage_class
-from .errors import CotainrLumiError, ImageExistsError, InputError
+from .errors import CotainrLumiError, ImageExistsError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -44,33 +42,6 @@ def _fail(error):
     """Print one error message and exit with the error's code."""
     sys.stderr.write(f"cotainr: error: {error}\n")
     raise SystemExit(getattr(error, "exit_code", 1))
-
-
-def _parse_set_option(text):
-    """Parse ``STAGE.KEY=VALUE`` (VALUE as YAML) into (stage, key, value)."""
-    name, sep, raw_value = text.partition("=")
-    stage, dot, key = name.partition(".")
-    if not sep or not dot or not stage or not key:
-        raise InputError(
-            f"--set {text!r}: expected STAGE.KEY=VALUE, e.g. "
-            "--set provenance.hash-base-image=false"
-        )
-    try:
-        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
-    except yaml.YAMLError as e:
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(
-            f"--set {text!r}: the value is not valid YAML ({problem}); quote "
-            "strings with special characters, e.g. --set 'lumi-env.path=[\"/x\"]'"
-        ) from e
-    return stage, key, value
-
-
-def _stages_in_pipeline_order():
-    """Registered stage names, the built-in ones in pipeline order first."""
-    names = available_stages()
-    order = {name: i for i, name in enumerate(CANONICAL_STAGE_ORDER)}
-    return sorted(names, key=lambda n: (order.get(n, len(order)), n))
 
 
 class Build(_cotainr.StockBuild):
@@ -146,21 +117,20 @@ class Build(_cotainr.StockBuild):
             verbosity=verbosity, log_to_file=log_to_file, no_color=no_color
         )
         try:
-            settings = self._stage_settings(
-                set_settings=set_settings or [],
-                stage_args=argparse.Namespace(**stage_args),
-            )
-            self.request = BuildRequest(
+            self.request = buildoptions.request_from_options(
                 image_path=image_path,
                 system=system,
                 base_image=base_image,
-                base_image_override=base_image_override,
-                conda_env=conda_env,
-                settings=settings,
-                skip_stages=tuple(skip_stages or ()),
+                conda_env=_cotainr.single_conda_env(conda_env),
+                accept_licenses=accept_licenses,
                 force=force,
                 dry_run=dry_run,
-                accept_licenses=accept_licenses,
+                options=dict(
+                    stage_args,
+                    base_image_override=base_image_override,
+                    set_settings=set_settings,
+                    skip_stages=skip_stages,
+                ),
             )
             self.plan = make_plan(request=self.request)
             if self.plan.image_exists and not force and not dry_run:
@@ -192,51 +162,13 @@ class Build(_cotainr.StockBuild):
             raise SystemExit(0)
         self.request.force = True
 
-    @staticmethod
-    def _stage_settings(*, set_settings, stage_args):
-        """Collect stage setting overrides from --set and stage options."""
-        settings = {}
-        for name in available_stages():
-            overrides = get_stage_class(name).settings_from_args(args=stage_args)
-            if overrides:
-                settings.setdefault(name, {}).update(overrides)
-        for text in set_settings:
-            stage, key, value = _parse_set_option(text)
-            settings.setdefault(stage, {})[key] = value
-        return settings
-
     @classmethod
     def add_arguments(cls, *, parser):
         """Add arguments to the "build" subcommand subparser."""
         super().add_arguments(parser=parser)
-
-        def helptext(arg):
-            return _cotainr.extract_help_from_docstring(arg=arg, docstring=cls.__doc__)
-
-        group = parser.add_argument_group("cotainr-lumi")
-        group.add_argument("--force", action="store_true", help=helptext("force"))
-        group.add_argument("--dry-run", action="store_true", help=helptext("dry_run"))
-        group.add_argument(
-            "--base-image-override",
-            metavar="IMAGE",
-            help=helptext("base_image_override"),
+        buildoptions.add_options(
+            parser=parser.add_argument_group("cotainr-lumi"), generic=True
         )
-        group.add_argument(
-            "--set",
-            dest="set_settings",
-            action="append",
-            metavar="STAGE.KEY=VALUE",
-            help=helptext("set_settings"),
-        )
-        group.add_argument(
-            "--skip-stage",
-            dest="skip_stages",
-            action="append",
-            metavar="STAGE",
-            help=helptext("skip_stages"),
-        )
-        for name in _stages_in_pipeline_order():
-            get_stage_class(name).add_arguments(parser=group)
 
     def execute(self):
         """Execute the "build" subcommand."""
@@ -360,11 +292,11 @@ class CotainrLumiCLI(_cotainr.StockCLI):
         The input arguments to the CLI (default: ``sys.argv``).
     """
 
-    _subcommands = [Build, Info, Verify]
-
     def __init__(self, *, args=None):
         """Construct the command line interface."""
         from ._version import __version__
+
+        subcommands = [*activated_subcommands(), Verify]
 
         parser = argparse.ArgumentParser(
             prog="cotainr-lumi", description=self.__doc__.strip().splitlines()[0]
@@ -375,7 +307,7 @@ class CotainrLumiCLI(_cotainr.StockCLI):
             version=(f"%(prog)s {__version__} (cotainr {_cotainr.cotainr_version()})"),
         )
         subparsers = parser.add_subparsers(title="subcommands")
-        for subcommand_cls in self._subcommands:
+        for subcommand_cls in subcommands:
             summary = subcommand_cls.__doc__.strip().splitlines()[0]
             sub_parser = subparsers.add_parser(
                 name=subcommand_cls.__name__.lower(), help=summary, description=summary
@@ -395,6 +327,27 @@ class CotainrLumiCLI(_cotainr.StockCLI):
                 self.subcommand, "log_settings", _cotainr.make_log_settings()
             )
         )
+
+
+def activated_subcommands():
+    """
+    The ``build`` and ``info`` subcommands with cotainr-lumi active.
+
+    On a cotainr with the public build stage seam these are cotainr's own
+    (with the cotainr-lumi stage and systems registered); otherwise the
+    :class:`Build` and :class:`Info` subclasses (the fallback path).
+
+    Returns
+    -------
+    subcommands : list of type
+        The build and info subcommand classes.
+    """
+    if seam.has_build_stage_seam():
+        from .seamstage import register
+
+        register()
+        return [_cotainr.StockBuild, _cotainr.StockInfo]
+    return [Build, Info]
 
 
 def patch_stock_cli(*, cli_module):
@@ -422,4 +375,12 @@ def main(*args, **kwargs):
     cli.subcommand.execute()
 
 
-__all__ = ["Build", "Info", "Verify", "CotainrLumiCLI", "main", "patch_stock_cli"]
+__all__ = [
+    "Build",
+    "Info",
+    "Verify",
+    "CotainrLumiCLI",
+    "activated_subcommands",
+    "main",
+    "patch_stock_cli",
+]

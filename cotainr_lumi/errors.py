@@ -124,4 +124,4 @@ class StageError(CotainrLumiError):
 
 
 class UnsupportedCotainrError(CotainrLumiError):
-    """The installed cotainr release is outside the tested range."""
+    """The installed cotainr cannot run cotainr-lumi (release or internals)."""

@@ -14,6 +14,8 @@ import subprocess
 
 import pytest
 
+from cotainr_lumi._cotainr import CONDA_PREFIX
+
 
 class FakeSingularity:
     """Record and emulate the singularity commands cotainr runs."""
@@ -57,8 +59,9 @@ class FakeSingularity:
                 if predicate(argv):
                     return handler(argv)
             if argv[:3] == ["conda", "info", "--base"]:
+                # Where the installed cotainr puts conda (it checks the answer).
                 return subprocess.CompletedProcess(
-                    args, 0, stdout="/opt/cotainr/conda\n", stderr=""
+                    args, 0, stdout=f"{CONDA_PREFIX}\n", stderr=""
                 )
             if argv[:2] == ["uname", "-m"]:
                 return subprocess.CompletedProcess(

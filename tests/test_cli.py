@@ -1,4 +1,6 @@
+from contextlib import nullcontext
 import sys
+from unittest import mock
 
 import cotainr.cli as stock_cli
 import pytest
@@ -26,7 +28,10 @@ def run_cli(mocker, subcommands, argv):
 
 
 STOCK = [stock_cli.Build, stock_cli.Info]
-PATCHED = [cli.Build, cli.Info]
+# The stock command's subcommands with cotainr-lumi active: cotainr's own on a
+# cotainr with the build stage seam, the Build/Info subclasses otherwise.
+PATCHED = cli.activated_subcommands()
+SEAM = PATCHED == STOCK
 
 
 @pytest.mark.parametrize("use_system", [False, True])
@@ -43,17 +48,19 @@ def test_stock_builds_run_identical_commands_with_plugin(
         source = ["--system=stock-sys"]
     else:
         source = [f"--base-image={base_image}"]
-    run_cli(
-        mocker,
-        STOCK,
-        [
-            "build",
-            str(tmp_path / "stock.sif"),
-            *source,
-            f"--conda-env={env}",
-            "--accept-licenses",
-        ],
-    )
+    with mock.patch.object(stock_cli.Build, "_stages", []) if SEAM else nullcontext():
+        # On the seam path: cotainr's Build without the cotainr-lumi stage.
+        run_cli(
+            mocker,
+            STOCK,
+            [
+                "build",
+                str(tmp_path / "stock.sif"),
+                *source,
+                f"--conda-env={env}",
+                "--accept-licenses",
+            ],
+        )
     stock_commands = normalise(fake_singularity.commands)
     stock_labels = (tmp_path / "stock.sif").read_bytes()
     fake_singularity.commands.clear()
@@ -107,7 +114,12 @@ def test_dry_run_of_stock_base_image_build_builds_nothing(
         PATCHED,
         ["build", str(tmp_path / "x.sif"), f"--base-image={base_image}", "--dry-run"],
     )
-    assert "stock cotainr" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    if SEAM:
+        # cotainr's own plan: no cotainr-lumi stage takes part.
+        assert f"Base image: {base_image}" in out and "cotainr-lumi" not in out
+    else:
+        assert "stock cotainr" in out
     assert fake_singularity.commands == []
 
 
@@ -119,7 +131,8 @@ def test_existing_image_without_force_and_without_terminal_fails_clearly(
     mocker.patch.object(sys.stdin, "isatty", return_value=False, create=True)
     with pytest.raises(SystemExit) as info:
         run_cli(mocker, PATCHED, ["build", str(image), "--system=lumi-test"])
-    assert info.value.code == 2
+    # cotainr's own check exits 1 on the seam path, cotainr-lumi's exits 2.
+    assert info.value.code == (1 if SEAM else 2)
     assert "--force" in capsys.readouterr().err
     assert image.read_bytes() == b"precious" and fake_singularity.commands == []
 
@@ -129,13 +142,22 @@ def test_force_overwrites_without_prompt(
 ):
     image = tmp_path / "x.sif"
     image.write_bytes(b"old")
-    prompt = mocker.patch("cotainr.util.answer_is_yes")
+    prompt = mocker.patch("cotainr_lumi._cotainr.answer_is_yes")
     run_cli(mocker, PATCHED, ["build", str(image), "--system=lumi-test", "--force"])
     prompt.assert_not_called()
     assert labels_of(image)["cotainr-lumi.system"] == "lumi-test"
 
 
 def test_unknown_system_exits_non_zero_listing_systems(tmp_path, mocker, capsys):
+    if SEAM:
+        # cotainr's own error, which lists the systems of all sources.
+        with pytest.raises(KeyError) as info:
+            run_cli(
+                mocker, PATCHED, ["build", str(tmp_path / "x.sif"), "--system=no-such"]
+            )
+        err = str(info.value)
+        assert "no-such" in err and "lumi-g-ext" in err and "lumi-g-ext-rocm-6.1" in err
+        return
     with pytest.raises(SystemExit) as info:
         run_cli(mocker, PATCHED, ["build", str(tmp_path / "x.sif"), "--system=no-such"])
     assert info.value.code == 2
@@ -203,15 +225,22 @@ def test_info_lists_added_and_stock_systems(mocker, capsys):
         return_value={"lumi-g": {"base-image": "docker://x"}},
     )
     mocker.patch.object(
-        cli.Info, "_check_singularity_dependency", return_value="singularity: mocked"
+        stock_cli.Info,
+        "_check_singularity_dependency",
+        return_value="singularity: mocked",
     )
     run_cli(mocker, PATCHED, ["info"])
     out = capsys.readouterr().out
-    assert (
-        "lumi-g-ext [cotainr-lumi]" in out
-        and "lumi-g-ext-rocm-6.0 [cotainr-lumi]" in out
-    )
-    assert "lumi-g [stock]" in out
+    if SEAM:
+        # cotainr's own info lists the systems of the cotainr-lumi source.
+        assert "\t- lumi-g-ext\n".expandtabs(4) in out
+        assert "- lumi-g-ext-rocm-6.0" in out
+    else:
+        assert (
+            "lumi-g-ext [cotainr-lumi]" in out
+            and "lumi-g-ext-rocm-6.0 [cotainr-lumi]" in out
+        )
+        assert "lumi-g [stock]" in out
 
 
 def test_cotainr_lumi_command_gives_the_same_build(

@@ -60,13 +60,17 @@ from ..errors import UnsupportedCotainrError  # noqa: E402
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The cotainr releases this module is written and tested against.
-SUPPORTED_COTAINR = SpecifierSet(">=2025.7.1,<2025.8")
+#: The cotainr releases cotainr-lumi supports: from the oldest release LUMI's
+#: cotainr module still ships. Newer releases are accepted when they have the
+#: public seam or meet the checked contract (:mod:`.contract`); no upper pin.
+SUPPORTED_COTAINR = SpecifierSet(">=2025.3.0")
+
+from . import contract, seam  # noqa: E402
 
 #: The conda environment name cotainr uses.
 CONDA_ENV_NAME = "conda_container_env"
-#: Where cotainr installs conda in the image.
-CONDA_PREFIX = "/opt/cotainr/conda"
+#: Where cotainr installs conda in the image (``/opt/conda`` before 2025.7).
+CONDA_PREFIX = contract.conda_prefix()
 #: The env file cotainr appends its activation to.
 COTAINR_ENV_FILE = "/.singularity.d/env/92-cotainr-env.sh"
 
@@ -76,7 +80,20 @@ StockInfo = _cli.Info
 StockCLI = _cli.CotainrCLI
 StockSubcommand = _cli.CotainrSubcommand
 extract_help_from_docstring = _cli._extract_help_from_docstring
-answer_is_yes = _util.answer_is_yes
+
+
+def _ask_yes_no(input_text):
+    """Ask until the answer is yes or no (cotainr before 2025.7 has no helper)."""
+    prompt = input_text + " [yes/no]\n>>> "
+    while True:
+        answer = input(prompt).strip().lower()
+        if answer in ("yes", "no"):
+            return answer == "yes"
+        prompt = f'You answered "{answer}". Please answer yes or no.\n>>> '
+
+
+#: cotainr's yes/no question (``cotainr.util.answer_is_yes`` from 2025.7).
+answer_is_yes = getattr(_util, "answer_is_yes", _ask_yes_no)
 
 
 def cotainr_version():
@@ -93,13 +110,25 @@ def cotainr_version():
 
 def check_cotainr_version():
     """
-    Raise unless the installed cotainr is in the supported range.
+    Raise unless the installed cotainr can run cotainr-lumi.
+
+    A cotainr with the public seam (``docs/upstream/``) is used through it.
+    Otherwise the release must be supported (:data:`SUPPORTED_COTAINR`) and
+    meet every assumption of the fallback path (:mod:`.contract`).
+
+    Returns
+    -------
+    path : str
+        ``"seam"`` or ``"fallback"``.
 
     Raises
     ------
     :class:`cotainr_lumi.errors.UnsupportedCotainrError`
-        If the version is outside :data:`SUPPORTED_COTAINR` or unreadable.
+        Naming the release, or the assumptions it breaks; stock ``cotainr``
+        keeps working then.
     """
+    if seam.has_build_stage_seam():
+        return "seam"
     found = cotainr_version()
     try:
         ok = Version(found) in SUPPORTED_COTAINR
@@ -107,11 +136,57 @@ def check_cotainr_version():
         ok = False
     if not ok:
         raise UnsupportedCotainrError(
-            f"cotainr {found} is installed but cotainr-lumi supports "
-            f"cotainr{SUPPORTED_COTAINR}. Install a supported cotainr "
-            f"(pip install 'cotainr{SUPPORTED_COTAINR}') or a cotainr-lumi "
-            "release made for your cotainr."
+            f"cotainr-lumi is disabled: cotainr {found} is installed but "
+            f"cotainr-lumi needs cotainr{SUPPORTED_COTAINR}. Stock cotainr "
+            f"works unchanged; install 'cotainr{SUPPORTED_COTAINR}' to use "
+            "cotainr-lumi."
         )
+    broken = contract.broken_assumptions()
+    if broken:
+        reasons = "; ".join(f"{a.name} ({reason})" for a, reason in broken)
+        raise UnsupportedCotainrError(
+            f"cotainr-lumi is disabled: cotainr {found} changed internals "
+            f"cotainr-lumi relies on: {reasons}. Stock cotainr works "
+            "unchanged; install a cotainr-lumi release that supports cotainr "
+            f"{found}, or a cotainr with the plugin seam."
+        )
+    return "fallback"
+
+
+def single_conda_env(conda_env):
+    """
+    The one conda environment file of a build.
+
+    cotainr 2025.7 takes one ``--conda-env`` file; an upstream branch makes it
+    a list of files applied in order. cotainr-lumi orders installs with its
+    pip steps instead, so it takes one file (a list of one is accepted).
+
+    Parameters
+    ----------
+    conda_env : os.PathLike or list of os.PathLike or None
+        As cotainr's ``Build`` holds it.
+
+    Returns
+    -------
+    conda_env : os.PathLike or None
+        The file.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.InputError`
+        If several files are given.
+    """
+    if isinstance(conda_env, (list, tuple)):
+        if len(conda_env) > 1:
+            from ..errors import InputError
+
+            raise InputError(
+                "cotainr-lumi builds take one --conda-env file; put the "
+                "packages that must be installed after others in pip steps "
+                "(--pip-requirements or --pip-steps) instead."
+            )
+        return conda_env[0] if conda_env else None
+    return conda_env
 
 
 def stock_systems():
@@ -332,6 +407,46 @@ class CommandError(Exception):
         return "\n".join(chosen[-limit:])
 
 
+def command_error_from(error, *, cmd=None):
+    """
+    The :class:`CommandError` a failed sandbox command raised, if it was one.
+
+    cotainr 2025.7 raises a ``ValueError`` from the
+    ``subprocess.CalledProcessError`` of a failed command; later releases
+    (upstream PR #158) re-raise the ``CalledProcessError`` itself. Both mean
+    "the command failed", not "cotainr-lumi has a bug".
+
+    Parameters
+    ----------
+    error : BaseException
+        What was raised.
+    cmd : sequence of str, optional
+        The command as we gave it (default: as the error records it).
+
+    Returns
+    -------
+    command_error : CommandError or None
+        None when `error` is not a failed command.
+    """
+    if isinstance(error, CommandError):
+        return error
+    cause = error
+    if isinstance(error, ValueError) and isinstance(
+        error.__cause__, subprocess.CalledProcessError
+    ):
+        cause = error.__cause__
+    if not isinstance(cause, subprocess.CalledProcessError):
+        return None
+    if cmd is None:
+        cmd = cause.cmd if isinstance(cause.cmd, (list, tuple)) else [str(cause.cmd)]
+    return CommandError(
+        cmd=[str(c) for c in cmd],
+        returncode=cause.returncode,
+        stdout=cause.stdout,
+        stderr=cause.stderr,
+    )
+
+
 class Sandbox:
     """
     A cotainr ``SingularitySandbox`` with the helpers our stages use.
@@ -357,6 +472,31 @@ class Sandbox:
             base_image=base_image, log_settings=log_settings
         )
         self.root = None
+
+    @classmethod
+    def wrap(cls, *, stock, log_settings=None):
+        """
+        Wrap a cotainr sandbox that is already inside its context.
+
+        Used on cotainr's build stage seam, where cotainr creates the sandbox.
+
+        Parameters
+        ----------
+        stock : :class:`cotainr.container.SingularitySandbox`
+            The sandbox cotainr created (inside its context).
+        log_settings : :class:`cotainr.tracing.LogSettings`, optional
+            The build's log settings.
+
+        Returns
+        -------
+        sandbox : Sandbox
+            The wrapper, with :attr:`root` set.
+        """
+        sandbox = cls.__new__(cls)
+        sandbox.log_settings = log_settings
+        sandbox.stock = stock
+        sandbox.root = Path(stock.sandbox_dir)
+        return sandbox
 
     def __enter__(self):
         self.stock.__enter__()
@@ -404,16 +544,11 @@ class Sandbox:
             return self.stock.run_command_in_container(
                 cmd=shlex.join(cmd), custom_log_dispatcher=dispatcher
             )
-        except ValueError as e:
-            cause = e.__cause__
-            if isinstance(cause, subprocess.CalledProcessError):
-                raise CommandError(
-                    cmd=cmd,
-                    returncode=cause.returncode,
-                    stdout=cause.stdout,
-                    stderr=cause.stderr,
-                ) from e
-            raise
+        except (ValueError, subprocess.CalledProcessError) as e:
+            command_error = command_error_from(e, cmd=cmd)
+            if command_error is None:
+                raise
+            raise command_error from e
 
     def add_to_env(self, *, shell_script):
         """

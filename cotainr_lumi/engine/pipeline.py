@@ -16,6 +16,14 @@ Functions
 ---------
 run_plan(*, plan, log_settings=None)
     Build the image a plan describes.
+run_stage(*, stage, context)
+    Run one stage and record its report and labels in the context.
+check_outputs(reports)
+    Collect the host files stages asked for; refuse to clobber foreign files.
+write_outputs(outputs)
+    Write the stages' host files.
+without_bind_variables()
+    Unset Apptainer/Singularity bind variables for the duration of a build.
 """
 
 import contextlib
@@ -130,8 +138,56 @@ def without_bind_variables():
         os.environ.update(removed)
 
 
-def _check_outputs(reports):
-    """Collect the host files stages asked for; refuse to clobber foreign files."""
+def run_stage(*, stage, context):
+    """
+    Run one stage and record its report and labels in the context.
+
+    Parameters
+    ----------
+    stage : :class:`cotainr_lumi.engine.stage.Stage`
+        The stage.
+    context : :class:`cotainr_lumi.engine.stage.StageContext`
+        The running build (the report and labels are appended to it).
+
+    Returns
+    -------
+    report : StageReport
+        What the stage did.
+    """
+    logger.info("Running stage: %s", stage.name)
+    t_stage = time.time()
+    report = stage.run(context=context)
+    report.duration = time.time() - t_stage
+    context.reports.append(report)
+    context.labels.update(report.labels)
+    logger.info(
+        "Finished stage %s in %.1f s%s",
+        stage.name,
+        report.duration,
+        f": {report.summary}" if report.summary else "",
+    )
+    return report
+
+
+def check_outputs(reports):
+    """
+    Collect the host files stages asked for; refuse to clobber foreign files.
+
+    Parameters
+    ----------
+    reports : list of StageReport
+        The stage reports.
+
+    Returns
+    -------
+    outputs : dict of :class:`pathlib.Path` to str
+        The files to write with :func:`write_outputs` once the image is built.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.StageError`
+        If a file exists that cotainr-lumi did not write, or cannot be written.
+    """
     outputs = {}
     for report in reports:
         wanted = dict(report.outputs)
@@ -165,8 +221,15 @@ def _check_outputs(reports):
     return outputs
 
 
-def _write_outputs(outputs):
-    """Write the stages' host files (atomically, one by one)."""
+def write_outputs(outputs):
+    """
+    Write the stages' host files (atomically, one by one).
+
+    Parameters
+    ----------
+    outputs : dict of :class:`pathlib.Path` to str
+        From :func:`check_outputs`.
+    """
     for path, content in outputs.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
@@ -176,6 +239,53 @@ def _write_outputs(outputs):
         tmp.chmod(0o755 if content.startswith("#!") else 0o644)
         os.replace(tmp, path)
         logger.info("Wrote %s", path)
+
+
+def as_stage_error(error, *, stage):
+    """
+    The one clear error to report for an exception raised while building.
+
+    Parameters
+    ----------
+    error : Exception
+        What was raised.
+    stage : str
+        The stage (or cotainr step) that was running.
+
+    Returns
+    -------
+    error : :class:`cotainr_lumi.errors.CotainrLumiError`
+        `error` itself if it already is one, else a
+        :class:`cotainr_lumi.errors.StageError` naming the stage.
+    """
+    if isinstance(error, CotainrLumiError):
+        return error
+    command_error = _cotainr.command_error_from(error)
+    if command_error is not None:
+        return StageError(
+            str(command_error), stage=stage, details=command_error.error_lines()
+        )
+    if isinstance(error, FileNotFoundError):
+        if error.filename == "singularity":
+            return StageError(
+                "the 'singularity' command was not found. Install Apptainer "
+                "(or SingularityCE) so that 'singularity' is on PATH; on this "
+                "project's test machines run scripts/provision-apptainer.sh.",
+                stage=stage,
+            )
+        return StageError(str(error), stage=stage)
+    if isinstance(error, (OSError, ValueError, RuntimeError)):
+        details = None
+        cause = error.__cause__
+        if cause is not None and getattr(cause, "stderr", None):
+            details = "\n".join(cause.stderr.splitlines()[-20:])
+        return StageError(str(error), stage=stage, details=details)
+    logger.debug("Unexpected error in %s", stage, exc_info=error)
+    return StageError(
+        f"unexpected {type(error).__name__}: {error}. This is a bug in "
+        "cotainr-lumi or a plugin stage; please report it with the output of -vvv.",
+        stage=stage,
+    )
 
 
 def _temporary_image_path(image_path):
@@ -252,53 +362,20 @@ def run_plan(*, plan, log_settings=None):
                 context = StageContext(sandbox=sandbox, plan=plan)
                 for stage in plan.stages:
                     current = stage.name
-                    logger.info("Running stage: %s", stage.name)
-                    t_stage = time.time()
-                    report = stage.run(context=context)
-                    report.duration = time.time() - t_stage
-                    context.reports.append(report)
-                    context.labels.update(report.labels)
-                    logger.info(
-                        "Finished stage %s in %.1f s%s",
-                        stage.name,
-                        report.duration,
-                        f": {report.summary}" if report.summary else "",
-                    )
+                    run_stage(stage=stage, context=context)
                 current = "cotainr:image"
-                outputs = _check_outputs(context.reports)
+                outputs = check_outputs(context.reports)
                 logger.info("Adding metadata to container")
                 sandbox.add_metadata(labels=context.labels)
                 logger.info("Building container image")
                 sandbox.build_image(path=tmp_image)
                 os.replace(tmp_image, plan.image_path)
                 current = "outputs"
-                _write_outputs(outputs)
+                write_outputs(outputs)
     except CotainrLumiError:
         raise
-    except _cotainr.CommandError as e:
-        raise StageError(str(e), stage=current, details=e.error_lines()) from e
-    except FileNotFoundError as e:
-        if e.filename == "singularity":
-            raise StageError(
-                "the 'singularity' command was not found. Install Apptainer "
-                "(or SingularityCE) so that 'singularity' is on PATH; on this "
-                "project's test machines run scripts/provision-apptainer.sh.",
-                stage=current,
-            ) from e
-        raise StageError(str(e), stage=current) from e
-    except (OSError, ValueError, RuntimeError) as e:
-        details = None
-        cause = e.__cause__
-        if cause is not None and getattr(cause, "stderr", None):
-            details = "\n".join(cause.stderr.splitlines()[-20:])
-        raise StageError(str(e), stage=current, details=details) from e
     except Exception as e:
-        logger.debug("Unexpected error in %s", current, exc_info=True)
-        raise StageError(
-            f"unexpected {type(e).__name__}: {e}. This is a bug in cotainr-lumi "
-            "or a plugin stage; please report it with the output of -vvv.",
-            stage=current,
-        ) from e
+        raise as_stage_error(e, stage=current) from e
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp_image.unlink()

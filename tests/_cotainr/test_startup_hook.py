@@ -9,13 +9,18 @@ import types
 
 import pytest
 
+from cotainr_lumi._cotainr import seam
 from cotainr_lumi._cotainr._startup import _cotainr_plugins_hook as hook
 
 SOURCE = Path(hook.__file__)
 
 
 def python(code, **env):
-    full_env = {k: v for k, v in os.environ.items() if k != "COTAINR_LUMI_DISABLE"}
+    full_env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("COTAINR_LUMI_DISABLE", "COTAINR_DISABLE_PLUGINS")
+    }
     full_env.update(env)
     return subprocess.run(
         [sys.executable, "-c", code],
@@ -38,14 +43,41 @@ def test_hook_patches_cotainr_cli_when_imported():
     out = python(
         "import cotainr.cli as c; print(sorted({k.__module__ for k in c.CotainrCLI._subcommands}))"
     )
-    assert out.stdout.strip() == "['cotainr_lumi.cli']"
+    if seam.has_build_stage_seam():
+        # cotainr loads its plugins itself: the hook leaves cotainr.cli alone.
+        assert out.stdout.strip() == "['cotainr.cli']"
+    else:
+        assert out.stdout.strip() == "['cotainr_lumi.cli']"
     assert out.stderr == ""
 
 
-def test_disable_env_var_leaves_cotainr_stock():
+def test_stock_command_loads_cotainr_lumi_once():
+    out = python(
+        "import cotainr.cli as c, cotainr.util as u\n"
+        "for _ in range(3):\n"
+        "    try: c.CotainrCLI(args=['--version'])\n"
+        "    except SystemExit: pass\n"
+        "print(sorted(u.get_systems()))\n"
+        "import argparse; p = argparse.ArgumentParser()\n"
+        "[s for s in c.CotainrCLI._subcommands if s.__name__ == 'Build'][0]"
+        ".add_arguments(parser=p)\n"
+        "print(sum(a.dest == 'set_settings' for a in p._actions))"
+    )
+    systems, set_options = out.stdout.strip().splitlines()[-2:]
+    # With the seam, cotainr's own get_systems() includes the cotainr-lumi
+    # systems (a systems source); without it, cotainr-lumi's Info lists them.
+    assert ("lumi-g-ext" in systems) == seam.has_build_stage_seam()
+    assert set_options == "1"
+    assert out.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "variable", ["COTAINR_LUMI_DISABLE", "COTAINR_DISABLE_PLUGINS"]
+)
+def test_disable_env_var_leaves_cotainr_stock(variable):
     out = python(
         "import cotainr.cli as c; print(sorted({k.__module__ for k in c.CotainrCLI._subcommands}))",
-        COTAINR_LUMI_DISABLE="1",
+        **{variable: "1"},
     )
     assert out.stdout.strip() == "['cotainr.cli']"
 
@@ -91,7 +123,7 @@ def test_plugin_outside_cotainr_range_is_skipped_with_one_warning(mocker, capsys
 def test_plugin_inside_range_is_activated_with_cli_module(mocker, capsys):
     called = []
     ep = fake_entry_point(
-        ["cotainr>=2025.7.1,<2025.8", "extra-thing; extra == 'test'"], called.append
+        ["cotainr>=2025.3.0", "extra-thing; extra == 'test'"], called.append
     )
     mocker.patch("importlib.metadata.entry_points", return_value=[ep])
     assert hook.load_plugins("cli-module") == ["fake"]
@@ -130,8 +162,10 @@ def test_unsupported_cotainr_version_is_refused_by_the_plugin(mocker):
     from cotainr_lumi._cotainr import plugin
     from cotainr_lumi.errors import UnsupportedCotainrError
 
-    mocker.patch("cotainr_lumi._cotainr.cotainr_version", return_value="2099.1.0")
+    mocker.patch("cotainr_lumi._cotainr.cotainr_version", return_value="2024.10.0")
+    # The version matters on the fallback path only.
+    mocker.patch.object(seam, "has_build_stage_seam", return_value=False)
     module = types.SimpleNamespace()
-    with pytest.raises(UnsupportedCotainrError, match="2099.1.0"):
+    with pytest.raises(UnsupportedCotainrError, match="2024.10.0"):
         plugin.activate(module)
     assert vars(module) == {}

@@ -2,7 +2,7 @@ import hashlib
 import json
 import os
 
-from cotainr_lumi import _version, build
+from cotainr_lumi import _cotainr, _version, build
 from cotainr_lumi.stages.provenance import sha256_of_file
 
 
@@ -40,7 +40,7 @@ def test_labels_record_given_and_resolved_base_image(
         == hashlib.sha256(open(real, "rb").read()).hexdigest()
     )
     assert labels["cotainr-lumi.version"] == _version.__version__
-    assert labels["cotainr-lumi.cotainr-version"].startswith("2025.7")
+    assert labels["cotainr-lumi.cotainr-version"] == _cotainr.cotainr_version()
     assert labels["cotainr-lumi.provenance"] == "/opt/cotainr-lumi/provenance.json"
     record = captured["record"]
     assert record["base-image"]["sha256"] == labels["cotainr-lumi.base-image.sha256"]

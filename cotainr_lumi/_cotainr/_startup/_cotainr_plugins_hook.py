@@ -11,7 +11,8 @@ module, provided the installed cotainr satisfies the ``cotainr`` requirement
 of the plugin's distribution. A plugin that does not fit, or fails, is left
 out with one warning and cotainr runs unchanged.
 
-Set ``COTAINR_LUMI_DISABLE=1`` to turn the hook off entirely.
+Set ``COTAINR_LUMI_DISABLE=1`` (or cotainr's ``COTAINR_DISABLE_PLUGINS=1``)
+to turn the hook off entirely.
 
 This module must stay import-cheap: standard library only, nothing imported
 at start-up beyond ``os`` and ``sys``.
@@ -21,6 +22,9 @@ import os
 import sys
 
 DISABLE_ENV_VAR = "COTAINR_LUMI_DISABLE"
+#: cotainr's own switch for plugins (with the upstream plugin support); the
+#: hook honours it too, so one variable turns plugins off on every cotainr.
+COTAINR_DISABLE_ENV_VAR = "COTAINR_DISABLE_PLUGINS"
 ENTRY_POINT_GROUP = "cotainr.plugins"
 TARGET_MODULE = "cotainr.cli"
 
@@ -56,6 +60,25 @@ def _plugin_fits_cotainr(entry_point):
                 f"but cotainr {cotainr_version} is installed"
             )
     return None
+
+
+def native_plugin_support(cli_module):
+    """
+    Whether cotainr loads its plugins itself (the upstream plugin support).
+
+    Parameters
+    ----------
+    cli_module : module
+        The freshly imported ``cotainr.cli`` module.
+
+    Returns
+    -------
+    native : bool
+        True when ``cotainr.cli`` uses ``cotainr.plugins.load_plugins``;
+        this hook then does nothing.
+    """
+    plugins = getattr(cli_module, "plugins", None)
+    return callable(getattr(plugins, "load_plugins", None))
 
 
 def load_plugins(cli_module):
@@ -135,6 +158,8 @@ class _ActivatingLoader:
 
     def exec_module(self, module):
         self._loader.exec_module(module)
+        if native_plugin_support(module):
+            return
         load_plugins(module)
 
     def __getattr__(self, name):
@@ -143,8 +168,9 @@ class _ActivatingLoader:
 
 def install():
     """Place the finder in front of ``sys.meta_path`` (unless disabled)."""
-    if os.environ.get(DISABLE_ENV_VAR, "") not in ("", "0"):
-        return False
+    for name in (DISABLE_ENV_VAR, COTAINR_DISABLE_ENV_VAR):
+        if os.environ.get(name, "") not in ("", "0"):
+            return False
     if TARGET_MODULE in sys.modules:
         return False
     if any(isinstance(f, _CotainrCliFinder) for f in sys.meta_path):

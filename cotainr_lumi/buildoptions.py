@@ -1,0 +1,242 @@
+"""
+The cotainr-lumi options of ``cotainr build`` and the request they make.
+
+One definition of the options, used by both ways cotainr-lumi extends
+``cotainr build``: cotainr's build stage seam (the options form the
+"cotainr-lumi" stage's argument group) and, on a cotainr without the seam,
+the :class:`cotainr_lumi.cli.Build` subclass.
+
+Functions
+---------
+add_options(*, parser, generic)
+    Add the cotainr-lumi options to a ``build`` parser.
+request_from_options(*, image_path, system, base_image, conda_env, accept_licenses, force, dry_run, options)
+    The build request the parsed options describe.
+help_text(arg)
+    The help text of an option, from :data:`OPTION_HELP`.
+"""
+
+import argparse
+import logging
+
+import yaml
+
+from .engine.plan import CANONICAL_STAGE_ORDER, BuildRequest
+from .engine.stage import available_stages, get_stage_class
+from .errors import InputError
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The help of the options, formatted as cotainr formats its own.
+OPTION_HELP = {
+    "force": "overwrite an existing image without asking (for batch jobs). The "
+    "old image is replaced only when the new build succeeds",
+    "dry_run": "print the resolved build plan (base image, stages in order, "
+    "what each will do) and build nothing",
+    "base_image_override": "use this base image instead of the system's (e.g. "
+    "your own copy of a LUMI base image)",
+    "set_settings": "override a stage setting of the system profile, as "
+    "STAGE.KEY=VALUE with VALUE in YAML (repeatable)",
+    "skip_stages": "do not run this stage of the system (repeatable)",
+}
+
+#: Options added here that are not stage options.
+GENERIC_OPTIONS = ("force", "dry_run")
+BUILD_OPTIONS = ("base_image_override", "set_settings", "skip_stages")
+
+
+def help_text(arg):
+    """
+    The help text of an option, from :data:`OPTION_HELP`.
+
+    Parameters
+    ----------
+    arg : str
+        The option's destination name.
+
+    Returns
+    -------
+    text : str
+        One line, as cotainr formats its own option help.
+    """
+    return OPTION_HELP[arg]
+
+
+def stages_in_pipeline_order():
+    """
+    Registered stage names, the built-in ones in pipeline order first.
+
+    Returns
+    -------
+    names : list of str
+        The stage names.
+    """
+    names = available_stages()
+    order = {name: i for i, name in enumerate(CANONICAL_STAGE_ORDER)}
+    return sorted(names, key=lambda n: (order.get(n, len(order)), n))
+
+
+def add_options(*, parser, generic):
+    """
+    Add the cotainr-lumi options to a ``build`` parser.
+
+    Parameters
+    ----------
+    parser : :class:`argparse.ArgumentParser` or argument group
+        Where to add them.
+    generic : bool
+        Also add ``--force`` and ``--dry-run`` (for a cotainr that lacks them).
+    """
+    if generic:
+        parser.add_argument("--force", action="store_true", help=help_text("force"))
+        parser.add_argument("--dry-run", action="store_true", help=help_text("dry_run"))
+    parser.add_argument(
+        "--base-image-override",
+        metavar="IMAGE",
+        help=help_text("base_image_override"),
+    )
+    parser.add_argument(
+        "--set",
+        dest="set_settings",
+        action="append",
+        metavar="STAGE.KEY=VALUE",
+        help=help_text("set_settings"),
+    )
+    parser.add_argument(
+        "--skip-stage",
+        dest="skip_stages",
+        action="append",
+        metavar="STAGE",
+        help=help_text("skip_stages"),
+    )
+    for name in stages_in_pipeline_order():
+        get_stage_class(name).add_arguments(parser=parser)
+
+
+def parse_set_option(text):
+    """
+    Parse ``STAGE.KEY=VALUE`` (VALUE as YAML).
+
+    Parameters
+    ----------
+    text : str
+        The option value.
+
+    Returns
+    -------
+    stage, key, value : str, str, object
+        The parts.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.InputError`
+        If the text is malformed or the value is not YAML.
+    """
+    name, sep, raw_value = text.partition("=")
+    stage, dot, key = name.partition(".")
+    if not sep or not dot or not stage or not key:
+        raise InputError(
+            f"--set {text!r}: expected STAGE.KEY=VALUE, e.g. "
+            "--set provenance.hash-base-image=false"
+        )
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(
+            f"--set {text!r}: the value is not valid YAML ({problem}); quote "
+            "strings with special characters, e.g. --set 'lumi-env.path=[\"/x\"]'"
+        ) from e
+    return stage, key, value
+
+
+def stage_settings(*, set_settings, stage_args):
+    """
+    Collect stage setting overrides from ``--set`` and the stage options.
+
+    Parameters
+    ----------
+    set_settings : list of str
+        The ``--set`` values.
+    stage_args : :class:`argparse.Namespace`
+        The parsed stage options.
+
+    Returns
+    -------
+    settings : dict
+        ``{stage: {key: value}}``.
+    """
+    settings = {}
+    for name in available_stages():
+        overrides = get_stage_class(name).settings_from_args(args=stage_args)
+        if overrides:
+            settings.setdefault(name, {}).update(overrides)
+    for text in set_settings:
+        stage, key, value = parse_set_option(text)
+        settings.setdefault(stage, {})[key] = value
+    return settings
+
+
+def request_from_options(
+    *,
+    image_path,
+    system,
+    base_image,
+    conda_env,
+    accept_licenses,
+    force,
+    dry_run,
+    options,
+):
+    """
+    The build request the parsed options describe.
+
+    Parameters
+    ----------
+    image_path : os.PathLike
+        The image to build.
+    system : str or None
+        The system name.
+    base_image : str or None
+        The base image of a build without a system.
+    conda_env : os.PathLike or None
+        The conda environment file.
+    accept_licenses : bool
+        ``--accept-licenses``.
+    force : bool
+        ``--force``.
+    dry_run : bool
+        ``--dry-run``.
+    options : mapping
+        The values of the options :func:`add_options` added (without
+        ``force``/``dry_run``), by destination name.
+
+    Returns
+    -------
+    request : :class:`cotainr_lumi.engine.plan.BuildRequest`
+        The request.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.InputError`
+        For a malformed ``--set``.
+    """
+    options = dict(options)
+    set_settings = options.pop("set_settings", None) or []
+    skip_stages = options.pop("skip_stages", None) or ()
+    base_image_override = options.pop("base_image_override", None)
+    settings = stage_settings(
+        set_settings=set_settings, stage_args=argparse.Namespace(**options)
+    )
+    return BuildRequest(
+        image_path=image_path,
+        system=system,
+        base_image=base_image,
+        base_image_override=base_image_override,
+        conda_env=conda_env,
+        settings=settings,
+        skip_stages=tuple(skip_stages),
+        force=force,
+        dry_run=dry_run,
+        accept_licenses=accept_licenses,
+    )

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Run cotainr-lumi's unit tests against each supported cotainr release from
+# the package index (a venv per release), i.e. the fallback path (start-up
+# hook + checked contract). The seam path is covered by
+# scripts/check-upstream-series.sh.
+#
+# Usage: scripts/test-cotainr-releases.sh [VERSION...]
+#        (default: 2025.3.0, the oldest release LUMI ships, and 2025.7.1)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+python=${PYTHON:-python3}
+releases=("$@")
+[ ${#releases[@]} -gt 0 ] || releases=(2025.3.0 2025.7.1)
+work=$(mktemp -d "${TMPDIR:-/tmp}/cotainr-releases.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+quiet_pip() { "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
+
+status=0
+summary=()
+for release in "${releases[@]}"; do
+    echo "== cotainr $release"
+    venv="$work/venv-$release"
+    "$python" -m venv "$venv"
+    quiet_pip "$venv/bin/python" -m pip install --quiet "cotainr==$release"
+    quiet_pip "$venv/bin/python" -m pip install --quiet "${root}[test]" "cotainr==$release"
+    found=$("$venv/bin/python" -c "import cotainr; print(cotainr.__version__)")
+    rc=0
+    (cd "$root" && CI=true "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+        -m "not e2e" tests >"$work/$release.log" 2>&1) || rc=$?
+    line=$(tail -n 1 "$work/$release.log")
+    summary+=("cotainr $found: $line")
+    if [ "$rc" != 0 ]; then
+        grep -E "^(FAILED|ERROR)" "$work/$release.log" || tail -n 30 "$work/$release.log"
+        status=1
+    fi
+done
+printf '%s\n' "${summary[@]}"
+exit "$status"
