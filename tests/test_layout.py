@@ -23,12 +23,15 @@ LAYERS = {
     "stages": 3,
     "verify": 4,
     "api": 4,
+    "buildoptions": 4,
+    "seamstage": 4,
     "cli": 5,
     "__init__": 6,
     "__main__": 6,
 }
-# The deliberate exception: cotainr's entry point hands over to the CLI.
-ALLOWED_UPWARD = {("_cotainr.plugin", "cli")}
+# The deliberate exception: cotainr's entry point hands over to the front
+# end (the stage seam's stage, or the CLI on a cotainr without the seam).
+ALLOWED_UPWARD = {("_cotainr.plugin", "cli"), ("_cotainr.plugin", "seamstage")}
 
 
 def _module_name(path):
