@@ -18,7 +18,7 @@ import shlex
 import subprocess
 import sys
 
-from hosttools import need_tool, unavailable
+from hosttools import need_lmod, need_tool
 import layouts
 from pkgfixtures import make_wheel
 from prune_fixtures import derive_base_image
@@ -28,19 +28,13 @@ import yaml
 pytestmark = pytest.mark.e2e
 
 COTAINR = Path(sys.executable).with_name("cotainr")
-LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
 BASES = {"layout1": layouts.LAYOUT1, "layout2": layouts.LAYOUT2}
-
-
-def _need_lmod():
-    if not LMOD_INIT.exists():
-        unavailable(f"Lmod is not installed, no {LMOD_INIT} (apt-get install -y lmod)")
 
 
 @pytest.fixture(scope="module", params=sorted(BASES))
 def image(request, tmp_path_factory, lumi_like_base_image, apptainer_path):
     """(work dir, module dir, image) built on a LUMI-PyTorch-like base."""
-    _need_lmod()
+    need_lmod()
     need_tool("mksquashfs", install="apt-get install -y squashfs-tools")
     need_tool("unsquashfs", install="apt-get install -y squashfs-tools")
     name = request.param
@@ -103,7 +97,7 @@ def image(request, tmp_path_factory, lumi_like_base_image, apptainer_path):
 def module_run(modules, script, *, env=None, cwd=None):
     """Run `script` in bash after ``module use MODULES; module load pytorch``."""
     full = (
-        f"source {shlex.quote(str(LMOD_INIT))} && module use {shlex.quote(str(modules))}"
+        f"source {shlex.quote(str(need_lmod()))} && module use {shlex.quote(str(modules))}"
         f" && module load pytorch && {script}"
     )
     proc = subprocess.run(

@@ -27,7 +27,6 @@ pytestmark = pytest.mark.e2e
 
 COTAINR = Path(sys.executable).with_name("cotainr")
 PKG = "layoutpkg"
-TIMES: dict[str, float] = {}
 
 #: layout -> (setup script, env python for the fixtures, expected target,
 #: fixture cases)
@@ -100,7 +99,7 @@ def cotainr(work, systems, *args):
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
-def built(request, work, lumi_like_base_image, apptainer_path):
+def built(request, work, lumi_like_base_image, apptainer_path, build_times):
     """(layout, image, systems file, expected target, build output)."""
     name = request.param
     setup, python, expected, cases = LAYOUTS[name]
@@ -115,7 +114,7 @@ def built(request, work, lumi_like_base_image, apptainer_path):
         setup=setup,
         python=python,
     )
-    TIMES[f"{name}: derive base"] = time.time() - t0
+    build_times[f"{name}: derive base"] = time.time() - t0
     systems = _systems(work, f"{name}-e2e", base)
     image = sub / f"{name}.sif"
     t0 = time.time()
@@ -128,7 +127,7 @@ def built(request, work, lumi_like_base_image, apptainer_path):
         "--pip-requirements",
         "req.txt",
     )
-    TIMES[f"{name}: cotainr build"] = time.time() - t0
+    build_times[f"{name}: cotainr build"] = time.time() - t0
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return name, image, systems, expected, proc.stdout + proc.stderr
 
@@ -250,7 +249,7 @@ def system_python_base(work, lumi_like_base_image, apptainer_path):
 
 
 def test_layout5_system_python_only_stops_early_with_one_error(
-    work, system_python_base
+    work, system_python_base, build_times
 ):
     _base, systems = system_python_base
     image = work / "layout5" / "never.sif"
@@ -269,7 +268,7 @@ def test_layout5_system_python_only_stops_early_with_one_error(
     proc = cotainr(
         work, systems, image, "--system=layout5-e2e", "--pip-requirements", "req.txt"
     )
-    TIMES["layout5: failing build"] = time.time() - t0
+    build_times["layout5: failing build"] = time.time() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "the base image has no Python environment to install into" in out
@@ -278,8 +277,3 @@ def test_layout5_system_python_only_stops_early_with_one_error(
     assert "Traceback" not in out
     assert not image.exists()
     assert not list(image.parent.glob(".never.sif.partial-*"))
-
-
-def test_zz_report_times():
-    for what, seconds in sorted(TIMES.items()):
-        print(f"{what}: {seconds:.1f} s")
