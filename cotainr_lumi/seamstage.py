@@ -24,7 +24,6 @@ register()
 
 import contextlib
 import logging
-import os
 import sys
 
 from . import _cotainr, buildoptions
@@ -32,6 +31,7 @@ from ._cotainr import seam
 from .engine.pipeline import (
     as_stage_error,
     check_outputs,
+    log_resolved_base_image,
     run_stage,
     without_bind_variables,
 )
@@ -156,14 +156,7 @@ class LumiStage:
         # record the image really used.
         build.base_image = base.resolved
         if not plan.request.dry_run:
-            if base.is_local_file and base.resolved != os.path.abspath(base.given):
-                logger.info(
-                    "Base image %s is a link to %s; building from %s (links "
-                    "such as LUMI's sif-images/ change without notice)",
-                    base.given,
-                    base.resolved,
-                    base.resolved,
-                )
+            log_resolved_base_image(base)
             stage._restore.enter_context(without_bind_variables())
         return stage
 

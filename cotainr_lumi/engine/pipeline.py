@@ -293,6 +293,25 @@ def _temporary_image_path(image_path):
     return image_path.with_name(f".{image_path.name}.partial-{os.getpid()}")
 
 
+def log_resolved_base_image(base):
+    """
+    Say so when the base image is a link (the build uses the real file).
+
+    Parameters
+    ----------
+    base : :class:`cotainr_lumi.engine.plan.BaseImage`
+        The plan's base image.
+    """
+    if base.is_local_file and base.resolved != os.path.abspath(base.given):
+        logger.info(
+            "Base image %s is a link to %s; building from %s (links "
+            "such as LUMI's sif-images/ change without notice)",
+            base.given,
+            base.resolved,
+            base.resolved,
+        )
+
+
 def run_plan(*, plan, log_settings=None):
     """
     Build the image a plan describes.
@@ -336,15 +355,7 @@ def run_plan(*, plan, log_settings=None):
     current = "cotainr:sandbox"
     try:
         with without_bind_variables(), _cotainr.console_spinner():
-            base = plan.base_image
-            if base.is_local_file and base.resolved != os.path.abspath(base.given):
-                logger.info(
-                    "Base image %s is a link to %s; building from %s (links "
-                    "such as LUMI's sif-images/ change without notice)",
-                    base.given,
-                    base.resolved,
-                    base.resolved,
-                )
+            log_resolved_base_image(plan.base_image)
             logger.info("Creating Singularity Sandbox")
             # Build from the resolved path so the image recorded in the
             # provenance labels is the one really used.

@@ -187,6 +187,16 @@ def check_var_name(var):
     return var
 
 
+def _checked(*, image, binds, name, var, container_root):
+    """The arguments of the renderers, checked, with their defaults filled in."""
+    image = check_image_path(image)
+    binds = [validate_bind(b) for b in binds]
+    name = name or Path(image).stem
+    var = check_var_name(var or var_name_of(name))
+    root = check_image_path(container_root) if container_root else None
+    return image, binds, name, var, root
+
+
 def render_lua(
     *,
     image,
@@ -225,11 +235,9 @@ def render_lua(
     text : str
         Lua code for Lmod.
     """
-    image = check_image_path(image)
-    binds = [validate_bind(b) for b in binds]
-    name = name or Path(image).stem
-    var = check_var_name(var or var_name_of(name))
-    root = check_image_path(container_root) if container_root else None
+    image, binds, name, var, root = _checked(
+        image=image, binds=binds, name=name, var=var, container_root=container_root
+    )
     help_text = (
         f"cotainr-lumi container image {image}\n\n"
         f"Sets SIF and SIF{var} (the image), SINGULARITY_BIND (the LUMI host paths\n"
@@ -330,11 +338,9 @@ def render_shell(
     text : str
         Shell code.
     """
-    image = check_image_path(image)
-    binds = [validate_bind(b) for b in binds]
-    name = name or Path(image).stem
-    var = check_var_name(var or var_name_of(name))
-    root = check_image_path(container_root) if container_root else None
+    image, binds, name, var, root = _checked(
+        image=image, binds=binds, name=name, var=var, container_root=container_root
+    )
     lines = _header(image=image, comment="#")
     lines.append(
         '# Use: . THIS_FILE, then e.g. srun singularity exec "$SIF" conda-python-simple x.py'
