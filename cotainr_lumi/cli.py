@@ -229,6 +229,30 @@ class Info(_cotainr.StockInfo):
         return "\n".join(lines)
 
 
+class _SeamInfo(_cotainr.StockInfo):
+    """
+    Obtain info about the state of all required dependencies for building a container.
+
+    The "info" subcommand of ``cotainr-lumi`` on a cotainr with the build
+    stage seam: cotainr's own report (which lists the cotainr-lumi systems
+    through the systems source), then a non-zero exit if a profile is broken.
+    """
+
+    def execute(self):
+        """Execute the "info" subcommand; exit non-zero if a profile is broken."""
+        super().execute()
+        try:
+            load_systems()
+        except CotainrLumiError as e:
+            print(f"Cannot read the system profiles: {e}")
+            raise SystemExit(getattr(e, "exit_code", 1)) from None
+
+
+#: The seam path's "info" for ``cotainr-lumi`` (the subcommand name is the
+#: class name, lower case).
+SeamInfo = type("Info", (_SeamInfo,), {"__doc__": _SeamInfo.__doc__})
+
+
 class Verify(_cotainr.StockSubcommand):
     """
     Check an image against the hand-built LUMI PyTorch image.
@@ -296,7 +320,10 @@ class CotainrLumiCLI(_cotainr.StockCLI):
         """Construct the command line interface."""
         from ._version import __version__
 
-        subcommands = [*activated_subcommands(), Verify]
+        build, info = activated_subcommands()
+        if info is _cotainr.StockInfo:
+            info = SeamInfo
+        subcommands = [build, info, Verify]
 
         parser = argparse.ArgumentParser(
             prog="cotainr-lumi", description=self.__doc__.strip().splitlines()[0]
@@ -321,6 +348,13 @@ class CotainrLumiCLI(_cotainr.StockCLI):
         if not hasattr(self.args, "subcommand_cls"):
             parser.print_help()
             raise SystemExit(0)
+        if self.args.subcommand_cls is _cotainr.StockBuild:
+            # The seam path: cotainr looks the system up before any stage
+            # runs, and reads broken cotainr-lumi profiles as "no systems".
+            try:
+                load_systems()
+            except CotainrLumiError as e:
+                _fail(e)
         self.subcommand = self.args.subcommand_cls(**subcommand_args)
         _cotainr.setup_cli_logging(
             log_settings=getattr(
