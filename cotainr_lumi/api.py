@@ -23,10 +23,14 @@ build(**request)
 """
 
 import logging
+import time
+
+import yaml
 
 from . import _cotainr
-from .engine.pipeline import run_plan
+from .engine.pipeline import BuildResult
 from .engine.plan import BuildRequest, make_plan
+from .errors import CotainrLumiError, ImageExistsError, StageError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -149,10 +153,88 @@ def build(
         force=force,
         accept_licenses=accept_licenses,
     )
-    build_plan.request.dry_run = dry_run
     log_settings = _cotainr.make_log_settings(
         verbosity=verbosity, log_to_file=log_to_file, no_color=True
     )
     if setup_logging:
         _cotainr.setup_cli_logging(log_settings=log_settings)
-    return run_plan(plan=build_plan, log_settings=log_settings)
+    result = BuildResult(
+        image_path=build_plan.image_path,
+        system=build_plan.system.name if build_plan.system else None,
+        base_image=build_plan.base_image.given,
+    )
+    if dry_run:
+        build_plan.request.dry_run = True
+        build_plan.ask_base_image()
+        result.plan_text = build_plan.describe()
+        result.dry_run = True
+        return result
+    result.plan_text = build_plan.describe()
+    if build_plan.image_exists and not force:
+        raise ImageExistsError(
+            f"The image {build_plan.image_path} already exists. Pass --force "
+            "(force=True) to replace it, or choose another path."
+        )
+    t_start = time.time()
+    stage = _run_build(
+        image_path=build_plan.image_path,
+        system=system,
+        base_image=base_image,
+        conda_env=conda_env,
+        accept_licenses=accept_licenses,
+        verbosity=verbosity,
+        log_to_file=log_to_file,
+        options={
+            "base_image_override": base_image_override,
+            "set_settings": set_options(settings),
+            "skip_stages": list(skip_stages) or None,
+        },
+    )
+    result.labels = dict(stage.labels)
+    result.reports = list(stage.reports)
+    result.duration = time.time() - t_start
+    return result
+
+
+def set_options(settings):
+    """
+    The ``--set`` options that give `settings`.
+
+    Parameters
+    ----------
+    settings : dict or None
+        ``{stage: {key: value}}``.
+
+    Returns
+    -------
+    options : list of str or None
+        ``STAGE={KEY: VALUE, ...}`` in YAML flow style.
+    """
+    options = []
+    for stage, values in (settings or {}).items():
+        text = yaml.safe_dump(
+            [dict(values)], default_flow_style=True, sort_keys=False, width=2**31
+        )
+        options.append(f"{stage}={text.strip()[1:-1]}")
+    return options or None
+
+
+def _run_build(*, image_path, options, **build_args):
+    """Run cotainr's build (with the seam) and return the cotainr-lumi stage."""
+    from .plugin import LumiStage
+
+    build_cls = _cotainr.build_command()
+    try:
+        build = build_cls(
+            image_path=image_path, no_color=True, force=True, **build_args, **options
+        )
+        build.execute()
+    except _cotainr.StageError as e:
+        cause = e.__cause__
+        if isinstance(cause, CotainrLumiError):
+            raise cause from None
+        raise StageError(str(e), stage="cotainr") from e
+    stages = [s for s in build.stages if isinstance(s, LumiStage)]
+    if not stages:  # pragma: no cover - plan() found an extended build
+        raise StageError("the cotainr-lumi stage did not run", stage="cotainr")
+    return stages[0]

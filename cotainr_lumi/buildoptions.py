@@ -36,7 +36,8 @@ OPTION_HELP = {
     "base_image_override": "use this base image instead of the system's (e.g. "
     "your own copy of a LUMI base image)",
     "set_settings": "override a stage setting of the system profile, as "
-    "STAGE.KEY=VALUE with VALUE in YAML (repeatable)",
+    "STAGE.KEY=VALUE with VALUE in YAML, or a whole stage's settings as "
+    "STAGE=MAPPING (repeatable)",
     "skip_stages": "do not run this stage of the system (repeatable)",
 }
 
@@ -172,6 +173,17 @@ def stage_settings(*, set_settings, stage_args):
         if overrides:
             settings.setdefault(name, {}).update(overrides)
     for text in set_settings:
+        name, sep, raw = text.partition("=")
+        if sep and name and "." not in name:
+            # STAGE={...}: a whole stage's settings ({} runs it with defaults).
+            value = parse_set_option(f"{name}.settings={raw}")[2]
+            if not isinstance(value, dict):
+                raise InputError(
+                    f"--set {text[:200]!r}: expected STAGE={{KEY: VALUE, ...}} "
+                    "or STAGE.KEY=VALUE"
+                )
+            settings.setdefault(name, {}).update(value)
+            continue
         stage, key, value = parse_set_option(text)
         settings.setdefault(stage, {})[key] = value
     return settings

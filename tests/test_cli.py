@@ -1,11 +1,11 @@
-from contextlib import nullcontext
+import os
 import sys
 from unittest import mock
 
 import cotainr.cli as stock_cli
 import pytest
 
-from cotainr_lumi import cli
+from cotainr_lumi import _cotainr, cli
 
 
 def normalise(commands, sandbox_marker="singularity_sandbox"):
@@ -21,17 +21,26 @@ def normalise(commands, sandbox_marker="singularity_sandbox"):
     return out
 
 
+SEAM = _cotainr.has_build_stage_seam()
+STOCK = [stock_cli.Build, stock_cli.Info]
+# The stock command's subcommands with cotainr-lumi active: cotainr's own on a
+# cotainr with the build stage seam, the backport's Build otherwise.
+PATCHED = [_cotainr.build_command(), stock_cli.Info]
+
+
 def run_cli(mocker, subcommands, argv):
     mocker.patch.object(stock_cli.CotainrCLI, "_subcommands", subcommands)
     mocker.patch.object(sys, "argv", ["cotainr", *argv])
-    stock_cli.main()
+    if SEAM:
+        stock_cli.main()
+        return
+    import cotainr.util
 
+    from cotainr_lumi._cotainr import backport
 
-STOCK = [stock_cli.Build, stock_cli.Info]
-# The stock command's subcommands with cotainr-lumi active: cotainr's own on a
-# cotainr with the build stage seam, the Build/Info subclasses otherwise.
-PATCHED = cli.activated_subcommands()
-SEAM = PATCHED == STOCK
+    stock = getattr(cotainr.util.get_systems, "__wrapped__", cotainr.util.get_systems)
+    mocker.patch("cotainr.util.get_systems", backport.systems_with_plugins(stock))
+    backport.main_with_stage_errors(stock_cli.main)()
 
 
 @pytest.mark.parametrize("use_system", [False, True])
@@ -48,7 +57,7 @@ def test_stock_builds_run_identical_commands_with_plugin(
         source = ["--system=stock-sys"]
     else:
         source = [f"--base-image={base_image}"]
-    with mock.patch.object(stock_cli.Build, "_stages", []) if SEAM else nullcontext():
+    with mock.patch.dict(os.environ, {"COTAINR_DISABLE_PLUGINS": "1"}):
         # On the seam path: cotainr's Build without the cotainr-lumi stage.
         run_cli(
             mocker,
@@ -115,11 +124,8 @@ def test_dry_run_of_stock_base_image_build_builds_nothing(
         ["build", str(tmp_path / "x.sif"), f"--base-image={base_image}", "--dry-run"],
     )
     out = capsys.readouterr().out
-    if SEAM:
-        # cotainr's own plan: no cotainr-lumi stage takes part.
-        assert f"Base image: {base_image}" in out and "cotainr-lumi" not in out
-    else:
-        assert "stock cotainr" in out
+    # cotainr's own plan: no cotainr-lumi stage takes part.
+    assert f"Base image: {base_image}" in out and "cotainr-lumi" not in out
     assert fake_singularity.commands == []
 
 
@@ -149,15 +155,7 @@ def test_force_overwrites_without_prompt(
 
 
 def test_unknown_system_exits_non_zero_listing_systems(tmp_path, mocker, capsys):
-    if SEAM:
-        # cotainr's own error, which lists the systems of all sources.
-        with pytest.raises(KeyError) as info:
-            run_cli(
-                mocker, PATCHED, ["build", str(tmp_path / "x.sif"), "--system=no-such"]
-            )
-        err = str(info.value)
-        assert "no-such" in err and "lumi-g-ext" in err and "lumi-g-ext-rocm-6.1" in err
-        return
+    # cotainr's own error (or the backport's), listing the systems of all sources.
     with pytest.raises(SystemExit) as info:
         run_cli(mocker, PATCHED, ["build", str(tmp_path / "x.sif"), "--system=no-such"])
     assert info.value.code == 2
@@ -220,10 +218,6 @@ def test_skip_stage(tmp_path, fake_singularity, mocker, test_profile, capsys):
 
 
 def test_info_lists_added_and_stock_systems(mocker, capsys):
-    mocker.patch(
-        "cotainr_lumi._cotainr.stock_systems",
-        return_value={"lumi-g": {"base-image": "docker://x"}},
-    )
     mocker.patch.object(
         stock_cli.Info,
         "_check_singularity_dependency",
@@ -231,16 +225,9 @@ def test_info_lists_added_and_stock_systems(mocker, capsys):
     )
     run_cli(mocker, PATCHED, ["info"])
     out = capsys.readouterr().out
-    if SEAM:
-        # cotainr's own info lists the systems of the cotainr-lumi source.
-        assert "\t- lumi-g-ext\n".expandtabs(4) in out
-        assert "- lumi-g-ext-rocm-6.0" in out
-    else:
-        assert (
-            "lumi-g-ext [cotainr-lumi]" in out
-            and "lumi-g-ext-rocm-6.0 [cotainr-lumi]" in out
-        )
-        assert "lumi-g [stock]" in out
+    # cotainr's own info lists the plugin's systems.
+    assert "\t- lumi-g-ext\n".expandtabs(4) in out
+    assert "- lumi-g-ext-rocm-6.0" in out
 
 
 def test_cotainr_lumi_command_gives_the_same_build(

@@ -24,14 +24,14 @@ LAYERS = {
     "verify": 4,
     "api": 4,
     "buildoptions": 4,
-    "seamstage": 4,
+    "plugin": 4,
     "cli": 5,
     "__init__": 6,
     "__main__": 6,
 }
-# The deliberate exception: cotainr's entry point hands over to the front
-# end (the stage seam's stage, or the CLI on a cotainr without the seam).
-ALLOWED_UPWARD = {("_cotainr.plugin", "cli"), ("_cotainr.plugin", "seamstage")}
+# No exception: cotainr's entry point is the package-level plugin module, so
+# no import runs back up from _cotainr.
+ALLOWED_UPWARD = set()
 
 
 def _module_name(path):

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from cotainr_lumi._cotainr import seam
+from cotainr_lumi import _cotainr
 
 HELP = "from cotainr.cli import CotainrCLI\nCotainrCLI(args=['build', '--help'])"
 
@@ -26,12 +26,15 @@ def test_build_help_only_gains_the_cotainr_lumi_group():
     lumi = build_help(with_cotainr_lumi=True).strip().split("\n\n")
     # Description, positional arguments and cotainr's own options: unchanged.
     assert lumi[1:4] == stock[1:4]
-    # Then one argument group, cotainr-lumi's, holding all the new options.
-    group = "\n\n".join(lumi[4:])
-    title = (
-        "cotainr-lumi build stage:" if seam.has_build_stage_seam() else "cotainr-lumi:"
-    )
-    assert group.startswith(title) and group.count(":\n") == 1
+    # Then argument groups only: on a stock cotainr the backport's (--force,
+    # --dry-run), then the cotainr-lumi stage's, holding all its options.
+    groups = "\n\n".join(lumi[4:])
+    if not _cotainr.has_build_stage_seam():
+        backport, groups = groups.split("\n\n", 1)
+        assert backport.startswith("build options (a backport")
+        assert "--force" in backport and "--dry-run" in backport
+    group = groups
+    assert group.startswith("cotainr-lumi:") and group.count(":\n") == 1
     for option in ("--base-image-override", "--set", "--skip-stage", "--pip-steps"):
         assert option in group and option not in "".join(stock)
     # The usage lists cotainr's options first, unchanged, then the new ones.

@@ -1,9 +1,11 @@
 """
-The one module that touches cotainr's internals.
+The one package that touches cotainr.
 
 Everything cotainr-lumi needs from cotainr goes through here, so a cotainr
-release that changes its internals touches this module only. Tested against
-the cotainr range :data:`SUPPORTED_COTAINR`.
+release that changes touches this package only. The build stage seam
+(``docs/upstream/seam-api.md``) is cotainr's own when it has the upstream
+series, else :mod:`.backport`'s; either way cotainr-lumi's stage is written
+against the same API and cotainr's own ``Build.execute`` drives the build.
 
 Classes
 -------
@@ -11,31 +13,30 @@ Sandbox
     A cotainr ``SingularitySandbox`` with the helpers our stages use.
 CommandError
     A command run in the sandbox failed.
+BuildStage, BuildContext, StageError
+    The seam's API (cotainr's, or the backport's).
 
 Functions
 ---------
+has_build_stage_seam()
+    Whether the installed cotainr has the seam.
+build_command()
+    The "build" subcommand class with the seam.
 cotainr_version()
     The installed cotainr version.
 check_cotainr_version()
-    Raise unless the installed cotainr is in the supported range.
+    Raise unless the installed cotainr can run cotainr-lumi.
 stock_systems()
     The systems cotainr itself defines (its ``systems.json``).
 make_log_settings(*, verbosity=0, log_to_file=False, no_color=False)
     Build cotainr log settings.
 setup_cli_logging(*, log_settings)
     Attach cotainr's console/file handlers to the ``cotainr`` logger.
-install_conda_env(*, sandbox, conda_env, accept_licenses, log_settings)
-    Run cotainr's conda step exactly as ``cotainr build`` does.
-console_spinner()
-    cotainr's console spinner, only when stdout is a terminal.
 """
 
-import contextlib
-import json
 import logging
 from pathlib import Path
 import shlex
-import shutil
 import subprocess
 import sys
 
@@ -51,8 +52,6 @@ if _hook is not None:
 
 import cotainr  # noqa: E402
 from cotainr import cli as _cli  # noqa: E402
-from cotainr import container as _container  # noqa: E402
-from cotainr import pack as _pack  # noqa: E402
 from cotainr import tracing as _tracing  # noqa: E402
 from cotainr import util as _util  # noqa: E402
 
@@ -65,21 +64,81 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 #: public seam or meet the checked contract (:mod:`.contract`); no upper pin.
 SUPPORTED_COTAINR = SpecifierSet(">=2025.3.0")
 
-from . import contract, seam  # noqa: E402
+from . import contract  # noqa: E402
 
-#: The conda environment name cotainr uses.
-CONDA_ENV_NAME = "conda_container_env"
+try:  # cotainr with the upstream series (docs/upstream/)
+    from cotainr import stages as _stages  # noqa: E402
+except ImportError:
+    _stages = None
+
+#: The names of the build stage seam (``docs/upstream/seam-api.md``).
+SEAM_NAMES = ("BuildStage", "BuildContext", "StageError")
+
+
+def has_build_stage_seam():
+    """
+    Whether the installed cotainr has the build stage seam.
+
+    Returns
+    -------
+    has_seam : bool
+        True when ``cotainr.stages`` has every name of :data:`SEAM_NAMES`.
+    """
+    return _stages is not None and all(hasattr(_stages, n) for n in SEAM_NAMES)
+
+
+if has_build_stage_seam():
+    BuildStage = _stages.BuildStage
+    BuildContext = _stages.BuildContext
+    StageError = _stages.StageError
+else:
+    from .backport import BuildContext, BuildStage, StageError  # noqa: E402, F401
+
+
+def cotainr_subcommand(*, args):
+    """
+    The subcommand cotainr's own CLI makes of `args`, with the seam active.
+
+    Parameters
+    ----------
+    args : list of str
+        The arguments (``["build", ...]`` or ``["info"]``).
+
+    Returns
+    -------
+    subcommand : :class:`cotainr.cli.CotainrSubcommand`
+        Ready to ``execute()``.
+    """
+    if not has_build_stage_seam():
+        from . import backport
+
+        backport.install(cli_module=_cli)
+    return _cli.CotainrCLI(args=args).subcommand
+
+
+def build_command():
+    """
+    The "build" subcommand class with the build stage seam.
+
+    Returns
+    -------
+    build_cls : type
+        cotainr's ``Build`` when it has the seam, else the backport's.
+    """
+    if has_build_stage_seam():
+        return _cli.Build
+    from . import backport
+
+    return backport.Build
+
+
+#: The conda environment name cotainr uses (found by running its build with
+#: recording stand-ins; the same in every release so far).
+CONDA_ENV_NAME = contract.conda_env_name() or "conda_container_env"
 #: Where cotainr installs conda in the image (``/opt/conda`` before 2025.7).
 CONDA_PREFIX = contract.conda_prefix()
 #: The env file cotainr appends its activation to.
 COTAINR_ENV_FILE = "/.singularity.d/env/92-cotainr-env.sh"
-
-# cotainr classes subclassed by our command line (see cli.py).
-StockBuild = _cli.Build
-StockInfo = _cli.Info
-StockCLI = _cli.CotainrCLI
-StockSubcommand = _cli.CotainrSubcommand
-extract_help_from_docstring = _cli._extract_help_from_docstring
 
 
 def _ask_yes_no(input_text):
@@ -127,7 +186,7 @@ def check_cotainr_version():
         Naming the release, or the assumptions it breaks; stock ``cotainr``
         keeps working then.
     """
-    if seam.has_build_stage_seam():
+    if has_build_stage_seam():
         return "seam"
     found = cotainr_version()
     try:
@@ -198,7 +257,9 @@ def stock_systems():
     systems : dict
         ``{name: {"base-image": ...}}`` as cotainr reads them.
     """
-    return _util.get_systems()
+    # The backport wraps get_systems to add the plugins' systems.
+    get_systems = getattr(_util.get_systems, "__wrapped__", _util.get_systems)
+    return get_systems()
 
 
 def stock_systems_file():
@@ -247,63 +308,44 @@ def make_log_settings(*, verbosity=0, log_to_file=False, no_color=False):
     )
 
 
+class _StandardStreamHandler(logging.StreamHandler):
+    """A handler writing to the current ``sys.stdout``/``sys.stderr``."""
+
+    def __init__(self, *, name):
+        super().__init__(stream=getattr(sys, name))
+        self._name = name
+
+    def emit(self, record):
+        self.stream = getattr(sys, self._name)
+        super().emit(record)
+
+
 def setup_cli_logging(*, log_settings):
     """
-    Attach cotainr's console/file handlers to the ``cotainr`` logger.
+    Attach console handlers to the ``cotainr`` logger, as cotainr's CLI does.
+
+    INFO and below go to stdout as ``Cotainr:-: message``, warnings and
+    errors to stderr with their level (the format of cotainr's own CLI).
 
     Parameters
     ----------
     log_settings : :class:`cotainr.tracing.LogSettings`
-        The settings to use.
+        The settings to use (their verbosity).
     """
-    # CotainrCLI._setup_cotainr_cli_logging only uses its argument.
-    StockCLI._setup_cotainr_cli_logging(None, log_settings=log_settings)
-
-
-def console_spinner():
-    """
-    Cotainr's console spinner, only when stdout is a terminal.
-
-    In a Slurm log (stdout not a terminal) the spinner's escape codes would
-    flood the file, so a no-op context is returned instead.
-
-    Returns
-    -------
-    context : context manager
-        The spinner context or a null context.
-    """
-    try:
-        interactive = sys.stdout.isatty()
-    except (AttributeError, ValueError):
-        interactive = False
-    return _tracing.ConsoleSpinner() if interactive else contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def spinner_only_on_terminal():
-    """
-    Make cotainr's own build code skip its spinner when stdout is no terminal.
-
-    Used around a stock ``Build.execute()`` so Slurm logs of stock builds
-    are not flooded with spinner escape codes either.
-
-    Yields
-    ------
-    None
-    """
-    try:
-        interactive = sys.stdout.isatty()
-    except (AttributeError, ValueError):
-        interactive = False
-    if interactive:
-        yield
-        return
-    original = _cli.tracing.ConsoleSpinner
-    _cli.tracing.ConsoleSpinner = contextlib.nullcontext
-    try:
-        yield
-    finally:
-        _cli.tracing.ConsoleSpinner = original
+    verbosity = log_settings.verbosity
+    level = logging.DEBUG if verbosity >= 2 else logging.INFO
+    if verbosity <= -1:
+        level = logging.CRITICAL
+    out = _StandardStreamHandler(name="stdout")
+    out.setLevel(level)
+    out.addFilter(lambda record: record.levelno <= logging.INFO)
+    out.setFormatter(logging.Formatter("Cotainr:-: %(message)s"))
+    err = _StandardStreamHandler(name="stderr")
+    err.setLevel(max(level, logging.WARNING))
+    err.setFormatter(logging.Formatter("Cotainr:-:%(levelname)s: %(message)s"))
+    root = logging.getLogger("cotainr")
+    root.setLevel(level)
+    root.handlers = [out, err]
 
 
 _DISPATCHERS = {}
@@ -453,59 +495,23 @@ class Sandbox:
 
     Parameters
     ----------
-    base_image : str
-        The Apptainer/Singularity build spec of the base image.
+    stock : :class:`cotainr.container.SingularitySandbox`
+        The sandbox cotainr created (inside its context).
     log_settings : :class:`cotainr.tracing.LogSettings`, optional
         The build's log settings.
 
     Attributes
     ----------
-    root : :class:`pathlib.Path` or None
-        The host path of the sandbox (inside the context).
+    root : :class:`pathlib.Path`
+        The host path of the sandbox.
     stock : :class:`cotainr.container.SingularitySandbox`
         The wrapped cotainr sandbox.
     """
 
-    def __init__(self, *, base_image, log_settings=None):
+    def __init__(self, *, stock, log_settings=None):
         self.log_settings = log_settings
-        self.stock = _container.SingularitySandbox(
-            base_image=base_image, log_settings=log_settings
-        )
-        self.root = None
-
-    @classmethod
-    def wrap(cls, *, stock, log_settings=None):
-        """
-        Wrap a cotainr sandbox that is already inside its context.
-
-        Used on cotainr's build stage seam, where cotainr creates the sandbox.
-
-        Parameters
-        ----------
-        stock : :class:`cotainr.container.SingularitySandbox`
-            The sandbox cotainr created (inside its context).
-        log_settings : :class:`cotainr.tracing.LogSettings`, optional
-            The build's log settings.
-
-        Returns
-        -------
-        sandbox : Sandbox
-            The wrapper, with :attr:`root` set.
-        """
-        sandbox = cls.__new__(cls)
-        sandbox.log_settings = log_settings
-        sandbox.stock = stock
-        sandbox.root = Path(stock.sandbox_dir)
-        return sandbox
-
-    def __enter__(self):
-        self.stock.__enter__()
-        self.root = Path(self.stock.sandbox_dir)
-        return self
-
-    def __exit__(self, exc_type, exc_value, traceback):
-        self.root = None
-        return self.stock.__exit__(exc_type, exc_value, traceback)
+        self.stock = stock
+        self.root = Path(stock.sandbox_dir)
 
     def run(self, args, *, env=None, log_name=None):
         """
@@ -560,61 +566,3 @@ class Sandbox:
             Shell code sourced at container start.
         """
         self.stock.add_to_env(shell_script=shell_script)
-
-    def add_metadata(self, *, labels=None):
-        """
-        Add cotainr's metadata labels, then ours.
-
-        Parameters
-        ----------
-        labels : mapping of str to str, optional
-            Extra labels for ``.singularity.d/labels.json``.
-        """
-        self.stock.add_metadata()
-        if labels:
-            labels_path = self.root / ".singularity.d/labels.json"
-            metadata = json.loads(labels_path.read_text())
-            metadata.update({str(k): str(v) for k, v in labels.items()})
-            labels_path.write_text(json.dumps(metadata, indent=2, sort_keys=True))
-
-    def build_image(self, *, path):
-        """
-        Build the SIF image file from the sandbox.
-
-        Parameters
-        ----------
-        path : os.PathLike
-            Where to write the image (overwritten if it exists).
-        """
-        self.stock.build_image(path=Path(path))
-
-
-def install_conda_env(*, sandbox, conda_env, accept_licenses, log_settings):
-    """
-    Run cotainr's conda step exactly as ``cotainr build`` does.
-
-    Parameters
-    ----------
-    sandbox : Sandbox
-        The sandbox (inside its context).
-    conda_env : os.PathLike
-        The conda environment file.
-    accept_licenses : bool
-        Whether the Miniforge licence was accepted on the command line.
-    log_settings : :class:`cotainr.tracing.LogSettings`
-        The build's log settings.
-    """
-    conda_env = Path(conda_env)
-    logger.info("Installing Conda environment: %s", conda_env)
-    conda_env_file = sandbox.root / conda_env.name
-    shutil.copyfile(conda_env, conda_env_file)
-    conda_install = _pack.CondaInstall(
-        sandbox=sandbox.stock,
-        license_accepted=accept_licenses,
-        log_settings=log_settings,
-    )
-    conda_install.add_environment(path=conda_env_file, name=CONDA_ENV_NAME)
-    sandbox.add_to_env(shell_script=f"conda activate {CONDA_ENV_NAME}")
-    logger.info("Cleaning up unused Conda files")
-    conda_install.cleanup_unused_files()
-    logger.info("Finished installing conda environment: %s", conda_env)

@@ -1,39 +1,54 @@
 """
-The private cotainr internals the fallback path relies on, as checked data.
+What the backport of the build stage seam needs of a stock cotainr, checked.
 
-On a cotainr without the public seam (see ``docs/upstream/``), cotainr-lumi
-works by subclassing cotainr's ``Build``/``Info`` and driving its sandbox and
-conda classes directly. Each assumption that makes about cotainr's internals
-is listed here with a check; :func:`broken_assumptions` runs them all. When
-any fails, cotainr-lumi disables itself (stock ``cotainr`` keeps working)
-and says once which assumption broke, instead of pinning cotainr's version.
+On a cotainr without the seam (``docs/upstream/``), :mod:`.backport` runs
+cotainr's own ``Build.execute`` and runs the stages when it adds its
+metadata. Each assumption that makes is listed here with a check of
+cotainr's *behaviour*: :func:`probe_stock_build` runs ``Build.execute`` with
+recording stand-ins for the sandbox and the conda installer (no subprocess,
+no file outside a temporary directory) and records what it does. When an
+assumption fails, cotainr-lumi disables itself (stock ``cotainr`` keeps
+working) and says once which one broke, instead of pinning cotainr's
+version. A cotainr that merged part of the series (``--force``, the spinner,
+systems files, plugin discovery) still meets every one.
 
 Classes
 -------
 Assumption
-    One assumption about cotainr's internals.
+    One assumption about cotainr.
+StockBuildProbe
+    What cotainr's ``Build.execute`` did with recording stand-ins.
 
 Functions
 ---------
+probe_stock_build()
+    Run cotainr's ``Build.execute`` with recording stand-ins.
+conda_prefix()
+    Where cotainr installs conda in the image.
+conda_env_name()
+    The name cotainr gives the conda environment.
 broken_assumptions()
     The assumptions the installed cotainr does not meet.
 
 Attributes
 ----------
 ASSUMPTIONS : tuple of Assumption
-    All assumptions of the fallback path.
+    All assumptions of the backport.
 """
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, field
+import functools
 import inspect
 import logging
-from typing import Callable
+from pathlib import Path
+import tempfile
+from typing import Callable, Optional
 
 from cotainr import cli as _cli
 from cotainr import container as _container
 from cotainr import pack as _pack
 from cotainr import tracing as _tracing
-from cotainr import util as _util
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -41,12 +56,12 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 @dataclass(frozen=True)
 class Assumption:
     """
-    One assumption about cotainr's internals.
+    One assumption about cotainr.
 
     Attributes
     ----------
     name : str
-        The cotainr name it is about (e.g. ``cotainr.cli.Info._check_systems``).
+        What it is about.
     why : str
         What cotainr-lumi uses it for.
     check : callable
@@ -58,149 +73,241 @@ class Assumption:
     check: Callable[[], "str | None"]
 
 
-def _has(owner, attr):
-    """Check that `owner` has `attr`."""
-    return None if hasattr(owner, attr) else f"{attr} is missing"
+@dataclass
+class StockBuildProbe:
+    """
+    What cotainr's ``Build.execute`` did with recording stand-ins.
+
+    Attributes
+    ----------
+    calls : list of str
+        The sandbox and conda calls, in order (``"enter"``, ``"conda"``,
+        ``"add_to_env"``, ``"add_metadata"``, ``"build_image"``, ``"exit"``).
+    base_image : str or None
+        The base image the sandbox was created from.
+    image_path : :class:`pathlib.Path` or None
+        Where the image was built.
+    conda_env_name : str or None
+        The conda environment's name.
+    conda_prefix : str or None
+        The prefix given to the conda installer (None: its default).
+    activation : list of str
+        What was added to the image's environment.
+    error : str or None
+        Why the probe failed, if it did.
+    """
+
+    calls: list = field(default_factory=list)
+    base_image: Optional[str] = None
+    image_path: Optional[Path] = None
+    conda_env_name: Optional[str] = None
+    conda_prefix: Optional[str] = None
+    activation: list = field(default_factory=list)
+    error: Optional[str] = None
 
 
-def _keywords(func, *names):
-    """Check that `func` accepts the keyword arguments `names`."""
-    try:
-        params = inspect.signature(func).parameters
-    except (TypeError, ValueError) as e:
-        return f"no signature: {e}"
-    missing = [n for n in names if n not in params]
-    return f"no keyword argument(s) {', '.join(missing)}" if missing else None
+def _stand_ins(probe, sandbox_dir):
+    """Recording sandbox and conda installer classes for `probe`."""
+
+    class RecordingSandbox:
+        def __init__(self, *, base_image, log_settings=None):
+            probe.base_image = base_image
+            self.sandbox_dir = None
+
+        def __enter__(self):
+            probe.calls.append("enter")
+            self.sandbox_dir = sandbox_dir
+            return self
+
+        def __exit__(self, *exc):
+            probe.calls.append("exit")
+            self.sandbox_dir = None
+
+        def add_to_env(self, *, shell_script):
+            probe.calls.append("add_to_env")
+            probe.activation.append(shell_script)
+
+        def add_metadata(self):
+            probe.calls.append("add_metadata")
+
+        def build_image(self, *, path):
+            probe.calls.append("build_image")
+            probe.image_path = Path(path)
+
+        def run_command_in_container(self, *, cmd, custom_log_dispatcher=None):
+            probe.calls.append("run")
+
+    class RecordingConda:
+        def __init__(self, *, sandbox, license_accepted=False, **kwargs):
+            probe.calls.append("conda")
+            probe.conda_prefix = kwargs.get("prefix")
+
+        def add_environment(self, *, path, name):
+            probe.conda_env_name = name
+
+        def cleanup_unused_files(self):
+            pass
+
+    return RecordingSandbox, RecordingConda
 
 
-def _source_mentions(func, *texts):
-    """Check that the source of `func` contains `texts`."""
-    try:
-        source = inspect.getsource(func)
-    except (OSError, TypeError) as e:
-        return f"source not readable: {e}"
-    missing = [t for t in texts if t not in source]
-    return f"does not mention {', '.join(missing)}" if missing else None
+@functools.lru_cache(maxsize=1)
+def probe_stock_build():
+    """
+    Run cotainr's ``Build.execute`` with recording stand-ins.
+
+    The build object has only the attributes the backport sets
+    (``image_path``, ``base_image``, ``conda_env``, ``accept_licenses``,
+    ``log_settings``, ``force``, ``dry_run``, ``system_name``); cotainr's
+    log output is silenced.
+
+    Returns
+    -------
+    probe : StockBuildProbe
+        What happened (``probe.error`` says why if it failed).
+    """
+    probe = StockBuildProbe()
+    with tempfile.TemporaryDirectory(prefix="cotainr-lumi-probe-") as tmp:
+        sandbox_dir = Path(tmp) / "sandbox"
+        sandbox_dir.mkdir()
+        conda_env = Path(tmp) / "env.yml"
+        conda_env.write_text("name: probe\n")
+        sandbox_cls, conda_cls = _stand_ins(probe, sandbox_dir)
+        build = object.__new__(_cli.Build)
+        build.image_path = Path(tmp) / "probe.sif"
+        build.base_image = "probe-base"
+        build.conda_env = conda_env
+        build.accept_licenses = True
+        build.log_settings = None
+        build.force = False
+        build.dry_run = False
+        build.system_name = None
+        cotainr_logger = logging.getLogger("cotainr")
+        with contextlib.ExitStack() as stack:
+            for owner, name, value in (
+                (_container, "SingularitySandbox", sandbox_cls),
+                (_pack, "CondaInstall", conda_cls),
+                (_tracing, "ConsoleSpinner", contextlib.nullcontext),
+                (cotainr_logger, "disabled", True),
+            ):
+                original = getattr(owner, name)
+                setattr(owner, name, value)
+                stack.callback(setattr, owner, name, original)
+            try:
+                _cli.Build.execute(build)
+            except Exception as e:  # noqa: BLE001 - any failure means "broken"
+                probe.error = f"{type(e).__name__}: {e}"
+        if probe.image_path is not None and probe.image_path.parent == Path(tmp):
+            probe.image_path = Path(probe.image_path.name)
+    return probe
 
 
-def _default(func, name):
-    """The default value of the parameter `name` of `func` (or None)."""
-    param = inspect.signature(func).parameters.get(name)
-    return None if param is None else param.default
+def _order_holds():
+    """Check that execute adds metadata after conda and before the image."""
+    probe = probe_stock_build()
+    if probe.error:
+        return f"Build.execute failed with stand-ins: {probe.error}"
+    wanted = ["enter", "conda", "add_metadata", "build_image", "exit"]
+    seen = [call for call in probe.calls if call in wanted]
+    if seen != wanted:
+        return f"calls were {probe.calls}, expected the order {wanted}"
+    if probe.base_image != "probe-base":
+        return f"the sandbox was made from {probe.base_image!r}, not base_image"
+    return None
+
+
+def _image_path_holds():
+    """Check that execute builds to ``image_path`` (or a name next to it)."""
+    probe = probe_stock_build()
+    if probe.image_path is None:
+        return "no image was built"
+    if "probe.sif" not in probe.image_path.name:
+        return f"the image went to {probe.image_path}, not next to image_path"
+    return None
+
+
+def _conda_holds():
+    """Check that the conda env is named and activated."""
+    probe = probe_stock_build()
+    name = probe.conda_env_name
+    if not name:
+        return "no conda environment name was recorded"
+    if not any(name in script for script in probe.activation):
+        return f"the environment {name!r} is not activated in the image's env"
+    return None
 
 
 def conda_prefix():
     """
-    Where the installed cotainr installs conda in the image.
+    Where cotainr installs conda in the image.
 
     Returns
     -------
     prefix : str
         ``/opt/cotainr/conda`` from 2025.7.0, ``/opt/conda`` before.
     """
-    return str(_default(_pack.CondaInstall.__init__, "prefix"))
+    probe = probe_stock_build()
+    if probe.conda_prefix:
+        return str(probe.conda_prefix)
+    param = inspect.signature(_pack.CondaInstall.__init__).parameters.get("prefix")
+    return None if param is None else str(param.default)
+
+
+def conda_env_name():
+    """
+    The name cotainr gives the conda environment.
+
+    Returns
+    -------
+    name : str or None
+        ``conda_container_env`` in every release so far.
+    """
+    return probe_stock_build().conda_env_name
+
+
+def _has(owner, attr):
+    """Check that `owner` has `attr`."""
+    return None if hasattr(owner, attr) else f"{attr} is missing"
 
 
 ASSUMPTIONS = (
     Assumption(
+        "cotainr.cli.Build.execute: sandbox, conda, metadata, image, in this order",
+        "the stages run when cotainr adds its metadata, after its conda step",
+        _order_holds,
+    ),
+    Assumption(
+        "cotainr.cli.Build.execute builds the image at image_path",
+        "the image is built under a temporary name and moved into place",
+        _image_path_holds,
+    ),
+    Assumption(
+        "cotainr.cli.Build.execute names and activates the conda environment",
+        "stages are told the conda environment's name and prefix",
+        _conda_holds,
+    ),
+    Assumption(
+        "cotainr.pack.CondaInstall has a prefix",
+        "stages are told where conda is in the image",
+        lambda: None if conda_prefix() else "no prefix parameter",
+    ),
+    Assumption(
         "cotainr.cli.CotainrCLI._subcommands",
-        "the start-up hook replaces Build and Info in this list",
+        "the start-up hook puts the backport's Build in this list",
         lambda: _has(_cli.CotainrCLI, "_subcommands"),
     ),
     Assumption(
-        "cotainr.cli._extract_help_from_docstring",
-        "the help text of the Build subclass' and Verify's options",
-        lambda: _keywords(_cli._extract_help_from_docstring, "arg", "docstring"),
-    ),
-    Assumption(
-        "cotainr.cli.CotainrCLI._setup_cotainr_cli_logging",
-        "called unbound by the cotainr-lumi command to set up cotainr's logging",
-        lambda: _keywords(
-            _cli.CotainrCLI._setup_cotainr_cli_logging, "self", "log_settings"
-        ),
-    ),
-    Assumption(
-        "cotainr.cli.Info._check_systems",
-        "overridden by the Info subclass to list the cotainr-lumi systems",
-        lambda: _source_mentions(_cli.Info.execute, "self._check_systems()"),
-    ),
-    Assumption(
-        "cotainr.cli.Build.execute uses image_path, base_image, conda_env, "
-        "accept_licenses, log_settings",
-        "the Build subclass sets these without calling Build.__init__ and "
-        "runs cotainr's own execute() for stock builds",
-        lambda: _source_mentions(
-            _cli.Build.execute,
-            "self.image_path",
-            "self.base_image",
-            "self.conda_env",
-            "self.accept_licenses",
-            "self.log_settings",
-        ),
-    ),
-    Assumption(
-        "cotainr.cli.tracing.ConsoleSpinner",
-        "replaced by a null context around stock builds when stdout is no terminal",
-        lambda: _source_mentions(_cli.Build.execute, "tracing.ConsoleSpinner()"),
-    ),
-    Assumption(
-        "cotainr.util.systems_file",
-        "shown as the source of cotainr's own systems",
-        lambda: _has(_util, "systems_file"),
-    ),
-    Assumption(
-        "cotainr.pack.CondaInstall(sandbox=, license_accepted=, log_settings=, prefix=)",
-        "cotainr's conda step, run the same way as cotainr build",
-        lambda: (
-            _keywords(
-                _pack.CondaInstall.__init__,
-                "sandbox",
-                "license_accepted",
-                "log_settings",
-                "prefix",
-            )
-            or _keywords(_pack.CondaInstall.add_environment, "path", "name")
-            or _has(_pack.CondaInstall, "cleanup_unused_files")
-        ),
-    ),
-    Assumption(
-        "conda environment 'conda_container_env', activated in 92-cotainr-env.sh",
-        "the pip stage installs into cotainr's conda environment",
-        lambda: (
-            _source_mentions(_cli.Build.execute, '"conda_container_env"')
-            or _source_mentions(
-                _container.SingularitySandbox.add_to_env, "92-cotainr-env.sh"
-            )
-        ),
-    ),
-    Assumption(
-        "cotainr.container.SingularitySandbox labels in .singularity.d/labels.json",
-        "cotainr-lumi's labels are merged into cotainr's",
-        lambda: _source_mentions(
-            _container.SingularitySandbox.add_metadata, ".singularity.d/labels.json"
-        ),
-    ),
-    Assumption(
         "cotainr.container.SingularitySandbox.run_command_in_container(cmd=, custom_log_dispatcher=)",
-        "stages run commands in the sandbox; a failure raises ValueError from "
-        "CalledProcessError (2025.7) or CalledProcessError (upstream PR #158)",
-        lambda: _keywords(
-            _container.SingularitySandbox.run_command_in_container,
-            "cmd",
-            "custom_log_dispatcher",
-        ),
-    ),
-    Assumption(
-        "cotainr.tracing.LogDispatcher(name=, map_log_level_func=, log_settings=)",
-        "subprocess output of the stages goes through cotainr's logging",
+        "stages run commands in the sandbox",
         lambda: (
-            _keywords(
-                _tracing.LogDispatcher.__init__,
-                "name",
-                "map_log_level_func",
-                "log_settings",
+            None
+            if {"cmd", "custom_log_dispatcher"}
+            <= set(
+                inspect.signature(
+                    _container.SingularitySandbox.run_command_in_container
+                ).parameters
             )
-            or _keywords(_tracing.LogSettings, "verbosity", "log_file_path", "no_color")
+            else "other keyword arguments"
         ),
     ),
 )

@@ -1,11 +1,10 @@
 """
-Run a build plan: cotainr's sandbox and conda steps, our stages, the image.
+Run a build plan's stages inside cotainr's build.
 
-The order is cotainr's sandbox creation (and conda install when a conda env
-is given), then the plan's stages in order, then cotainr's metadata and the
-SIF build. The SIF is written next to the target under a temporary name and
-moved into place only when everything succeeded, so a failed build leaves no
-partial image and never touches an existing one.
+cotainr (its build stage seam, or the backport of it) creates the sandbox,
+installs the conda env, adds the metadata and builds the image; the
+cotainr-lumi stage (:mod:`cotainr_lumi.plugin`) runs the plan's stages in
+between with the helpers here.
 
 Classes
 -------
@@ -14,14 +13,14 @@ BuildResult
 
 Functions
 ---------
-run_plan(*, plan, log_settings=None)
-    Build the image a plan describes.
 run_stage(*, stage, context)
     Run one stage and record its report and labels in the context.
 check_outputs(reports)
     Collect the host files stages asked for; refuse to clobber foreign files.
-write_outputs(outputs)
-    Write the stages' host files.
+as_stage_error(error, *, stage)
+    The one clear error to report for an exception raised while building.
+log_resolved_base_image(base)
+    Say so when the base image is a link.
 without_bind_variables()
     Unset Apptainer/Singularity bind variables for the duration of a build.
 """
@@ -35,8 +34,8 @@ import time
 from typing import Optional
 
 from .. import _cotainr
-from ..errors import CotainrLumiError, ImageExistsError, StageError
-from .stage import OUTPUT_MARKER, StageContext, StageReport
+from ..errors import CotainrLumiError, StageError
+from .stage import OUTPUT_MARKER, StageReport
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -221,26 +220,6 @@ def check_outputs(reports):
     return outputs
 
 
-def write_outputs(outputs):
-    """
-    Write the stages' host files (atomically, one by one).
-
-    Parameters
-    ----------
-    outputs : dict of :class:`pathlib.Path` to str
-        From :func:`check_outputs`.
-    """
-    for path, content in outputs.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-        tmp.write_text(content)
-        # Scripts (a "#!" first line) are executable: host commands such as
-        # lumi-env's make-squashfs.
-        tmp.chmod(0o755 if content.startswith("#!") else 0o644)
-        os.replace(tmp, path)
-        logger.info("Wrote %s", path)
-
-
 def as_stage_error(error, *, stage):
     """
     The one clear error to report for an exception raised while building.
@@ -288,11 +267,6 @@ def as_stage_error(error, *, stage):
     )
 
 
-def _temporary_image_path(image_path):
-    """A temporary path next to `image_path` (same file system)."""
-    return image_path.with_name(f".{image_path.name}.partial-{os.getpid()}")
-
-
 def log_resolved_base_image(base):
     """
     Say so when the base image is a link (the build uses the real file).
@@ -310,93 +284,3 @@ def log_resolved_base_image(base):
             base.resolved,
             base.resolved,
         )
-
-
-def run_plan(*, plan, log_settings=None):
-    """
-    Build the image a plan describes.
-
-    Parameters
-    ----------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
-        The plan (from :func:`cotainr_lumi.engine.plan.make_plan`).
-    log_settings : :class:`cotainr.tracing.LogSettings`, optional
-        The log settings for subprocess output.
-
-    Returns
-    -------
-    result : BuildResult
-        What was built.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.CotainrLumiError`
-        If the image exists without force, or any step fails. No image is
-        written then and an existing image is left untouched.
-    """
-    t_start = time.time()
-    if plan.request.dry_run:
-        plan.ask_base_image()
-    result = BuildResult(
-        image_path=plan.image_path,
-        system=plan.system.name if plan.system else None,
-        base_image=plan.base_image.given,
-        plan_text=plan.describe(),
-    )
-    if plan.request.dry_run:
-        result.dry_run = True
-        return result
-    if plan.image_exists and not plan.request.force:
-        raise ImageExistsError(
-            f"The image {plan.image_path} already exists. Pass --force "
-            "(force=True) to replace it, or choose another path."
-        )
-    tmp_image = _temporary_image_path(plan.image_path)
-    current = "cotainr:sandbox"
-    try:
-        with without_bind_variables(), _cotainr.console_spinner():
-            log_resolved_base_image(plan.base_image)
-            logger.info("Creating Singularity Sandbox")
-            # Build from the resolved path so the image recorded in the
-            # provenance labels is the one really used.
-            with _cotainr.Sandbox(
-                base_image=plan.base_image.resolved, log_settings=log_settings
-            ) as sandbox:
-                if plan.conda_env is not None:
-                    current = "cotainr:conda"
-                    _cotainr.install_conda_env(
-                        sandbox=sandbox,
-                        conda_env=plan.conda_env,
-                        accept_licenses=plan.request.accept_licenses,
-                        log_settings=log_settings,
-                    )
-                context = StageContext(sandbox=sandbox, plan=plan)
-                for stage in plan.stages:
-                    current = stage.name
-                    run_stage(stage=stage, context=context)
-                current = "cotainr:image"
-                outputs = check_outputs(context.reports)
-                logger.info("Adding metadata to container")
-                sandbox.add_metadata(labels=context.labels)
-                logger.info("Building container image")
-                sandbox.build_image(path=tmp_image)
-                os.replace(tmp_image, plan.image_path)
-                current = "outputs"
-                write_outputs(outputs)
-    except CotainrLumiError:
-        raise
-    except Exception as e:
-        raise as_stage_error(e, stage=current) from e
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp_image.unlink()
-
-    result.labels = dict(context.labels)
-    result.reports = list(context.reports)
-    result.duration = time.time() - t_start
-    logger.info(
-        "Finished building %s in %s",
-        plan.image_path,
-        time.strftime("%H:%M:%S", time.gmtime(result.duration)),
-    )
-    return result

@@ -1,4 +1,4 @@
-"""The checked contract with cotainr's internals (the fallback path)."""
+"""The checked contract of the backport with a stock cotainr (its behaviour)."""
 
 import subprocess
 import sys
@@ -7,12 +7,12 @@ import types
 from packaging.version import Version
 import pytest
 
-from cotainr_lumi import _cotainr
-from cotainr_lumi._cotainr import contract, plugin, seam
+from cotainr_lumi import _cotainr, plugin
+from cotainr_lumi._cotainr import contract
 from cotainr_lumi._cotainr._startup import _cotainr_plugins_hook as hook
 from cotainr_lumi.errors import InputError, UnsupportedCotainrError
 
-SEAM = seam.has_build_stage_seam()
+SEAM = _cotainr.has_build_stage_seam()
 
 
 @pytest.mark.parametrize("assumption", contract.ASSUMPTIONS, ids=lambda a: a.name)
@@ -37,15 +37,48 @@ def test_conda_prefix_follows_the_release():
     assert contract.conda_prefix() == expected == _cotainr.CONDA_PREFIX
 
 
+def test_stock_build_is_probed_by_running_it():
+    """The probe runs cotainr's Build.execute with recording stand-ins."""
+    probe = contract.probe_stock_build()
+    assert probe.error is None
+    assert probe.calls.index("conda") < probe.calls.index("add_metadata")
+    assert probe.calls.index("add_metadata") < probe.calls.index("build_image")
+    assert probe.conda_env_name == _cotainr.CONDA_ENV_NAME == "conda_container_env"
+    assert probe.activation == ["conda activate conda_container_env"]
+
+
+def test_a_build_that_images_before_its_metadata_breaks_the_contract(mocker):
+    """Behaviour, not source text: a reordered execute() is caught."""
+
+    def reordered(build):
+        from cotainr import container
+
+        with container.SingularitySandbox(
+            base_image=build.base_image, log_settings=None
+        ) as sandbox:
+            sandbox.build_image(path=build.image_path)
+            sandbox.add_metadata()
+
+    contract.probe_stock_build.cache_clear()
+    mocker.patch("cotainr.cli.Build.execute", reordered)
+    try:
+        reasons = dict((a.name, r) for a, r in contract.broken_assumptions())
+    finally:
+        contract.probe_stock_build.cache_clear()
+    (order,) = [r for n, r in reasons.items() if "in this order" in n]
+    assert "expected the order" in order
+    assert any("conda" in n for n in reasons)
+
+
 def test_broken_assumption_disables_cotainr_lumi_naming_it(mocker):
-    mocker.patch.object(seam, "has_build_stage_seam", return_value=False)
+    mocker.patch.object(_cotainr, "has_build_stage_seam", return_value=False)
     broken = contract.Assumption(
         "cotainr.cli.Info._check_systems", "listing systems", lambda: "is missing"
     )
     mocker.patch.object(contract, "ASSUMPTIONS", (broken,))
     module = types.SimpleNamespace()
     with pytest.raises(UnsupportedCotainrError) as info:
-        plugin.activate(module)
+        plugin.on_stock_cotainr(module)
     message = str(info.value)
     assert "cotainr-lumi is disabled" in message
     assert "cotainr.cli.Info._check_systems (is missing)" in message
@@ -66,7 +99,7 @@ def test_check_that_raises_counts_as_broken(mocker):
 
 def test_disabled_plugin_warns_once_and_stock_cotainr_runs(mocker, capsys):
     """The start-up hook's path: one warning, cotainr's own subcommands kept."""
-    mocker.patch.object(seam, "has_build_stage_seam", return_value=False)
+    mocker.patch.object(_cotainr, "has_build_stage_seam", return_value=False)
     mocker.patch.object(
         contract,
         "ASSUMPTIONS",
@@ -75,9 +108,7 @@ def test_disabled_plugin_warns_once_and_stock_cotainr_runs(mocker, capsys):
     import cotainr.cli
 
     stock = list(cotainr.cli.CotainrCLI._subcommands)
-    entry_point = types.SimpleNamespace(
-        name="lumi", dist=None, load=lambda: plugin.activate
-    )
+    entry_point = types.SimpleNamespace(name="lumi", dist=None, load=lambda: plugin)
     mocker.patch("importlib.metadata.entry_points", return_value=[entry_point])
     mocker.patch.object(hook, "_plugin_fits_cotainr", return_value=None)
     loaded = hook.load_plugins(cotainr.cli)
@@ -103,7 +134,7 @@ def test_failed_sandbox_command_is_a_command_error(raised, mocker, tmp_path):
     stock = types.SimpleNamespace(
         sandbox_dir=tmp_path, run_command_in_container=run_command_in_container
     )
-    sandbox = _cotainr.Sandbox.wrap(stock=stock)
+    sandbox = _cotainr.Sandbox(stock=stock)
     with pytest.raises(_cotainr.CommandError) as info:
         sandbox.run(["pip", "install", "x"])
     assert info.value.cmd == ["pip", "install", "x"]
@@ -119,7 +150,7 @@ def test_other_value_errors_are_not_command_errors(tmp_path):
         sandbox_dir=tmp_path, run_command_in_container=run_command_in_container
     )
     with pytest.raises(ValueError, match="sandbox context"):
-        _cotainr.Sandbox.wrap(stock=stock).run(["true"])
+        _cotainr.Sandbox(stock=stock).run(["true"])
 
 
 @pytest.mark.parametrize(

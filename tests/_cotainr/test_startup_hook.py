@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from cotainr_lumi._cotainr import seam
+from cotainr_lumi import _cotainr
 from cotainr_lumi._cotainr._startup import _cotainr_plugins_hook as hook
 
 SOURCE = Path(hook.__file__)
@@ -43,11 +43,11 @@ def test_hook_patches_cotainr_cli_when_imported():
     out = python(
         "import cotainr.cli as c; print(sorted({k.__module__ for k in c.CotainrCLI._subcommands}))"
     )
-    if seam.has_build_stage_seam():
+    if _cotainr.has_build_stage_seam():
         # cotainr loads its plugins itself: the hook leaves cotainr.cli alone.
         assert out.stdout.strip() == "['cotainr.cli']"
     else:
-        assert out.stdout.strip() == "['cotainr_lumi.cli']"
+        assert out.stdout.strip() == "['cotainr.cli', 'cotainr_lumi._cotainr.backport']"
     assert out.stderr == ""
 
 
@@ -64,9 +64,9 @@ def test_stock_command_loads_cotainr_lumi_once():
         "print(sum(a.dest == 'set_settings' for a in p._actions))"
     )
     systems, set_options = out.stdout.strip().splitlines()[-2:]
-    # With the seam, cotainr's own get_systems() includes the cotainr-lumi
-    # systems (a systems source); without it, cotainr-lumi's Info lists them.
-    assert ("lumi-g-ext" in systems) == seam.has_build_stage_seam()
+    # cotainr's get_systems() includes the plugin's systems: natively with
+    # the series, through the backport without it.
+    assert "lumi-g-ext" in systems
     assert set_options == "1"
     assert out.stderr == ""
 
@@ -159,13 +159,13 @@ def test_install_respects_disable_variable(monkeypatch, value, installed):
 
 
 def test_unsupported_cotainr_version_is_refused_by_the_plugin(mocker):
-    from cotainr_lumi._cotainr import plugin
+    from cotainr_lumi import plugin
     from cotainr_lumi.errors import UnsupportedCotainrError
 
     mocker.patch("cotainr_lumi._cotainr.cotainr_version", return_value="2024.10.0")
     # The version matters on the fallback path only.
-    mocker.patch.object(seam, "has_build_stage_seam", return_value=False)
+    mocker.patch.object(_cotainr, "has_build_stage_seam", return_value=False)
     module = types.SimpleNamespace()
     with pytest.raises(UnsupportedCotainrError, match="2024.10.0"):
-        plugin.activate(module)
+        plugin.on_stock_cotainr(module)
     assert vars(module) == {}

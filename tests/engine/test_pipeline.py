@@ -2,8 +2,7 @@ import os
 
 import pytest
 
-from cotainr_lumi.engine import pipeline
-from cotainr_lumi.engine.plan import BuildRequest, make_plan
+from cotainr_lumi import api
 from cotainr_lumi.engine.stage import Stage, StageReport, register_stage
 from cotainr_lumi.errors import ImageExistsError, StageError
 
@@ -60,10 +59,8 @@ def ordered_profile(tmp_path, base_image, monkeypatch):
 
 
 def build(tmp_path, system, **kwargs):
-    plan = make_plan(
-        request=BuildRequest(image_path=tmp_path / "out.sif", system=system, **kwargs)
-    )
-    return pipeline.run_plan(plan=plan)
+    """One build through the one driver: cotainr's Build with the seam."""
+    return api.build(image_path=tmp_path / "out.sif", system=system, **kwargs)
 
 
 def test_stages_run_in_profile_order_between_sandbox_and_image(

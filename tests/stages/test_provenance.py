@@ -17,17 +17,17 @@ def test_labels_record_given_and_resolved_base_image(
     tmp_path, fake_singularity, test_profile, base_image, mocker
 ):
     captured = {}
-    real_build_image = __import__(
-        "cotainr_lumi._cotainr", fromlist=["Sandbox"]
-    ).Sandbox.build_image
+    from cotainr.container import SingularitySandbox
+
+    real_build_image = SingularitySandbox.build_image
 
     def capture(self, *, path):
         captured["record"] = json.loads(
-            (self.root / "opt/cotainr-lumi/provenance.json").read_text()
+            (self.sandbox_dir / "opt/cotainr-lumi/provenance.json").read_text()
         )
         return real_build_image(self, path=path)
 
-    mocker.patch("cotainr_lumi._cotainr.Sandbox.build_image", capture)
+    mocker.patch.object(SingularitySandbox, "build_image", capture)
     result = build(image_path=tmp_path / "p.sif", system="lumi-test")
     labels = result.labels
     real = os.path.realpath(base_image)

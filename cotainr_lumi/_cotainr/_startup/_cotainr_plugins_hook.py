@@ -6,9 +6,12 @@ top of site-packages together with a ``.pth`` file that imports it when the
 interpreter starts. It only places a tiny import finder in front of
 ``sys.meta_path``; nothing else happens unless and until ``cotainr.cli`` is
 imported. Then, right after ``cotainr.cli`` has executed, every entry point
-of the group ``cotainr.plugins`` is loaded and called with the ``cotainr.cli``
-module, provided the installed cotainr satisfies the ``cotainr`` requirement
-of the plugin's distribution. A plugin that does not fit, or fails, is left
+of the group ``cotainr.plugins`` is loaded and its ``on_stock_cotainr`` (or
+the entry point itself, if it is a function) is called with the
+``cotainr.cli`` module, provided the installed cotainr satisfies the
+``cotainr`` requirement of the plugin's distribution. The plugin decides
+what a cotainr without its seam needs (cotainr-lumi: the backport of the
+build stage seam). A plugin that does not fit, or fails, is left
 out with one warning and cotainr runs unchanged.
 
 Set ``COTAINR_LUMI_DISABLE=1`` (or cotainr's ``COTAINR_DISABLE_PLUGINS=1``)
@@ -64,7 +67,7 @@ def _plugin_fits_cotainr(entry_point):
 
 def native_plugin_support(cli_module):
     """
-    Whether cotainr loads its plugins itself (the upstream plugin support).
+    Whether cotainr loads its plugins and runs their build stages itself.
 
     Parameters
     ----------
@@ -74,11 +77,19 @@ def native_plugin_support(cli_module):
     Returns
     -------
     native : bool
-        True when ``cotainr.cli`` uses ``cotainr.plugins.load_plugins``;
-        this hook then does nothing.
+        True when cotainr has ``cotainr.plugins.load_plugins`` and the build
+        stage seam (``cotainr.stages``); this hook then does nothing. A
+        cotainr with plugin discovery but without the seam still gets the
+        plugins' ``on_stock_cotainr``.
     """
+    from importlib.util import find_spec
+
     plugins = getattr(cli_module, "plugins", None)
-    return callable(getattr(plugins, "load_plugins", None))
+    try:
+        has_stages = find_spec("cotainr.stages") is not None
+    except (ImportError, ValueError):  # pragma: no cover - odd installs
+        has_stages = False
+    return callable(getattr(plugins, "load_plugins", None)) and has_stages
 
 
 def load_plugins(cli_module):
@@ -115,7 +126,12 @@ def load_plugins(cli_module):
                     f"Set {DISABLE_ENV_VAR}=1 to silence this."
                 )
                 continue
-            ep.load()(cli_module)
+            plugin = ep.load()
+            activate = getattr(plugin, "on_stock_cotainr", None)
+            if activate is None and callable(plugin) and not isinstance(plugin, type):
+                activate = plugin
+            if activate is not None:
+                activate(cli_module)
             loaded.append(ep.name)
         except Exception as e:
             _warn(

@@ -1,0 +1,276 @@
+"""
+cotainr-lumi as a cotainr plugin: its systems and its build stage.
+
+This module is the ``cotainr.plugins`` entry point. A cotainr with the
+upstream series (``docs/upstream/``) loads it itself and reads
+:func:`systems` and :data:`build_stages`; on a stock cotainr the start-up
+hook calls :func:`on_stock_cotainr`, which installs the backport of the same
+seam (:mod:`cotainr_lumi._cotainr.backport`). Either way cotainr's own
+``Build.execute`` creates the sandbox, installs the conda env, adds the
+metadata and builds the image, and :class:`LumiStage` runs the plan's stages
+(pip, prune, lumi-env, provenance, ...) in between.
+
+Classes
+-------
+LumiStage
+    The cotainr-lumi build stage.
+
+Functions
+---------
+systems()
+    The cotainr-lumi systems, in cotainr's ``systems.json`` format.
+on_stock_cotainr(cli_module)
+    Install the backport of the seam on a cotainr without it.
+
+Attributes
+----------
+build_stages : tuple of type
+    The build stages this plugin adds.
+"""
+
+import contextlib
+import logging
+import sys
+
+from . import _cotainr, buildoptions
+from .engine.pipeline import (
+    as_stage_error,
+    check_outputs,
+    log_resolved_base_image,
+    run_stage,
+    without_bind_variables,
+)
+from .engine.plan import make_plan
+from .engine.profiles import load_systems
+from .engine.stage import StageContext
+from .errors import CotainrLumiError, UnsupportedCotainrError
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+_listing_systems = False
+
+
+def systems():
+    """
+    The cotainr-lumi systems, in cotainr's ``systems.json`` format.
+
+    Returns
+    -------
+    systems : dict
+        ``{name: {"base-image": ..., "description": ...}}`` for the systems
+        of the cotainr-lumi profiles (not cotainr's own). Empty (with a
+        warning) when a profile file is invalid.
+    """
+    global _listing_systems
+    if _listing_systems:  # load_systems() asks cotainr for its own systems
+        return {}
+    _listing_systems = True
+    try:
+        loaded = load_systems()
+    except CotainrLumiError as e:
+        logger.warning("cotainr-lumi systems are not available: %s", e)
+        return {}
+    finally:
+        _listing_systems = False
+    return {
+        name: {"base-image": system.base_image, "description": system.description}
+        for name, system in loaded.items()
+        if not system.stock
+    }
+
+
+class LumiStage(_cotainr.BuildStage):
+    """
+    Run the cotainr-lumi stages of the build plan.
+
+    Parameters
+    ----------
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+        The plan (an extended build).
+    log_settings : :class:`cotainr.tracing.LogSettings`, optional
+        The build's log settings.
+
+    Attributes
+    ----------
+    labels : dict of str to str
+        The labels the stages added (after :meth:`run`).
+    reports : list of :class:`cotainr_lumi.engine.stage.StageReport`
+        One report per stage (after :meth:`run`).
+    """
+
+    name = "cotainr-lumi"
+
+    def __init__(self, *, plan, log_settings=None):
+        self.plan = plan
+        self.log_settings = log_settings
+        self.labels = {}
+        self.reports = []
+        self._restore = contextlib.ExitStack()
+
+    @classmethod
+    def add_arguments(cls, *, parser):
+        """
+        Add the cotainr-lumi options.
+
+        Parameters
+        ----------
+        parser : argument group
+            The stage's group of the ``build`` parser.
+        """
+        buildoptions.add_options(parser=parser, generic=False)
+
+    @classmethod
+    def from_context(cls, *, context):
+        """
+        The stage for an extended build, None for a stock one.
+
+        Parameters
+        ----------
+        context : BuildContext
+            The build (system, base image, conda env, the stage's options).
+
+        Returns
+        -------
+        stage : LumiStage or None
+            None when the build is a stock cotainr build (it then runs
+            exactly as without cotainr-lumi).
+        """
+        try:
+            request = buildoptions.request_from_options(
+                image_path=context.image_path,
+                system=context.system,
+                base_image=None if context.system is not None else context.base_image,
+                conda_env=_cotainr.single_conda_env(context.conda_env_files),
+                accept_licenses=False,
+                force=False,
+                dry_run=context.dry_run,
+                options=context.options,
+            )
+            plan = make_plan(request=request)
+        except CotainrLumiError as e:
+            sys.stderr.write(f"cotainr: error: {e}\n")
+            raise SystemExit(e.exit_code) from None
+        if not plan.extended:
+            return None
+        stage = cls(plan=plan, log_settings=context.log_settings)
+        # Build from the resolved base image so that the provenance labels
+        # record the image really used.
+        context.base_image = plan.base_image.resolved
+        if not context.dry_run:
+            log_resolved_base_image(plan.base_image)
+            stage._restore.enter_context(without_bind_variables())
+        return stage
+
+    def describe(self):
+        """
+        The plan, for ``cotainr build --dry-run``.
+
+        Returns
+        -------
+        lines : list of str
+            The plan's description.
+        """
+        try:
+            self.plan.ask_base_image()
+        except CotainrLumiError as e:
+            sys.stderr.write(f"cotainr: error: {e}\n")
+            raise SystemExit(e.exit_code) from None
+        return self.plan.describe().splitlines()
+
+    def run(self, *, context):
+        """
+        Run the plan's stages on the build's sandbox.
+
+        Parameters
+        ----------
+        context : BuildContext
+            The build, with its sandbox (after cotainr's conda step).
+
+        Returns
+        -------
+        labels : dict of str to str
+            The labels the stages add.
+        """
+        stage_context = StageContext(
+            sandbox=_cotainr.Sandbox(
+                stock=context.sandbox, log_settings=self.log_settings
+            ),
+            plan=self.plan,
+        )
+        current = self.name
+        try:
+            for stage in self.plan.stages:
+                current = stage.name
+                run_stage(stage=stage, context=stage_context)
+            current = "outputs"
+            outputs = check_outputs(stage_context.reports)
+        except Exception as e:
+            error = as_stage_error(e, stage=current)
+            stage_error = _cotainr.StageError(str(error))
+            stage_error.exit_code = error.exit_code
+            raise stage_error from error
+        for path, content in outputs.items():
+            context.add_output(
+                path=path, content=content, executable=content.startswith("#!")
+            )
+        self.reports = list(stage_context.reports)
+        self.labels = dict(stage_context.labels)
+        for report in self.reports:
+            hint = report.details.get("run-hint") if report.details else None
+            if hint:
+                context.add_message(text=hint)
+        self._restore.close()
+        return dict(self.labels)
+
+    def on_failure(self, *, context, error):
+        """
+        Say that no image was written; restore the bind variables.
+
+        Parameters
+        ----------
+        context : BuildContext
+            The build.
+        error : BaseException
+            What stopped it.
+        """
+        self._restore.close()
+        logger.error("No image was written to %s.", context.image_path)
+
+
+#: The build stages of this plugin (read by cotainr's seam).
+build_stages = (LumiStage,)
+
+
+def on_stock_cotainr(cli_module):
+    """
+    Install the backport of the seam on a cotainr without it.
+
+    Called by the start-up hook right after ``cotainr.cli`` is imported.
+    Does nothing on a cotainr with the seam.
+
+    Parameters
+    ----------
+    cli_module : module
+        The ``cotainr.cli`` module.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.UnsupportedCotainrError`
+        If cotainr does not behave as the backport needs (nothing is changed
+        then; stock cotainr keeps working).
+    """
+    if _cotainr.has_build_stage_seam():
+        return
+    _cotainr.check_cotainr_version()
+    from ._cotainr import backport
+
+    backport.install(cli_module=cli_module)
+
+
+__all__ = [
+    "LumiStage",
+    "UnsupportedCotainrError",
+    "build_stages",
+    "on_stock_cotainr",
+    "systems",
+]
