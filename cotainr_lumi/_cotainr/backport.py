@@ -463,6 +463,54 @@ def write_outputs(outputs):
         logger.info("Wrote %s", path)
 
 
+def _lookup_system(name):
+    """The system `name` (cotainr's or a plugin's), or one clear error."""
+    systems = all_systems()
+    if name in systems:
+        return systems[name]
+    off = (
+        f" (cotainr plugins are turned off: {DISABLE_ENV_VAR} is set)"
+        if plugins_disabled()
+        else ""
+    )
+    raise StageError(
+        f"unknown system {name!r}; available: "
+        f"{', '.join(sorted(systems)) or 'none'} (see 'cotainr info'){off}",
+        exit_code=2,
+    )
+
+
+def _conda_env_files(conda_env):
+    """The ``--conda-env`` file(s) as absolute paths, each checked to exist."""
+    files = conda_env if isinstance(conda_env, (list, tuple)) else [conda_env]
+    files = [Path(f).resolve() for f in files if f is not None]
+    for file in files:
+        if not file.is_file():
+            raise StageError(
+                f"The provided Conda env file '{file}' does not exist.", exit_code=2
+            )
+    return files
+
+
+def _participating_stages(*, context, options):
+    """The plugins' stages taking part in a build, with their contexts."""
+    options = dict(options)
+    stages, contexts = [], []
+    for stage_cls in plugin_build_stages():
+        defaults = stage_options(stage_cls)
+        stage_context = context.for_stage(
+            options={dest: options.pop(dest, d) for dest, d in defaults.items()}
+        )
+        stage = stage_cls.from_context(context=stage_context)
+        if stage is not None:
+            stages.append(stage)
+            contexts.append(stage_context)
+            context.base_image = stage_context.base_image
+    if options:
+        raise TypeError(f"unknown build options: {', '.join(sorted(options))}")
+    return stages, contexts
+
+
 class Build(_cli.Build):
     """
     Build a container.
@@ -504,10 +552,6 @@ class Build(_cli.Build):
         and build nothing.
     """
 
-    #: cotainr's conda env name and prefix, found by :mod:`.contract`.
-    conda_env_name = None
-    conda_prefix = None
-
     def __init__(
         self,
         *,
@@ -536,48 +580,25 @@ class Build(_cli.Build):
         self.system_name = system
         self.base_image = base_image
         if system is not None:
-            systems = all_systems()
-            if system not in systems:
-                raise StageError(
-                    f"unknown system {system!r}; available: "
-                    f"{', '.join(sorted(systems)) or 'none'} (see 'cotainr info')",
-                    exit_code=2,
-                )
-            self.system = systems[system]
+            self.system = _lookup_system(system)
             self.base_image = self.system["base-image"]
-        files = conda_env if isinstance(conda_env, (list, tuple)) else [conda_env]
-        files = [Path(f).resolve() for f in files if f is not None]
-        for file in files:
-            if not file.is_file():
-                raise StageError(
-                    f"The provided Conda env file '{file}' does not exist.",
-                    exit_code=2,
-                )
+        files = _conda_env_files(conda_env)
         self.conda_env = files[0] if files else None
+        from . import CONDA_ENV_NAME, CONDA_PREFIX
+
         self.context = BuildContext(
             image_path=self.image_path,
             base_image=self.base_image,
             system=system,
             conda_env_files=files,
-            conda_prefix=self.conda_prefix if files else None,
-            conda_env_name=self.conda_env_name if files else None,
+            conda_prefix=CONDA_PREFIX if files else None,
+            conda_env_name=CONDA_ENV_NAME if files else None,
             dry_run=dry_run,
             log_settings=self.log_settings,
         )
-        self.stages = []
-        self._contexts = []
-        for stage_cls in plugin_build_stages():
-            defaults = stage_options(stage_cls)
-            context = self.context.for_stage(
-                options={dest: options.pop(dest, d) for dest, d in defaults.items()}
-            )
-            stage = stage_cls.from_context(context=context)
-            if stage is not None:
-                self.stages.append(stage)
-                self._contexts.append(context)
-                self.context.base_image = context.base_image
-        if options:
-            raise TypeError(f"unknown build options: {', '.join(sorted(options))}")
+        self.stages, self._contexts = _participating_stages(
+            context=self.context, options=options
+        )
         self.base_image = self.context.base_image
         if self.image_path.exists() and not force and not dry_run:
             self._confirm_overwrite()

@@ -169,3 +169,32 @@ def test_unsupported_cotainr_version_is_refused_by_the_plugin(mocker):
     with pytest.raises(UnsupportedCotainrError, match="2024.10.0"):
         plugin.on_stock_cotainr(module)
     assert vars(module) == {}
+
+
+@pytest.mark.parametrize(
+    "variable", ["COTAINR_DISABLE_PLUGINS", "COTAINR_LUMI_DISABLE"]
+)
+def test_lumi_system_with_plugins_off_is_one_clear_error(tmp_path, variable):
+    """Stock cotainr runs, and a plugin's system is one line, not a KeyError."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("COTAINR_LUMI_DISABLE", "COTAINR_DISABLE_PLUGINS")
+    }
+    env[variable] = "1"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.argv = ['cotainr', 'build', 'x.sif', '--system', "
+            "'lumi-g-ext']\nimport cotainr.cli as c\nc.main()",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
+    assert "unknown system 'lumi-g-ext'" in out.stderr
+    assert "turned off" in out.stderr and not list(tmp_path.iterdir())

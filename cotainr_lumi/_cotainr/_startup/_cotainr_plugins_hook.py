@@ -141,8 +141,59 @@ def load_plugins(cli_module):
     return loaded
 
 
+def _system_in_argv(argv):
+    """The value of ``--system`` in `argv`, or None."""
+    for i, arg in enumerate(argv):
+        if arg == "--system" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--system="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def explain_unknown_systems(main):
+    """
+    Wrap cotainr's ``main``: an unknown system while plugins are off is one line.
+
+    A stock cotainr answers an unknown ``--system`` with a ``KeyError``
+    traceback; with plugins turned off, a plugin's system (e.g. cotainr-lumi's
+    ``lumi-g-ext``) is unknown, and the user gets one line saying why.
+
+    Parameters
+    ----------
+    main : callable
+        cotainr's entry point.
+
+    Returns
+    -------
+    wrapped : callable
+        The entry point.
+    """
+
+    def wrapped(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except KeyError as e:
+            if e.args != ("System does not exist",):
+                raise
+            system = _system_in_argv(sys.argv[1:])
+            sys.stderr.write(
+                f"cotainr: error: unknown system {system!r}: cotainr plugins are "
+                f"turned off ({COTAINR_DISABLE_ENV_VAR} or {DISABLE_ENV_VAR} is "
+                "set), so the systems they add are not available. Unset it, or "
+                "run 'cotainr info' for the systems available now.\n"
+            )
+            raise SystemExit(2) from None
+
+    wrapped.__wrapped__ = main
+    return wrapped
+
+
 class _CotainrCliFinder:
     """A one-shot meta path finder that wraps the loader of cotainr.cli."""
+
+    def __init__(self, *, plugins=True):
+        self.plugins = plugins
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != TARGET_MODULE:
@@ -156,7 +207,7 @@ class _CotainrCliFinder:
         spec = PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _ActivatingLoader(spec.loader)
+        spec.loader = _ActivatingLoader(spec.loader, plugins=self.plugins)
         return spec
 
     def invalidate_caches(self):
@@ -166,14 +217,19 @@ class _CotainrCliFinder:
 class _ActivatingLoader:
     """Delegate to the real loader, then load the plugins."""
 
-    def __init__(self, loader):
+    def __init__(self, loader, *, plugins=True):
         self._loader = loader
+        self._plugins = plugins
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
         self._loader.exec_module(module)
+        if not self._plugins:
+            if callable(getattr(module, "main", None)):
+                module.main = explain_unknown_systems(module.main)
+            return
         if native_plugin_support(module):
             return
         load_plugins(module)
@@ -183,16 +239,25 @@ class _ActivatingLoader:
 
 
 def install():
-    """Place the finder in front of ``sys.meta_path`` (unless disabled)."""
-    for name in (DISABLE_ENV_VAR, COTAINR_DISABLE_ENV_VAR):
-        if os.environ.get(name, "") not in ("", "0"):
-            return False
+    """
+    Place the finder in front of ``sys.meta_path``.
+
+    Returns
+    -------
+    installed : bool
+        Whether plugins will be loaded (False when turned off: then only an
+        unknown system is explained in one line instead of a traceback).
+    """
+    disabled = any(
+        os.environ.get(name, "") not in ("", "0")
+        for name in (DISABLE_ENV_VAR, COTAINR_DISABLE_ENV_VAR)
+    )
     if TARGET_MODULE in sys.modules:
         return False
     if any(isinstance(f, _CotainrCliFinder) for f in sys.meta_path):
         return False
-    sys.meta_path.insert(0, _CotainrCliFinder())
-    return True
+    sys.meta_path.insert(0, _CotainrCliFinder(plugins=not disabled))
+    return not disabled
 
 
 def uninstall():
