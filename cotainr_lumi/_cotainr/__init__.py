@@ -132,11 +132,22 @@ def build_command():
     return backport.Build
 
 
-#: The conda environment name cotainr uses (found by running its build with
-#: recording stand-ins; the same in every release so far).
-CONDA_ENV_NAME = contract.conda_env_name() or "conda_container_env"
-#: Where cotainr installs conda in the image (``/opt/conda`` before 2025.7).
-CONDA_PREFIX = contract.conda_prefix()
+def __getattr__(name):
+    """
+    ``CONDA_ENV_NAME`` and ``CONDA_PREFIX``: where cotainr's conda step puts its env.
+
+    Found on first use (by running cotainr's build with recording stand-ins,
+    :mod:`.contract`), so that importing this package runs nothing of
+    cotainr's; on a cotainr with the seam a stage reads them from its build
+    context instead.
+    """
+    if name == "CONDA_ENV_NAME":
+        return contract.conda_env_name() or "conda_container_env"
+    if name == "CONDA_PREFIX":
+        return contract.conda_prefix()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 #: The env file cotainr appends its activation to.
 COTAINR_ENV_FILE = "/.singularity.d/env/92-cotainr-env.sh"
 

@@ -5,10 +5,6 @@ import pytest
 from cotainr_lumi import _cotainr
 from cotainr_lumi._cotainr import backport
 
-pytestmark = pytest.mark.skipif(
-    _cotainr.has_build_stage_seam(), reason="cotainr has the seam itself"
-)
-
 SEEN = []
 
 
