@@ -26,8 +26,9 @@ import logging
 import os
 from pathlib import Path
 
-from ..errors import CotainrLumiError, InputError
+from ..errors import InputError
 from . import apptainer
+from .expectedenv import expected_env as profile_env
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -37,17 +38,6 @@ PASS, FAIL, NA = "PASS", "FAIL", "N/A"
 #: ``/opt/cray`` is removed from the images and bound from the host.
 CRAY_LIBFABRIC_PREFIX = "/opt/cray/libfabric/"
 
-#: The LUMI settings of the hand-built images (FACTS §2–3), used when the
-#: image's system profile does not say otherwise.
-DEFAULT_LUMI_ENV = {
-    "CXI_FORK_SAFE": "1",
-    "CXI_FORK_SAFE_HP": "1",
-    "FI_CXI_DISABLE_CQ_HUGETLB": "1",
-    "NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3",
-    "FI_MR_CACHE_MONITOR": "userfaultfd",
-    "FI_CXI_DEFAULT_CQ_SIZE": "131072",
-    "PYTORCH_ROCM_ARCH": "gfx90a",
-}
 #: Labels every cotainr-lumi image carries (provenance stage).
 REQUIRED_LABELS = (
     "cotainr-lumi.version",
@@ -156,28 +146,6 @@ class VerifyReport:
             },
             indent=2,
         )
-
-
-def _expected_env(labels):
-    """The LUMI env values expected for the image's system."""
-    expected = dict(DEFAULT_LUMI_ENV)
-    system_name = labels.get("cotainr-lumi.system")
-    if not system_name:
-        return expected
-    try:
-        from ..engine.profiles import load_systems
-
-        system = load_systems().get(system_name)
-    except CotainrLumiError:
-        system = None
-    if system is not None and "lumi-env" in system.stages:
-        settings = system.stage_settings("lumi-env")
-        for key, value in (settings.get("env") or {}).items():
-            if value is None:
-                expected.pop(key, None)
-            else:
-                expected[key] = str(value)
-    return expected
 
 
 def _on_path_list(value, wanted):
@@ -457,8 +425,8 @@ def verify_image(*, image, expected_env=None):
     image : os.PathLike
         The ``.sif`` file.
     expected_env : mapping, optional
-        The LUMI variables and values expected (default: the image's system
-        profile, else :data:`DEFAULT_LUMI_ENV`).
+        The LUMI variables and values expected (default: those of the
+        image's system profile, see :mod:`.expectedenv`).
 
     Returns
     -------
@@ -493,7 +461,10 @@ def verify_image(*, image, expected_env=None):
     report = VerifyReport(image=str(image))
     _check_labels(report, facts)
     _check_rocm(report, facts, facts["env"])
-    expected = dict(expected_env) if expected_env else _expected_env(facts["labels"])
+    if expected_env:
+        expected = dict(expected_env)
+    else:
+        expected = profile_env(system_name=facts["labels"].get("cotainr-lumi.system"))
     _check_lumi_env(report, facts, expected)
     _check_target_env(report, facts)
     _check_libstdcxx(report, facts)

@@ -9,6 +9,7 @@ import pytest
 
 from cotainr_lumi.errors import InputError
 from cotainr_lumi.verify import checks as verify
+from cotainr_lumi.verify.expectedenv import default_lumi_env
 
 PROBE = Path(verify.__file__).with_name("probe.py")
 
@@ -28,7 +29,7 @@ GOOD = {
             "/opt/rocm/lib:/opt/aws-ofi-rccl"
         ),
         "WITH_CONDA": "true",
-        **verify.DEFAULT_LUMI_ENV,
+        **default_lumi_env(),
     },
     "labels": {
         "cotainr-lumi.version": "1",
