@@ -18,6 +18,7 @@ PACKAGE = Path(cotainr_lumi.__file__).parent
 LAYERS = {
     "errors": 0,
     "_version": 0,
+    "imagelayout": 0,
     "_cotainr": 1,
     "engine": 2,
     "stages": 3,

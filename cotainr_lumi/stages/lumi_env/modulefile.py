@@ -35,6 +35,7 @@ import unicodedata
 
 from ..._version import __version__
 from ...engine.stage import OUTPUT_MARKER
+from ...imagelayout import RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -201,7 +202,7 @@ def render_lua(
     *,
     image,
     binds: Iterable[str],
-    runscripts="/runscripts",
+    runscripts=RUNSCRIPTS_DIR,
     name=None,
     var=None,
     container_root=None,
@@ -216,7 +217,7 @@ def render_lua(
         The absolute path of the ``.sif`` image.
     binds : iterable of str
         Bind specifications for ``SINGULARITY_BIND`` (see :func:`validate_bind`).
-    runscripts : str or None, default="/runscripts"
+    runscripts : str or None, default=RUNSCRIPTS_DIR
         The runscripts directory in the image (None: not set).
     name : str, optional
         The module name (for the help text; default: the image's stem).
@@ -241,7 +242,7 @@ def render_lua(
     help_text = (
         f"cotainr-lumi container image {image}\n\n"
         f"Sets SIF and SIF{var} (the image), SINGULARITY_BIND (the LUMI host paths\n"
-        "the image needs), SINGULARITYENV_PREPEND_PATH (/runscripts first in the\n"
+        f"the image needs), SINGULARITYENV_PREPEND_PATH ({RUNSCRIPTS_DIR} first in the\n"
         "container)"
     )
     if root:
@@ -249,8 +250,8 @@ def render_lua(
             f", CONTAINERROOT ({root}), RUNSCRIPTS (host copies of the\n"
             "runscripts) and puts start-shell, make-squashfs and unmake-squashfs on\n"
             "PATH. $CONTAINERROOT/user-software (or user-software.squashfs, after\n"
-            "make-squashfs) is mounted at /user-software; a venv there is active in\n"
-            "the container (source /runscripts/init-conda-venv creates it)"
+            f"make-squashfs) is mounted at {USER_SOFTWARE_DIR}; a venv there is active in\n"
+            f"the container (source {RUNSCRIPTS_DIR}/init-conda-venv creates it)"
         )
     help_text += '. Run with e.g.\n  srun singularity exec "$SIF" conda-python-distributed train.py\n'
     lines = _header(image=image, comment="--")
@@ -279,13 +280,13 @@ def render_lua(
             ]
     if root and user_software:
         lines += [
-            "-- /user-software: the SquashFS file when there is one, else the directory.",
+            f"-- {USER_SOFTWARE_DIR}: the SquashFS file when there is one, else the directory.",
             "-- (image-src=// because Lmod drops a final '/' from path entries.)",
             'local squashfs = pathJoin(root, "user-software.squashfs")',
             "if isFile(squashfs) then",
-            '    append_path("SINGULARITY_BIND", squashfs .. ":/user-software:image-src=//", ",")',
+            f'    append_path("SINGULARITY_BIND", squashfs .. ":{USER_SOFTWARE_DIR}:image-src=//", ",")',
             'elseif isDir(pathJoin(root, "user-software")) then',
-            '    append_path("SINGULARITY_BIND", pathJoin(root, "user-software") .. ":/user-software", ",")',
+            f'    append_path("SINGULARITY_BIND", pathJoin(root, "user-software") .. ":{USER_SOFTWARE_DIR}", ",")',
             "end",
         ]
     if not root and runscripts:
@@ -307,7 +308,7 @@ def render_shell(
     *,
     image,
     binds: Iterable[str],
-    runscripts="/runscripts",
+    runscripts=RUNSCRIPTS_DIR,
     name=None,
     var=None,
     container_root=None,
@@ -322,7 +323,7 @@ def render_shell(
         The absolute path of the ``.sif`` image.
     binds : iterable of str
         Bind specifications for ``SINGULARITY_BIND``; added only when missing.
-    runscripts : str or None, default="/runscripts"
+    runscripts : str or None, default=RUNSCRIPTS_DIR
         The runscripts directory in the image (None: not set).
     name : str, optional
         The module name (default: the image's stem).
@@ -373,10 +374,10 @@ def render_shell(
             'if [ -f "$CONTAINERROOT/user-software.squashfs" ]; then',
             "    "
             + _shell_bind(
-                '"$CONTAINERROOT/user-software.squashfs:/user-software:image-src=/"'
+                f'"$CONTAINERROOT/user-software.squashfs:{USER_SOFTWARE_DIR}:image-src=/"'
             ),
             'elif [ -d "$CONTAINERROOT/user-software" ]; then',
-            "    " + _shell_bind('"$CONTAINERROOT/user-software:/user-software"'),
+            "    " + _shell_bind(f'"$CONTAINERROOT/user-software:{USER_SOFTWARE_DIR}"'),
             "fi",
         ]
     if not root and runscripts:
