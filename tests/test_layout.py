@@ -19,6 +19,7 @@ LAYERS = {
     "errors": 0,
     "_version": 0,
     "imagelayout": 0,
+    "apptainer": 0,
     "_cotainr": 1,
     "engine": 2,
     "stages": 3,

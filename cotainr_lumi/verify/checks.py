@@ -26,6 +26,7 @@ import logging
 import os
 from pathlib import Path
 
+from .. import apptainer
 from ..errors import InputError
 from ..imagelayout import (
     LABEL_BASE_IMAGE,
@@ -41,7 +42,6 @@ from ..imagelayout import (
     RUNSCRIPTS_DIR,
     TARGET_ENV_FILE,
 )
-from . import apptainer
 from .expectedenv import expected_env as profile_env
 
 logger = logging.getLogger(f"cotainr.{__name__}")

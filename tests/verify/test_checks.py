@@ -100,7 +100,7 @@ def run_with(mocker, tmp_path, facts):
     image = tmp_path / "x.sif"
     image.write_bytes(SIF_HEADER)
     mocker.patch(
-        "cotainr_lumi.verify.apptainer.exec_in_image",
+        "cotainr_lumi.apptainer.exec_in_image",
         return_value=subprocess.CompletedProcess(
             [], 0, stdout="noise\n" + json.dumps(facts) + "\n", stderr=""
         ),
@@ -235,7 +235,7 @@ def test_not_an_image_is_said_before_apptainer_is_looked_for(tmp_path, mocker, k
         image.mkdir()
     else:
         image.write_bytes(b"hello\n" if kind == "text" else b"")
-    runner = mocker.patch("cotainr_lumi.verify.apptainer.exec_in_image")
+    runner = mocker.patch("cotainr_lumi.apptainer.exec_in_image")
     with pytest.raises(InputError, match="is not an image"):
         verify.verify_image(image=image)
     runner.assert_not_called()
