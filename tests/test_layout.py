@@ -1,12 +1,15 @@
 """The package layout keeps its promises (docs/architecture.md).
 
 Imports run downward only (front ends -> stages -> engine -> _cotainr ->
-errors), a stage's folder imports nothing from another stage's folder, and
-only ``_cotainr`` imports cotainr.
+leaves), a stage's folder imports nothing from another stage's folder, only
+``_cotainr`` imports cotainr, label names and image paths are spelled only in
+``imagelayout.py`` and an ``apptainer exec`` command line only in
+``apptainer.py``.
 """
 
 import ast
 from pathlib import Path
+import re
 
 import pytest
 
@@ -18,6 +21,8 @@ PACKAGE = Path(cotainr_lumi.__file__).parent
 LAYERS = {
     "errors": 0,
     "_version": 0,
+    "imagelayout": 0,
+    "apptainer": 0,
     "_cotainr": 1,
     "engine": 2,
     "stages": 3,
@@ -127,3 +132,101 @@ def test_only_the_seam_imports_cotainr():
     assert importers and all(m.split(".")[0] == "_cotainr" for m in importers), (
         importers
     )
+
+
+# -- One place for the image layout and for `apptainer exec` -----------------
+
+#: A label name cotainr-lumi sets (the whole string, as a label key is).
+LABEL_NAME_RE = re.compile(r"cotainr-lumi\.[a-z0-9][a-z0-9.-]*")
+#: The image paths cotainr-lumi writes or reads, spelled in imagelayout.py.
+IMAGE_PATH_ROOTS = (
+    "/opt/cotainr-lumi",
+    "/runscripts",
+    "/.singularity.d",
+    "/user-software",
+)
+#: Modules that still spell their own labels, image paths or `exec` command
+#: line: files other work was changing when imagelayout.py and apptainer.py
+#: were made. Remove a module once it takes them from there (the test below
+#: says when).
+PENDING_LAYOUT = {
+    "_cotainr": {"path"},
+    "engine.targetenv": {"label", "path", "exec"},
+    "stages.lumi_env.stage": {"label", "path"},
+    "stages.pip.stage": {"label", "path"},
+    "stages.prune.stage": {"label"},
+}
+
+
+def _layout_spellings(path):
+    """Yield (kind, line, text) of each label, image path or exec spelled here."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if LABEL_NAME_RE.fullmatch(node.value):
+                yield "label", node.lineno, node.value
+            elif node.value.startswith(IMAGE_PATH_ROOTS):
+                yield "path", node.lineno, node.value
+        elif isinstance(node, (ast.List, ast.Tuple)):
+            if any(
+                isinstance(e, ast.Constant) and e.value == "exec" for e in node.elts
+            ):
+                yield "exec", node.lineno, "[..., 'exec', ...]"
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = getattr(func, "attr", None) or getattr(func, "id", None)
+            if name == "which" and any(
+                isinstance(a, ast.Constant) and a.value in ("apptainer", "singularity")
+                for a in node.args
+            ):
+                yield "exec", node.lineno, f"which({node.args[0].value!r})"
+
+
+SPELLINGS = {
+    _module_name(path): list(_layout_spellings(path))
+    for path in sorted(PACKAGE.rglob("*.py"))
+    if _module_name(path) not in ("imagelayout", "apptainer")
+}
+
+
+@pytest.mark.parametrize("module", sorted(SPELLINGS))
+def test_labels_paths_and_exec_are_spelled_in_one_place(module):
+    pending = PENDING_LAYOUT.get(module, set())
+    found = [s for s in SPELLINGS[module] if s[0] not in pending]
+    assert found == [], (
+        f"{module} spells {found}: take label names and image paths from "
+        "cotainr_lumi.imagelayout, the exec command line from cotainr_lumi.apptainer"
+    )
+
+
+@pytest.mark.parametrize("module", sorted(PENDING_LAYOUT))
+def test_pending_layout_exceptions_are_still_needed(module):
+    kinds = {kind for kind, _line, _text in SPELLINGS[module]}
+    assert PENDING_LAYOUT[module] <= kinds, (
+        f"{module} no longer spells {PENDING_LAYOUT[module] - kinds}: remove it "
+        "from PENDING_LAYOUT"
+    )
+
+
+def test_the_layout_checks_find_what_they_look_for(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import shutil\n"
+        '"""Docs may name cotainr-lumi.system and /runscripts."""\n'
+        'LABELS = {"cotainr-lumi.system": "x", "name": f"cotainr-lumi.{1}"}\n'
+        'FILE = "/opt/cotainr-lumi/x.json"\n'
+        'CMD = ["singularity", "exec", "x.sif"]\n'
+        'RUNTIME = shutil.which("apptainer")\n'
+    )
+    assert sorted((line, kind) for kind, line, _ in _layout_spellings(source)) == [
+        (3, "label"),
+        (4, "path"),
+        (5, "exec"),
+        (6, "exec"),
+    ]
+
+
+def test_the_leaf_modules_import_nothing_of_the_package():
+    for leaf in ("imagelayout", "_version"):
+        imports = dict(IMPORTS)[leaf]
+        assert imports == [], f"{leaf} imports {imports}"
+    assert dict(IMPORTS)["apptainer"] == ["errors"]

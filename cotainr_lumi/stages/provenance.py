@@ -32,11 +32,19 @@ from .. import _cotainr
 from .._version import __version__
 from ..engine.rootfs import write_file_in_root
 from ..engine.stage import Stage, StageReport, register_stage
+from ..imagelayout import (
+    LABEL_BASE_IMAGE,
+    LABEL_BASE_IMAGE_RESOLVED,
+    LABEL_BASE_IMAGE_SHA256,
+    LABEL_COTAINR_VERSION,
+    LABEL_PROVENANCE,
+    LABEL_STAGES,
+    LABEL_SYSTEM,
+    LABEL_VERSION,
+    PROVENANCE_FILE,
+)
 
 logger = logging.getLogger(f"cotainr.{__name__}")
-
-#: Where the provenance record goes in the image.
-PROVENANCE_FILE = "/opt/cotainr-lumi/provenance.json"
 
 
 def sha256_of_file(*, path, chunk_size=4 * 1024 * 1024):
@@ -101,16 +109,16 @@ class ProvenanceStage(Stage):
             sha256 = sha256_of_file(path=base.resolved)
         stages = plan.stage_names
         labels = {
-            "cotainr-lumi.version": __version__,
-            "cotainr-lumi.cotainr-version": _cotainr.cotainr_version(),
-            "cotainr-lumi.system": plan.system.name if plan.system else "",
-            "cotainr-lumi.base-image": base.given,
-            "cotainr-lumi.base-image.resolved": base.resolved,
-            "cotainr-lumi.stages": ",".join(stages),
-            "cotainr-lumi.provenance": PROVENANCE_FILE,
+            LABEL_VERSION: __version__,
+            LABEL_COTAINR_VERSION: _cotainr.cotainr_version(),
+            LABEL_SYSTEM: plan.system.name if plan.system else "",
+            LABEL_BASE_IMAGE: base.given,
+            LABEL_BASE_IMAGE_RESOLVED: base.resolved,
+            LABEL_STAGES: ",".join(stages),
+            LABEL_PROVENANCE: PROVENANCE_FILE,
         }
         if sha256:
-            labels["cotainr-lumi.base-image.sha256"] = sha256
+            labels[LABEL_BASE_IMAGE_SHA256] = sha256
         record = {
             "cotainr-lumi": __version__,
             "cotainr": _cotainr.cotainr_version(),

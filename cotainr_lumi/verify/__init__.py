@@ -2,7 +2,9 @@
 ``cotainr-lumi verify``: check a built image against the hand-built image.
 
 :mod:`.checks` runs :mod:`.probe` inside the image (through
-:mod:`.apptainer`) and turns what it reports into PASS/FAIL/N/A rows.
+:mod:`cotainr_lumi.apptainer`) and turns what it reports into PASS/FAIL/N/A rows;
+:mod:`.expectedenv` reads the LUMI env values expected from the system
+profiles.
 """
 
 from .checks import VerifyReport, verify_image

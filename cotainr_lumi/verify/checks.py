@@ -26,8 +26,23 @@ import logging
 import os
 from pathlib import Path
 
-from ..errors import CotainrLumiError, InputError
-from . import apptainer
+from .. import apptainer
+from ..errors import InputError
+from ..imagelayout import (
+    LABEL_BASE_IMAGE,
+    LABEL_BASE_IMAGE_RESOLVED,
+    LABEL_PIP_PACKAGES,
+    LABEL_STAGES,
+    LABEL_SYSTEM,
+    LABEL_VERSION,
+    LABELS_FILE,
+    PIP_PACKAGES_FILE,
+    PROVENANCE_FILE,
+    PRUNE_MANIFEST_FILE,
+    RUNSCRIPTS_DIR,
+    TARGET_ENV_FILE,
+)
+from .expectedenv import expected_env as profile_env
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -37,25 +52,19 @@ PASS, FAIL, NA = "PASS", "FAIL", "N/A"
 #: ``/opt/cray`` is removed from the images and bound from the host.
 CRAY_LIBFABRIC_PREFIX = "/opt/cray/libfabric/"
 
-#: The LUMI settings of the hand-built images (FACTS §2–3), used when the
-#: image's system profile does not say otherwise.
-DEFAULT_LUMI_ENV = {
-    "CXI_FORK_SAFE": "1",
-    "CXI_FORK_SAFE_HP": "1",
-    "FI_CXI_DISABLE_CQ_HUGETLB": "1",
-    "NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3",
-    "FI_MR_CACHE_MONITOR": "userfaultfd",
-    "FI_CXI_DEFAULT_CQ_SIZE": "131072",
-    "PYTORCH_ROCM_ARCH": "gfx90a",
-}
 #: Labels every cotainr-lumi image carries (provenance stage).
 REQUIRED_LABELS = (
-    "cotainr-lumi.version",
-    "cotainr-lumi.system",
-    "cotainr-lumi.base-image",
-    "cotainr-lumi.base-image.resolved",
-    "cotainr-lumi.stages",
+    LABEL_VERSION,
+    LABEL_SYSTEM,
+    LABEL_BASE_IMAGE,
+    LABEL_BASE_IMAGE_RESOLVED,
+    LABEL_STAGES,
 )
+#: The runscripts that must be in the image.
+REQUIRED_RUNSCRIPTS = ("conda-python-simple", "conda-python-distributed", "get-master")
+#: The node list ``get-master`` is run on, and the host it must answer.
+SAMPLE_NODELIST = "nid[005252-005254,005256],nid007000"
+SAMPLE_FIRST_HOST = "nid005252"
 HARDWARE_CHECKS = (
     (
         "rccl-bandwidth",
@@ -158,28 +167,6 @@ class VerifyReport:
         )
 
 
-def _expected_env(labels):
-    """The LUMI env values expected for the image's system."""
-    expected = dict(DEFAULT_LUMI_ENV)
-    system_name = labels.get("cotainr-lumi.system")
-    if not system_name:
-        return expected
-    try:
-        from ..engine.profiles import load_systems
-
-        system = load_systems().get(system_name)
-    except CotainrLumiError:
-        system = None
-    if system is not None and "lumi-env" in system.stages:
-        settings = system.stage_settings("lumi-env")
-        for key, value in (settings.get("env") or {}).items():
-            if value is None:
-                expected.pop(key, None)
-            else:
-                expected[key] = str(value)
-    return expected
-
-
 def _on_path_list(value, wanted):
     parts = [os.path.normpath(p) for p in (value or "").split(":") if p]
     return os.path.normpath(wanted) in parts
@@ -194,20 +181,20 @@ def _check_labels(report, facts):
         report.add(
             "provenance-labels",
             PASS,
-            f"system={labels['cotainr-lumi.system']} "
-            f"base={labels['cotainr-lumi.base-image.resolved']} "
-            f"stages={labels['cotainr-lumi.stages']}",
+            f"system={labels[LABEL_SYSTEM]} "
+            f"base={labels[LABEL_BASE_IMAGE_RESOLVED]} "
+            f"stages={labels[LABEL_STAGES]}",
         )
-    pkg = labels.get("cotainr-lumi.pip.packages")
-    size = facts.get("files", {}).get("pip/packages.json")
+    pkg = labels.get(LABEL_PIP_PACKAGES)
+    size = facts.get("files", {}).get(PIP_PACKAGES_FILE)
     if pkg and size:
         report.add("package-list", PASS, f"{pkg} ({size} bytes)")
     else:
         report.add(
             "package-list",
             FAIL,
-            "no package list (label cotainr-lumi.pip.packages -> "
-            "/opt/cotainr-lumi/pip/packages.json); build with the pip stage",
+            f"no package list (label {LABEL_PIP_PACKAGES} -> "
+            f"{PIP_PACKAGES_FILE}); build with the pip stage",
         )
 
 
@@ -320,7 +307,7 @@ def _check_target_env(report, facts):
         report.add(
             "target-env",
             NA,
-            "no /opt/cotainr-lumi/target-env.json (not built by this cotainr-lumi); "
+            f"no {TARGET_ENV_FILE} (not built by this cotainr-lumi); "
             f"inspected the `python` on PATH ({facts['python']})",
         )
     elif target.get("prefix") == facts["prefix"]:
@@ -400,12 +387,12 @@ def _check_runtime(report, facts):
     else:
         run = scripts["get-master"].get("run", {})
         master = run.get("out", "").strip()
-        ok = master == "nid005252" and facts["runscripts_on_path"]
+        ok = master == SAMPLE_FIRST_HOST and facts["runscripts_on_path"]
         report.add(
             "runscripts",
             PASS if ok else FAIL,
-            f"/runscripts on PATH: {facts['runscripts_on_path']}; get-master "
-            f"'nid[005252-005254,005256],nid007000' -> {master!r}",
+            f"{RUNSCRIPTS_DIR} on PATH: {facts['runscripts_on_path']}; get-master "
+            f"'{SAMPLE_NODELIST}' -> {master!r}",
         )
     with_conda = facts.get("with_conda")
     if with_conda is None:
@@ -448,6 +435,48 @@ def _check_is_sif(image):
         )
 
 
+def probe_inputs():
+    """
+    What :mod:`.probe` needs to know of the image layout.
+
+    Returns
+    -------
+    inputs : dict
+        JSON-able: the paths (from :mod:`cotainr_lumi.imagelayout`), the
+        runscripts to look for and the node list to run ``get-master`` on.
+    """
+    return {
+        "labels_file": LABELS_FILE,
+        "target_env_file": TARGET_ENV_FILE,
+        "records": [PRUNE_MANIFEST_FILE, PIP_PACKAGES_FILE, PROVENANCE_FILE],
+        "prune_manifest_file": PRUNE_MANIFEST_FILE,
+        "runscripts_dir": RUNSCRIPTS_DIR,
+        "runscripts": list(REQUIRED_RUNSCRIPTS),
+        "sample_nodelist": SAMPLE_NODELIST,
+    }
+
+
+def _probe(image):
+    """Run :mod:`.probe` in the image's own python; return its facts."""
+    probe = Path(__file__).with_name("probe.py").read_text()
+    proc = apptainer.exec_in_image(
+        image=image,
+        args=[
+            "bash",
+            "-c",
+            'exec "$(command -v python || command -v python3)" -c "$0" "$0" "$1"',
+            probe,
+            json.dumps(probe_inputs()),
+        ],
+    )
+    if proc.returncode != 0:
+        raise InputError(
+            f"Cannot inspect {image}: running its python failed "
+            f"(exit {proc.returncode}): {proc.stderr.strip()[-500:]}"
+        )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def verify_image(*, image, expected_env=None):
     """
     Run every check on an image.
@@ -457,8 +486,8 @@ def verify_image(*, image, expected_env=None):
     image : os.PathLike
         The ``.sif`` file.
     expected_env : mapping, optional
-        The LUMI variables and values expected (default: the image's system
-        profile, else :data:`DEFAULT_LUMI_ENV`).
+        The LUMI variables and values expected (default: those of the
+        image's system profile, see :mod:`.expectedenv`).
 
     Returns
     -------
@@ -474,26 +503,14 @@ def verify_image(*, image, expected_env=None):
     if not image.exists():
         raise InputError(f"The image {image} does not exist.")
     _check_is_sif(image)
-    probe = Path(__file__).with_name("probe.py").read_text()
-    proc = apptainer.exec_in_image(
-        image=image,
-        args=[
-            "bash",
-            "-c",
-            'exec "$(command -v python || command -v python3)" -c "$0" "$0"',
-            probe,
-        ],
-    )
-    if proc.returncode != 0:
-        raise InputError(
-            f"Cannot inspect {image}: running its python failed "
-            f"(exit {proc.returncode}): {proc.stderr.strip()[-500:]}"
-        )
-    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    facts = _probe(image)
     report = VerifyReport(image=str(image))
     _check_labels(report, facts)
     _check_rocm(report, facts, facts["env"])
-    expected = dict(expected_env) if expected_env else _expected_env(facts["labels"])
+    if expected_env:
+        expected = dict(expected_env)
+    else:
+        expected = profile_env(system_name=facts["labels"].get(LABEL_SYSTEM))
     _check_lumi_env(report, facts, expected)
     _check_target_env(report, facts)
     _check_libstdcxx(report, facts)

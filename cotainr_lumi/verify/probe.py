@@ -1,10 +1,13 @@
 """
 Facts gathered inside an image for ``cotainr-lumi verify``.
 
-This file is run by the image's own ``python`` (``python -c <this source>``):
-it must use the standard library only and print one JSON document. It does
-not import torch (that would need a GPU stack); it reads files and runs the
-image's ``ldd`` and runscripts.
+This file is run by the image's own ``python`` (``python -c <this source>
+<this source> <inputs>``): it must use the standard library only and print
+one JSON document. It does not import torch (that would need a GPU stack); it
+reads files and runs the image's ``ldd`` and runscripts. What it needs to know
+of cotainr-lumi's image layout comes as its second argument, a JSON mapping
+(:func:`cotainr_lumi.verify.checks.probe_inputs`): this file spells none of
+those paths itself.
 """
 
 import glob
@@ -14,7 +17,8 @@ import os
 import subprocess
 import sys
 
-SAMPLE_NODELIST = "nid[005252-005254,005256],nid007000"
+#: The image paths and names to look at (checks.probe_inputs).
+INPUTS = json.loads(sys.argv[2])
 
 
 def run(args, **kwargs):
@@ -48,34 +52,33 @@ def entry(path):
     return info
 
 
-#: The build's answer to "which Python environment" (engine/targetenv.py).
-TARGET_ENV_FILE = "/opt/cotainr-lumi/target-env.json"
+# The build's answer to "which Python environment" (engine/targetenv.py).
 try:
-    with open(TARGET_ENV_FILE) as f:
+    with open(INPUTS["target_env_file"]) as f:
         target_env = json.load(f)
 except (OSError, ValueError):
     target_env = None
 # Run as the target env's own interpreter (not whatever `python` is first
 # on PATH): verify looks at the env the build installed into. The source of
-# this file is argv[1] (see checks.verify_image).
+# this file is argv[1], the inputs argv[2] (see checks.verify_image).
 if (
     isinstance(target_env, dict)
     and target_env.get("python")
     and target_env.get("prefix") != sys.prefix
     and os.environ.get("COTAINR_LUMI_VERIFY_REEXEC") != "1"
-    and len(sys.argv) > 1
     and os.access(target_env["python"], os.X_OK)
 ):
     os.environ["COTAINR_LUMI_VERIFY_REEXEC"] = "1"
+    # argv[1] twice: the code to run, and again as its own argv[1].
     os.execv(
-        target_env["python"], [target_env["python"], "-c", sys.argv[1], sys.argv[1]]
+        target_env["python"], [target_env["python"], "-c", sys.argv[1], *sys.argv[1:]]
     )
 
 facts = {"python": sys.executable, "prefix": sys.prefix, "target_env": target_env}
 # The whole environment (the image's own, under --cleanenv): a profile can
 # add variables of its own that verify must find.
 facts["env"] = dict(os.environ)
-facts["labels"] = json.loads(read("/.singularity.d/labels.json") or "{}")
+facts["labels"] = json.loads(read(INPUTS["labels_file"]) or "{}")
 rocm = os.environ.get("ROCM_PATH") or "/opt/rocm"
 facts["rocm"] = {
     "path": rocm,
@@ -99,10 +102,11 @@ facts["env_libstdcxx"] = sorted(
     for prefix in env_prefixes
     for path in glob.glob(os.path.join(prefix, "lib", "libstdc++.so*"))
 )
-for name in ("prune-manifest.json", "pip/packages.json", "provenance.json"):
-    text = read(os.path.join("/opt/cotainr-lumi", name), limit=20000000)
-    facts.setdefault("files", {})[name] = None if text is None else len(text)
-manifest = read("/opt/cotainr-lumi/prune-manifest.json", limit=50000000)
+facts["files"] = {}
+for path in INPUTS["records"]:
+    text = read(path, limit=20000000)
+    facts["files"][path] = None if text is None else len(text)
+manifest = read(INPUTS["prune_manifest_file"], limit=50000000)
 try:
     facts["prune_manifest"] = json.loads(manifest) if manifest else None
 except ValueError:
@@ -133,16 +137,19 @@ if spec is not None and spec.submodule_search_locations:
 facts["torch"] = torch
 
 scripts = {}
-for name in ("conda-python-simple", "conda-python-distributed", "get-master"):
-    path = os.path.join("/runscripts", name)
+runscripts_dir = INPUTS["runscripts_dir"]
+for name in INPUTS["runscripts"]:
+    path = os.path.join(runscripts_dir, name)
     scripts[name] = {
         "exists": os.path.isfile(path),
         "executable": os.access(path, os.X_OK),
     }
 if scripts["get-master"]["executable"]:
-    scripts["get-master"]["run"] = run(["/runscripts/get-master", SAMPLE_NODELIST])
+    get_master = os.path.join(runscripts_dir, "get-master")
+    scripts["get-master"]["run"] = run([get_master, INPUTS["sample_nodelist"]])
 facts["runscripts"] = scripts
-facts["runscripts_on_path"] = "/runscripts" in (os.environ.get("PATH") or "").split(":")
+path_entries = (os.environ.get("PATH") or "").split(":")
+facts["runscripts_on_path"] = runscripts_dir in path_entries
 with_conda = os.environ.get("WITH_CONDA")
 if with_conda is not None:
     # Exactly as the LUMI EasyBuild modules use it: an unquoted expansion.

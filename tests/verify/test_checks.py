@@ -9,6 +9,7 @@ import pytest
 
 from cotainr_lumi.errors import InputError
 from cotainr_lumi.verify import checks as verify
+from cotainr_lumi.verify.expectedenv import default_lumi_env
 
 PROBE = Path(verify.__file__).with_name("probe.py")
 
@@ -28,7 +29,7 @@ GOOD = {
             "/opt/rocm/lib:/opt/aws-ofi-rccl"
         ),
         "WITH_CONDA": "true",
-        **verify.DEFAULT_LUMI_ENV,
+        **default_lumi_env(),
     },
     "labels": {
         "cotainr-lumi.version": "1",
@@ -54,9 +55,9 @@ GOOD = {
     "aws_ofi_rccl": ["/opt/aws-ofi-rccl/librccl-net.so"],
     "env_libstdcxx": [],
     "files": {
-        "pip/packages.json": 120,
-        "prune-manifest.json": 50,
-        "provenance.json": 10,
+        "/opt/cotainr-lumi/pip/packages.json": 120,
+        "/opt/cotainr-lumi/prune-manifest.json": 50,
+        "/opt/cotainr-lumi/provenance.json": 10,
     },
     "prune_manifest": {"entries": []},
     "torch": {
@@ -99,7 +100,7 @@ def run_with(mocker, tmp_path, facts):
     image = tmp_path / "x.sif"
     image.write_bytes(SIF_HEADER)
     mocker.patch(
-        "cotainr_lumi.verify.apptainer.exec_in_image",
+        "cotainr_lumi.apptainer.exec_in_image",
         return_value=subprocess.CompletedProcess(
             [], 0, stdout="noise\n" + json.dumps(facts) + "\n", stderr=""
         ),
@@ -157,7 +158,7 @@ def mutate(path, value):
         (("runscripts", "get-master", "executable"), False, {"runscripts"}),
         (("with_conda",), None, {"with-conda"}),
         (("labels", "cotainr-lumi.stages"), "", {"provenance-labels"}),
-        (("files", "pip/packages.json"), None, {"package-list"}),
+        (("files", "/opt/cotainr-lumi/pip/packages.json"), None, {"package-list"}),
     ],
 )
 def test_broken_images_fail_exactly_the_expected_rows(
@@ -234,7 +235,7 @@ def test_not_an_image_is_said_before_apptainer_is_looked_for(tmp_path, mocker, k
         image.mkdir()
     else:
         image.write_bytes(b"hello\n" if kind == "text" else b"")
-    runner = mocker.patch("cotainr_lumi.verify.apptainer.exec_in_image")
+    runner = mocker.patch("cotainr_lumi.apptainer.exec_in_image")
     with pytest.raises(InputError, match="is not an image"):
         verify.verify_image(image=image)
     runner.assert_not_called()
@@ -247,8 +248,10 @@ def test_missing_image_is_an_input_error(tmp_path):
 
 def test_probe_runs_with_a_real_python_and_prints_facts():
     site_value = "a'b\nline2 $(x)"
+    source = PROBE.read_text()
+    inputs = json.dumps(verify.probe_inputs())
     out = subprocess.run(
-        [sys.executable, "-c", PROBE.read_text()],
+        [sys.executable, "-c", source, source, inputs],
         capture_output=True,
         text=True,
         check=True,
@@ -266,3 +269,33 @@ def test_probe_runs_with_a_real_python_and_prints_facts():
         "runscripts",
         "env_libstdcxx",
     }
+
+
+def test_probe_reads_the_paths_it_is_given_and_keeps_them_when_it_reexecs(tmp_path):
+    venv = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    target = tmp_path / "target-env.json"
+    target.write_text(json.dumps({"prefix": str(venv), "python": f"{venv}/bin/python"}))
+    labels = tmp_path / "labels.json"
+    labels.write_text('{"cotainr-lumi.system": "s"}')
+    record = tmp_path / "record.json"
+    record.write_text("12345")
+    inputs = {
+        **verify.probe_inputs(),
+        "target_env_file": str(target),
+        "labels_file": str(labels),
+        "records": [str(record), str(tmp_path / "absent.json")],
+    }
+    source = PROBE.read_text()
+    env = {k: v for k, v in os.environ.items() if k != "COTAINR_LUMI_VERIFY_REEXEC"}
+    out = subprocess.run(
+        [sys.executable, "-c", source, source, json.dumps(inputs)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    facts = json.loads(out.stdout)
+    assert facts["prefix"] == str(venv)  # run again by the target env's python
+    assert facts["labels"] == {"cotainr-lumi.system": "s"}
+    assert facts["files"] == {str(record): 5, str(tmp_path / "absent.json"): None}

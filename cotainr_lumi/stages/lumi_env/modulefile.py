@@ -35,6 +35,7 @@ import unicodedata
 
 from ..._version import __version__
 from ...engine.stage import OUTPUT_MARKER
+from ...imagelayout import RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -201,7 +202,7 @@ def render_lua(
     *,
     image,
     binds: Iterable[str],
-    runscripts="/runscripts",
+    runscripts=RUNSCRIPTS_DIR,
     name=None,
     var=None,
     container_root=None,
@@ -216,7 +217,7 @@ def render_lua(
         The absolute path of the ``.sif`` image.
     binds : iterable of str
         Bind specifications for ``SINGULARITY_BIND`` (see :func:`validate_bind`).
-    runscripts : str or None, default="/runscripts"
+    runscripts : str or None, default=RUNSCRIPTS_DIR
         The runscripts directory in the image (None: not set).
     name : str, optional
         The module name (for the help text; default: the image's stem).
@@ -238,24 +239,9 @@ def render_lua(
     image, binds, name, var, root = _checked(
         image=image, binds=binds, name=name, var=var, container_root=container_root
     )
-    help_text = (
-        f"cotainr-lumi container image {image}\n\n"
-        f"Sets SIF and SIF{var} (the image), SINGULARITY_BIND (the LUMI host paths\n"
-        "the image needs), SINGULARITYENV_PREPEND_PATH (/runscripts first in the\n"
-        "container)"
-    )
-    if root:
-        help_text += (
-            f", CONTAINERROOT ({root}), RUNSCRIPTS (host copies of the\n"
-            "runscripts) and puts start-shell, make-squashfs and unmake-squashfs on\n"
-            "PATH. $CONTAINERROOT/user-software (or user-software.squashfs, after\n"
-            "make-squashfs) is mounted at /user-software; a venv there is active in\n"
-            "the container (source /runscripts/init-conda-venv creates it)"
-        )
-    help_text += '. Run with e.g.\n  srun singularity exec "$SIF" conda-python-distributed train.py\n'
     lines = _header(image=image, comment="--")
     lines += [
-        f"help({lua_quote(help_text)})",
+        f"help({lua_quote(_help_text(image=image, var=var, root=root))})",
         f"whatis({lua_quote('Name: ' + name)})",
         f"whatis({lua_quote('Description: cotainr-lumi container image ' + image)})",
         f'setenv("SIF", {lua_quote(image)})',
@@ -266,33 +252,64 @@ def render_lua(
             f'prepend_path("SINGULARITYENV_PREPEND_PATH", {lua_quote(runscripts)})'
         )
     if root:
-        lines += [
-            f"local root = {lua_quote(root)}",
-            'setenv("CONTAINERROOT", root)',
-            f'setenv("EBROOT{var}", root)',
-            'prepend_path("PATH", pathJoin(root, "bin"))',
-        ]
-        if runscripts:
-            lines += [
-                'setenv("RUNSCRIPTS", pathJoin(root, "runscripts"))',
-                f'setenv("RUNSCRIPTS{var}", pathJoin(root, "runscripts"))',
-            ]
-    if root and user_software:
-        lines += [
-            "-- /user-software: the SquashFS file when there is one, else the directory.",
-            "-- (image-src=// because Lmod drops a final '/' from path entries.)",
-            'local squashfs = pathJoin(root, "user-software.squashfs")',
-            "if isFile(squashfs) then",
-            '    append_path("SINGULARITY_BIND", squashfs .. ":/user-software:image-src=//", ",")',
-            'elseif isDir(pathJoin(root, "user-software")) then',
-            '    append_path("SINGULARITY_BIND", pathJoin(root, "user-software") .. ":/user-software", ",")',
-            "end",
-        ]
-    if not root and runscripts:
+        lines += _lua_container_root(root=root, var=var, runscripts=runscripts)
+        lines += _lua_user_software() if user_software else []
+    elif runscripts:
         lines.append(f'setenv("RUNSCRIPTS", {lua_quote(runscripts)})')
-    for bind in binds:
-        lines.append(f'append_path("SINGULARITY_BIND", {lua_quote(bind)}, ",")')
+    lines += [f'append_path("SINGULARITY_BIND", {lua_quote(b)}, ",")' for b in binds]
     return "\n".join(lines) + "\n"
+
+
+def _help_text(*, image, var, root):
+    """The module's help text."""
+    text = (
+        f"cotainr-lumi container image {image}\n\n"
+        f"Sets SIF and SIF{var} (the image), SINGULARITY_BIND (the LUMI host paths\n"
+        f"the image needs), SINGULARITYENV_PREPEND_PATH ({RUNSCRIPTS_DIR} first in the\n"
+        "container)"
+    )
+    if root:
+        text += (
+            f", CONTAINERROOT ({root}), RUNSCRIPTS (host copies of the\n"
+            "runscripts) and puts start-shell, make-squashfs and unmake-squashfs on\n"
+            "PATH. $CONTAINERROOT/user-software (or user-software.squashfs, after\n"
+            f"make-squashfs) is mounted at {USER_SOFTWARE_DIR}; a venv there is active in\n"
+            f"the container (source {RUNSCRIPTS_DIR}/init-conda-venv creates it)"
+        )
+    return (
+        text
+        + '. Run with e.g.\n  srun singularity exec "$SIF" conda-python-distributed train.py\n'
+    )
+
+
+def _lua_container_root(*, root, var, runscripts):
+    """Lua lines setting CONTAINERROOT, EBROOT<NAME>, RUNSCRIPTS and PATH."""
+    lines = [
+        f"local root = {lua_quote(root)}",
+        'setenv("CONTAINERROOT", root)',
+        f'setenv("EBROOT{var}", root)',
+        'prepend_path("PATH", pathJoin(root, "bin"))',
+    ]
+    if runscripts:
+        lines += [
+            'setenv("RUNSCRIPTS", pathJoin(root, "runscripts"))',
+            f'setenv("RUNSCRIPTS{var}", pathJoin(root, "runscripts"))',
+        ]
+    return lines
+
+
+def _lua_user_software():
+    """Lua lines binding $CONTAINERROOT's user-software (after `local root`)."""
+    return [
+        f"-- {USER_SOFTWARE_DIR}: the SquashFS file when there is one, else the directory.",
+        "-- (image-src=// because Lmod drops a final '/' from path entries.)",
+        'local squashfs = pathJoin(root, "user-software.squashfs")',
+        "if isFile(squashfs) then",
+        f'    append_path("SINGULARITY_BIND", squashfs .. ":{USER_SOFTWARE_DIR}:image-src=//", ",")',
+        'elseif isDir(pathJoin(root, "user-software")) then',
+        f'    append_path("SINGULARITY_BIND", pathJoin(root, "user-software") .. ":{USER_SOFTWARE_DIR}", ",")',
+        "end",
+    ]
 
 
 def _shell_bind(value):
@@ -307,7 +324,7 @@ def render_shell(
     *,
     image,
     binds: Iterable[str],
-    runscripts="/runscripts",
+    runscripts=RUNSCRIPTS_DIR,
     name=None,
     var=None,
     container_root=None,
@@ -322,7 +339,7 @@ def render_shell(
         The absolute path of the ``.sif`` image.
     binds : iterable of str
         Bind specifications for ``SINGULARITY_BIND``; added only when missing.
-    runscripts : str or None, default="/runscripts"
+    runscripts : str or None, default=RUNSCRIPTS_DIR
         The runscripts directory in the image (None: not set).
     name : str, optional
         The module name (default: the image's stem).
@@ -348,41 +365,54 @@ def render_shell(
     lines.append(f"SIF={shlex.quote(image)}; export SIF")
     lines.append(f"SIF{var}=$SIF; export SIF{var}")
     if runscripts:
-        quoted = shlex.quote(runscripts)
-        lines.append(
-            f'case ":${{SINGULARITYENV_PREPEND_PATH-}}:" in *:{quoted}:*) ;; '
-            f'*) SINGULARITYENV_PREPEND_PATH={quoted}"${{SINGULARITYENV_PREPEND_PATH:+:$SINGULARITYENV_PREPEND_PATH}}" ;; esac'
-        )
-        lines.append("export SINGULARITYENV_PREPEND_PATH")
+        lines += _shell_prepend_runscripts(runscripts)
     if root:
-        quoted = shlex.quote(root)
-        lines += [
-            f"CONTAINERROOT={quoted}; export CONTAINERROOT",
-            f"EBROOT{var}=$CONTAINERROOT; export EBROOT{var}",
-            'case ":${PATH-}:" in *:"$CONTAINERROOT/bin":*) ;; '
-            '*) PATH="$CONTAINERROOT/bin${PATH:+:$PATH}" ;; esac',
-            "export PATH",
-        ]
-        if runscripts:
-            lines += [
-                'RUNSCRIPTS="$CONTAINERROOT/runscripts"; export RUNSCRIPTS',
-                f"RUNSCRIPTS{var}=$RUNSCRIPTS; export RUNSCRIPTS{var}",
-            ]
-    if root and user_software:
-        lines += [
-            'if [ -f "$CONTAINERROOT/user-software.squashfs" ]; then',
-            "    "
-            + _shell_bind(
-                '"$CONTAINERROOT/user-software.squashfs:/user-software:image-src=/"'
-            ),
-            'elif [ -d "$CONTAINERROOT/user-software" ]; then',
-            "    " + _shell_bind('"$CONTAINERROOT/user-software:/user-software"'),
-            "fi",
-        ]
-    if not root and runscripts:
+        lines += _shell_container_root(root=root, var=var, runscripts=runscripts)
+        lines += _shell_user_software() if user_software else []
+    elif runscripts:
         lines.append(f"RUNSCRIPTS={shlex.quote(runscripts)}; export RUNSCRIPTS")
-    for bind in binds:
-        lines.append(_shell_bind(shlex.quote(bind)))
+    lines += [_shell_bind(shlex.quote(bind)) for bind in binds]
     if binds or root:
         lines.append('[ -n "${SINGULARITY_BIND-}" ] && export SINGULARITY_BIND || :')
     return "\n".join(lines) + "\n"
+
+
+def _shell_prepend_runscripts(runscripts):
+    """Shell lines putting `runscripts` first on the container's PATH."""
+    quoted = shlex.quote(runscripts)
+    return [
+        f'case ":${{SINGULARITYENV_PREPEND_PATH-}}:" in *:{quoted}:*) ;; '
+        f'*) SINGULARITYENV_PREPEND_PATH={quoted}"${{SINGULARITYENV_PREPEND_PATH:+:$SINGULARITYENV_PREPEND_PATH}}" ;; esac',
+        "export SINGULARITYENV_PREPEND_PATH",
+    ]
+
+
+def _shell_container_root(*, root, var, runscripts):
+    """Shell lines setting CONTAINERROOT, EBROOT<NAME>, RUNSCRIPTS and PATH."""
+    lines = [
+        f"CONTAINERROOT={shlex.quote(root)}; export CONTAINERROOT",
+        f"EBROOT{var}=$CONTAINERROOT; export EBROOT{var}",
+        'case ":${PATH-}:" in *:"$CONTAINERROOT/bin":*) ;; '
+        '*) PATH="$CONTAINERROOT/bin${PATH:+:$PATH}" ;; esac',
+        "export PATH",
+    ]
+    if runscripts:
+        lines += [
+            'RUNSCRIPTS="$CONTAINERROOT/runscripts"; export RUNSCRIPTS',
+            f"RUNSCRIPTS{var}=$RUNSCRIPTS; export RUNSCRIPTS{var}",
+        ]
+    return lines
+
+
+def _shell_user_software():
+    """Shell lines binding $CONTAINERROOT's user-software."""
+    return [
+        'if [ -f "$CONTAINERROOT/user-software.squashfs" ]; then',
+        "    "
+        + _shell_bind(
+            f'"$CONTAINERROOT/user-software.squashfs:{USER_SOFTWARE_DIR}:image-src=/"'
+        ),
+        'elif [ -d "$CONTAINERROOT/user-software" ]; then',
+        "    " + _shell_bind(f'"$CONTAINERROOT/user-software:{USER_SOFTWARE_DIR}"'),
+        "fi",
+    ]

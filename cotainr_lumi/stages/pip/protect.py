@@ -187,24 +187,10 @@ def explain_conflicts(*, output, installed, allowed):
             in_block = True
             continue
         if in_block:
-            if not line.strip():
-                in_block = False
-                continue
-            m = _CAUSE_RE.match(line)
-            if not m:
-                continue
-            if m.group("ureq") is not None:
-                req = m.group("ureq")
-                name = _req_name(req)
-                if m.group("constraint"):
-                    pinned.add(name)
-                    continue
-                text = req
+            if line.strip():
+                _note_cause(line, pinned=pinned, wanted=wanted)
             else:
-                req = m.group("dreq")
-                name = _req_name(req)
-                text = f"{m.group('pkg')} {m.group('ver')} depends on {req}"
-            wanted.setdefault(name, []).append(text)
+                in_block = False
             continue
         m = _NOT_FOUND_RE.search(line)
         if m:
@@ -221,6 +207,25 @@ def explain_conflicts(*, output, installed, allowed):
         items = list(dict.fromkeys(wanted.get(name, [])))
         conflicts.append(Conflict(name=dist_name, installed=version, wanted=items))
     return conflicts
+
+
+def _note_cause(line, *, pinned, wanted):
+    """Note one line of pip's "The conflict is caused by:" block."""
+    m = _CAUSE_RE.match(line)
+    if not m:
+        return
+    if m.group("ureq") is not None:
+        req = m.group("ureq")
+        name = _req_name(req)
+        if m.group("constraint"):
+            pinned.add(name)
+            return
+        text = req
+    else:
+        req = m.group("dreq")
+        name = _req_name(req)
+        text = f"{m.group('pkg')} {m.group('ver')} depends on {req}"
+    wanted.setdefault(name, []).append(text)
 
 
 def changed_distributions(*, before, after, allowed):

@@ -421,48 +421,18 @@ class _LineParser:
         suffix = " ".join(tokens[n:])
         if not req_text:
             raise _error(where, f"no requirement before the options in {text!r}")
+        span = {"start": start, "end": end, "base": base, "where": where}
         if req_text.startswith("file:"):
-            url, sep, markers = req_text.partition("; ")
-            path = _file_url_path(url.strip(), where=where)
-            target = _local_target(str(path), base=base, where=where)
-            _check_installable(target, where=where, original=url)
-            tail = (f" ; {markers.strip()}" if sep else "") + (
-                f" {suffix}" if suffix else ""
-            )
-            kind = "file-url" if target.kind != "image-path" else "image-path"
-            return ReqLine(start, end, kind, target.path, "", "", tail, url.strip())
+            return self.file_url_line(req_text, suffix, **span)
         if _URL_RE.match(req_text):
             url = req_text.partition(";")[0].strip()
             _split_url(url, where=where)
             self.vcs.note(url, where=where)
             return None  # remote URL (https://..., git+https://...)
         if "@" in req_text and not _looks_like_path(req_text.split("@", 1)[0].strip()):
-            try:
-                req = Requirement(req_text)
-            except InvalidRequirement as e:
-                raise _error(where, f"invalid requirement {req_text!r}: {e}") from e
-            if req.url and req.url.startswith("file:"):
-                path = _file_url_path(req.url, where=where)
-                target = _local_target(str(path), base=base, where=where)
-                _check_installable(target, where=where, original=req.url)
-                head, _, tail = req_text.partition(req.url)
-                return ReqLine(
-                    start,
-                    end,
-                    "file-url" if target.kind != "image-path" else "image-path",
-                    target.path,
-                    "",
-                    head,
-                    tail + (f" {suffix}" if suffix else ""),
-                    req.url,
-                )
-            if req.url:
-                _split_url(req.url, where=where)
-                self.vcs.note(req.url, where=where)
-            return None
+            return self.direct_reference_line(req_text, suffix, **span)
         path_part, sep, markers = req_text.partition(";")
-        path_part = path_part.strip()
-        m = re.match(r"^(.*?)(\[[^\]]*\])?$", path_part)
+        m = re.match(r"^(.*?)(\[[^\]]*\])?$", path_part.strip())
         bare, extras = m.group(1), m.group(2) or ""
         if _looks_like_path(bare) or _is_archive(bare):
             if "${" in bare:
@@ -473,9 +443,7 @@ class _LineParser:
                 )
             target = _local_target(bare, base=base, where=where)
             _check_installable(target, where=where, original=bare)
-            tail = (f" ; {markers.strip()}" if sep else "") + (
-                f" {suffix}" if suffix else ""
-            )
+            tail = _tail(markers if sep else None, suffix)
             kind = "path" if target.kind != "image-path" else "image-path"
             return ReqLine(start, end, kind, target.path, "", "", extras + tail, bare)
         try:
@@ -483,6 +451,49 @@ class _LineParser:
         except InvalidRequirement as e:
             raise _error(where, f"invalid requirement {req_text!r}: {e}") from e
         return None
+
+    def file_url_line(self, req_text, suffix, *, start, end, base, where):
+        """A ``file:`` URL requirement (``file:///src/pkg ; markers``)."""
+        url, sep, markers = req_text.partition("; ")
+        path = _file_url_path(url.strip(), where=where)
+        target = _local_target(str(path), base=base, where=where)
+        _check_installable(target, where=where, original=url)
+        tail = _tail(markers if sep else None, suffix)
+        kind = "file-url" if target.kind != "image-path" else "image-path"
+        return ReqLine(start, end, kind, target.path, "", "", tail, url.strip())
+
+    def direct_reference_line(self, req_text, suffix, *, start, end, base, where):
+        """A PEP 508 direct reference (``name @ URL``); only ``file:`` is staged."""
+        try:
+            req = Requirement(req_text)
+        except InvalidRequirement as e:
+            raise _error(where, f"invalid requirement {req_text!r}: {e}") from e
+        if req.url and req.url.startswith("file:"):
+            path = _file_url_path(req.url, where=where)
+            target = _local_target(str(path), base=base, where=where)
+            _check_installable(target, where=where, original=req.url)
+            head, _, tail = req_text.partition(req.url)
+            return ReqLine(
+                start,
+                end,
+                "file-url" if target.kind != "image-path" else "image-path",
+                target.path,
+                "",
+                head,
+                tail + (f" {suffix}" if suffix else ""),
+                req.url,
+            )
+        if req.url:
+            _split_url(req.url, where=where)
+            self.vcs.note(req.url, where=where)
+        return None
+
+
+def _tail(markers, suffix):
+    """What follows a staged path: `` ; markers`` (None: none) and the options."""
+    return (f" ; {markers.strip()}" if markers is not None else "") + (
+        f" {suffix}" if suffix else ""
+    )
 
 
 class _FileScanner:

@@ -265,85 +265,70 @@ def _looping(*, env_prefix, path):
     )
 
 
-def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
+def _env_lib_dir(*, root, env_prefix):
     """
-    Check whether removing the env's libstdc++ is safe.
+    Find the env's ``lib`` directory in the sandbox.
 
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the sandbox.
-    env_prefix : str
-        The environment's image path (``sys.prefix`` in the container).
-    ldconfig_text : str, optional
-        ``ldconfig -p`` output from inside the container.
-
-    Returns
-    -------
-    check : LibstdcxxCheck
-        The outcome; nothing is changed.
+    Returns ``(ended, env_host, lib_host)``: `ended` is the check's outcome
+    when the layout ends it here (no env or ``lib``, a system prefix, a link
+    out of the env, a symlink loop; the host paths are then None), else None.
     """
-    env_prefix = str(PurePosixPath("/", env_prefix))
+
+    def end(status, reason, lib_dir=None):
+        check = LibstdcxxCheck(
+            env_prefix=env_prefix, status=status, reason=reason, lib_dir=lib_dir
+        )
+        return check, None, None
+
     try:
         env_host = resolve_in_root(root=root, path=env_prefix)
     except SymlinkLoopError:
-        return _looping(env_prefix=env_prefix, path=env_prefix)
+        return _looping(env_prefix=env_prefix, path=env_prefix), None, None
     real_prefix = str(image_path_of(root=root, host_path=env_host))
     if real_prefix in SYSTEM_PREFIXES:
-        return LibstdcxxCheck(
-            env_prefix=env_prefix,
-            status="unsupported",
-            reason=(
-                f"the active Python's prefix is {real_prefix}, the system itself "
-                "rather than a separate environment; the system's libstdc++ is "
-                "never removed"
-            ),
+        return end(
+            "unsupported",
+            f"the active Python's prefix is {real_prefix}, the system itself "
+            "rather than a separate environment; the system's libstdc++ is "
+            "never removed",
         )
     if not env_host.is_dir():
-        return LibstdcxxCheck(
-            env_prefix=env_prefix,
-            status="absent",
-            reason=f"the environment {env_prefix} does not exist in the image",
+        return end(
+            "absent", f"the environment {env_prefix} does not exist in the image"
         )
     lib_image = f"{env_prefix}/lib"
     try:
         lib_host = resolve_in_root(root=root, path=lib_image)
     except SymlinkLoopError:
-        return _looping(env_prefix=env_prefix, path=lib_image)
+        return _looping(env_prefix=env_prefix, path=lib_image), None, None
     if not lib_host.is_dir():
-        return LibstdcxxCheck(
-            env_prefix=env_prefix,
-            status="absent",
-            reason=f"{lib_image} does not exist",
-        )
+        return end("absent", f"{lib_image} does not exist")
     if lib_host == env_host or not is_inside(parent=env_host, path=lib_host):
-        return LibstdcxxCheck(
-            env_prefix=env_prefix,
-            status="unsupported",
-            reason=(
-                f"{lib_image} is a link to "
-                f"{image_path_of(root=root, host_path=lib_host)}, outside the "
-                "environment; nothing there is removed"
-            ),
+        return end(
+            "unsupported",
+            f"{lib_image} is a link to "
+            f"{image_path_of(root=root, host_path=lib_host)}, outside the "
+            "environment; nothing there is removed",
             lib_dir=lib_host,
         )
-    candidates = _env_candidates(lib_host)
-    if not candidates:
-        return LibstdcxxCheck(
-            env_prefix=env_prefix,
-            status="absent",
-            reason=f"no {LIBSTDCXX_GLOB} in {lib_image}",
-            lib_dir=lib_host,
-        )
+    return None, env_host, lib_host
 
-    env_lib_info = None
+
+def _libstdcxx_users(*, root, env_prefix, candidates):
+    """
+    The env's ELF objects that use libstdc++.
+
+    Returns ``(needs, objects, like)``: host path -> (ELF info, versions
+    needed) of each user, the number of objects read, and an object of the
+    env's architecture (its libstdc++, else the first user) or None.
+    """
+    like = None
     for path in candidates:
         if not path.is_symlink():
-            env_lib_info = read_elf_info(path=path) or env_lib_info
+            like = read_elf_info(path=path) or like
     skip = {str(p) for p in candidates}
     needs = {}
     objects = 0
-    like = env_lib_info
     for info in scan_elf_files(root=root, path=env_prefix, skip=skip):
         objects += 1
         versions = info.needs_from(prefix="libstdc++.so.")
@@ -353,10 +338,11 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
         if like is None:
             like = info
         needs[info.path] = (info, versions)
+    return needs, objects, like
 
-    system = find_system_libstdcxx(
-        root=root, ldconfig_text=ldconfig_text, exclude=env_host, like=like
-    )
+
+def _missing_versions(*, root, needs, system):
+    """Image path of each user -> the versions `system` (None: absent) lacks."""
     missing = {}
     for host_path, (info, versions) in needs.items():
         if system is not None and not info.compatible_with(system.info):
@@ -367,18 +353,12 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
         if lacking:
             image = str(image_path_of(root=root, host_path=host_path))
             missing[image] = sorted(lacking, key=version_sort_key)
+    return missing
 
-    check = LibstdcxxCheck(
-        env_prefix=env_prefix,
-        status="unsafe" if missing else "safe",
-        reason="",
-        candidates=candidates,
-        lib_dir=lib_host,
-        system=system,
-        missing=missing,
-        objects_checked=objects,
-        requirers=len(needs),
-    )
+
+def _explain(check, *, needs):
+    """Set the status and reason of a check that got as far as the users."""
+    system, missing = check.system, check.missing
     if system is None:
         where = "the image's ld.so.cache and " + ", ".join(STANDARD_LIB_DIRS)
         check.reason = (
@@ -402,6 +382,57 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
             f"version the {len(needs)} object(s) using libstdc++ need"
             + (f" (highest: {newest[-1]})" if newest else "")
         )
+
+
+def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
+    """
+    Check whether removing the env's libstdc++ is safe.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the sandbox.
+    env_prefix : str
+        The environment's image path (``sys.prefix`` in the container).
+    ldconfig_text : str, optional
+        ``ldconfig -p`` output from inside the container.
+
+    Returns
+    -------
+    check : LibstdcxxCheck
+        The outcome; nothing is changed.
+    """
+    env_prefix = str(PurePosixPath("/", env_prefix))
+    ended, env_host, lib_host = _env_lib_dir(root=root, env_prefix=env_prefix)
+    if ended is not None:
+        return ended
+    candidates = _env_candidates(lib_host)
+    if not candidates:
+        return LibstdcxxCheck(
+            env_prefix=env_prefix,
+            status="absent",
+            reason=f"no {LIBSTDCXX_GLOB} in {env_prefix}/lib",
+            lib_dir=lib_host,
+        )
+    needs, objects, like = _libstdcxx_users(
+        root=root, env_prefix=env_prefix, candidates=candidates
+    )
+    system = find_system_libstdcxx(
+        root=root, ldconfig_text=ldconfig_text, exclude=env_host, like=like
+    )
+    missing = _missing_versions(root=root, needs=needs, system=system)
+    check = LibstdcxxCheck(
+        env_prefix=env_prefix,
+        status="unsafe" if missing else "safe",
+        reason="",
+        candidates=candidates,
+        lib_dir=lib_host,
+        system=system,
+        missing=missing,
+        objects_checked=objects,
+        requirers=len(needs),
+    )
+    _explain(check, needs=needs)
     return check
 
 

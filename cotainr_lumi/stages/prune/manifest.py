@@ -1,8 +1,9 @@
 """
 The prune manifest: what the prune stage removed or linked, and why.
 
-The manifest is a JSON file inside the image (:data:`MANIFEST_PATH`) that the
-label :data:`MANIFEST_LABEL` points at. Every entry records an image path, the
+The manifest is a JSON file inside the image
+(:data:`cotainr_lumi.imagelayout.PRUNE_MANIFEST_FILE`) that the label
+:data:`cotainr_lumi.imagelayout.LABEL_PRUNE_MANIFEST` points at. Every entry records an image path, the
 action taken, the bytes it freed and the reason; decisions not to prune are
 recorded as well.
 
@@ -26,13 +27,13 @@ import json
 import logging
 
 from ...engine.rootfs import write_file_in_root
+from ...imagelayout import LABEL_PRUNE_MANIFEST, PRUNE_MANIFEST_FILE
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: Where the manifest goes in the image.
-MANIFEST_PATH = "/opt/cotainr-lumi/prune-manifest.json"
-#: The label pointing at the manifest.
-MANIFEST_LABEL = "cotainr-lumi.prune.manifest"
+# The names prune/stage.py imports, until it takes them from imagelayout.
+MANIFEST_PATH = PRUNE_MANIFEST_FILE
+MANIFEST_LABEL = LABEL_PRUNE_MANIFEST
 #: The version of the manifest format.
 MANIFEST_FORMAT = 1
 
@@ -213,7 +214,7 @@ class PruneManifest:
 
     def write(self, *, root):
         """
-        Write the manifest into the image at :data:`MANIFEST_PATH`.
+        Write the manifest into the image at ``PRUNE_MANIFEST_FILE``.
 
         Parameters
         ----------
@@ -226,4 +227,6 @@ class PruneManifest:
             Where it was written.
         """
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
-        return write_file_in_root(root=root, path=MANIFEST_PATH, content=text + "\n")
+        return write_file_in_root(
+            root=root, path=PRUNE_MANIFEST_FILE, content=text + "\n"
+        )

@@ -492,84 +492,76 @@ def plan_dedup(*, root, bundle, rocm_dirs):
     """
     plan = DedupPlan()
     for name in bundle.overlap:
-        ours = bundle.host_path / name
-        ours_image = f"{bundle.image_path}/{name}"
-        rocm = next(d for d in rocm_dirs if name in d.names)
-        theirs_image = f"{rocm.real_image_path}/{name}"
-        try:
-            theirs = resolve_in_root(root=root, path=theirs_image)
-        except OSError as e:  # a symlink loop
-            plan.left_alone.append((ours_image, f"{theirs_image}: {e.strerror or e}"))
-            continue
-        if ours.is_symlink():
-            plan.left_alone.append((ours_image, "already a link"))
-            continue
-        target = os.path.relpath(theirs_image, start=bundle.image_path)
-        if ours.is_dir():
-            if not theirs.is_dir():
-                plan.left_alone.append(
-                    (ours_image, f"{theirs_image} is not a directory")
-                )
-                continue
-            plan.actions.append(
-                DedupAction(
-                    host_path=ours,
-                    image_path=ours_image,
-                    kind="dir",
-                    size=_tree_size(ours),
-                    target=target,
-                    rocm_image_path=theirs_image,
-                    reason=f"same directory in the base image ({theirs_image})",
-                )
-            )
-            continue
-        if not ours.is_file():
-            plan.left_alone.append((ours_image, "not a regular file or directory"))
-            continue
-        size = os.lstat(ours).st_size
-        ours_info = read_elf_info(path=ours)
-        theirs_info = read_elf_info(path=theirs) if theirs.is_file() else None
-        if ours_info is None:
-            if not theirs.is_file() or read_elf_info(path=theirs) is not None:
-                plan.left_alone.append(
-                    (ours_image, f"{theirs_image} is not a matching data file")
-                )
-                continue
-            reason = f"same data file name in the base image ({theirs_image})"
+        found = _plan_entry(root=root, bundle=bundle, name=name, rocm_dirs=rocm_dirs)
+        if isinstance(found, DedupAction):
+            plan.actions.append(found)
         else:
-            if theirs_info is None:
-                plan.left_alone.append(
-                    (ours_image, f"{theirs_image} is not an ELF file")
-                )
-                continue
-            if not ours_info.compatible_with(theirs_info):
-                plan.left_alone.append(
-                    (ours_image, f"{theirs_image} is for another architecture")
-                )
-                continue
-            if ours_info.soname != theirs_info.soname:
-                plan.left_alone.append(
-                    (
-                        ours_image,
-                        f"SONAME {ours_info.soname} differs from "
-                        f"{theirs_info.soname} of {theirs_image}",
-                    )
-                )
-                continue
-            reason = f"same SONAME {ours_info.soname} as {theirs_image}"
-        plan.actions.append(
-            DedupAction(
-                host_path=ours,
-                image_path=ours_image,
-                kind="file",
-                size=size,
-                target=target,
-                rocm_image_path=theirs_image,
-                reason=reason,
-                is_elf=ours_info is not None,
-            )
-        )
+            plan.left_alone.append(found)
     return plan
+
+
+def _plan_entry(*, root, bundle, name, rocm_dirs):
+    """The action for one overlapping name, or ``(image path, why)`` to leave it."""
+    ours = bundle.host_path / name
+    ours_image = f"{bundle.image_path}/{name}"
+    rocm = next(d for d in rocm_dirs if name in d.names)
+    theirs_image = f"{rocm.real_image_path}/{name}"
+    try:
+        theirs = resolve_in_root(root=root, path=theirs_image)
+    except OSError as e:  # a symlink loop
+        return ours_image, f"{theirs_image}: {e.strerror or e}"
+    if ours.is_symlink():
+        return ours_image, "already a link"
+    action = {
+        "host_path": ours,
+        "image_path": ours_image,
+        "target": os.path.relpath(theirs_image, start=bundle.image_path),
+        "rocm_image_path": theirs_image,
+    }
+    if ours.is_dir():
+        if not theirs.is_dir():
+            return ours_image, f"{theirs_image} is not a directory"
+        return DedupAction(
+            **action,
+            kind="dir",
+            size=_tree_size(ours),
+            reason=f"same directory in the base image ({theirs_image})",
+        )
+    if not ours.is_file():
+        return ours_image, "not a regular file or directory"
+    size = os.lstat(ours).st_size
+    ours_info = read_elf_info(path=ours)
+    ok, why = _file_verdict(
+        ours_info=ours_info, theirs=theirs, theirs_image=theirs_image
+    )
+    if not ok:
+        return ours_image, why
+    return DedupAction(
+        **action, kind="file", size=size, reason=why, is_elf=ours_info is not None
+    )
+
+
+def _file_verdict(*, ours_info, theirs, theirs_image):
+    """
+    Whether a bundled file may become a link to ROCm's `theirs`.
+
+    Returns ``(True, reason)``, or ``(False, why it is left alone)``.
+    """
+    theirs_info = read_elf_info(path=theirs) if theirs.is_file() else None
+    if ours_info is None:
+        if not theirs.is_file() or theirs_info is not None:
+            return False, f"{theirs_image} is not a matching data file"
+        return True, f"same data file name in the base image ({theirs_image})"
+    if theirs_info is None:
+        return False, f"{theirs_image} is not an ELF file"
+    if not ours_info.compatible_with(theirs_info):
+        return False, f"{theirs_image} is for another architecture"
+    if ours_info.soname != theirs_info.soname:
+        return False, (
+            f"SONAME {ours_info.soname} differs from "
+            f"{theirs_info.soname} of {theirs_image}"
+        )
+    return True, f"same SONAME {ours_info.soname} as {theirs_image}"
 
 
 def apply_actions(*, actions):

@@ -1,4 +1,4 @@
-"""Tests of cotainr_lumi.stages.lumi_env.nodelist and of the get-master runscript (real bash).
+"""Tests of the get-master runscript (real bash) and of its reference, tests/nodelist.py.
 
 Node lists are generated from a model (host expressions with bracket groups
 of ranges); the expected hosts come from the model, and both the Python
@@ -13,14 +13,10 @@ import sys
 from hosttools import need_tool
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from nodelist import NodelistError, expand_nodelist, first_host
 import pytest
 
 import cotainr_lumi
-from cotainr_lumi.stages.lumi_env.nodelist import (
-    NodelistError,
-    expand_nodelist,
-    first_host,
-)
 
 GET_MASTER = (
     Path(cotainr_lumi.__file__).parent
@@ -172,7 +168,7 @@ def test_first_host_does_not_expand_the_ranges():
     # Run in a child process with a time limit: expanding 10^11 hosts would
     # never finish (and would fill the memory).
     code = (
-        "from cotainr_lumi.stages.lumi_env.nodelist import first_host\n"
+        "from nodelist import first_host\n"
         "print(first_host('n[0-99999999999],m[5-6]'))\n"
         "print(first_host('a[0009-99999999999]b[3-999999999999]c'))\n"
     )
@@ -181,7 +177,7 @@ def test_first_host_does_not_expand_the_ranges():
         capture_output=True,
         text=True,
         timeout=60,
-        env={"PYTHONPATH": str(Path(cotainr_lumi.__file__).parents[1])},
+        env={"PYTHONPATH": str(Path(__file__).parents[2])},  # tests/
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["n0", "a0009b3c"]

@@ -1,4 +1,4 @@
-"""Unit tests of the pip stage (cotainr_lumi/stages/pip.py) with a fake sandbox."""
+"""Unit tests of the pip stage (cotainr_lumi/stages/pip/stage.py) with a fake sandbox."""
 
 import argparse
 import json

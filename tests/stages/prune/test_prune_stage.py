@@ -2,7 +2,7 @@
 
 The sandbox root is a real directory tree with real ELF files; only the two
 commands the stage runs in the container (the probe and the loader check) are
-answered by the fake. The real container runs are in tests/e2e/test_prune.py.
+answered by the fake. The real container runs are in tests/e2e/test_pruning.py.
 """
 
 import argparse

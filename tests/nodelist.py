@@ -1,10 +1,12 @@
 """
-Slurm node list (hostlist) expansion.
+Slurm node list (hostlist) expansion: the tests' reference for ``get-master``.
 
-The reference implementation of what the ``get-master`` runscript does in
-bash inside the image: ``nid[005252-005254,005256],nid007000`` expands to
-``nid005252 nid005253 nid005254 nid005256 nid007000``. The tests check the
-bash script against this module.
+The reference implementation of what the ``get-master`` runscript
+(``cotainr_lumi/stages/lumi_env/runscripts/get-master``) does in bash inside
+the image: ``nid[005252-005254,005256],nid007000`` expands to
+``nid005252 nid005253 nid005254 nid005256 nid007000``.
+``tests/stages/lumi_env/test_nodelist.py`` checks the bash script against
+this module; no package code uses it.
 
 Grammar (as Slurm's ``hostlist.c`` reads it): a node list is a comma
 separated list of host expressions; commas inside brackets do not separate.
@@ -22,10 +24,7 @@ first_host(nodelist)
 """
 
 import itertools
-import logging
 import re
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 # Matched with fullmatch ("$" would also match before a trailing newline).
 _RANGE_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?")

@@ -1,0 +1,146 @@
+"""
+Run an installed Apptainer/Singularity on a finished image.
+
+cotainr drives ``singularity`` during builds (through :mod:`._cotainr`);
+inspecting a finished ``.sif`` (``cotainr-lumi verify``, the target env of a
+dry run's base image) only needs ``exec`` and nothing of cotainr. This leaf
+module is the one place that spells an ``exec`` command line.
+
+Functions
+---------
+find_runtime()
+    The Apptainer/Singularity executable on PATH, or None.
+runtime()
+    The Apptainer/Singularity executable to use.
+exec_command(*, runtime, image, args, clean_env=True, env=None)
+    The command line running a command in an image.
+exec_in_image(*, image, args, clean_env=True, env=None, timeout=600)
+    Run a command in an image.
+"""
+
+import logging
+import os
+import shutil
+import subprocess
+
+from .errors import InputError
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The executables looked for, in order.
+RUNTIME_NAMES = ("apptainer", "singularity")
+
+
+def find_runtime():
+    """
+    The Apptainer/Singularity executable on PATH, or None.
+
+    Returns
+    -------
+    path : str or None
+        ``apptainer`` if on PATH, else ``singularity``, else None.
+    """
+    for name in RUNTIME_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def runtime():
+    """
+    The Apptainer/Singularity executable to use.
+
+    Returns
+    -------
+    path : str
+        ``apptainer`` if on PATH, else ``singularity``.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.InputError`
+        If neither is on PATH.
+    """
+    path = find_runtime()
+    if path is None:
+        raise InputError(
+            "Neither 'apptainer' nor 'singularity' is on PATH. On LUMI they are "
+            "always available; elsewhere install Apptainer (this project's tests "
+            "use scripts/provision-apptainer.sh)."
+        )
+    return path
+
+
+def exec_command(*, runtime, image, args, clean_env=True, env=None):
+    """
+    The command line running a command in an image.
+
+    Parameters
+    ----------
+    runtime : str
+        The Apptainer/Singularity executable (:func:`runtime`).
+    image : os.PathLike
+        The ``.sif`` (or sandbox directory).
+    args : sequence of str
+        The command.
+    clean_env : bool, default=True
+        Start from a clean environment (``--cleanenv``) so the image's own
+        defaults are seen, not the host's.
+    env : mapping of str to str, optional
+        Variables to pass in (``--env``).
+
+    Returns
+    -------
+    argv : list of str
+        ``RUNTIME exec --no-home [--cleanenv] [--env K=V ...] IMAGE ARGS...``.
+    """
+    cmd = [runtime, "exec", "--no-home"]
+    if clean_env:
+        cmd.append("--cleanenv")
+    for key, value in (env or {}).items():
+        cmd += ["--env", f"{key}={value}"]
+    return [*cmd, os.fspath(image), *args]
+
+
+def exec_in_image(*, image, args, clean_env=True, env=None, timeout=600):
+    """
+    Run a command in an image.
+
+    Parameters
+    ----------
+    image : os.PathLike
+        The ``.sif`` (or sandbox directory).
+    args : sequence of str
+        The command.
+    clean_env : bool, default=True
+        Start from a clean environment (see :func:`exec_command`).
+    env : mapping of str to str, optional
+        Variables to pass in (``--env``).
+    timeout : float, default=600
+        Seconds before the command is killed.
+
+    Returns
+    -------
+    process : :class:`subprocess.CompletedProcess`
+        With text ``stdout``/``stderr``; the exit status is not checked. The
+        command's stdin is empty.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.InputError`
+        If neither ``apptainer`` nor ``singularity`` is on PATH.
+    subprocess.TimeoutExpired
+        If the command runs longer than `timeout`.
+    """
+    cmd = exec_command(
+        runtime=runtime(), image=image, args=args, clean_env=clean_env, env=env
+    )
+    logger.debug("Running %s", cmd)
+    return subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
