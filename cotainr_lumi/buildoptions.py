@@ -1,10 +1,9 @@
 """
 The cotainr-lumi options of ``cotainr build`` and the request they make.
 
-One definition of the options, used by both ways cotainr-lumi extends
-``cotainr build``: cotainr's build stage seam (the options form the
-"cotainr-lumi" stage's argument group) and, on a cotainr without the seam,
-the :class:`cotainr_lumi.cli.Build` subclass.
+The options form the argument group of the "cotainr-lumi" build stage
+(:class:`cotainr_lumi.plugin.LumiStage`), on cotainr's build stage seam or
+its backport.
 
 Functions
 ---------

@@ -148,8 +148,6 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-#: The env file cotainr appends its activation to.
-COTAINR_ENV_FILE = "/.singularity.d/env/92-cotainr-env.sh"
 
 
 def _ask_yes_no(input_text):

@@ -51,6 +51,8 @@ from cotainr import container as _container
 from cotainr import tracing as _tracing
 from cotainr import util as _util
 
+from ..imagelayout import LABELS_FILE
+
 logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The entry point group of cotainr plugins.
@@ -433,7 +435,7 @@ def _merge_labels(sandbox_dir, labels):
     """Add `labels` to the sandbox's ``.singularity.d/labels.json``."""
     if not labels:
         return
-    path = Path(sandbox_dir) / ".singularity.d/labels.json"
+    path = Path(sandbox_dir) / LABELS_FILE.lstrip("/")
     metadata = json.loads(path.read_text()) if path.exists() else {}
     metadata.update({str(k): str(v) for k, v in labels.items()})
     path.write_text(json.dumps(metadata, indent=2, sort_keys=True))
