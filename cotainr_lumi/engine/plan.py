@@ -30,12 +30,11 @@ from pathlib import Path
 import re
 from typing import Any, Optional
 
-import yaml
-
 from ..errors import InputError
 from . import targetenv
 from .profiles import SystemProfile, get_system, load_systems, merge_mappings
 from .stage import Stage, get_stage_class
+from .yamlfile import read_yaml
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -268,24 +267,12 @@ class BuildPlan:
 
 def _check_conda_env_file(path):
     """Fail early on a conda environment file conda could not read."""
-    try:
-        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except OSError as e:
-        raise InputError(
-            f"Cannot read the conda environment file {path}: {e.strerror}."
-        ) from None
-    except UnicodeDecodeError as e:
-        raise InputError(
-            f"The conda environment file {path} is not UTF-8 text (byte {e.start}); "
-            "save it as UTF-8."
-        ) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(
-            f"The conda environment file {path} is not valid YAML{where}: {problem}."
-        ) from None
+    data = read_yaml(
+        path=path,
+        error=lambda message: InputError(
+            f"The conda environment file {path} {message}."
+        ),
+    )
     if not isinstance(data, dict):
         raise InputError(
             f"The conda environment file {path} must be a YAML mapping with "

@@ -49,10 +49,9 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-
 from ..errors import ProfileError, UnknownSystemError
 from . import targetenv
+from .yamlfile import read_yaml
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -158,19 +157,9 @@ PROFILE_FORMAT_VERSION = 1
 
 def _read_profile_file(path):
     """Parse one profile file into ``{name: raw mapping}``."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise ProfileError(f"cannot read the file: {e.strerror}", file=path) from e
-    except UnicodeDecodeError as e:
-        raise ProfileError(
-            f"not UTF-8 text (byte {e.start}): save it as UTF-8", file=path
-        ) from e
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ProfileError(f"not valid YAML{where}: {problem}", file=path) from e
+    data = read_yaml(
+        path=path, error=lambda message: ProfileError(f"the file {message}", file=path)
+    )
     if data is None:
         return {}
     if not isinstance(data, dict) or set(data) - {"systems", "version"}:

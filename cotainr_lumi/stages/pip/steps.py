@@ -53,8 +53,8 @@ import re
 from typing import Any
 
 from packaging.utils import canonicalize_name
-import yaml
 
+from ...engine.yamlfile import read_yaml
 from ...errors import InputError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -409,22 +409,10 @@ def load_steps_file(*, path):
         file, the step and the key).
     """
     path = Path(os.path.abspath(os.path.expanduser(path)))
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise InputError(f"Cannot read the pip steps file {path}: {e.strerror}.") from e
-    except UnicodeDecodeError as e:
-        raise InputError(
-            f"The pip steps file {path} is not UTF-8 text (byte {e.start}); "
-            "save it as UTF-8."
-        ) from e
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise InputError(
-            f"The pip steps file {path} is not valid YAML{where}: {problem}."
-        ) from e
+    data = read_yaml(
+        path=path,
+        error=lambda message: InputError(f"The pip steps file {path} {message}."),
+    )
     if isinstance(data, list):
         data = {"steps": data}
     if not isinstance(data, dict) or not data.get("steps"):
