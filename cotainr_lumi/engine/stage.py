@@ -23,6 +23,10 @@ get_stage_class(name)
     Look up a registered stage class.
 available_stages()
     The names of all registered stages.
+settings_class_of(name)
+    The settings declaration of a stage name.
+settings_names()
+    The names settings may be given for.
 """
 
 from abc import ABC, abstractmethod
@@ -30,6 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 import logging
 from typing import Any, ClassVar, Optional
+
+from .settings import NoSettings
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -122,6 +128,8 @@ class Stage(ABC):
     name: ClassVar[str] = ""
     #: Default settings, merged under the profile's settings.
     defaults: ClassVar[Mapping[str, Any]] = {}
+    #: The settings declaration (a :class:`cotainr_lumi.engine.settings.StageSettings`).
+    settings_class: ClassVar[type] = NoSettings
 
     def __init__(self, *, settings: Optional[Mapping[str, Any]] = None):
         merged = dict(self.defaults)
@@ -290,3 +298,37 @@ def available_stages():
         Sorted stage names.
     """
     return sorted(_REGISTRY)
+
+
+def settings_class_of(name):
+    """
+    The settings declaration of a stage name.
+
+    Parameters
+    ----------
+    name : str
+        A stage name.
+
+    Returns
+    -------
+    schema : type
+        Its :class:`cotainr_lumi.engine.settings.StageSettings` subclass.
+
+    Raises
+    ------
+    KeyError
+        If settings cannot be given for that name.
+    """
+    return _REGISTRY[name].settings_class
+
+
+def settings_names():
+    """
+    The names settings may be given for.
+
+    Returns
+    -------
+    names : list of str
+        Sorted.
+    """
+    return available_stages()
