@@ -104,6 +104,21 @@ def test_env_name_with_trailing_newline_is_rejected_in_a_pip_step(
     one_error(err, "is not a variable name", str(steps))
 
 
+def test_bad_profile_setting_names_the_file_and_line(
+    mocker, capsys, tmp_path, env_profile
+):
+    with env_profile.open("a") as f:
+        f.write("    settings:\n      lumi-env:\n        runscripts: maybe\n")
+    code, err = dry_run(mocker, capsys, tmp_path)
+    assert code != 0
+    one_error(
+        err,
+        f"file {env_profile}, line 8",
+        "key 'settings.lumi-env.runscripts'",
+        "must be true or false",
+    )
+
+
 # ---------------------------------------------------------------- finding 4
 def test_non_utf8_env_value_is_rejected_at_dry_run(
     mocker, capsys, tmp_path, env_profile

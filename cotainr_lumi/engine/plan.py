@@ -22,7 +22,6 @@ make_plan(*, request, systems=None)
     Resolve a request into a plan.
 """
 
-import copy
 from dataclasses import dataclass, field
 import logging
 import os
@@ -32,7 +31,9 @@ from typing import Any, Optional
 
 from ..errors import InputError
 from . import targetenv
+from .origins import Origin
 from .profiles import SystemProfile, get_system, load_systems, merge_mappings
+from .settings import load_stage_settings
 from .stage import Stage, get_stage_class
 from .yamlfile import read_yaml
 
@@ -153,7 +154,7 @@ class BuildPlan:
         False when stock cotainr builds the image unchanged.
     image_exists : bool
         Whether `image_path` exists now.
-    target_settings : dict
+    target_settings : TargetEnvSettings
         The ``target-env`` settings (profile merged with the build's).
     base_target : TargetEnv or TargetEnvNotFoundError or None
         For a dry run: the answer the base image gave (None: not asked).
@@ -168,7 +169,9 @@ class BuildPlan:
     skipped: list[str]
     extended: bool
     image_exists: bool
-    target_settings: dict = field(default_factory=dict)
+    target_settings: targetenv.TargetEnvSettings = field(
+        default_factory=targetenv.TargetEnvSettings
+    )
     base_target: Any = None
 
     @property
@@ -324,16 +327,8 @@ def make_plan(*, request, systems=None):
             raise InputError(f"The conda environment file {conda_env} does not exist.")
         _check_conda_env_file(conda_env)
 
-    overrides = copy.deepcopy(request.settings or {})
-    if not isinstance(overrides, dict) or not all(
-        isinstance(v, dict) for v in overrides.values()
-    ):
-        raise InputError(
-            "Stage settings must map stage names to mappings, e.g. "
-            "{'pip': {'requirements': ['req.txt']}}."
-        )
-
-    target_settings = dict(overrides.pop(targetenv.SETTINGS_NAME, {}) or {})
+    overrides = load_stage_settings(raw=request.settings, origin=Origin())
+    target_settings = overrides.pop(targetenv.SETTINGS_NAME, {})
     system = None
     if request.system is not None:
         systems = load_systems() if systems is None else systems
@@ -360,10 +355,6 @@ def make_plan(*, request, systems=None):
         if extended and "provenance" not in stage_names:
             stage_names.append("provenance")
 
-    problems = targetenv.validate_settings(settings=target_settings)
-    if problems:
-        key, message = problems[0]
-        raise InputError(f"Invalid setting {targetenv.SETTINGS_NAME}.{key}: {message}")
     unknown = [name for name in overrides if name not in stage_names]
     if unknown:
         raise InputError(
@@ -387,11 +378,7 @@ def make_plan(*, request, systems=None):
         stage_cls = get_stage_class(name)
         profile_settings = system.stage_settings(name) if system is not None else {}
         settings = merge_mappings(profile_settings, overrides.get(name, {}))
-        problems = stage_cls.validate_settings(settings=settings)
-        if problems:
-            key, message = problems[0]
-            raise InputError(f"Invalid setting {name}.{key}: {message}")
-        stages.append(stage_cls(settings=settings))
+        stages.append(stage_cls(settings=stage_cls.settings_class.complete(settings)))
 
     plan = BuildPlan(
         request=request,
@@ -403,7 +390,7 @@ def make_plan(*, request, systems=None):
         skipped=skipped,
         extended=extended,
         image_exists=image_path.exists(),
-        target_settings=target_settings,
+        target_settings=targetenv.TargetEnvSettings.complete(target_settings),
     )
     kept = []
     for stage in plan.stages:

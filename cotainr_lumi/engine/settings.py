@@ -41,6 +41,10 @@ load_stage_settings(*, raw, origin)
     Read the settings one source gives for any stages.
 load_settings(*, schema, raw, origin, stage)
     Read the settings one source gives for one stage.
+read_declared(*, schema, raw, origin, unknown="setting")
+    Typed values of a mapping of declared keys (for nested ones, e.g. a step).
+each(check)
+    A check of every item of a list.
 convert(*, type_, value)
     A value as a declared type.
 """
@@ -105,7 +109,8 @@ def setting(default, *, doc, check=None, load=None):
         One line: what the setting does.
     check : callable, optional
         ``check(value)`` raising :class:`ValueError` (or :class:`SettingError`
-        with a path below the setting) when a converted value breaks a rule.
+        with a path below the setting) when a converted value breaks a rule;
+        not called for null.
     load : callable, optional
         ``load(value, *, origin) -> typed value`` replacing the conversion by
         type (raising :class:`SettingError`), for values users write in
@@ -123,6 +128,33 @@ def setting(default, *, doc, check=None, load=None):
             metadata=metadata,
         )
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def each(check):
+    """
+    A check of every item of a list.
+
+    Parameters
+    ----------
+    check : callable
+        ``check(item)`` raising :class:`ValueError`.
+
+    Returns
+    -------
+    check_items : callable
+        The check of a list; an error points at the item.
+    """
+
+    def check_items(values):
+        for i, value in enumerate(values):
+            try:
+                check(value)
+            except SettingError as e:
+                raise e.under(i) from None
+            except ValueError as e:
+                raise SettingError(str(e), path=(i,)) from None
+
+    return check_items
 
 
 @dataclass(frozen=True)
@@ -181,7 +213,7 @@ class Declared:
             value = self.load(value, origin=origin)
         else:
             value = convert(type_=self.type, value=value)
-        if self.check is not None:
+        if self.check is not None and value is not None:
             try:
                 self.check(value)
             except SettingError:
@@ -395,6 +427,46 @@ def _unknown(name, known, what):
     return text + (f"; did you mean '{close[0]}'?" if close else "")
 
 
+def read_declared(*, schema, raw, origin, unknown="setting"):
+    """
+    Typed values of a mapping of declared keys.
+
+    Parameters
+    ----------
+    schema : type
+        A :class:`StageSettings` subclass.
+    raw : object
+        The mapping as given.
+    origin : :class:`cotainr_lumi.engine.origins.Origin`
+        Where it comes from.
+    unknown : str, default="setting"
+        What a key is called in the message for an unknown one.
+
+    Returns
+    -------
+    values : dict
+        Typed values of the keys given.
+
+    Raises
+    ------
+    SettingError
+        For the first unknown key or bad value (its path below `raw`).
+    """
+    if not isinstance(raw, Mapping):
+        raise SettingError(f"must be a mapping of {unknown}s to values (got {raw!r})")
+    declared = schema.declared()
+    values = {}
+    for key, value in raw.items():
+        spec = declared.get(key)
+        if spec is None:
+            raise SettingError(_unknown(key, list(declared), unknown), path=(key,))
+        try:
+            values[key] = spec.read(value, origin=origin)
+        except SettingError as e:
+            raise e.under(key) from None
+    return values
+
+
 def load_settings(*, schema, raw, origin, stage):
     """
     Read the settings one source gives for one stage.
@@ -405,7 +477,7 @@ def load_settings(*, schema, raw, origin, stage):
         The stage's :class:`StageSettings` subclass.
     raw : mapping or None
         The settings as given (None: none).
-    origin : Origin
+    origin : :class:`cotainr_lumi.engine.origins.Origin`
         Where they come from.
     stage : str
         The stage name (for errors).
@@ -423,24 +495,10 @@ def load_settings(*, schema, raw, origin, stage):
     """
     if raw is None:
         return {}
-    if not isinstance(raw, Mapping):
-        raise origin.error(
-            path=(stage,),
-            message=f"must be a mapping of setting names to values (got {raw!r})",
-        )
-    declared = schema.declared()
-    loaded = {}
-    for key, value in raw.items():
-        spec = declared.get(key)
-        if spec is None:
-            raise origin.error(
-                path=(stage, key), message=_unknown(key, list(declared), "setting")
-            )
-        try:
-            loaded[key] = spec.read(value, origin=origin)
-        except SettingError as e:
-            raise origin.error(path=(stage, key, *e.path), message=e.message) from None
-    return loaded
+    try:
+        return read_declared(schema=schema, raw=raw, origin=origin)
+    except SettingError as e:
+        raise origin.error(path=(stage, *e.path), message=e.message) from None
 
 
 def load_stage_settings(*, raw, origin):

@@ -24,18 +24,19 @@ get_stage_class(name)
 available_stages()
     The names of all registered stages.
 settings_class_of(name)
-    The settings declaration of a stage name.
+    The settings declaration of a stage name (or of ``target-env``).
 settings_names()
     The names settings may be given for.
 """
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 import logging
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
-from .settings import NoSettings
+from . import targetenv
+from .origins import Origin
+from .settings import NoSettings, load_settings
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -113,51 +114,38 @@ class Stage(ABC):
     """
     Abstract base class of a pipeline stage.
 
-    Subclasses set :attr:`name`, may set :attr:`defaults` (the settings used
-    when a profile gives none) and implement :meth:`run`; :meth:`describe`
-    feeds the dry-run plan and :meth:`validate_settings` checks the settings
-    of a profile when it is loaded.
+    Subclasses set :attr:`name`, declare their settings in
+    :attr:`settings_class` (see :mod:`cotainr_lumi.engine.settings`) and
+    implement :meth:`run`; :meth:`describe` feeds the dry-run plan.
 
     Parameters
     ----------
-    settings : mapping, optional
-        The stage settings (profile settings merged with build overrides).
+    settings : StageSettings or mapping, optional
+        The stage settings: complete (the plan merges the profile's and the
+        build's), or a mapping of the keys to change from the defaults (read
+        by the settings loader).
+
+    Attributes
+    ----------
+    settings : StageSettings
+        An instance of :attr:`settings_class`.
     """
 
     #: The name profiles use for this stage.
     name: ClassVar[str] = ""
-    #: Default settings, merged under the profile's settings.
-    defaults: ClassVar[Mapping[str, Any]] = {}
     #: The settings declaration (a :class:`cotainr_lumi.engine.settings.StageSettings`).
     settings_class: ClassVar[type] = NoSettings
 
-    def __init__(self, *, settings: Optional[Mapping[str, Any]] = None):
-        merged = dict(self.defaults)
-        merged.update(settings or {})
-        self.settings = merged
-
-    @classmethod
-    def validate_settings(cls, *, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
-        """
-        Check stage settings from a profile.
-
-        Parameters
-        ----------
-        settings : mapping
-            The settings given for this stage.
-
-        Returns
-        -------
-        problems : list of (str, str)
-            ``(key, message)`` pairs, empty when the settings are valid. The
-            default accepts exactly the keys of :attr:`defaults`.
-        """
-        problems = []
-        for key in settings:
-            if cls.defaults and key not in cls.defaults:
-                known = ", ".join(sorted(cls.defaults))
-                problems.append((key, f"unknown setting (known: {known})"))
-        return problems
+    def __init__(self, *, settings=None):
+        if not isinstance(settings, self.settings_class):
+            given = load_settings(
+                schema=self.settings_class,
+                raw=settings or {},
+                origin=Origin(),
+                stage=self.name,
+            )
+            settings = self.settings_class.complete(given)
+        self.settings = settings
 
     @classmethod  # noqa: B027
     def add_arguments(cls, *, parser) -> None:
@@ -319,16 +307,18 @@ def settings_class_of(name):
     KeyError
         If settings cannot be given for that name.
     """
+    if name == targetenv.SETTINGS_NAME:
+        return targetenv.TargetEnvSettings
     return _REGISTRY[name].settings_class
 
 
 def settings_names():
     """
-    The names settings may be given for.
+    The names settings may be given for: the stages and ``target-env``.
 
     Returns
     -------
     names : list of str
         Sorted.
     """
-    return available_stages()
+    return sorted([*_REGISTRY, targetenv.SETTINGS_NAME])

@@ -31,6 +31,8 @@ first on ``PATH``.
 
 Classes
 -------
+TargetEnvSettings
+    The settings of the pseudo-stage ``target-env`` (``prefix``).
 TargetEnv
     The chosen environment and why.
 TargetEnvNotFoundError
@@ -62,6 +64,7 @@ from typing import Any, Optional
 from .. import _cotainr
 from ..errors import StageError
 from .rootfs import write_file_in_root
+from .settings import StageSettings, setting
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -69,8 +72,6 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 TARGET_ENV_FILE = "/opt/cotainr-lumi/target-env.json"
 #: The pseudo-stage name of the explicit setting (``target-env.prefix``).
 SETTINGS_NAME = "target-env"
-#: The settings it accepts.
-SETTINGS_DEFAULTS = {"prefix": None}
 #: Prefixes of system Pythons: never a target.
 SYSTEM_PREFIXES = ("/usr", "/usr/local", "/")
 
@@ -141,6 +142,22 @@ _SOURCE_WORDS = {
     "with-conda": "from the base image's $WITH_CONDA",
     "active-env": "active in the base image's environment",
 }
+
+
+def _check_prefix(value):
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path in the image (got {value!r})")
+
+
+@dataclass(frozen=True)
+class TargetEnvSettings(StageSettings):
+    """The settings of the pseudo-stage ``target-env``."""
+
+    prefix: Optional[str] = setting(
+        None,
+        doc="the env to install into (null: found in the base image)",
+        check=_check_prefix,
+    )
 
 
 class TargetEnvNotFoundError(Exception):
@@ -508,35 +525,8 @@ def explicit_prefix(*, plan):
     prefix : str or None
         The prefix.
     """
-    settings = getattr(plan, "target_settings", None) or {}
-    return settings.get("prefix") or None
-
-
-def validate_settings(*, settings):
-    """
-    Check ``target-env`` settings.
-
-    Parameters
-    ----------
-    settings : mapping
-        The settings.
-
-    Returns
-    -------
-    problems : list of (str, str)
-        ``(key, message)`` pairs.
-    """
-    problems = []
-    for key, value in settings.items():
-        if key not in SETTINGS_DEFAULTS:
-            problems.append((key, "unknown setting (known: prefix)"))
-        elif value is not None and not (
-            isinstance(value, str) and value.startswith("/")
-        ):
-            problems.append(
-                (key, f"must be an absolute path in the image (got {value!r})")
-            )
-    return problems
+    settings = getattr(plan, "target_settings", None)
+    return (settings.prefix if settings is not None else None) or None
 
 
 def for_context(*, context, required=False, stage="target-env"):

@@ -168,3 +168,24 @@ def test_errors_name_the_file_and_line(tmp_path):
         f"Invalid demo file {steps}, line 4, key 'names[2]': "
         "must be a string (got ['b'])."
     )
+
+
+def test_a_stage_reads_its_settings_once():
+    assert DemoStage().settings == DemoSettings()
+    stage = DemoStage(settings={"names": ["x"]})
+    assert stage.settings.names == ["x"]
+    settings = DemoSettings(jobs=3)
+    assert DemoStage(settings=settings).settings is settings
+    with pytest.raises(InputError, match="test-settings-demo.jobs"):
+        DemoStage(settings={"jobs": None})
+
+
+def test_every_stage_declares_its_settings_with_docs():
+    from cotainr_lumi.engine.stage import settings_class_of, settings_names
+
+    assert {"pip", "prune", "lumi-env", "provenance", "target-env"} <= set(
+        settings_names()
+    )
+    for name in settings_names():
+        for key, spec in settings_class_of(name).declared().items():
+            assert spec.doc, f"{name}.{key} has no doc"

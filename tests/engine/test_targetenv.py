@@ -237,7 +237,7 @@ def _plan(tmp_path, **kw):
 def test_setting_in_plan_and_dry_run_text(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # no apptainer: cannot ask
     plan = _plan(tmp_path, settings={"target-env": {"prefix": ENV}, "pip": {}})
-    assert plan.target_settings == {"prefix": ENV}
+    assert plan.target_settings.prefix == ENV
     text = plan.describe()
     assert f"target env: {ENV} (named explicitly (target-env.prefix)" in text
     plan = _plan(tmp_path, settings={"pip": {}}, dry_run=True)

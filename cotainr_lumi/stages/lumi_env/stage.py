@@ -29,7 +29,6 @@ LumiEnvStage
 
 import importlib.resources
 import logging
-import os
 from pathlib import Path, PurePosixPath
 import shlex
 
@@ -47,18 +46,15 @@ from .envfile import (
     path_addition,
     render_env_file,
     validate_name,
-    validate_path_entry,
-    validate_value,
 )
 from .modulefile import (
     MARKER,
     check_image_path,
-    check_var_name,
     render_lua,
     render_shell,
-    validate_bind,
     var_name_of,
 )
+from .settings import USER_SOFTWARE, LumiEnvSettings
 
 __all__ = ["LumiEnvStage"]
 
@@ -78,8 +74,6 @@ RUNSCRIPTS = (
 )
 #: The host commands in ``$CONTAINERROOT/bin`` (``cotainr_lumi/.../hostscripts/``).
 HOST_COMMANDS = ("make-squashfs", "unmake-squashfs", "start-shell")
-#: Where the module mounts ``$CONTAINERROOT/user-software``.
-USER_SOFTWARE = "/user-software"
 #: The script ``$WITH_CONDA`` sources.
 WITH_CONDA_FILE = "/opt/cotainr-lumi/with-conda.sh"
 #: The value of ``WITH_CONDA`` (works as ``$WITH_CONDA`` and ``eval``).
@@ -156,154 +150,12 @@ fi
 """
 
 
-def _check_root_path(value):
-    """Why `value` cannot be a CONTAINERROOT (None if it can)."""
-    if not isinstance(value, str) or not value:
-        return f"must be a directory path or null (got {value!r})"
-    if any(c in value for c in ",:\0") or any(c.isspace() for c in value):
-        return f"{value!r} contains ',', ':', white space or NUL (it goes into SINGULARITY_BIND)"
-    return None
-
-
-def _directory_problem(directory):
-    """Why `directory` cannot hold the module files (None if it can)."""
-    if directory.exists():
-        if not directory.is_dir():
-            return f"{directory} exists and is not a directory"
-        if not os.access(directory, os.W_OK | os.X_OK):
-            return f"{directory} is not writable"
-        return None
-    ancestor = directory.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"cannot create {directory}: {ancestor} is not a directory"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"cannot create {directory}: {ancestor} is not writable"
-    return None
-
-
-def _check_env_mapping(env, *, key="env"):
-    """Problems of an ``env`` setting: (key, message) pairs."""
-    if not isinstance(env, dict):
-        return [(key, f"must map variable names to values (got {env!r})")]
-    problems = []
-    for name, value in env.items():
-        try:
-            validate_name(name)
-            if value is not None:
-                validate_value(name=name, value=value)
-        except EnvError as e:
-            problems.append((f"{key}.{name}", str(e)))
-    return problems
-
-
-def _check_list(settings, key, check):
-    value = settings.get(key, [])
-    if not isinstance(value, list):
-        return [(key, f"must be a list (got {value!r})")]
-    problems = []
-    for item in value:
-        try:
-            check(item)
-        except ValueError as e:
-            problems.append((key, str(e)))
-    return problems
-
-
 @register_stage
 class LumiEnvStage(Stage):
     """Inject LUMI runtime settings, runscripts and bind information."""
 
     name = "lumi-env"
-    defaults = {
-        "env": {},
-        "miopen-cache": True,
-        "rocm-paths": True,
-        "path": [],
-        "ld-library-path": [],
-        "runscripts": True,
-        "with-conda": True,
-        "binds": [],
-        "module-file": True,
-        "module-dir": None,
-        "module-name": None,
-        "module-var-name": None,
-        "container-root": None,
-        "user-venv": None,
-    }
-
-    # ------------------------------------------------------------------ settings
-    @classmethod
-    def validate_settings(cls, *, settings):
-        """Check the settings: names, values, paths, binds and types."""
-        problems = super().validate_settings(settings=settings)
-        problems += _check_env_mapping(settings.get("env", {}))
-        for key in (
-            "miopen-cache",
-            "rocm-paths",
-            "runscripts",
-            "with-conda",
-            "module-file",
-        ):
-            value = settings.get(key, True)
-            if not isinstance(value, bool):
-                problems.append((key, f"must be true or false (got {value!r})"))
-        for key, var in (("path", "PATH"), ("ld-library-path", "LD_LIBRARY_PATH")):
-            problems += _check_list(
-                settings, key, lambda e, var=var: validate_path_entry(name=var, entry=e)
-            )
-        problems += _check_list(settings, "binds", validate_bind)
-        module_dir = settings.get("module-dir")
-        if module_dir is not None and not isinstance(module_dir, str):
-            problems.append(
-                ("module-dir", f"must be a directory path or null (got {module_dir!r})")
-            )
-        elif module_dir:
-            problem = _directory_problem(Path(module_dir).expanduser())
-            if problem:
-                problems.append(("module-dir", problem))
-        var = settings.get("module-var-name")
-        if var is not None:
-            try:
-                check_var_name(var)
-            except ValueError as e:
-                problems.append(("module-var-name", str(e)))
-        root = settings.get("container-root")
-        if root is not None:
-            problem = _check_root_path(root)
-            if not problem:
-                problem = _directory_problem(Path(root).expanduser())
-            if problem:
-                problems.append(("container-root", problem))
-        venv = settings.get("user-venv")
-        if venv is not None and (
-            not isinstance(venv, str)
-            or not venv.startswith(USER_SOFTWARE + "/")
-            or _check_root_path(venv)
-            or "/../" in venv + "/"
-        ):
-            problems.append(
-                (
-                    "user-venv",
-                    f"must be a path below {USER_SOFTWARE}/ without ',', ':', "
-                    f"'..' or white space (got {venv!r})",
-                )
-            )
-        module_name = settings.get("module-name")
-        if module_name is not None and (
-            not isinstance(module_name, str)
-            or not module_name
-            or "/" in module_name
-            or module_name.startswith(".")
-        ):
-            problems.append(
-                (
-                    "module-name",
-                    f"must be a file name without '/' or null (got {module_name!r})",
-                )
-            )
-        return problems
+    settings_class = LumiEnvSettings
 
     @classmethod
     def add_arguments(cls, *, parser):
@@ -373,36 +225,34 @@ class LumiEnvStage(Stage):
     @property
     def env(self):
         """The variables set as defaults (``None`` values dropped)."""
-        return {
-            k: v for k, v in (self.settings.get("env") or {}).items() if v is not None
-        }
+        return {k: v for k, v in self.settings.env.items() if v is not None}
 
     def _module_paths(self, *, image_path):
         """(lua, shell) paths next to the image, or None when disabled."""
-        if not self.settings["module-file"]:
+        if not self.settings.module_file:
             return None
         image_path = Path(image_path)
-        directory = self.settings.get("module-dir")
+        directory = self.settings.module_dir
         directory = (
             Path(directory).expanduser().resolve() if directory else image_path.parent
         )
-        name = self.settings.get("module-name") or image_path.stem
+        name = self.settings.module_name or image_path.stem
         return directory / f"{name}.lua", directory / f"{name}.sh"
 
     def _module_name(self, *, image_path):
-        return self.settings.get("module-name") or Path(image_path).stem
+        return self.settings.module_name or Path(image_path).stem
 
     def _var_name(self, *, image_path):
         """The suffix of SIF<NAME>, RUNSCRIPTS<NAME>, EBROOT<NAME>."""
-        return self.settings.get("module-var-name") or var_name_of(
+        return self.settings.module_var_name or var_name_of(
             self._module_name(image_path=image_path)
         )
 
     def _container_root(self, *, image_path):
         """CONTAINERROOT on the host (None without a module file)."""
-        if not self.settings["module-file"]:
+        if not self.settings.module_file:
             return None
-        root = self.settings.get("container-root")
+        root = self.settings.container_root
         if root:
             return Path(root).expanduser().resolve()
         image_path = Path(image_path)
@@ -411,7 +261,7 @@ class LumiEnvStage(Stage):
 
     def _user_venv(self, *, image_path):
         """The user venv's path in the container."""
-        return self.settings.get("user-venv") or (
+        return self.settings.user_venv or (
             f"{USER_SOFTWARE}/venv/{self._var_name(image_path=image_path).lower()}"
         )
 
@@ -429,8 +279,8 @@ class LumiEnvStage(Stage):
         hint : str
             One or two command lines.
         """
-        entry = "conda-python-distributed" if self.settings["runscripts"] else "python"
-        binds = ",".join(self.settings["binds"])
+        entry = "conda-python-distributed" if self.settings.runscripts else "python"
+        binds = ",".join(self.settings.binds)
         bind_opt = f"-B {shlex.quote(binds)} " if binds else ""
         lines = ["Run the image on LUMI with:"]
         paths = self._module_paths(image_path=image_path)
@@ -454,29 +304,32 @@ class LumiEnvStage(Stage):
         lines = [f"env file {ENV_FILE} (defaults, overridable at run time):"]
         for name, value in self.env.items():
             lines.append(f"  {name}={shlex.quote(str(value))}")
-        dropped = [k for k, v in (self.settings.get("env") or {}).items() if v is None]
+        dropped = [k for k, v in self.settings.env.items() if v is None]
         if dropped:
             lines.append(f"  not set: {', '.join(dropped)}")
-        if self.settings["miopen-cache"]:
+        if self.settings.miopen_cache:
             lines.append(
                 "  MIOPEN_USER_DB_PATH, MIOPEN_CUSTOM_CACHE_DIR="
                 "/tmp/$(id -un)-miopen-cache (computed at run time)"
             )
-        if self.settings["rocm-paths"]:
+        if self.settings.rocm_paths:
             lines.append(
                 f"  ROCM_PATH, PATH += {ROCM_ROOT}/bin, LD_LIBRARY_PATH += "
                 f"{ROCM_ROOT}/lib and aws-ofi-rccl (when in the image and missing)"
             )
-        for key, var in (("path", "PATH"), ("ld-library-path", "LD_LIBRARY_PATH")):
-            if self.settings[key]:
-                lines.append(f"  {var} += {':'.join(self.settings[key])}")
-        if self.settings["with-conda"]:
+        for var, entries in (
+            ("PATH", self.settings.path),
+            ("LD_LIBRARY_PATH", self.settings.ld_library_path),
+        ):
+            if entries:
+                lines.append(f"  {var} += {':'.join(entries)}")
+        if self.settings.with_conda:
             lines.append(f"  WITH_CONDA={shlex.quote(WITH_CONDA_VALUE)}")
-        if self.settings["runscripts"]:
+        if self.settings.runscripts:
             lines.append(
                 f"runscripts in {RUNSCRIPTS_DIR} (on PATH): {', '.join(RUNSCRIPTS)}"
             )
-        binds = ",".join(self.settings["binds"])
+        binds = ",".join(self.settings.binds)
         lines.append(f"label cotainr-lumi.binds={binds or '(none)'}")
         paths = self._module_paths(image_path=plan.image_path)
         if paths is not None:
@@ -603,7 +456,7 @@ class LumiEnvStage(Stage):
     def _search_path_blocks(self, *, root):
         """PATH/LD_LIBRARY_PATH additions and what was found."""
         blocks, found = [], {}
-        if self.settings["rocm-paths"]:
+        if self.settings.rocm_paths:
             rocm = resolve_in_root(root=root, path=ROCM_ROOT)
             if rocm.is_dir():
                 found["rocm"] = ROCM_ROOT
@@ -626,12 +479,12 @@ class LumiEnvStage(Stage):
                         path_addition(name="LD_LIBRARY_PATH", entries=[directory])
                     )
                     break
-        if self.settings["path"]:
-            blocks.append(path_addition(name="PATH", entries=self.settings["path"]))
-        if self.settings["ld-library-path"]:
+        if self.settings.path:
+            blocks.append(path_addition(name="PATH", entries=self.settings.path))
+        if self.settings.ld_library_path:
             blocks.append(
                 path_addition(
-                    name="LD_LIBRARY_PATH", entries=self.settings["ld-library-path"]
+                    name="LD_LIBRARY_PATH", entries=self.settings.ld_library_path
                 )
             )
         return blocks, found
@@ -641,9 +494,9 @@ class LumiEnvStage(Stage):
         sandbox = context.sandbox
         root = sandbox.root
         plan = context.plan
-        info = self._probe(sandbox=sandbox) if self.settings["with-conda"] else {}
+        info = self._probe(sandbox=sandbox) if self.settings.with_conda else {}
         target = None
-        if self.settings["with-conda"]:
+        if self.settings.with_conda:
             # The one discovery of the build's env (never `python` on PATH).
             target = targetenv.for_context(context=context, stage=self.name)
             info["prefix"] = target.prefix if target is not None else ""
@@ -652,7 +505,7 @@ class LumiEnvStage(Stage):
             "# Profile and build settings (defaults: a variable already set wins).",
             default_assignments(self.env),
         ]
-        if self.settings["miopen-cache"]:
+        if self.settings.miopen_cache:
             blocks += ["# MIOpen caches on node-local /tmp."] + [
                 computed_default(name=name, expression=MIOPEN_CACHE_EXPRESSION)
                 for name in ("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR")
@@ -662,10 +515,10 @@ class LumiEnvStage(Stage):
             blocks += [
                 "# Search paths (entries added only when missing)."
             ] + path_blocks
-        if self.settings["runscripts"]:
+        if self.settings.runscripts:
             blocks.append(path_addition(name="PATH", entries=[RUNSCRIPTS_DIR]))
         env_prefix = None
-        if self.settings["with-conda"]:
+        if self.settings.with_conda:
             script, env_prefix = self._with_conda_script(
                 root=root,
                 info=info,
@@ -710,7 +563,7 @@ class LumiEnvStage(Stage):
             path=ENV_FILE,
             content=render_env_file(header=header, blocks=blocks),
         )
-        if self.settings["runscripts"]:
+        if self.settings.runscripts:
             for name in RUNSCRIPTS:
                 self._note_replaced_runscript(root=root, name=name)
                 write_file_in_root(
@@ -724,7 +577,7 @@ class LumiEnvStage(Stage):
         image_path = Path(plan.image_path)
         outputs = {}
         paths = self._module_paths(image_path=image_path)
-        runscripts = RUNSCRIPTS_DIR if self.settings["runscripts"] else None
+        runscripts = RUNSCRIPTS_DIR if self.settings.runscripts else None
         if paths is not None:
             try:
                 check_image_path(image_path)
@@ -737,7 +590,7 @@ class LumiEnvStage(Stage):
             container_root = self._container_root(image_path=image_path)
             common = dict(
                 image=image_path,
-                binds=self.settings["binds"],
+                binds=self.settings.binds,
                 runscripts=runscripts,
                 name=name,
                 var=self._var_name(image_path=image_path),
@@ -754,7 +607,7 @@ class LumiEnvStage(Stage):
                 )
             )
         labels = {
-            "cotainr-lumi.binds": ",".join(self.settings["binds"]),
+            "cotainr-lumi.binds": ",".join(self.settings.binds),
             "cotainr-lumi.env-file": ENV_FILE,
             "cotainr-lumi.env": ",".join(self.env),
         }
@@ -768,7 +621,7 @@ class LumiEnvStage(Stage):
             "runscripts": [f"{RUNSCRIPTS_DIR}/{n}" for n in RUNSCRIPTS]
             if runscripts
             else [],
-            "binds": list(self.settings["binds"]),
+            "binds": list(self.settings.binds),
             "module-files": sorted(str(p) for p in (paths or ())),
             "container-root": str(container_root) if container_root else None,
             "user-venv": user_venv,
@@ -811,7 +664,7 @@ class LumiEnvStage(Stage):
             )
             for name in HOST_COMMANDS
         }
-        if self.settings["runscripts"]:
+        if self.settings.runscripts:
             for name in RUNSCRIPTS:
                 files[str(root / "runscripts" / name)] = _host_copy(
                     _runscript_text(name),
@@ -830,7 +683,7 @@ class LumiEnvStage(Stage):
     def _check_in_sandbox(self, *, sandbox):
         """Start the container once so a broken env file fails the build."""
         script = 'printf "ok\\n"'
-        if self.settings["runscripts"]:
+        if self.settings.runscripts:
             script = "command -v get-master >/dev/null && " + script
         try:
             proc = sandbox.run(["bash", "-c", script], log_name=self.name)

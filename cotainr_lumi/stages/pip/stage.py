@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -44,7 +45,7 @@ from ... import _cotainr
 from ...engine import targetenv
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
-from ...errors import InputError, StageError
+from ...errors import StageError
 from .cache import export_cache, import_cache
 from .hostenv import host_pip_variables
 from .protect import (
@@ -55,13 +56,7 @@ from .protect import (
     parse_pip_list,
 )
 from .requirements import local_inputs, scan_step, stage_step
-from .steps import (
-    SETTINGS_DEFAULTS,
-    check_settings,
-    default_cache_dir,
-    normalize_steps,
-    steps_from_inputs,
-)
+from .steps import PipSettings, default_cache_dir, steps_from_inputs
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -117,30 +112,21 @@ class PipStage(Stage):
     """Ordered pip steps that cannot clobber installed packages."""
 
     name = "pip"
-    defaults = dict(SETTINGS_DEFAULTS)
+    settings_class = PipSettings
 
     def __init__(self, *, settings=None):
         super().__init__(settings=settings)
-        problems = check_settings(settings=self.settings)
-        if problems:
-            key, message = problems[0]
-            raise InputError(f"Invalid setting pip.{key}: {message}")
-        cwd = Path.cwd()
-        self.steps = normalize_steps(settings=self.settings, cwd=cwd)
+        self.steps = [
+            dataclasses.replace(step, number=i + 1).allowing(
+                self.settings.allow_changes
+            )
+            for i, step in enumerate(self.settings.steps)
+        ]
         self.scans = [scan_step(step=step) for step in self.steps]
-        cache_dir = self.settings.get("cache-dir")
-        if cache_dir:
-            cache_dir = Path(os.path.expanduser(cache_dir))
-            self.cache_dir = cache_dir if cache_dir.is_absolute() else cwd / cache_dir
-        else:
-            self.cache_dir = default_cache_dir()
+        cache_dir = self.settings.cache_dir
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
 
     # -- configuration -----------------------------------------------------
-
-    @classmethod
-    def validate_settings(cls, *, settings):
-        """Check the settings (see :mod:`cotainr_lumi.stages.pip.steps`)."""
-        return check_settings(settings=settings)
 
     @classmethod
     def add_arguments(cls, *, parser):
@@ -238,7 +224,7 @@ class PipStage(Stage):
                 "no `python -m pip`)"
             )
             return lines
-        cache = self.settings["cache"]
+        cache = self.settings.cache
         lines.append(
             f"pip cache: {self.cache_dir} (linked into the sandbox, never kept in the image)"
             if cache
@@ -383,7 +369,7 @@ class PipStage(Stage):
         if work.exists():
             shutil.rmtree(work)
         work.mkdir(parents=True)
-        use_cache = bool(self.settings["cache"])
+        use_cache = self.settings.cache
         cache_image_dir = f"{WORK_DIR}/cache"
         cache_stats = {}
         records = []

@@ -29,11 +29,13 @@ PruneStage
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import json
 import logging
 
 from ... import _cotainr
 from ...engine import targetenv
+from ...engine.settings import StageSettings, setting
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import StageError
 from .libstdcxx import (
@@ -99,22 +101,27 @@ def _parse_probe(text):
     return facts, "\n".join(other)
 
 
+@dataclass(frozen=True)
+class PruneSettings(StageSettings):
+    """The settings of the prune stage."""
+
+    libstdcxx: bool = setting(
+        True, doc="remove the env's libstdc++ when the base image's is new enough"
+    )
+    rocm_dedup: bool = setting(
+        True, doc="link bundled copies of the base image's ROCm libraries into it"
+    )
+    strict: bool = setting(
+        False, doc="fail instead of warning when a pruning is skipped"
+    )
+
+
 @register_stage
 class PruneStage(Stage):
     """Remove the env's libstdc++ and de-duplicate bundled ROCm libraries, when safe."""
 
     name = "prune"
-    defaults = {"libstdcxx": True, "rocm-dedup": True, "strict": False}
-
-    @classmethod
-    def validate_settings(cls, *, settings):
-        """Check the settings (all are booleans)."""
-        problems = super().validate_settings(settings=settings)
-        for key in cls.defaults:
-            value = settings.get(key, cls.defaults[key])
-            if not isinstance(value, bool):
-                problems.append((key, f"must be true or false (got {value!r})"))
-        return problems
+    settings_class = PruneSettings
 
     @classmethod
     def add_arguments(cls, *, parser):
@@ -158,7 +165,7 @@ class PruneStage(Stage):
 
     def enabled(self, *, plan):
         """Run when at least one pruning is on."""
-        return bool(self.settings["libstdcxx"] or self.settings["rocm-dedup"])
+        return bool(self.settings.libstdcxx or self.settings.rocm_dedup)
 
     def describe(self, *, plan):
         """Describe the checks and actions (the sandbox does not exist yet)."""
@@ -166,7 +173,7 @@ class PruneStage(Stage):
             f"environment: {plan.target_environment} (torch/lib in its site-packages; "
             "libstdc++ in <env>/lib)"
         ]
-        if self.settings["libstdcxx"]:
+        if self.settings.libstdcxx:
             lines.append(
                 f"libstdc++: remove <env>/lib/{LIBSTDCXX_GLOB} only if the base image's "
                 "libstdc++.so.6 (found through the image's ld.so.cache, then /usr/lib64, "
@@ -176,7 +183,7 @@ class PruneStage(Stage):
             )
         else:
             lines.append("libstdc++: kept (libstdcxx: false)")
-        if self.settings["rocm-dedup"]:
+        if self.settings.rocm_dedup:
             rocm = plan.system.rocm_version if plan.system is not None else None
             base = (
                 f"the base image's ROCm ($ROCM_PATH/.info/version; profile says {rocm})"
@@ -190,9 +197,9 @@ class PruneStage(Stage):
                 f"has the major.minor of {base} and SONAMEs match; then every ELF object "
                 "there must resolve with the image's loader (ldd), else roll back"
             )
-            action = "fail" if self.settings["strict"] else "skip with a warning"
+            action = "fail" if self.settings.strict else "skip with a warning"
             lines.append(
-                f"ROCm version mismatch or unknown: {action} (strict: {str(self.settings['strict']).lower()})"
+                f"ROCm version mismatch or unknown: {action} (strict: {str(self.settings.strict).lower()})"
             )
         else:
             lines.append("ROCm: bundled libraries kept (rocm-dedup: false)")
@@ -211,7 +218,7 @@ class PruneStage(Stage):
         prefix = target.prefix if target is not None else ""
         facts["site"] = list(target.site) if target is not None else []
         manifest = PruneManifest(
-            settings=dict(self.settings),
+            settings=self.settings.to_dict(),
             facts={
                 "env-prefix": prefix or None,
                 "env-source": target.reason if target is not None else None,
@@ -231,7 +238,7 @@ class PruneStage(Stage):
                 ),
             )
         else:
-            if self.settings["libstdcxx"]:
+            if self.settings.libstdcxx:
                 for env_prefix in target.env_prefixes:
                     self._prune_libstdcxx(
                         root, env_prefix, ldconfig_text, manifest, warnings
@@ -242,7 +249,7 @@ class PruneStage(Stage):
                     what=f"{prefix}/lib/{LIBSTDCXX_GLOB}",
                     reason="kept on request (libstdcxx: false / --keep-libstdcxx)",
                 )
-            if self.settings["rocm-dedup"]:
+            if self.settings.rocm_dedup:
                 self._dedup_rocm(context, facts, manifest, warnings)
             else:
                 manifest.skip(
@@ -267,7 +274,7 @@ class PruneStage(Stage):
 
     def _skip_or_fail(self, manifest, warnings, *, group, what, reason):
         """Record a skipped pruning: a warning, or a failure in strict mode."""
-        if self.settings["strict"]:
+        if self.settings.strict:
             raise StageError(
                 f"{reason}. This build is strict (strict: true / --prune-strict); "
                 "drop --prune-strict to skip this pruning with a warning instead.",

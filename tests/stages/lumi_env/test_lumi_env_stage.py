@@ -85,7 +85,7 @@ def run_stage(tmp_path, settings, **root_kw):
     root = make_root(tmp_path, **root_kw)
     sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
     stage = LumiEnvStage(settings=settings)
-    assert stage.validate_settings(settings=stage.settings) == []
+    assert LumiEnvStage(settings=stage.settings.to_dict()).settings == stage.settings
     plan = SimpleNamespace(image_path=tmp_path / "out" / "torch.sif")
     report = stage.run(context=StageContext(sandbox=sandbox, plan=plan))
     return root, report, sandbox
@@ -283,8 +283,8 @@ def test_container_root_var_name_and_user_venv_settings(tmp_path):
     ],
 )
 def test_bad_container_root_settings_are_named(settings, key):
-    problems = LumiEnvStage.validate_settings(settings=settings)
-    assert [k for k, _ in problems] == [key], problems
+    with pytest.raises(InputError, match=rf"^Invalid setting lumi-env\.{key}: "):
+        LumiEnvStage(settings=settings)
 
 
 def test_broken_env_file_fails_the_stage(tmp_path):
@@ -316,8 +316,9 @@ def test_broken_env_file_fails_the_stage(tmp_path):
     ],
 )
 def test_invalid_settings_name_the_key(settings, key):
-    problems = LumiEnvStage.validate_settings(settings=settings)
-    assert problems and problems[0][0] == key
+    with pytest.raises(InputError) as info:
+        LumiEnvStage(settings=settings)
+    assert str(info.value).startswith(f"Invalid setting lumi-env.{key}")
 
 
 def test_module_dir_must_be_able_to_hold_files(tmp_path):
@@ -327,13 +328,13 @@ def test_module_dir_must_be_able_to_hold_files(tmp_path):
         (afile, "exists and is not a directory"),
         (afile / "sub", f"cannot create {afile / 'sub'}: {afile} is not a directory"),
     ):
-        problems = LumiEnvStage.validate_settings(
-            settings={"module-dir": str(directory)}
-        )
-        assert problems == [("module-dir", problems[0][1])]
-        assert problem in problems[0][1]
+        with pytest.raises(InputError) as info:
+            LumiEnvStage(settings={"module-dir": str(directory)})
+        assert str(info.value).startswith("Invalid setting lumi-env.module-dir: ")
+        assert problem in str(info.value)
     for fine in (tmp_path, tmp_path / "new" / "dir"):
-        assert LumiEnvStage.validate_settings(settings={"module-dir": str(fine)}) == []
+        stage = LumiEnvStage(settings={"module-dir": str(fine)})
+        assert stage.settings.module_dir == str(fine)
 
 
 def test_cli_options_become_settings():
