@@ -32,8 +32,9 @@ settings_names()
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 import logging
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional, Union
 
+from ..errors import StageError
 from . import targetenv
 from .origins import Origin
 from .settings import NoSettings, load_settings
@@ -98,16 +99,72 @@ class StageContext:
         The reports of the stages that already ran, in order.
     labels : dict of str to str
         Labels collected so far (stages may read what earlier stages set).
-    target_env : TargetEnv or TargetEnvNotFoundError or None
-        The target Python environment once discovered (use
-        :func:`cotainr_lumi.engine.targetenv.for_context`, which fills it).
+    target_env : TargetEnv or None
+        The target Python environment, with what the same probe saw of the
+        image's environment (:class:`cotainr_lumi.engine.targetenv.TargetEnv`);
+        None when the image has none (:meth:`require_target_env` says why).
+        The build's one probe of the image fills it once, when the first
+        stage that needs it reads it (after cotainr's conda step); a driver
+        may fill it earlier with :meth:`probe_target_env`.
     """
 
     sandbox: Any
     plan: Any
     reports: list[StageReport] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
-    target_env: Any = None
+    _target: Union[targetenv.TargetEnv, targetenv.TargetEnvNotFoundError, None] = field(
+        default=None, init=False, repr=False
+    )
+
+    def probe_target_env(self):
+        """
+        Run the build's one probe of the image, unless it ran already.
+
+        Returns
+        -------
+        target : TargetEnv or TargetEnvNotFoundError
+            The environment, or why there is none.
+
+        Raises
+        ------
+        :class:`cotainr_lumi.errors.StageError`
+            If the container does not start.
+        """
+        if self._target is None:
+            self._target = targetenv.probe_build(
+                sandbox=self.sandbox, plan=self.plan, labels=self.labels
+            )
+        return self._target
+
+    @property
+    def target_env(self) -> Optional[targetenv.TargetEnv]:
+        """The target Python environment (None when the image has none)."""
+        found = self.probe_target_env()
+        return found if isinstance(found, targetenv.TargetEnv) else None
+
+    def require_target_env(self, *, stage):
+        """
+        The target Python environment, for a stage that must install into it.
+
+        Parameters
+        ----------
+        stage : str
+            The asking stage (for the error).
+
+        Returns
+        -------
+        target : TargetEnv
+            The environment.
+
+        Raises
+        ------
+        :class:`cotainr_lumi.errors.StageError`
+            If the image has none (the message says why and how to go on).
+        """
+        found = self.probe_target_env()
+        if isinstance(found, targetenv.TargetEnvNotFoundError):
+            raise StageError(str(found), stage=stage)
+        return found
 
 
 class Stage(ABC):

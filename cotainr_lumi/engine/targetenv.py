@@ -3,9 +3,14 @@ The one discovery of the Python environment a build installs into.
 
 Every stage that needs "the image's Python" (pip installs into it, prune
 looks for torch and libstdc++ in it, lumi-env makes ``$WITH_CONDA`` activate
-it, verify inspects it) asks this module, and it answers once per build. The
-answer is written into the image as :data:`TARGET_ENV_FILE`, so that
-``cotainr-lumi verify`` later reads the same answer.
+it, verify inspects it) reads ``context.target_env``
+(:class:`cotainr_lumi.engine.stage.StageContext`), filled by one probe of the
+image per build (:func:`probe_build`: one command in the container, which
+also reports what other stages need of the image's environment,
+:class:`ImageFacts`). A dry run asks a local base image with the same probe
+(:func:`probe_image`). The answer is written into the image as
+:data:`TARGET_ENV_FILE`, so that ``cotainr-lumi verify`` later reads the same
+answer.
 
 Order of precedence (the first that applies wins):
 
@@ -35,6 +40,8 @@ TargetEnvSettings
     The settings of the pseudo-stage ``target-env`` (``prefix``).
 TargetEnv
     The chosen environment and why.
+ImageFacts
+    What the same probe saw of the image's environment.
 TargetEnvNotFoundError
     Why no environment could be chosen.
 
@@ -44,8 +51,8 @@ discover(*, run, explicit=None, conda_env=False)
     Ask an image (through `run`) and choose the environment.
 choose(*, facts, explicit=None, conda_env=False)
     Choose from the probe's facts.
-for_context(*, context, required=False)
-    The target environment of a running build (discovered once).
+probe_build(*, sandbox, plan, labels)
+    The one probe of a running build (recorded in the image).
 describe_lines(*, plan)
     What the plan says about the target environment.
 probe_image(*, image)
@@ -76,11 +83,15 @@ SETTINGS_NAME = "target-env"
 SYSTEM_PREFIXES = ("/usr", "/usr/local", "/")
 
 _MARK = "COTAINR_LUMI_TARGET_ENV "
+#: Facts the probe reports once per item.
+_LIST_FACTS = ("ldcache",)
 
 #: Runs in a clean environment inside the container: sources the image's env
-#: scripts, reports the environment, evaluates $WITH_CONDA in a subshell and
-#: reports again. $1: an explicit prefix to check (may be empty). Every fact
-#: is one line "MARK <where> <key> <value>"; interpreters are asked for their
+#: scripts, reports the environment (with what other stages need of it:
+#: CONDA_EXE, ROCM_PATH, the loader cache's libstdc++ entries), evaluates
+#: $WITH_CONDA in a subshell and reports again. $1: an explicit prefix to check
+#: (may be empty). Every fact is one line "MARK <where> <key> <value>" (the key
+#: "ldcache" once per entry); interpreters are asked for their
 #: sys.prefix/sys.executable as JSON.
 PROBE_SCRIPT = r"""
 for f in /.singularity.d/env/*.sh; do
@@ -116,6 +127,10 @@ state() { # state WHERE: the environment as it is now
 fact image with_conda_set "${WITH_CONDA+set}"
 fact image with_conda "${WITH_CONDA:-}"
 state image
+fact image conda_exe "${CONDA_EXE:-}"
+fact image rocm_path "${ROCM_PATH:-}"
+{ ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true; } | grep -F 'libstdc++' |
+    while IFS= read -r line; do fact image ldcache "$line"; done
 [ -n "${1:-}" ] && pyinfo explicit "$1"
 if [ -n "${WITH_CONDA:-}" ]; then
     (
@@ -164,6 +179,52 @@ class TargetEnvNotFoundError(Exception):
     """Why no environment could be chosen (the message says how to go on)."""
 
 
+@dataclass(frozen=True)
+class ImageFacts:
+    """
+    What the same probe saw of the image's environment (before ``$WITH_CONDA``).
+
+    Attributes
+    ----------
+    conda_prefix : str
+        ``CONDA_PREFIX`` set by the image's env scripts.
+    conda_exe : str
+        ``CONDA_EXE`` set by them (finds ``etc/profile.d/conda.sh``).
+    rocm_path : str
+        ``ROCM_PATH`` set by them.
+    libstdcxx_cache : tuple of str
+        The ``libstdc++`` lines of ``ldconfig -p`` (the image's loader cache).
+    """
+
+    conda_prefix: str = ""
+    conda_exe: str = ""
+    rocm_path: str = ""
+    libstdcxx_cache: tuple[str, ...] = ()
+
+    @classmethod
+    def from_facts(cls, facts):
+        """
+        Read them from the probe's facts.
+
+        Parameters
+        ----------
+        facts : dict
+            From :func:`parse_probe`.
+
+        Returns
+        -------
+        image : ImageFacts
+            The facts.
+        """
+        image = facts.get("image", {})
+        return cls(
+            conda_prefix=image.get("conda_prefix") or "",
+            conda_exe=image.get("conda_exe") or "",
+            rocm_path=image.get("rocm_path") or "",
+            libstdcxx_cache=tuple(image.get("ldcache") or ()),
+        )
+
+
 @dataclass
 class TargetEnv:
     """
@@ -189,6 +250,8 @@ class TargetEnv:
         The base image's ``$WITH_CONDA`` (None when unset).
     decoys : dict of str to str
         Other interpreters seen (e.g. ``python`` on PATH) that were not chosen.
+    image : ImageFacts
+        What the same probe saw of the image's environment.
     """
 
     prefix: str
@@ -200,6 +263,7 @@ class TargetEnv:
     reason: str = ""
     with_conda: Optional[str] = None
     decoys: dict[str, str] = field(default_factory=dict)
+    image: ImageFacts = field(default_factory=ImageFacts)
 
     @property
     def bin_dir(self):
@@ -257,7 +321,10 @@ class TargetEnv:
             The environment.
         """
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+        image = known.pop("image", None) or {}
+        image = {k: v for k, v in image.items() if k in ImageFacts.__dataclass_fields__}
+        image["libstdcxx_cache"] = tuple(image.get("libstdcxx_cache", ()))
+        return cls(**known, image=ImageFacts(**image))
 
 
 def _is_system_prefix(prefix):
@@ -277,7 +344,7 @@ def parse_probe(*, text):
     -------
     facts : dict
         ``{where: {key: value}}``; ``python`` values are dicts (or None when
-        the interpreter did not answer).
+        the interpreter did not answer), ``ldcache`` a list of lines.
     """
     facts: dict[str, dict[str, Any]] = {}
     for line in text.splitlines():
@@ -290,7 +357,10 @@ def parse_probe(*, text):
                 value = json.loads(value) if value.strip() else None
             except ValueError:
                 value = None
-        facts.setdefault(where, {})[key] = value
+        if key in _LIST_FACTS:
+            facts.setdefault(where, {}).setdefault(key, []).append(value)
+        else:
+            facts.setdefault(where, {})[key] = value
     return facts
 
 
@@ -398,6 +468,7 @@ def choose(*, facts, explicit=None, conda_env=False):
             reason=reason,
             with_conda=with_conda,
             decoys=_decoys(facts, info["prefix"]),
+            image=ImageFacts.from_facts(facts),
         )
 
     if explicit:
@@ -529,71 +600,64 @@ def explicit_prefix(*, plan):
     return (settings.prefix if settings is not None else None) or None
 
 
-def for_context(*, context, required=False, stage="target-env"):
+def probe_build(*, sandbox, plan, labels):
     """
-    The target environment of a running build (discovered once).
+    The one probe of a running build (one command in the container).
 
-    The first call probes the sandbox and records the answer in the image
-    (:data:`TARGET_ENV_FILE`); later calls return it.
+    Records the answer in the image (:data:`TARGET_ENV_FILE`) and in the
+    label ``cotainr-lumi.target-env``. Stages get it through
+    :attr:`cotainr_lumi.engine.stage.StageContext.target_env`, which calls
+    this once.
 
     Parameters
     ----------
-    context : :class:`cotainr_lumi.engine.stage.StageContext`
-        The running build.
-    required : bool, default=False
-        Raise when there is no environment (a stage must install into it).
-    stage : str, default="target-env"
-        The asking stage (for the error).
+    sandbox : :class:`cotainr_lumi._cotainr.Sandbox`
+        The sandbox, after cotainr's conda step.
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan` or None
+        The plan (its ``target-env`` setting and conda env).
+    labels : dict of str to str
+        The build's labels (the label is added).
 
     Returns
     -------
-    target : TargetEnv or None
-        The environment; None when there is none and it is not required.
+    target : TargetEnv or TargetEnvNotFoundError
+        The environment, or why there is none.
 
     Raises
     ------
     :class:`cotainr_lumi.errors.StageError`
-        If `required` and there is none.
+        If the container does not start.
     """
-    if context.target_env is None:
-        plan = context.plan
-        sandbox = context.sandbox
 
-        def run(args):
-            try:
-                return sandbox.run(args, log_name="target-env").stdout or ""
-            except _cotainr.CommandError as e:
-                raise StageError(
-                    "could not start the container to find its Python environment",
-                    stage=stage,
-                    details=e.error_lines(),
-                ) from e
-
+    def run(args):
         try:
-            target = discover(
-                run=run,
-                explicit=explicit_prefix(plan=plan),
-                conda_env=getattr(plan, "conda_env", None) is not None,
-            )
-        except TargetEnvNotFoundError as e:
-            context.target_env = e
-        else:
-            context.target_env = target
-            logger.info("Target Python environment: %s", target.describe())
-            for decoy in target.decoys.values():
-                logger.info("Not the target: %s", decoy)
-            write_file_in_root(
-                root=sandbox.root,
-                path=TARGET_ENV_FILE,
-                content=json.dumps(target.to_dict(), indent=2, sort_keys=True) + "\n",
-            )
-            context.labels["cotainr-lumi.target-env"] = target.prefix
-    found = context.target_env
-    if isinstance(found, TargetEnvNotFoundError):
-        if required:
-            raise StageError(str(found), stage=stage)
-        return None
-    return found
+            return sandbox.run(args, log_name=SETTINGS_NAME).stdout or ""
+        except _cotainr.CommandError as e:
+            raise StageError(
+                "could not start the container to find its Python environment",
+                stage=SETTINGS_NAME,
+                details=e.error_lines(),
+            ) from e
+
+    try:
+        target = discover(
+            run=run,
+            explicit=explicit_prefix(plan=plan),
+            conda_env=getattr(plan, "conda_env", None) is not None,
+        )
+    except TargetEnvNotFoundError as e:
+        logger.info("No target Python environment: %s", e)
+        return e
+    logger.info("Target Python environment: %s", target.describe())
+    for decoy in target.decoys.values():
+        logger.info("Not the target: %s", decoy)
+    write_file_in_root(
+        root=sandbox.root,
+        path=TARGET_ENV_FILE,
+        content=json.dumps(target.to_dict(), indent=2, sort_keys=True) + "\n",
+    )
+    labels["cotainr-lumi.target-env"] = target.prefix
+    return target
 
 
 def probe_image(*, image, explicit=None, timeout=120):

@@ -34,7 +34,6 @@ import shlex
 
 from ... import _cotainr
 from ..._version import __version__
-from ...engine import targetenv
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import InputError, StageError
@@ -95,13 +94,6 @@ AWS_OFI_RCCL_DIRS = (
 #: as $USER or $SLURM_NODEID are hidden from Apptainer env scripts, so the user
 #: name comes from `id`; its output is not evaluated (double quotes).
 MIOPEN_CACHE_EXPRESSION = '"/tmp/$(id -un 2>/dev/null || id -u)-miopen-cache"'
-
-_PROBE_SCRIPT = r"""
-printf 'prefix=%s\n' "$(python -c 'import sys; print(sys.prefix)' 2>/dev/null || true)"
-printf 'conda_prefix=%s\n' "${CONDA_PREFIX:-}"
-printf 'conda_exe=%s\n' "${CONDA_EXE:-}"
-printf 'conda_env=%s\n' "${CONDA_DEFAULT_ENV:-}"
-"""
 
 
 def _runscript_text(name):
@@ -351,23 +343,6 @@ class LumiEnvStage(Stage):
         return lines
 
     # ------------------------------------------------------------------ run
-    def _probe(self, *, sandbox):
-        """The active Python environment of the image."""
-        try:
-            proc = sandbox.run(["bash", "-c", _PROBE_SCRIPT], log_name=self.name)
-        except _cotainr.CommandError as e:
-            raise StageError(
-                "could not inspect the image's environment",
-                stage=self.name,
-                details=e.error_lines(),
-            ) from e
-        info = {}
-        for line in (proc.stdout or "").splitlines():
-            key, sep, value = line.partition("=")
-            if sep:
-                info[key.strip()] = value.strip()
-        return info
-
     @staticmethod
     def _base_with_conda(*, root, target):
         """
@@ -394,9 +369,25 @@ class LumiEnvStage(Stage):
                     return words[1]
         return None
 
-    def _with_conda_script(self, *, root, info, base_with_conda=None):
-        """The content of with-conda.sh for the target environment."""
-        prefix = info.get("prefix", "")
+    @staticmethod
+    def _activation(*, root, target):
+        """Shell code activating the target env (conda, a venv, or PATH)."""
+        prefix = target.prefix
+        bin_dir = target.bin_dir
+        conda_exe = target.image.conda_exe
+        if target.image.conda_prefix == prefix and conda_exe.startswith("/"):
+            conda_sh = PurePosixPath(conda_exe).parent.parent / "etc/profile.d/conda.sh"
+            if resolve_in_root(root=root, path=conda_sh).is_file():
+                return (
+                    f". {shlex.quote(str(conda_sh))} && "
+                    f"conda activate {shlex.quote(prefix)}"
+                )
+        if resolve_in_root(root=root, path=f"{bin_dir}/activate").is_file():
+            return f". {shlex.quote(bin_dir + '/activate')}"
+        return f'PATH={shlex.quote(bin_dir)}"${{PATH:+:$PATH}}"; export PATH'
+
+    def _with_conda_script(self, *, root, target, base_with_conda=None):
+        """The content of with-conda.sh for the target environment (or None)."""
         lines = [
             "# with-conda.sh: activate the image's Python environment. Installed by",
             "# cotainr-lumi; WITH_CONDA is '. /opt/cotainr-lumi/with-conda.sh', so",
@@ -408,33 +399,16 @@ class LumiEnvStage(Stage):
             # Chain to the base image's command: it keeps activating the same
             # env (which now holds the new packages) with all its side effects.
             lines += [BASE_WITH_CONDA_MARK, f"eval {shlex.quote(base_with_conda)}"]
-        if not prefix or not prefix.startswith("/"):
+        if target is None or not target.prefix.startswith("/"):
             lines.append(": # the image has no Python environment to activate")
             return "\n".join(lines) + "\n", None
-        bin_dir = prefix.rstrip("/") + "/bin"
-        conda_exe = info.get("conda_exe", "")
-        conda_sh = None
-        if info.get("conda_prefix") == prefix and conda_exe.startswith("/"):
-            candidate = (
-                PurePosixPath(conda_exe).parent.parent / "etc/profile.d/conda.sh"
-            )
-            if resolve_in_root(root=root, path=candidate).is_file():
-                conda_sh = str(candidate)
-        if conda_sh:
-            activate = (
-                f". {shlex.quote(conda_sh)} && conda activate {shlex.quote(prefix)}"
-            )
-        elif resolve_in_root(root=root, path=f"{bin_dir}/activate").is_file():
-            activate = f". {shlex.quote(bin_dir + '/activate')}"
-        else:
-            activate = f'PATH={shlex.quote(bin_dir)}"${{PATH:+:$PATH}}"; export PATH'
         lines += [
             'case ":${PATH-}:" in',
-            f"    *:{shlex.quote(bin_dir)}:*) ;;",
-            f"    *) {activate} ;;",
+            f"    *:{shlex.quote(target.bin_dir)}:*) ;;",
+            f"    *) {self._activation(root=root, target=target)} ;;",
             "esac",
         ]
-        return "\n".join(lines) + "\n", prefix
+        return "\n".join(lines) + "\n", target.prefix
 
     @staticmethod
     def _note_replaced_runscript(*, root, name):
@@ -494,12 +468,8 @@ class LumiEnvStage(Stage):
         sandbox = context.sandbox
         root = sandbox.root
         plan = context.plan
-        info = self._probe(sandbox=sandbox) if self.settings.with_conda else {}
-        target = None
-        if self.settings.with_conda:
-            # The one discovery of the build's env (never `python` on PATH).
-            target = targetenv.for_context(context=context, stage=self.name)
-            info["prefix"] = target.prefix if target is not None else ""
+        # The build's one probe of the image (never `python` on PATH).
+        target = context.target_env if self.settings.with_conda else None
 
         blocks = [
             "# Profile and build settings (defaults: a variable already set wins).",
@@ -521,7 +491,7 @@ class LumiEnvStage(Stage):
         if self.settings.with_conda:
             script, env_prefix = self._with_conda_script(
                 root=root,
-                info=info,
+                target=target,
                 base_with_conda=self._base_with_conda(root=root, target=target),
             )
             write_file_in_root(

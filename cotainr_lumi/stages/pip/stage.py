@@ -42,7 +42,6 @@ import shutil
 import time
 
 from ... import _cotainr
-from ...engine import targetenv
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import StageError
@@ -296,11 +295,12 @@ class PipStage(Stage):
                 f"cannot read the installed packages: {e}", stage=self.name
             ) from e
 
-    def _probe(self, context, *, required=True):
-        """The target env (one discovery per build) and its pip version."""
-        target = targetenv.for_context(
-            context=context, required=required, stage=self.name
-        )
+    def _check_pip(self, context, *, required=True):
+        """The build's target env and the version of its pip (which must work)."""
+        if required:
+            target = context.require_target_env(stage=self.name)
+        else:
+            target = context.target_env
         if target is None:
             raise StageError("no Python environment in the image", stage=self.name)
         self._target = target
@@ -356,7 +356,7 @@ class PipStage(Stage):
         for scan in self.scans:
             for moving in scan.moving_refs:
                 logger.warning("Not pinned: %s", moving)
-        info = self._probe(context)
+        info = self._check_pip(context)
         logger.info(
             "pip steps install into %s (python %s at %s, pip %s)",
             info.get("prefix"),
@@ -446,7 +446,7 @@ class PipStage(Stage):
         """No steps: keep the environment's package list (if pip can list it)."""
         sandbox = context.sandbox
         try:
-            info = self._probe(context, required=False)
+            info = self._check_pip(context, required=False)
             installed = self._record_packages(sandbox)
         except (StageError, _cotainr.CommandError) as e:
             logger.warning(

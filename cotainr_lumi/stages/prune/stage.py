@@ -30,11 +30,9 @@ PruneStage
 from __future__ import annotations
 
 from dataclasses import dataclass
-import json
 import logging
 
 from ... import _cotainr
-from ...engine import targetenv
 from ...engine.settings import StageSettings, setting
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import StageError
@@ -72,33 +70,8 @@ from .rocm import (
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-_PROBE_MARK = "COTAINR_LUMI_PRUNE_PROBE="
-
-#: Asks the container for ROCM_PATH and the loader cache's libstdc++ entries
-#: (the Python environment comes from the build's one target env discovery,
-#: :mod:`cotainr_lumi.engine.targetenv`).
-PROBE_SCRIPT = r"""
-case "${ROCM_PATH:-}" in *[\"\\]*) ROCM_PATH= ;; esac
-printf 'COTAINR_LUMI_PRUNE_PROBE={"rocm_path": "%s"}\n' "${ROCM_PATH:-}"
-{ ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true; } | grep -F 'libstdc++' || true
-"""
-
 #: Verify at most this many objects per container invocation.
 VERIFY_BATCH = 2000
-
-
-def _parse_probe(text):
-    """Split the probe output into the JSON facts and the ldconfig lines."""
-    facts = None
-    other = []
-    for line in text.splitlines():
-        if line.startswith(_PROBE_MARK):
-            facts = json.loads(line[len(_PROBE_MARK) :])
-        else:
-            other.append(line)
-    if facts is None:
-        raise ValueError("the container did not report its Python environment")
-    return facts, "\n".join(other)
 
 
 @dataclass(frozen=True)
@@ -210,13 +183,18 @@ class PruneStage(Stage):
 
     def run(self, *, context):
         """Probe the environment, prune what is safe and write the manifest."""
-        sandbox = context.sandbox
-        root = sandbox.root
-        target = targetenv.for_context(context=context, stage=self.name)
-        proc = sandbox.run(["bash", "-c", PROBE_SCRIPT], log_name=self.name)
-        facts, ldconfig_text = _parse_probe(proc.stdout)
+        root = context.sandbox.root
+        # The build's one probe of the image: its env, ROCM_PATH and the
+        # loader cache's libstdc++ entries.
+        target = context.target_env
         prefix = target.prefix if target is not None else ""
-        facts["site"] = list(target.site) if target is not None else []
+        facts = {
+            "rocm_path": target.image.rocm_path if target is not None else "",
+            "site": list(target.site) if target is not None else [],
+        }
+        ldconfig_text = (
+            "\n".join(target.image.libstdcxx_cache) if target is not None else ""
+        )
         manifest = PruneManifest(
             settings=self.settings.to_dict(),
             facts={
