@@ -353,6 +353,30 @@ def _fits(type_, value):
     return isinstance(value, type_)
 
 
+def _convert_items(type_, values):
+    """A list of `type_` values (an error points at the item)."""
+    items = []
+    for i, item in enumerate(values):
+        try:
+            items.append(convert(type_=type_, value=item))
+        except SettingError as e:
+            raise e.under(i) from None
+    return items
+
+
+def _convert_mapping(key_type, value_type, mapping):
+    """A dict of `key_type` to `value_type` (an error points at the key)."""
+    result = {}
+    for key, item in mapping.items():
+        if not _fits(key_type, key):
+            raise SettingError(f"{key!r} is not {_words(key_type)}", path=(key,))
+        try:
+            result[key] = convert(type_=value_type, value=item)
+        except SettingError as e:
+            raise e.under(key) from None
+    return result
+
+
 def convert(*, type_, value):
     """
     A value as a declared type.
@@ -393,25 +417,11 @@ def convert(*, type_, value):
     if origin is list:
         if not isinstance(value, (list, tuple)):
             raise problem
-        items = []
-        for i, item in enumerate(value):
-            try:
-                items.append(convert(type_=args[0], value=item))
-            except SettingError as e:
-                raise e.under(i) from None
-        return items
+        return _convert_items(args[0], value)
     if origin is dict:
         if not isinstance(value, Mapping):
             raise problem
-        result = {}
-        for key, item in value.items():
-            if not _fits(args[0], key):
-                raise SettingError(f"{key!r} is not {_words(args[0])}", path=(key,))
-            try:
-                result[key] = convert(type_=args[1], value=item)
-            except SettingError as e:
-                raise e.under(key) from None
-        return result
+        return _convert_mapping(args[0], args[1], value)
     if not _fits(type_, value):
         raise problem
     return value

@@ -431,6 +431,84 @@ def _not_found_message(facts):
     )
 
 
+def _make_target(facts, info, *, source, reason):
+    """The TargetEnv of one interpreter's facts."""
+    image = facts.get("image", {})
+    return TargetEnv(
+        prefix=info["prefix"],
+        python=info["executable"],
+        version=info.get("version", ""),
+        base_prefix=info.get("base_prefix", ""),
+        site=list(info.get("site") or []),
+        source=source,
+        reason=reason,
+        with_conda=image.get("with_conda") if image.get("with_conda_set") else None,
+        decoys=_decoys(facts, info["prefix"]),
+        image=ImageFacts.from_facts(facts),
+    )
+
+
+def _from_setting(facts, explicit):
+    """Rule 1: the env the setting names (it must be a working env)."""
+    info = _python(facts, "explicit")
+    if info is None:
+        raise TargetEnvNotFoundError(
+            f"target-env.prefix={explicit}: there is no working "
+            f"{explicit}/bin/python (or python3) in the image. Give the prefix "
+            "of a venv or conda env of the base image (the directory holding "
+            "bin/python), or drop the setting to let cotainr-lumi find it."
+        )
+    if _is_system_prefix(info["prefix"]):
+        raise TargetEnvNotFoundError(
+            f"target-env.prefix={explicit} is a system Python (sys.prefix "
+            f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
+            "or conda env, or give --conda-env."
+        )
+    return _make_target(facts, info, source="setting", reason=_SOURCE_WORDS["setting"])
+
+
+def _from_conda_env(facts):
+    """Rule 2: the conda env cotainr created."""
+    info = _python(facts, "explicit")
+    if info is None:
+        raise TargetEnvNotFoundError(
+            "the conda env cotainr created "
+            f"({_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}) has no "
+            "working python; check the conda environment file"
+        )
+    return _make_target(
+        facts, info, source="conda-env", reason=_SOURCE_WORDS["conda-env"]
+    )
+
+
+def _from_with_conda(facts, *, before):
+    """Rule 3: the env the base image's $WITH_CONDA activates (None: none)."""
+    image = facts.get("image", {})
+    with_conda = image.get("with_conda") if image.get("with_conda_set") else None
+    if not with_conda:
+        return None
+    rc = facts.get("with_conda", {}).get("rc")
+    if rc not in (None, "0"):
+        logger.warning(
+            "The base image's $WITH_CONDA (%r) failed in the container "
+            "(exit status %s); looking for an active environment instead.",
+            with_conda,
+            rc,
+        )
+        return None
+    after = _active(facts, "with_conda")
+    if after is None:
+        return None
+    var, info = after
+    reason = (
+        f"from the base image's $WITH_CONDA ({with_conda!r} sets "
+        f"{_env_words(var, facts, 'with_conda')})"
+    )
+    if before is not None and before[1]["prefix"] == info["prefix"]:
+        reason += "; already active in its environment"
+    return _make_target(facts, info, source="with-conda", reason=reason)
+
+
 def choose(*, facts, explicit=None, conda_env=False):
     """
     Choose the target environment from the probe's facts.
@@ -454,75 +532,21 @@ def choose(*, facts, explicit=None, conda_env=False):
     TargetEnvNotFoundError
         If no environment qualifies (the message says how to go on).
     """
-    image = facts.get("image", {})
-    with_conda = image.get("with_conda") if image.get("with_conda_set") else None
-
-    def make(info, source, reason):
-        return TargetEnv(
-            prefix=info["prefix"],
-            python=info["executable"],
-            version=info.get("version", ""),
-            base_prefix=info.get("base_prefix", ""),
-            site=list(info.get("site") or []),
-            source=source,
-            reason=reason,
-            with_conda=with_conda,
-            decoys=_decoys(facts, info["prefix"]),
-            image=ImageFacts.from_facts(facts),
-        )
-
     if explicit:
-        info = _python(facts, "explicit")
-        if info is None:
-            raise TargetEnvNotFoundError(
-                f"target-env.prefix={explicit}: there is no working "
-                f"{explicit}/bin/python (or python3) in the image. Give the prefix "
-                "of a venv or conda env of the base image (the directory holding "
-                "bin/python), or drop the setting to let cotainr-lumi find it."
-            )
-        if _is_system_prefix(info["prefix"]):
-            raise TargetEnvNotFoundError(
-                f"target-env.prefix={explicit} is a system Python (sys.prefix "
-                f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
-                "or conda env, or give --conda-env."
-            )
-        return make(info, "setting", _SOURCE_WORDS["setting"])
+        return _from_setting(facts, explicit)
     if conda_env:
-        info = _python(facts, "explicit")
-        if info is None:
-            raise TargetEnvNotFoundError(
-                "the conda env cotainr created "
-                f"({_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}) has no "
-                "working python; check the conda environment file"
-            )
-        return make(info, "conda-env", _SOURCE_WORDS["conda-env"])
+        return _from_conda_env(facts)
     before = _active(facts, "image")
-    if with_conda:
-        rc = facts.get("with_conda", {}).get("rc")
-        after = _active(facts, "with_conda")
-        if rc not in (None, "0"):
-            logger.warning(
-                "The base image's $WITH_CONDA (%r) failed in the container "
-                "(exit status %s); looking for an active environment instead.",
-                with_conda,
-                rc,
-            )
-        elif after is not None:
-            var, info = after
-            reason = (
-                f"from the base image's $WITH_CONDA ({with_conda!r} sets "
-                f"{_env_words(var, facts, 'with_conda')})"
-            )
-            if before is not None and before[1]["prefix"] == info["prefix"]:
-                reason += "; already active in its environment"
-            return make(info, "with-conda", reason)
+    target = _from_with_conda(facts, before=before)
+    if target is not None:
+        return target
     if before is not None:
         var, info = before
         reason = (
             f"active in the base image's environment "
             f"({_env_words(var, facts, 'image')})"
         )
-        return make(info, "active-env", reason)
+        return _make_target(facts, info, source="active-env", reason=reason)
     raise TargetEnvNotFoundError(_not_found_message(facts))
 
 
