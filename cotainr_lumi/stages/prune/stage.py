@@ -74,6 +74,32 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 VERIFY_BATCH = 2000
 
 
+def _bundle_kept_reason(bundle, *, hip, base_mm, source, rocm_path):
+    """Why a package's bundled ROCm libraries are kept (None: they can go)."""
+    wheel_mm = major_minor(version=hip)
+    if wheel_mm is None:
+        return (
+            f"the ROCm version of {bundle.package} is unknown (no hip = '...' "
+            f"in {bundle.package}/version.py), so its bundled ROCm libraries "
+            f"in {bundle.image_path} are kept"
+        )
+    if base_mm is None:
+        return (
+            f"the base image's ROCm version is unknown (no {rocm_path}/.info/version "
+            "and no rocm-version in the profile), so the ROCm libraries bundled "
+            f"in {bundle.image_path} are kept"
+        )
+    if wheel_mm != base_mm:
+        return (
+            f"ROCm version mismatch: {bundle.package} was built for ROCm {hip} "
+            f"({wheel_mm}) but the base image has ROCm {base_mm} ({source}); "
+            f"the ROCm libraries bundled in {bundle.image_path} are kept. Install "
+            f"a {bundle.package} wheel for ROCm {base_mm} or use a ROCm {wheel_mm} "
+            "base image to de-duplicate them"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class PruneSettings(StageSettings):
     """The settings of the prune stage."""
@@ -182,29 +208,20 @@ class PruneStage(Stage):
     # -- run ---------------------------------------------------------------
 
     def run(self, *, context):
-        """Probe the environment, prune what is safe and write the manifest."""
-        root = context.sandbox.root
+        """Prune what is safe in the build's target env and write the manifest."""
         # The build's one probe of the image: its env, ROCM_PATH and the
         # loader cache's libstdc++ entries.
         target = context.target_env
-        prefix = target.prefix if target is not None else ""
-        facts = {
-            "rocm_path": target.image.rocm_path if target is not None else "",
-            "site": list(target.site) if target is not None else [],
-        }
-        ldconfig_text = (
-            "\n".join(target.image.libstdcxx_cache) if target is not None else ""
-        )
         manifest = PruneManifest(
             settings=self.settings.to_dict(),
             facts={
-                "env-prefix": prefix or None,
+                "env-prefix": target.prefix if target is not None else None,
                 "env-source": target.reason if target is not None else None,
-                "site-packages": facts["site"],
+                "site-packages": list(target.site) if target is not None else [],
             },
         )
         warnings = []
-        if not prefix:
+        if target is None:
             self._skip_or_fail(
                 manifest,
                 warnings,
@@ -216,26 +233,8 @@ class PruneStage(Stage):
                 ),
             )
         else:
-            if self.settings.libstdcxx:
-                for env_prefix in target.env_prefixes:
-                    self._prune_libstdcxx(
-                        root, env_prefix, ldconfig_text, manifest, warnings
-                    )
-            else:
-                manifest.skip(
-                    group="libstdcxx",
-                    what=f"{prefix}/lib/{LIBSTDCXX_GLOB}",
-                    reason="kept on request (libstdcxx: false / --keep-libstdcxx)",
-                )
-            if self.settings.rocm_dedup:
-                self._dedup_rocm(context, facts, manifest, warnings)
-            else:
-                manifest.skip(
-                    group="rocm-dedup",
-                    what="bundled ROCm libraries",
-                    reason="kept on request (rocm-dedup: false / --no-rocm-dedup)",
-                )
-        manifest.write(root=root)
+            self._prune(context, target, manifest, warnings)
+        manifest.write(root=context.sandbox.root)
         summary = manifest.summary()
         logger.info("Prune summary: %s; manifest %s", summary, MANIFEST_PATH)
         details = manifest.to_dict()
@@ -249,6 +248,29 @@ class PruneStage(Stage):
                 "cotainr-lumi.prune.bytes-saved": str(manifest.bytes_saved),
             },
         )
+
+    def _prune(self, context, target, manifest, warnings):
+        """The prunings the settings ask for, in the target env."""
+        if self.settings.libstdcxx:
+            ldconfig_text = "\n".join(target.image.libstdcxx_cache)
+            for env_prefix in target.env_prefixes:
+                self._prune_libstdcxx(
+                    context.sandbox.root, env_prefix, ldconfig_text, manifest, warnings
+                )
+        else:
+            manifest.skip(
+                group="libstdcxx",
+                what=f"{target.prefix}/lib/{LIBSTDCXX_GLOB}",
+                reason="kept on request (libstdcxx: false / --keep-libstdcxx)",
+            )
+        if self.settings.rocm_dedup:
+            self._dedup_rocm(context, target, manifest, warnings)
+        else:
+            manifest.skip(
+                group="rocm-dedup",
+                what="bundled ROCm libraries",
+                reason="kept on request (rocm-dedup: false / --no-rocm-dedup)",
+            )
 
     def _skip_or_fail(self, manifest, warnings, *, group, what, reason):
         """Record a skipped pruning: a warning, or a failure in strict mode."""
@@ -311,11 +333,9 @@ class PruneStage(Stage):
             check.reason,
         )
 
-    def _dedup_rocm(self, context, facts, manifest, warnings):
-        """The ROCm de-duplication."""
-        root = context.sandbox.root
-        rocm_path = facts.get("rocm_path") or "/opt/rocm"
-        site_dirs = list(facts.get("site") or [])
+    def _site_dirs(self, root, target, manifest, warnings):
+        """The env's site-packages directories, without symlink loops."""
+        site_dirs = list(target.site)
         for site in looping_paths(root=root, paths=site_dirs):
             site_dirs.remove(site)
             self._skip_or_fail(
@@ -326,26 +346,55 @@ class PruneStage(Stage):
                 reason=f"{site} is a symlink loop (too many levels of symbolic "
                 "links), so nothing in it is de-duplicated",
             )
+        return site_dirs
+
+    @staticmethod
+    def _note_rocm_sdk(root, site_dirs, info, manifest, warnings):
+        """Say so when ROCm comes as separate wheels (left in place)."""
+        sdk = find_rocm_sdk_packages(root=root, site_dirs=site_dirs)
+        if not sdk:
+            return
+        info["rocm-sdk-packages"] = sdk
+        reason = (
+            "newer ROCm wheel layout: the ROCm libraries come as separate "
+            f"_rocm_sdk_* packages ({', '.join(sdk)}), loaded by the rocm_sdk "
+            "package rather than from torch/lib; they are left in place (not "
+            "de-duplicated), so torch uses the wheel's ROCm, not the base image's"
+        )
+        manifest.skip(group="rocm-dedup", what=", ".join(sdk), reason=reason)
+        warnings.append(reason)
+        logger.warning("Prune: %s.", reason)
+
+    @staticmethod
+    def _base_rocm(context, rocm_path):
+        """The base image's ROCm major.minor (or None) and where it comes from."""
+        base_text = base_rocm_version(root=context.sandbox.root, rocm_path=rocm_path)
+        base_mm = major_minor(version=base_text)
+        system = context.plan.system
+        profile = system.rocm_version if system is not None else None
+        source = f"{rocm_path}/.info/version ({base_text})"
+        if base_mm is None and profile:
+            return profile, "the profile's rocm-version"
+        if base_mm and profile and base_mm != profile:
+            logger.warning(
+                "Prune: the profile says ROCm %s but the base image has %s; using the image's.",
+                profile,
+                base_text,
+            )
+        return base_mm, source
+
+    def _dedup_rocm(self, context, target, manifest, warnings):
+        """The ROCm de-duplication."""
+        root = context.sandbox.root
+        rocm_path = target.image.rocm_path or "/opt/rocm"
+        site_dirs = self._site_dirs(root, target, manifest, warnings)
         rocm_dirs = rocm_dirs_of(root=root, rocm_path=rocm_path)
         info = {
             "rocm-path": rocm_path,
             "rocm-dirs": [d.real_image_path for d in rocm_dirs],
         }
         manifest.facts["rocm-dedup"] = info
-
-        sdk = find_rocm_sdk_packages(root=root, site_dirs=site_dirs)
-        if sdk:
-            info["rocm-sdk-packages"] = sdk
-            reason = (
-                "newer ROCm wheel layout: the ROCm libraries come as separate "
-                f"_rocm_sdk_* packages ({', '.join(sdk)}), loaded by the rocm_sdk "
-                "package rather than from torch/lib; they are left in place (not "
-                "de-duplicated), so torch uses the wheel's ROCm, not the base image's"
-            )
-            manifest.skip(group="rocm-dedup", what=", ".join(sdk), reason=reason)
-            warnings.append(reason)
-            logger.warning("Prune: %s.", reason)
-
+        self._note_rocm_sdk(root, site_dirs, info, manifest, warnings)
         if not rocm_dirs:
             logger.info(
                 "Prune: ROCm: the base image has no %s/lib or %s",
@@ -358,24 +407,8 @@ class PruneStage(Stage):
                 reason="no ROCm library directory in the base image",
             )
             return
-        base_text = base_rocm_version(root=root, rocm_path=rocm_path)
-        base_mm = major_minor(version=base_text)
-        profile = (
-            context.plan.system.rocm_version
-            if context.plan.system is not None
-            else None
-        )
-        source = f"{rocm_path}/.info/version ({base_text})"
-        if base_mm is None and profile:
-            base_mm, source = profile, "the profile's rocm-version"
-        elif base_mm and profile and base_mm != profile:
-            logger.warning(
-                "Prune: the profile says ROCm %s but the base image has %s; using the image's.",
-                profile,
-                base_text,
-            )
+        base_mm, source = self._base_rocm(context, rocm_path)
         info["base-rocm"] = {"major-minor": base_mm, "source": source}
-
         bundles = find_bundle_dirs(root=root, site_dirs=site_dirs, rocm_dirs=rocm_dirs)
         if not bundles:
             logger.info(
@@ -385,51 +418,19 @@ class PruneStage(Stage):
         applied = []
         for bundle in bundles:
             hip = hip_version_of_package(version_file=bundle.package_dir / "version.py")
-            wheel_mm = major_minor(version=hip)
-            what = f"{bundle.image_path} ({len(bundle.overlap)} entries also in ROCm)"
             info.setdefault("packages", {})[bundle.package] = {
                 "hip": hip,
                 "dir": bundle.image_path,
             }
-            if wheel_mm is None:
-                self._skip_or_fail(
-                    manifest,
-                    warnings,
-                    group="rocm-dedup",
-                    what=what,
-                    reason=(
-                        f"the ROCm version of {bundle.package} is unknown (no hip = '...' "
-                        f"in {bundle.package}/version.py), so its bundled ROCm libraries "
-                        f"in {bundle.image_path} are kept"
-                    ),
+            reason = _bundle_kept_reason(
+                bundle, hip=hip, base_mm=base_mm, source=source, rocm_path=rocm_path
+            )
+            if reason:
+                what = (
+                    f"{bundle.image_path} ({len(bundle.overlap)} entries also in ROCm)"
                 )
-                continue
-            if base_mm is None:
                 self._skip_or_fail(
-                    manifest,
-                    warnings,
-                    group="rocm-dedup",
-                    what=what,
-                    reason=(
-                        f"the base image's ROCm version is unknown (no {rocm_path}/.info/version "
-                        "and no rocm-version in the profile), so the ROCm libraries bundled "
-                        f"in {bundle.image_path} are kept"
-                    ),
-                )
-                continue
-            if wheel_mm != base_mm:
-                self._skip_or_fail(
-                    manifest,
-                    warnings,
-                    group="rocm-dedup",
-                    what=what,
-                    reason=(
-                        f"ROCm version mismatch: {bundle.package} was built for ROCm {hip} "
-                        f"({wheel_mm}) but the base image has ROCm {base_mm} ({source}); "
-                        f"the ROCm libraries bundled in {bundle.image_path} are kept. Install "
-                        f"a {bundle.package} wheel for ROCm {base_mm} or use a ROCm {wheel_mm} "
-                        "base image to de-duplicate them"
-                    ),
+                    manifest, warnings, group="rocm-dedup", what=what, reason=reason
                 )
                 continue
             plan = plan_dedup(root=root, bundle=bundle, rocm_dirs=rocm_dirs)
@@ -438,9 +439,8 @@ class PruneStage(Stage):
             if plan.actions:
                 apply_actions(actions=plan.actions)
                 applied.append((bundle, plan.actions))
-        if not applied:
-            return
-        self._verify_and_finish(context, applied, manifest, warnings)
+        if applied:
+            self._verify_and_finish(context, applied, manifest, warnings)
 
     def _verify(self, context, applied):
         """Run the loader check in the container; return the unresolved pairs."""
@@ -458,10 +458,9 @@ class PruneStage(Stage):
             failures |= parse_verify_output(text=proc.stdout)
         return failures, len(objects)
 
-    def _verify_and_finish(self, context, applied, manifest, warnings):
-        """Check the links resolve; commit, or roll back and skip/fail."""
+    def _check_links(self, context, applied, all_actions):
+        """The loader check of the links (rolled back when it cannot run)."""
         root = context.sandbox.root
-        all_actions = [a for _bundle, actions in applied for a in actions]
         try:
             escaped = [
                 a.image_path
@@ -472,7 +471,7 @@ class PruneStage(Stage):
                 raise ValueError(
                     f"links do not resolve to their ROCm entries: {', '.join(escaped)}"
                 )
-            failures, checked = self._verify(context, applied)
+            return self._verify(context, applied)
         except (_cotainr.CommandError, ValueError, RuntimeError) as e:
             rollback(actions=all_actions)
             details = e.error_lines() if isinstance(e, _cotainr.CommandError) else None
@@ -482,6 +481,37 @@ class PruneStage(Stage):
                 stage=self.name,
                 details=details,
             ) from e
+
+    @staticmethod
+    def _record_links(all_actions, manifest, checked):
+        """Keep the links and record them in the manifest."""
+        commit(actions=all_actions)
+        for action in all_actions:
+            manifest.add(
+                ManifestEntry(
+                    path=action.image_path,
+                    action="symlinked",
+                    size=action.size,
+                    reason=action.reason,
+                    kind=action.kind,
+                    target=action.target,
+                    group="rocm-dedup",
+                )
+            )
+        saved = sum(a.size for a in all_actions)
+        logger.info(
+            "Prune: replaced %d bundled ROCm entr%s by links into the base image's ROCm "
+            "(%s saved); %d ELF object(s) checked with the image's loader",
+            len(all_actions),
+            "y" if len(all_actions) == 1 else "ies",
+            format_bytes(size=saved),
+            checked,
+        )
+
+    def _verify_and_finish(self, context, applied, manifest, warnings):
+        """Check the links resolve; commit, or roll back and skip/fail."""
+        all_actions = [a for _bundle, actions in applied for a in actions]
+        failures, checked = self._check_links(context, applied, all_actions)
         if failures:
             rollback(actions=all_actions)
             before, _ = self._verify(context, applied)
@@ -510,25 +540,4 @@ class PruneStage(Stage):
                 ": ".join(sorted(before)[0]),
             )
             apply_actions(actions=all_actions)
-        commit(actions=all_actions)
-        for action in all_actions:
-            manifest.add(
-                ManifestEntry(
-                    path=action.image_path,
-                    action="symlinked",
-                    size=action.size,
-                    reason=action.reason,
-                    kind=action.kind,
-                    target=action.target,
-                    group="rocm-dedup",
-                )
-            )
-        saved = sum(a.size for a in all_actions)
-        logger.info(
-            "Prune: replaced %d bundled ROCm entr%s by links into the base image's ROCm "
-            "(%s saved); %d ELF object(s) checked with the image's loader",
-            len(all_actions),
-            "y" if len(all_actions) == 1 else "ies",
-            format_bytes(size=saved),
-            checked,
-        )
+        self._record_links(all_actions, manifest, checked)
