@@ -463,14 +463,23 @@ class LumiEnvStage(Stage):
             )
         return blocks, found
 
-    def run(self, *, context):
-        """Write the env file, runscripts and with-conda.sh; report the outputs."""
-        sandbox = context.sandbox
-        root = sandbox.root
-        plan = context.plan
-        # The build's one probe of the image (never `python` on PATH).
-        target = context.target_env if self.settings.with_conda else None
+    def _write_with_conda(self, *, root, target):
+        """Write with-conda.sh; return the env it activates (None: none)."""
+        script, env_prefix = self._with_conda_script(
+            root=root,
+            target=target,
+            base_with_conda=self._base_with_conda(root=root, target=target),
+        )
+        write_file_in_root(
+            root=root,
+            path=WITH_CONDA_FILE,
+            content=script + _WITH_CONDA_USER_VENV,
+            mode=0o644,
+        )
+        return env_prefix
 
+    def _env_file_blocks(self, *, root, target, user_venv):
+        """The blocks of the env file, and the search paths found in the image."""
         blocks = [
             "# Profile and build settings (defaults: a variable already set wins).",
             default_assignments(self.env),
@@ -482,24 +491,11 @@ class LumiEnvStage(Stage):
             ]
         path_blocks, found = self._search_path_blocks(root=root)
         if path_blocks:
-            blocks += [
-                "# Search paths (entries added only when missing)."
-            ] + path_blocks
+            blocks += ["# Search paths (entries added only when missing)."]
+            blocks += path_blocks
         if self.settings.runscripts:
             blocks.append(path_addition(name="PATH", entries=[RUNSCRIPTS_DIR]))
-        env_prefix = None
         if self.settings.with_conda:
-            script, env_prefix = self._with_conda_script(
-                root=root,
-                target=target,
-                base_with_conda=self._base_with_conda(root=root, target=target),
-            )
-            write_file_in_root(
-                root=root,
-                path=WITH_CONDA_FILE,
-                content=script + _WITH_CONDA_USER_VENV,
-                mode=0o644,
-            )
             # Set unconditionally: a WITH_CONDA left on the host by a LUMI
             # EasyBuild module names another image's conda and would break
             # this one. APPTAINERENV_WITH_CONDA still overrides it.
@@ -517,13 +513,71 @@ class LumiEnvStage(Stage):
                     name="PATH", entries=[target.bin_dir], position="prepend"
                 ),
             ]
-        user_venv = self._user_venv(image_path=plan.image_path)
-        user_software = not self._image_has_user_software(root=root)
         blocks += [
             "# LUST's user-software workflow: the user venv (init-conda-venv).",
             default_assignments({"COTAINR_LUMI_USER_VENV": user_venv}),
             _USER_VENV_BLOCK,
         ]
+        return blocks, found
+
+    def _write_runscripts(self, *, root):
+        """The runscripts, in place of the base image's own of the same name."""
+        for name in RUNSCRIPTS:
+            self._note_replaced_runscript(root=root, name=name)
+            write_file_in_root(
+                root=root,
+                path=f"{RUNSCRIPTS_DIR}/{name}",
+                content=_runscript_text(name),
+                mode=0o755,
+            )
+
+    def _module_outputs(self, *, image_path, user_venv, user_software):
+        """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
+        paths = self._module_paths(image_path=image_path)
+        if paths is not None:
+            try:
+                check_image_path(image_path)
+            except ValueError as e:
+                logger.warning("Not writing a module file: %s", e)
+                paths = None
+        if paths is None:
+            return None, None, {}
+        container_root = self._container_root(image_path=image_path)
+        common = dict(
+            image=image_path,
+            binds=self.settings.binds,
+            runscripts=RUNSCRIPTS_DIR if self.settings.runscripts else None,
+            name=self._module_name(image_path=image_path),
+            var=self._var_name(image_path=image_path),
+            container_root=container_root,
+            user_software=user_software,
+        )
+        outputs = {
+            str(paths[0]): render_lua(**common),
+            str(paths[1]): render_shell(**common),
+        }
+        outputs.update(
+            self._container_root_files(
+                root=container_root, image_path=image_path, user_venv=user_venv
+            )
+        )
+        return paths, container_root, outputs
+
+    def run(self, *, context):
+        """Write the env file, runscripts and with-conda.sh; report the outputs."""
+        sandbox = context.sandbox
+        root = sandbox.root
+        image_path = Path(context.plan.image_path)
+        # The build's one probe of the image (never `python` on PATH).
+        target = context.target_env if self.settings.with_conda else None
+        env_prefix = None
+        if self.settings.with_conda:
+            env_prefix = self._write_with_conda(root=root, target=target)
+        user_venv = self._user_venv(image_path=image_path)
+        user_software = not self._image_has_user_software(root=root)
+        blocks, found = self._env_file_blocks(
+            root=root, target=target, user_venv=user_venv
+        )
         header = (
             "cotainr-lumi LUMI runtime settings (lumi-env stage).\n"
             "Every value is a default: export NAME (or APPTAINERENV_NAME) to override it."
@@ -534,62 +588,18 @@ class LumiEnvStage(Stage):
             content=render_env_file(header=header, blocks=blocks),
         )
         if self.settings.runscripts:
-            for name in RUNSCRIPTS:
-                self._note_replaced_runscript(root=root, name=name)
-                write_file_in_root(
-                    root=root,
-                    path=f"{RUNSCRIPTS_DIR}/{name}",
-                    content=_runscript_text(name),
-                    mode=0o755,
-                )
+            self._write_runscripts(root=root)
         self._check_in_sandbox(sandbox=sandbox)
-
-        image_path = Path(plan.image_path)
-        outputs = {}
-        paths = self._module_paths(image_path=image_path)
-        runscripts = RUNSCRIPTS_DIR if self.settings.runscripts else None
-        if paths is not None:
-            try:
-                check_image_path(image_path)
-            except ValueError as e:
-                logger.warning("Not writing a module file: %s", e)
-                paths = None
-        container_root = None
-        if paths is not None:
-            name = self._module_name(image_path=image_path)
-            container_root = self._container_root(image_path=image_path)
-            common = dict(
-                image=image_path,
-                binds=self.settings.binds,
-                runscripts=runscripts,
-                name=name,
-                var=self._var_name(image_path=image_path),
-                container_root=container_root,
-                user_software=user_software,
-            )
-            outputs = {
-                str(paths[0]): render_lua(**common),
-                str(paths[1]): render_shell(**common),
-            }
-            outputs.update(
-                self._container_root_files(
-                    root=container_root, image_path=image_path, user_venv=user_venv
-                )
-            )
-        labels = {
-            "cotainr-lumi.binds": ",".join(self.settings.binds),
-            "cotainr-lumi.env-file": ENV_FILE,
-            "cotainr-lumi.env": ",".join(self.env),
-        }
-        if runscripts:
-            labels["cotainr-lumi.runscripts"] = RUNSCRIPTS_DIR
+        paths, container_root, outputs = self._module_outputs(
+            image_path=image_path, user_venv=user_venv, user_software=user_software
+        )
         details = {
             "env-file": ENV_FILE,
             "env": dict(self.env),
             "search-paths": found,
             "python-prefix": env_prefix,
             "runscripts": [f"{RUNSCRIPTS_DIR}/{n}" for n in RUNSCRIPTS]
-            if runscripts
+            if self.settings.runscripts
             else [],
             "binds": list(self.settings.binds),
             "module-files": sorted(str(p) for p in (paths or ())),
@@ -598,8 +608,18 @@ class LumiEnvStage(Stage):
             "host-files": sorted(outputs),
             "run-hint": self.run_hint(image_path=image_path),
         }
+        return self._report(details=details, outputs=outputs, paths=paths)
+
+    def _report(self, *, details, outputs, paths):
+        """The stage report: summary and labels."""
+        labels = {
+            "cotainr-lumi.binds": ",".join(self.settings.binds),
+            "cotainr-lumi.env-file": ENV_FILE,
+            "cotainr-lumi.env": ",".join(self.env),
+        }
         summary = f"{len(self.env)} variables in {ENV_FILE}"
-        if runscripts:
+        if self.settings.runscripts:
+            labels["cotainr-lumi.runscripts"] = RUNSCRIPTS_DIR
             summary += f", runscripts in {RUNSCRIPTS_DIR}"
         if outputs:
             summary += f", module file {paths[0]}"
