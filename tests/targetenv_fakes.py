@@ -1,4 +1,4 @@
-"""Canned output of the target env probe (engine/targetenv.py) for unit tests.
+"""Canned output of the image probe (engine/imageprobe.py) for unit tests.
 
 Stage unit tests fake the sandbox; this gives them what a real container with
 an active env at `prefix` answers, in the probe's own line format.
@@ -6,7 +6,7 @@ an active env at `prefix` answers, in the probe's own line format.
 
 import json
 
-from cotainr_lumi.engine.targetenv import PROBE_SCRIPT
+from cotainr_lumi.engine.imageprobe import PROBE_SCRIPT
 
 MARK = "COTAINR_LUMI_TARGET_ENV"
 

@@ -30,7 +30,7 @@ import re
 from typing import Any, Optional
 
 from ..errors import InputError
-from . import targetenv
+from . import imageprobe, targetenv
 from .origins import Origin
 from .profiles import SystemProfile, get_system, load_systems, merge_mappings
 from .settings import load_stage_settings
@@ -204,7 +204,7 @@ class BuildPlan:
             return
         if not self.base_image.is_local_file:
             return
-        self.base_target = targetenv.probe_image(image=self.base_image.resolved)
+        self.base_target = imageprobe.probe_image(image=self.base_image.resolved)
 
     def describe(self):
         """

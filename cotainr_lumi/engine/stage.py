@@ -35,7 +35,7 @@ import logging
 from typing import Any, ClassVar, Optional, Union
 
 from ..errors import StageError
-from . import targetenv
+from . import imageprobe, targetenv
 from .origins import Origin
 from .settings import NoSettings, load_settings
 
@@ -131,7 +131,7 @@ class StageContext:
             If the container does not start.
         """
         if self._target is None:
-            self._target = targetenv.probe_build(
+            self._target = imageprobe.probe_build(
                 sandbox=self.sandbox, plan=self.plan, labels=self.labels
             )
         return self._target

@@ -1,4 +1,4 @@
-"""The one discovery of the target Python environment (engine/targetenv.py)."""
+"""The one discovery of the target Python environment (engine/targetenv.py, imageprobe.py)."""
 
 import json
 import subprocess
@@ -8,16 +8,14 @@ import pytest
 
 from cotainr_lumi._cotainr import CommandError
 from cotainr_lumi.engine import targetenv
+from cotainr_lumi.engine.imageprobe import PROBE_SCRIPT, TARGET_ENV_FILE, parse_probe
 from cotainr_lumi.engine.plan import BuildRequest, make_plan
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.engine.targetenv import (
-    PROBE_SCRIPT,
-    TARGET_ENV_FILE,
     ImageFacts,
     TargetEnv,
     TargetEnvNotFoundError,
     choose,
-    parse_probe,
 )
 from cotainr_lumi.errors import InputError, StageError
 
