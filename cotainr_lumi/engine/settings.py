@@ -28,6 +28,8 @@ Classes
 -------
 StageSettings
     Base class of a stage's settings declaration.
+NoSettings
+    The declaration of a stage without settings.
 Declared
     One declared setting.
 SettingError
