@@ -20,7 +20,9 @@ import logging
 
 import yaml
 
+from .engine.origins import OptionOrigin
 from .engine.plan import CANONICAL_STAGE_ORDER, BuildRequest
+from .engine.settings import load_stage_settings
 from .engine.stage import available_stages, get_stage_class
 from .errors import InputError
 
@@ -164,13 +166,23 @@ def stage_settings(*, set_settings, stage_args):
     Returns
     -------
     settings : dict
-        ``{stage: {key: value}}``.
+        ``{stage: {key: value}}``, read by the settings loader (typed).
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.InputError`
+        For a malformed ``--set``, an unknown stage or key, or a bad value
+        (the message names the option or the stage's options).
     """
     settings = {}
     for name in available_stages():
         overrides = get_stage_class(name).settings_from_args(args=stage_args)
         if overrides:
-            settings.setdefault(name, {}).update(overrides)
+            loaded = load_stage_settings(
+                raw={name: overrides},
+                origin=OptionOrigin(option=f"the {name} options"),
+            )
+            settings.setdefault(name, {}).update(loaded[name])
     for text in set_settings:
         name, sep, raw = text.partition("=")
         if sep and name and "." not in name:
@@ -184,7 +196,10 @@ def stage_settings(*, set_settings, stage_args):
             settings.setdefault(name, {}).update(value)
             continue
         stage, key, value = parse_set_option(text)
-        settings.setdefault(stage, {})[key] = value
+        loaded = load_stage_settings(
+            raw={stage: {key: value}}, origin=OptionOrigin(option=f"--set {text!r}")
+        )
+        settings.setdefault(stage, {}).update(loaded[stage])
     return settings
 
 

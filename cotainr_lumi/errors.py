@@ -40,6 +40,8 @@ class ProfileError(CotainrLumiError):
         What is wrong and how to fix it.
     file : str, optional
         The profile file.
+    line : int, optional
+        The line in the file.
     system : str, optional
         The system in the file.
     key : str, optional
@@ -48,13 +50,16 @@ class ProfileError(CotainrLumiError):
 
     exit_code = 2
 
-    def __init__(self, message, *, file=None, system=None, key=None):
+    def __init__(self, message, *, file=None, line=None, system=None, key=None):
         self.file = None if file is None else str(file)
+        self.line = line
         self.system = system
         self.key = key
         where = []
         if self.file is not None:
             where.append(f"file {self.file}")
+        if line is not None:
+            where.append(f"line {line}")
         if system is not None:
             where.append(f"system '{system}'")
         if key is not None:

@@ -1,4 +1,4 @@
-"""Canned output of the target env probe (engine/targetenv.py) for unit tests.
+"""Canned output of the image probe (engine/imageprobe.py) for unit tests.
 
 Stage unit tests fake the sandbox; this gives them what a real container with
 an active env at `prefix` answers, in the probe's own line format.
@@ -6,7 +6,7 @@ an active env at `prefix` answers, in the probe's own line format.
 
 import json
 
-from cotainr_lumi.engine.targetenv import PROBE_SCRIPT
+from cotainr_lumi.engine.imageprobe import PROBE_SCRIPT
 
 MARK = "COTAINR_LUMI_TARGET_ENV"
 
@@ -16,12 +16,29 @@ def is_probe(args):
     return PROBE_SCRIPT in list(args)
 
 
-def probe_stdout(prefix=None, *, var="CONDA_PREFIX", version="3.11.2", site=None):
+def probe_stdout(
+    prefix=None,
+    *,
+    var="CONDA_PREFIX",
+    version="3.11.2",
+    site=None,
+    conda_exe="",
+    rocm_path="/opt/rocm",
+    ldcache=(),
+):
     """The probe's output for an image whose env files activate `prefix`.
 
-    ``prefix=None``: an image with only a system python3 on PATH.
+    ``prefix=None``: an image with only a system python3 on PATH. The image
+    also sets CONDA_EXE and ROCM_PATH; `ldcache` are its ``ldconfig -p``
+    lines for libstdc++.
     """
-    lines = [f"{MARK} image with_conda_set ", f"{MARK} image with_conda "]
+    lines = [
+        f"{MARK} image with_conda_set ",
+        f"{MARK} image with_conda ",
+        f"{MARK} image conda_exe {conda_exe}",
+        f"{MARK} image rocm_path {rocm_path}",
+        *(f"{MARK} image ldcache {line}" for line in ldcache),
+    ]
     if prefix is None:
         system = {
             "prefix": "/usr",

@@ -104,6 +104,50 @@ def test_env_name_with_trailing_newline_is_rejected_in_a_pip_step(
     one_error(err, "is not a variable name", str(steps))
 
 
+@pytest.mark.parametrize(
+    ("option", "fragments"),
+    [
+        ("lumi-env.runscripts=maybe", ["must be true or false (got 'maybe')"]),
+        ("lumi-env.colour=red", ["unknown setting (known: env,"]),
+        ("lumi-env.bind=[/x]", ["did you mean 'binds'?"]),
+        ("lumi-nev.env={}", ["unknown stage", "did you mean 'lumi-env'?"]),
+        ("target-env.prefix=relative", ["must be an absolute path"]),
+    ],
+)
+def test_bad_set_value_names_the_option(
+    mocker, capsys, tmp_path, env_profile, option, fragments
+):
+    code, err = dry_run(mocker, capsys, tmp_path, "--set", option)
+    assert code != 0
+    one_error(err, f"(--set '{option}')", *fragments)
+
+
+def test_bad_stage_option_names_the_stage_options(
+    mocker, capsys, tmp_path, env_profile
+):
+    (tmp_path / "afile").write_text("x")
+    code, err = dry_run(
+        mocker, capsys, tmp_path, "--module-dir", str(tmp_path / "afile")
+    )
+    assert code != 0
+    one_error(err, "lumi-env.module-dir (the lumi-env options)", "not a directory")
+
+
+def test_bad_profile_setting_names_the_file_and_line(
+    mocker, capsys, tmp_path, env_profile
+):
+    with env_profile.open("a") as f:
+        f.write("    settings:\n      lumi-env:\n        runscripts: maybe\n")
+    code, err = dry_run(mocker, capsys, tmp_path)
+    assert code != 0
+    one_error(
+        err,
+        f"file {env_profile}, line 8",
+        "key 'settings.lumi-env.runscripts'",
+        "must be true or false",
+    )
+
+
 # ---------------------------------------------------------------- finding 4
 def test_non_utf8_env_value_is_rejected_at_dry_run(
     mocker, capsys, tmp_path, env_profile

@@ -150,7 +150,6 @@ IMAGE_PATH_ROOTS = (
 #: were made. Remove a module once it takes them from there (the test below
 #: says when).
 PENDING_LAYOUT = {
-    "engine.targetenv": {"label", "path", "exec"},
     "stages.lumi_env.stage": {"label", "path"},
     "stages.pip.stage": {"label", "path"},
     "stages.prune.stage": {"label"},

@@ -148,8 +148,6 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-
-
 def _ask_yes_no(input_text):
     """Ask until the answer is yes or no (cotainr before 2025.7 has no helper)."""
     prompt = input_text + " [yes/no]\n>>> "

@@ -22,7 +22,6 @@ make_plan(*, request, systems=None)
     Resolve a request into a plan.
 """
 
-import copy
 from dataclasses import dataclass, field
 import logging
 import os
@@ -30,12 +29,13 @@ from pathlib import Path
 import re
 from typing import Any, Optional
 
-import yaml
-
 from ..errors import InputError
-from . import targetenv
+from . import imageprobe, targetenv
+from .origins import Origin
 from .profiles import SystemProfile, get_system, load_systems, merge_mappings
+from .settings import load_stage_settings
 from .stage import Stage, get_stage_class
+from .yamlfile import read_yaml
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -154,7 +154,7 @@ class BuildPlan:
         False when stock cotainr builds the image unchanged.
     image_exists : bool
         Whether `image_path` exists now.
-    target_settings : dict
+    target_settings : TargetEnvSettings
         The ``target-env`` settings (profile merged with the build's).
     base_target : TargetEnv or TargetEnvNotFoundError or None
         For a dry run: the answer the base image gave (None: not asked).
@@ -169,7 +169,9 @@ class BuildPlan:
     skipped: list[str]
     extended: bool
     image_exists: bool
-    target_settings: dict = field(default_factory=dict)
+    target_settings: targetenv.TargetEnvSettings = field(
+        default_factory=targetenv.TargetEnvSettings
+    )
     base_target: Any = None
 
     @property
@@ -202,7 +204,7 @@ class BuildPlan:
             return
         if not self.base_image.is_local_file:
             return
-        self.base_target = targetenv.probe_image(image=self.base_image.resolved)
+        self.base_target = imageprobe.probe_image(image=self.base_image.resolved)
 
     def describe(self):
         """
@@ -268,30 +270,122 @@ class BuildPlan:
 
 def _check_conda_env_file(path):
     """Fail early on a conda environment file conda could not read."""
-    try:
-        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except OSError as e:
-        raise InputError(
-            f"Cannot read the conda environment file {path}: {e.strerror}."
-        ) from None
-    except UnicodeDecodeError as e:
-        raise InputError(
-            f"The conda environment file {path} is not UTF-8 text (byte {e.start}); "
-            "save it as UTF-8."
-        ) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(
-            f"The conda environment file {path} is not valid YAML{where}: {problem}."
-        ) from None
+    data = read_yaml(
+        path=path,
+        error=lambda message: InputError(
+            f"The conda environment file {path} {message}."
+        ),
+    )
     if not isinstance(data, dict):
         raise InputError(
             f"The conda environment file {path} must be a YAML mapping with "
             "'dependencies' (and optionally 'name' and 'channels'), got "
             f"{type(data).__name__}."
         )
+
+
+def _image_path(request):
+    """The absolute image path, checked."""
+    image_path = Path(request.image_path).expanduser().resolve()
+    if image_path.is_dir():
+        raise InputError(
+            f"The image path {image_path} is a directory; give a file name "
+            "such as my-image.sif."
+        )
+    if not image_path.parent.is_dir():
+        raise InputError(
+            f"The directory of the image path does not exist: {image_path.parent}. "
+            "Create it first."
+        )
+    return image_path
+
+
+def _conda_env(request):
+    """The absolute conda environment file, checked (None when not given)."""
+    if request.conda_env is None:
+        return None
+    conda_env = Path(request.conda_env).expanduser().resolve()
+    if not conda_env.is_file():
+        raise InputError(f"The conda environment file {conda_env} does not exist.")
+    _check_conda_env_file(conda_env)
+    return conda_env
+
+
+def _resolve_system(*, request, systems, target_settings):
+    """The system (None for --base-image), base image and target-env settings."""
+    if request.system is None:
+        return None, request.base_image, target_settings
+    systems = load_systems() if systems is None else systems
+    system = get_system(name=request.system, systems=systems)
+    target_settings = merge_mappings(
+        system.stage_settings(targetenv.SETTINGS_NAME), target_settings
+    )
+    return system, request.base_image_override or system.base_image, target_settings
+
+
+def _drop_disabled_stages(plan):
+    """Move the stages their settings disable from the stages to the skipped."""
+    stages, plan.stages = plan.stages, []
+    for stage in stages:
+        if stage.enabled(plan=plan):
+            plan.stages.append(stage)
+        else:
+            plan.skipped.append(f"{stage.name} (disabled by its settings)")
+
+
+def _requested_stages(overrides):
+    """The stages a build without a profile runs: those given settings."""
+    names = [s for s in CANONICAL_STAGE_ORDER if s in overrides]
+    if "provenance" not in names:
+        names.append("provenance")
+    return names
+
+
+def _stage_names(*, request, system, overrides, target_settings):
+    """The stages of the build in order, and whether it is extended."""
+    if system is None:
+        if request.base_image_override:
+            raise InputError(
+                "--base-image-override only applies to --system builds; "
+                "use --base-image alone."
+            )
+        extended = bool(overrides) or bool(target_settings)
+        return (_requested_stages(overrides) if extended else []), extended
+    extended = not system.stock or bool(overrides) or bool(target_settings)
+    if system.stock and overrides:
+        return _requested_stages(overrides), extended
+    return list(system.stages), extended
+
+
+def _check_stage_names(*, request, overrides, stage_names):
+    """Settings and skips name only stages the build runs."""
+    unknown = [name for name in overrides if name not in stage_names]
+    if unknown:
+        raise InputError(
+            f"Settings were given for stage(s) {', '.join(sorted(unknown))}, "
+            f"which this build does not run (its stages: "
+            f"{', '.join(stage_names) or 'none'})."
+        )
+    for name in request.skip_stages:
+        if name not in stage_names:
+            raise InputError(
+                f"Cannot skip stage {name!r}: this build's stages are "
+                f"{', '.join(stage_names) or 'none'}."
+            )
+
+
+def _make_stages(*, request, system, overrides, stage_names):
+    """The stages with their settings (the profile's merged with the build's)."""
+    stages, skipped = [], []
+    for name in stage_names:
+        if name in request.skip_stages:
+            skipped.append(f"{name} (skipped on request)")
+            continue
+        stage_cls = get_stage_class(name)
+        profile_settings = system.stage_settings(name) if system is not None else {}
+        settings = merge_mappings(profile_settings, overrides.get(name, {}))
+        stages.append(stage_cls(settings=stage_cls.settings_class.complete(settings)))
+    return stages, skipped
 
 
 def make_plan(*, request, systems=None):
@@ -319,93 +413,24 @@ def make_plan(*, request, systems=None):
         raise InputError(
             "Give exactly one of a system (--system) and a base image (--base-image)."
         )
-    image_path = Path(request.image_path).expanduser().resolve()
-    if image_path.is_dir():
-        raise InputError(
-            f"The image path {image_path} is a directory; give a file name "
-            "such as my-image.sif."
-        )
-    if not image_path.parent.is_dir():
-        raise InputError(
-            f"The directory of the image path does not exist: {image_path.parent}. "
-            "Create it first."
-        )
-    conda_env = None
-    if request.conda_env is not None:
-        conda_env = Path(request.conda_env).expanduser().resolve()
-        if not conda_env.is_file():
-            raise InputError(f"The conda environment file {conda_env} does not exist.")
-        _check_conda_env_file(conda_env)
-
-    overrides = copy.deepcopy(request.settings or {})
-    if not isinstance(overrides, dict) or not all(
-        isinstance(v, dict) for v in overrides.values()
-    ):
-        raise InputError(
-            "Stage settings must map stage names to mappings, e.g. "
-            "{'pip': {'requirements': ['req.txt']}}."
-        )
-
-    target_settings = dict(overrides.pop(targetenv.SETTINGS_NAME, {}) or {})
-    system = None
-    if request.system is not None:
-        systems = load_systems() if systems is None else systems
-        system = get_system(name=request.system, systems=systems)
-        stage_names = list(system.stages)
-        target_settings = merge_mappings(
-            system.stage_settings(targetenv.SETTINGS_NAME), target_settings
-        )
-        base_spec = request.base_image_override or system.base_image
-        extended = not system.stock or bool(overrides) or bool(target_settings)
-        if system.stock and overrides:
-            stage_names = [s for s in CANONICAL_STAGE_ORDER if s in overrides]
-            if "provenance" not in stage_names:
-                stage_names.append("provenance")
-    else:
-        base_spec = request.base_image
-        if request.base_image_override:
-            raise InputError(
-                "--base-image-override only applies to --system builds; "
-                "use --base-image alone."
-            )
-        extended = bool(overrides) or bool(target_settings)
-        stage_names = [s for s in CANONICAL_STAGE_ORDER if s in overrides]
-        if extended and "provenance" not in stage_names:
-            stage_names.append("provenance")
-
-    problems = targetenv.validate_settings(settings=target_settings)
-    if problems:
-        key, message = problems[0]
-        raise InputError(f"Invalid setting {targetenv.SETTINGS_NAME}.{key}: {message}")
-    unknown = [name for name in overrides if name not in stage_names]
-    if unknown:
-        raise InputError(
-            f"Settings were given for stage(s) {', '.join(sorted(unknown))}, "
-            f"which this build does not run (its stages: "
-            f"{', '.join(stage_names) or 'none'})."
-        )
-    for name in request.skip_stages:
-        if name not in stage_names:
-            raise InputError(
-                f"Cannot skip stage {name!r}: this build's stages are "
-                f"{', '.join(stage_names) or 'none'}."
-            )
-
-    stages = []
-    skipped = []
-    for name in stage_names:
-        if name in request.skip_stages:
-            skipped.append(f"{name} (skipped on request)")
-            continue
-        stage_cls = get_stage_class(name)
-        profile_settings = system.stage_settings(name) if system is not None else {}
-        settings = merge_mappings(profile_settings, overrides.get(name, {}))
-        problems = stage_cls.validate_settings(settings=settings)
-        if problems:
-            key, message = problems[0]
-            raise InputError(f"Invalid setting {name}.{key}: {message}")
-        stages.append(stage_cls(settings=settings))
-
+    image_path = _image_path(request)
+    conda_env = _conda_env(request)
+    overrides = load_stage_settings(raw=request.settings, origin=Origin())
+    system, base_spec, target_settings = _resolve_system(
+        request=request,
+        systems=systems,
+        target_settings=overrides.pop(targetenv.SETTINGS_NAME, {}),
+    )
+    stage_names, extended = _stage_names(
+        request=request,
+        system=system,
+        overrides=overrides,
+        target_settings=target_settings,
+    )
+    _check_stage_names(request=request, overrides=overrides, stage_names=stage_names)
+    stages, skipped = _make_stages(
+        request=request, system=system, overrides=overrides, stage_names=stage_names
+    )
     plan = BuildPlan(
         request=request,
         image_path=image_path,
@@ -416,13 +441,7 @@ def make_plan(*, request, systems=None):
         skipped=skipped,
         extended=extended,
         image_exists=image_path.exists(),
-        target_settings=target_settings,
+        target_settings=targetenv.TargetEnvSettings.complete(target_settings),
     )
-    kept = []
-    for stage in plan.stages:
-        if stage.enabled(plan=plan):
-            kept.append(stage)
-        else:
-            plan.skipped.append(f"{stage.name} (disabled by its settings)")
-    plan.stages = kept
+    _drop_disabled_stages(plan)
     return plan

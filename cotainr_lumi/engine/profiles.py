@@ -49,10 +49,10 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-
 from ..errors import ProfileError, UnknownSystemError
-from . import targetenv
+from .origins import ProfileOrigin
+from .settings import load_stage_settings
+from .yamlfile import line_of, read_yaml
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -87,7 +87,8 @@ class SystemProfile:
     stages : tuple of str
         The stage names, in the order they run.
     settings : dict
-        Settings per stage name.
+        Settings per stage name (and ``target-env``): the typed values of the
+        keys the profile files give (see :mod:`cotainr_lumi.engine.settings`).
     rocm_version : str or None
         The base image's ROCm major.minor, if the profile states it.
     sources : tuple of str
@@ -157,20 +158,10 @@ PROFILE_FORMAT_VERSION = 1
 
 
 def _read_profile_file(path):
-    """Parse one profile file into ``{name: raw mapping}``."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise ProfileError(f"cannot read the file: {e.strerror}", file=path) from e
-    except UnicodeDecodeError as e:
-        raise ProfileError(
-            f"not UTF-8 text (byte {e.start}): save it as UTF-8", file=path
-        ) from e
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ProfileError(f"not valid YAML{where}: {problem}", file=path) from e
+    """Parse one profile file into ``{name: mapping}``, settings typed."""
+    data = read_yaml(
+        path=path, error=lambda message: ProfileError(f"the file {message}", file=path)
+    )
     if data is None:
         return {}
     if not isinstance(data, dict) or set(data) - {"systems", "version"}:
@@ -186,27 +177,48 @@ def _read_profile_file(path):
             f"{PROFILE_FORMAT_VERSION}; write 'version: {PROFILE_FORMAT_VERSION}' "
             "(or leave it out), or upgrade cotainr-lumi",
             file=path,
+            line=line_of(data=data, path=("version",)),
             key="version",
         )
     systems = data.get("systems") or {}
     if not isinstance(systems, dict):
-        raise ProfileError("'systems' must be a mapping", file=path, key="systems")
-    for name, raw in systems.items():
-        if not isinstance(name, str) or not name.strip():
-            raise ProfileError(f"invalid system name {name!r}", file=path)
-        if not isinstance(raw, dict):
-            raise ProfileError(
-                "a system must be a mapping of keys", file=path, system=name
-            )
-        unknown = set(raw) - _SYSTEM_KEYS
-        if unknown:
-            raise ProfileError(
-                f"unknown key (known keys: {', '.join(sorted(_SYSTEM_KEYS))})",
-                file=path,
-                system=name,
-                key=sorted(unknown)[0],
-            )
-    return systems
+        raise ProfileError(
+            "'systems' must be a mapping",
+            file=path,
+            line=line_of(data=data, path=("systems",)),
+            key="systems",
+        )
+    return {
+        name: _read_system(path=path, name=name, raw=raw, systems=systems)
+        for name, raw in systems.items()
+    }
+
+
+def _read_system(*, path, name, raw, systems):
+    """Check one system of a profile file; its settings are read typed."""
+    line = line_of(data=systems, path=(name,))
+    if not isinstance(name, str) or not name.strip():
+        raise ProfileError(f"invalid system name {name!r}", file=path, line=line)
+    if not isinstance(raw, dict):
+        raise ProfileError(
+            "a system must be a mapping of keys", file=path, line=line, system=name
+        )
+    unknown = sorted(set(raw) - _SYSTEM_KEYS)
+    if unknown:
+        raise ProfileError(
+            f"unknown key (known keys: {', '.join(sorted(_SYSTEM_KEYS))})",
+            file=path,
+            line=line_of(data=raw, path=(unknown[0],)),
+            system=name,
+            key=unknown[0],
+        )
+    system = dict(raw)
+    if "settings" in raw:
+        system["settings"] = load_stage_settings(
+            raw=raw["settings"],
+            origin=ProfileOrigin(file=path, system=name, data=raw),
+        )
+    return system
 
 
 def merge_mappings(base, over):
@@ -317,7 +329,7 @@ def _resolve(*, name, raw, sources, chain=()):
 
 def _validate(*, name, merged, sources, where):
     """Check the keys of a resolved system and build its SystemProfile."""
-    from .stage import available_stages, get_stage_class
+    from .stage import available_stages
 
     base_image = merged.get("base-image")
     if not isinstance(base_image, str) or not base_image.strip():
@@ -354,41 +366,6 @@ def _validate(*, name, merged, sources, where):
     if len(set(stages)) != len(stages):
         raise ProfileError("a stage is listed twice", key="stages", **where)
     settings = merged.get("settings") or {}
-    if not isinstance(settings, dict):
-        raise ProfileError("must be a mapping of stage names", key="settings", **where)
-    for stage_name, stage_settings in settings.items():
-        if stage_name == targetenv.SETTINGS_NAME:
-            if not isinstance(stage_settings, (dict, type(None))):
-                raise ProfileError(
-                    "must be a mapping, e.g. {prefix: /opt/env}",
-                    key=f"settings.{stage_name}",
-                    **where,
-                )
-            problems = targetenv.validate_settings(settings=stage_settings or {})
-            if problems:
-                key, message = problems[0]
-                raise ProfileError(message, key=f"settings.{stage_name}.{key}", **where)
-            continue
-        if stage_name not in known:
-            raise ProfileError(
-                f"settings for unknown stage (available stages: {', '.join(known)})",
-                key=f"settings.{stage_name}",
-                **where,
-            )
-        if stage_settings is None:
-            stage_settings = settings[stage_name] = {}
-        if not isinstance(stage_settings, dict):
-            raise ProfileError(
-                "stage settings must be a mapping",
-                key=f"settings.{stage_name}",
-                **where,
-            )
-        problems = get_stage_class(stage_name).validate_settings(
-            settings=stage_settings
-        )
-        if problems:
-            key, message = problems[0]
-            raise ProfileError(message, key=f"settings.{stage_name}.{key}", **where)
     return SystemProfile(
         name=name,
         base_image=base_image,

@@ -23,13 +23,21 @@ get_stage_class(name)
     Look up a registered stage class.
 available_stages()
     The names of all registered stages.
+settings_class_of(name)
+    The settings declaration of a stage name (or of ``target-env``).
+settings_names()
+    The names settings may be given for.
 """
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 import logging
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, Union
+
+from ..errors import StageError
+from . import imageprobe, targetenv
+from .origins import Origin
+from .settings import NoSettings, load_settings
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -91,65 +99,110 @@ class StageContext:
         The reports of the stages that already ran, in order.
     labels : dict of str to str
         Labels collected so far (stages may read what earlier stages set).
-    target_env : TargetEnv or TargetEnvNotFoundError or None
-        The target Python environment once discovered (use
-        :func:`cotainr_lumi.engine.targetenv.for_context`, which fills it).
+    target_env : TargetEnv or None
+        The target Python environment, with what the same probe saw of the
+        image's environment (:class:`cotainr_lumi.engine.targetenv.TargetEnv`);
+        None when the image has none (:meth:`require_target_env` says why).
+        The build's one probe of the image fills it once, when the first
+        stage that needs it reads it (after cotainr's conda step); a driver
+        may fill it earlier with :meth:`probe_target_env`.
     """
 
     sandbox: Any
     plan: Any
     reports: list[StageReport] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
-    target_env: Any = None
+    _target: Union[targetenv.TargetEnv, targetenv.TargetEnvNotFoundError, None] = field(
+        default=None, init=False, repr=False
+    )
+
+    def probe_target_env(self):
+        """
+        Run the build's one probe of the image, unless it ran already.
+
+        Returns
+        -------
+        target : TargetEnv or TargetEnvNotFoundError
+            The environment, or why there is none.
+
+        Raises
+        ------
+        :class:`cotainr_lumi.errors.StageError`
+            If the container does not start.
+        """
+        if self._target is None:
+            self._target = imageprobe.probe_build(
+                sandbox=self.sandbox, plan=self.plan, labels=self.labels
+            )
+        return self._target
+
+    @property
+    def target_env(self) -> Optional[targetenv.TargetEnv]:
+        """The target Python environment (None when the image has none)."""
+        found = self.probe_target_env()
+        return found if isinstance(found, targetenv.TargetEnv) else None
+
+    def require_target_env(self, *, stage):
+        """
+        The target Python environment, for a stage that must install into it.
+
+        Parameters
+        ----------
+        stage : str
+            The asking stage (for the error).
+
+        Returns
+        -------
+        target : TargetEnv
+            The environment.
+
+        Raises
+        ------
+        :class:`cotainr_lumi.errors.StageError`
+            If the image has none (the message says why and how to go on).
+        """
+        found = self.probe_target_env()
+        if isinstance(found, targetenv.TargetEnvNotFoundError):
+            raise StageError(str(found), stage=stage)
+        return found
 
 
 class Stage(ABC):
     """
     Abstract base class of a pipeline stage.
 
-    Subclasses set :attr:`name`, may set :attr:`defaults` (the settings used
-    when a profile gives none) and implement :meth:`run`; :meth:`describe`
-    feeds the dry-run plan and :meth:`validate_settings` checks the settings
-    of a profile when it is loaded.
+    Subclasses set :attr:`name`, declare their settings in
+    :attr:`settings_class` (see :mod:`cotainr_lumi.engine.settings`) and
+    implement :meth:`run`; :meth:`describe` feeds the dry-run plan.
 
     Parameters
     ----------
-    settings : mapping, optional
-        The stage settings (profile settings merged with build overrides).
+    settings : StageSettings or mapping, optional
+        The stage settings: complete (the plan merges the profile's and the
+        build's), or a mapping of the keys to change from the defaults (read
+        by the settings loader).
+
+    Attributes
+    ----------
+    settings : StageSettings
+        An instance of :attr:`settings_class`.
     """
 
     #: The name profiles use for this stage.
     name: ClassVar[str] = ""
-    #: Default settings, merged under the profile's settings.
-    defaults: ClassVar[Mapping[str, Any]] = {}
+    #: The settings declaration (a :class:`cotainr_lumi.engine.settings.StageSettings`).
+    settings_class: ClassVar[type] = NoSettings
 
-    def __init__(self, *, settings: Optional[Mapping[str, Any]] = None):
-        merged = dict(self.defaults)
-        merged.update(settings or {})
-        self.settings = merged
-
-    @classmethod
-    def validate_settings(cls, *, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
-        """
-        Check stage settings from a profile.
-
-        Parameters
-        ----------
-        settings : mapping
-            The settings given for this stage.
-
-        Returns
-        -------
-        problems : list of (str, str)
-            ``(key, message)`` pairs, empty when the settings are valid. The
-            default accepts exactly the keys of :attr:`defaults`.
-        """
-        problems = []
-        for key in settings:
-            if cls.defaults and key not in cls.defaults:
-                known = ", ".join(sorted(cls.defaults))
-                problems.append((key, f"unknown setting (known: {known})"))
-        return problems
+    def __init__(self, *, settings=None):
+        if not isinstance(settings, self.settings_class):
+            given = load_settings(
+                schema=self.settings_class,
+                raw=settings or {},
+                origin=Origin(),
+                stage=self.name,
+            )
+            settings = self.settings_class.complete(given)
+        self.settings = settings
 
     @classmethod  # noqa: B027
     def add_arguments(cls, *, parser) -> None:
@@ -290,3 +343,39 @@ def available_stages():
         Sorted stage names.
     """
     return sorted(_REGISTRY)
+
+
+def settings_class_of(name):
+    """
+    The settings declaration of a stage name.
+
+    Parameters
+    ----------
+    name : str
+        A stage name.
+
+    Returns
+    -------
+    schema : type
+        Its :class:`cotainr_lumi.engine.settings.StageSettings` subclass.
+
+    Raises
+    ------
+    KeyError
+        If settings cannot be given for that name.
+    """
+    if name == targetenv.SETTINGS_NAME:
+        return targetenv.TargetEnvSettings
+    return _REGISTRY[name].settings_class
+
+
+def settings_names():
+    """
+    The names settings may be given for: the stages and ``target-env``.
+
+    Returns
+    -------
+    names : list of str
+        Sorted.
+    """
+    return sorted([*_REGISTRY, targetenv.SETTINGS_NAME])

@@ -3,9 +3,13 @@ The one discovery of the Python environment a build installs into.
 
 Every stage that needs "the image's Python" (pip installs into it, prune
 looks for torch and libstdc++ in it, lumi-env makes ``$WITH_CONDA`` activate
-it, verify inspects it) asks this module, and it answers once per build. The
-answer is written into the image as :data:`TARGET_ENV_FILE`, so that
-``cotainr-lumi verify`` later reads the same answer.
+it, verify inspects it) reads ``context.target_env``
+(:class:`cotainr_lumi.engine.stage.StageContext`): one probe of the image per
+build (:mod:`cotainr_lumi.engine.imageprobe`: one command in the container,
+which also reports what other stages need of the image's environment,
+:class:`ImageFacts`) and the rules below, in :func:`choose`. A dry run asks a
+local base image with the same probe. The answer is written into the image,
+so that ``cotainr-lumi verify`` later reads the same answer.
 
 Order of precedence (the first that applies wins):
 
@@ -31,109 +35,40 @@ first on ``PATH``.
 
 Classes
 -------
+TargetEnvSettings
+    The settings of the pseudo-stage ``target-env`` (``prefix``).
 TargetEnv
     The chosen environment and why.
+ImageFacts
+    What the same probe saw of the image's environment.
 TargetEnvNotFoundError
     Why no environment could be chosen.
 
 Functions
 ---------
-discover(*, run, explicit=None, conda_env=False)
-    Ask an image (through `run`) and choose the environment.
 choose(*, facts, explicit=None, conda_env=False)
     Choose from the probe's facts.
-for_context(*, context, required=False)
-    The target environment of a running build (discovered once).
+explicit_prefix(*, plan)
+    The ``target-env.prefix`` setting of a plan.
 describe_lines(*, plan)
     What the plan says about the target environment.
-probe_image(*, image)
-    Discover the target environment of an image file (dry runs).
 """
 
 from dataclasses import asdict, dataclass, field
-import json
 import logging
 import os
 import shlex
-import shutil
-import subprocess
-from typing import Any, Optional
+from typing import Optional
 
 from .. import _cotainr
-from ..errors import StageError
-from .rootfs import write_file_in_root
+from .settings import StageSettings, setting
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: Where the answer is recorded in the image (read by ``cotainr-lumi verify``).
-TARGET_ENV_FILE = "/opt/cotainr-lumi/target-env.json"
 #: The pseudo-stage name of the explicit setting (``target-env.prefix``).
 SETTINGS_NAME = "target-env"
-#: The settings it accepts.
-SETTINGS_DEFAULTS = {"prefix": None}
 #: Prefixes of system Pythons: never a target.
 SYSTEM_PREFIXES = ("/usr", "/usr/local", "/")
-
-_MARK = "COTAINR_LUMI_TARGET_ENV "
-
-#: Runs in a clean environment inside the container: sources the image's env
-#: scripts, reports the environment, evaluates $WITH_CONDA in a subshell and
-#: reports again. $1: an explicit prefix to check (may be empty). Every fact
-#: is one line "MARK <where> <key> <value>"; interpreters are asked for their
-#: sys.prefix/sys.executable as JSON.
-PROBE_SCRIPT = r"""
-for f in /.singularity.d/env/*.sh; do
-    [ -r "$f" ] && . "$f" >/dev/null 2>&1
-done
-M='COTAINR_LUMI_TARGET_ENV'
-fact() { printf '%s %s %s %s\n' "$M" "$1" "$2" "$(printf '%s' "$3" | tr '\n' ' ')"; }
-pyinfo() { # pyinfo WHERE PREFIX: facts of PREFIX's own interpreter
-    for py in "$2/bin/python" "$2/bin/python3"; do
-        if [ -x "$py" ]; then
-            fact "$1" python "$("$py" -c 'import json, sys, sysconfig
-paths = sysconfig.get_paths()
-site = [paths["purelib"], paths["platlib"]]
-site += [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))
-         and not p.startswith("/usr/")]
-print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix,
-    "executable": sys.executable, "version": sys.version.split()[0],
-    "site": list(dict.fromkeys(site))}))' 2>/dev/null)"
-            return
-        fi
-    done
-}
-state() { # state WHERE: the environment as it is now
-    fact "$1" virtual_env "${VIRTUAL_ENV:-}"
-    fact "$1" conda_prefix "${CONDA_PREFIX:-}"
-    fact "$1" path "${PATH:-}"
-    fact "$1" path_python "$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
-    [ -n "${VIRTUAL_ENV:-}" ] && pyinfo "$1.virtual_env" "$VIRTUAL_ENV"
-    [ -n "${CONDA_PREFIX:-}" ] && pyinfo "$1.conda_prefix" "$CONDA_PREFIX"
-    py="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
-    [ -n "$py" ] && pyinfo "$1.path_python" "$(dirname "$(dirname "$py")")"
-}
-fact image with_conda_set "${WITH_CONDA+set}"
-fact image with_conda "${WITH_CONDA:-}"
-state image
-[ -n "${1:-}" ] && pyinfo explicit "$1"
-if [ -n "${WITH_CONDA:-}" ]; then
-    (
-        eval "$WITH_CONDA" >/dev/null 2>&1
-        fact with_conda rc "$?"
-        state with_conda
-    )
-fi
-exit 0
-"""
-
-#: A clean start (no host variables), like ``apptainer exec --cleanenv``.
-CLEAN_ENV = (
-    "env",
-    "-i",
-    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "HOME=/",
-    "LANG=C",
-)
 
 _SOURCE_WORDS = {
     "setting": "named explicitly (target-env.prefix)",
@@ -143,8 +78,70 @@ _SOURCE_WORDS = {
 }
 
 
+def _check_prefix(value):
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path in the image (got {value!r})")
+
+
+@dataclass(frozen=True)
+class TargetEnvSettings(StageSettings):
+    """The settings of the pseudo-stage ``target-env``."""
+
+    prefix: Optional[str] = setting(
+        None,
+        doc="the env to install into (null: found in the base image)",
+        check=_check_prefix,
+    )
+
+
 class TargetEnvNotFoundError(Exception):
     """Why no environment could be chosen (the message says how to go on)."""
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """
+    What the same probe saw of the image's environment (before ``$WITH_CONDA``).
+
+    Attributes
+    ----------
+    conda_prefix : str
+        ``CONDA_PREFIX`` set by the image's env scripts.
+    conda_exe : str
+        ``CONDA_EXE`` set by them (finds ``etc/profile.d/conda.sh``).
+    rocm_path : str
+        ``ROCM_PATH`` set by them.
+    libstdcxx_cache : tuple of str
+        The ``libstdc++`` lines of ``ldconfig -p`` (the image's loader cache).
+    """
+
+    conda_prefix: str = ""
+    conda_exe: str = ""
+    rocm_path: str = ""
+    libstdcxx_cache: tuple[str, ...] = ()
+
+    @classmethod
+    def from_facts(cls, facts):
+        """
+        Read them from the probe's facts.
+
+        Parameters
+        ----------
+        facts : dict
+            From :func:`cotainr_lumi.engine.imageprobe.parse_probe`.
+
+        Returns
+        -------
+        image : ImageFacts
+            The facts.
+        """
+        image = facts.get("image", {})
+        return cls(
+            conda_prefix=image.get("conda_prefix") or "",
+            conda_exe=image.get("conda_exe") or "",
+            rocm_path=image.get("rocm_path") or "",
+            libstdcxx_cache=tuple(image.get("ldcache") or ()),
+        )
 
 
 @dataclass
@@ -172,6 +169,8 @@ class TargetEnv:
         The base image's ``$WITH_CONDA`` (None when unset).
     decoys : dict of str to str
         Other interpreters seen (e.g. ``python`` on PATH) that were not chosen.
+    image : ImageFacts
+        What the same probe saw of the image's environment.
     """
 
     prefix: str
@@ -183,6 +182,7 @@ class TargetEnv:
     reason: str = ""
     with_conda: Optional[str] = None
     decoys: dict[str, str] = field(default_factory=dict)
+    image: ImageFacts = field(default_factory=ImageFacts)
 
     @property
     def bin_dir(self):
@@ -240,41 +240,14 @@ class TargetEnv:
             The environment.
         """
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+        image = known.pop("image", None) or {}
+        image = {k: v for k, v in image.items() if k in ImageFacts.__dataclass_fields__}
+        image["libstdcxx_cache"] = tuple(image.get("libstdcxx_cache", ()))
+        return cls(**known, image=ImageFacts(**image))
 
 
 def _is_system_prefix(prefix):
     return os.path.normpath(prefix or "/") in SYSTEM_PREFIXES
-
-
-def parse_probe(*, text):
-    """
-    Parse the output of :data:`PROBE_SCRIPT`.
-
-    Parameters
-    ----------
-    text : str
-        The script's standard output.
-
-    Returns
-    -------
-    facts : dict
-        ``{where: {key: value}}``; ``python`` values are dicts (or None when
-        the interpreter did not answer).
-    """
-    facts: dict[str, dict[str, Any]] = {}
-    for line in text.splitlines():
-        if not line.startswith(_MARK):
-            continue
-        where, _, rest = line[len(_MARK) :].partition(" ")
-        key, _, value = rest.partition(" ")
-        if key == "python":
-            try:
-                value = json.loads(value) if value.strip() else None
-            except ValueError:
-                value = None
-        facts.setdefault(where, {})[key] = value
-    return facts
 
 
 def _python(facts, where):
@@ -344,6 +317,84 @@ def _not_found_message(facts):
     )
 
 
+def _make_target(facts, info, *, source, reason):
+    """The TargetEnv of one interpreter's facts."""
+    image = facts.get("image", {})
+    return TargetEnv(
+        prefix=info["prefix"],
+        python=info["executable"],
+        version=info.get("version", ""),
+        base_prefix=info.get("base_prefix", ""),
+        site=list(info.get("site") or []),
+        source=source,
+        reason=reason,
+        with_conda=image.get("with_conda") if image.get("with_conda_set") else None,
+        decoys=_decoys(facts, info["prefix"]),
+        image=ImageFacts.from_facts(facts),
+    )
+
+
+def _from_setting(facts, explicit):
+    """Rule 1: the env the setting names (it must be a working env)."""
+    info = _python(facts, "explicit")
+    if info is None:
+        raise TargetEnvNotFoundError(
+            f"target-env.prefix={explicit}: there is no working "
+            f"{explicit}/bin/python (or python3) in the image. Give the prefix "
+            "of a venv or conda env of the base image (the directory holding "
+            "bin/python), or drop the setting to let cotainr-lumi find it."
+        )
+    if _is_system_prefix(info["prefix"]):
+        raise TargetEnvNotFoundError(
+            f"target-env.prefix={explicit} is a system Python (sys.prefix "
+            f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
+            "or conda env, or give --conda-env."
+        )
+    return _make_target(facts, info, source="setting", reason=_SOURCE_WORDS["setting"])
+
+
+def _from_conda_env(facts):
+    """Rule 2: the conda env cotainr created."""
+    info = _python(facts, "explicit")
+    if info is None:
+        raise TargetEnvNotFoundError(
+            "the conda env cotainr created "
+            f"({_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}) has no "
+            "working python; check the conda environment file"
+        )
+    return _make_target(
+        facts, info, source="conda-env", reason=_SOURCE_WORDS["conda-env"]
+    )
+
+
+def _from_with_conda(facts, *, before):
+    """Rule 3: the env the base image's $WITH_CONDA activates (None: none)."""
+    image = facts.get("image", {})
+    with_conda = image.get("with_conda") if image.get("with_conda_set") else None
+    if not with_conda:
+        return None
+    rc = facts.get("with_conda", {}).get("rc")
+    if rc not in (None, "0"):
+        logger.warning(
+            "The base image's $WITH_CONDA (%r) failed in the container "
+            "(exit status %s); looking for an active environment instead.",
+            with_conda,
+            rc,
+        )
+        return None
+    after = _active(facts, "with_conda")
+    if after is None:
+        return None
+    var, info = after
+    reason = (
+        f"from the base image's $WITH_CONDA ({with_conda!r} sets "
+        f"{_env_words(var, facts, 'with_conda')})"
+    )
+    if before is not None and before[1]["prefix"] == info["prefix"]:
+        reason += "; already active in its environment"
+    return _make_target(facts, info, source="with-conda", reason=reason)
+
+
 def choose(*, facts, explicit=None, conda_env=False):
     """
     Choose the target environment from the probe's facts.
@@ -351,7 +402,7 @@ def choose(*, facts, explicit=None, conda_env=False):
     Parameters
     ----------
     facts : dict
-        From :func:`parse_probe`.
+        From :func:`cotainr_lumi.engine.imageprobe.parse_probe`.
     explicit : str, optional
         The ``target-env.prefix`` setting.
     conda_env : bool, default=False
@@ -367,131 +418,22 @@ def choose(*, facts, explicit=None, conda_env=False):
     TargetEnvNotFoundError
         If no environment qualifies (the message says how to go on).
     """
-    image = facts.get("image", {})
-    with_conda = image.get("with_conda") if image.get("with_conda_set") else None
-
-    def make(info, source, reason):
-        return TargetEnv(
-            prefix=info["prefix"],
-            python=info["executable"],
-            version=info.get("version", ""),
-            base_prefix=info.get("base_prefix", ""),
-            site=list(info.get("site") or []),
-            source=source,
-            reason=reason,
-            with_conda=with_conda,
-            decoys=_decoys(facts, info["prefix"]),
-        )
-
     if explicit:
-        info = _python(facts, "explicit")
-        if info is None:
-            raise TargetEnvNotFoundError(
-                f"target-env.prefix={explicit}: there is no working "
-                f"{explicit}/bin/python (or python3) in the image. Give the prefix "
-                "of a venv or conda env of the base image (the directory holding "
-                "bin/python), or drop the setting to let cotainr-lumi find it."
-            )
-        if _is_system_prefix(info["prefix"]):
-            raise TargetEnvNotFoundError(
-                f"target-env.prefix={explicit} is a system Python (sys.prefix "
-                f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
-                "or conda env, or give --conda-env."
-            )
-        return make(info, "setting", _SOURCE_WORDS["setting"])
+        return _from_setting(facts, explicit)
     if conda_env:
-        info = _python(facts, "explicit")
-        if info is None:
-            raise TargetEnvNotFoundError(
-                "the conda env cotainr created "
-                f"({_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}) has no "
-                "working python; check the conda environment file"
-            )
-        return make(info, "conda-env", _SOURCE_WORDS["conda-env"])
+        return _from_conda_env(facts)
     before = _active(facts, "image")
-    if with_conda:
-        rc = facts.get("with_conda", {}).get("rc")
-        after = _active(facts, "with_conda")
-        if rc not in (None, "0"):
-            logger.warning(
-                "The base image's $WITH_CONDA (%r) failed in the container "
-                "(exit status %s); looking for an active environment instead.",
-                with_conda,
-                rc,
-            )
-        elif after is not None:
-            var, info = after
-            reason = (
-                f"from the base image's $WITH_CONDA ({with_conda!r} sets "
-                f"{_env_words(var, facts, 'with_conda')})"
-            )
-            if before is not None and before[1]["prefix"] == info["prefix"]:
-                reason += "; already active in its environment"
-            return make(info, "with-conda", reason)
+    target = _from_with_conda(facts, before=before)
+    if target is not None:
+        return target
     if before is not None:
         var, info = before
         reason = (
             f"active in the base image's environment "
             f"({_env_words(var, facts, 'image')})"
         )
-        return make(info, "active-env", reason)
+        return _make_target(facts, info, source="active-env", reason=reason)
     raise TargetEnvNotFoundError(_not_found_message(facts))
-
-
-def probe_command(*, explicit=None):
-    """
-    The command that probes an image (run inside the container).
-
-    Parameters
-    ----------
-    explicit : str, optional
-        A prefix to check as well.
-
-    Returns
-    -------
-    args : list of str
-        ``env -i ... bash -c SCRIPT probe PREFIX``.
-    """
-    return [
-        *CLEAN_ENV,
-        "bash",
-        "--noprofile",
-        "--norc",
-        "-c",
-        PROBE_SCRIPT,
-        "probe",
-        explicit or "",
-    ]
-
-
-def discover(*, run, explicit=None, conda_env=False):
-    """
-    Ask an image (through `run`) and choose the environment.
-
-    Parameters
-    ----------
-    run : callable
-        ``run(args) -> stdout`` running a command in the container.
-    explicit : str, optional
-        The ``target-env.prefix`` setting.
-    conda_env : bool, default=False
-        Whether cotainr created its conda env (checked at its prefix).
-
-    Returns
-    -------
-    target : TargetEnv
-        The environment.
-
-    Raises
-    ------
-    TargetEnvNotFoundError
-        If none qualifies.
-    """
-    check = explicit
-    if not explicit and conda_env:
-        check = f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
-    facts = parse_probe(text=run(probe_command(explicit=check)))
-    return choose(facts=facts, explicit=explicit, conda_env=conda_env)
 
 
 def explicit_prefix(*, plan):
@@ -508,146 +450,8 @@ def explicit_prefix(*, plan):
     prefix : str or None
         The prefix.
     """
-    settings = getattr(plan, "target_settings", None) or {}
-    return settings.get("prefix") or None
-
-
-def validate_settings(*, settings):
-    """
-    Check ``target-env`` settings.
-
-    Parameters
-    ----------
-    settings : mapping
-        The settings.
-
-    Returns
-    -------
-    problems : list of (str, str)
-        ``(key, message)`` pairs.
-    """
-    problems = []
-    for key, value in settings.items():
-        if key not in SETTINGS_DEFAULTS:
-            problems.append((key, "unknown setting (known: prefix)"))
-        elif value is not None and not (
-            isinstance(value, str) and value.startswith("/")
-        ):
-            problems.append(
-                (key, f"must be an absolute path in the image (got {value!r})")
-            )
-    return problems
-
-
-def for_context(*, context, required=False, stage="target-env"):
-    """
-    The target environment of a running build (discovered once).
-
-    The first call probes the sandbox and records the answer in the image
-    (:data:`TARGET_ENV_FILE`); later calls return it.
-
-    Parameters
-    ----------
-    context : :class:`cotainr_lumi.engine.stage.StageContext`
-        The running build.
-    required : bool, default=False
-        Raise when there is no environment (a stage must install into it).
-    stage : str, default="target-env"
-        The asking stage (for the error).
-
-    Returns
-    -------
-    target : TargetEnv or None
-        The environment; None when there is none and it is not required.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.StageError`
-        If `required` and there is none.
-    """
-    if context.target_env is None:
-        plan = context.plan
-        sandbox = context.sandbox
-
-        def run(args):
-            try:
-                return sandbox.run(args, log_name="target-env").stdout or ""
-            except _cotainr.CommandError as e:
-                raise StageError(
-                    "could not start the container to find its Python environment",
-                    stage=stage,
-                    details=e.error_lines(),
-                ) from e
-
-        try:
-            target = discover(
-                run=run,
-                explicit=explicit_prefix(plan=plan),
-                conda_env=getattr(plan, "conda_env", None) is not None,
-            )
-        except TargetEnvNotFoundError as e:
-            context.target_env = e
-        else:
-            context.target_env = target
-            logger.info("Target Python environment: %s", target.describe())
-            for decoy in target.decoys.values():
-                logger.info("Not the target: %s", decoy)
-            write_file_in_root(
-                root=sandbox.root,
-                path=TARGET_ENV_FILE,
-                content=json.dumps(target.to_dict(), indent=2, sort_keys=True) + "\n",
-            )
-            context.labels["cotainr-lumi.target-env"] = target.prefix
-    found = context.target_env
-    if isinstance(found, TargetEnvNotFoundError):
-        if required:
-            raise StageError(str(found), stage=stage)
-        return None
-    return found
-
-
-def probe_image(*, image, explicit=None, timeout=120):
-    """
-    Discover the target environment of an image file (dry runs).
-
-    Parameters
-    ----------
-    image : os.PathLike
-        A local ``.sif`` (or sandbox directory).
-    explicit : str, optional
-        The ``target-env.prefix`` setting.
-    timeout : float, default=120
-        Seconds before giving up.
-
-    Returns
-    -------
-    target : TargetEnv or TargetEnvNotFoundError or None
-        The answer; None when the image could not be run here.
-    """
-    runtime = shutil.which("apptainer") or shutil.which("singularity")
-    if runtime is None:
-        return None
-
-    def run(args):
-        proc = subprocess.run(
-            [runtime, "exec", "--no-home", "--cleanenv", os.fspath(image), *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-        if proc.returncode != 0:
-            raise OSError(proc.stderr.strip()[-300:])
-        return proc.stdout
-
-    try:
-        return discover(run=run, explicit=explicit)
-    except TargetEnvNotFoundError as e:
-        return e
-    except (OSError, subprocess.SubprocessError) as e:
-        logger.debug("Could not probe %s: %s", image, e)
-        return None
+    settings = getattr(plan, "target_settings", None)
+    return (settings.prefix if settings is not None else None) or None
 
 
 #: What a build looks for when it cannot ask the base image now.

@@ -22,6 +22,7 @@ sha256_of_file(*, path, chunk_size=4 MiB)
     Stream a file through SHA-256.
 """
 
+from dataclasses import dataclass
 import datetime
 import hashlib
 import json
@@ -31,6 +32,7 @@ import platform
 from .. import _cotainr
 from .._version import __version__
 from ..engine.rootfs import write_file_in_root
+from ..engine.settings import StageSettings, setting
 from ..engine.stage import Stage, StageReport, register_stage
 from ..imagelayout import (
     LABEL_BASE_IMAGE,
@@ -70,23 +72,21 @@ def sha256_of_file(*, path, chunk_size=4 * 1024 * 1024):
     return digest.hexdigest()
 
 
+@dataclass(frozen=True)
+class ProvenanceSettings(StageSettings):
+    """The settings of the provenance stage."""
+
+    hash_base_image: bool = setting(
+        True, doc="record the sha256 of a local base image (reads all of it)"
+    )
+
+
 @register_stage
 class ProvenanceStage(Stage):
     """Record how the image was built (labels and a JSON record)."""
 
     name = "provenance"
-    defaults = {"hash-base-image": True}
-
-    @classmethod
-    def validate_settings(cls, *, settings):
-        """Check the settings (``hash-base-image`` must be a boolean)."""
-        problems = super().validate_settings(settings=settings)
-        value = settings.get("hash-base-image", True)
-        if not isinstance(value, bool):
-            problems.append(
-                ("hash-base-image", f"must be true or false (got {value!r})")
-            )
-        return problems
+    settings_class = ProvenanceSettings
 
     def describe(self, *, plan):
         """Describe the labels the stage will add."""
@@ -95,7 +95,7 @@ class ProvenanceStage(Stage):
             "base-image,base-image.resolved,base-image.sha256,provenance}",
             f"record: {PROVENANCE_FILE}",
         ]
-        if plan.base_image.is_local_file and self.settings["hash-base-image"]:
+        if plan.base_image.is_local_file and self.settings.hash_base_image:
             lines.append(f"sha256 of {plan.base_image.resolved}")
         return lines
 
@@ -104,7 +104,7 @@ class ProvenanceStage(Stage):
         plan = context.plan
         base = plan.base_image
         sha256 = ""
-        if base.is_local_file and self.settings["hash-base-image"]:
+        if base.is_local_file and self.settings.hash_base_image:
             logger.info("Computing the sha256 of %s", base.resolved)
             sha256 = sha256_of_file(path=base.resolved)
         stages = plan.stage_names
@@ -136,7 +136,7 @@ class ProvenanceStage(Stage):
             },
             "conda-env": plan.conda_env.name if plan.conda_env else None,
             "stages": [
-                {"name": stage.name, "settings": stage.settings}
+                {"name": stage.name, "settings": stage.settings.to_dict()}
                 for stage in plan.stages
             ],
             "reports": [

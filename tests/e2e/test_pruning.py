@@ -19,6 +19,7 @@ stop the build (case b) and a ROCm 6.1 torch on the ROCm 6.0 base must be
 left alone with a warning (case d).
 """
 
+from dataclasses import dataclass
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ import pytest
 import yaml
 
 import cotainr_lumi
+from cotainr_lumi.engine.settings import StageSettings, setting
 from cotainr_lumi.engine.stage import Stage, StageReport, register_stage
 from cotainr_lumi.errors import StageError
 
@@ -41,16 +43,22 @@ SITE = f"{ENV}/lib/python3.11/site-packages"
 MANIFEST = "/opt/cotainr-lumi/prune-manifest.json"
 
 
+@dataclass(frozen=True)
+class PruneFixtureSettings(StageSettings):
+    cases: list[str] = setting([], doc="the fixture cases to create")
+    hip: str = setting("6.1.40093-fixture", doc="torch.version.hip of the fixture")
+
+
 @register_stage
 class PruneFixtureStage(Stage):
     """Test-only stage: create prune fixture content in the env (e2e tests)."""
 
     name = "prune-e2e-fixture"
-    defaults = {"cases": [], "hip": "6.1.40093-fixture"}
+    settings_class = PruneFixtureSettings
 
     def run(self, *, context):
         """Run the fixture script in the container."""
-        script = fixture_script(*self.settings["cases"], hip=self.settings["hip"])
+        script = fixture_script(*self.settings.cases, hip=self.settings.hip)
         context.sandbox.run(["bash", "-c", script], log_name=self.name)
         return StageReport(name=self.name, summary="fixture content created")
 

@@ -1,4 +1,4 @@
-"""The one discovery of the target Python environment (engine/targetenv.py)."""
+"""The one discovery of the target Python environment (engine/targetenv.py, imageprobe.py)."""
 
 import json
 import subprocess
@@ -6,16 +6,18 @@ import sys
 
 import pytest
 
+from cotainr_lumi._cotainr import CommandError
 from cotainr_lumi.engine import targetenv
+from cotainr_lumi.engine.imageprobe import PROBE_SCRIPT, TARGET_ENV_FILE, parse_probe
 from cotainr_lumi.engine.plan import BuildRequest, make_plan
+from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.engine.targetenv import (
-    PROBE_SCRIPT,
+    ImageFacts,
     TargetEnv,
     TargetEnvNotFoundError,
     choose,
-    parse_probe,
 )
-from cotainr_lumi.errors import InputError
+from cotainr_lumi.errors import InputError, StageError
 
 M = "COTAINR_LUMI_TARGET_ENV"
 ENV = "/opt/miniconda3/envs/pytorch"
@@ -198,6 +200,9 @@ def test_a_failing_with_conda_falls_back_to_the_active_env(caplog):
 def test_target_env_round_trips_through_its_record():
     target = choose(facts=layout1())
     assert TargetEnv.from_dict(json.loads(json.dumps(target.to_dict()))) == target
+    # A record written before the image facts were kept still reads.
+    old = {k: v for k, v in target.to_dict().items() if k != "image"}
+    assert TargetEnv.from_dict(old).image == ImageFacts()
 
 
 def test_probe_script_with_a_real_shell_and_venv(tmp_path):
@@ -209,6 +214,8 @@ def test_probe_script_with_a_real_shell_and_venv(tmp_path):
     env = {
         "PATH": "/usr/bin:/bin",
         "WITH_CONDA": f"source {venv}/bin/activate",
+        "ROCM_PATH": "/opt/rocm-6.2.4",
+        "CONDA_EXE": "/opt/conda/bin/conda",
     }
     proc = subprocess.run(
         ["bash", "-c", PROBE_SCRIPT, "probe", ""],
@@ -222,6 +229,71 @@ def test_probe_script_with_a_real_shell_and_venv(tmp_path):
     assert target.python == f"{venv}/bin/python"
     assert target.source == "with-conda"
     assert "VIRTUAL_ENV=" in target.reason
+    # What other stages need of the image comes with the same answer.
+    assert target.image.rocm_path == "/opt/rocm-6.2.4"
+    assert target.image.conda_exe == "/opt/conda/bin/conda"
+    assert all("libstdc++" in line for line in target.image.libstdcxx_cache)
+
+
+class ProbeSandbox:
+    """A sandbox whose container answers the probe with canned facts."""
+
+    def __init__(self, root, text):
+        self.root = root
+        self.text = text
+        self.commands = []
+
+    def run(self, args, *, env=None, log_name=None):
+        self.commands.append(list(args))
+        if self.text is None:
+            raise CommandError(cmd=args, returncode=255, stdout="", stderr="FATAL")
+        return subprocess.CompletedProcess(args, 0, stdout=self.text, stderr="")
+
+
+def test_one_probe_per_build_fills_the_context(tmp_path):
+    text = facts_text(
+        image={
+            "virtual_env": VENV,
+            "path": f"{VENV}/bin:/usr/bin",
+            "rocm_path": "/opt/rocm",
+            "ldcache": "\tlibstdc++.so.6 (libc6,x86-64) => /usr/lib64/libstdc++.so.6",
+        },
+        **{"image.virtual_env": {"python": py(VENV, base_prefix=ENV)}},
+    )
+    sandbox = ProbeSandbox(tmp_path, text)
+    context = StageContext(sandbox=sandbox, plan=None)
+    target = context.target_env
+    assert isinstance(target, TargetEnv) and target.prefix == VENV
+    assert context.require_target_env(stage="pip") is target
+    assert len(sandbox.commands) == 1  # read three times, asked once
+    assert target.image.rocm_path == "/opt/rocm"
+    assert target.image.libstdcxx_cache == (
+        "\tlibstdc++.so.6 (libc6,x86-64) => /usr/lib64/libstdc++.so.6",
+    )
+    assert context.labels == {"cotainr-lumi.target-env": VENV}
+    recorded = json.loads((tmp_path / TARGET_ENV_FILE.lstrip("/")).read_text())
+    assert TargetEnv.from_dict(recorded) == target
+
+
+def test_an_image_without_an_env_is_said_once_by_the_stage_that_needs_one(tmp_path):
+    text = facts_text(image={"path_python": "/usr/bin/python3"})
+    sandbox = ProbeSandbox(tmp_path, text)
+    context = StageContext(sandbox=sandbox, plan=None)
+    assert context.target_env is None
+    with pytest.raises(
+        StageError, match="no Python environment to install into"
+    ) as info:
+        context.require_target_env(stage="pip")
+    assert info.value.stage == "pip"
+    assert len(sandbox.commands) == 1 and context.labels == {}
+    assert not (tmp_path / TARGET_ENV_FILE.lstrip("/")).exists()
+
+
+def test_a_container_that_does_not_start_fails_the_probe(tmp_path):
+    context = StageContext(sandbox=ProbeSandbox(tmp_path, None), plan=None)
+    with pytest.raises(StageError, match="could not start the container") as info:
+        context.target_env  # noqa: B018
+    assert info.value.stage == "target-env" and "FATAL" in str(info.value)
 
 
 def _plan(tmp_path, **kw):
@@ -237,7 +309,7 @@ def _plan(tmp_path, **kw):
 def test_setting_in_plan_and_dry_run_text(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # no apptainer: cannot ask
     plan = _plan(tmp_path, settings={"target-env": {"prefix": ENV}, "pip": {}})
-    assert plan.target_settings == {"prefix": ENV}
+    assert plan.target_settings.prefix == ENV
     text = plan.describe()
     assert f"target env: {ENV} (named explicitly (target-env.prefix)" in text
     plan = _plan(tmp_path, settings={"pip": {}}, dry_run=True)

@@ -29,13 +29,11 @@ LumiEnvStage
 
 import importlib.resources
 import logging
-import os
 from pathlib import Path, PurePosixPath
 import shlex
 
 from ... import _cotainr
 from ..._version import __version__
-from ...engine import targetenv
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import InputError, StageError
@@ -47,18 +45,15 @@ from .envfile import (
     path_addition,
     render_env_file,
     validate_name,
-    validate_path_entry,
-    validate_value,
 )
 from .modulefile import (
     MARKER,
     check_image_path,
-    check_var_name,
     render_lua,
     render_shell,
-    validate_bind,
     var_name_of,
 )
+from .settings import USER_SOFTWARE, LumiEnvSettings
 
 __all__ = ["LumiEnvStage"]
 
@@ -78,8 +73,6 @@ RUNSCRIPTS = (
 )
 #: The host commands in ``$CONTAINERROOT/bin`` (``cotainr_lumi/.../hostscripts/``).
 HOST_COMMANDS = ("make-squashfs", "unmake-squashfs", "start-shell")
-#: Where the module mounts ``$CONTAINERROOT/user-software``.
-USER_SOFTWARE = "/user-software"
 #: The script ``$WITH_CONDA`` sources.
 WITH_CONDA_FILE = "/opt/cotainr-lumi/with-conda.sh"
 #: The value of ``WITH_CONDA`` (works as ``$WITH_CONDA`` and ``eval``).
@@ -101,13 +94,6 @@ AWS_OFI_RCCL_DIRS = (
 #: as $USER or $SLURM_NODEID are hidden from Apptainer env scripts, so the user
 #: name comes from `id`; its output is not evaluated (double quotes).
 MIOPEN_CACHE_EXPRESSION = '"/tmp/$(id -un 2>/dev/null || id -u)-miopen-cache"'
-
-_PROBE_SCRIPT = r"""
-printf 'prefix=%s\n' "$(python -c 'import sys; print(sys.prefix)' 2>/dev/null || true)"
-printf 'conda_prefix=%s\n' "${CONDA_PREFIX:-}"
-printf 'conda_exe=%s\n' "${CONDA_EXE:-}"
-printf 'conda_env=%s\n' "${CONDA_DEFAULT_ENV:-}"
-"""
 
 
 def _runscript_text(name):
@@ -156,154 +142,12 @@ fi
 """
 
 
-def _check_root_path(value):
-    """Why `value` cannot be a CONTAINERROOT (None if it can)."""
-    if not isinstance(value, str) or not value:
-        return f"must be a directory path or null (got {value!r})"
-    if any(c in value for c in ",:\0") or any(c.isspace() for c in value):
-        return f"{value!r} contains ',', ':', white space or NUL (it goes into SINGULARITY_BIND)"
-    return None
-
-
-def _directory_problem(directory):
-    """Why `directory` cannot hold the module files (None if it can)."""
-    if directory.exists():
-        if not directory.is_dir():
-            return f"{directory} exists and is not a directory"
-        if not os.access(directory, os.W_OK | os.X_OK):
-            return f"{directory} is not writable"
-        return None
-    ancestor = directory.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"cannot create {directory}: {ancestor} is not a directory"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"cannot create {directory}: {ancestor} is not writable"
-    return None
-
-
-def _check_env_mapping(env, *, key="env"):
-    """Problems of an ``env`` setting: (key, message) pairs."""
-    if not isinstance(env, dict):
-        return [(key, f"must map variable names to values (got {env!r})")]
-    problems = []
-    for name, value in env.items():
-        try:
-            validate_name(name)
-            if value is not None:
-                validate_value(name=name, value=value)
-        except EnvError as e:
-            problems.append((f"{key}.{name}", str(e)))
-    return problems
-
-
-def _check_list(settings, key, check):
-    value = settings.get(key, [])
-    if not isinstance(value, list):
-        return [(key, f"must be a list (got {value!r})")]
-    problems = []
-    for item in value:
-        try:
-            check(item)
-        except ValueError as e:
-            problems.append((key, str(e)))
-    return problems
-
-
 @register_stage
 class LumiEnvStage(Stage):
     """Inject LUMI runtime settings, runscripts and bind information."""
 
     name = "lumi-env"
-    defaults = {
-        "env": {},
-        "miopen-cache": True,
-        "rocm-paths": True,
-        "path": [],
-        "ld-library-path": [],
-        "runscripts": True,
-        "with-conda": True,
-        "binds": [],
-        "module-file": True,
-        "module-dir": None,
-        "module-name": None,
-        "module-var-name": None,
-        "container-root": None,
-        "user-venv": None,
-    }
-
-    # ------------------------------------------------------------------ settings
-    @classmethod
-    def validate_settings(cls, *, settings):
-        """Check the settings: names, values, paths, binds and types."""
-        problems = super().validate_settings(settings=settings)
-        problems += _check_env_mapping(settings.get("env", {}))
-        for key in (
-            "miopen-cache",
-            "rocm-paths",
-            "runscripts",
-            "with-conda",
-            "module-file",
-        ):
-            value = settings.get(key, True)
-            if not isinstance(value, bool):
-                problems.append((key, f"must be true or false (got {value!r})"))
-        for key, var in (("path", "PATH"), ("ld-library-path", "LD_LIBRARY_PATH")):
-            problems += _check_list(
-                settings, key, lambda e, var=var: validate_path_entry(name=var, entry=e)
-            )
-        problems += _check_list(settings, "binds", validate_bind)
-        module_dir = settings.get("module-dir")
-        if module_dir is not None and not isinstance(module_dir, str):
-            problems.append(
-                ("module-dir", f"must be a directory path or null (got {module_dir!r})")
-            )
-        elif module_dir:
-            problem = _directory_problem(Path(module_dir).expanduser())
-            if problem:
-                problems.append(("module-dir", problem))
-        var = settings.get("module-var-name")
-        if var is not None:
-            try:
-                check_var_name(var)
-            except ValueError as e:
-                problems.append(("module-var-name", str(e)))
-        root = settings.get("container-root")
-        if root is not None:
-            problem = _check_root_path(root)
-            if not problem:
-                problem = _directory_problem(Path(root).expanduser())
-            if problem:
-                problems.append(("container-root", problem))
-        venv = settings.get("user-venv")
-        if venv is not None and (
-            not isinstance(venv, str)
-            or not venv.startswith(USER_SOFTWARE + "/")
-            or _check_root_path(venv)
-            or "/../" in venv + "/"
-        ):
-            problems.append(
-                (
-                    "user-venv",
-                    f"must be a path below {USER_SOFTWARE}/ without ',', ':', "
-                    f"'..' or white space (got {venv!r})",
-                )
-            )
-        module_name = settings.get("module-name")
-        if module_name is not None and (
-            not isinstance(module_name, str)
-            or not module_name
-            or "/" in module_name
-            or module_name.startswith(".")
-        ):
-            problems.append(
-                (
-                    "module-name",
-                    f"must be a file name without '/' or null (got {module_name!r})",
-                )
-            )
-        return problems
+    settings_class = LumiEnvSettings
 
     @classmethod
     def add_arguments(cls, *, parser):
@@ -373,36 +217,34 @@ class LumiEnvStage(Stage):
     @property
     def env(self):
         """The variables set as defaults (``None`` values dropped)."""
-        return {
-            k: v for k, v in (self.settings.get("env") or {}).items() if v is not None
-        }
+        return {k: v for k, v in self.settings.env.items() if v is not None}
 
     def _module_paths(self, *, image_path):
         """(lua, shell) paths next to the image, or None when disabled."""
-        if not self.settings["module-file"]:
+        if not self.settings.module_file:
             return None
         image_path = Path(image_path)
-        directory = self.settings.get("module-dir")
+        directory = self.settings.module_dir
         directory = (
             Path(directory).expanduser().resolve() if directory else image_path.parent
         )
-        name = self.settings.get("module-name") or image_path.stem
+        name = self.settings.module_name or image_path.stem
         return directory / f"{name}.lua", directory / f"{name}.sh"
 
     def _module_name(self, *, image_path):
-        return self.settings.get("module-name") or Path(image_path).stem
+        return self.settings.module_name or Path(image_path).stem
 
     def _var_name(self, *, image_path):
         """The suffix of SIF<NAME>, RUNSCRIPTS<NAME>, EBROOT<NAME>."""
-        return self.settings.get("module-var-name") or var_name_of(
+        return self.settings.module_var_name or var_name_of(
             self._module_name(image_path=image_path)
         )
 
     def _container_root(self, *, image_path):
         """CONTAINERROOT on the host (None without a module file)."""
-        if not self.settings["module-file"]:
+        if not self.settings.module_file:
             return None
-        root = self.settings.get("container-root")
+        root = self.settings.container_root
         if root:
             return Path(root).expanduser().resolve()
         image_path = Path(image_path)
@@ -411,7 +253,7 @@ class LumiEnvStage(Stage):
 
     def _user_venv(self, *, image_path):
         """The user venv's path in the container."""
-        return self.settings.get("user-venv") or (
+        return self.settings.user_venv or (
             f"{USER_SOFTWARE}/venv/{self._var_name(image_path=image_path).lower()}"
         )
 
@@ -429,8 +271,8 @@ class LumiEnvStage(Stage):
         hint : str
             One or two command lines.
         """
-        entry = "conda-python-distributed" if self.settings["runscripts"] else "python"
-        binds = ",".join(self.settings["binds"])
+        entry = "conda-python-distributed" if self.settings.runscripts else "python"
+        binds = ",".join(self.settings.binds)
         bind_opt = f"-B {shlex.quote(binds)} " if binds else ""
         lines = ["Run the image on LUMI with:"]
         paths = self._module_paths(image_path=image_path)
@@ -454,29 +296,32 @@ class LumiEnvStage(Stage):
         lines = [f"env file {ENV_FILE} (defaults, overridable at run time):"]
         for name, value in self.env.items():
             lines.append(f"  {name}={shlex.quote(str(value))}")
-        dropped = [k for k, v in (self.settings.get("env") or {}).items() if v is None]
+        dropped = [k for k, v in self.settings.env.items() if v is None]
         if dropped:
             lines.append(f"  not set: {', '.join(dropped)}")
-        if self.settings["miopen-cache"]:
+        if self.settings.miopen_cache:
             lines.append(
                 "  MIOPEN_USER_DB_PATH, MIOPEN_CUSTOM_CACHE_DIR="
                 "/tmp/$(id -un)-miopen-cache (computed at run time)"
             )
-        if self.settings["rocm-paths"]:
+        if self.settings.rocm_paths:
             lines.append(
                 f"  ROCM_PATH, PATH += {ROCM_ROOT}/bin, LD_LIBRARY_PATH += "
                 f"{ROCM_ROOT}/lib and aws-ofi-rccl (when in the image and missing)"
             )
-        for key, var in (("path", "PATH"), ("ld-library-path", "LD_LIBRARY_PATH")):
-            if self.settings[key]:
-                lines.append(f"  {var} += {':'.join(self.settings[key])}")
-        if self.settings["with-conda"]:
+        for var, entries in (
+            ("PATH", self.settings.path),
+            ("LD_LIBRARY_PATH", self.settings.ld_library_path),
+        ):
+            if entries:
+                lines.append(f"  {var} += {':'.join(entries)}")
+        if self.settings.with_conda:
             lines.append(f"  WITH_CONDA={shlex.quote(WITH_CONDA_VALUE)}")
-        if self.settings["runscripts"]:
+        if self.settings.runscripts:
             lines.append(
                 f"runscripts in {RUNSCRIPTS_DIR} (on PATH): {', '.join(RUNSCRIPTS)}"
             )
-        binds = ",".join(self.settings["binds"])
+        binds = ",".join(self.settings.binds)
         lines.append(f"label cotainr-lumi.binds={binds or '(none)'}")
         paths = self._module_paths(image_path=plan.image_path)
         if paths is not None:
@@ -498,23 +343,6 @@ class LumiEnvStage(Stage):
         return lines
 
     # ------------------------------------------------------------------ run
-    def _probe(self, *, sandbox):
-        """The active Python environment of the image."""
-        try:
-            proc = sandbox.run(["bash", "-c", _PROBE_SCRIPT], log_name=self.name)
-        except _cotainr.CommandError as e:
-            raise StageError(
-                "could not inspect the image's environment",
-                stage=self.name,
-                details=e.error_lines(),
-            ) from e
-        info = {}
-        for line in (proc.stdout or "").splitlines():
-            key, sep, value = line.partition("=")
-            if sep:
-                info[key.strip()] = value.strip()
-        return info
-
     @staticmethod
     def _base_with_conda(*, root, target):
         """
@@ -541,9 +369,25 @@ class LumiEnvStage(Stage):
                     return words[1]
         return None
 
-    def _with_conda_script(self, *, root, info, base_with_conda=None):
-        """The content of with-conda.sh for the target environment."""
-        prefix = info.get("prefix", "")
+    @staticmethod
+    def _activation(*, root, target):
+        """Shell code activating the target env (conda, a venv, or PATH)."""
+        prefix = target.prefix
+        bin_dir = target.bin_dir
+        conda_exe = target.image.conda_exe
+        if target.image.conda_prefix == prefix and conda_exe.startswith("/"):
+            conda_sh = PurePosixPath(conda_exe).parent.parent / "etc/profile.d/conda.sh"
+            if resolve_in_root(root=root, path=conda_sh).is_file():
+                return (
+                    f". {shlex.quote(str(conda_sh))} && "
+                    f"conda activate {shlex.quote(prefix)}"
+                )
+        if resolve_in_root(root=root, path=f"{bin_dir}/activate").is_file():
+            return f". {shlex.quote(bin_dir + '/activate')}"
+        return f'PATH={shlex.quote(bin_dir)}"${{PATH:+:$PATH}}"; export PATH'
+
+    def _with_conda_script(self, *, root, target, base_with_conda=None):
+        """The content of with-conda.sh for the target environment (or None)."""
         lines = [
             "# with-conda.sh: activate the image's Python environment. Installed by",
             "# cotainr-lumi; WITH_CONDA is '. /opt/cotainr-lumi/with-conda.sh', so",
@@ -555,33 +399,16 @@ class LumiEnvStage(Stage):
             # Chain to the base image's command: it keeps activating the same
             # env (which now holds the new packages) with all its side effects.
             lines += [BASE_WITH_CONDA_MARK, f"eval {shlex.quote(base_with_conda)}"]
-        if not prefix or not prefix.startswith("/"):
+        if target is None or not target.prefix.startswith("/"):
             lines.append(": # the image has no Python environment to activate")
             return "\n".join(lines) + "\n", None
-        bin_dir = prefix.rstrip("/") + "/bin"
-        conda_exe = info.get("conda_exe", "")
-        conda_sh = None
-        if info.get("conda_prefix") == prefix and conda_exe.startswith("/"):
-            candidate = (
-                PurePosixPath(conda_exe).parent.parent / "etc/profile.d/conda.sh"
-            )
-            if resolve_in_root(root=root, path=candidate).is_file():
-                conda_sh = str(candidate)
-        if conda_sh:
-            activate = (
-                f". {shlex.quote(conda_sh)} && conda activate {shlex.quote(prefix)}"
-            )
-        elif resolve_in_root(root=root, path=f"{bin_dir}/activate").is_file():
-            activate = f". {shlex.quote(bin_dir + '/activate')}"
-        else:
-            activate = f'PATH={shlex.quote(bin_dir)}"${{PATH:+:$PATH}}"; export PATH'
         lines += [
             'case ":${PATH-}:" in',
-            f"    *:{shlex.quote(bin_dir)}:*) ;;",
-            f"    *) {activate} ;;",
+            f"    *:{shlex.quote(target.bin_dir)}:*) ;;",
+            f"    *) {self._activation(root=root, target=target)} ;;",
             "esac",
         ]
-        return "\n".join(lines) + "\n", prefix
+        return "\n".join(lines) + "\n", target.prefix
 
     @staticmethod
     def _note_replaced_runscript(*, root, name):
@@ -603,7 +430,7 @@ class LumiEnvStage(Stage):
     def _search_path_blocks(self, *, root):
         """PATH/LD_LIBRARY_PATH additions and what was found."""
         blocks, found = [], {}
-        if self.settings["rocm-paths"]:
+        if self.settings.rocm_paths:
             rocm = resolve_in_root(root=root, path=ROCM_ROOT)
             if rocm.is_dir():
                 found["rocm"] = ROCM_ROOT
@@ -626,57 +453,49 @@ class LumiEnvStage(Stage):
                         path_addition(name="LD_LIBRARY_PATH", entries=[directory])
                     )
                     break
-        if self.settings["path"]:
-            blocks.append(path_addition(name="PATH", entries=self.settings["path"]))
-        if self.settings["ld-library-path"]:
+        if self.settings.path:
+            blocks.append(path_addition(name="PATH", entries=self.settings.path))
+        if self.settings.ld_library_path:
             blocks.append(
                 path_addition(
-                    name="LD_LIBRARY_PATH", entries=self.settings["ld-library-path"]
+                    name="LD_LIBRARY_PATH", entries=self.settings.ld_library_path
                 )
             )
         return blocks, found
 
-    def run(self, *, context):
-        """Write the env file, runscripts and with-conda.sh; report the outputs."""
-        sandbox = context.sandbox
-        root = sandbox.root
-        plan = context.plan
-        info = self._probe(sandbox=sandbox) if self.settings["with-conda"] else {}
-        target = None
-        if self.settings["with-conda"]:
-            # The one discovery of the build's env (never `python` on PATH).
-            target = targetenv.for_context(context=context, stage=self.name)
-            info["prefix"] = target.prefix if target is not None else ""
+    def _write_with_conda(self, *, root, target):
+        """Write with-conda.sh; return the env it activates (None: none)."""
+        script, env_prefix = self._with_conda_script(
+            root=root,
+            target=target,
+            base_with_conda=self._base_with_conda(root=root, target=target),
+        )
+        write_file_in_root(
+            root=root,
+            path=WITH_CONDA_FILE,
+            content=script + _WITH_CONDA_USER_VENV,
+            mode=0o644,
+        )
+        return env_prefix
 
+    def _env_file_blocks(self, *, root, target, user_venv):
+        """The blocks of the env file, and the search paths found in the image."""
         blocks = [
             "# Profile and build settings (defaults: a variable already set wins).",
             default_assignments(self.env),
         ]
-        if self.settings["miopen-cache"]:
+        if self.settings.miopen_cache:
             blocks += ["# MIOpen caches on node-local /tmp."] + [
                 computed_default(name=name, expression=MIOPEN_CACHE_EXPRESSION)
                 for name in ("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR")
             ]
         path_blocks, found = self._search_path_blocks(root=root)
         if path_blocks:
-            blocks += [
-                "# Search paths (entries added only when missing)."
-            ] + path_blocks
-        if self.settings["runscripts"]:
+            blocks += ["# Search paths (entries added only when missing)."]
+            blocks += path_blocks
+        if self.settings.runscripts:
             blocks.append(path_addition(name="PATH", entries=[RUNSCRIPTS_DIR]))
-        env_prefix = None
-        if self.settings["with-conda"]:
-            script, env_prefix = self._with_conda_script(
-                root=root,
-                info=info,
-                base_with_conda=self._base_with_conda(root=root, target=target),
-            )
-            write_file_in_root(
-                root=root,
-                path=WITH_CONDA_FILE,
-                content=script + _WITH_CONDA_USER_VENV,
-                mode=0o644,
-            )
+        if self.settings.with_conda:
             # Set unconditionally: a WITH_CONDA left on the host by a LUMI
             # EasyBuild module names another image's conda and would break
             # this one. APPTAINERENV_WITH_CONDA still overrides it.
@@ -694,13 +513,71 @@ class LumiEnvStage(Stage):
                     name="PATH", entries=[target.bin_dir], position="prepend"
                 ),
             ]
-        user_venv = self._user_venv(image_path=plan.image_path)
-        user_software = not self._image_has_user_software(root=root)
         blocks += [
             "# LUST's user-software workflow: the user venv (init-conda-venv).",
             default_assignments({"COTAINR_LUMI_USER_VENV": user_venv}),
             _USER_VENV_BLOCK,
         ]
+        return blocks, found
+
+    def _write_runscripts(self, *, root):
+        """The runscripts, in place of the base image's own of the same name."""
+        for name in RUNSCRIPTS:
+            self._note_replaced_runscript(root=root, name=name)
+            write_file_in_root(
+                root=root,
+                path=f"{RUNSCRIPTS_DIR}/{name}",
+                content=_runscript_text(name),
+                mode=0o755,
+            )
+
+    def _module_outputs(self, *, image_path, user_venv, user_software):
+        """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
+        paths = self._module_paths(image_path=image_path)
+        if paths is not None:
+            try:
+                check_image_path(image_path)
+            except ValueError as e:
+                logger.warning("Not writing a module file: %s", e)
+                paths = None
+        if paths is None:
+            return None, None, {}
+        container_root = self._container_root(image_path=image_path)
+        common = dict(
+            image=image_path,
+            binds=self.settings.binds,
+            runscripts=RUNSCRIPTS_DIR if self.settings.runscripts else None,
+            name=self._module_name(image_path=image_path),
+            var=self._var_name(image_path=image_path),
+            container_root=container_root,
+            user_software=user_software,
+        )
+        outputs = {
+            str(paths[0]): render_lua(**common),
+            str(paths[1]): render_shell(**common),
+        }
+        outputs.update(
+            self._container_root_files(
+                root=container_root, image_path=image_path, user_venv=user_venv
+            )
+        )
+        return paths, container_root, outputs
+
+    def run(self, *, context):
+        """Write the env file, runscripts and with-conda.sh; report the outputs."""
+        sandbox = context.sandbox
+        root = sandbox.root
+        image_path = Path(context.plan.image_path)
+        # The build's one probe of the image (never `python` on PATH).
+        target = context.target_env if self.settings.with_conda else None
+        env_prefix = None
+        if self.settings.with_conda:
+            env_prefix = self._write_with_conda(root=root, target=target)
+        user_venv = self._user_venv(image_path=image_path)
+        user_software = not self._image_has_user_software(root=root)
+        blocks, found = self._env_file_blocks(
+            root=root, target=target, user_venv=user_venv
+        )
         header = (
             "cotainr-lumi LUMI runtime settings (lumi-env stage).\n"
             "Every value is a default: export NAME (or APPTAINERENV_NAME) to override it."
@@ -710,73 +587,39 @@ class LumiEnvStage(Stage):
             path=ENV_FILE,
             content=render_env_file(header=header, blocks=blocks),
         )
-        if self.settings["runscripts"]:
-            for name in RUNSCRIPTS:
-                self._note_replaced_runscript(root=root, name=name)
-                write_file_in_root(
-                    root=root,
-                    path=f"{RUNSCRIPTS_DIR}/{name}",
-                    content=_runscript_text(name),
-                    mode=0o755,
-                )
+        if self.settings.runscripts:
+            self._write_runscripts(root=root)
         self._check_in_sandbox(sandbox=sandbox)
-
-        image_path = Path(plan.image_path)
-        outputs = {}
-        paths = self._module_paths(image_path=image_path)
-        runscripts = RUNSCRIPTS_DIR if self.settings["runscripts"] else None
-        if paths is not None:
-            try:
-                check_image_path(image_path)
-            except ValueError as e:
-                logger.warning("Not writing a module file: %s", e)
-                paths = None
-        container_root = None
-        if paths is not None:
-            name = self._module_name(image_path=image_path)
-            container_root = self._container_root(image_path=image_path)
-            common = dict(
-                image=image_path,
-                binds=self.settings["binds"],
-                runscripts=runscripts,
-                name=name,
-                var=self._var_name(image_path=image_path),
-                container_root=container_root,
-                user_software=user_software,
-            )
-            outputs = {
-                str(paths[0]): render_lua(**common),
-                str(paths[1]): render_shell(**common),
-            }
-            outputs.update(
-                self._container_root_files(
-                    root=container_root, image_path=image_path, user_venv=user_venv
-                )
-            )
-        labels = {
-            "cotainr-lumi.binds": ",".join(self.settings["binds"]),
-            "cotainr-lumi.env-file": ENV_FILE,
-            "cotainr-lumi.env": ",".join(self.env),
-        }
-        if runscripts:
-            labels["cotainr-lumi.runscripts"] = RUNSCRIPTS_DIR
+        paths, container_root, outputs = self._module_outputs(
+            image_path=image_path, user_venv=user_venv, user_software=user_software
+        )
         details = {
             "env-file": ENV_FILE,
             "env": dict(self.env),
             "search-paths": found,
             "python-prefix": env_prefix,
             "runscripts": [f"{RUNSCRIPTS_DIR}/{n}" for n in RUNSCRIPTS]
-            if runscripts
+            if self.settings.runscripts
             else [],
-            "binds": list(self.settings["binds"]),
+            "binds": list(self.settings.binds),
             "module-files": sorted(str(p) for p in (paths or ())),
             "container-root": str(container_root) if container_root else None,
             "user-venv": user_venv,
             "host-files": sorted(outputs),
             "run-hint": self.run_hint(image_path=image_path),
         }
+        return self._report(details=details, outputs=outputs, paths=paths)
+
+    def _report(self, *, details, outputs, paths):
+        """The stage report: summary and labels."""
+        labels = {
+            "cotainr-lumi.binds": ",".join(self.settings.binds),
+            "cotainr-lumi.env-file": ENV_FILE,
+            "cotainr-lumi.env": ",".join(self.env),
+        }
         summary = f"{len(self.env)} variables in {ENV_FILE}"
-        if runscripts:
+        if self.settings.runscripts:
+            labels["cotainr-lumi.runscripts"] = RUNSCRIPTS_DIR
             summary += f", runscripts in {RUNSCRIPTS_DIR}"
         if outputs:
             summary += f", module file {paths[0]}"
@@ -811,7 +654,7 @@ class LumiEnvStage(Stage):
             )
             for name in HOST_COMMANDS
         }
-        if self.settings["runscripts"]:
+        if self.settings.runscripts:
             for name in RUNSCRIPTS:
                 files[str(root / "runscripts" / name)] = _host_copy(
                     _runscript_text(name),
@@ -830,7 +673,7 @@ class LumiEnvStage(Stage):
     def _check_in_sandbox(self, *, sandbox):
         """Start the container once so a broken env file fails the build."""
         script = 'printf "ok\\n"'
-        if self.settings["runscripts"]:
+        if self.settings.runscripts:
             script = "command -v get-master >/dev/null && " + script
         try:
             proc = sandbox.run(["bash", "-c", script], log_name=self.name)

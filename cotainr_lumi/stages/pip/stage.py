@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -41,10 +42,9 @@ import shutil
 import time
 
 from ... import _cotainr
-from ...engine import targetenv
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
-from ...errors import InputError, StageError
+from ...errors import StageError
 from .cache import export_cache, import_cache
 from .hostenv import host_pip_variables
 from .protect import (
@@ -55,13 +55,7 @@ from .protect import (
     parse_pip_list,
 )
 from .requirements import local_inputs, scan_step, stage_step
-from .steps import (
-    SETTINGS_DEFAULTS,
-    check_settings,
-    default_cache_dir,
-    normalize_steps,
-    steps_from_inputs,
-)
+from .steps import PipSettings, default_cache_dir, steps_from_inputs
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -73,6 +67,8 @@ PACKAGES_FILE = f"{PIP_DIR}/packages.json"
 STEPS_FILE = f"{PIP_DIR}/steps.json"
 #: Temporary (removed before the image is built): staged files and the cache.
 WORK_DIR = "/opt/cotainr-lumi/.pip-work"
+#: The host pip cache while the steps run.
+CACHE_DIR = f"{WORK_DIR}/cache"
 
 #: Host pip variables that would send packages elsewhere than the active env.
 UNSET_PIP_VARIABLES = (
@@ -93,6 +89,20 @@ class _InputAction(argparse.Action):
         items = list(getattr(namespace, self.dest, None) or [])
         items.append((self.const, values))
         setattr(namespace, self.dest, items)
+
+
+def _timed(function, **kwargs):
+    """``function(**kwargs)`` (a dict), with the ``seconds`` it took added."""
+    t0 = time.time()
+    result = function(**kwargs)
+    result["seconds"] = round(time.time() - t0, 2)
+    return result
+
+
+def _torch_words(installed):
+    """' (torch VERSION)' when torch is installed."""
+    torch = installed.get("torch")
+    return f" (torch {torch[1]})" if torch else ""
 
 
 def _pip_error_lines(output, *, limit=60):
@@ -117,30 +127,21 @@ class PipStage(Stage):
     """Ordered pip steps that cannot clobber installed packages."""
 
     name = "pip"
-    defaults = dict(SETTINGS_DEFAULTS)
+    settings_class = PipSettings
 
     def __init__(self, *, settings=None):
         super().__init__(settings=settings)
-        problems = check_settings(settings=self.settings)
-        if problems:
-            key, message = problems[0]
-            raise InputError(f"Invalid setting pip.{key}: {message}")
-        cwd = Path.cwd()
-        self.steps = normalize_steps(settings=self.settings, cwd=cwd)
+        self.steps = [
+            dataclasses.replace(step, number=i + 1).allowing(
+                self.settings.allow_changes
+            )
+            for i, step in enumerate(self.settings.steps)
+        ]
         self.scans = [scan_step(step=step) for step in self.steps]
-        cache_dir = self.settings.get("cache-dir")
-        if cache_dir:
-            cache_dir = Path(os.path.expanduser(cache_dir))
-            self.cache_dir = cache_dir if cache_dir.is_absolute() else cwd / cache_dir
-        else:
-            self.cache_dir = default_cache_dir()
+        cache_dir = self.settings.cache_dir
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
 
     # -- configuration -----------------------------------------------------
-
-    @classmethod
-    def validate_settings(cls, *, settings):
-        """Check the settings (see :mod:`cotainr_lumi.stages.pip.steps`)."""
-        return check_settings(settings=settings)
 
     @classmethod
     def add_arguments(cls, *, parser):
@@ -238,7 +239,7 @@ class PipStage(Stage):
                 "no `python -m pip`)"
             )
             return lines
-        cache = self.settings["cache"]
+        cache = self.settings.cache
         lines.append(
             f"pip cache: {self.cache_dir} (linked into the sandbox, never kept in the image)"
             if cache
@@ -254,7 +255,7 @@ class PipStage(Stage):
                 step=step,
                 requirement_files=files,
                 constraints=f"{keep}/protected-constraints.txt",
-                cache_dir=f"{WORK_DIR}/cache" if cache else None,
+                cache_dir=CACHE_DIR if cache else None,
             )
             lines.append(f"{step.title}:")
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in step.env.items())
@@ -310,11 +311,12 @@ class PipStage(Stage):
                 f"cannot read the installed packages: {e}", stage=self.name
             ) from e
 
-    def _probe(self, context, *, required=True):
-        """The target env (one discovery per build) and its pip version."""
-        target = targetenv.for_context(
-            context=context, required=required, stage=self.name
-        )
+    def _check_pip(self, context, *, required=True):
+        """The build's target env and the version of its pip (which must work)."""
+        if required:
+            target = context.require_target_env(stage=self.name)
+        else:
+            target = context.target_env
         if target is None:
             raise StageError("no Python environment in the image", stage=self.name)
         self._target = target
@@ -361,16 +363,51 @@ class PipStage(Stage):
                 )
                 break
 
+    @contextlib.contextmanager
+    def _work_dir(self, *, root):
+        """
+        A fresh :data:`WORK_DIR`, with the host pip cache in it when on.
+
+        Yields the cache statistics (filled as the cache is imported, and
+        exported back to the host at the end, even when a step fails); the
+        directory is removed at the end.
+        """
+        work = resolve_in_root(root=root, path=WORK_DIR)
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        stats = {}
+        try:
+            if self.settings.cache:
+                stats["import"] = _timed(
+                    import_cache,
+                    host_dir=self.cache_dir,
+                    sandbox_dir=resolve_in_root(root=root, path=CACHE_DIR),
+                )
+                logger.info(
+                    "pip cache %s: %d files linked/copied into the sandbox",
+                    self.cache_dir,
+                    stats["import"]["files"],
+                )
+            yield stats
+        finally:
+            if self.settings.cache:
+                stats["export"] = _timed(
+                    export_cache,
+                    sandbox_dir=resolve_in_root(root=root, path=CACHE_DIR),
+                    host_dir=self.cache_dir,
+                )
+            shutil.rmtree(work, ignore_errors=True)
+
     def run(self, *, context):
         """Run the pip steps in order."""
         sandbox = context.sandbox
         if not self.steps:
             return self._record_packages_only(context)
-        root = sandbox.root
         for scan in self.scans:
             for moving in scan.moving_refs:
                 logger.warning("Not pinned: %s", moving)
-        info = self._probe(context)
+        info = self._check_pip(context)
         logger.info(
             "pip steps install into %s (python %s at %s, pip %s)",
             info.get("prefix"),
@@ -378,71 +415,41 @@ class PipStage(Stage):
             info.get("executable"),
             info.get("pip"),
         )
-        self._host_pip_warnings(root)
-        work = resolve_in_root(root=root, path=WORK_DIR)
-        if work.exists():
-            shutil.rmtree(work)
-        work.mkdir(parents=True)
-        use_cache = bool(self.settings["cache"])
-        cache_image_dir = f"{WORK_DIR}/cache"
-        cache_stats = {}
-        records = []
-        try:
-            if use_cache:
-                t0 = time.time()
-                cache_stats["import"] = import_cache(
-                    host_dir=self.cache_dir,
-                    sandbox_dir=resolve_in_root(root=root, path=cache_image_dir),
+        self._host_pip_warnings(sandbox.root)
+        cache_dir = CACHE_DIR if self.settings.cache else None
+        with self._work_dir(root=sandbox.root) as cache_stats:
+            records = [
+                self._run_step(
+                    sandbox=sandbox, step=step, scan=scan, cache_dir=cache_dir
                 )
-                cache_stats["import"]["seconds"] = round(time.time() - t0, 2)
-                logger.info(
-                    "pip cache %s: %d files linked/copied into the sandbox",
-                    self.cache_dir,
-                    cache_stats["import"]["files"],
-                )
-            for step, scan in zip(self.steps, self.scans):
-                records.append(
-                    self._run_step(
-                        sandbox=sandbox,
-                        step=step,
-                        scan=scan,
-                        cache_dir=cache_image_dir if use_cache else None,
-                    )
-                )
-        finally:
-            if use_cache:
-                t0 = time.time()
-                cache_stats["export"] = export_cache(
-                    sandbox_dir=resolve_in_root(root=root, path=cache_image_dir),
-                    host_dir=self.cache_dir,
-                )
-                cache_stats["export"]["seconds"] = round(time.time() - t0, 2)
-            shutil.rmtree(work, ignore_errors=True)
-
+                for step, scan in zip(self.steps, self.scans)
+            ]
         installed = self._record_packages(sandbox)
         steps_record = {
             "target": info,
             "steps": records,
-            "cache": {"dir": str(self.cache_dir) if use_cache else None, **cache_stats},
+            "cache": {
+                "dir": str(self.cache_dir) if self.settings.cache else None,
+                **cache_stats,
+            },
         }
         write_file_in_root(
-            root=root,
+            root=sandbox.root,
             path=STEPS_FILE,
             content=json.dumps(steps_record, indent=2, sort_keys=True) + "\n",
         )
-        torch = installed.get("torch")
-        summary = f"{len(self.steps)} step(s) into {info.get('prefix')}; {len(installed)} distributions"
-        if torch:
-            summary += f" (torch {torch[1]})"
-        labels = {
-            "cotainr-lumi.pip.packages": PACKAGES_FILE,
-            "cotainr-lumi.pip.steps": STEPS_FILE,
-        }
+        summary = (
+            f"{len(self.steps)} step(s) into {info.get('prefix')}; "
+            f"{len(installed)} distributions{_torch_words(installed)}"
+        )
         return StageReport(
             name=self.name,
             summary=summary,
             details=steps_record,
-            labels=labels,
+            labels={
+                "cotainr-lumi.pip.packages": PACKAGES_FILE,
+                "cotainr-lumi.pip.steps": STEPS_FILE,
+            },
         )
 
     def _record_packages(self, sandbox):
@@ -460,7 +467,7 @@ class PipStage(Stage):
         """No steps: keep the environment's package list (if pip can list it)."""
         sandbox = context.sandbox
         try:
-            info = self._probe(context, required=False)
+            info = self._check_pip(context, required=False)
             installed = self._record_packages(sandbox)
         except (StageError, _cotainr.CommandError) as e:
             logger.warning(
@@ -471,13 +478,10 @@ class PipStage(Stage):
                 name=self.name,
                 summary="no pip steps; no package list (no Python env with pip in the image)",
             )
-        torch = installed.get("torch")
         summary = (
             f"no pip steps; package list of {info.get('prefix')}: "
-            f"{len(installed)} distributions"
+            f"{len(installed)} distributions{_torch_words(installed)}"
         )
-        if torch:
-            summary += f" (torch {torch[1]})"
         return StageReport(
             name=self.name,
             summary=summary,
@@ -511,68 +515,38 @@ class PipStage(Stage):
             if aside.exists():
                 os.replace(aside, wheels)
 
-    def _run_step(self, *, sandbox, step, scan, cache_dir):
-        root = sandbox.root
-        logger.info("pip %s", step.title)
-        t0 = time.time()
-        keep_dir = f"{PIP_DIR}/step{step.number}"
-        staged = stage_step(
-            scan=scan,
-            root=root,
-            keep_dir=keep_dir,
-            staging_dir=f"{WORK_DIR}/staging/step{step.number}",
+    def _install_error(self, error, *, step, before, staged):
+        """The StageError for a failed ``pip install`` (conflicts explained)."""
+        output = f"{error.stdout}\n{error.stderr}"
+        conflicts = explain_conflicts(
+            output=output, installed=before, allowed=step.allow_changes
         )
-        before, _ = self._pip_list(sandbox)
-        constraints = f"{keep_dir}/protected-constraints.txt"
-        write_file_in_root(
-            root=root,
-            path=constraints,
-            content=constraints_text(installed=before, allowed=step.allow_changes),
-        )
-        cmd = self._pip_command(
-            step=step,
-            requirement_files=staged.requirement_files,
-            constraints=constraints,
-            cache_dir=cache_dir,
-            python=self._target.python,
-        )
-        script = (
-            f"{self._target.activation()}; unset {' '.join(UNSET_PIP_VARIABLES)}; "
-            f"exec {shlex.join(cmd)}"
-        )
-        logger.info("Running: %s", shlex.join(cmd))
-        try:
-            with self._private_wheel_cache(root=root, step=step, cache_dir=cache_dir):
-                self._run(sandbox, ["bash", "-c", script], env=step.env or None)
-        except _cotainr.CommandError as e:
-            output = f"{e.stdout}\n{e.stderr}"
-            conflicts = explain_conflicts(
-                output=output, installed=before, allowed=step.allow_changes
+        if conflicts:
+            names = ", ".join(c.name for c in conflicts)
+            message = (
+                f"{step.title} would change protected package(s) {names}:\n"
+                + "\n".join(f"  {c.describe()}" for c in conflicts)
+                + "\nPackages installed before a step are not upgraded, "
+                "downgraded or removed. Fix the requirement, or let this step "
+                f"change them with 'allow-changes: [{names}]' in the step."
             )
-            files = "\n".join(f"  {k} <- {v}" for k, v in staged.kept_files.items())
-            if conflicts:
-                names = ", ".join(c.name for c in conflicts)
-                message = (
-                    f"{step.title} would change protected package(s) {names}:\n"
-                    + "\n".join(f"  {c.describe()}" for c in conflicts)
-                    + "\nPackages installed before a step are not upgraded, "
-                    "downgraded or removed. Fix the requirement, or let this step "
-                    f"change them with 'allow-changes: [{names}]' in the step."
-                )
-            else:
-                message = (
-                    f"pip install failed in {step.title} (exit status {e.returncode})."
-                )
-            raise StageError(
-                message,
-                stage=self.name,
-                details=(
-                    "pip's error output:\n"
-                    + _pip_error_lines(output)
-                    + f"\nRequirement files (in the image <- from):\n{files}"
-                ),
-            ) from e
-        after, _ = self._pip_list(sandbox)
+        else:
+            message = (
+                f"pip install failed in {step.title} (exit status {error.returncode})."
+            )
+        files = "\n".join(f"  {k} <- {v}" for k, v in staged.kept_files.items())
+        return StageError(
+            message,
+            stage=self.name,
+            details=(
+                "pip's error output:\n"
+                + _pip_error_lines(output)
+                + f"\nRequirement files (in the image <- from):\n{files}"
+            ),
+        )
+
+    def _check_protected(self, *, step, before, after):
+        """Fail when a step changed what it was not allowed to."""
         changes = changed_distributions(
             before=before, after=after, allowed=step.allow_changes
         )
@@ -588,10 +562,58 @@ class PipStage(Stage):
                 "if this is intended.",
                 stage=self.name,
             )
-        shutil.rmtree(
-            resolve_in_root(root=root, path=f"{WORK_DIR}/staging/step{step.number}"),
-            ignore_errors=True,
+
+    def _install(self, *, sandbox, step, staged, constraints, cache_dir, before):
+        """Run the step's ``pip install`` in the target env; return the command."""
+        cmd = self._pip_command(
+            step=step,
+            requirement_files=staged.requirement_files,
+            constraints=constraints,
+            cache_dir=cache_dir,
+            python=self._target.python,
         )
+        script = (
+            f"{self._target.activation()}; unset {' '.join(UNSET_PIP_VARIABLES)}; "
+            f"exec {shlex.join(cmd)}"
+        )
+        logger.info("Running: %s", shlex.join(cmd))
+        try:
+            with self._private_wheel_cache(
+                root=sandbox.root, step=step, cache_dir=cache_dir
+            ):
+                self._run(sandbox, ["bash", "-c", script], env=step.env or None)
+        except _cotainr.CommandError as e:
+            raise self._install_error(e, step=step, before=before, staged=staged) from e
+        return cmd
+
+    def _run_step(self, *, sandbox, step, scan, cache_dir):
+        """Stage, pin, install and check one step; return its record."""
+        root = sandbox.root
+        logger.info("pip %s", step.title)
+        t0 = time.time()
+        keep_dir = f"{PIP_DIR}/step{step.number}"
+        staging_dir = f"{WORK_DIR}/staging/step{step.number}"
+        staged = stage_step(
+            scan=scan, root=root, keep_dir=keep_dir, staging_dir=staging_dir
+        )
+        before, _ = self._pip_list(sandbox)
+        constraints = f"{keep_dir}/protected-constraints.txt"
+        write_file_in_root(
+            root=root,
+            path=constraints,
+            content=constraints_text(installed=before, allowed=step.allow_changes),
+        )
+        cmd = self._install(
+            sandbox=sandbox,
+            step=step,
+            staged=staged,
+            constraints=constraints,
+            cache_dir=cache_dir,
+            before=before,
+        )
+        after, _ = self._pip_list(sandbox)
+        self._check_protected(step=step, before=before, after=after)
+        shutil.rmtree(resolve_in_root(root=root, path=staging_dir), ignore_errors=True)
         diff = describe_changes(before=before, after=after)
         logger.info(
             "Finished pip %s in %.1f s: %d added, %d changed",

@@ -25,64 +25,55 @@ Relative paths in a steps file are relative to that file; elsewhere they are
 relative to the current directory when the build starts. ``--pip-requirements
 FILE`` adds the step ``{requirements: FILE}``.
 
+Every form is read once, by the settings loader
+(:mod:`cotainr_lumi.engine.settings`), into :class:`PipStep` objects: the
+declarations below say what a step and the stage settings accept.
+
 Classes
 -------
 PipStep
-    One normalized step.
+    One step, read.
+StepSettings
+    The keys of one step as users write them.
+PipSettings
+    The settings of the pip stage.
 
 Functions
 ---------
-check_settings(*, settings)
-    Problems with stage settings, as ``(key, message)`` pairs.
+load_steps(value, *, origin)
+    Read the ``steps`` setting into :class:`PipStep` objects.
 load_steps_file(*, path)
-    Read a steps file into stage settings with absolute paths.
-normalize_steps(*, settings, cwd)
-    The steps of valid settings as :class:`PipStep` objects.
+    Read a steps file into typed stage settings.
+steps_from_inputs(*, inputs)
+    Typed stage settings from ``--pip-requirements`` and ``--pip-steps``.
 default_cache_dir()
     The default host pip cache directory.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass, field
+import functools
 import logging
 import os
 from pathlib import Path
 import re
-from typing import Any
+from typing import Any, Optional
 
 from packaging.utils import canonicalize_name
-import yaml
 
+from ...engine.origins import FileOrigin
+from ...engine.settings import (
+    SettingError,
+    StageSettings,
+    load_settings,
+    read_declared,
+    setting,
+)
+from ...engine.yamlfile import LineDict, read_yaml
 from ...errors import InputError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
-
-#: The stage settings and their defaults.
-SETTINGS_DEFAULTS = {
-    "steps": [],
-    # Packaging tools: torch itself requires a newer setuptools than most
-    # environments start with. Set [] to protect them too.
-    "allow-changes": ["pip", "setuptools", "wheel"],
-    "cache": True,
-    "cache-dir": None,
-}
-
-#: The keys of one step.
-STEP_KEYS = (
-    "name",
-    "requirements",
-    "packages",
-    "no-build-isolation",
-    "env",
-    "pip-args",
-    "index-url",
-    "extra-index-urls",
-    "allow-changes",
-    "source",
-    "base-dir",
-)
 
 #: pip options a step may not pass in ``pip-args``, with the reason.
 FORBIDDEN_PIP_ARGS = {
@@ -107,18 +98,19 @@ FORBIDDEN_PIP_ARGS = {
 
 # Matched with fullmatch: "$" would also match before a trailing newline.
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PACKAGE_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 @dataclass
 class PipStep:
     """
-    One normalized step.
+    One step, read.
 
     Attributes
     ----------
     number : int
-        1-based position.
+        1-based position (in the stage, once the stage has all steps).
     source : str
         Where the step was defined (a steps file and step number, or the
         requirements file given with ``--pip-requirements``).
@@ -146,14 +138,14 @@ class PipStep:
 
     number: int
     source: str
-    name: str | None = None
+    name: Optional[str] = None
     requirements: list[Path] = field(default_factory=list)
     packages: list[str] = field(default_factory=list)
     base_dir: Path = field(default_factory=Path.cwd)
     no_build_isolation: bool = False
     env: dict[str, str] = field(default_factory=dict)
     pip_args: list[str] = field(default_factory=list)
-    index_url: str | None = None
+    index_url: Optional[str] = None
     extra_index_urls: list[str] = field(default_factory=list)
     allow_changes: frozenset[str] = frozenset()
 
@@ -162,6 +154,46 @@ class PipStep:
         """A short description: number, name and source."""
         name = f" '{self.name}'" if self.name else ""
         return f"step {self.number}{name} ({self.source})"
+
+    def allowing(self, names):
+        """
+        The step, also allowed to change `names`.
+
+        Parameters
+        ----------
+        names : iterable of str
+            Package names.
+
+        Returns
+        -------
+        step : PipStep
+            A copy.
+        """
+        allowed = {canonicalize_name(n) for n in names}
+        return dataclasses.replace(self, allow_changes=self.allow_changes | allowed)
+
+    def to_dict(self):
+        """
+        The step in the steps format (absolute paths; for records).
+
+        Returns
+        -------
+        step : dict
+            JSON-serialisable.
+        """
+        return {
+            "name": self.name,
+            "requirements": [str(p) for p in self.requirements],
+            "packages": list(self.packages),
+            "no-build-isolation": self.no_build_isolation,
+            "env": dict(self.env),
+            "pip-args": list(self.pip_args),
+            "index-url": self.index_url,
+            "extra-index-urls": list(self.extra_index_urls),
+            "allow-changes": sorted(self.allow_changes),
+            "source": self.source,
+            "base-dir": str(self.base_dir),
+        }
 
 
 def default_cache_dir():
@@ -179,254 +211,275 @@ def default_cache_dir():
     return Path(base) / "cotainr-lumi" / "pip"
 
 
-def _is_utf8(text):
-    """Whether `text` can be written out as UTF-8 (no undecodable bytes)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _is_str_list(value):
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-
-def _check_names(value, key):
-    problems = []
-    if not _is_str_list(value):
-        return [(key, f"must be a list of package names (got {value!r})")]
-    for name in value:
-        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
-            problems.append((key, f"{name!r} is not a package name"))
-    return problems
-
-
-def _check_step(step, index):
-    """Problems with one step (``index`` is 0-based)."""
-    key = f"steps[{index + 1}]"
-    if isinstance(step, str):
-        if not step.strip():
-            return [(key, "an empty requirements file name")]
-        return []
-    if not isinstance(step, Mapping):
-        return [
-            (
-                key,
-                "a step must be a requirements file name or a mapping with "
-                f"'requirements' and/or 'packages' (got {step!r})",
-            )
-        ]
-    problems = []
-    for k in step:
-        if k not in STEP_KEYS:
-            problems.append(
-                (f"{key}.{k}", f"unknown key (known: {', '.join(STEP_KEYS)})")
-            )
-    reqs = step.get("requirements")
-    if reqs is not None and not (
-        (isinstance(reqs, str) and reqs.strip()) or (_is_str_list(reqs) and reqs)
-    ):
-        problems.append(
-            (
-                f"{key}.requirements",
-                f"must be a file name or a list of them (got {reqs!r})",
-            )
-        )
-    packages = step.get("packages")
-    if packages is not None and not (_is_str_list(packages) and packages):
-        problems.append(
-            (
-                f"{key}.packages",
-                "must be a non-empty list of requirement lines such as "
-                f"'deepspeed==0.16.4' (got {packages!r})",
-            )
-        )
-    if reqs is None and packages is None:
-        problems.append(
-            (key, "a step needs 'requirements' (files) and/or 'packages' (lines)")
-        )
-    for k in ("name", "source", "base-dir", "index-url"):
-        if k in step and not (isinstance(step[k], str) and step[k].strip()):
-            problems.append(
-                (f"{key}.{k}", f"must be a non-empty string (got {step[k]!r})")
-            )
-    if "no-build-isolation" in step and not isinstance(
-        step["no-build-isolation"], bool
-    ):
-        problems.append(
-            (
-                f"{key}.no-build-isolation",
-                f"must be true or false (got {step['no-build-isolation']!r})",
-            )
-        )
-    if "extra-index-urls" in step and not _is_str_list(step["extra-index-urls"]):
-        problems.append((f"{key}.extra-index-urls", "must be a list of index URLs"))
-    if "allow-changes" in step:
-        problems += _check_names(step["allow-changes"], f"{key}.allow-changes")
-    env = step.get("env")
-    if env is not None:
-        if not isinstance(env, Mapping):
-            problems.append(
-                (f"{key}.env", f"must be a mapping NAME: value (got {env!r})")
-            )
-        else:
-            for name, value in env.items():
-                if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
-                    problems.append((f"{key}.env", f"{name!r} is not a variable name"))
-                elif isinstance(value, bool) or not isinstance(
-                    value, (str, int, float)
-                ):
-                    problems.append(
-                        (
-                            f"{key}.env.{name}",
-                            f"must be a string or a number (got {value!r}); "
-                            'quote it, e.g. "1"',
-                        )
-                    )
-                elif not _is_utf8(str(value)):
-                    problems.append(
-                        (
-                            f"{key}.env.{name}",
-                            f"is not valid UTF-8 ({value!r}); give it as UTF-8 text",
-                        )
-                    )
-    pip_args = step.get("pip-args")
-    if pip_args is not None:
-        if not _is_str_list(pip_args):
-            problems.append((f"{key}.pip-args", "must be a list of strings"))
-        else:
-            problems += _check_pip_args(pip_args, f"{key}.pip-args")
-    return problems
-
-
-def _check_pip_args(pip_args, key):
-    problems = []
-    for i, arg in enumerate(pip_args):
-        option = arg.split("=", 1)[0]
-        if option in FORBIDDEN_PIP_ARGS:
-            problems.append(
-                (key, f"{arg!r} is not allowed here: {FORBIDDEN_PIP_ARGS[option]}")
-            )
-        elif option in ("-f", "--find-links"):
-            value = (
-                arg.split("=", 1)[1]
-                if "=" in arg
-                else (pip_args[i + 1] if i + 1 < len(pip_args) else "")
-            )
-            if not _URL_RE.match(value) or value.startswith("file:"):
-                problems.append(
-                    (
-                        key,
-                        f"{arg!r} with a local path is not allowed here: put "
-                        "'--find-links DIR' in a requirements file, where local "
-                        "directories are staged into the container",
-                    )
-                )
-    return problems
-
-
-def check_settings(*, settings):
-    """
-    Problems with stage settings, as ``(key, message)`` pairs.
-
-    Parameters
-    ----------
-    settings : mapping
-        The ``pip`` stage settings.
-
-    Returns
-    -------
-    problems : list of (str, str)
-        Empty when the settings are valid. Keys are dotted, steps numbered
-        from 1 (``steps[2].env.CC``).
-    """
-    problems = []
-    for key in settings:
-        if key not in SETTINGS_DEFAULTS:
-            problems.append(
-                (
-                    key,
-                    f"unknown setting (known: {', '.join(sorted(SETTINGS_DEFAULTS))})",
-                )
-            )
-    steps = settings.get("steps", [])
-    if steps is None:
-        steps = []
-    if not isinstance(steps, list):
-        problems.append(("steps", f"must be a list of steps (got {steps!r})"))
-    else:
-        for i, step in enumerate(steps):
-            problems += _check_step(step, i)
-    if "allow-changes" in settings:
-        problems += _check_names(settings["allow-changes"], "allow-changes")
-    if "cache" in settings and not isinstance(settings["cache"], bool):
-        problems.append(("cache", f"must be true or false (got {settings['cache']!r})"))
-    cache_dir = settings.get("cache-dir")
-    if cache_dir is not None and not (isinstance(cache_dir, str) and cache_dir.strip()):
-        problems.append(("cache-dir", f"must be a directory path (got {cache_dir!r})"))
-    return problems
-
-
 def _absolute(path, base):
     return Path(os.path.abspath(os.path.join(base, os.path.expanduser(str(path)))))
 
 
-def _absolutize_step(step, *, base, source):
-    """A copy of one raw step with absolute paths and a source."""
-    if isinstance(step, str):
-        step = {"requirements": step}
-    step = dict(step)
-    reqs = step.get("requirements")
-    if reqs is not None:
-        reqs = [reqs] if isinstance(reqs, str) else list(reqs)
-        step["requirements"] = [str(_absolute(r, base)) for r in reqs]
-    step.setdefault("base-dir", str(base))
-    step["base-dir"] = str(_absolute(step["base-dir"], base))
-    step.setdefault("source", source)
-    return step
+# -- the rules of the keys ----------------------------------------------------
+
+
+def _check_package_names(names):
+    for name in names:
+        if not _PACKAGE_NAME_RE.fullmatch(name):
+            raise ValueError(f"{name!r} is not a package name")
+
+
+def _check_non_empty(value):
+    if not value.strip():
+        raise ValueError("must be a non-empty string")
+
+
+def _check_packages(lines):
+    if not lines:
+        raise ValueError(
+            "must be a non-empty list of requirement lines such as 'deepspeed==0.16.4'"
+        )
+
+
+def _check_env(env):
+    for name, value in env.items():
+        if not _ENV_NAME_RE.fullmatch(name):
+            raise SettingError(f"{name!r} is not a variable name", path=(name,))
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise SettingError(
+                f'must be a string or a number (got {value!r}); quote it, e.g. "1"',
+                path=(name,),
+            )
+        try:
+            str(value).encode("utf-8")
+        except UnicodeEncodeError:
+            raise SettingError(
+                f"is not valid UTF-8 ({value!r}); give it as UTF-8 text", path=(name,)
+            ) from None
+
+
+def _find_links_value(pip_args, i):
+    arg = pip_args[i]
+    if "=" in arg:
+        return arg.split("=", 1)[1]
+    return pip_args[i + 1] if i + 1 < len(pip_args) else ""
+
+
+def _check_pip_args(pip_args):
+    for i, arg in enumerate(pip_args):
+        option = arg.split("=", 1)[0]
+        if option in FORBIDDEN_PIP_ARGS:
+            raise ValueError(
+                f"{arg!r} is not allowed here: {FORBIDDEN_PIP_ARGS[option]}"
+            )
+        if option in ("-f", "--find-links"):
+            value = _find_links_value(pip_args, i)
+            if not _URL_RE.match(value) or value.startswith("file:"):
+                raise ValueError(
+                    f"{arg!r} with a local path is not allowed here: put "
+                    "'--find-links DIR' in a requirements file, where local "
+                    "directories are staged into the container"
+                )
+
+
+def _load_requirements(value, *, origin):
+    """One file name or a list of them, as a list."""
+    if isinstance(value, str) and value.strip():
+        return [value]
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, str) and v.strip() for v in value)
+    ):
+        return list(value)
+    raise SettingError(f"must be a file name or a list of them (got {value!r})")
+
+
+@dataclass(frozen=True)
+class StepSettings(StageSettings):
+    """The keys of one step as users write them."""
+
+    name: Optional[str] = setting(None, doc="a label for logs", check=_check_non_empty)
+    requirements: list[str] = setting(
+        [], doc="requirements files (one or a list)", load=_load_requirements
+    )
+    packages: list[str] = setting(
+        [], doc="requirement lines, inline", check=_check_packages
+    )
+    no_build_isolation: bool = setting(
+        False, doc="build against the installed packages (pip --no-build-isolation)"
+    )
+    env: dict[str, Any] = setting(
+        {}, doc="environment variables of the step", check=_check_env
+    )
+    pip_args: list[str] = setting(
+        [], doc="more pip install arguments", check=_check_pip_args
+    )
+    index_url: Optional[str] = setting(
+        None, doc="pip --index-url", check=_check_non_empty
+    )
+    extra_index_urls: list[str] = setting([], doc="pip --extra-index-url values")
+    allow_changes: list[str] = setting(
+        [],
+        doc="installed packages this step may change",
+        check=_check_package_names,
+    )
+    source: Optional[str] = setting(
+        None, doc="where the step is defined (for messages)", check=_check_non_empty
+    )
+    base_dir: Optional[str] = setting(
+        None, doc="the directory relative paths count from", check=_check_non_empty
+    )
+
+
+def _load_step(raw, *, number, origin, label):
+    """One step as users write it (or a PipStep) as a PipStep."""
+    if isinstance(raw, PipStep):
+        return raw
+    if isinstance(raw, str):
+        if not raw.strip():
+            raise SettingError("an empty requirements file name")
+        raw = {"requirements": raw}
+    if not isinstance(raw, Mapping):
+        raise SettingError(
+            "a step must be a requirements file name or a mapping with "
+            f"'requirements' and/or 'packages' (got {raw!r})"
+        )
+    given = read_declared(schema=StepSettings, raw=raw, origin=origin, unknown="key")
+    if "requirements" not in given and "packages" not in given:
+        raise SettingError(
+            "a step needs 'requirements' (files) and/or 'packages' (lines)"
+        )
+    step = StepSettings.complete(given)
+    base = origin.base_dir
+    return PipStep(
+        number=number,
+        source=step.source or f"{label}, step {number}",
+        name=step.name,
+        requirements=[_absolute(r, base) for r in step.requirements],
+        packages=list(step.packages),
+        base_dir=_absolute(step.base_dir, base) if step.base_dir else Path(base),
+        no_build_isolation=step.no_build_isolation,
+        env={k: str(v) for k, v in step.env.items()},
+        pip_args=list(step.pip_args),
+        index_url=step.index_url,
+        extra_index_urls=list(step.extra_index_urls),
+        allow_changes=frozenset(canonicalize_name(n) for n in step.allow_changes),
+    )
+
+
+def load_steps(value, *, origin):
+    """
+    Read the ``steps`` setting into :class:`PipStep` objects.
+
+    Parameters
+    ----------
+    value : list or None
+        The steps as given: file names, mappings (:class:`StepSettings`) or
+        :class:`PipStep` objects (already read).
+    origin : :class:`cotainr_lumi.engine.origins.Origin`
+        Where they come from: relative paths count from its ``base_dir``, and
+        its ``label`` (default ``pip settings``) names their source.
+
+    Returns
+    -------
+    steps : list of PipStep
+        Numbered from 1 in this list.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.engine.settings.SettingError`
+        For the first bad step (its path points at the step and key).
+    """
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SettingError(f"must be a list of steps (got {value!r})")
+    label = origin.label or "pip settings"
+    steps = []
+    for i, raw in enumerate(value):
+        try:
+            steps.append(_load_step(raw, number=i + 1, origin=origin, label=label))
+        except SettingError as e:
+            raise e.under(i) from None
+    return steps
+
+
+def _load_cache_dir(value, *, origin):
+    if value is None:
+        return None
+    if not (isinstance(value, str) and value.strip()):
+        raise SettingError(f"must be a directory path (got {value!r})")
+    return str(_absolute(value, origin.base_dir))
+
+
+@dataclass(frozen=True)
+class PipSettings(StageSettings):
+    """The settings of the pip stage."""
+
+    steps: list[PipStep] = setting([], doc="the pip steps, in order", load=load_steps)
+    # Packaging tools: torch itself requires a newer setuptools than most
+    # environments start with. Set [] to protect them too.
+    allow_changes: list[str] = setting(
+        ["pip", "setuptools", "wheel"],
+        doc="installed packages every step may change",
+        check=_check_package_names,
+    )
+    cache: bool = setting(True, doc="reuse a host pip download cache")
+    cache_dir: Optional[str] = setting(
+        None,
+        doc="the host pip cache (null: ~/.cache/cotainr-lumi/pip)",
+        load=_load_cache_dir,
+    )
+
+
+# -- steps files and command line inputs --------------------------------------
+
+
+def _describe_key(path, *, data):
+    """'step 2 ('name'), key 'env.CC'' for ``("steps", 1, "env", "CC")``."""
+    if len(path) < 2 or path[0] != "steps" or not isinstance(path[1], int):
+        return "key '" + ".".join(str(p) for p in path) + "'"
+    number = path[1] + 1
+    step = data["steps"][path[1]]
+    name = step.get("name") if isinstance(step, Mapping) else None
+    label = f"step {number}" + (f" ('{name}')" if name else "")
+    rest = ".".join(str(p) for p in path[2:] if not isinstance(p, int))
+    return label + (f", key '{rest}'" if rest else "")
+
+
+def _as_mapping(*, steps):
+    """A file holding just the list of steps, as the mapping it stands for."""
+    data = LineDict(steps=steps)
+    data.line = getattr(steps, "line", None)
+    data.lines["steps"] = data.line
+    return data
 
 
 def load_steps_file(*, path):
     """
-    Read a steps file into stage settings with absolute paths.
+    Read a steps file into typed stage settings.
 
     Parameters
     ----------
     path : os.PathLike
-        The YAML steps file (the stage settings format).
+        The YAML steps file (the stage settings format, or just the list of
+        steps).
 
     Returns
     -------
     settings : dict
-        Stage settings; every step has absolute paths and a ``source``, and
-        the file's top-level ``allow-changes`` is folded into its steps.
+        Typed pip settings of the keys the file gives; the file's
+        ``allow-changes`` is folded into its steps.
 
     Raises
     ------
     :class:`cotainr_lumi.errors.InputError`
         If the file cannot be read or is invalid (the message names the
-        file, the step and the key).
+        file, the line, the step and the key).
     """
     path = Path(os.path.abspath(os.path.expanduser(path)))
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise InputError(f"Cannot read the pip steps file {path}: {e.strerror}.") from e
-    except UnicodeDecodeError as e:
-        raise InputError(
-            f"The pip steps file {path} is not UTF-8 text (byte {e.start}); "
-            "save it as UTF-8."
-        ) from e
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise InputError(
-            f"The pip steps file {path} is not valid YAML{where}: {problem}."
-        ) from e
+    data = read_yaml(
+        path=path,
+        error=lambda message: InputError(f"The pip steps file {path} {message}."),
+    )
     if isinstance(data, list):
-        data = {"steps": data}
+        data = _as_mapping(steps=data)
     if not isinstance(data, dict) or not data.get("steps"):
         raise InputError(
             f"The pip steps file {path} must be a mapping with a non-empty "
@@ -434,87 +487,21 @@ def load_steps_file(*, path):
             "steps:\n  - requirements: torch.txt\n  - packages: [deepspeed]\n"
             "    no-build-isolation: true"
         )
-    problems = check_settings(settings=data)
-    if problems:
-        key, message = problems[0]
-        raise InputError(
-            f"Invalid pip steps file {path}, {_describe_key(key, data)}: {message}."
-        )
-    base = path.parent
-    file_allowed = list(data.get("allow-changes") or [])
-    steps = []
-    for i, step in enumerate(data["steps"]):
-        step = _absolutize_step(step, base=base, source=f"{path}, step {i + 1}")
-        if file_allowed:
-            step["allow-changes"] = list(step.get("allow-changes") or []) + file_allowed
-        steps.append(step)
-    settings = {"steps": steps}
-    if "cache" in data:
-        settings["cache"] = data["cache"]
-    if data.get("cache-dir"):
-        settings["cache-dir"] = str(_absolute(data["cache-dir"], base))
+    origin = FileOrigin(
+        file=path,
+        data=data,
+        what="pip steps file",
+        describe=functools.partial(_describe_key, data=data),
+    )
+    settings = load_settings(schema=PipSettings, raw=data, origin=origin, stage="pip")
+    allowed = settings.pop("allow-changes", [])
+    settings["steps"] = [step.allowing(allowed) for step in settings["steps"]]
     return settings
-
-
-def _describe_key(key, data):
-    """'step 2 ('name'), key 'env.CC'' from 'steps[2].env.CC'."""
-    m = re.match(r"^steps\[(\d+)\](?:\.(.*))?$", key)
-    if not m:
-        return f"key '{key}'"
-    number = int(m.group(1))
-    step = data["steps"][number - 1]
-    name = step.get("name") if isinstance(step, Mapping) else None
-    label = f"step {number}" + (f" ('{name}')" if name else "")
-    return label + (f", key '{m.group(2)}'" if m.group(2) else "")
-
-
-def normalize_steps(*, settings, cwd):
-    """
-    The steps of valid settings as :class:`PipStep` objects.
-
-    Parameters
-    ----------
-    settings : mapping
-        Valid stage settings (see :func:`check_settings`).
-    cwd : os.PathLike
-        The directory relative paths are resolved against.
-
-    Returns
-    -------
-    steps : list of PipStep
-        In order, numbered from 1.
-    """
-    global_allowed = {canonicalize_name(n) for n in settings.get("allow-changes") or []}
-    steps = []
-    for i, raw in enumerate(settings.get("steps") or []):
-        raw = _absolutize_step(
-            raw, base=Path(cwd), source=f"pip settings, step {i + 1}"
-        )
-        steps.append(
-            PipStep(
-                number=i + 1,
-                source=raw["source"],
-                name=raw.get("name"),
-                requirements=[Path(r) for r in raw.get("requirements") or []],
-                packages=list(raw.get("packages") or []),
-                base_dir=Path(raw["base-dir"]),
-                no_build_isolation=bool(raw.get("no-build-isolation", False)),
-                env={k: str(v) for k, v in (raw.get("env") or {}).items()},
-                pip_args=list(raw.get("pip-args") or []),
-                index_url=raw.get("index-url"),
-                extra_index_urls=list(raw.get("extra-index-urls") or []),
-                allow_changes=frozenset(
-                    global_allowed
-                    | {canonicalize_name(n) for n in raw.get("allow-changes") or []}
-                ),
-            )
-        )
-    return steps
 
 
 def steps_from_inputs(*, inputs):
     """
-    Stage settings from command line inputs, in command line order.
+    Typed stage settings from command line inputs, in command line order.
 
     Parameters
     ----------
@@ -526,7 +513,13 @@ def steps_from_inputs(*, inputs):
     Returns
     -------
     settings : dict
-        ``{"steps": [...]}`` plus ``cache``/``cache-dir`` from steps files.
+        ``{"steps": [PipStep, ...]}`` plus ``cache``/``cache-dir`` from
+        steps files.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.InputError`
+        For a missing requirements file or a bad steps file.
     """
     settings: dict[str, Any] = {"steps": []}
     for kind, value in inputs:
@@ -535,19 +528,15 @@ def steps_from_inputs(*, inputs):
             if not path.is_file():
                 raise InputError(f"--pip-requirements {value}: no such file ({path}).")
             settings["steps"].append(
-                {
-                    "requirements": [str(path)],
-                    "source": str(value),
-                    "base-dir": str(path.parent),
-                }
+                PipStep(
+                    number=1,
+                    source=str(value),
+                    requirements=[path],
+                    base_dir=path.parent,
+                )
             )
         else:
             loaded = load_steps_file(path=path)
             settings["steps"] += loaded.pop("steps")
             settings.update(loaded)
     return settings
-
-
-def problems_as_text(problems: list[tuple[str, str]]):
-    """One line per problem: ``key: message``."""
-    return "\n".join(f"{k}: {m}" for k, m in problems)

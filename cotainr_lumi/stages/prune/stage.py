@@ -29,11 +29,11 @@ PruneStage
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 import logging
 
 from ... import _cotainr
-from ...engine import targetenv
+from ...engine.settings import StageSettings, setting
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import StageError
 from .libstdcxx import (
@@ -70,33 +70,49 @@ from .rocm import (
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-_PROBE_MARK = "COTAINR_LUMI_PRUNE_PROBE="
-
-#: Asks the container for ROCM_PATH and the loader cache's libstdc++ entries
-#: (the Python environment comes from the build's one target env discovery,
-#: :mod:`cotainr_lumi.engine.targetenv`).
-PROBE_SCRIPT = r"""
-case "${ROCM_PATH:-}" in *[\"\\]*) ROCM_PATH= ;; esac
-printf 'COTAINR_LUMI_PRUNE_PROBE={"rocm_path": "%s"}\n' "${ROCM_PATH:-}"
-{ ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true; } | grep -F 'libstdc++' || true
-"""
-
 #: Verify at most this many objects per container invocation.
 VERIFY_BATCH = 2000
 
 
-def _parse_probe(text):
-    """Split the probe output into the JSON facts and the ldconfig lines."""
-    facts = None
-    other = []
-    for line in text.splitlines():
-        if line.startswith(_PROBE_MARK):
-            facts = json.loads(line[len(_PROBE_MARK) :])
-        else:
-            other.append(line)
-    if facts is None:
-        raise ValueError("the container did not report its Python environment")
-    return facts, "\n".join(other)
+def _bundle_kept_reason(bundle, *, hip, base_mm, source, rocm_path):
+    """Why a package's bundled ROCm libraries are kept (None: they can go)."""
+    wheel_mm = major_minor(version=hip)
+    if wheel_mm is None:
+        return (
+            f"the ROCm version of {bundle.package} is unknown (no hip = '...' "
+            f"in {bundle.package}/version.py), so its bundled ROCm libraries "
+            f"in {bundle.image_path} are kept"
+        )
+    if base_mm is None:
+        return (
+            f"the base image's ROCm version is unknown (no {rocm_path}/.info/version "
+            "and no rocm-version in the profile), so the ROCm libraries bundled "
+            f"in {bundle.image_path} are kept"
+        )
+    if wheel_mm != base_mm:
+        return (
+            f"ROCm version mismatch: {bundle.package} was built for ROCm {hip} "
+            f"({wheel_mm}) but the base image has ROCm {base_mm} ({source}); "
+            f"the ROCm libraries bundled in {bundle.image_path} are kept. Install "
+            f"a {bundle.package} wheel for ROCm {base_mm} or use a ROCm {wheel_mm} "
+            "base image to de-duplicate them"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class PruneSettings(StageSettings):
+    """The settings of the prune stage."""
+
+    libstdcxx: bool = setting(
+        True, doc="remove the env's libstdc++ when the base image's is new enough"
+    )
+    rocm_dedup: bool = setting(
+        True, doc="link bundled copies of the base image's ROCm libraries into it"
+    )
+    strict: bool = setting(
+        False, doc="fail instead of warning when a pruning is skipped"
+    )
 
 
 @register_stage
@@ -104,17 +120,7 @@ class PruneStage(Stage):
     """Remove the env's libstdc++ and de-duplicate bundled ROCm libraries, when safe."""
 
     name = "prune"
-    defaults = {"libstdcxx": True, "rocm-dedup": True, "strict": False}
-
-    @classmethod
-    def validate_settings(cls, *, settings):
-        """Check the settings (all are booleans)."""
-        problems = super().validate_settings(settings=settings)
-        for key in cls.defaults:
-            value = settings.get(key, cls.defaults[key])
-            if not isinstance(value, bool):
-                problems.append((key, f"must be true or false (got {value!r})"))
-        return problems
+    settings_class = PruneSettings
 
     @classmethod
     def add_arguments(cls, *, parser):
@@ -158,7 +164,7 @@ class PruneStage(Stage):
 
     def enabled(self, *, plan):
         """Run when at least one pruning is on."""
-        return bool(self.settings["libstdcxx"] or self.settings["rocm-dedup"])
+        return bool(self.settings.libstdcxx or self.settings.rocm_dedup)
 
     def describe(self, *, plan):
         """Describe the checks and actions (the sandbox does not exist yet)."""
@@ -166,7 +172,7 @@ class PruneStage(Stage):
             f"environment: {plan.target_environment} (torch/lib in its site-packages; "
             "libstdc++ in <env>/lib)"
         ]
-        if self.settings["libstdcxx"]:
+        if self.settings.libstdcxx:
             lines.append(
                 f"libstdc++: remove <env>/lib/{LIBSTDCXX_GLOB} only if the base image's "
                 "libstdc++.so.6 (found through the image's ld.so.cache, then /usr/lib64, "
@@ -176,7 +182,7 @@ class PruneStage(Stage):
             )
         else:
             lines.append("libstdc++: kept (libstdcxx: false)")
-        if self.settings["rocm-dedup"]:
+        if self.settings.rocm_dedup:
             rocm = plan.system.rocm_version if plan.system is not None else None
             base = (
                 f"the base image's ROCm ($ROCM_PATH/.info/version; profile says {rocm})"
@@ -190,9 +196,9 @@ class PruneStage(Stage):
                 f"has the major.minor of {base} and SONAMEs match; then every ELF object "
                 "there must resolve with the image's loader (ldd), else roll back"
             )
-            action = "fail" if self.settings["strict"] else "skip with a warning"
+            action = "fail" if self.settings.strict else "skip with a warning"
             lines.append(
-                f"ROCm version mismatch or unknown: {action} (strict: {str(self.settings['strict']).lower()})"
+                f"ROCm version mismatch or unknown: {action} (strict: {str(self.settings.strict).lower()})"
             )
         else:
             lines.append("ROCm: bundled libraries kept (rocm-dedup: false)")
@@ -202,24 +208,20 @@ class PruneStage(Stage):
     # -- run ---------------------------------------------------------------
 
     def run(self, *, context):
-        """Probe the environment, prune what is safe and write the manifest."""
-        sandbox = context.sandbox
-        root = sandbox.root
-        target = targetenv.for_context(context=context, stage=self.name)
-        proc = sandbox.run(["bash", "-c", PROBE_SCRIPT], log_name=self.name)
-        facts, ldconfig_text = _parse_probe(proc.stdout)
-        prefix = target.prefix if target is not None else ""
-        facts["site"] = list(target.site) if target is not None else []
+        """Prune what is safe in the build's target env and write the manifest."""
+        # The build's one probe of the image: its env, ROCM_PATH and the
+        # loader cache's libstdc++ entries.
+        target = context.target_env
         manifest = PruneManifest(
-            settings=dict(self.settings),
+            settings=self.settings.to_dict(),
             facts={
-                "env-prefix": prefix or None,
+                "env-prefix": target.prefix if target is not None else None,
                 "env-source": target.reason if target is not None else None,
-                "site-packages": facts["site"],
+                "site-packages": list(target.site) if target is not None else [],
             },
         )
         warnings = []
-        if not prefix:
+        if target is None:
             self._skip_or_fail(
                 manifest,
                 warnings,
@@ -231,26 +233,8 @@ class PruneStage(Stage):
                 ),
             )
         else:
-            if self.settings["libstdcxx"]:
-                for env_prefix in target.env_prefixes:
-                    self._prune_libstdcxx(
-                        root, env_prefix, ldconfig_text, manifest, warnings
-                    )
-            else:
-                manifest.skip(
-                    group="libstdcxx",
-                    what=f"{prefix}/lib/{LIBSTDCXX_GLOB}",
-                    reason="kept on request (libstdcxx: false / --keep-libstdcxx)",
-                )
-            if self.settings["rocm-dedup"]:
-                self._dedup_rocm(context, facts, manifest, warnings)
-            else:
-                manifest.skip(
-                    group="rocm-dedup",
-                    what="bundled ROCm libraries",
-                    reason="kept on request (rocm-dedup: false / --no-rocm-dedup)",
-                )
-        manifest.write(root=root)
+            self._prune(context, target, manifest, warnings)
+        manifest.write(root=context.sandbox.root)
         summary = manifest.summary()
         logger.info("Prune summary: %s; manifest %s", summary, MANIFEST_PATH)
         details = manifest.to_dict()
@@ -265,9 +249,32 @@ class PruneStage(Stage):
             },
         )
 
+    def _prune(self, context, target, manifest, warnings):
+        """The prunings the settings ask for, in the target env."""
+        if self.settings.libstdcxx:
+            ldconfig_text = "\n".join(target.image.libstdcxx_cache)
+            for env_prefix in target.env_prefixes:
+                self._prune_libstdcxx(
+                    context.sandbox.root, env_prefix, ldconfig_text, manifest, warnings
+                )
+        else:
+            manifest.skip(
+                group="libstdcxx",
+                what=f"{target.prefix}/lib/{LIBSTDCXX_GLOB}",
+                reason="kept on request (libstdcxx: false / --keep-libstdcxx)",
+            )
+        if self.settings.rocm_dedup:
+            self._dedup_rocm(context, target, manifest, warnings)
+        else:
+            manifest.skip(
+                group="rocm-dedup",
+                what="bundled ROCm libraries",
+                reason="kept on request (rocm-dedup: false / --no-rocm-dedup)",
+            )
+
     def _skip_or_fail(self, manifest, warnings, *, group, what, reason):
         """Record a skipped pruning: a warning, or a failure in strict mode."""
-        if self.settings["strict"]:
+        if self.settings.strict:
             raise StageError(
                 f"{reason}. This build is strict (strict: true / --prune-strict); "
                 "drop --prune-strict to skip this pruning with a warning instead.",
@@ -326,11 +333,9 @@ class PruneStage(Stage):
             check.reason,
         )
 
-    def _dedup_rocm(self, context, facts, manifest, warnings):
-        """The ROCm de-duplication."""
-        root = context.sandbox.root
-        rocm_path = facts.get("rocm_path") or "/opt/rocm"
-        site_dirs = list(facts.get("site") or [])
+    def _site_dirs(self, root, target, manifest, warnings):
+        """The env's site-packages directories, without symlink loops."""
+        site_dirs = list(target.site)
         for site in looping_paths(root=root, paths=site_dirs):
             site_dirs.remove(site)
             self._skip_or_fail(
@@ -341,26 +346,55 @@ class PruneStage(Stage):
                 reason=f"{site} is a symlink loop (too many levels of symbolic "
                 "links), so nothing in it is de-duplicated",
             )
+        return site_dirs
+
+    @staticmethod
+    def _note_rocm_sdk(root, site_dirs, info, manifest, warnings):
+        """Say so when ROCm comes as separate wheels (left in place)."""
+        sdk = find_rocm_sdk_packages(root=root, site_dirs=site_dirs)
+        if not sdk:
+            return
+        info["rocm-sdk-packages"] = sdk
+        reason = (
+            "newer ROCm wheel layout: the ROCm libraries come as separate "
+            f"_rocm_sdk_* packages ({', '.join(sdk)}), loaded by the rocm_sdk "
+            "package rather than from torch/lib; they are left in place (not "
+            "de-duplicated), so torch uses the wheel's ROCm, not the base image's"
+        )
+        manifest.skip(group="rocm-dedup", what=", ".join(sdk), reason=reason)
+        warnings.append(reason)
+        logger.warning("Prune: %s.", reason)
+
+    @staticmethod
+    def _base_rocm(context, rocm_path):
+        """The base image's ROCm major.minor (or None) and where it comes from."""
+        base_text = base_rocm_version(root=context.sandbox.root, rocm_path=rocm_path)
+        base_mm = major_minor(version=base_text)
+        system = context.plan.system
+        profile = system.rocm_version if system is not None else None
+        source = f"{rocm_path}/.info/version ({base_text})"
+        if base_mm is None and profile:
+            return profile, "the profile's rocm-version"
+        if base_mm and profile and base_mm != profile:
+            logger.warning(
+                "Prune: the profile says ROCm %s but the base image has %s; using the image's.",
+                profile,
+                base_text,
+            )
+        return base_mm, source
+
+    def _dedup_rocm(self, context, target, manifest, warnings):
+        """The ROCm de-duplication."""
+        root = context.sandbox.root
+        rocm_path = target.image.rocm_path or "/opt/rocm"
+        site_dirs = self._site_dirs(root, target, manifest, warnings)
         rocm_dirs = rocm_dirs_of(root=root, rocm_path=rocm_path)
         info = {
             "rocm-path": rocm_path,
             "rocm-dirs": [d.real_image_path for d in rocm_dirs],
         }
         manifest.facts["rocm-dedup"] = info
-
-        sdk = find_rocm_sdk_packages(root=root, site_dirs=site_dirs)
-        if sdk:
-            info["rocm-sdk-packages"] = sdk
-            reason = (
-                "newer ROCm wheel layout: the ROCm libraries come as separate "
-                f"_rocm_sdk_* packages ({', '.join(sdk)}), loaded by the rocm_sdk "
-                "package rather than from torch/lib; they are left in place (not "
-                "de-duplicated), so torch uses the wheel's ROCm, not the base image's"
-            )
-            manifest.skip(group="rocm-dedup", what=", ".join(sdk), reason=reason)
-            warnings.append(reason)
-            logger.warning("Prune: %s.", reason)
-
+        self._note_rocm_sdk(root, site_dirs, info, manifest, warnings)
         if not rocm_dirs:
             logger.info(
                 "Prune: ROCm: the base image has no %s/lib or %s",
@@ -373,24 +407,8 @@ class PruneStage(Stage):
                 reason="no ROCm library directory in the base image",
             )
             return
-        base_text = base_rocm_version(root=root, rocm_path=rocm_path)
-        base_mm = major_minor(version=base_text)
-        profile = (
-            context.plan.system.rocm_version
-            if context.plan.system is not None
-            else None
-        )
-        source = f"{rocm_path}/.info/version ({base_text})"
-        if base_mm is None and profile:
-            base_mm, source = profile, "the profile's rocm-version"
-        elif base_mm and profile and base_mm != profile:
-            logger.warning(
-                "Prune: the profile says ROCm %s but the base image has %s; using the image's.",
-                profile,
-                base_text,
-            )
+        base_mm, source = self._base_rocm(context, rocm_path)
         info["base-rocm"] = {"major-minor": base_mm, "source": source}
-
         bundles = find_bundle_dirs(root=root, site_dirs=site_dirs, rocm_dirs=rocm_dirs)
         if not bundles:
             logger.info(
@@ -400,51 +418,19 @@ class PruneStage(Stage):
         applied = []
         for bundle in bundles:
             hip = hip_version_of_package(version_file=bundle.package_dir / "version.py")
-            wheel_mm = major_minor(version=hip)
-            what = f"{bundle.image_path} ({len(bundle.overlap)} entries also in ROCm)"
             info.setdefault("packages", {})[bundle.package] = {
                 "hip": hip,
                 "dir": bundle.image_path,
             }
-            if wheel_mm is None:
-                self._skip_or_fail(
-                    manifest,
-                    warnings,
-                    group="rocm-dedup",
-                    what=what,
-                    reason=(
-                        f"the ROCm version of {bundle.package} is unknown (no hip = '...' "
-                        f"in {bundle.package}/version.py), so its bundled ROCm libraries "
-                        f"in {bundle.image_path} are kept"
-                    ),
+            reason = _bundle_kept_reason(
+                bundle, hip=hip, base_mm=base_mm, source=source, rocm_path=rocm_path
+            )
+            if reason:
+                what = (
+                    f"{bundle.image_path} ({len(bundle.overlap)} entries also in ROCm)"
                 )
-                continue
-            if base_mm is None:
                 self._skip_or_fail(
-                    manifest,
-                    warnings,
-                    group="rocm-dedup",
-                    what=what,
-                    reason=(
-                        f"the base image's ROCm version is unknown (no {rocm_path}/.info/version "
-                        "and no rocm-version in the profile), so the ROCm libraries bundled "
-                        f"in {bundle.image_path} are kept"
-                    ),
-                )
-                continue
-            if wheel_mm != base_mm:
-                self._skip_or_fail(
-                    manifest,
-                    warnings,
-                    group="rocm-dedup",
-                    what=what,
-                    reason=(
-                        f"ROCm version mismatch: {bundle.package} was built for ROCm {hip} "
-                        f"({wheel_mm}) but the base image has ROCm {base_mm} ({source}); "
-                        f"the ROCm libraries bundled in {bundle.image_path} are kept. Install "
-                        f"a {bundle.package} wheel for ROCm {base_mm} or use a ROCm {wheel_mm} "
-                        "base image to de-duplicate them"
-                    ),
+                    manifest, warnings, group="rocm-dedup", what=what, reason=reason
                 )
                 continue
             plan = plan_dedup(root=root, bundle=bundle, rocm_dirs=rocm_dirs)
@@ -453,9 +439,8 @@ class PruneStage(Stage):
             if plan.actions:
                 apply_actions(actions=plan.actions)
                 applied.append((bundle, plan.actions))
-        if not applied:
-            return
-        self._verify_and_finish(context, applied, manifest, warnings)
+        if applied:
+            self._verify_and_finish(context, applied, manifest, warnings)
 
     def _verify(self, context, applied):
         """Run the loader check in the container; return the unresolved pairs."""
@@ -473,10 +458,9 @@ class PruneStage(Stage):
             failures |= parse_verify_output(text=proc.stdout)
         return failures, len(objects)
 
-    def _verify_and_finish(self, context, applied, manifest, warnings):
-        """Check the links resolve; commit, or roll back and skip/fail."""
+    def _check_links(self, context, applied, all_actions):
+        """The loader check of the links (rolled back when it cannot run)."""
         root = context.sandbox.root
-        all_actions = [a for _bundle, actions in applied for a in actions]
         try:
             escaped = [
                 a.image_path
@@ -487,7 +471,7 @@ class PruneStage(Stage):
                 raise ValueError(
                     f"links do not resolve to their ROCm entries: {', '.join(escaped)}"
                 )
-            failures, checked = self._verify(context, applied)
+            return self._verify(context, applied)
         except (_cotainr.CommandError, ValueError, RuntimeError) as e:
             rollback(actions=all_actions)
             details = e.error_lines() if isinstance(e, _cotainr.CommandError) else None
@@ -497,6 +481,37 @@ class PruneStage(Stage):
                 stage=self.name,
                 details=details,
             ) from e
+
+    @staticmethod
+    def _record_links(all_actions, manifest, checked):
+        """Keep the links and record them in the manifest."""
+        commit(actions=all_actions)
+        for action in all_actions:
+            manifest.add(
+                ManifestEntry(
+                    path=action.image_path,
+                    action="symlinked",
+                    size=action.size,
+                    reason=action.reason,
+                    kind=action.kind,
+                    target=action.target,
+                    group="rocm-dedup",
+                )
+            )
+        saved = sum(a.size for a in all_actions)
+        logger.info(
+            "Prune: replaced %d bundled ROCm entr%s by links into the base image's ROCm "
+            "(%s saved); %d ELF object(s) checked with the image's loader",
+            len(all_actions),
+            "y" if len(all_actions) == 1 else "ies",
+            format_bytes(size=saved),
+            checked,
+        )
+
+    def _verify_and_finish(self, context, applied, manifest, warnings):
+        """Check the links resolve; commit, or roll back and skip/fail."""
+        all_actions = [a for _bundle, actions in applied for a in actions]
+        failures, checked = self._check_links(context, applied, all_actions)
         if failures:
             rollback(actions=all_actions)
             before, _ = self._verify(context, applied)
@@ -525,25 +540,4 @@ class PruneStage(Stage):
                 ": ".join(sorted(before)[0]),
             )
             apply_actions(actions=all_actions)
-        commit(actions=all_actions)
-        for action in all_actions:
-            manifest.add(
-                ManifestEntry(
-                    path=action.image_path,
-                    action="symlinked",
-                    size=action.size,
-                    reason=action.reason,
-                    kind=action.kind,
-                    target=action.target,
-                    group="rocm-dedup",
-                )
-            )
-        saved = sum(a.size for a in all_actions)
-        logger.info(
-            "Prune: replaced %d bundled ROCm entr%s by links into the base image's ROCm "
-            "(%s saved); %d ELF object(s) checked with the image's loader",
-            len(all_actions),
-            "y" if len(all_actions) == 1 else "ies",
-            format_bytes(size=saved),
-            checked,
-        )
+        self._record_links(all_actions, manifest, checked)

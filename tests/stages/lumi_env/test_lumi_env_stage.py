@@ -14,6 +14,7 @@ from targetenv_fakes import is_probe, probe_stdout
 import cotainr_lumi
 from cotainr_lumi import _cotainr
 from cotainr_lumi.engine.stage import StageContext, get_stage_class
+from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.stages.lumi_env.modulefile import MARKER
 from cotainr_lumi.stages.lumi_env.stage import (
@@ -48,14 +49,20 @@ class FakeSandbox:
         self.calls.append(list(args))
         script = args[-1]
         if is_probe(args):
-            # The build's one target env discovery sees the same env.
+            # The build's one probe of the image: the env, the conda variables.
             found = dict(
                 line.split("=", 1) for line in self.probe.splitlines() if "=" in line
             )
-            out = probe_stdout(found.get("prefix") or None)
+            prefix = found.get("prefix") or None
+            out = probe_stdout(
+                prefix,
+                var="CONDA_PREFIX"
+                if found.get("conda_prefix") == prefix
+                else "VIRTUAL_ENV",
+                conda_exe=found.get("conda_exe", ""),
+            )
             return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
-        if "sys.prefix" in script:
-            return subprocess.CompletedProcess(args, 0, stdout=self.probe, stderr="")
+        assert "CONDA_EXE" not in script, "a second probe of the image"
         if self.fail_check:
             raise _cotainr.CommandError(
                 cmd=args, returncode=255, stdout="", stderr="FATAL: bad env"
@@ -85,7 +92,7 @@ def run_stage(tmp_path, settings, **root_kw):
     root = make_root(tmp_path, **root_kw)
     sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
     stage = LumiEnvStage(settings=settings)
-    assert stage.validate_settings(settings=stage.settings) == []
+    assert LumiEnvStage(settings=stage.settings.to_dict()).settings == stage.settings
     plan = SimpleNamespace(image_path=tmp_path / "out" / "torch.sif")
     report = stage.run(context=StageContext(sandbox=sandbox, plan=plan))
     return root, report, sandbox
@@ -162,9 +169,8 @@ def test_stage_writes_env_file_runscripts_and_reports_outputs(tmp_path):
         "rocm": "/opt/rocm",
         "aws-ofi-rccl": "/opt/aws-ofi-rccl",
     }
-    assert (
-        len(sandbox.calls) == 3
-    )  # the probes (conda variables, target env) and the check
+    # The build's one probe of the image, then the check.
+    assert [is_probe(c) for c in sandbox.calls] == [True, False]
 
 
 def test_runtime_values_win_over_every_default(tmp_path):
@@ -283,8 +289,8 @@ def test_container_root_var_name_and_user_venv_settings(tmp_path):
     ],
 )
 def test_bad_container_root_settings_are_named(settings, key):
-    problems = LumiEnvStage.validate_settings(settings=settings)
-    assert [k for k, _ in problems] == [key], problems
+    with pytest.raises(InputError, match=rf"^Invalid setting lumi-env\.{key}: "):
+        LumiEnvStage(settings=settings)
 
 
 def test_broken_env_file_fails_the_stage(tmp_path):
@@ -316,8 +322,9 @@ def test_broken_env_file_fails_the_stage(tmp_path):
     ],
 )
 def test_invalid_settings_name_the_key(settings, key):
-    problems = LumiEnvStage.validate_settings(settings=settings)
-    assert problems and problems[0][0] == key
+    with pytest.raises(InputError) as info:
+        LumiEnvStage(settings=settings)
+    assert str(info.value).startswith(f"Invalid setting lumi-env.{key}")
 
 
 def test_module_dir_must_be_able_to_hold_files(tmp_path):
@@ -327,13 +334,13 @@ def test_module_dir_must_be_able_to_hold_files(tmp_path):
         (afile, "exists and is not a directory"),
         (afile / "sub", f"cannot create {afile / 'sub'}: {afile} is not a directory"),
     ):
-        problems = LumiEnvStage.validate_settings(
-            settings={"module-dir": str(directory)}
-        )
-        assert problems == [("module-dir", problems[0][1])]
-        assert problem in problems[0][1]
+        with pytest.raises(InputError) as info:
+            LumiEnvStage(settings={"module-dir": str(directory)})
+        assert str(info.value).startswith("Invalid setting lumi-env.module-dir: ")
+        assert problem in str(info.value)
     for fine in (tmp_path, tmp_path / "new" / "dir"):
-        assert LumiEnvStage.validate_settings(settings={"module-dir": str(fine)}) == []
+        stage = LumiEnvStage(settings={"module-dir": str(fine)})
+        assert stage.settings.module_dir == str(fine)
 
 
 def test_cli_options_become_settings():
@@ -472,7 +479,9 @@ def test_with_conda_chains_to_the_base_images_command(tmp_path):
     chained = stage._base_with_conda(root=root, target=target)
     assert chained == base_value
     script, prefix = stage._with_conda_script(
-        root=root, info={"prefix": str(env)}, base_with_conda=chained
+        root=root,
+        target=TargetEnv(prefix=str(env), python=f"{env}/bin/python"),
+        base_with_conda=chained,
     )
     assert prefix == str(env)
     (tmp_path / "with-conda.sh").write_text(script)

@@ -4,12 +4,14 @@ from pathlib import Path
 
 import pytest
 
+from cotainr_lumi.engine.origins import Origin
+from cotainr_lumi.engine.settings import load_settings
 from cotainr_lumi.errors import InputError
 from cotainr_lumi.stages.pip.steps import (
-    check_settings,
+    PipSettings,
+    PipStep,
     default_cache_dir,
     load_steps_file,
-    normalize_steps,
     steps_from_inputs,
 )
 
@@ -28,7 +30,13 @@ allow-changes: [ninja]
 """
 
 
-def test_valid_settings_have_no_problems():
+def load(settings, **origin):
+    return load_settings(
+        schema=PipSettings, raw=settings, origin=Origin(**origin), stage="pip"
+    )
+
+
+def test_valid_settings_are_read_into_steps(tmp_path):
     settings = {
         "steps": [
             "req.txt",
@@ -48,7 +56,21 @@ def test_valid_settings_have_no_problems():
         "cache-dir": "/tmp/c",
         "allow-changes": [],
     }
-    assert check_settings(settings=settings) == []
+    loaded = load(settings, base_dir=tmp_path)
+    assert loaded["cache"] is False and loaded["cache-dir"] == "/tmp/c"
+    first, second = loaded["steps"]
+    assert first == PipStep(
+        number=1,
+        source="pip settings, step 1",
+        requirements=[tmp_path / "req.txt"],
+        base_dir=tmp_path,
+    )
+    assert second.requirements == [tmp_path / "a.txt", tmp_path / "b.txt"]
+    assert second.env == {"MAX_JOBS": "4", "CXX": "g++-12"}
+    assert second.allow_changes == {"numpy", "typing-extensions"}
+    assert (second.number, second.name, second.no_build_isolation) == (2, "x", True)
+    # Read steps pass through the loader unchanged (the plan reads again).
+    assert load(loaded)["steps"] == loaded["steps"]
 
 
 @pytest.mark.parametrize(
@@ -57,7 +79,12 @@ def test_valid_settings_have_no_problems():
         ({"bogus": 1}, "bogus", "unknown setting"),
         ({"steps": "req.txt"}, "steps", "must be a list"),
         ({"steps": [{"name": "x"}]}, "steps[1]", "needs 'requirements'"),
-        ({"steps": [{"packages": "torch"}]}, "steps[1].packages", "non-empty list"),
+        (
+            {"steps": [{"packages": "torch"}]},
+            "steps[1].packages",
+            "must be a list of strings",
+        ),
+        ({"steps": [{"packages": []}]}, "steps[1].packages", "non-empty list"),
         (
             {"steps": [{"packages": ["a"], "colour": 1}]},
             "steps[1].colour",
@@ -103,10 +130,10 @@ def test_valid_settings_have_no_problems():
     ],
 )
 def test_invalid_settings_name_the_key(settings, key, fragment):
-    problems = check_settings(settings=settings)
-    assert problems, settings
-    assert problems[0][0] == key
-    assert fragment in problems[0][1]
+    with pytest.raises(InputError) as info:
+        load(settings)
+    assert str(info.value).startswith(f"Invalid setting pip.{key}")
+    assert fragment in str(info.value)
 
 
 def test_steps_file_relative_paths_and_allow_changes(tmp_path, monkeypatch):
@@ -118,14 +145,12 @@ def test_steps_file_relative_paths_and_allow_changes(tmp_path, monkeypatch):
     monkeypatch.chdir(elsewhere)
     settings = steps_from_inputs(inputs=[("steps", "../recipes/steps.yml")])
     first, second = settings["steps"]
-    assert first["requirements"] == [str(steps_dir / "torch.txt")]
-    assert first["base-dir"] == str(steps_dir)
-    assert first["source"] == f"{steps_dir / 'steps.yml'}, step 1"
-    assert first["allow-changes"] == ["ninja"]
-    assert second["allow-changes"] == ["numpy", "ninja"]
-    steps = normalize_steps(
-        settings={**settings, "allow-changes": ["pip"]}, cwd=elsewhere
-    )
+    assert first.requirements == [steps_dir / "torch.txt"]
+    assert first.base_dir == steps_dir
+    assert first.source == f"{steps_dir / 'steps.yml'}, step 1"
+    assert first.allow_changes == {"ninja"}
+    assert second.allow_changes == {"numpy", "ninja"}
+    steps = [step.allowing(["pip"]) for step in settings["steps"]]
     assert steps[1].env == {
         "DS_BUILD_FUSED_ADAM": "1",
         "PYTORCH_ROCM_ARCH": "gfx90a",
@@ -148,12 +173,12 @@ def test_command_line_inputs_keep_their_order(tmp_path, monkeypatch):
             ("requirements", "b.txt"),
         ]
     )
-    assert [s["requirements"] for s in settings["steps"]] == [
-        [str(tmp_path / "a.txt")],
-        [str(tmp_path / "c.txt")],
-        [str(tmp_path / "b.txt")],
+    assert [s.requirements for s in settings["steps"]] == [
+        [tmp_path / "a.txt"],
+        [tmp_path / "c.txt"],
+        [tmp_path / "b.txt"],
     ]
-    assert settings["steps"][0]["source"] == "a.txt"
+    assert settings["steps"][0].source == "a.txt"
 
 
 def test_missing_requirements_file_on_the_command_line(tmp_path, monkeypatch):
@@ -169,11 +194,11 @@ def test_missing_requirements_file_on_the_command_line(tmp_path, monkeypatch):
         ("{}", "non-empty 'steps' list"),
         (
             "steps:\n  - packages: [x]\n  - name: ds\n    packages: [y]\n    env: {CC: [gcc]}\n",
-            "step 2 ('ds'), key 'env.CC': must be a string or a number",
+            "line 5, step 2 ('ds'), key 'env.CC': must be a string or a number",
         ),
         (
             "steps:\n  - packages: [x]\n    pip-args: [--user]\n",
-            "step 1, key 'pip-args'",
+            "line 3, step 1, key 'pip-args'",
         ),
     ],
 )
@@ -199,8 +224,7 @@ def test_example_steps_express_the_hand_built_apex_and_deepspeed_steps():
     example = (
         Path(__file__).parents[3] / "examples" / "pytorch-rocm6.2" / "pip-steps.yml"
     )
-    settings = load_steps_file(path=example)
-    steps = normalize_steps(settings=settings, cwd="/")
+    steps = load_steps_file(path=example)["steps"]
     torch, apex, deepspeed = steps[:3]
     assert any(p.startswith("torch==") for p in torch.packages)
     assert apex.no_build_isolation and deepspeed.no_build_isolation

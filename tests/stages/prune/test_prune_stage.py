@@ -23,10 +23,10 @@ from cotainr_lumi import _cotainr
 from cotainr_lumi.engine.plan import BuildRequest, make_plan
 from cotainr_lumi.engine.profiles import load_systems
 from cotainr_lumi.engine.stage import StageContext, get_stage_class
-from cotainr_lumi.errors import ProfileError, StageError
+from cotainr_lumi.errors import InputError, ProfileError, StageError
 from cotainr_lumi.stages.prune.manifest import MANIFEST_LABEL, MANIFEST_PATH
 from cotainr_lumi.stages.prune.rocm import VERIFY_SCRIPT
-from cotainr_lumi.stages.prune.stage import PROBE_SCRIPT, PruneStage
+from cotainr_lumi.stages.prune.stage import PruneSettings, PruneStage
 
 ENV = "/opt/cotainr/conda/envs/conda_container_env"
 SITE = f"{ENV}/lib/python3.11/site-packages"
@@ -50,17 +50,22 @@ class FakeSandbox:
         self.rocm_path = rocm_path
         self.verify = verify or (lambda objects: DONE)
         self.verified = []
+        self.commands = []
 
     def run(self, args, *, env=None, log_name=None):
+        self.commands.append(list(args))
         if is_probe(args):
-            out = probe_stdout(self.prefix or None, site=self.site)
+            out = probe_stdout(
+                self.prefix or None,
+                site=self.site,
+                rocm_path=self.rocm_path,
+                ldcache=[
+                    "\tlibstdc++.so.6 (libc6,x86-64) => "
+                    "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"
+                ],
+            )
             return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
         assert args[:2] == ["bash", "-c"]
-        if args[2] == PROBE_SCRIPT:
-            facts = {"rocm_path": self.rocm_path}
-            out = "COTAINR_LUMI_PRUNE_PROBE=" + json.dumps(facts) + "\n"
-            out += "\tlibstdc++.so.6 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libstdc++.so.6\n"
-            return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
         if args[2] == VERIFY_SCRIPT:
             objects = args[4:]
             self.verified.append(objects)
@@ -107,6 +112,9 @@ def test_run_prunes_both_and_writes_manifest(root, caplog):
     sandbox = FakeSandbox(root)
     caplog.set_level("INFO", logger="cotainr")
     report = PruneStage().run(context=context_for(sandbox))
+    # One probe of the image (the build's), then only the loader check.
+    assert [is_probe(c) for c in sandbox.commands] == [True, False]
+    assert sandbox.commands[1][2] == VERIFY_SCRIPT
     lib = torch_lib(root)
     assert not list((root / ENV.lstrip("/") / "lib").glob("libstdc++.so*"))
     assert all(
@@ -277,16 +285,16 @@ def test_cli_options_and_settings():
         "rocm-dedup": False,
         "strict": True,
     }
-    assert (
-        PruneStage.validate_settings(settings={"libstdcxx": True, "strict": False})
-        == []
+    stage = PruneStage(settings={"libstdcxx": True, "strict": False})
+    assert stage.settings == PruneSettings(libstdcxx=True, strict=False)
+    with pytest.raises(InputError) as info:
+        PruneStage(settings={"bogus": 1})
+    assert str(info.value) == (
+        "Invalid setting prune.bogus: unknown setting (known: libstdcxx, "
+        "rocm-dedup, strict)"
     )
-    problems = PruneStage.validate_settings(settings={"libstdcxx": "yes", "bogus": 1})
-    assert (
-        "bogus",
-        "unknown setting (known: libstdcxx, rocm-dedup, strict)",
-    ) in problems
-    assert any(k == "libstdcxx" and "true or false" in m for k, m in problems)
+    with pytest.raises(InputError, match="prune.libstdcxx: must be true or false"):
+        PruneStage(settings={"libstdcxx": "yes"})
     assert get_stage_class("prune") is PruneStage
 
 
@@ -311,7 +319,11 @@ def test_profile_settings_and_dry_run_description(tmp_path, monkeypatch):
         systems=systems,
     )
     (stage,) = [s for s in plan.stages if s.name == "prune"]
-    assert stage.settings == {"libstdcxx": False, "rocm-dedup": True, "strict": False}
+    assert stage.settings.to_dict() == {
+        "libstdcxx": False,
+        "rocm-dedup": True,
+        "strict": False,
+    }
     text = "\n".join(stage.describe(plan=plan))
     assert "libstdc++: kept" in text
     assert (
@@ -324,7 +336,7 @@ def test_profile_settings_and_dry_run_description(tmp_path, monkeypatch):
     bad = tmp_path / "bad.yaml"
     bad.write_text(profile.read_text().replace("strict: true", "strict: maybe"))
     monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(bad))
-    with pytest.raises(ProfileError, match="settings.prune.strict"):
+    with pytest.raises(ProfileError, match="line 8, .*settings.prune.strict"):
         load_systems()
 
 

@@ -1,0 +1,297 @@
+"""
+The one probe of the image: run in the container, once per build.
+
+:data:`PROBE_SCRIPT` asks the image what a user's job would see: in a clean
+environment, after its ``/.singularity.d/env`` scripts, then after
+``eval "$WITH_CONDA"``. Its facts feed the choice of the target environment
+(:func:`cotainr_lumi.engine.targetenv.choose`) and carry what other stages
+need of the image's environment (``CONDA_EXE``, ``ROCM_PATH``, the loader
+cache's ``libstdc++`` entries). A build runs it in its sandbox
+(:func:`probe_build`, through ``StageContext.target_env``); a dry run runs the
+same probe in a local base image (:func:`probe_image`).
+
+Functions
+---------
+probe_command(*, explicit=None)
+    The command that probes an image.
+parse_probe(*, text)
+    Parse the probe's output into facts.
+discover(*, run, explicit=None, conda_env=False)
+    Ask an image (through `run`) and choose the environment.
+probe_build(*, sandbox, plan, labels)
+    The one probe of a running build (recorded in the image).
+probe_image(*, image, explicit=None, timeout=120)
+    Discover the target environment of an image file (dry runs).
+"""
+
+import json
+import logging
+import os
+import subprocess
+from typing import Any
+
+from .. import _cotainr, apptainer, imagelayout
+from ..errors import StageError
+from .rootfs import write_file_in_root
+from .targetenv import SETTINGS_NAME, TargetEnvNotFoundError, choose, explicit_prefix
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: Where the answer is recorded in the image (read by ``cotainr-lumi verify``).
+TARGET_ENV_FILE = imagelayout.TARGET_ENV_FILE
+
+_MARK = "COTAINR_LUMI_TARGET_ENV "
+#: Facts the probe reports once per item.
+_LIST_FACTS = ("ldcache",)
+
+#: Runs in a clean environment inside the container: sources the image's env
+#: scripts, reports the environment (with what other stages need of it:
+#: CONDA_EXE, ROCM_PATH, the loader cache's libstdc++ entries), evaluates
+#: $WITH_CONDA in a subshell and reports again. $1: an explicit prefix to check
+#: (may be empty). Every fact is one line "MARK <where> <key> <value>" (the key
+#: "ldcache" once per entry); interpreters are asked for their
+#: sys.prefix/sys.executable as JSON.
+PROBE_SCRIPT = r"""
+for f in /.singularity.d/env/*.sh; do
+    [ -r "$f" ] && . "$f" >/dev/null 2>&1
+done
+M='COTAINR_LUMI_TARGET_ENV'
+fact() { printf '%s %s %s %s\n' "$M" "$1" "$2" "$(printf '%s' "$3" | tr '\n' ' ')"; }
+pyinfo() { # pyinfo WHERE PREFIX: facts of PREFIX's own interpreter
+    for py in "$2/bin/python" "$2/bin/python3"; do
+        if [ -x "$py" ]; then
+            fact "$1" python "$("$py" -c 'import json, sys, sysconfig
+paths = sysconfig.get_paths()
+site = [paths["purelib"], paths["platlib"]]
+site += [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))
+         and not p.startswith("/usr/")]
+print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix,
+    "executable": sys.executable, "version": sys.version.split()[0],
+    "site": list(dict.fromkeys(site))}))' 2>/dev/null)"
+            return
+        fi
+    done
+}
+state() { # state WHERE: the environment as it is now
+    fact "$1" virtual_env "${VIRTUAL_ENV:-}"
+    fact "$1" conda_prefix "${CONDA_PREFIX:-}"
+    fact "$1" path "${PATH:-}"
+    fact "$1" path_python "$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
+    [ -n "${VIRTUAL_ENV:-}" ] && pyinfo "$1.virtual_env" "$VIRTUAL_ENV"
+    [ -n "${CONDA_PREFIX:-}" ] && pyinfo "$1.conda_prefix" "$CONDA_PREFIX"
+    py="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
+    [ -n "$py" ] && pyinfo "$1.path_python" "$(dirname "$(dirname "$py")")"
+}
+fact image with_conda_set "${WITH_CONDA+set}"
+fact image with_conda "${WITH_CONDA:-}"
+state image
+fact image conda_exe "${CONDA_EXE:-}"
+fact image rocm_path "${ROCM_PATH:-}"
+{ ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true; } | grep -F 'libstdc++' |
+    while IFS= read -r line; do fact image ldcache "$line"; done
+[ -n "${1:-}" ] && pyinfo explicit "$1"
+if [ -n "${WITH_CONDA:-}" ]; then
+    (
+        eval "$WITH_CONDA" >/dev/null 2>&1
+        fact with_conda rc "$?"
+        state with_conda
+    )
+fi
+exit 0
+"""
+
+#: A clean start (no host variables), like ``apptainer exec --cleanenv``.
+CLEAN_ENV = (
+    "env",
+    "-i",
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME=/",
+    "LANG=C",
+)
+
+
+def parse_probe(*, text):
+    """
+    Parse the output of :data:`PROBE_SCRIPT`.
+
+    Parameters
+    ----------
+    text : str
+        The script's standard output.
+
+    Returns
+    -------
+    facts : dict
+        ``{where: {key: value}}``; ``python`` values are dicts (or None when
+        the interpreter did not answer), ``ldcache`` a list of lines.
+    """
+    facts: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        if not line.startswith(_MARK):
+            continue
+        where, _, rest = line[len(_MARK) :].partition(" ")
+        key, _, value = rest.partition(" ")
+        if key == "python":
+            try:
+                value = json.loads(value) if value.strip() else None
+            except ValueError:
+                value = None
+        if key in _LIST_FACTS:
+            facts.setdefault(where, {}).setdefault(key, []).append(value)
+        else:
+            facts.setdefault(where, {})[key] = value
+    return facts
+
+
+def probe_command(*, explicit=None):
+    """
+    The command that probes an image (run inside the container).
+
+    Parameters
+    ----------
+    explicit : str, optional
+        A prefix to check as well.
+
+    Returns
+    -------
+    args : list of str
+        ``env -i ... bash -c SCRIPT probe PREFIX``.
+    """
+    return [
+        *CLEAN_ENV,
+        "bash",
+        "--noprofile",
+        "--norc",
+        "-c",
+        PROBE_SCRIPT,
+        "probe",
+        explicit or "",
+    ]
+
+
+def discover(*, run, explicit=None, conda_env=False):
+    """
+    Ask an image (through `run`) and choose the environment.
+
+    Parameters
+    ----------
+    run : callable
+        ``run(args) -> stdout`` running a command in the container.
+    explicit : str, optional
+        The ``target-env.prefix`` setting.
+    conda_env : bool, default=False
+        Whether cotainr created its conda env (checked at its prefix).
+
+    Returns
+    -------
+    target : TargetEnv
+        The environment.
+
+    Raises
+    ------
+    TargetEnvNotFoundError
+        If none qualifies.
+    """
+    check = explicit
+    if not explicit and conda_env:
+        check = f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
+    facts = parse_probe(text=run(probe_command(explicit=check)))
+    return choose(facts=facts, explicit=explicit, conda_env=conda_env)
+
+
+def probe_build(*, sandbox, plan, labels):
+    """
+    The one probe of a running build (one command in the container).
+
+    Records the answer in the image (:data:`TARGET_ENV_FILE`) and in the
+    label ``cotainr-lumi.target-env``. Stages get it through
+    :attr:`cotainr_lumi.engine.stage.StageContext.target_env`, which calls
+    this once.
+
+    Parameters
+    ----------
+    sandbox : :class:`cotainr_lumi._cotainr.Sandbox`
+        The sandbox, after cotainr's conda step.
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan` or None
+        The plan (its ``target-env`` setting and conda env).
+    labels : dict of str to str
+        The build's labels (the label is added).
+
+    Returns
+    -------
+    target : TargetEnv or TargetEnvNotFoundError
+        The environment, or why there is none.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.StageError`
+        If the container does not start.
+    """
+
+    def run(args):
+        try:
+            return sandbox.run(args, log_name=SETTINGS_NAME).stdout or ""
+        except _cotainr.CommandError as e:
+            raise StageError(
+                "could not start the container to find its Python environment",
+                stage=SETTINGS_NAME,
+                details=e.error_lines(),
+            ) from e
+
+    try:
+        target = discover(
+            run=run,
+            explicit=explicit_prefix(plan=plan),
+            conda_env=getattr(plan, "conda_env", None) is not None,
+        )
+    except TargetEnvNotFoundError as e:
+        logger.info("No target Python environment: %s", e)
+        return e
+    logger.info("Target Python environment: %s", target.describe())
+    for decoy in target.decoys.values():
+        logger.info("Not the target: %s", decoy)
+    write_file_in_root(
+        root=sandbox.root,
+        path=TARGET_ENV_FILE,
+        content=json.dumps(target.to_dict(), indent=2, sort_keys=True) + "\n",
+    )
+    labels[imagelayout.LABEL_TARGET_ENV] = target.prefix
+    return target
+
+
+def probe_image(*, image, explicit=None, timeout=120):
+    """
+    Discover the target environment of an image file (dry runs).
+
+    Parameters
+    ----------
+    image : os.PathLike
+        A local ``.sif`` (or sandbox directory).
+    explicit : str, optional
+        The ``target-env.prefix`` setting.
+    timeout : float, default=120
+        Seconds before giving up.
+
+    Returns
+    -------
+    target : TargetEnv or TargetEnvNotFoundError or None
+        The answer; None when the image could not be run here.
+    """
+    if apptainer.find_runtime() is None:
+        return None
+
+    def run(args):
+        proc = apptainer.exec_in_image(
+            image=os.fspath(image), args=args, timeout=timeout
+        )
+        if proc.returncode != 0:
+            raise OSError(proc.stderr.strip()[-300:])
+        return proc.stdout
+
+    try:
+        return discover(run=run, explicit=explicit)
+    except TargetEnvNotFoundError as e:
+        return e
+    except (OSError, subprocess.SubprocessError) as e:
+        logger.debug("Could not probe %s: %s", image, e)
+        return None

@@ -1,0 +1,558 @@
+"""
+Stage settings: declared once, read by one loader.
+
+A stage declares its settings as a frozen dataclass deriving from
+:class:`StageSettings`, one field per setting made with :func:`setting`::
+
+    @dataclass(frozen=True)
+    class PruneSettings(StageSettings):
+        libstdcxx: bool = setting(True, doc="remove the env's libstdc++ when safe")
+        strict: bool = setting(False, doc="fail instead of skipping a pruning")
+
+The field name is the key users write, with ``-`` for ``_`` (``rocm_dedup``
+is ``rocm-dedup``); the annotation is its type (``bool``, ``str``, ``int``,
+``Optional[...]``, ``list[...]``, ``dict[str, ...]``, ``Any``); ``check`` adds
+a rule on the value and ``load`` replaces the conversion from what users
+write (the pip steps become ``PipStep`` objects).
+
+:func:`load_stage_settings` is the one loader. It reads what one source gives
+(a system profile, ``--set``, a pip steps file, the Python API), checks it
+against the declarations and returns the settings typed, only the keys given,
+so that sources merge (profile files in order, then the build's);
+:meth:`StageSettings.complete` fills in the defaults. The first problem is one
+error, worded by the source's :class:`cotainr_lumi.engine.origins.Origin`:
+the file and line for a file, the option for an option, the key for the
+Python API.
+
+Classes
+-------
+StageSettings
+    Base class of a stage's settings declaration.
+NoSettings
+    The declaration of a stage without settings.
+Declared
+    One declared setting.
+SettingError
+    A value that does not fit its declaration.
+
+Functions
+---------
+setting(default, *, doc, check=None, load=None)
+    Declare one setting (a dataclass field).
+load_stage_settings(*, raw, origin)
+    Read the settings one source gives for any stages.
+load_settings(*, schema, raw, origin, stage)
+    Read the settings one source gives for one stage.
+read_declared(*, schema, raw, origin, unknown="setting")
+    Typed values of a mapping of declared keys (for nested ones, e.g. a step).
+each(check)
+    A check of every item of a list.
+convert(*, type_, value)
+    A value as a declared type.
+"""
+
+from collections.abc import Mapping
+import copy
+import dataclasses
+from dataclasses import dataclass
+import difflib
+import functools
+import logging
+from pathlib import Path
+from typing import Any, Callable, Optional, Union, get_args, get_origin, get_type_hints
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+_NONE = type(None)
+
+#: How messages name values of a scalar type: (one, many).
+_SCALAR_WORDS = {
+    bool: ("true or false", "true or false values"),
+    str: ("a string", "strings"),
+    int: ("an integer", "integers"),
+    float: ("a number", "numbers"),
+}
+
+
+class SettingError(ValueError):
+    """
+    A value that does not fit its declaration.
+
+    Parameters
+    ----------
+    message : str
+        What is wrong and what to write instead.
+    path : tuple, optional
+        Where below the setting (keys and 0-based list indices).
+    """
+
+    def __init__(self, message, *, path=()):
+        super().__init__(message)
+        self.message = message
+        self.path = tuple(path)
+
+    def under(self, *parts):
+        """The same error, `parts` further up the path."""
+        return SettingError(self.message, path=(*parts, *self.path))
+
+
+# -- declaring ----------------------------------------------------------------
+
+
+def setting(default, *, doc, check=None, load=None):
+    """
+    Declare one setting (a dataclass field).
+
+    Parameters
+    ----------
+    default : object
+        The value when no source gives one (lists and dicts are copied).
+    doc : str
+        One line: what the setting does.
+    check : callable, optional
+        ``check(value)`` raising :class:`ValueError` (or :class:`SettingError`
+        with a path below the setting) when a converted value breaks a rule;
+        not called for null.
+    load : callable, optional
+        ``load(value, *, origin) -> typed value`` replacing the conversion by
+        type (raising :class:`SettingError`), for values users write in
+        several forms.
+
+    Returns
+    -------
+    field : :class:`dataclasses.Field`
+        The field, for a :class:`StageSettings` dataclass.
+    """
+    metadata = {"doc": doc, "check": check, "load": load}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(
+            default_factory=functools.partial(copy.deepcopy, default),
+            metadata=metadata,
+        )
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def each(check):
+    """
+    A check of every item of a list.
+
+    Parameters
+    ----------
+    check : callable
+        ``check(item)`` raising :class:`ValueError`.
+
+    Returns
+    -------
+    check_items : callable
+        The check of a list; an error points at the item.
+    """
+
+    def check_items(values):
+        for i, value in enumerate(values):
+            try:
+                check(value)
+            except SettingError as e:
+                raise e.under(i) from None
+            except ValueError as e:
+                raise SettingError(str(e), path=(i,)) from None
+
+    return check_items
+
+
+@dataclass(frozen=True)
+class Declared:
+    """
+    One declared setting.
+
+    Attributes
+    ----------
+    key : str
+        The key users write (``rocm-dedup``).
+    name : str
+        The dataclass field (``rocm_dedup``).
+    type : object
+        The annotation.
+    default : object
+        The default value.
+    doc : str
+        What the setting does.
+    check : callable or None
+        The extra rule.
+    load : callable or None
+        The conversion replacing the type's.
+    """
+
+    key: str
+    name: str
+    type: Any
+    default: Any
+    doc: str
+    check: Optional[Callable] = None
+    load: Optional[Callable] = None
+
+    def read(self, value, *, origin):
+        """
+        The typed value of what a source gives.
+
+        Parameters
+        ----------
+        value : object
+            As given.
+        origin : Origin
+            The source (some conversions resolve paths against it).
+
+        Returns
+        -------
+        value : object
+            The typed value.
+
+        Raises
+        ------
+        SettingError
+            If the value does not fit.
+        """
+        if self.load is not None:
+            value = self.load(value, origin=origin)
+        else:
+            value = convert(type_=self.type, value=value)
+        if self.check is not None and value is not None:
+            try:
+                self.check(value)
+            except SettingError:
+                raise
+            except ValueError as e:
+                raise SettingError(str(e)) from None
+        return value
+
+
+@functools.cache
+def _declared(cls):
+    hints = get_type_hints(cls)
+    declared = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        else:
+            default = f.default_factory()
+        spec = Declared(
+            key=f.name.replace("_", "-"),
+            name=f.name,
+            type=hints[f.name],
+            default=default,
+            doc=f.metadata.get("doc", ""),
+            check=f.metadata.get("check"),
+            load=f.metadata.get("load"),
+        )
+        declared[spec.key] = spec
+    return declared
+
+
+def _plain(value):
+    """`value` as JSON-serialisable data (objects with ``to_dict`` too)."""
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_plain(v) for v in value]
+        return sorted(items) if isinstance(value, (set, frozenset)) else items
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+@dataclass(frozen=True)
+class StageSettings:
+    """
+    Base class of a stage's settings declaration.
+
+    Subclasses are frozen dataclasses whose fields are made with
+    :func:`setting`.
+    """
+
+    @classmethod
+    def declared(cls):
+        """
+        The declared settings.
+
+        Returns
+        -------
+        declared : dict of str to Declared
+            By the key users write, in declaration order.
+        """
+        return _declared(cls)
+
+    @classmethod
+    def complete(cls, partial=None):
+        """
+        The settings with the defaults filled in.
+
+        Parameters
+        ----------
+        partial : mapping, optional
+            Typed values by key (what :func:`load_settings` returns, merged).
+
+        Returns
+        -------
+        settings : StageSettings
+            An instance of `cls`.
+        """
+        declared = cls.declared()
+        return cls(**{declared[k].name: v for k, v in (partial or {}).items()})
+
+    def to_dict(self):
+        """
+        The settings as users write them (keys with ``-``, plain data).
+
+        Returns
+        -------
+        settings : dict
+            JSON-serialisable.
+        """
+        return {
+            spec.key: _plain(getattr(self, spec.name))
+            for spec in self.declared().values()
+        }
+
+
+@dataclass(frozen=True)
+class NoSettings(StageSettings):
+    """The declaration of a stage without settings."""
+
+
+# -- converting ---------------------------------------------------------------
+
+
+def _words(type_, *, many=False):
+    """How messages name values of `type_`."""
+    origin, args = get_origin(type_), get_args(type_)
+    if type_ is Any:
+        return "values" if many else "a value"
+    if origin is Union:
+        text = " or ".join(_words(a, many=many) for a in args if a is not _NONE)
+        return text + (" or null" if _NONE in args else "")
+    if origin is list:
+        return ("lists of " if many else "a list of ") + _words(args[0], many=True)
+    if origin is dict:
+        return (
+            "mappings"
+            if many
+            else "a mapping of names to " + _words(args[1], many=True)
+        )
+    if type_ in _SCALAR_WORDS:
+        return _SCALAR_WORDS[type_][1 if many else 0]
+    name = getattr(type_, "__name__", str(type_))
+    return f"{name} values" if many else f"a {name}"
+
+
+def _fits(type_, value):
+    if type_ is bool:
+        return isinstance(value, bool)
+    if type_ in (int, float):
+        return isinstance(value, (int, float) if type_ is float else int) and (
+            not isinstance(value, bool)
+        )
+    return isinstance(value, type_)
+
+
+def _convert_items(type_, values):
+    """A list of `type_` values (an error points at the item)."""
+    items = []
+    for i, item in enumerate(values):
+        try:
+            items.append(convert(type_=type_, value=item))
+        except SettingError as e:
+            raise e.under(i) from None
+    return items
+
+
+def _convert_mapping(key_type, value_type, mapping):
+    """A dict of `key_type` to `value_type` (an error points at the key)."""
+    result = {}
+    for key, item in mapping.items():
+        if not _fits(key_type, key):
+            raise SettingError(f"{key!r} is not {_words(key_type)}", path=(key,))
+        try:
+            result[key] = convert(type_=value_type, value=item)
+        except SettingError as e:
+            raise e.under(key) from None
+    return result
+
+
+def convert(*, type_, value):
+    """
+    A value as a declared type.
+
+    Parameters
+    ----------
+    type_ : object
+        The annotation: ``bool``, ``str``, ``int``, ``float``, a class,
+        ``Optional``/``Union`` of those, ``list[T]``, ``dict[str, T]`` or
+        ``Any``.
+    value : object
+        As given.
+
+    Returns
+    -------
+    value : object
+        The value (lists and dicts copied).
+
+    Raises
+    ------
+    SettingError
+        If it does not fit (the path points at the bad item).
+    """
+    origin, args = get_origin(type_), get_args(type_)
+    problem = SettingError(f"must be {_words(type_)} (got {value!r})")
+    if type_ is Any:
+        return value
+    if origin is Union:
+        if value is None and _NONE in args:
+            return None
+        for arg in args:
+            if arg is not _NONE:
+                try:
+                    return convert(type_=arg, value=value)
+                except SettingError:
+                    continue
+        raise problem
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise problem
+        return _convert_items(args[0], value)
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise problem
+        return _convert_mapping(args[0], args[1], value)
+    if not _fits(type_, value):
+        raise problem
+    return value
+
+
+# -- loading ------------------------------------------------------------------
+
+
+def _unknown(name, known, what):
+    """The message for an unknown key or stage, with the closest known one."""
+    text = f"unknown {what} (known: {', '.join(known)})"
+    close = difflib.get_close_matches(str(name), known, n=1)
+    return text + (f"; did you mean '{close[0]}'?" if close else "")
+
+
+def read_declared(*, schema, raw, origin, unknown="setting"):
+    """
+    Typed values of a mapping of declared keys.
+
+    Parameters
+    ----------
+    schema : type
+        A :class:`StageSettings` subclass.
+    raw : object
+        The mapping as given.
+    origin : :class:`cotainr_lumi.engine.origins.Origin`
+        Where it comes from.
+    unknown : str, default="setting"
+        What a key is called in the message for an unknown one.
+
+    Returns
+    -------
+    values : dict
+        Typed values of the keys given.
+
+    Raises
+    ------
+    SettingError
+        For the first unknown key or bad value (its path below `raw`).
+    """
+    if not isinstance(raw, Mapping):
+        raise SettingError(f"must be a mapping of {unknown}s to values (got {raw!r})")
+    declared = schema.declared()
+    values = {}
+    for key, value in raw.items():
+        spec = declared.get(key)
+        if spec is None:
+            raise SettingError(_unknown(key, list(declared), unknown), path=(key,))
+        try:
+            values[key] = spec.read(value, origin=origin)
+        except SettingError as e:
+            raise e.under(key) from None
+    return values
+
+
+def load_settings(*, schema, raw, origin, stage):
+    """
+    Read the settings one source gives for one stage.
+
+    Parameters
+    ----------
+    schema : type
+        The stage's :class:`StageSettings` subclass.
+    raw : mapping or None
+        The settings as given (None: none).
+    origin : :class:`cotainr_lumi.engine.origins.Origin`
+        Where they come from.
+    stage : str
+        The stage name (for errors).
+
+    Returns
+    -------
+    settings : dict
+        Typed values of the keys given.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.CotainrLumiError`
+        For an unknown key or a bad value (the first one), worded by
+        `origin`.
+    """
+    if raw is None:
+        return {}
+    try:
+        return read_declared(schema=schema, raw=raw, origin=origin)
+    except SettingError as e:
+        raise origin.error(path=(stage, *e.path), message=e.message) from None
+
+
+def load_stage_settings(*, raw, origin):
+    """
+    Read the settings one source gives for any stages.
+
+    Parameters
+    ----------
+    raw : mapping or None
+        ``{stage name: {key: value}}`` as given.
+    origin : Origin
+        Where they come from.
+
+    Returns
+    -------
+    settings : dict
+        ``{stage name: {key: typed value}}`` of what was given.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.CotainrLumiError`
+        For an unknown stage or key, or a bad value (the first one).
+    """
+    from .stage import settings_class_of, settings_names
+
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise origin.error(
+            path=(),
+            message="must map stage names to their settings, e.g. "
+            f"{{'prune': {{'strict': True}}}} (got {raw!r})",
+        )
+    loaded = {}
+    for stage, values in raw.items():
+        try:
+            schema = settings_class_of(stage)
+        except KeyError:
+            raise origin.error(
+                path=(stage,), message=_unknown(stage, settings_names(), "stage")
+            ) from None
+        loaded[stage] = load_settings(
+            schema=schema, raw=values, origin=origin, stage=stage
+        )
+    return loaded

@@ -1,0 +1,185 @@
+"""
+The settings of the lumi-env stage, declared once.
+
+Classes
+-------
+LumiEnvSettings
+    The settings (``settings: {lumi-env: {...}}`` of a system profile).
+"""
+
+from dataclasses import dataclass
+import logging
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from ... import imagelayout
+from ...engine.settings import SettingError, StageSettings, each, setting
+from .envfile import validate_name, validate_path_entry, validate_value
+from .modulefile import check_var_name, validate_bind
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: Where the module mounts ``$CONTAINERROOT/user-software``.
+USER_SOFTWARE = imagelayout.USER_SOFTWARE_DIR
+
+
+def root_path_problem(value):
+    """
+    Why `value` cannot be a CONTAINERROOT (it goes into ``SINGULARITY_BIND``).
+
+    Parameters
+    ----------
+    value : object
+        The path.
+
+    Returns
+    -------
+    problem : str or None
+        None when it can.
+    """
+    if not isinstance(value, str) or not value:
+        return f"must be a directory path or null (got {value!r})"
+    if any(c in value for c in ",:\0") or any(c.isspace() for c in value):
+        return f"{value!r} contains ',', ':', white space or NUL (it goes into SINGULARITY_BIND)"
+    return None
+
+
+def directory_problem(directory):
+    """
+    Why `directory` cannot hold the module files.
+
+    Parameters
+    ----------
+    directory : :class:`pathlib.Path`
+        The directory (it may not exist yet).
+
+    Returns
+    -------
+    problem : str or None
+        None when it exists and is writable, or can be created.
+    """
+    if directory.exists():
+        if not directory.is_dir():
+            return f"{directory} exists and is not a directory"
+        if not os.access(directory, os.W_OK | os.X_OK):
+            return f"{directory} is not writable"
+        return None
+    ancestor = directory.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"cannot create {directory}: {ancestor} is not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot create {directory}: {ancestor} is not writable"
+    return None
+
+
+def _search_path_entries(name):
+    """The check of the entries of a search path setting."""
+
+    def check(entry):
+        validate_path_entry(name=name, entry=entry)
+
+    return each(check)
+
+
+def _check_env(env):
+    for name, value in env.items():
+        try:
+            validate_name(name)
+            if value is not None:
+                validate_value(name=name, value=value)
+        except ValueError as e:
+            raise SettingError(str(e), path=(name,)) from None
+
+
+def _check_module_dir(value):
+    problem = directory_problem(Path(value).expanduser()) if value else None
+    if problem:
+        raise ValueError(problem)
+
+
+def _check_container_root(value):
+    problem = root_path_problem(value) or directory_problem(Path(value).expanduser())
+    if problem:
+        raise ValueError(problem)
+
+
+def _check_user_venv(value):
+    if (
+        not value.startswith(USER_SOFTWARE + "/")
+        or root_path_problem(value)
+        or "/../" in value + "/"
+    ):
+        raise ValueError(
+            f"must be a path below {USER_SOFTWARE}/ without ',', ':', '..' or "
+            f"white space (got {value!r})"
+        )
+
+
+def _check_module_name(value):
+    if not value or "/" in value or value.startswith("."):
+        raise ValueError(f"must be a file name without '/' or null (got {value!r})")
+
+
+@dataclass(frozen=True)
+class LumiEnvSettings(StageSettings):
+    """The settings of the lumi-env stage."""
+
+    env: dict[str, Any] = setting(
+        {},
+        doc="variables set as defaults in the image (null: not set)",
+        check=_check_env,
+    )
+    miopen_cache: bool = setting(
+        True, doc="the MIOpen user DB and cache on node-local /tmp"
+    )
+    rocm_paths: bool = setting(
+        True, doc="add the ROCm and aws-ofi-rccl paths the base image lacks"
+    )
+    path: list[str] = setting(
+        [],
+        doc="directories added to PATH",
+        check=_search_path_entries("PATH"),
+    )
+    ld_library_path: list[str] = setting(
+        [],
+        doc="directories added to LD_LIBRARY_PATH",
+        check=_search_path_entries("LD_LIBRARY_PATH"),
+    )
+    runscripts: bool = setting(True, doc="the LUMI runscripts in /runscripts, on PATH")
+    with_conda: bool = setting(
+        True, doc="$WITH_CONDA activates the image's env (LUMI EasyBuild modules)"
+    )
+    binds: list[str] = setting(
+        [],
+        doc="bind mounts, set by the module file and shell snippet",
+        check=each(validate_bind),
+    )
+    module_file: bool = setting(True, doc="write an Lmod module file and shell snippet")
+    module_dir: Optional[str] = setting(
+        None,
+        doc="where the module file goes (null: next to the image)",
+        check=_check_module_dir,
+    )
+    module_name: Optional[str] = setting(
+        None,
+        doc="the module's name (null: the image's)",
+        check=_check_module_name,
+    )
+    module_var_name: Optional[str] = setting(
+        None,
+        doc="NAME of SIF<NAME>, RUNSCRIPTS<NAME> (null: from the module name)",
+        check=check_var_name,
+    )
+    container_root: Optional[str] = setting(
+        None,
+        doc="CONTAINERROOT on the host (null: NAME.root next to the image)",
+        check=_check_container_root,
+    )
+    user_venv: Optional[str] = setting(
+        None,
+        doc=f"the user venv (null: {USER_SOFTWARE}/venv/<name>)",
+        check=_check_user_venv,
+    )
