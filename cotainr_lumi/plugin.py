@@ -146,6 +146,10 @@ class LumiStage(_cotainr.BuildStage):
                 dry_run=context.dry_run,
                 options=context.options,
             )
+            if context.conda_prefix and context.conda_env_name:
+                request.conda_env_prefix = (
+                    f"{context.conda_prefix}/envs/{context.conda_env_name}"
+                )
             plan = make_plan(request=request)
         except CotainrLumiError as e:
             sys.stderr.write(f"cotainr: error: {e}\n")

@@ -169,6 +169,25 @@ def probe_command(*, explicit=None):
     ]
 
 
+def conda_env_prefix(*, plan=None):
+    """
+    Where cotainr's conda env is in the image.
+
+    Parameters
+    ----------
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`, optional
+        The plan; its request carries the prefix cotainr's build context
+        gave (the seam's ``conda_prefix``/``conda_env_name``).
+
+    Returns
+    -------
+    prefix : str
+        E.g. ``/opt/cotainr/conda/envs/conda_container_env``.
+    """
+    given = getattr(getattr(plan, "request", None), "conda_env_prefix", None)
+    return given or f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
+
+
 def discover(*, run, explicit=None, conda_env=False):
     """
     Ask an image (through `run`) and choose the environment.
@@ -194,7 +213,7 @@ def discover(*, run, explicit=None, conda_env=False):
     """
     check = explicit
     if not explicit and conda_env:
-        check = f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
+        check = conda_env if isinstance(conda_env, str) else conda_env_prefix()
     facts = parse_probe(text=run(probe_command(explicit=check)))
     return choose(facts=facts, explicit=explicit, conda_env=conda_env)
 
@@ -242,7 +261,11 @@ def probe_build(*, sandbox, plan, labels):
         target = discover(
             run=run,
             explicit=explicit_prefix(plan=plan),
-            conda_env=getattr(plan, "conda_env", None) is not None,
+            conda_env=(
+                conda_env_prefix(plan=plan)
+                if getattr(plan, "conda_env", None) is not None
+                else False
+            ),
         )
     except TargetEnvNotFoundError as e:
         logger.info("No target Python environment: %s", e)

@@ -70,6 +70,9 @@ class BuildRequest:
         Overwrite an existing image.
     dry_run : bool
         Only describe the plan.
+    conda_env_prefix : str, optional
+        Where cotainr's conda env is in the image, as cotainr's build context
+        says (default: cotainr's usual place).
     accept_licenses : bool
         Accept the Miniforge licence (cotainr's conda step).
     """
@@ -84,6 +87,7 @@ class BuildRequest:
     force: bool = False
     dry_run: bool = False
     accept_licenses: bool = False
+    conda_env_prefix: Optional[str] = None
 
 
 @dataclass
