@@ -340,6 +340,23 @@ def test_rank_0_wipes_only_its_own_per_node_cache(fakebin):
     assert (other / "old").read_text() == "other node"
 
 
+def test_rank_0_removes_a_planted_link_not_what_it_points_to(fakebin, tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep me")
+    cache = Path(f"/tmp/{CLEANUP_USER}-miopen-cache-5")
+    cache.symlink_to(victim)
+    try:
+        proc, got = run(fakebin, {"SLURM_LOCALID": "0", "SLURM_NODEID": "5"})
+        assert proc.returncode == 0, proc.stderr
+        assert (victim / "precious").read_text() == "keep me"
+        assert got["MIOPEN_USER_DB_PATH"] == str(cache)
+        assert cache.is_dir() and not cache.is_symlink()
+    finally:
+        if cache.is_symlink():
+            cache.unlink()
+
+
 def test_image_default_cache_gives_way_to_the_per_node_one(fakebin):
     proc, got = run(
         fakebin,
