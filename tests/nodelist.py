@@ -79,8 +79,9 @@ def _parse_group(group, *, nodelist):
                     f"number {text} in node list {nodelist!r} is too large "
                     f"(more than {MAX_DIGITS} digits)"
                 )
-        lo = int(lo_text)
-        hi = lo if hi_text is None else int(hi_text)
+        # (Python limits int() to 4300 digits: leading zeros are dropped.)
+        lo = int(lo_text.lstrip("0") or "0")
+        hi = lo if hi_text is None else int(hi_text.lstrip("0") or "0")
         if hi < lo:
             raise NodelistError(f"descending range {part!r} in node list {nodelist!r}")
         ranges.append((lo_text, lo, hi))

@@ -247,3 +247,118 @@ def test_fuzz_python_and_bash_agree_on_hostile_node_lists(nodelist):
     else:
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout == expected
+
+
+# --- Size: get-master is linear in the node list -------------------------------
+#
+# Linux limits one argument or environment string to 128 KiB, so Slurm never
+# hands over a longer list; the 200 KB lists are read from a file by a small
+# bash wrapper that sources get-master with the list as its argument. The
+# bound is the subprocess timeout, not a timing assertion: the quadratic
+# script took 6 s for 21 KB and minutes for these.
+SIZE = 200_000
+BOUND = 60  # seconds; the linear script needs well under one
+
+_SOURCE_WITH_LIST = (
+    'list=$(<"$1"); script=$2; shift 2; set -- "$@" -- "$list"; . "$script"'
+)
+
+
+def _repeat(make, size=SIZE):
+    """`make(i)` for i = 0, 1, ... joined with commas, about `size` bytes."""
+    parts, total, i = [], -1, 0
+    while total < size:
+        part = make(i)
+        parts.append(part)
+        total += len(part) + 1
+        i += 1
+    return ",".join(parts)
+
+
+BIG_LISTS = {
+    "many hosts": lambda: _repeat(lambda i: f"nid{i:06d}"),
+    "one group, many numbers": lambda: "nid[" + _repeat(lambda i: f"{2 * i:06d}") + "]",
+    "one group, many ranges": lambda: (
+        "nid[" + _repeat(lambda i: f"{3 * i:06d}-{3 * i + 1:06d}") + "]"
+    ),
+    "many groups": lambda: _repeat(lambda i: f"nid[{i:06d}-{i + 1:06d},{i + 5}]"),
+    "many groups in one host": lambda: "".join(
+        f"x{i % 10}[{i % 7}]" for i in range(SIZE // 5 + 1)
+    ),
+    "one long host name": lambda: "n" * SIZE,
+    "long leading zeros": lambda: "n[" + "0" * SIZE + "7-" + "0" * 10 + "9],m",
+    "white space around": lambda: " " * (SIZE // 2) + "nid[1-2]" + "\t" * (SIZE // 2),
+    "bad at the end": lambda: _repeat(lambda i: f"nid{i:06d}") + ",n[1-",
+    "comma after many": lambda: _repeat(lambda i: f"a[{i}]b") + ",",
+}
+
+
+def run_get_master_on_file(tmp_path, nodelist, *args):
+    path = tmp_path / "nodelist"
+    path.write_text(nodelist)
+    return subprocess.run(
+        ["bash", "-c", _SOURCE_WITH_LIST, "bash", str(path), str(GET_MASTER), *args],
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+
+
+@pytest.mark.parametrize("shape", BIG_LISTS)
+def test_get_master_on_a_200kb_node_list_completes(tmp_path, shape):
+    nodelist = BIG_LISTS[shape]()
+    assert len(nodelist) >= SIZE
+    try:
+        expected = first_host(nodelist) + "\n"
+    except NodelistError:
+        expected = None
+    proc = run_get_master_on_file(tmp_path, nodelist)
+    if expected is None:
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert len(proc.stderr.splitlines()) == 1
+        assert proc.stderr.startswith("get-master: ")
+        assert len(proc.stderr) < 1000  # the list is not repeated in full
+    else:
+        assert proc.returncode == 0, proc.stderr[:500]
+        assert proc.stdout == expected
+
+
+@pytest.mark.parametrize(
+    "shape", ["many hosts", "one group, many ranges", "many groups in one host"]
+)
+def test_get_master_all_on_a_200kb_node_list_completes(tmp_path, shape):
+    nodelist = BIG_LISTS[shape]()
+    proc = run_get_master_on_file(tmp_path, nodelist, "--all")
+    assert proc.returncode == 0, proc.stderr[:500]
+    assert proc.stdout.splitlines() == expand_nodelist(nodelist)
+
+
+def test_get_master_reads_a_120kb_slurm_variable(tmp_path):
+    # The longest value the kernel passes on (128 KiB per string).
+    nodelist = _repeat(lambda i: f"nid{i:06d}", size=120_000)
+    proc = subprocess.run(
+        ["bash", str(GET_MASTER)],
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+        env={"PATH": "/usr/bin:/bin", "SLURM_JOB_NODELIST": nodelist},
+    )
+    assert proc.returncode == 0, proc.stderr[:500]
+    assert proc.stdout == "nid000000\n"
+
+
+@st.composite
+def long_nodelists(draw):
+    items = draw(st.lists(host_expressions(), min_size=1, max_size=40))
+    return ",".join(i[0] for i in items), [h for i in items for h in i[1]]
+
+
+@settings(max_examples=25, deadline=None)
+@given(long_nodelists())
+def test_get_master_matches_the_reference_on_longer_lists(case):
+    nodelist, hosts = case
+    every = run_get_master("--all", "--", nodelist)
+    assert every.returncode == 0, every.stderr
+    assert every.stdout.splitlines() == expand_nodelist(nodelist) == hosts
+    assert run_get_master("--", nodelist).stdout == hosts[0] + "\n"
