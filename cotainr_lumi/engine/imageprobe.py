@@ -60,33 +60,61 @@ fact() { printf '%s %s %s %s\n' "$M" "$1" "$2" "$(printf '%s' "$3" | tr '\n' ' '
 pyinfo() { # pyinfo WHERE PREFIX: facts of PREFIX's own interpreter
     for py in "$2/bin/python" "$2/bin/python3"; do
         if [ -x "$py" ]; then
-            fact "$1" python "$("$py" -c 'import json, sys, sysconfig
+            fact "$1" python "$("$py" -c 'import json, os, re, sys, sysconfig
 paths = sysconfig.get_paths()
 site = [paths["purelib"], paths["platlib"]]
 site += [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))
          and not p.startswith("/usr/")]
+site = list(dict.fromkeys(site))
+here = lambda *p: os.path.join(sys.prefix, *p)
+torch = None
+for d in site:
+    try:
+        with open(os.path.join(d, "torch", "version.py")) as f:
+            text = f.read(20000)
+    except OSError:
+        continue
+    found = dict(re.findall(r"^(__version__|hip)\s*(?::[^=]*)?=\s*[\x27\x22]([^\x27\x22]*)", text, re.M))
+    torch = {"dir": os.path.join(d, "torch"), "version": found.get("__version__", ""),
+             "hip": found.get("hip", "")}
+    break
 print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix,
-    "executable": sys.executable, "version": sys.version.split()[0],
-    "site": list(dict.fromkeys(site))}))' 2>/dev/null)"
+    "executable": sys.executable, "version": sys.version.split()[0], "site": site,
+    "venv": sys.prefix != sys.base_prefix or os.path.isfile(here("pyvenv.cfg")),
+    "conda_meta": os.path.isdir(here("conda-meta")),
+    "conda_base": os.path.isdir(here("condabin")) or os.path.isdir(here("envs")),
+    "torch": torch}))' 2>/dev/null)"
             return
         fi
+    done
+}
+pythonpath_env() { # the env whose <prefix>/lib/pythonX.Y/site-packages is first on PYTHONPATH
+    local IFS=: entry
+    for entry in ${PYTHONPATH:-}; do
+        case "${entry%/}" in
+        /*/lib/python*/site-packages) printf '%s\n' "${entry%%/lib/python*}"; return ;;
+        esac
     done
 }
 state() { # state WHERE: the environment as it is now
     fact "$1" virtual_env "${VIRTUAL_ENV:-}"
     fact "$1" conda_prefix "${CONDA_PREFIX:-}"
     fact "$1" path "${PATH:-}"
+    fact "$1" pythonpath "${PYTHONPATH:-}"
     fact "$1" path_python "$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
     [ -n "${VIRTUAL_ENV:-}" ] && pyinfo "$1.virtual_env" "$VIRTUAL_ENV"
     [ -n "${CONDA_PREFIX:-}" ] && pyinfo "$1.conda_prefix" "$CONDA_PREFIX"
     py="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
     [ -n "$py" ] && pyinfo "$1.path_python" "$(dirname "$(dirname "$py")")"
+    pp="$(pythonpath_env)"
+    [ -n "$pp" ] && fact "$1" pythonpath_prefix "$pp" && pyinfo "$1.pythonpath_env" "$pp"
 }
 fact image with_conda_set "${WITH_CONDA+set}"
 fact image with_conda "${WITH_CONDA:-}"
 state image
 fact image conda_exe "${CONDA_EXE:-}"
 fact image rocm_path "${ROCM_PATH:-}"
+fact image rocm_version "$(head -n 1 "${ROCM_PATH:-/opt/rocm}/.info/version" 2>/dev/null || true)"
 { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true; } | grep -F 'libstdc++' |
     while IFS= read -r line; do fact image ldcache "$line"; done
 [ -n "${1:-}" ] && pyinfo explicit "$1"

@@ -23,8 +23,16 @@ Order of precedence (the first that applies wins):
 4. ``active-env``: a venv or conda env active in the image's environment
    (``VIRTUAL_ENV`` / ``CONDA_PREFIX`` set by its env files: the 2025
    refresh, ``/user-software/venv`` images, cotainr's own conda env);
-5. none: a stage that must install refuses with one clear error. A system
-   Python (``/usr/bin/python3``) is never a target.
+5. ``path-env``: the first ``python`` on the image's ``PATH``, when its own
+   ``sys.prefix`` is a venv or a conda env (not conda's base env) outside
+   ``/usr`` (the LUMI AI Factory images: ``/opt/venv``, exposed only through
+   ``PATH`` and ``PYTHONPATH``, no ``VIRTUAL_ENV``);
+6. ``pythonpath-env``: the venv or conda env whose
+   ``<prefix>/lib/pythonX.Y/site-packages`` is first on the image's
+   ``PYTHONPATH`` (an env exposed only that way);
+7. none: a stage that must install refuses with one clear error. A system
+   Python (``/usr/bin/python3``) is never a target, and rules 5 and 6 never
+   take conda's base env (a decoy on ``PATH`` in older images).
 
 The base image is asked the way a user's job would ask it: inside the
 container, in a clean environment (no host variables), after its
@@ -75,7 +83,11 @@ _SOURCE_WORDS = {
     "conda-env": "the conda env cotainr creates from --conda-env",
     "with-conda": "from the base image's $WITH_CONDA",
     "active-env": "active in the base image's environment",
+    "path-env": "the first python on the base image's PATH",
+    "pythonpath-env": "the env of the first site-packages on the base image's PYTHONPATH",
 }
+#: The rules in order of precedence (the first that applies wins).
+RULES = tuple(_SOURCE_WORDS)
 
 
 def _check_prefix(value):
@@ -111,6 +123,9 @@ class ImageFacts:
         ``CONDA_EXE`` set by them (finds ``etc/profile.d/conda.sh``).
     rocm_path : str
         ``ROCM_PATH`` set by them.
+    rocm_version : str
+        The first line of ``$ROCM_PATH/.info/version`` (``/opt/rocm`` without
+        ``ROCM_PATH``), e.g. ``7.0.2-56``; empty when there is none.
     libstdcxx_cache : tuple of str
         The ``libstdc++`` lines of ``ldconfig -p`` (the image's loader cache).
     """
@@ -119,6 +134,7 @@ class ImageFacts:
     conda_exe: str = ""
     rocm_path: str = ""
     libstdcxx_cache: tuple[str, ...] = ()
+    rocm_version: str = ""
 
     @classmethod
     def from_facts(cls, facts):
@@ -141,6 +157,7 @@ class ImageFacts:
             conda_exe=image.get("conda_exe") or "",
             rocm_path=image.get("rocm_path") or "",
             libstdcxx_cache=tuple(image.get("ldcache") or ()),
+            rocm_version=image.get("rocm_version") or "",
         )
 
 
@@ -171,6 +188,9 @@ class TargetEnv:
         Other interpreters seen (e.g. ``python`` on PATH) that were not chosen.
     image : ImageFacts
         What the same probe saw of the image's environment.
+    torch : dict or None
+        The env's torch as its ``torch/version.py`` says (``dir``,
+        ``version``, ``hip``), None when it has none.
     """
 
     prefix: str
@@ -183,6 +203,7 @@ class TargetEnv:
     with_conda: Optional[str] = None
     decoys: dict[str, str] = field(default_factory=dict)
     image: ImageFacts = field(default_factory=ImageFacts)
+    torch: Optional[dict[str, str]] = None
 
     @property
     def bin_dir(self):
@@ -217,8 +238,16 @@ class TargetEnv:
         return "; ".join(parts)
 
     def describe(self):
-        """One line: the env, its interpreter and why."""
-        return f"{self.prefix} (python {self.version} at {self.python}; {self.reason})"
+        """One line: the env, its interpreter, why and the rule that chose it."""
+        rule = (
+            f" [rule {RULES.index(self.source) + 1}, {self.source}]"
+            if self.source in RULES
+            else ""
+        )
+        return (
+            f"{self.prefix} (python {self.version} at {self.python}; "
+            f"{self.reason}){rule}"
+        )
 
     def to_dict(self):
         """JSON-serialisable form."""
@@ -287,6 +316,61 @@ def _decoys(facts, chosen_prefix):
     return decoys
 
 
+def _under_usr(prefix):
+    """Whether `prefix` is ``/usr`` or below it (a system location)."""
+    path = os.path.normpath(prefix or "/")
+    return _is_system_prefix(path) or path == "/usr" or path.startswith("/usr/")
+
+
+def _kind(info):
+    """
+    What kind of Python an interpreter's facts describe.
+
+    Returns one of ``venv``, ``conda-env``, ``conda-base``, ``system``
+    (``/usr`` or below, or ``/``) and ``plain`` (an installation of its own
+    elsewhere, e.g. ``/opt/python3.12``). A venv is one by its own
+    ``sys.prefix`` (``sys.base_prefix`` differs, or ``pyvenv.cfg``), a conda
+    env by ``conda-meta/``, conda's base env by ``condabin/`` or ``envs/``.
+    """
+    if info.get("conda_base"):
+        return "conda-base"
+    if _under_usr(info["prefix"]):
+        return "system"
+    if _is_venv(info):
+        return "venv"
+    if info.get("conda_meta"):
+        return "conda-env"
+    return "plain"
+
+
+def _is_venv(info):
+    """Whether an interpreter's facts are those of a venv."""
+    return bool(
+        info.get("venv")
+        or (info.get("base_prefix") and info["base_prefix"] != info["prefix"])
+    )
+
+
+_KIND_WORDS = {
+    "venv": "a venv",
+    "conda-env": "a conda env",
+    "conda-base": "conda's base env (the conda installation, not an env to install into)",
+    "system": "a system Python",
+    "plain": "a Python installation that is neither a venv nor a conda env",
+}
+
+
+def _describe_python(path_py, info):
+    """`path_py` and what kind of Python it is, for messages."""
+    if info is None:
+        return f"{path_py} (no working interpreter there)"
+    kind = _kind(info)
+    words = _KIND_WORDS[kind]
+    if kind == "system" and _is_venv(info) and not _is_system_prefix(info["prefix"]):
+        words = "a venv under /usr (not a place to install into)"
+    return f"{path_py} (prefix {info['prefix']}), {words}"
+
+
 def _not_found_message(facts):
     image = facts.get("image", {})
     seen = []
@@ -301,16 +385,29 @@ def _not_found_message(facts):
         seen.append("$WITH_CONDA is not set")
     seen.append("no VIRTUAL_ENV/CONDA_PREFIX in its environment")
     path_py = image.get("path_python")
-    info = _python(facts, "image.path_python")
     if path_py:
-        where = f" (prefix {info['prefix']})" if info else ""
-        seen.append(f"`python` on PATH is {path_py}{where}, a system Python")
+        seen.append(
+            "`python` on PATH is "
+            + _describe_python(path_py, _python(facts, "image.path_python"))
+        )
     else:
         seen.append("no python on PATH")
+    pp_prefix = image.get("pythonpath_prefix")
+    if pp_prefix:
+        info = _python(facts, "image.pythonpath_env")
+        seen.append(
+            f"PYTHONPATH points into {pp_prefix}, "
+            + (
+                _KIND_WORDS[_kind(info)]
+                if info
+                else f"which has no working {pp_prefix}/bin/python"
+            )
+        )
     return (
         "the base image has no Python environment to install into: "
         + "; ".join(seen)
-        + ". cotainr-lumi never installs into a system Python (/usr). Give a "
+        + ". cotainr-lumi never installs into a system Python (/usr) and does "
+        "not pick conda's base env by itself. Give a "
         "conda env (--conda-env FILE) to create one, or name the image's env: "
         "--set target-env.prefix=/path/to/env (or `target-env: {prefix: "
         "/path/to/env}` under settings: of a system profile)."
@@ -331,6 +428,7 @@ def _make_target(facts, info, *, source, reason):
         with_conda=image.get("with_conda") if image.get("with_conda_set") else None,
         decoys=_decoys(facts, info["prefix"]),
         image=ImageFacts.from_facts(facts),
+        torch=info.get("torch") or None,
     )
 
 
@@ -395,6 +493,38 @@ def _from_with_conda(facts, *, before):
     return _make_target(facts, info, source="with-conda", reason=reason)
 
 
+def _installable(info):
+    """Whether an interpreter's env may be a target of rules 5 and 6."""
+    return info is not None and _kind(info) in ("venv", "conda-env")
+
+
+def _from_path(facts):
+    """Rule 5: the venv or conda env of the first python on PATH (None: none)."""
+    path_py = facts.get("image", {}).get("path_python")
+    info = _python(facts, "image.path_python")
+    if not path_py or not _installable(info):
+        return None
+    reason = (
+        f"the first python on the base image's PATH, {path_py}, is "
+        f"{_KIND_WORDS[_kind(info)]} with its own sys.prefix {info['prefix']} "
+        "(no VIRTUAL_ENV/CONDA_PREFIX or $WITH_CONDA names it)"
+    )
+    return _make_target(facts, info, source="path-env", reason=reason)
+
+
+def _from_pythonpath(facts):
+    """Rule 6: the env of the first site-packages on PYTHONPATH (None: none)."""
+    prefix = facts.get("image", {}).get("pythonpath_prefix")
+    info = _python(facts, "image.pythonpath_env")
+    if not prefix or not _installable(info):
+        return None
+    reason = (
+        f"the base image's PYTHONPATH starts with the site-packages of {prefix}, "
+        f"{_KIND_WORDS[_kind(info)]} with its own interpreter {info['executable']}"
+    )
+    return _make_target(facts, info, source="pythonpath-env", reason=reason)
+
+
 def choose(*, facts, explicit=None, conda_env=False):
     """
     Choose the target environment from the probe's facts.
@@ -433,6 +563,9 @@ def choose(*, facts, explicit=None, conda_env=False):
             f"({_env_words(var, facts, 'image')})"
         )
         return _make_target(facts, info, source="active-env", reason=reason)
+    target = _from_path(facts) or _from_pythonpath(facts)
+    if target is not None:
+        return target
     raise TargetEnvNotFoundError(_not_found_message(facts))
 
 
@@ -459,8 +592,10 @@ LOOKS_FOR = (
     "found in the base image when the build starts, first match wins: "
     "the env its $WITH_CONDA activates (evaluated in the container after its "
     "env scripts); else a venv/conda env active in its environment "
-    "(VIRTUAL_ENV/CONDA_PREFIX); else the build stops with an error before "
-    "installing (never into a system Python); override with "
+    "(VIRTUAL_ENV/CONDA_PREFIX); else the venv/conda env of the first python "
+    "on its PATH; else the env of the first site-packages on its PYTHONPATH; "
+    "else the build stops with an error before installing (never into a "
+    "system Python or conda's base env); override with "
     "--set target-env.prefix=PATH"
 )
 

@@ -351,3 +351,132 @@ def test_setting_from_a_site_profile(tmp_path, monkeypatch):
         request=BuildRequest(image_path=tmp_path / "o.sif", system="lumi-pt")
     )
     assert targetenv.explicit_prefix(plan=plan) == ENV
+
+
+# -- Today's LUMI images: an env only on PATH/PYTHONPATH (issue 19) ------------
+
+AIF = "/opt/venv"
+AIF_SITE = f"{AIF}/lib/python3.12/site-packages"
+
+
+def venv_py(prefix, **extra):
+    return {**py(prefix, base_prefix="/usr"), "venv": True, **extra}
+
+
+def aif_facts(*, path_python=f"{AIF}/bin/python", info=None, pythonpath=AIF_SITE):
+    """The LUMI AI Factory layout: /opt/venv via PATH and PYTHONPATH only."""
+    info = venv_py(AIF) if info is None else info
+    image = {
+        "with_conda_set": "",
+        "virtual_env": "",
+        "conda_prefix": "",
+        "path": f"{AIF}/bin:/usr/bin:/bin",
+        "pythonpath": pythonpath,
+        "path_python": path_python,
+    }
+    states = {"image.path_python": {"python": info}}
+    if pythonpath:
+        image["pythonpath_prefix"] = AIF
+        states["image.pythonpath_env"] = {"python": venv_py(AIF)}
+    return parse_probe(text=facts_text(image=image, **states))
+
+
+def test_a_venv_first_on_path_is_the_target_after_the_other_rules():
+    target = choose(facts=aif_facts())
+    assert (target.prefix, target.source) == (AIF, "path-env")
+    assert target.reason.startswith(
+        f"the first python on the base image's PATH, {AIF}/bin/python, is a venv"
+    )
+    assert target.env_prefixes == [AIF]  # its base (/usr) is not its env
+    assert "[rule 5, path-env]" in target.describe()
+    # An explicit setting and an active env still come first.
+    facts = aif_facts()
+    facts["explicit"] = {"python": py(ENV)}
+    assert choose(facts=facts, explicit=ENV).source == "setting"
+
+
+def test_an_env_only_on_pythonpath_is_found_by_its_site_packages():
+    facts = aif_facts(
+        path_python="/usr/bin/python3", info={**py("/usr"), "venv": False}
+    )
+    target = choose(facts=facts)
+    assert (target.prefix, target.source) == (AIF, "pythonpath-env")
+    assert f"PYTHONPATH starts with the site-packages of {AIF}" in target.reason
+    assert target.decoys == {"python on PATH": "/usr/bin/python3 (prefix /usr)"}
+
+
+@pytest.mark.parametrize(
+    "info,words",
+    [
+        ({**py(BASE), "conda_base": True}, "conda's base env"),
+        ({**py("/usr"), "venv": False}, "a system Python"),
+        (venv_py("/usr/local/venv"), "a venv under /usr"),
+        ({**py("/opt/python3.12")}, "neither a venv nor a conda env"),
+    ],
+)
+def test_decoys_on_path_still_lose_and_are_named_for_what_they_are(info, words):
+    path_py = f"{info['prefix']}/bin/python"
+    with pytest.raises(TargetEnvNotFoundError) as e:
+        choose(facts=aif_facts(path_python=path_py, info=info, pythonpath=""))
+    text = str(e.value)
+    assert f"`python` on PATH is {path_py} (prefix {info['prefix']}), " in text
+    assert words in text.split(". cotainr-lumi")[0]
+    assert "--set target-env.prefix=" in text
+
+
+def test_a_venv_is_never_called_a_system_python():
+    facts = aif_facts(pythonpath="")
+    facts["image"]["path_python"] = f"{AIF}/bin/python"
+    # Even when it cannot be used (no interpreter answered), it is not "system".
+    facts["image.path_python"] = {}
+    with pytest.raises(TargetEnvNotFoundError) as e:
+        choose(facts=facts)
+    assert "system Python" not in str(e.value).split(". cotainr-lumi")[0]
+    assert f"{AIF}/bin/python (no working interpreter there)" in str(e.value)
+
+
+def test_a_conda_env_first_on_path_is_taken_but_not_conda_base():
+    env = {**py(ENV), "conda_meta": True}
+    target = choose(
+        facts=aif_facts(path_python=f"{ENV}/bin/python", info=env, pythonpath="")
+    )
+    assert (target.prefix, target.source) == (ENV, "path-env")
+    assert "is a conda env" in target.reason
+
+
+def test_probe_script_finds_a_path_venv_its_torch_and_the_rocm_version(tmp_path):
+    """The real probe (host bash): a venv on PATH and PYTHONPATH only."""
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
+    )
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "torch").mkdir()
+    (site / "torch" / "version.py").write_text(
+        "from typing import Optional\n__version__ = '2.10.0+rocm7.0'\n"
+        "hip: Optional[str] = '7.0.51831-a3e329ad8'\n"
+    )
+    rocm = tmp_path / "rocm"
+    (rocm / ".info").mkdir(parents=True)
+    (rocm / ".info" / "version").write_text("7.0.2-56\n")
+    env = {"PATH": f"{venv}/bin:/usr/bin:/bin", "PYTHONPATH": str(site)}
+    env["ROCM_PATH"] = str(rocm)
+    proc = subprocess.run(
+        ["bash", "-c", PROBE_SCRIPT, "probe", ""],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    facts = parse_probe(text=proc.stdout)
+    target = choose(facts=facts)
+    assert (target.prefix, target.source) == (str(venv), "path-env")
+    assert target.torch == {
+        "dir": f"{site}/torch",
+        "version": "2.10.0+rocm7.0",
+        "hip": "7.0.51831-a3e329ad8",
+    }
+    assert target.image.rocm_version == "7.0.2-56"
+    assert facts["image"]["pythonpath_prefix"] == str(venv)
+    # The recorded answer keeps the torch it saw.
+    assert TargetEnv.from_dict(json.loads(json.dumps(target.to_dict()))) == target
