@@ -40,11 +40,14 @@ OPTION_HELP = {
     "STAGE.KEY=VALUE with VALUE in YAML, or a whole stage's settings as "
     "STAGE=MAPPING (repeatable)",
     "skip_stages": "do not run this stage of the system (repeatable)",
+    "strict": "stop the build (instead of warning) when the base image's ROCm or "
+    "torch's is outside the versions LUMI's GPU driver supports (the system's "
+    "rocm.supported) or they disagree; the same as --set rocm.strict=true",
 }
 
 #: Options added here that are not stage options.
 GENERIC_OPTIONS = ("force", "dry_run")
-BUILD_OPTIONS = ("base_image_override", "set_settings", "skip_stages")
+BUILD_OPTIONS = ("base_image_override", "set_settings", "skip_stages", "strict")
 
 
 def help_text(arg):
@@ -110,6 +113,9 @@ def add_options(*, parser, generic):
         action="append",
         metavar="STAGE",
         help=help_text("skip_stages"),
+    )
+    parser.add_argument(
+        "--strict", action="store_true", default=None, help=help_text("strict")
     )
     for name in stages_in_pipeline_order():
         get_stage_class(name).add_arguments(parser=parser)
@@ -251,6 +257,8 @@ def request_from_options(
     set_settings = options.pop("set_settings", None) or []
     skip_stages = options.pop("skip_stages", None) or ()
     base_image_override = options.pop("base_image_override", None)
+    if options.pop("strict", None):
+        set_settings = ["rocm.strict=true", *set_settings]
     settings = stage_settings(
         set_settings=set_settings, stage_args=argparse.Namespace(**options)
     )

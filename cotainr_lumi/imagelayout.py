@@ -42,6 +42,18 @@ PIP_WORK_DIR = f"{RECORDS_DIR}/.pip-work"
 #: The script ``$WITH_CONDA`` sources (lumi-env stage).
 WITH_CONDA_FILE = f"{RECORDS_DIR}/with-conda.sh"
 
+# -- Today's LUMI images: network layer, SBOM, earlier builds (issue 19) -------
+
+#: lumi-env: the image's network layer as built (plugin, libfabric, GDR, binds).
+RUNTIME_FILE = f"{RECORDS_DIR}/runtime.json"
+#: pip: the target env's packages as a CycloneDX JSON SBOM.
+CYCLONEDX_SBOM_FILE = f"{RECORDS_DIR}/sbom.cdx.json"
+#: The LUMI AI Factory images' own SBOM (``{"apt": [...], "pip": [...]}``).
+AIF_SBOM_FILE = "/.sbom.json"
+#: The records of the build an image was built on (``history/1`` the oldest),
+#: moved there before this build writes its own.
+HISTORY_DIR = f"{RECORDS_DIR}/history"
+
 # -- The LUMI runtime layout (lumi-env stage) ---------------------------------
 
 #: The runscripts (``get-master``, ``conda-python-simple``, ...), on ``PATH``.
@@ -88,3 +100,18 @@ LABEL_ENV_FILE = "cotainr-lumi.env-file"
 LABEL_ENV = "cotainr-lumi.env"
 #: lumi-env: :data:`RUNSCRIPTS_DIR`.
 LABEL_RUNSCRIPTS = "cotainr-lumi.runscripts"
+
+# -- Today's LUMI images (issue 19) -------------------------------------------
+
+#: lumi-env: :data:`RUNTIME_FILE`.
+LABEL_RUNTIME = "cotainr-lumi.runtime"
+#: pip: :data:`CYCLONEDX_SBOM_FILE`.
+LABEL_SBOM = "cotainr-lumi.sbom"
+#: engine: the base image's ROCm version (its ``.info/version``).
+LABEL_ROCM_VERSION = "cotainr-lumi.rocm.version"
+#: engine: the ROCm versions LUMI's GPU driver supports, per the profile.
+LABEL_ROCM_SUPPORTED = "cotainr-lumi.rocm.supported"
+#: engine: the ROCm torch was built for (``+rocmX.Y``).
+LABEL_ROCM_TORCH = "cotainr-lumi.rocm.torch"
+#: engine: how many earlier cotainr-lumi builds the image was built on.
+LABEL_HISTORY = "cotainr-lumi.history"

@@ -33,6 +33,7 @@ import logging
 import sys
 
 from . import _cotainr, buildoptions
+from .engine import rocmwindow
 from .engine.pipeline import (
     as_stage_error,
     check_outputs,
@@ -203,9 +204,13 @@ class LumiStage(_cotainr.BuildStage):
         )
         current = self.name
         try:
+            current = rocmwindow.SETTINGS_NAME
+            rocmwindow.check_build(context=stage_context, phase="start")
             for stage in self.plan.stages:
                 current = stage.name
                 run_stage(stage=stage, context=stage_context)
+            current = rocmwindow.SETTINGS_NAME
+            rocmwindow.check_build(context=stage_context, phase="end")
             current = "outputs"
             outputs = check_outputs(stage_context.reports)
         except Exception as e:

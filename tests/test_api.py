@@ -9,7 +9,12 @@ def test_build_returns_result_with_labels_and_reports(
     result = cotainr_lumi.build(image_path=tmp_path / "a.sif", system="lumi-test")
     assert result.image_path == tmp_path / "a.sif" and result.image_path.exists()
     assert result.labels["cotainr-lumi.system"] == "lumi-test"
-    assert result.report("provenance").labels == result.labels
+    # The stages' labels, and the engine's check of the ROCm versions.
+    rocm = {
+        k: v for k, v in result.labels.items() if k.startswith("cotainr-lumi.rocm.")
+    }
+    assert rocm == {"cotainr-lumi.rocm.supported": "6.1-7.0"}
+    assert {**result.report("provenance").labels, **rocm} == result.labels
     with pytest.raises(KeyError):
         result.report("pip")
 

@@ -20,6 +20,8 @@ discover(*, run, explicit=None, conda_env=False)
     Ask an image (through `run`) and choose the environment.
 probe_build(*, sandbox, plan, labels)
     The one probe of a running build (recorded in the image).
+probe_image_facts(*, image, explicit=None, timeout=120)
+    The probe's facts of an image file (dry runs: env, ROCm version, torch).
 probe_image(*, image, explicit=None, timeout=120)
     Discover the target environment of an image file (dry runs).
 """
@@ -310,6 +312,41 @@ def probe_build(*, sandbox, plan, labels):
     return target
 
 
+def probe_image_facts(*, image, explicit=None, timeout=120):
+    """
+    The probe's facts of an image file (dry runs).
+
+    Parameters
+    ----------
+    image : os.PathLike
+        A local ``.sif`` (or sandbox directory).
+    explicit : str, optional
+        A prefix to check as well (the ``target-env.prefix`` setting).
+    timeout : float, default=120
+        Seconds before giving up.
+
+    Returns
+    -------
+    facts : dict or None
+        From :func:`parse_probe`; None when the image could not be run here.
+    """
+    if apptainer.find_runtime() is None:
+        return None
+    try:
+        proc = apptainer.exec_in_image(
+            image=os.fspath(image),
+            args=probe_command(explicit=explicit),
+            timeout=timeout,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        logger.debug("Could not probe %s: %s", image, e)
+        return None
+    if proc.returncode != 0:
+        logger.debug("Could not probe %s: %s", image, proc.stderr.strip()[-300:])
+        return None
+    return parse_probe(text=proc.stdout)
+
+
 def probe_image(*, image, explicit=None, timeout=120):
     """
     Discover the target environment of an image file (dry runs).
@@ -328,21 +365,10 @@ def probe_image(*, image, explicit=None, timeout=120):
     target : TargetEnv or TargetEnvNotFoundError or None
         The answer; None when the image could not be run here.
     """
-    if apptainer.find_runtime() is None:
+    facts = probe_image_facts(image=image, explicit=explicit, timeout=timeout)
+    if facts is None:
         return None
-
-    def run(args):
-        proc = apptainer.exec_in_image(
-            image=os.fspath(image), args=args, timeout=timeout
-        )
-        if proc.returncode != 0:
-            raise OSError(proc.stderr.strip()[-300:])
-        return proc.stdout
-
     try:
-        return discover(run=run, explicit=explicit)
+        return choose(facts=facts, explicit=explicit)
     except TargetEnvNotFoundError as e:
         return e
-    except (OSError, subprocess.SubprocessError) as e:
-        logger.debug("Could not probe %s: %s", image, e)
-        return None

@@ -30,7 +30,7 @@ import re
 from typing import Any, Optional
 
 from ..errors import InputError
-from . import imageprobe, targetenv
+from . import imageprobe, rocmwindow, targetenv
 from .origins import Origin
 from .profiles import SystemProfile, get_system, load_systems, merge_mappings
 from .settings import load_stage_settings
@@ -162,6 +162,12 @@ class BuildPlan:
         The ``target-env`` settings (profile merged with the build's).
     base_target : TargetEnv or TargetEnvNotFoundError or None
         For a dry run: the answer the base image gave (None: not asked).
+    rocm_settings : RocmSettings
+        The ``rocm`` settings: the ROCm versions LUMI's GPU driver supports
+        (profile merged with the build's).
+    base_facts : dict or None
+        For a dry run: what the probe saw in a local base image (its ROCm
+        version, its envs and their torch); None when not asked.
     """
 
     request: BuildRequest
@@ -177,6 +183,10 @@ class BuildPlan:
         default_factory=targetenv.TargetEnvSettings
     )
     base_target: Any = None
+    rocm_settings: rocmwindow.RocmSettings = field(
+        default_factory=rocmwindow.RocmSettings
+    )
+    base_facts: Any = None
 
     @property
     def stage_names(self):
@@ -199,16 +209,23 @@ class BuildPlan:
         """
         For a dry run: ask a local base image for its target env now.
 
-        Sets :attr:`base_target` (once); does nothing when the env is given
-        (setting, ``--conda-env``) or the base image is not a local file.
+        Sets :attr:`base_facts` (once, for a local base image) and, unless the
+        env is given (setting, ``--conda-env``), :attr:`base_target`.
         """
-        if self.base_target is not None:
-            return
-        if targetenv.explicit_prefix(plan=self) or self.conda_env is not None:
+        if self.base_target is not None or self.base_facts is not None:
             return
         if not self.base_image.is_local_file:
             return
-        self.base_target = imageprobe.probe_image(image=self.base_image.resolved)
+        explicit = targetenv.explicit_prefix(plan=self)
+        self.base_facts = imageprobe.probe_image_facts(
+            image=self.base_image.resolved, explicit=explicit
+        )
+        if self.base_facts is None or explicit or self.conda_env is not None:
+            return
+        try:
+            self.base_target = targetenv.choose(facts=self.base_facts)
+        except targetenv.TargetEnvNotFoundError as e:
+            self.base_target = e
 
     def describe(self):
         """
@@ -248,6 +265,9 @@ class BuildPlan:
         target_lines = targetenv.describe_lines(plan=self)
         lines.append(f"  target env: {target_lines[0]}")
         lines += [f"              {line}" for line in target_lines[1:]]
+        rocm_lines = rocmwindow.describe_lines(plan=self)
+        lines.append(f"  rocm:       {rocm_lines[0]}")
+        lines += [f"              {line}" for line in rocm_lines[1:]]
         mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
         lines.append(f"  pipeline:   {mode}")
         step = 1
@@ -325,6 +345,12 @@ def _resolve_system(*, request, systems, target_settings):
         system.stage_settings(targetenv.SETTINGS_NAME), target_settings
     )
     return system, request.base_image_override or system.base_image, target_settings
+
+
+def _rocm_settings(*, system, overrides):
+    """The ``rocm`` settings: the profile's, then the build's."""
+    profile = system.stage_settings(rocmwindow.SETTINGS_NAME) if system else {}
+    return rocmwindow.RocmSettings.complete(merge_mappings(profile, overrides))
 
 
 def _drop_disabled_stages(plan):
@@ -420,6 +446,7 @@ def make_plan(*, request, systems=None):
     image_path = _image_path(request)
     conda_env = _conda_env(request)
     overrides = load_stage_settings(raw=request.settings, origin=Origin())
+    rocm_overrides = overrides.pop(rocmwindow.SETTINGS_NAME, {})
     system, base_spec, target_settings = _resolve_system(
         request=request,
         systems=systems,
@@ -446,6 +473,7 @@ def make_plan(*, request, systems=None):
         extended=extended,
         image_exists=image_path.exists(),
         target_settings=targetenv.TargetEnvSettings.complete(target_settings),
+        rocm_settings=_rocm_settings(system=system, overrides=rocm_overrides),
     )
     _drop_disabled_stages(plan)
     return plan

@@ -35,7 +35,7 @@ import logging
 from typing import Any, ClassVar, Optional, Union
 
 from ..errors import StageError
-from . import imageprobe, targetenv
+from . import imageprobe, rocmwindow, targetenv
 from .origins import Origin
 from .settings import NoSettings, load_settings
 
@@ -135,6 +135,18 @@ class StageContext:
                 sandbox=self.sandbox, plan=self.plan, labels=self.labels
             )
         return self._target
+
+    def known_target_env(self):
+        """
+        The target env if the build's probe already ran (no probe otherwise).
+
+        Returns
+        -------
+        target : TargetEnv or None
+            The environment; None when not probed yet or there is none.
+        """
+        found = self._target
+        return found if isinstance(found, targetenv.TargetEnv) else None
 
     @property
     def target_env(self) -> Optional[targetenv.TargetEnv]:
@@ -366,16 +378,18 @@ def settings_class_of(name):
     """
     if name == targetenv.SETTINGS_NAME:
         return targetenv.TargetEnvSettings
+    if name == rocmwindow.SETTINGS_NAME:
+        return rocmwindow.RocmSettings
     return _REGISTRY[name].settings_class
 
 
 def settings_names():
     """
-    The names settings may be given for: the stages and ``target-env``.
+    The names settings may be given for: the stages, ``target-env`` and ``rocm``.
 
     Returns
     -------
     names : list of str
         Sorted.
     """
-    return sorted([*_REGISTRY, targetenv.SETTINGS_NAME])
+    return sorted([*_REGISTRY, targetenv.SETTINGS_NAME, rocmwindow.SETTINGS_NAME])

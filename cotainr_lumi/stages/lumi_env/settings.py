@@ -11,12 +11,13 @@ from dataclasses import dataclass
 import logging
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ... import imagelayout
 from ...engine.settings import SettingError, StageSettings, each, setting
 from .envfile import validate_name, validate_path_entry, validate_value
 from .modulefile import check_var_name, validate_bind
+from .network import check_gdr_level, check_libfabric
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -118,6 +119,10 @@ def _check_user_venv(value):
         )
 
 
+def _check_rccl_tests(value):
+    validate_path_entry(name="rccl-tests", entry=value)
+
+
 def _check_module_name(value):
     if not value or "/" in value or value.startswith("."):
         raise ValueError(f"must be a file name without '/' or null (got {value!r})")
@@ -182,4 +187,29 @@ class LumiEnvSettings(StageSettings):
         None,
         doc=f"the user venv (null: {USER_SOFTWARE}/venv/<name>)",
         check=_check_user_venv,
+    )
+
+    # -- The image family's network layer (issue 19; see network.py) ---------
+    libfabric: str = setting(
+        "host",
+        doc="whose libfabric the network plugin uses: host (Cray's, /opt/cray "
+        "bound at run time) or image (the image's own, with CXI)",
+        check=check_libfabric,
+    )
+    net_plugin_dirs: list[str] = setting(
+        ["/opt/aws-ofi-rccl", "/opt/aws-ofi-rccl/lib", "/opt/aws-ofi-rccl/lib64"],
+        doc="where RCCL's network plugin (librccl-net*.so*, libnccl-net*.so*) "
+        "may be, first match wins",
+        check=_search_path_entries("net-plugin-dirs"),
+    )
+    nccl_net_gdr_level: Optional[Union[str, int]] = setting(
+        "3",
+        doc="NCCL_NET_GDR_LEVEL conda-python-distributed sets when the user "
+        "sets none (null: never set it)",
+        check=check_gdr_level,
+    )
+    rccl_tests: Optional[str] = setting(
+        None,
+        doc="the directory of rccl-tests (all_reduce_perf ...) in the image",
+        check=_check_rccl_tests,
     )

@@ -28,15 +28,17 @@ LumiEnvStage
 """
 
 import importlib.resources
+import json
 import logging
 from pathlib import Path, PurePosixPath
 import shlex
 
-from ... import _cotainr
+from ... import _cotainr, imagelayout
 from ..._version import __version__
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import InputError, StageError
+from . import network
 from .envfile import (
     EnvError,
     computed_default,
@@ -82,12 +84,6 @@ BASE_WITH_CONDA_MARK = "# The base image's $WITH_CONDA, kept (run first):"
 
 #: ROCm directories added to the search paths when present in the image.
 ROCM_ROOT = "/opt/rocm"
-#: Where aws-ofi-rccl's ``librccl-net.so`` may be, first match wins.
-AWS_OFI_RCCL_DIRS = (
-    "/opt/aws-ofi-rccl",
-    "/opt/aws-ofi-rccl/lib",
-    "/opt/aws-ofi-rccl/lib64",
-)
 
 #: The MIOpen cache directory, computed at run time (the one value of the env
 #: file that is not a literal). Node-local /tmp, per user. Host variables such
@@ -307,8 +303,11 @@ class LumiEnvStage(Stage):
         if self.settings.rocm_paths:
             lines.append(
                 f"  ROCM_PATH, PATH += {ROCM_ROOT}/bin, LD_LIBRARY_PATH += "
-                f"{ROCM_ROOT}/lib and aws-ofi-rccl (when in the image and missing)"
+                f"{ROCM_ROOT}/lib (when in the image and missing)"
             )
+        lines += [
+            f"  {line}" for line in network.describe_lines(settings=self.settings)
+        ]
         for var, entries in (
             ("PATH", self.settings.path),
             ("LD_LIBRARY_PATH", self.settings.ld_library_path),
@@ -445,14 +444,14 @@ class LumiEnvStage(Stage):
                             name="LD_LIBRARY_PATH", entries=[f"{ROCM_ROOT}/lib"]
                         )
                     )
-            for directory in AWS_OFI_RCCL_DIRS:
-                host_dir = resolve_in_root(root=root, path=directory)
-                if host_dir.is_dir() and any(host_dir.glob("librccl-net.so*")):
-                    found["aws-ofi-rccl"] = directory
+            # RCCL's network plugin, where the image family keeps it.
+            plugin = self._find_plugin(root=root)
+            if plugin is not None:
+                found[plugin["generation"]] = plugin["dir"]
+                if not network.is_default_loader_dir(plugin["dir"]):
                     blocks.append(
-                        path_addition(name="LD_LIBRARY_PATH", entries=[directory])
+                        path_addition(name="LD_LIBRARY_PATH", entries=[plugin["dir"]])
                     )
-                    break
         if self.settings.path:
             blocks.append(path_addition(name="PATH", entries=self.settings.path))
         if self.settings.ld_library_path:
@@ -462,6 +461,44 @@ class LumiEnvStage(Stage):
                 )
             )
         return blocks, found
+
+    # -- the image family's network layer (network.py) -------------------------
+    def _find_plugin(self, *, root):
+        """RCCL's network plugin in the profile's directories (None: none)."""
+        return network.find_plugin(
+            root=lambda path: resolve_in_root(root=root, path=path),
+            dirs=self.settings.net_plugin_dirs,
+        )
+
+    def _network_blocks(self):
+        """Env file blocks: the GDR default of the runscript, rccl-tests."""
+        return ["# The network layer of this image family."] + network.env_blocks(
+            settings=self.settings
+        )
+
+    def _write_runtime_record(self, *, root):
+        """Record the network layer for verify; return the record."""
+        tests = self.settings.rccl_tests
+        record = network.runtime_record(
+            settings=self.settings,
+            plugin=self._find_plugin(root=root),
+            binds=self.settings.binds,
+            rccl_tests_found=bool(
+                tests and resolve_in_root(root=root, path=tests).is_dir()
+            ),
+        )
+        if tests and not record["rccl-tests-found"]:
+            logger.warning(
+                "The profile says rccl-tests are in %s, but the image has no such "
+                "directory.",
+                tests,
+            )
+        write_file_in_root(
+            root=root,
+            path=imagelayout.RUNTIME_FILE,
+            content=json.dumps(record, indent=2, sort_keys=True) + "\n",
+        )
+        return record
 
     def _write_with_conda(self, *, root, target):
         """Write with-conda.sh; return the env it activates (None: none)."""
@@ -493,6 +530,7 @@ class LumiEnvStage(Stage):
         if path_blocks:
             blocks += ["# Search paths (entries added only when missing)."]
             blocks += path_blocks
+        blocks += self._network_blocks()
         if self.settings.runscripts:
             blocks.append(path_addition(name="PATH", entries=[RUNSCRIPTS_DIR]))
         if self.settings.with_conda:
@@ -589,6 +627,7 @@ class LumiEnvStage(Stage):
         )
         if self.settings.runscripts:
             self._write_runscripts(root=root)
+        runtime = self._write_runtime_record(root=root)
         self._check_in_sandbox(sandbox=sandbox)
         paths, container_root, outputs = self._module_outputs(
             image_path=image_path, user_venv=user_venv, user_software=user_software
@@ -607,6 +646,7 @@ class LumiEnvStage(Stage):
             "user-venv": user_venv,
             "host-files": sorted(outputs),
             "run-hint": self.run_hint(image_path=image_path),
+            "runtime": runtime,
         }
         return self._report(details=details, outputs=outputs, paths=paths)
 
@@ -616,6 +656,7 @@ class LumiEnvStage(Stage):
             "cotainr-lumi.binds": ",".join(self.settings.binds),
             "cotainr-lumi.env-file": ENV_FILE,
             "cotainr-lumi.env": ",".join(self.env),
+            imagelayout.LABEL_RUNTIME: imagelayout.RUNTIME_FILE,
         }
         summary = f"{len(self.env)} variables in {ENV_FILE}"
         if self.settings.runscripts:

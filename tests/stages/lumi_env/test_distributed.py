@@ -464,3 +464,47 @@ def test_fuzz_tasks_per_node(fakebin, spec, node):
         assert "LOCAL_WORLD_SIZE" not in got
     else:
         assert got["LOCAL_WORLD_SIZE"] == str(expected)
+
+
+# --- NCCL_NET_GDR_LEVEL: the family's default, never forced (issue 19) --------
+
+
+def _gdr(fakebin, env):
+    env = {**SLURM, **env}
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "NCCL_NET_GDR_LEVEL"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": f"{fakebin}:/usr/bin:/bin", "FAKE_USER": CLEANUP_USER, **env},
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        # An image without the variable (built before it existed): as before.
+        ({}, "NCCL_NET_GDR_LEVEL=3"),
+        # The 2024 families' profile default.
+        ({"COTAINR_LUMI_NCCL_NET_GDR_LEVEL": "3"}, "NCCL_NET_GDR_LEVEL=3"),
+        ({"COTAINR_LUMI_NCCL_NET_GDR_LEVEL": "PHB"}, "NCCL_NET_GDR_LEVEL=PHB"),
+        # The LUMI AI Factory family: the profile says never force it.
+        ({"COTAINR_LUMI_NCCL_NET_GDR_LEVEL": ""}, "NCCL_NET_GDR_LEVEL unset"),
+        # A user's value always wins, whatever the profile says (even empty).
+        (
+            {"COTAINR_LUMI_NCCL_NET_GDR_LEVEL": "", "NCCL_NET_GDR_LEVEL": "SYS"},
+            "NCCL_NET_GDR_LEVEL=SYS",
+        ),
+        (
+            {"COTAINR_LUMI_NCCL_NET_GDR_LEVEL": "3", "NCCL_NET_GDR_LEVEL": "PHB"},
+            "NCCL_NET_GDR_LEVEL=PHB",
+        ),
+        ({"NCCL_NET_GDR_LEVEL": ""}, "NCCL_NET_GDR_LEVEL="),
+    ],
+)
+def test_gdr_level_comes_from_the_profile_and_yields_to_the_user(
+    fakebin, env, expected
+):
+    assert _gdr(fakebin, env) == expected

@@ -1,0 +1,409 @@
+"""
+The ROCm versions LUMI's GPU driver supports, and an image checked against them.
+
+A container brings its own ROCm user-space libraries but runs on the host's
+GPU kernel driver; a ROCm outside the versions that driver supports fails at
+run time. A system profile states the supported range as the settings of
+the pseudo-stage ``rocm`` (``supported: "6.1-7.0"``, with the ``source``
+that states it, see ``cotainr_lumi/systems.yaml``). The base image's ROCm
+(``$ROCM_PATH/.info/version``) and the ROCm torch was built for (its
+``+rocmX.Y`` local version, else ``torch.version.hip``) are checked against
+it, and against each other:
+
+- ``--dry-run`` says it in the plan (asking a local base image);
+- a build warns when it starts (the base) and after its stages (torch), and
+  stops with ``--strict`` or ``strict: true``; the answer is kept in labels
+  (``cotainr-lumi.rocm.*``);
+- ``cotainr-lumi verify`` has a ``rocm-driver`` row.
+
+Classes
+-------
+RocmSettings
+    The settings of the pseudo-stage ``rocm``.
+Window
+    A supported range of ROCm major.minor versions.
+
+Functions
+---------
+major_minor(version)
+    ``(7, 0)`` from ``"7.0.2-56"``.
+torch_rocm(torch)
+    The ROCm major.minor a torch was built for.
+problems(*, window, base_rocm, torch)
+    What is wrong, in words (empty: nothing).
+window_of(*, plan)
+    The window of a plan (None: not checked).
+describe_lines(*, plan)
+    What the dry run says.
+check_build(*, context, phase)
+    Check a running build; warn, or stop when strict.
+"""
+
+from dataclasses import dataclass
+import logging
+import re
+from typing import Optional
+
+from .. import imagelayout
+from ..errors import StageError
+from .rootfs import resolve_in_root
+from .settings import StageSettings, setting
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The pseudo-stage name of the settings (``--set rocm.strict=true``).
+SETTINGS_NAME = "rocm"
+
+_MAJOR_MINOR = re.compile(r"^\s*(\d+)\.(\d+)")
+_RANGE = re.compile(r"^\s*(\d+\.\d+)\s*-\s*(\d+\.\d+)\s*$")
+_TORCH_ROCM = re.compile(r"\+rocm(\d+)\.(\d+)")
+
+
+def _check_range(value):
+    match = _RANGE.match(value)
+    if not match or major_minor(match.group(1)) > major_minor(match.group(2)):
+        raise ValueError(
+            "must be a range of ROCm major.minor versions LOW-HIGH such as "
+            f'"6.1-7.0" (got {value!r})'
+        )
+
+
+@dataclass(frozen=True)
+class RocmSettings(StageSettings):
+    """The settings of the pseudo-stage ``rocm``."""
+
+    supported: Optional[str] = setting(
+        None,
+        doc="the ROCm major.minor range LUMI's GPU driver supports, e.g. "
+        "6.1-7.0 (null: not checked)",
+        check=_check_range,
+    )
+    source: Optional[str] = setting(
+        None, doc="where the support team states that range (shown in messages)"
+    )
+    strict: bool = setting(
+        False,
+        doc="stop the build when the base's ROCm or torch's is outside the "
+        "range or they disagree (else warn)",
+    )
+
+
+def major_minor(version):
+    """
+    The major.minor of a version string.
+
+    Parameters
+    ----------
+    version : str or None
+        E.g. ``"7.0.2-56"`` or ``"6.1.40093-a8dbc0c19"``.
+
+    Returns
+    -------
+    version : tuple of int or None
+        ``(7, 0)``; None when `version` does not start with one.
+    """
+    match = _MAJOR_MINOR.match(str(version or ""))
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _text(version):
+    return f"{version[0]}.{version[1]}"
+
+
+@dataclass(frozen=True)
+class Window:
+    """
+    A supported range of ROCm major.minor versions (both ends included).
+
+    Attributes
+    ----------
+    low, high : tuple of int
+        The ends.
+    source : str
+        Where the range is stated.
+    """
+
+    low: tuple[int, int]
+    high: tuple[int, int]
+    source: str = ""
+
+    @classmethod
+    def from_text(cls, text, *, source=""):
+        """
+        The window of ``"LOW-HIGH"``.
+
+        Parameters
+        ----------
+        text : str
+            E.g. ``"6.1-7.0"``.
+        source : str, optional
+            Where it is stated.
+
+        Returns
+        -------
+        window : Window or None
+            None for text that is not a range.
+        """
+        match = _RANGE.match(str(text or ""))
+        if not match:
+            return None
+        return cls(
+            low=major_minor(match.group(1)),
+            high=major_minor(match.group(2)),
+            source=source or "",
+        )
+
+    def __contains__(self, version):
+        return self.low <= version <= self.high
+
+    def __str__(self):
+        return f"{_text(self.low)}-{_text(self.high)}"
+
+    def words(self):
+        """The range and its source, for messages."""
+        source = f" ({self.source})" if self.source else ""
+        return f"LUMI's GPU driver supports ROCm {self}{source}"
+
+
+def torch_rocm(torch):
+    """
+    The ROCm major.minor a torch was built for.
+
+    Parameters
+    ----------
+    torch : dict or None
+        ``{"version": "2.10.0+rocm7.0", "hip": "7.0.51831-..."}`` (as the
+        image probe reads ``torch/version.py``).
+
+    Returns
+    -------
+    version : tuple of int or None
+        From ``+rocmX.Y`` of the version, else from ``hip``; None for a torch
+        without ROCm (or no torch).
+    """
+    if not torch:
+        return None
+    match = _TORCH_ROCM.search(str(torch.get("version") or ""))
+    if match:
+        return int(match.group(1)), int(match.group(2))
+    return major_minor(torch.get("hip"))
+
+
+def problems(*, window, base_rocm, torch):
+    """
+    What is wrong with an image's ROCm versions, in words.
+
+    Parameters
+    ----------
+    window : Window or None
+        The supported range (None: only the agreement is checked).
+    base_rocm : str or None
+        The base image's ROCm version (``.info/version``).
+    torch : dict or None
+        Its torch (see :func:`torch_rocm`); None: not checked.
+
+    Returns
+    -------
+    problems : list of str
+        Empty when nothing is wrong (or nothing is known).
+    """
+    found = []
+    base = major_minor(base_rocm)
+    built_for = torch_rocm(torch)
+    if window is not None and base is not None and base not in window:
+        found.append(
+            f"the base image's ROCm {base_rocm} is outside what {window.words()}: "
+            "GPU jobs are likely to fail at run time; use a base image with ROCm "
+            f"{window}"
+        )
+    if window is not None and built_for is not None and built_for not in window:
+        found.append(
+            f"torch {torch.get('version')} is built for ROCm {_text(built_for)}, "
+            f"outside what {window.words()}; install a torch built for ROCm "
+            f"{window}"
+        )
+    if base is not None and built_for is not None and base != built_for:
+        found.append(
+            f"torch {torch.get('version')} is built for ROCm {_text(built_for)} "
+            f"but the base image has ROCm {base_rocm}: torch keeps its own ROCm "
+            "libraries (prune does not link them to the base's), and RCCL may not "
+            "use the image's network plugin; install the torch wheel for ROCm "
+            f"{_text(base)}"
+        )
+    return found
+
+
+def settings_of(*, plan):
+    """
+    The ``rocm`` settings of a plan (the defaults when it has none).
+
+    Parameters
+    ----------
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan` or None
+        The plan.
+
+    Returns
+    -------
+    settings : RocmSettings
+        The settings.
+    """
+    settings = getattr(plan, "rocm_settings", None)
+    return settings if isinstance(settings, RocmSettings) else RocmSettings()
+
+
+def window_of(*, plan):
+    """
+    The supported range of a plan.
+
+    Parameters
+    ----------
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan` or None
+        The plan.
+
+    Returns
+    -------
+    window : Window or None
+        None when the profile states none.
+    """
+    settings = settings_of(plan=plan)
+    return Window.from_text(settings.supported, source=settings.source)
+
+
+def _dry_run_torch(plan):
+    """The torch a dry run saw in the target env of the base image (or None)."""
+    target = getattr(plan, "base_target", None)
+    torch = getattr(target, "torch", None)
+    if torch:
+        return torch
+    facts = getattr(plan, "base_facts", None) or {}
+    explicit = facts.get("explicit", {}).get("python")
+    return explicit.get("torch") if isinstance(explicit, dict) else None
+
+
+def describe_lines(*, plan):
+    """
+    What the dry run says about the ROCm versions.
+
+    Parameters
+    ----------
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+        The plan (with what a local base image answered, if asked).
+
+    Returns
+    -------
+    lines : list of str
+        The first line is the short answer.
+    """
+    window = window_of(plan=plan)
+    facts = getattr(plan, "base_facts", None) or {}
+    base = facts.get("image", {}).get("rocm_version") or None
+    profile = getattr(getattr(plan, "system", None), "rocm_version", None)
+    torch = _dry_run_torch(plan)
+    if base:
+        first = f"base image ROCm {base}"
+    elif profile:
+        first = f"base image ROCm {profile} (the profile's rocm-version; not asked)"
+        base = profile
+    else:
+        first = "base image ROCm unknown (checked when the build starts)"
+    if torch:
+        first += f", torch {torch.get('version') or '?'}"
+    first += f"; {window.words()}" if window else "; no supported range stated"
+    lines = [first]
+    found = problems(window=window, base_rocm=base, torch=torch)
+    strict = settings_of(plan=plan).strict
+    for problem in found:
+        lines.append(("ERROR (strict): " if strict else "WARNING: ") + problem)
+    if found and strict:
+        lines.append("the build would stop here (strict)")
+    return lines
+
+
+def _read_line(root, path):
+    try:
+        text = resolve_in_root(root=root, path=path).read_text(errors="replace")
+    except OSError:
+        return None
+    return text.splitlines()[0].strip() if text.strip() else None
+
+
+def _torch_in_sandbox(*, root, target):
+    """The torch of the target env, read from ``torch/version.py`` in the sandbox."""
+    if target is None:
+        return None
+    for site in target.site:
+        text = None
+        try:
+            path = resolve_in_root(root=root, path=f"{site}/torch/version.py")
+            text = path.read_text(errors="replace")[:20000]
+        except OSError:
+            continue
+        found = dict(
+            re.findall(
+                r"^(__version__|hip)\s*(?::[^=]*)?=\s*['\"]([^'\"]*)", text, re.M
+            )
+        )
+        return {
+            "dir": f"{site}/torch",
+            "version": found.get("__version__", ""),
+            "hip": found.get("hip", ""),
+        }
+    return None
+
+
+def _base_rocm_in_sandbox(*, root, target):
+    rocm_path = (target.image.rocm_path if target is not None else "") or "/opt/rocm"
+    return _read_line(root, f"{rocm_path}/.info/version")
+
+
+def check_build(*, context, phase):
+    """
+    Check a running build; warn, or stop when strict.
+
+    Parameters
+    ----------
+    context : :class:`cotainr_lumi.engine.stage.StageContext`
+        The build (its sandbox, plan, labels).
+    phase : {"start", "end"}
+        ``start``: the base image's ROCm (before the stages); ``end``: torch
+        too (after them), and the labels.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.StageError`
+        When strict and something is wrong.
+    """
+    window = window_of(plan=context.plan)
+    root = context.sandbox.root
+    target = context.known_target_env()
+    base = _base_rocm_in_sandbox(root=root, target=target)
+    if phase == "start":
+        found = problems(window=window, base_rocm=base, torch=None)
+    else:
+        torch = _torch_in_sandbox(root=root, target=target)
+        found = [
+            p
+            for p in problems(window=window, base_rocm=base, torch=torch)
+            if p not in problems(window=window, base_rocm=base, torch=None)
+        ]
+        _add_labels(context=context, window=window, base=base, torch=torch)
+    if found and settings_of(plan=context.plan).strict:
+        raise StageError(
+            "; ".join(found)
+            + ". The build stops because the profile or --strict asks for it "
+            "(strict: true); drop --strict to build with a warning.",
+            stage=SETTINGS_NAME,
+        )
+    for problem in found:
+        logger.warning("ROCm: %s.", problem)
+
+
+def _add_labels(*, context, window, base, torch):
+    labels = context.labels
+    if base:
+        labels[imagelayout.LABEL_ROCM_VERSION] = base
+    if window is not None:
+        labels[imagelayout.LABEL_ROCM_SUPPORTED] = str(window)
+    built_for = torch_rocm(torch)
+    if built_for is not None:
+        labels[imagelayout.LABEL_ROCM_TORCH] = _text(built_for)

@@ -1,0 +1,251 @@
+"""
+The network layer of an image: RCCL's network plugin, libfabric, rccl-tests.
+
+LUMI's image families put these in different places (see the profiles in
+``cotainr_lumi/systems.yaml``):
+
+- LUMI ROCm base images and LUST's EasyBuild PyTorch images (2024): the
+  aws-ofi-rccl plugin ``/opt/aws-ofi-rccl/librccl-net.so*``, built against the
+  host's Cray libfabric (``/opt/cray`` and ``libcxi`` are bound from the host),
+  rccl-tests in ``/opt/rccltests``; the hand-built runscript forces
+  ``NCCL_NET_GDR_LEVEL=3``.
+- LUMI AI Factory images (lumi-ai-factory/laifs-container-recipes): libfabric
+  with CXI, libcxi and xpmem inside the image (``/usr/lib/x86_64-linux-gnu``),
+  the aws-ofi-rccl 1.4 plugin (2025 releases, in ``/usr/lib``) or its
+  successor aws-ofi-nccl (``libnccl-net*.so``, ROCm 7 releases) in the
+  image's library directories, rccl-tests in ``/usr/libexec/rccl-tests``;
+  forcing ``NCCL_NET_GDR_LEVEL`` can hang multi-node jobs (laifs issues #28,
+  #30; LUMI-AI-Guide #94, PR #97).
+
+The lumi-env stage finds the plugin in the directories the profile names,
+adds a directory to ``LD_LIBRARY_PATH`` only when the loader would not search
+it anyway, and writes what it found into the image
+(:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`), where ``cotainr-lumi
+verify`` reads which libfabric the plugin must use.
+
+Functions
+---------
+check_gdr_level(value)
+    Check an ``NCCL_NET_GDR_LEVEL`` value.
+find_plugin(*, root, dirs)
+    The network plugin in the first directory that has one.
+is_default_loader_dir(directory)
+    Whether the loader searches a directory without LD_LIBRARY_PATH.
+env_blocks(*, settings)
+    Env file blocks: the runscript's GDR default, where rccl-tests are.
+runtime_record(*, settings, plugin, binds, rccl_tests_found)
+    The JSON record of the image's network layer.
+describe_lines(*, settings)
+    What the plan says about it.
+"""
+
+import logging
+import shlex
+
+from .envfile import default_assignments
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The plugin generations, by file name pattern (aws-ofi-rccl, then its
+#: successor aws-ofi-nccl, which RCCL also loads).
+PLUGIN_PATTERNS = (
+    ("aws-ofi-rccl", "librccl-net*.so*"),
+    ("aws-ofi-nccl", "libnccl-net*.so*"),
+)
+#: Directories the dynamic loader searches without LD_LIBRARY_PATH (glibc's
+#: trusted directories and Debian/Ubuntu's multiarch directory).
+DEFAULT_LOADER_DIRS = (
+    "/lib",
+    "/lib64",
+    "/usr/lib",
+    "/usr/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+)
+#: The variable ``conda-python-distributed`` takes its NCCL_NET_GDR_LEVEL
+#: default from (empty: set none); the env file sets it from the profile.
+GDR_VARIABLE = "COTAINR_LUMI_NCCL_NET_GDR_LEVEL"
+#: Where rccl-tests are in the image (for the acceptance job), when known.
+RCCL_TESTS_VARIABLE = "COTAINR_LUMI_RCCL_TESTS"
+#: Values NCCL/RCCL take for NCCL_NET_GDR_LEVEL (names, or the numbers 0-5).
+GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
+#: Where the plugin's libfabric comes from.
+LIBFABRIC_SOURCES = ("host", "image")
+
+
+def check_gdr_level(value):
+    """
+    Check an ``NCCL_NET_GDR_LEVEL`` value.
+
+    Parameters
+    ----------
+    value : str or int
+        The value.
+
+    Raises
+    ------
+    ValueError
+        Unless it is one of :data:`GDR_LEVELS` or a number 0-5.
+    """
+    if isinstance(value, bool) or str(value) not in (
+        *GDR_LEVELS,
+        *map(str, range(6)),
+    ):
+        raise ValueError(
+            f"must be one of {', '.join(GDR_LEVELS)} or a number 0-5, or null to "
+            f"leave it to RCCL (got {value!r})"
+        )
+
+
+def check_libfabric(value):
+    """
+    Check the ``libfabric`` setting.
+
+    Parameters
+    ----------
+    value : str
+        The value.
+
+    Raises
+    ------
+    ValueError
+        Unless it is one of :data:`LIBFABRIC_SOURCES`.
+    """
+    if value not in LIBFABRIC_SOURCES:
+        raise ValueError(
+            "must be 'host' (the host's Cray libfabric, /opt/cray bound at run "
+            "time) or 'image' (the image's own libfabric with CXI) "
+            f"(got {value!r})"
+        )
+
+
+def find_plugin(*, root, dirs):
+    """
+    The network plugin in the first directory that has one.
+
+    Parameters
+    ----------
+    root : callable
+        ``root(path) -> pathlib.Path``: an image path resolved in the sandbox
+        (:func:`cotainr_lumi.engine.rootfs.resolve_in_root`, bound to the root).
+    dirs : list of str
+        Image directories, in order.
+
+    Returns
+    -------
+    plugin : dict or None
+        ``{"generation", "dir", "files"}`` (file names sorted), None when no
+        directory has a plugin.
+    """
+    for directory in dirs:
+        host_dir = root(directory)
+        if not host_dir.is_dir():
+            continue
+        for generation, pattern in PLUGIN_PATTERNS:
+            files = sorted(p.name for p in host_dir.glob(pattern))
+            if files:
+                return {"generation": generation, "dir": directory, "files": files}
+    return None
+
+
+def is_default_loader_dir(directory):
+    """Whether the loader searches `directory` without LD_LIBRARY_PATH."""
+    return directory.rstrip("/") in DEFAULT_LOADER_DIRS
+
+
+def env_blocks(*, settings):
+    """
+    Env file blocks: the runscript's GDR default, where rccl-tests are.
+
+    Parameters
+    ----------
+    settings : LumiEnvSettings
+        The stage's settings.
+
+    Returns
+    -------
+    blocks : list of str
+        POSIX sh blocks for the env file (defaults: a value set at run time
+        wins).
+    """
+    blocks = []
+    gdr = settings.nccl_net_gdr_level
+    blocks.append(
+        "# NCCL_NET_GDR_LEVEL for conda-python-distributed when you set none "
+        "(empty: leave it to RCCL).\n"
+        + default_assignments({GDR_VARIABLE: "" if gdr is None else str(gdr)})
+    )
+    if settings.rccl_tests:
+        blocks.append(default_assignments({RCCL_TESTS_VARIABLE: settings.rccl_tests}))
+    return blocks
+
+
+def runtime_record(*, settings, plugin, binds, rccl_tests_found):
+    """
+    The JSON record of the image's network layer (read by verify).
+
+    Parameters
+    ----------
+    settings : LumiEnvSettings
+        The stage's settings.
+    plugin : dict or None
+        From :func:`find_plugin`.
+    binds : list of str
+        The binds the module sets.
+    rccl_tests_found : bool
+        Whether the ``rccl-tests`` directory exists in the image.
+
+    Returns
+    -------
+    record : dict
+        JSON-serialisable.
+    """
+    gdr = settings.nccl_net_gdr_level
+    return {
+        "libfabric": settings.libfabric,
+        "net-plugin-dirs": list(settings.net_plugin_dirs),
+        "net-plugin": plugin,
+        "nccl-net-gdr-level": None if gdr is None else str(gdr),
+        "rccl-tests": settings.rccl_tests,
+        "rccl-tests-found": rccl_tests_found,
+        "binds": list(binds),
+    }
+
+
+def describe_lines(*, settings):
+    """
+    What the plan says about the network layer.
+
+    Parameters
+    ----------
+    settings : LumiEnvSettings
+        The stage's settings.
+
+    Returns
+    -------
+    lines : list of str
+        For the dry run.
+    """
+    gdr = settings.nccl_net_gdr_level
+    lines = [
+        "RCCL network plugin (librccl-net*.so*, libnccl-net*.so*) looked for in "
+        + ", ".join(settings.net_plugin_dirs or ["(nowhere)"])
+        + "; added to LD_LIBRARY_PATH unless the loader searches it anyway",
+        f"libfabric: the {settings.libfabric}'s"
+        + (
+            " (the host's Cray libfabric: /opt/cray bound at run time)"
+            if settings.libfabric == "host"
+            else " own (no host /opt/cray or libcxi needed)"
+        ),
+        "conda-python-distributed: "
+        + (
+            f"NCCL_NET_GDR_LEVEL={shlex.quote(str(gdr))} unless you set it"
+            if gdr is not None
+            else "leaves NCCL_NET_GDR_LEVEL to RCCL unless you set it"
+        ),
+    ]
+    if settings.rccl_tests:
+        lines.append(
+            f"rccl-tests: {settings.rccl_tests} (${RCCL_TESTS_VARIABLE} in the image)"
+        )
+    return lines

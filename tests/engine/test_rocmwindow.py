@@ -1,0 +1,172 @@
+"""The ROCm versions LUMI's driver supports (engine/rocmwindow.py) and the profiles."""
+
+from pathlib import Path
+import subprocess
+import sys
+
+import pytest
+
+from cotainr_lumi import buildoptions
+from cotainr_lumi.engine import rocmwindow
+from cotainr_lumi.engine.plan import BuildRequest, make_plan
+from cotainr_lumi.engine.profiles import PACKAGED_PROFILE, load_systems
+from cotainr_lumi.engine.rocmwindow import Window, major_minor, problems, torch_rocm
+from cotainr_lumi.engine.stage import StageContext
+from cotainr_lumi.engine.targetenv import TargetEnv
+from cotainr_lumi.errors import InputError, StageError
+
+LUST = "https://lumi-supercomputer.github.io/LUMI-training-materials/User-Updates/Update-202601/"
+WINDOW = Window.from_text("6.1-7.0", source=LUST)
+
+
+def test_versions_and_ranges():
+    assert major_minor("7.0.2-56") == (7, 0) and major_minor("6.1.40093-x") == (6, 1)
+    assert major_minor("") is None and major_minor(None) is None
+    assert (6, 0) not in WINDOW and (6, 1) in WINDOW and (7, 0) in WINDOW
+    assert (7, 1) not in WINDOW and str(WINDOW) == "6.1-7.0"
+    assert Window.from_text("nonsense") is None
+    assert torch_rocm({"version": "2.10.0+rocm7.0", "hip": "7.0.5"}) == (7, 0)
+    assert torch_rocm({"version": "2.5.1+rocm6.2.4"}) == (6, 2)
+    assert torch_rocm({"version": "2.4.1+fixture", "hip": "6.1.40093"}) == (6, 1)
+    assert torch_rocm({"version": "2.4.1+cpu", "hip": ""}) is None
+    assert torch_rocm(None) is None
+
+
+def test_problems_outside_the_window_and_disagreement():
+    assert problems(window=WINDOW, base_rocm="6.2.4-1", torch=None) == []
+    [outside] = problems(window=WINDOW, base_rocm="6.0.3-39", torch=None)
+    assert "the base image's ROCm 6.0.3-39 is outside" in outside
+    assert f"supports ROCm 6.1-7.0 ({LUST})" in outside
+    found = problems(
+        window=WINDOW, base_rocm="7.0.2", torch={"version": "2.11.0+rocm7.1"}
+    )
+    assert len(found) == 2
+    assert "built for ROCm 7.1, outside" in found[0]
+    assert "but the base image has ROCm 7.0.2" in found[1]
+    assert problems(window=None, base_rocm="6.0.3", torch=None) == []
+
+
+def test_every_shipped_profile_states_lusts_window():
+    systems = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
+    for name, system in systems.items():
+        settings = rocmwindow.RocmSettings.complete(system.stage_settings("rocm"))
+        window = Window.from_text(settings.supported, source=settings.source)
+        assert str(window) == "6.1-7.0" and window.source == LUST, name
+        rocm = major_minor(system.rocm_version)
+        if rocm in window:
+            assert "OUTSIDE" not in system.description, name
+        else:
+            # The ROCm 6.0 one says so to its users.
+            assert name == "lumi-g-ext-rocm-6.0", name
+            assert "OUTSIDE the ROCm window" in system.description
+
+
+def _plan(tmp_path, **kw):
+    return make_plan(
+        request=BuildRequest(image_path=tmp_path / "x.sif", **kw),
+        systems=load_systems(files=[PACKAGED_PROFILE], include_stock=False),
+    )
+
+
+def test_dry_run_says_it_from_the_profile_and_from_the_base(tmp_path):
+    plan = _plan(tmp_path, system="lumi-g-ext-rocm-6.0")
+    text = plan.describe()
+    assert "rocm:       base image ROCm 6.0 (the profile's rocm-version" in text
+    assert "WARNING: the base image's ROCm 6.0 is outside" in text
+    plan = _plan(tmp_path, system="lumi-aif-torch")
+    plan.base_facts = {
+        "image": {"rocm_version": "7.0.2-56"},
+        "explicit": {"python": {"torch": {"version": "2.10.0+rocm7.0"}}},
+    }
+    line = next(ln for ln in plan.describe().splitlines() if "rocm:" in ln)
+    assert "base image ROCm 7.0.2-56, torch 2.10.0+rocm7.0; LUMI's GPU driver" in line
+    assert "WARNING" not in plan.describe()
+
+
+def test_strict_from_the_option_or_the_profile(tmp_path):
+    request = buildoptions.request_from_options(
+        image_path=tmp_path / "x.sif",
+        system="lumi-g-ext-rocm-6.0",
+        base_image=None,
+        conda_env=None,
+        accept_licenses=False,
+        force=False,
+        dry_run=True,
+        options={"strict": True},
+    )
+    plan = make_plan(
+        request=request,
+        systems=load_systems(files=[PACKAGED_PROFILE], include_stock=False),
+    )
+    assert plan.rocm_settings.strict
+    text = plan.describe()
+    assert "ERROR (strict): the base image's ROCm 6.0" in text
+    assert "the build would stop here (strict)" in text
+    with pytest.raises(InputError, match="rocm.supported: must be a range"):
+        _plan(tmp_path, system="lumi-g-ext", settings={"rocm": {"supported": "7"}})
+
+
+class Sandbox:
+    def __init__(self, root):
+        self.root = root
+
+
+def _root(tmp_path, rocm="6.0.3-39", torch_version=None):
+    root = tmp_path / "root"
+    (root / "opt/rocm/.info").mkdir(parents=True)
+    (root / "opt/rocm/.info/version").write_text(rocm + "\n")
+    site = "/opt/venv/lib/python3.12/site-packages"
+    if torch_version:
+        (root / site.lstrip("/") / "torch").mkdir(parents=True)
+        (root / site.lstrip("/") / "torch/version.py").write_text(
+            f"__version__ = '{torch_version}'\nhip = '7.0.1'\n"
+        )
+    return root, site
+
+
+def _context(tmp_path, plan, **kw):
+    root, site = _root(tmp_path, **kw)
+    context = StageContext(sandbox=Sandbox(root), plan=plan)
+    context._target = TargetEnv(prefix="/opt/venv", python="/x", site=[site])
+    return context
+
+
+def test_a_build_warns_and_labels(tmp_path, caplog):
+    plan = _plan(tmp_path, system="lumi-g-ext-rocm-6.0")
+    context = _context(tmp_path, plan, torch_version="2.10.0+rocm7.0")
+    rocmwindow.check_build(context=context, phase="start")
+    assert "ROCm: the base image's ROCm 6.0.3-39 is outside" in caplog.text
+    caplog.clear()
+    rocmwindow.check_build(context=context, phase="end")
+    # The base's problem is said once; torch disagreeing with it is new.
+    assert "is outside" not in caplog.text and "but the base image has" in caplog.text
+    assert context.labels == {
+        "cotainr-lumi.rocm.version": "6.0.3-39",
+        "cotainr-lumi.rocm.supported": "6.1-7.0",
+        "cotainr-lumi.rocm.torch": "7.0",
+    }
+
+
+def test_a_strict_build_stops_with_one_error(tmp_path):
+    plan = _plan(
+        tmp_path, system="lumi-g-ext-rocm-6.0", settings={"rocm": {"strict": True}}
+    )
+    context = _context(tmp_path, plan)
+    with pytest.raises(StageError, match="outside what LUMI's GPU driver") as e:
+        rocmwindow.check_build(context=context, phase="start")
+    assert e.value.stage == "rocm" and "--strict" in str(e.value)
+    # Inside the window: nothing to say.
+    plan = _plan(tmp_path, system="lumi-aif-torch", settings={"rocm": {"strict": True}})
+    context = _context(
+        tmp_path / "b", plan, rocm="7.0.2", torch_version="2.10.0+rocm7.0"
+    )
+    rocmwindow.check_build(context=context, phase="start")
+    rocmwindow.check_build(context=context, phase="end")
+
+
+def test_the_strict_option_is_on_the_cotainr_command_line():
+    cotainr = Path(sys.executable).with_name("cotainr")
+    proc = subprocess.run(
+        [str(cotainr), "build", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "--strict" in proc.stdout
