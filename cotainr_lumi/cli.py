@@ -53,12 +53,15 @@ class Verify:
         The .sif image to check.
     json : bool
         Print the report as JSON.
+    strict : bool
+        Fail on warnings too (e.g. a ROCm outside what LUMI's driver supports).
     """
 
-    def __init__(self, *, image, json=False):
+    def __init__(self, *, image, json=False, strict=False):
         """Construct the "verify" subcommand."""
         self.image = image
         self.json = json
+        self.strict = strict
 
     @classmethod
     def add_arguments(cls, *, parser):
@@ -67,13 +70,19 @@ class Verify:
         parser.add_argument(
             "--json", action="store_true", help="print the report as JSON"
         )
+        parser.add_argument(
+            "--strict",
+            action="store_true",
+            help="fail on warnings too (a ROCm outside what LUMI's GPU driver "
+            "supports, torch and the base's ROCm disagreeing)",
+        )
 
     def execute(self):
         """Execute the "verify" subcommand."""
         from .verify.checks import verify_image
 
         try:
-            report = verify_image(image=self.image)
+            report = verify_image(image=self.image, strict=self.strict)
         except CotainrLumiError as e:
             _fail(e)
         print(report.as_json() if self.json else report.as_text())

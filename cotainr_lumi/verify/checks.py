@@ -40,13 +40,17 @@ from ..imagelayout import (
     PROVENANCE_FILE,
     PRUNE_MANIFEST_FILE,
     RUNSCRIPTS_DIR,
+    RUNTIME_FILE,
     TARGET_ENV_FILE,
 )
+from . import netplugin, rocmdriver
 from .expectedenv import expected_env as profile_env
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
 PASS, FAIL, NA = "PASS", "FAIL", "N/A"
+#: A finding that does not fail the image (FAIL with ``verify --strict``).
+WARN = "WARN"
 
 #: Where the LUMI base images expect the host's Cray libfabric (FACTS §2):
 #: ``/opt/cray`` is removed from the images and bound from the host.
@@ -138,11 +142,14 @@ class VerifyReport:
         raise KeyError(check)
 
     def summary(self):
-        """One line: counts per status."""
-        counts = {s: sum(r.status == s for r in self.results) for s in (PASS, FAIL, NA)}
+        """One line: counts per status (WARN only when there are some)."""
+        counts = {
+            s: sum(r.status == s for r in self.results) for s in (PASS, FAIL, NA, WARN)
+        }
+        warn = f", {counts[WARN]} WARN" if counts[WARN] else ""
         return (
             f"verify {self.image}: {counts[PASS]} PASS, {counts[FAIL]} FAIL, "
-            f"{counts[NA]} N/A"
+            f"{counts[NA]} N/A{warn}"
         )
 
     def as_text(self):
@@ -226,14 +233,14 @@ def _check_rocm(report, facts, env):
         FAIL if problems else PASS,
         "; ".join(problems) or f"PATH and LD_LIBRARY_PATH include {rocm_path}",
     )
-    plugins = facts["aws_ofi_rccl"]
-    if not plugins:
-        report.add("aws-ofi-rccl", FAIL, "no /opt/aws-ofi-rccl/librccl-net.so*")
-    elif not _on_path_list(env.get("LD_LIBRARY_PATH"), "/opt/aws-ofi-rccl"):
-        report.add("aws-ofi-rccl", FAIL, f"{plugins[0]} not on LD_LIBRARY_PATH")
-    else:
-        report.add("aws-ofi-rccl", PASS, f"{plugins[0]} on LD_LIBRARY_PATH")
-    _check_cray_libfabric(report, env, has_plugin=bool(plugins))
+    # RCCL's network plugin (both generations), its libraries, libfabric
+    # (the host's or the image's, as the profile said) and rccl-tests.
+    netplugin.check_network(
+        report=report,
+        facts=facts,
+        env=env,
+        check_cray_libfabric=_check_cray_libfabric,
+    )
 
 
 def _check_cray_libfabric(report, env, *, has_plugin):
@@ -453,6 +460,8 @@ def probe_inputs():
         "runscripts_dir": RUNSCRIPTS_DIR,
         "runscripts": list(REQUIRED_RUNSCRIPTS),
         "sample_nodelist": SAMPLE_NODELIST,
+        "runtime_file": RUNTIME_FILE,
+        **netplugin.probe_inputs(),
     }
 
 
@@ -477,7 +486,7 @@ def _probe(image):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def verify_image(*, image, expected_env=None):
+def verify_image(*, image, expected_env=None, strict=False):
     """
     Run every check on an image.
 
@@ -488,6 +497,8 @@ def verify_image(*, image, expected_env=None):
     expected_env : mapping, optional
         The LUMI variables and values expected (default: those of the
         image's system profile, see :mod:`.expectedenv`).
+    strict : bool, default=False
+        WARN rows (e.g. a ROCm outside what LUMI's driver supports) FAIL.
 
     Returns
     -------
@@ -515,6 +526,9 @@ def verify_image(*, image, expected_env=None):
     _check_target_env(report, facts)
     _check_libstdcxx(report, facts)
     _check_torch(report, facts)
+    rocmdriver.check_rocm_driver(
+        report=report, facts=facts, strict=strict, warn=WARN, fail=FAIL, passed=PASS
+    )
     _check_runtime(report, facts)
     for check, what, instead in HARDWARE_CHECKS:
         report.add(check, NA, f"needs LUMI hardware: {what}; run: {instead}")

@@ -92,7 +92,6 @@ for d in (os.path.join(rocm, "lib"), "/opt/amdgpu/lib64"):
     if os.path.isdir(d):
         rocm_names.update(os.listdir(d))
 facts["rocm"]["lib_names"] = sorted(rocm_names)
-facts["aws_ofi_rccl"] = sorted(glob.glob("/opt/aws-ofi-rccl/librccl-net.so*"))
 # The env's own lib/ and, for a venv, its base env's (a conda env), never /usr.
 env_prefixes = [sys.prefix]
 if sys.base_prefix not in (sys.prefix, "/usr", "/usr/local", "/"):
@@ -119,12 +118,15 @@ if spec is not None and spec.submodule_search_locations:
     lib = os.path.join(tdir, "lib")
     version_py = read(os.path.join(tdir, "version.py")) or ""
     hip = None
+    version = None
     for line in version_py.splitlines():
         if line.startswith("hip") and "=" in line:
             value = line.split("=", 1)[1].strip().strip("'\"")
             hip = None if value in ("None", "") else value
+        if line.startswith("__version__") and "=" in line:
+            version = line.split("=", 1)[1].strip().strip("'\"") or None
     entries = [entry(p) for p in sorted(glob.glob(os.path.join(lib, "*")))]
-    torch = {"dir": tdir, "hip": hip, "lib": entries}
+    torch = {"dir": tdir, "hip": hip, "lib": entries, "version": version}
     hip_lib = os.path.join(lib, "libtorch_hip.so")
     if os.path.exists(hip_lib):
         ldd = run(["ldd", hip_lib])
@@ -135,6 +137,103 @@ if spec is not None and spec.submodule_search_locations:
                 if target.startswith("/"):
                     torch["rccl_realpath"] = os.path.realpath(target)
 facts["torch"] = torch
+
+
+# -- The network layer: RCCL's plugin, its libraries, rccl-tests (issue 19) ----
+
+
+def ldd(path):
+    """The image's ``ldd`` of `path`: {soname: resolved path or None}."""
+    result = run(["ldd", path])
+    deps = {}
+    for line in result["out"].splitlines():
+        name, sep, rest = line.strip().partition("=>")
+        if sep:
+            target = rest.split("(")[0].strip()
+            deps[name.strip()] = None if target in ("", "not found") else target
+    return {"rc": result["rc"], "deps": deps, "err": result["err"][-500:]}
+
+
+def plugin_names(named):
+    """The file names NCCL_NET_PLUGIN=`named` makes RCCL load."""
+    if "/" in named or ".so" in named:
+        return [os.path.basename(named)]
+    return [f"libnccl-net-{named}.so", f"librccl-net-{named}.so"]
+
+
+def network_facts():
+    """Where the plugin, its libraries and rccl-tests are in the image."""
+    text = read(INPUTS["runtime_file"])
+    try:
+        runtime = json.loads(text) if text else None
+    except ValueError:
+        runtime = "unreadable"
+    dirs = (
+        list(runtime.get("net-plugin-dirs") or []) if isinstance(runtime, dict) else []
+    )
+    dirs += INPUTS["plugin_dirs"]
+    for opt in sorted(glob.glob("/opt/aws-ofi-*")):
+        dirs += [opt, f"{opt}/lib", f"{opt}/lib64"]
+    ld_path = [p for p in (os.environ.get("LD_LIBRARY_PATH") or "").split(":") if p]
+    dirs = list(
+        dict.fromkeys(
+            os.path.normpath(d) for d in dirs + ld_path + INPUTS["loader_dirs"]
+        )
+    )
+    found = []
+    for d in dirs:
+        for generation, pattern in INPUTS["plugin_patterns"]:
+            for path in sorted(glob.glob(os.path.join(d, pattern))):
+                found.append({"path": path, "dir": d, "generation": generation})
+    named = os.environ.get("NCCL_NET_PLUGIN") or None
+    plugin = found[0] if found else None
+    if named:
+        names = plugin_names(named)
+        plugin = next(
+            (
+                f
+                for f in found
+                if os.path.basename(f["path"]) in names or f["path"] == named
+            ),
+            None,
+        )
+        if plugin is None and named.startswith("/") and os.path.exists(named):
+            plugin = {
+                "path": named,
+                "dir": os.path.dirname(named),
+                "generation": "named",
+            }
+    if plugin is not None:
+        plugin = {**plugin, "ldd": ldd(plugin["path"])}
+    libfabric = sorted(
+        {
+            os.path.realpath(p)
+            for d in INPUTS["loader_dirs"] + ld_path
+            for p in glob.glob(os.path.join(d, "libfabric.so.1"))
+        }
+    )
+    tests_dirs = [runtime.get("rccl-tests")] if isinstance(runtime, dict) else []
+    tests_dirs = [d for d in tests_dirs if d] or INPUTS["rccl_tests_dirs"]
+    tests = None
+    for d in tests_dirs:
+        if os.path.isdir(d):
+            perf = os.path.join(d, "all_reduce_perf")
+            tests = {"dir": d, "all_reduce_perf": os.access(perf, os.X_OK)}
+            break
+    return {
+        "runtime": runtime,
+        "searched": dirs,
+        "found": found,
+        "named": named,
+        "plugin": plugin,
+        "ld_library_path": ld_path,
+        "image_libfabric": libfabric,
+        "rccl_tests": tests,
+        "rccl_tests_dirs": tests_dirs,
+    }
+
+
+facts["network"] = network_facts()
 
 scripts = {}
 runscripts_dir = INPUTS["runscripts_dir"]

@@ -405,6 +405,6 @@ def test_verify_fails_only_the_deliberate_build_overrides(built, verify_image):
         r for r in report["results"] if r["status"] == "FAIL"
     ]
     assert rows["env:HOSTILE"] == "PASS"
-    for check in ("rocm-layout", "aws-ofi-rccl", "runscripts", "with-conda"):
+    for check in ("rocm-layout", "net-plugin", "runscripts", "with-conda"):
         assert rows[check] == "PASS", check
     assert rows["package-list"] == "PASS"

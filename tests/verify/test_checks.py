@@ -52,7 +52,24 @@ GOOD = {
         "version_file": "6.1.3-122",
         "lib_names": ["librccl.so.1", "librocblas.so.4", "rocblas"],
     },
-    "aws_ofi_rccl": ["/opt/aws-ofi-rccl/librccl-net.so"],
+    "network": {
+        "runtime": None,
+        "searched": ["/opt/aws-ofi-rccl", "/usr/lib64"],
+        "named": None,
+        "plugin": {
+            "path": "/opt/aws-ofi-rccl/librccl-net.so",
+            "dir": "/opt/aws-ofi-rccl",
+            "generation": "aws-ofi-rccl",
+            "ldd": {
+                "rc": 0,
+                "deps": {"libc.so.6": "/lib64/libc.so.6", "libfabric.so.1": None},
+                "err": "",
+            },
+        },
+        "image_libfabric": [],
+        "rccl_tests": {"dir": "/opt/rccltests", "all_reduce_perf": True},
+        "rccl_tests_dirs": ["/opt/rccltests", "/usr/libexec/rccl-tests"],
+    },
     "env_libstdcxx": [],
     "files": {
         "/opt/cotainr-lumi/pip/packages.json": 120,
@@ -147,14 +164,20 @@ def mutate(path, value):
         (
             ("env", "LD_LIBRARY_PATH"),
             "/opt/cray/libfabric/1.22.0/lib64:/opt/rocm/lib",
-            {"aws-ofi-rccl"},
+            {"net-plugin"},
         ),
         (
             ("env", "LD_LIBRARY_PATH"),
             "/opt/rocm/lib:/opt/aws-ofi-rccl",
             {"cray-libfabric"},
         ),
-        (("aws_ofi_rccl",), [], {"aws-ofi-rccl"}),
+        (("network", "plugin"), None, {"net-plugin"}),
+        (
+            ("network", "plugin", "ldd", "deps", "libcuda.so.1"),
+            None,
+            {"net-plugin-deps"},
+        ),
+        (("network", "rccl_tests", "all_reduce_perf"), False, {"rccl-tests"}),
         (("runscripts", "get-master", "executable"), False, {"runscripts"}),
         (("with_conda",), None, {"with-conda"}),
         (("labels", "cotainr-lumi.stages"), "", {"provenance-labels"}),
@@ -180,7 +203,7 @@ def test_cray_libfabric_row_names_the_entry_or_the_way_out(mocker, tmp_path):
         if r.check == "cray-libfabric"
     )
     assert "falls back to TCP" in row.evidence and "ld-library-path" in row.evidence
-    no_plugin = run_with(mocker, tmp_path, mutate(("aws_ofi_rccl",), []))
+    no_plugin = run_with(mocker, tmp_path, mutate(("network", "plugin"), None))
     assert no_plugin.status_of("cray-libfabric") == "N/A"
 
 
@@ -299,3 +322,168 @@ def test_probe_reads_the_paths_it_is_given_and_keeps_them_when_it_reexecs(tmp_pa
     assert facts["prefix"] == str(venv)  # run again by the target env's python
     assert facts["labels"] == {"cotainr-lumi.system": "s"}
     assert facts["files"] == {str(record): 5, str(tmp_path / "absent.json"): None}
+
+
+# -- Today's LUMI images: both plugin generations, the image's libfabric,
+# -- the ROCm window (issue 19) ----------------------------------------------
+
+MULTIARCH = "/usr/lib/x86_64-linux-gnu"
+
+
+def aif_facts():
+    """What the probe sees in a LUMI AI Factory image built by cotainr-lumi."""
+    facts = copy.deepcopy(GOOD)
+    facts["env"]["LD_LIBRARY_PATH"] = "/opt/rocm/lib"
+    facts["rocm"]["version_file"] = "7.0.2-56"
+    facts["rocm"]["realpath"] = "/opt/rocm-7.0.2"
+    facts["torch"]["hip"] = "7.0.51831"
+    facts["torch"]["version"] = "2.10.0+rocm7.0"
+    facts["torch"]["rccl_realpath"] = "/opt/rocm-7.0.2/lib/librccl.so.1"
+    facts["torch"]["lib"][0]["target"] = "/opt/rocm-7.0.2/lib/librccl.so.1"
+    facts["labels"]["cotainr-lumi.system"] = "lumi-aif-torch"
+    facts["labels"]["cotainr-lumi.rocm.supported"] = "6.1-7.0"
+    facts["network"] = {
+        "runtime": {"libfabric": "image", "net-plugin-dirs": [MULTIARCH]},
+        "searched": [MULTIARCH],
+        "named": None,
+        "plugin": {
+            "path": f"{MULTIARCH}/libnccl-net.so",
+            "dir": MULTIARCH,
+            "generation": "aws-ofi-nccl",
+            "ldd": {
+                "rc": 0,
+                "deps": {
+                    "libfabric.so.1": f"{MULTIARCH}/libfabric.so.1",
+                    "libcxi.so.1": f"{MULTIARCH}/libcxi.so.1",
+                },
+                "err": "",
+            },
+        },
+        "image_libfabric": [f"{MULTIARCH}/libfabric.so.1.26.0"],
+        "rccl_tests": {"dir": "/usr/libexec/rccl-tests", "all_reduce_perf": True},
+        "rccl_tests_dirs": ["/usr/libexec/rccl-tests"],
+    }
+    return facts
+
+
+def test_a_correct_ai_factory_image_has_no_fail(mocker, tmp_path):
+    expected = {"FI_MR_CACHE_MONITOR": "userfaultfd"}
+    facts = aif_facts()
+    facts["env"].update(expected)
+    image = tmp_path / "x.sif"
+    image.write_bytes(SIF_HEADER)
+    mocker.patch(
+        "cotainr_lumi.apptainer.exec_in_image",
+        return_value=subprocess.CompletedProcess(
+            [], 0, stdout=json.dumps(facts) + "\n", stderr=""
+        ),
+    )
+    report = verify.verify_image(image=image)
+    assert report.failed == []
+    rows = {r.check: r for r in report.results}
+    assert rows["net-plugin"].evidence.startswith(
+        f"aws-ofi-nccl: {MULTIARCH}/libnccl-net.so (on the loader's default path"
+    )
+    assert (
+        rows["net-plugin-deps"].evidence == "all 2 libraries of libnccl-net.so resolve"
+    )
+    assert rows["image-libfabric"].status == "PASS"
+    assert "cray-libfabric" not in rows
+    assert rows["rccl-tests"].status == "PASS"
+    assert rows["rocm-driver"].status == "PASS"
+    assert "base ROCm 7.0.2-56, torch for ROCm 7.0" in rows["rocm-driver"].evidence
+
+
+@pytest.mark.parametrize(
+    "path, value, failing",
+    [
+        # The host's Cray libfabric must not shadow the image's.
+        (
+            ("env", "LD_LIBRARY_PATH"),
+            "/opt/cray/libfabric/1.15.2.0/lib64:/opt/rocm/lib",
+            {"image-libfabric"},
+        ),
+        # Every library of the plugin must resolve in the image.
+        (
+            ("network", "plugin", "ldd", "deps", "libfabric.so.1"),
+            None,
+            {"net-plugin-deps"},
+        ),
+        (("network", "plugin"), None, {"net-plugin"}),
+        (("network", "image_libfabric"), [], set()),
+    ],
+)
+def test_ai_factory_images_fail_the_network_rows(
+    mocker, tmp_path, path, value, failing
+):
+    facts = aif_facts()
+    target = facts
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    report = run_with(mocker, tmp_path, facts)
+    assert set(report.failed) == failing
+
+
+def test_the_plugin_named_by_nccl_net_plugin(mocker, tmp_path):
+    facts = aif_facts()
+    facts["network"]["named"] = "ofi"
+    facts["network"]["plugin"] = None
+    report = run_with(mocker, tmp_path, facts)
+    row = next(r for r in report.results if r.check == "net-plugin")
+    assert (
+        row.status == "FAIL" and "NCCL_NET_PLUGIN='ofi' names no plugin" in row.evidence
+    )
+
+
+def test_a_rocm_outside_the_driver_window_warns_or_fails_when_strict(mocker, tmp_path):
+    facts = aif_facts()
+    facts["rocm"]["version_file"] = "6.0.3-39"
+    report = run_with(mocker, tmp_path, facts)
+    assert report.status_of("rocm-driver") == "WARN" and report.failed == []
+    assert report.summary().endswith("1 WARN")
+    evidence = next(r.evidence for r in report.results if r.check == "rocm-driver")
+    assert "ROCm 6.0.3-39 is outside" in evidence and "Update-202601" in evidence
+    assert "but the base image has ROCm 6.0.3-39" in evidence
+    image = tmp_path / "x.sif"
+    assert verify.verify_image(image=image, strict=True).failed == ["rocm-driver"]
+
+
+def test_probe_finds_the_plugin_and_rccl_tests_it_is_told_about(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(lib / "libnccl-net.so"), "-x", "c", "-"],
+        input="#include <string.h>\nint nccl_net_stub(const char *s) { return strlen(s); }\n",
+        text=True,
+        check=True,
+    )
+    tests = tmp_path / "rccl-tests"
+    tests.mkdir()
+    (tests / "all_reduce_perf").write_text("#!/bin/sh\n")
+    (tests / "all_reduce_perf").chmod(0o755)
+    runtime = tmp_path / "runtime.json"
+    runtime.write_text(
+        json.dumps(
+            {
+                "libfabric": "image",
+                "net-plugin-dirs": [str(lib)],
+                "rccl-tests": str(tests),
+            }
+        )
+    )
+    inputs = {**verify.probe_inputs(), "runtime_file": str(runtime)}
+    source = PROBE.read_text()
+    out = subprocess.run(
+        [sys.executable, "-c", source, source, json.dumps(inputs)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k != "NCCL_NET_PLUGIN"},
+    )
+    net = json.loads(out.stdout)["network"]
+    assert net["plugin"]["path"] == str(lib / "libnccl-net.so")
+    assert net["plugin"]["generation"] == "aws-ofi-nccl"
+    assert "libc.so.6" in net["plugin"]["ldd"]["deps"]
+    assert net["rccl_tests"] == {"dir": str(tests), "all_reduce_perf": True}
+    assert net["runtime"]["libfabric"] == "image"

@@ -1,0 +1,237 @@
+"""
+The network layer of an image, checked: RCCL's plugin, its libraries, rccl-tests.
+
+Both plugin generations count: aws-ofi-rccl (``librccl-net*.so*``, the 2024
+LUMI images in ``/opt/aws-ofi-rccl``, the 2025 LUMI AI Factory images in
+``/usr/lib``) and its successor aws-ofi-nccl (``libnccl-net*.so*``, the ROCm 7
+LUMI AI Factory images, in ``/usr/lib/x86_64-linux-gnu``), also when named by
+``NCCL_NET_PLUGIN``. Where the libfabric the plugin uses must come from (the
+host's Cray libfabric, or the image's own) is what the image's profile said,
+recorded by the lumi-env stage in :data:`cotainr_lumi.imagelayout.RUNTIME_FILE`
+(images without the record: the host's, as the 2024 images).
+
+Rows: ``net-plugin``, ``net-plugin-deps``, ``cray-libfabric`` (host) or
+``image-libfabric`` (image), ``rccl-tests``.
+
+Functions
+---------
+probe_inputs()
+    What the in-image probe needs to look for.
+check_network(*, report, facts, env, check_cray_libfabric)
+    Add the rows.
+"""
+
+import logging
+import os
+
+from ..stages.lumi_env import network
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+PASS, FAIL, NA = "PASS", "FAIL", "N/A"
+
+#: Where the plugin may be besides the image's record and ``/opt/aws-ofi-*``.
+PLUGIN_DIRS = ["/opt/aws-ofi-rccl", "/opt/aws-ofi-rccl/lib", "/opt/aws-ofi-rccl/lib64"]
+#: Where rccl-tests may be when the image records none (2024, AI Factory).
+RCCL_TESTS_DIRS = ["/opt/rccltests", "/usr/libexec/rccl-tests"]
+#: Libraries the host provides at run time for a plugin using the host's
+#: libfabric (``/opt/cray`` and ``/usr/lib64/libcxi.so.1`` are bound).
+HOST_PROVIDED = ("libfabric.so", "libcxi.so", "libjansson.so", "libjson-c.so")
+#: LD_LIBRARY_PATH entries of the host's Cray libraries.
+CRAY_PREFIX = "/opt/cray/"
+
+
+def probe_inputs():
+    """
+    What the in-image probe needs to look for (JSON-able).
+
+    Returns
+    -------
+    inputs : dict
+        Plugin patterns and directories, loader directories, rccl-tests
+        directories.
+    """
+    return {
+        "plugin_patterns": [list(p) for p in network.PLUGIN_PATTERNS],
+        "plugin_dirs": PLUGIN_DIRS,
+        "loader_dirs": list(network.DEFAULT_LOADER_DIRS),
+        "rccl_tests_dirs": RCCL_TESTS_DIRS,
+    }
+
+
+def _libfabric_source(net):
+    runtime = net.get("runtime")
+    if isinstance(runtime, dict) and runtime.get("libfabric") in ("host", "image"):
+        return runtime["libfabric"]
+    return "host"
+
+
+def _ld_library_path(env):
+    return [p for p in (env.get("LD_LIBRARY_PATH") or "").split(":") if p]
+
+
+def _on_loader_path(directory, env):
+    directory = os.path.normpath(directory)
+    return network.is_default_loader_dir(directory) or directory in {
+        os.path.normpath(p) for p in _ld_library_path(env)
+    }
+
+
+def _check_plugin(report, net, env):
+    plugin = net.get("plugin")
+    searched = ", ".join(net.get("searched") or [])
+    if plugin is None:
+        named = net.get("named")
+        what = (
+            f"NCCL_NET_PLUGIN={named!r} names no plugin in the image"
+            if named
+            else "no RCCL network plugin (librccl-net*.so*, libnccl-net*.so*)"
+        )
+        report.add(
+            "net-plugin",
+            FAIL,
+            f"{what} (searched {searched}): RCCL falls back to TCP sockets "
+            "between nodes; build on an image family that has one",
+        )
+        return None
+    where = (
+        "the loader's default path"
+        if network.is_default_loader_dir(plugin["dir"])
+        else "LD_LIBRARY_PATH"
+    )
+    named = f", named by NCCL_NET_PLUGIN={net['named']}" if net.get("named") else ""
+    if not _on_loader_path(plugin["dir"], env) and plugin["generation"] != "named":
+        report.add(
+            "net-plugin",
+            FAIL,
+            f"{plugin['generation']}: {plugin['path']} is not on LD_LIBRARY_PATH or "
+            "the loader's default path: RCCL cannot load it",
+        )
+    else:
+        report.add(
+            "net-plugin",
+            PASS,
+            f"{plugin['generation']}: {plugin['path']} (on {where}{named})",
+        )
+    return plugin
+
+
+def _check_deps(report, plugin, *, source):
+    if plugin is None:
+        report.add("net-plugin-deps", NA, "no network plugin in the image")
+        return
+    ldd = plugin.get("ldd") or {}
+    deps = ldd.get("deps") or {}
+    missing = [name for name, path in deps.items() if path is None]
+    if not deps and ldd.get("rc") not in (0, None):
+        report.add(
+            "net-plugin-deps", FAIL, f"ldd {plugin['path']} failed: {ldd.get('err')}"
+        )
+        return
+    host = [m for m in missing if m.startswith(HOST_PROVIDED)]
+    if source == "host":
+        missing = [m for m in missing if m not in host]
+    if missing:
+        report.add(
+            "net-plugin-deps",
+            FAIL,
+            f"{plugin['path']} needs {', '.join(sorted(missing))}, not found in "
+            "the image" + ("" if source == "image" else " or from the host"),
+        )
+        return
+    evidence = (
+        f"all {len(deps)} libraries of {os.path.basename(plugin['path'])} resolve"
+    )
+    if host and source == "host":
+        evidence = (
+            f"{len(deps) - len(host)} of {len(deps)} resolve in the image; "
+            f"{', '.join(sorted(host))} come from the host at run time "
+            "(/opt/cray and libcxi bound by the module)"
+        )
+    report.add("net-plugin-deps", PASS, evidence)
+
+
+def _check_image_libfabric(report, net, plugin, env):
+    cray = [p for p in _ld_library_path(env) if p.startswith(CRAY_PREFIX)]
+    resolved = None
+    if plugin is not None:
+        deps = (plugin.get("ldd") or {}).get("deps") or {}
+        resolved = next(
+            (path for name, path in deps.items() if name.startswith("libfabric.so")),
+            None,
+        )
+    if cray:
+        report.add(
+            "image-libfabric",
+            FAIL,
+            f"LD_LIBRARY_PATH has the host's {cray[0]}: bound at run time it would "
+            "shadow the image's own libfabric/CXI; drop it (and the /opt/cray bind)",
+        )
+    elif resolved and resolved.startswith(CRAY_PREFIX):
+        report.add(
+            "image-libfabric", FAIL, f"the plugin resolves libfabric to {resolved}"
+        )
+    elif resolved:
+        report.add(
+            "image-libfabric",
+            PASS,
+            f"the plugin uses the image's {resolved}; no host /opt/cray needed",
+        )
+    elif net.get("image_libfabric"):
+        report.add(
+            "image-libfabric",
+            PASS,
+            f"the image has {net['image_libfabric'][0]}; no host /opt/cray needed",
+        )
+    else:
+        report.add(
+            "image-libfabric",
+            FAIL,
+            "the profile says the image brings its libfabric, but there is no "
+            "libfabric.so.1 on the loader's path",
+        )
+
+
+def _check_rccl_tests(report, net):
+    tests = net.get("rccl_tests")
+    where = ", ".join(net.get("rccl_tests_dirs") or [])
+    if tests is None:
+        report.add(
+            "rccl-tests",
+            NA,
+            f"no rccl-tests in the image ({where}); the acceptance job "
+            "(examples/slurm/acceptance.sbatch) needs all_reduce_perf",
+        )
+    elif tests.get("all_reduce_perf"):
+        report.add("rccl-tests", PASS, f"{tests['dir']}/all_reduce_perf")
+    else:
+        report.add(
+            "rccl-tests", FAIL, f"{tests['dir']} has no executable all_reduce_perf"
+        )
+
+
+def check_network(*, report, facts, env, check_cray_libfabric):
+    """
+    Add the network rows.
+
+    Parameters
+    ----------
+    report : :class:`cotainr_lumi.verify.checks.VerifyReport`
+        The report.
+    facts : dict
+        What the probe saw (its ``network`` part).
+    env : dict
+        The image's environment.
+    check_cray_libfabric : callable
+        ``check_cray_libfabric(report, env, has_plugin=...)``: the row of an
+        image using the host's libfabric.
+    """
+    net = facts.get("network") or {}
+    source = _libfabric_source(net)
+    plugin = _check_plugin(report, net, env)
+    _check_deps(report, plugin, source=source)
+    if source == "host":
+        check_cray_libfabric(report, env, has_plugin=plugin is not None)
+    else:
+        _check_image_libfabric(report, net, plugin, env)
+    _check_rccl_tests(report, net)
