@@ -41,7 +41,7 @@ import shlex
 import shutil
 import time
 
-from ... import _cotainr
+from ... import _cotainr, imagelayout
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import StageError
@@ -55,6 +55,7 @@ from .protect import (
     parse_pip_list,
 )
 from .requirements import local_inputs, scan_step, stage_step
+from .sbom import write_sboms
 from .steps import PipSettings, default_cache_dir, steps_from_inputs
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -425,6 +426,7 @@ class PipStage(Stage):
                 for step, scan in zip(self.steps, self.scans)
             ]
         installed = self._record_packages(sandbox)
+        sboms = self._write_sboms(context, base=self._base_packages)
         steps_record = {
             "target": info,
             "steps": records,
@@ -432,6 +434,7 @@ class PipStage(Stage):
                 "dir": str(self.cache_dir) if self.settings.cache else None,
                 **cache_stats,
             },
+            "sbom": sboms,
         }
         write_file_in_root(
             root=sandbox.root,
@@ -449,6 +452,7 @@ class PipStage(Stage):
             labels={
                 "cotainr-lumi.pip.packages": PACKAGES_FILE,
                 "cotainr-lumi.pip.steps": STEPS_FILE,
+                imagelayout.LABEL_SBOM: imagelayout.CYCLONEDX_SBOM_FILE,
             },
         )
 
@@ -463,12 +467,40 @@ class PipStage(Stage):
         )
         return installed
 
+    #: The env's packages before the first step (pip list form), for the SBOM.
+    _base_packages = None
+
+    def _write_sboms(self, context, *, base):
+        """The SBOMs of the env (CycloneDX, and the base's own /.sbom.json)."""
+        root = context.sandbox.root
+        packages = json.loads(
+            resolve_in_root(root=root, path=PACKAGES_FILE).read_text()
+        )
+        written = write_sboms(
+            root=root,
+            image_name=Path(getattr(context.plan, "image_path", None) or "image").name,
+            packages=packages,
+            base_packages=base,
+            target_prefix=self._target.prefix,
+            base_image=getattr(
+                getattr(context.plan, "base_image", None), "given", None
+            ),
+        )
+        logger.info(
+            "SBOM: %s%s; added by this build: %s",
+            written["cyclonedx"],
+            f" and {written['aif']}" if written["aif"] else "",
+            ", ".join(written["added"]) or "nothing",
+        )
+        return written
+
     def _record_packages_only(self, context):
         """No steps: keep the environment's package list (if pip can list it)."""
         sandbox = context.sandbox
         try:
             info = self._check_pip(context, required=False)
             installed = self._record_packages(sandbox)
+            sboms = self._write_sboms(context, base=None)
         except (StageError, _cotainr.CommandError) as e:
             logger.warning(
                 "No pip steps and no package list: %s",
@@ -485,8 +517,11 @@ class PipStage(Stage):
         return StageReport(
             name=self.name,
             summary=summary,
-            details={"target": info, "steps": []},
-            labels={"cotainr-lumi.pip.packages": PACKAGES_FILE},
+            details={"target": info, "steps": [], "sbom": sboms},
+            labels={
+                "cotainr-lumi.pip.packages": PACKAGES_FILE,
+                imagelayout.LABEL_SBOM: imagelayout.CYCLONEDX_SBOM_FILE,
+            },
         )
 
     @staticmethod
@@ -597,6 +632,10 @@ class PipStage(Stage):
             scan=scan, root=root, keep_dir=keep_dir, staging_dir=staging_dir
         )
         before, _ = self._pip_list(sandbox)
+        if step.number == 1:
+            self._base_packages = [
+                {"name": name, "version": version} for name, version in before.values()
+            ]
         constraints = f"{keep_dir}/protected-constraints.txt"
         write_file_in_root(
             root=root,

@@ -199,7 +199,10 @@ def test_no_steps_records_the_package_list_only(tmp_path):
         "numpy": "2.1.0",
         "torch": "2.13.0",
     }
-    assert report.labels == {"cotainr-lumi.pip.packages": PACKAGES_FILE}
+    assert report.labels == {
+        "cotainr-lumi.pip.packages": PACKAGES_FILE,
+        "cotainr-lumi.sbom": "/opt/cotainr-lumi/sbom.cdx.json",
+    }
     assert report.summary.startswith(f"no pip steps; package list of {PREFIX}: 2")
     assert "(torch 2.13.0)" in report.summary
     assert not sandbox.host(WORK_DIR).exists()
@@ -345,7 +348,11 @@ def test_run_installs_steps_in_order_with_exact_commands(inputs, tmp_path):
     assert report.labels == {
         "cotainr-lumi.pip.packages": "/opt/cotainr-lumi/pip/packages.json",
         "cotainr-lumi.pip.steps": "/opt/cotainr-lumi/pip/steps.json",
+        "cotainr-lumi.sbom": "/opt/cotainr-lumi/sbom.cdx.json",
     }
+    # The SBOM says what the steps added.
+    assert "torch" in report.details["sbom"]["added"]
+    assert report.details["sbom"]["aif"] is None  # the base has no /.sbom.json
     assert "torch 2.13.0+cpu" in report.summary
     assert report.details["steps"][0]["added"]["torch"] == "2.13.0+cpu"
     assert report.details["target"]["prefix"] == PREFIX
