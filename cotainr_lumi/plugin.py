@@ -32,8 +32,8 @@ import contextlib
 import logging
 import sys
 
-from . import _cotainr, buildoptions
-from .engine import rocmwindow
+from . import _cotainr, buildoptions, imagelayout
+from .engine import history, rocmwindow
 from .engine.pipeline import (
     as_stage_error,
     check_outputs,
@@ -204,6 +204,9 @@ class LumiStage(_cotainr.BuildStage):
         )
         current = self.name
         try:
+            earlier = history.keep_earlier_build(root=stage_context.sandbox.root)
+            if earlier is not None:
+                stage_context.labels[imagelayout.LABEL_HISTORY] = str(earlier)
             current = rocmwindow.SETTINGS_NAME
             rocmwindow.check_build(context=stage_context, phase="start")
             for stage in self.plan.stages:

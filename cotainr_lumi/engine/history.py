@@ -1,0 +1,79 @@
+"""
+Building on an image cotainr-lumi built: its records are kept, not mixed in.
+
+An image built by cotainr-lumi can be the base of the next build (pip steps
+only: the pip stage protects what is installed, so nothing already there is
+downloaded or replaced unless a step allows it). Before the stages write
+this build's records, the base's (``target-env.json``, ``provenance.json``,
+the prune manifest, ``pip/``, ``runtime.json``, the CycloneDX SBOM) move to
+:data:`cotainr_lumi.imagelayout.HISTORY_DIR` ``/N`` (``1`` the oldest), so
+that nothing of the earlier build (say its ``pip/step2/``) passes for this
+one's, and the label ``cotainr-lumi.history`` says how many builds the image
+stands on. ``with-conda.sh`` stays: the base's ``$WITH_CONDA`` runs it, and
+this build chains to it.
+
+Functions
+---------
+keep_earlier_build(*, root)
+    Move the base's records into the history; return its number.
+"""
+
+import logging
+import os
+
+from .. import imagelayout
+from .rootfs import resolve_in_root
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: A build's records (everything it writes below RECORDS_DIR but with-conda.sh).
+BUILD_RECORDS = (
+    imagelayout.TARGET_ENV_FILE,
+    imagelayout.PROVENANCE_FILE,
+    imagelayout.PRUNE_MANIFEST_FILE,
+    imagelayout.PIP_DIR,
+    imagelayout.RUNTIME_FILE,
+    imagelayout.CYCLONEDX_SBOM_FILE,
+)
+
+
+def _next_number(history):
+    numbers = [
+        int(entry.name)
+        for entry in (history.iterdir() if history.is_dir() else ())
+        if entry.name.isdigit()
+    ]
+    return max(numbers, default=0) + 1
+
+
+def keep_earlier_build(*, root):
+    """
+    Move the records of the build the base image comes from into the history.
+
+    Parameters
+    ----------
+    root : :class:`pathlib.Path`
+        The sandbox.
+
+    Returns
+    -------
+    number : int or None
+        The history entry (``history/N``), None when the base image was not
+        built by cotainr-lumi (no ``provenance.json``).
+    """
+    if not resolve_in_root(root=root, path=imagelayout.PROVENANCE_FILE).is_file():
+        return None
+    history = resolve_in_root(root=root, path=imagelayout.HISTORY_DIR)
+    number = _next_number(history)
+    entry = history / str(number)
+    entry.mkdir(parents=True)
+    for record in BUILD_RECORDS:
+        source = resolve_in_root(root=root, path=record, follow_final=False)
+        if source.exists() or source.is_symlink():
+            os.replace(source, entry / os.path.basename(record))
+    logger.info(
+        "The base image was built by cotainr-lumi: its records are kept in %s/%d.",
+        imagelayout.HISTORY_DIR,
+        number,
+    )
+    return number
