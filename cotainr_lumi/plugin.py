@@ -204,9 +204,11 @@ class LumiStage(_cotainr.BuildStage):
         )
         current = self.name
         try:
-            earlier = history.keep_earlier_build(root=stage_context.sandbox.root)
+            root = stage_context.sandbox.root
+            earlier = history.keep_earlier_build(root=root)
             if earlier is not None:
                 stage_context.labels[imagelayout.LABEL_HISTORY] = str(earlier)
+            _cotainr.prepare_for_cotainr_metadata(root=root)
             current = rocmwindow.SETTINGS_NAME
             rocmwindow.check_build(context=stage_context, phase="start")
             for stage in self.plan.stages:

@@ -32,6 +32,10 @@ DRY_RUNS = {
         "--pip-requirements=requirements.txt",
     ],
     "demo": ["--system=lumi-g-ext", "--pip-requirements=requirements.txt"],
+    "extend-lumi-aif": [
+        "--system=lumi-aif-torch",
+        "--pip-requirements=requirements.txt",
+    ],
 }
 NOT_BUILD_INPUTS = {"slurm"}
 

@@ -32,6 +32,9 @@ make_log_settings(*, verbosity=0, log_to_file=False, no_color=False)
     Build cotainr log settings.
 setup_cli_logging(*, log_settings)
     Attach cotainr's console/file handlers to the ``cotainr`` logger.
+prepare_for_cotainr_metadata(*, root)
+    Rewrite ``labels.json`` so cotainr's ``add_metadata`` leaves no tail
+    (:mod:`.labels`).
 """
 
 import logging
@@ -65,6 +68,7 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 SUPPORTED_COTAINR = SpecifierSet(">=2025.3.0")
 
 from . import contract  # noqa: E402
+from .labels import prepare_for_cotainr_metadata  # noqa: E402, F401
 
 try:  # cotainr with the upstream series (docs/upstream/)
     from cotainr import stages as _stages  # noqa: E402

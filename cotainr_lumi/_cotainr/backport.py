@@ -52,6 +52,7 @@ from cotainr import tracing as _tracing
 from cotainr import util as _util
 
 from ..imagelayout import LABELS_FILE
+from .labels import load_labels
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -436,7 +437,7 @@ def _merge_labels(sandbox_dir, labels):
     if not labels:
         return
     path = Path(sandbox_dir) / LABELS_FILE.lstrip("/")
-    metadata = json.loads(path.read_text()) if path.exists() else {}
+    metadata = load_labels(path=path)
     metadata.update({str(k): str(v) for k, v in labels.items()})
     path.write_text(json.dumps(metadata, indent=2, sort_keys=True))
 

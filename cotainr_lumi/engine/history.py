@@ -9,7 +9,8 @@ the prune manifest, ``pip/``, ``runtime.json``, the CycloneDX SBOM) move to
 :data:`cotainr_lumi.imagelayout.HISTORY_DIR` ``/N`` (``1`` the oldest), so
 that nothing of the earlier build (say its ``pip/step2/``) passes for this
 one's, and the label ``cotainr-lumi.history`` says how many builds the image
-stands on. ``with-conda.sh`` stays: the base's ``$WITH_CONDA`` runs it, and
+stands on. The base's ``cotainr-lumi.*`` labels move to
+``history/N/labels.json`` too: the image's labels describe this build. ``with-conda.sh`` stays: the base's ``$WITH_CONDA`` runs it, and
 this build chains to it.
 
 Functions
@@ -18,6 +19,7 @@ keep_earlier_build(*, root)
     Move the base's records into the history; return its number.
 """
 
+import json
 import logging
 import os
 
@@ -46,6 +48,25 @@ def _next_number(history):
     return max(numbers, default=0) + 1
 
 
+def _move_labels(*, root, entry):
+    """The base's ``cotainr-lumi.*`` labels go to ``history/N/labels.json``."""
+    path = resolve_in_root(root=root, path=imagelayout.LABELS_FILE)
+    if not path.is_file():
+        return
+    text = path.read_text().strip()
+    try:
+        labels, _end = json.JSONDecoder().raw_decode(text) if text else ({}, 0)
+    except ValueError:
+        logger.warning("Cannot read %s; its labels stay.", imagelayout.LABELS_FILE)
+        return
+    if not isinstance(labels, dict):
+        return
+    ours = {k: v for k, v in labels.items() if k.startswith(imagelayout.LABEL_PREFIX)}
+    (entry / "labels.json").write_text(json.dumps(ours, indent=2, sort_keys=True))
+    kept = {k: v for k, v in labels.items() if k not in ours}
+    path.write_text(json.dumps(kept))
+
+
 def keep_earlier_build(*, root):
     """
     Move the records of the build the base image comes from into the history.
@@ -71,6 +92,7 @@ def keep_earlier_build(*, root):
         source = resolve_in_root(root=root, path=record, follow_final=False)
         if source.exists() or source.is_symlink():
             os.replace(source, entry / os.path.basename(record))
+    _move_labels(root=root, entry=entry)
     logger.info(
         "The base image was built by cotainr-lumi: its records are kept in %s/%d.",
         imagelayout.HISTORY_DIR,

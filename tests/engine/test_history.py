@@ -38,3 +38,31 @@ def test_the_bases_records_move_to_the_history_with_conda_stays(tmp_path):
     write(tmp_path, imagelayout.PROVENANCE_FILE, "second")
     assert keep_earlier_build(root=tmp_path) == 2
     assert (entry.parent / "2/provenance.json").read_text() == "second"
+
+
+def test_the_bases_labels_move_to_the_history_too(tmp_path):
+    import json
+
+    write(tmp_path, imagelayout.PROVENANCE_FILE)
+    write(
+        tmp_path,
+        imagelayout.LABELS_FILE,
+        json.dumps(
+            {
+                "org.label-schema.build-date": "x",
+                "cotainr.command": "cotainr build a very long command line",
+                "cotainr-lumi.pip.steps": "/opt/cotainr-lumi/pip/steps.json",
+            },
+            indent=2,
+        ),
+    )
+    assert keep_earlier_build(root=tmp_path) == 1
+    labels = json.loads((tmp_path / imagelayout.LABELS_FILE.lstrip("/")).read_text())
+    assert labels == {
+        "org.label-schema.build-date": "x",
+        "cotainr.command": "cotainr build a very long command line",
+    }
+    moved = tmp_path / imagelayout.HISTORY_DIR.lstrip("/") / "1/labels.json"
+    assert json.loads(moved.read_text()) == {
+        "cotainr-lumi.pip.steps": "/opt/cotainr-lumi/pip/steps.json"
+    }

@@ -29,6 +29,8 @@ check_gdr_level(value)
     Check an ``NCCL_NET_GDR_LEVEL`` value.
 find_plugin(*, root, dirs)
     The network plugin in the first directory that has one.
+family_hint(*, root, settings)
+    Why the profile may not fit the base, when its plugin is elsewhere.
 is_default_loader_dir(directory)
     Whether the loader searches a directory without LD_LIBRARY_PATH.
 env_blocks(*, settings)
@@ -61,6 +63,17 @@ DEFAULT_LOADER_DIRS = (
     "/usr/lib64",
     "/lib/x86_64-linux-gnu",
     "/usr/lib/x86_64-linux-gnu",
+)
+#: Where the image families keep the plugin (see the profiles): looked at
+#: when the profile's directories have none, to say which family the base is.
+KNOWN_PLUGIN_DIRS = (
+    "/opt/aws-ofi-rccl",
+    "/opt/aws-ofi-rccl/lib",
+    "/opt/aws-ofi-rccl/lib64",
+    "/opt/aws-ofi-nccl/lib",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib",
+    "/usr/lib64",
 )
 #: The variable ``conda-python-distributed`` takes its NCCL_NET_GDR_LEVEL
 #: default from (empty: set none); the env file sets it from the profile.
@@ -146,6 +159,47 @@ def find_plugin(*, root, dirs):
             if files:
                 return {"generation": generation, "dir": directory, "files": files}
     return None
+
+
+def family_hint(*, root, settings):
+    """
+    Why the profile may not fit the base, when its plugin is elsewhere.
+
+    Parameters
+    ----------
+    root : callable
+        See :func:`find_plugin`.
+    settings : LumiEnvSettings
+        The stage's settings (its ``net-plugin-dirs`` found no plugin).
+
+    Returns
+    -------
+    hint : str or None
+        A sentence naming where the plugin is and which systems fit; None
+        when the image has none in any family's place either.
+    """
+    plugin = find_plugin(root=root, dirs=KNOWN_PLUGIN_DIRS)
+    if plugin is None:
+        return None
+    own_libfabric = plugin["dir"] not in (
+        "/opt/aws-ofi-rccl",
+        "/opt/aws-ofi-rccl/lib",
+        "/opt/aws-ofi-rccl/lib64",
+    )
+    fits = (
+        "a LUMI AI Factory image (its own libfabric/CXI): build with "
+        "--system=lumi-aif-torch or lumi-aif-full"
+        if own_libfabric
+        else "a LUMI ROCm base or EasyBuild image: build with --system=lumi-g-ext "
+        "or lumi-g-ext-pytorch"
+    )
+    return (
+        f"the profile looks for RCCL's network plugin in "
+        f"{', '.join(settings.net_plugin_dirs) or 'no directory'}, but the image "
+        f"has {plugin['generation']} in {plugin['dir']}: it looks like {fits} "
+        "(or set lumi-env.net-plugin-dirs, libfabric and binds), else the "
+        "image gets another family's runtime settings"
+    )
 
 
 def is_default_loader_dir(directory):

@@ -446,6 +446,13 @@ class LumiEnvStage(Stage):
                     )
             # RCCL's network plugin, where the image family keeps it.
             plugin = self._find_plugin(root=root)
+            if plugin is None:
+                hint = network.family_hint(
+                    root=lambda path: resolve_in_root(root=root, path=path),
+                    settings=self.settings,
+                )
+                if hint:
+                    logger.warning("The system may not fit this base image: %s.", hint)
             if plugin is not None:
                 found[plugin["generation"]] = plugin["dir"]
                 if not network.is_default_loader_dir(plugin["dir"]):

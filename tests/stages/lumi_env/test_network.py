@@ -123,3 +123,15 @@ def test_the_plan_says_where_the_plugin_is_and_the_gdr_default():
         stage = LumiEnvStage(settings=profile_settings(name))
         lines = "\n".join(network.describe_lines(settings=stage.settings))
         assert gdr in lines
+
+
+def test_a_2024_system_on_an_ai_factory_base_says_which_system_fits(tmp_path, caplog):
+    root, report, _ = run_stage(
+        tmp_path, profile_settings("lumi-g-ext"), aif=True, ofi=False
+    )
+    assert "aws-ofi-nccl" not in report.details["search-paths"]
+    assert "has aws-ofi-nccl in /usr/lib/x86_64-linux-gnu" in caplog.text
+    assert "--system=lumi-aif-torch" in caplog.text
+    caplog.clear()
+    run_stage(tmp_path / "b", profile_settings("lumi-aif-torch"), ofi=True)
+    assert "--system=lumi-g-ext" in caplog.text

@@ -1,0 +1,393 @@
+"""End-to-end: today's LUMI images, the LUMI AI Factory containers (issue 19).
+
+A test base laid out like the AI Factory torch image (``aif_layout.py``) is
+extended with the stock ``cotainr build --system=...`` and real Apptainer
+using a system that extends the shipped ``lumi-aif-torch`` profile (only the
+base image path is the test's); then the image is extended again. The tests
+inspect the produced ``.sif`` files: the pip step went into ``/opt/venv``
+(not the system python decoy), torch's bundled ROCm 7 libraries were linked
+to the base's, the family's runtime settings (no host ``/opt/cray``, no
+forced ``NCCL_NET_GDR_LEVEL``, ``FI_MR_CACHE_MONITOR``), the module drop-in in
+real Lmod beside a bindings module, ``cotainr-lumi verify`` with no FAIL, the
+SBOMs, and a second build on top of the first.
+
+One derived base and two builds per session (~4 minutes on a shared 2-core
+machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+import shlex
+import subprocess
+import sys
+import time
+
+import aif_layout
+from cyclonedx.schema import SchemaVersion
+from cyclonedx.validation.json import JsonStrictValidator
+from hosttools import need_lmod
+from pkgfixtures import make_wheel, serve_index
+from prune_fixtures import derive_base_image
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+COTAINR = Path(sys.executable).with_name("cotainr")
+SYSTEM = "aif-e2e"
+
+
+def cotainr(work, *args):
+    return subprocess.run(
+        [str(COTAINR), "build", *map(str, args)],
+        cwd=work,
+        env={
+            **os.environ,
+            "COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml"),
+            "XDG_CACHE_HOME": str(work / "xdg-cache"),
+        },
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, lumi_like_base_image, apptainer_path, build_times):
+    """The derived AI Factory-like base, the test system and the wheels."""
+    work = tmp_path_factory.mktemp("aif")
+    t0 = time.time()
+    base = derive_base_image(
+        apptainer=str(apptainer_path / "apptainer"),
+        base_image=lumi_like_base_image,
+        work=work,
+        cases=(),
+        setup=aif_layout.SETUP,
+        python=f"{aif_layout.VENV}/bin/python",
+    )
+    build_times["aif: derive base"] = time.time() - t0
+    (work / "systems.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "systems": {
+                    SYSTEM: {
+                        "extends": "lumi-aif-torch",
+                        "base-image": str(base),
+                        "settings": {"provenance": {"hash-base-image": False}},
+                    }
+                }
+            }
+        )
+    )
+    (work / "wheels").mkdir()
+    first = make_wheel(work / "wheels", "basepkg", "1.0")
+    (work / "first.txt").write_text(f"./wheels/{first.name}\n")
+    return work, base
+
+
+@pytest.fixture(scope="module")
+def first(work, build_times):
+    """The AI Factory-like base extended with one pip step (and its module)."""
+    work, _base = work
+    image = work / "first.sif"
+    t0 = time.time()
+    log = ok(
+        cotainr(
+            work,
+            image,
+            f"--system={SYSTEM}",
+            "--pip-requirements",
+            "first.txt",
+            "--module-dir",
+            work / "modules",
+        )
+    )
+    build_times["aif: first cotainr build"] = time.time() - t0
+    return image, log
+
+
+@pytest.fixture(scope="module")
+def second(work, first, build_times):
+    """The first image as the base of a build with pip steps only.
+
+    ``addpkg`` needs torch and basepkg; a local index offers newer ones of
+    both (torch 9.9.9, basepkg 2.0): nothing installed may be downloaded or
+    replaced.
+    """
+    work, _base = work
+    image, _ = first
+    index_files = work / "index-files"
+    index_files.mkdir()
+    wheels = [
+        make_wheel(index_files, "addpkg", "1.0", requires=("torch", "basepkg")),
+        make_wheel(index_files, "basepkg", "2.0"),
+        make_wheel(index_files, "torch", "9.9.9"),
+    ]
+    systems = yaml.safe_load((work / "systems.yaml").read_text())
+    systems["systems"]["aif-e2e-again"] = {
+        "extends": SYSTEM,
+        "base-image": str(image),
+    }
+    (work / "systems.yaml").write_text(yaml.safe_dump(systems))
+    with serve_index(work / "index", wheels) as (url, requests):
+        (work / "steps.yml").write_text(
+            yaml.safe_dump({"steps": [{"packages": ["addpkg"], "index-url": url}]})
+        )
+        t0 = time.time()
+        log = ok(
+            cotainr(
+                work,
+                work / "second.sif",
+                "--system=aif-e2e-again",
+                "--pip-steps",
+                "steps.yml",
+                "--no-module-file",
+            )
+        )
+        build_times["aif: second cotainr build (on the first)"] = time.time() - t0
+        return work / "second.sif", log, list(requests)
+
+
+def cat_json(apptainer_exec, image, path):
+    proc = apptainer_exec(image, "cat", path)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_dry_run_finds_the_venv_by_rule_5_and_checks_the_rocm(work):
+    work, _base = work
+    # The profile names /opt/venv; without it discovery finds it itself.
+    proc = cotainr(
+        work,
+        work / "dry.sif",
+        f"--system={SYSTEM}",
+        "--dry-run",
+        "--set=target-env.prefix=null",
+    )
+    out = ok(proc)
+    line = next(ln for ln in out.splitlines() if "target env:" in ln)
+    assert f"target env: {aif_layout.VENV} (python 3.11" in line
+    assert "[rule 5, path-env]" in line and "is a venv" in line
+    assert "not the target: /usr/bin/python3" not in out  # the venv is first
+    rocm = next(ln for ln in out.splitlines() if "rocm:" in ln)
+    assert "base image ROCm 7.0.2-56, torch 2.10.0+rocm7.0" in rocm
+    assert "supports ROCm 6.1-7.0" in rocm and "WARNING" not in out
+    assert "libfabric: the image's own" in out
+    assert "leaves NCCL_NET_GDR_LEVEL to RCCL" in out
+
+
+def test_the_pip_step_lands_in_the_venv_and_torch_is_pruned(first, apptainer_exec):
+    image, log = first
+    assert f"Target Python environment: {aif_layout.VENV}" in log
+    assert "system Python" not in log
+    script = (
+        f"test -f {aif_layout.SITE}/basepkg/__init__.py && echo landed; "
+        "test -e /usr/lib/python3/dist-packages/basepkg && echo decoy; "
+        "python -c 'import basepkg, sys; print(sys.prefix)'"
+    )
+    proc = apptainer_exec(image, "bash", "-c", script)
+    assert proc.stdout.split() == ["landed", aif_layout.VENV], proc.stderr
+    manifest = cat_json(apptainer_exec, image, "/opt/cotainr-lumi/prune-manifest.json")
+    torch_lib = f"{aif_layout.SITE}/torch/lib"
+    linked = {e["path"] for e in manifest["entries"] if e["action"] == "symlinked"}
+    assert f"{torch_lib}/librccl.so.1" in linked
+    proc = apptainer_exec(image, "readlink", "-f", f"{torch_lib}/librccl.so.1")
+    assert proc.stdout.strip().startswith(f"{aif_layout.ROCM}/lib/")
+
+
+def test_the_familys_runtime_settings(first, apptainer_exec):
+    image, _ = first
+    labels = json.loads(
+        apptainer_exec(image, "cat", "/.singularity.d/labels.json").stdout
+    )
+    binds = labels["cotainr-lumi.binds"].split(",")
+    assert "/opt/cray" not in binds and "/usr/lib64/libcxi.so.1" not in binds
+    assert labels["cotainr-lumi.rocm.version"] == "7.0.2-56"
+    assert labels["cotainr-lumi.rocm.torch"] == "7.0"
+    env = dict(
+        line.split("=", 1)
+        for line in apptainer_exec(image, "env").stdout.splitlines()
+        if "=" in line
+    )
+    assert env["FI_MR_CACHE_MONITOR"] == "userfaultfd"
+    assert "NCCL_NET_GDR_LEVEL" not in env
+    assert env["COTAINR_LUMI_NCCL_NET_GDR_LEVEL"] == ""
+    assert env["COTAINR_LUMI_RCCL_TESTS"] == "/usr/libexec/rccl-tests"
+    assert env["MPIR_CVAR_ENABLE_GPU"] == "1"  # the image's own settings stay
+    assert "/opt/cray" not in env.get("LD_LIBRARY_PATH", "")
+    assert env["PATH"].split(":")[0] == f"{aif_layout.VENV}/bin"
+    runtime = cat_json(apptainer_exec, image, "/opt/cotainr-lumi/runtime.json")
+    assert runtime["libfabric"] == "image"
+    assert runtime["net-plugin"]["generation"] == "aws-ofi-nccl"
+    assert runtime["net-plugin"]["dir"] == aif_layout.MULTIARCH
+
+
+def _lmod(modules, script, env=None):
+    proc = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"source {shlex.quote(str(need_lmod()))} && module use "
+            f"{shlex.quote(str(modules))} && {script}",
+        ],
+        env={"PATH": os.environ["PATH"], "HOME": str(modules), **(env or {})},
+        cwd=modules,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+#: Keeps the binds whose host path exists here (LUMI's do not), then runs the
+#: command: the /user-software bind of the module stays.
+EXISTING_BINDS = (
+    'keep=(); IFS=, read -ra all <<<"$SINGULARITY_BIND"; '
+    'for b in "${all[@]}"; do [ -e "${b%%:*}" ] && keep+=("$b"); done; '
+    'export SINGULARITY_BIND="$(IFS=,; echo "${keep[*]}")"; '
+)
+
+
+def test_the_module_does_the_bindings_modules_job_or_works_beside_it(
+    work, first, apptainer_path
+):
+    work, _ = work
+    modules = work / "modules"
+    family = ["/var/spool/slurmd", "/pfs", "/scratch", "/projappl", "/project"]
+    alone = _lmod(modules, 'module load first && echo "$SINGULARITY_BIND"')
+    binds = alone.strip().split(",")
+    assert set(family) <= set(binds) and "/opt/cray" not in binds
+    assert any(b.endswith(":/user-software") for b in binds)
+    # Beside LUST's bindings module (loaded first): no bind twice.
+    (work / "laifs").mkdir()
+    (work / "laifs" / "lumi-aif-singularity-bindings.lua").write_text(
+        'setenv("SINGULARITY_BIND", '
+        '"/var/spool/slurmd,/pfs,/scratch,/projappl,/project,/flash,/appl")\n'
+    )
+    beside = _lmod(
+        modules,
+        f"module use {work / 'laifs'} && module load lumi-aif-singularity-bindings"
+        ' && module load first && echo "$SINGULARITY_BIND"',
+    )
+    binds = beside.strip().split(",")
+    assert len(binds) == len(set(binds)) and any(
+        b.endswith(":/user-software") for b in binds
+    )
+    # Run through the module: the distributed runscript forces no GDR level.
+    probe = (
+        "import os; print(os.environ.get('NCCL_NET_GDR_LEVEL'), "
+        "os.environ['FI_MR_CACHE_MONITOR'], os.environ['RANK'])"
+    )
+    out = _lmod(
+        modules,
+        "module load first && "
+        + EXISTING_BINDS
+        + f'singularity exec "$SIF" conda-python-distributed -c {shlex.quote(probe)}',
+        env={
+            "SLURM_NODELIST": "nid[005252-005254]",
+            "SLURM_JOB_ID": "4242",
+            "SLURM_PROCID": "5",
+            "SLURM_LOCALID": "1",
+            "SLURM_NTASKS": "16",
+            "PATH": f"{apptainer_path}:{os.environ['PATH']}",
+        },
+    )
+    assert out.splitlines()[-1] == "None userfaultfd 5"
+
+
+def test_verify_has_no_fail_on_the_ai_factory_image(work, first, verify_image):
+    work, _ = work
+    image, _ = first
+    code, rows, report = verify_image(
+        image, env={"COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml")}
+    )
+    assert code == 0 and report["failed"] == [], json.dumps(report, indent=1)
+    for check in (
+        "target-env",
+        "net-plugin",
+        "net-plugin-deps",
+        "image-libfabric",
+        "rccl-tests",
+        "rocm-driver",
+        "torch-rocm-duplicates",
+        "torch-rccl",
+        "with-conda",
+        "package-list",
+        "env:FI_MR_CACHE_MONITOR",
+    ):
+        assert rows[check] == "PASS", (check, report)
+    assert "cray-libfabric" not in rows and "env:NCCL_NET_GDR_LEVEL" not in rows
+    (work / "verify-first.json").write_text(json.dumps(report, indent=1))
+
+
+def test_the_sboms_record_what_the_build_added(work, first, apptainer_exec):
+    work, base = work
+    image, _ = first
+    before = cat_json(apptainer_exec, base, "/.sbom.json")
+    after = cat_json(apptainer_exec, image, "/.sbom.json")
+    assert set(after) == {"apt", "pip"} and after["apt"] == before["apt"]
+    names = {p["name"] for p in after["pip"]}
+    assert names == {p["name"] for p in before["pip"]} | {"basepkg"}
+    proc = apptainer_exec(image, "cat", "/opt/cotainr-lumi/sbom.cdx.json")
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(proc.stdout) is None
+    cdx = json.loads(proc.stdout)
+    origins = {c["name"]: c["properties"][0]["value"] for c in cdx["components"]}
+    assert origins["basepkg"] == "build" and origins["torch"] == "base"
+    labels = json.loads(
+        apptainer_exec(image, "cat", "/.singularity.d/labels.json").stdout
+    )
+    assert labels["cotainr-lumi.sbom"] == "/opt/cotainr-lumi/sbom.cdx.json"
+
+
+def test_a_second_build_on_the_first_adds_and_replaces_nothing_else(
+    first, second, apptainer_exec, verify_image, work
+):
+    work, _ = work
+    image1, _ = first
+    image2, log, requests = second
+    # Nothing installed was downloaded: only addpkg came from the index.
+    assert [r for r in requests if r.endswith(".whl")] == [
+        "/files/addpkg-1.0-py3-none-any.whl"
+    ], requests
+    old = cat_json(apptainer_exec, image1, "/opt/cotainr-lumi/pip/packages.json")
+    new = cat_json(apptainer_exec, image2, "/opt/cotainr-lumi/pip/packages.json")
+    assert {(p["name"], p["version"]) for p in new} == {
+        (p["name"], p["version"]) for p in old
+    } | {("addpkg", "1.0")}
+    versions = {p["name"]: p["version"] for p in new}
+    assert (
+        versions["torch"] == aif_layout.TORCH_VERSION and versions["basepkg"] == "1.0"
+    )
+    # The first build's records are kept apart; this build's are its own.
+    labels = json.loads(
+        apptainer_exec(image2, "cat", "/.singularity.d/labels.json").stdout
+    )
+    assert labels["cotainr-lumi.history"] == "1"
+    first_provenance = cat_json(
+        apptainer_exec, image2, "/opt/cotainr-lumi/history/1/provenance.json"
+    )
+    assert first_provenance == cat_json(
+        apptainer_exec, image1, "/opt/cotainr-lumi/provenance.json"
+    )
+    cdx = cat_json(apptainer_exec, image2, "/opt/cotainr-lumi/sbom.cdx.json")
+    origins = {c["name"]: c["properties"][0]["value"] for c in cdx["components"]}
+    assert origins["addpkg"] == "build" and origins["basepkg"] == "base"
+    aif = cat_json(apptainer_exec, image2, "/.sbom.json")
+    assert {"addpkg", "basepkg", "torch"} <= {p["name"] for p in aif["pip"]}
+    code, _rows, report = verify_image(
+        image2, env={"COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml")}
+    )
+    assert code == 0 and report["failed"] == [], json.dumps(report, indent=1)
