@@ -77,7 +77,8 @@ HARDWARE_CHECKS = (
     ),
     (
         "rccl-net-plugin",
-        'NCCL_DEBUG=INFO shows "NET/OFI Using aws-ofi-rccl" and "Selected Provider is cxi"',
+        'NCCL_DEBUG=INFO shows the OFI plugin ("NET/OFI Using aws-ofi-rccl", or '
+        '"Using network Libfabric" with aws-ofi-nccl) and the cxi provider',
         "sbatch examples/slurm/acceptance.sbatch IMAGE (on LUMI-G)",
     ),
     (
