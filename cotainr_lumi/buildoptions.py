@@ -18,13 +18,12 @@ help_text(arg)
 import argparse
 import logging
 
-import yaml
-
 from .engine.origins import OptionOrigin
 from .engine.plan import CANONICAL_STAGE_ORDER, BuildRequest
 from .engine.settings import load_stage_settings
 from .engine.stage import available_stages, get_stage_class
-from .errors import InputError
+from .engine.yamlfile import read_yaml_text
+from .errors import InputError, quoted
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -138,17 +137,17 @@ def parse_set_option(text):
     stage, dot, key = name.partition(".")
     if not sep or not dot or not stage or not key:
         raise InputError(
-            f"--set {text!r}: expected STAGE.KEY=VALUE, e.g. "
+            f"--set {quoted(text)}: expected STAGE.KEY=VALUE, e.g. "
             "--set provenance.hash-base-image=false"
         )
-    try:
-        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
-    except yaml.YAMLError as e:
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(
-            f"--set {text!r}: the value is not valid YAML ({problem}); quote "
-            "strings with special characters, e.g. --set 'lumi-env.path=[\"/x\"]'"
-        ) from e
+
+    def error(message):
+        return InputError(
+            f"--set {quoted(text)}: the value {message}; quote strings with "
+            "special characters, e.g. --set 'lumi-env.path=[\"/x\"]'"
+        )
+
+    value = read_yaml_text(text=raw_value, error=error) if raw_value.strip() else ""
     return stage, key, value
 
 
@@ -190,7 +189,7 @@ def stage_settings(*, set_settings, stage_args):
             value = parse_set_option(f"{name}.settings={raw}")[2]
             if not isinstance(value, dict):
                 raise InputError(
-                    f"--set {text[:200]!r}: expected STAGE={{KEY: VALUE, ...}} "
+                    f"--set {quoted(text)}: expected STAGE={{KEY: VALUE, ...}} "
                     "or STAGE.KEY=VALUE"
                 )
             settings.setdefault(name, {}).update(value)
