@@ -39,11 +39,14 @@ OPTION_HELP = {
     "STAGE.KEY=VALUE with VALUE in YAML, or a whole stage's settings as "
     "STAGE=MAPPING (repeatable)",
     "skip_stages": "do not run this stage of the system (repeatable)",
+    "work_dir": "put the sandbox and Apptainer's temporary files in DIR (a "
+    "file system with room for the unpacked image; on LUMI not /tmp, which "
+    "is in memory on compute nodes)",
 }
 
 #: Options added here that are not stage options.
 GENERIC_OPTIONS = ("force", "dry_run")
-BUILD_OPTIONS = ("base_image_override", "set_settings", "skip_stages")
+BUILD_OPTIONS = ("base_image_override", "set_settings", "skip_stages", "work_dir")
 
 
 def help_text(arg):
@@ -103,6 +106,7 @@ def add_options(*, parser, generic):
         metavar="STAGE.KEY=VALUE",
         help=help_text("set_settings"),
     )
+    parser.add_argument("--work-dir", metavar="DIR", help=help_text("work_dir"))
     parser.add_argument(
         "--skip-stage",
         dest="skip_stages",
@@ -249,10 +253,13 @@ def request_from_options(
     options = dict(options)
     set_settings = options.pop("set_settings", None) or []
     skip_stages = options.pop("skip_stages", None) or ()
+    work_dir = options.pop("work_dir", None)
     base_image_override = options.pop("base_image_override", None)
     settings = stage_settings(
         set_settings=set_settings, stage_args=argparse.Namespace(**options)
     )
+    if work_dir is not None:
+        settings.setdefault("build", {})["work-dir"] = str(work_dir)
     return BuildRequest(
         image_path=image_path,
         system=system,

@@ -30,7 +30,7 @@ import re
 from typing import Any, Optional
 
 from ..errors import InputError
-from . import imageprobe, targetenv
+from . import imageprobe, targetenv, workdir
 from .origins import Origin
 from .profiles import SystemProfile, get_system, load_systems, merge_mappings
 from .settings import load_stage_settings
@@ -176,6 +176,7 @@ class BuildPlan:
     target_settings: targetenv.TargetEnvSettings = field(
         default_factory=targetenv.TargetEnvSettings
     )
+    build_settings: workdir.BuildSettings = field(default_factory=workdir.BuildSettings)
     base_target: Any = None
 
     @property
@@ -209,6 +210,32 @@ class BuildPlan:
         if not self.base_image.is_local_file:
             return
         self.base_target = imageprobe.probe_image(image=self.base_image.resolved)
+
+    @property
+    def work_dir(self):
+        """The build's work directory (:func:`engine.workdir.resolve_work_dir`)."""
+        return workdir.resolve_work_dir(self.build_settings.work_dir)
+
+    def check_space(self):
+        """
+        Refuse a build that will not fit in its work directory.
+
+        Returns
+        -------
+        needed, free : int or None, int
+            The estimate and the free bytes.
+        """
+        return workdir.check_space(
+            work_dir=self.work_dir,
+            base_image=self.base_image.resolved,
+            conda_env=self.conda_env,
+        )
+
+    def describe_work_dir(self):
+        """One line: the work directory, the estimate and the free space."""
+        needed, free = self.check_space()
+        estimate = f"needs about {needed / 1024**3:.1f} GiB, " if needed else ""
+        return f"{self.work_dir} ({estimate}{free / 1024**3:.1f} GiB free)"
 
     def describe(self):
         """
@@ -245,6 +272,7 @@ class BuildPlan:
         lines.append(
             "  conda env:  " + (str(self.conda_env) if self.conda_env else "none")
         )
+        lines.append(f"  work dir:   {self.describe_work_dir()}")
         target_lines = targetenv.describe_lines(plan=self)
         lines.append(f"  target env: {target_lines[0]}")
         lines += [f"              {line}" for line in target_lines[1:]]
@@ -420,10 +448,15 @@ def make_plan(*, request, systems=None):
     image_path = _image_path(request)
     conda_env = _conda_env(request)
     overrides = load_stage_settings(raw=request.settings, origin=Origin())
+    build_overrides = overrides.pop(workdir.SETTINGS_NAME, {})
     system, base_spec, target_settings = _resolve_system(
         request=request,
         systems=systems,
         target_settings=overrides.pop(targetenv.SETTINGS_NAME, {}),
+    )
+    build_settings = merge_mappings(
+        system.stage_settings(workdir.SETTINGS_NAME) if system else {},
+        build_overrides,
     )
     stage_names, extended = _stage_names(
         request=request,
@@ -446,6 +479,7 @@ def make_plan(*, request, systems=None):
         extended=extended,
         image_exists=image_path.exists(),
         target_settings=targetenv.TargetEnvSettings.complete(target_settings),
+        build_settings=workdir.BuildSettings.complete(build_settings),
     )
     _drop_disabled_stages(plan)
     return plan

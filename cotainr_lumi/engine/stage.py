@@ -35,7 +35,7 @@ import logging
 from typing import Any, ClassVar, Optional, Union
 
 from ..errors import StageError
-from . import imageprobe, targetenv
+from . import imageprobe, targetenv, workdir
 from .origins import Origin
 from .settings import NoSettings, load_settings
 
@@ -366,6 +366,8 @@ def settings_class_of(name):
     """
     if name == targetenv.SETTINGS_NAME:
         return targetenv.TargetEnvSettings
+    if name == workdir.SETTINGS_NAME:
+        return workdir.BuildSettings
     return _REGISTRY[name].settings_class
 
 
@@ -378,4 +380,4 @@ def settings_names():
     names : list of str
         Sorted.
     """
-    return sorted([*_REGISTRY, targetenv.SETTINGS_NAME])
+    return sorted([*_REGISTRY, targetenv.SETTINGS_NAME, workdir.SETTINGS_NAME])
