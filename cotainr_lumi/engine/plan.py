@@ -229,6 +229,7 @@ class BuildPlan:
             work_dir=self.work_dir,
             base_image=self.base_image.resolved,
             conda_env=self.conda_env,
+            refuse=self.build_settings.check_space,
         )
 
     def describe_work_dir(self):

@@ -67,6 +67,11 @@ class BuildSettings(StageSettings):
         "(null: $TMPDIR, else /tmp)",
         check=_check_work_dir,
     )
+    check_space: bool = setting(
+        True,
+        doc="refuse to start when the work directory has less free space "
+        "than the build is estimated to need",
+    )
 
 
 def resolve_work_dir(value):
@@ -132,7 +137,7 @@ def _gib(n):
     return f"{n / 1024**3:.1f} GiB"
 
 
-def check_space(*, work_dir, base_image, conda_env):
+def check_space(*, work_dir, base_image, conda_env, refuse=True):
     """
     Refuse a build that will not fit in its work directory.
 
@@ -144,6 +149,8 @@ def check_space(*, work_dir, base_image, conda_env):
         The base image's build spec.
     conda_env : os.PathLike or None
         The conda environment file, if any.
+    refuse : bool, default=True
+        Raise when it will not fit (else only warn).
 
     Returns
     -------
@@ -158,13 +165,23 @@ def check_space(*, work_dir, base_image, conda_env):
     free = shutil.disk_usage(work_dir).free
     needed = estimate_bytes(base_image=base_image, conda_env=conda_env)
     if needed is not None and needed > free:
+        if not refuse:
+            logger.warning(
+                "The build may need about %s in %s; %s is free (build.check-space "
+                "is off).",
+                _gib(needed),
+                work_dir,
+                _gib(free),
+            )
+            return needed, free
         raise InputError(
             f"The build needs about {_gib(needed)} in its work directory "
             f"{work_dir} (the base image unpacked, the image, the conda env and "
             f"pip's files) but only {_gib(free)} is free there. Choose a larger "
             "file system with --work-dir DIR (or build.work-dir in a site "
             "profile); on LUMI a directory in /flash/project_... or "
-            "/scratch/project_..., not /tmp, which is in memory on compute nodes."
+            "/scratch/project_..., not /tmp, which is in memory on compute nodes. "
+            "(--set build.check-space=false starts anyway.)"
         )
     return needed, free
 
