@@ -31,6 +31,7 @@ build_stages : tuple of type
 import contextlib
 import logging
 import sys
+import weakref
 
 from . import _cotainr, buildoptions
 from .engine.pipeline import (
@@ -171,6 +172,9 @@ class LumiStage(_cotainr.BuildStage):
             log_resolved_base_image(plan.base_image)
             stage._restore.enter_context(without_bind_variables())
             stage._work_dir.enter_context(work_dir_environment(plan.work_dir))
+            # The build's directory goes when the process ends, also after a
+            # successful build (the seam has no after-build hook).
+            weakref.finalize(stage, stage._work_dir.close)
         return stage
 
     def describe(self):

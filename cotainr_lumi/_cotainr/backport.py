@@ -874,7 +874,10 @@ def _cotainr_failure(error):
     lines = (getattr(cause, "stderr", None) or "").strip().splitlines()
     detail = " | ".join(lines[-3:]) if lines else f"{type(error).__name__}: {error}"
     hint = ""
-    if "No space left on device" in detail or getattr(cause, "errno", None) == 28:
+    if (
+        "no space left on device" in detail.lower()
+        or getattr(cause, "errno", None) == 28
+    ):
         hint = (
             " The work directory is full: build with --work-dir on a file "
             "system with more room (on LUMI /flash or /scratch, not /tmp)."

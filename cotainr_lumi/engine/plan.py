@@ -356,6 +356,22 @@ def _resolve_system(*, request, systems, target_settings):
     return system, request.base_image_override or system.base_image, target_settings
 
 
+def _check_outputs_apart(plan):
+    """No output of the build (image, module files, ...) lands on another."""
+    outputs = [("the image", Path(os.path.abspath(plan.image_path)))]
+    for stage in plan.stages:
+        for path in stage.planned_outputs(plan=plan):
+            outputs.append((f"{stage.name}'s output", Path(os.path.abspath(path))))
+    for i, (what, path) in enumerate(outputs):
+        for other_what, other in outputs[:i]:
+            if path == other or other in path.parents or path in other.parents:
+                raise InputError(
+                    f"{what} {path} and {other_what} {other} would land on each "
+                    "other. Choose another image name, or move the module files "
+                    "(--module-dir, --set lumi-env.module-name=NAME)."
+                )
+
+
 def _drop_disabled_stages(plan):
     """Move the stages their settings disable from the stages to the skipped."""
     stages, plan.stages = plan.stages, []
@@ -483,4 +499,5 @@ def make_plan(*, request, systems=None):
         build_settings=workdir.BuildSettings.complete(build_settings),
     )
     _drop_disabled_stages(plan)
+    _check_outputs_apart(plan)
     return plan

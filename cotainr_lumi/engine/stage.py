@@ -249,6 +249,25 @@ class Stage(ABC):
         """
         return []
 
+    def planned_outputs(self, *, plan) -> list:
+        """
+        The host paths the stage will write next to the image.
+
+        Checked when the plan is made (so ``--dry-run`` refuses them too):
+        no output may be the image or another output, or lie inside one.
+
+        Parameters
+        ----------
+        plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+            The resolved build plan.
+
+        Returns
+        -------
+        paths : list of :class:`pathlib.Path`
+            Files or directories (the default: none).
+        """
+        return []
+
     def enabled(self, *, plan) -> bool:
         """
         Whether the stage runs in this build.

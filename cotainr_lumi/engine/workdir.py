@@ -189,7 +189,12 @@ def check_space(*, work_dir, base_image, conda_env, refuse=True):
 @contextlib.contextmanager
 def work_dir_environment(work_dir):
     """
-    Point cotainr's and Apptainer's temporary files at `work_dir`.
+    Point cotainr's and Apptainer's temporary files at a directory of the build.
+
+    The build gets its own new directory in `work_dir`, removed with all it
+    holds when the context ends (also when the build failed or was
+    interrupted), so nothing of a build is left behind and nothing else in
+    `work_dir` is touched.
 
     Parameters
     ----------
@@ -198,17 +203,18 @@ def work_dir_environment(work_dir):
 
     Yields
     ------
-    work_dir : :class:`pathlib.Path`
-        The same.
+    build_dir : :class:`pathlib.Path`
+        The build's own directory in it.
     """
+    build_dir = Path(tempfile.mkdtemp(prefix="cotainr-lumi-build-", dir=work_dir))
     saved = {name: os.environ.get(name) for name in TMP_VARIABLES}
     saved_tempdir = tempfile.tempdir
     for name in TMP_VARIABLES:
-        os.environ[name] = str(work_dir)
-    tempfile.tempdir = str(work_dir)
-    logger.info("Working in %s (sandbox and Apptainer's temporary files)", work_dir)
+        os.environ[name] = str(build_dir)
+    tempfile.tempdir = str(build_dir)
+    logger.info("Working in %s (sandbox and Apptainer's temporary files)", build_dir)
     try:
-        yield work_dir
+        yield build_dir
     finally:
         tempfile.tempdir = saved_tempdir
         for name, value in saved.items():
@@ -216,3 +222,4 @@ def work_dir_environment(work_dir):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        shutil.rmtree(build_dir, ignore_errors=True)

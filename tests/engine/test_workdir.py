@@ -50,10 +50,14 @@ def test_environment_points_temporary_files_there_and_is_restored(
     monkeypatch.setenv("TMPDIR", "/before")
     monkeypatch.delenv("APPTAINER_TMPDIR", raising=False)
     before = tempfile.tempdir
-    with workdir.work_dir_environment(tmp_path):
-        assert os.environ["APPTAINER_TMPDIR"] == str(tmp_path)
-        assert os.environ["SINGULARITY_TMPDIR"] == str(tmp_path)
-        assert tempfile.gettempdir() == str(tmp_path)
+    (tmp_path / "users-file").write_text("kept")
+    with workdir.work_dir_environment(tmp_path) as build_dir:
+        assert build_dir.parent == tmp_path
+        assert os.environ["APPTAINER_TMPDIR"] == str(build_dir)
+        assert os.environ["SINGULARITY_TMPDIR"] == str(build_dir)
+        assert tempfile.gettempdir() == str(build_dir)
+        (build_dir / "sandbox").mkdir()
+    assert [p.name for p in tmp_path.iterdir()] == ["users-file"]
     assert os.environ["TMPDIR"] == "/before"
     assert "APPTAINER_TMPDIR" not in os.environ
     assert tempfile.tempdir == before
