@@ -331,3 +331,55 @@ def test_info_with_a_deeply_nested_systems_file_is_one_error(
     out, err = capsys.readouterr()
     assert info.value.code == 2
     assert "Traceback" not in out + err and "nested more than" in out + err
+
+
+@pytest.mark.parametrize("prefix", ["/usr", "/usr/", "/usr/local", "/", "/usr/bin/.."])
+def test_system_python_as_target_env_is_refused_at_dry_run(
+    mocker, capsys, tmp_path, env_profile, prefix
+):
+    code, err = dry_run(
+        mocker, capsys, tmp_path, "--set", f"target-env.prefix={prefix}"
+    )
+    assert code == 2
+    one_error(err, "system Python")
+
+
+@pytest.mark.parametrize(
+    ("image", "needle"),
+    [
+        ("x.lua", "would land on each other"),
+        ("a:b.sif", "module name"),
+        ("-a.sif", "module name"),
+        ("sub,dir/x.sif", "CONTAINERROOT"),
+        ("tab\tdir/x.sif", "module"),
+    ],
+)
+def test_outputs_and_derived_names_are_checked_before_building(
+    mocker, capsys, tmp_path, env_profile, image, needle
+):
+    path = tmp_path / image
+    path.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["cotainr-lumi", "build", str(path), "--system=env-test", "--dry-run"]
+    mocker.patch.object(sys, "argv", argv)
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 2
+    one_error(capsys.readouterr().err, needle)
+
+
+def test_image_path_in_a_symlink_loop_is_one_error(
+    mocker, capsys, tmp_path, env_profile
+):
+    (tmp_path / "loop").symlink_to("loop")
+    argv = [
+        "cotainr-lumi",
+        "build",
+        str(tmp_path / "loop" / "x.sif"),
+        "--system=env-test",
+    ]
+    mocker.patch.object(sys, "argv", [*argv, "--dry-run"])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code != 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("cotainr: error:") == 1

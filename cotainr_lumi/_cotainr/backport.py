@@ -560,7 +560,10 @@ def _lookup_system(name):
 def _conda_env_files(conda_env):
     """The ``--conda-env`` file(s) as absolute paths, each checked to exist."""
     files = conda_env if isinstance(conda_env, (list, tuple)) else [conda_env]
-    files = [Path(f).resolve() for f in files if f is not None]
+    try:
+        files = [Path(f).resolve() for f in files if f is not None]
+    except (RuntimeError, OSError) as e:
+        raise StageError(f"The Conda env file cannot be resolved ({e}).", exit_code=2)
     for file in files:
         if not file.is_file():
             raise StageError(

@@ -29,7 +29,7 @@ from pathlib import Path
 import re
 from typing import Any, Optional
 
-from ..errors import InputError
+from ..errors import InputError, quoted
 from . import imageprobe, targetenv, workdir
 from .origins import Origin
 from .profiles import SystemProfile, get_system, load_systems, merge_mappings
@@ -317,9 +317,20 @@ def _check_conda_env_file(path):
         )
 
 
+def _absolute(path, *, what):
+    """`path` made absolute with links resolved, or one error (loops, ~user)."""
+    try:
+        return Path(path).expanduser().resolve()
+    except (RuntimeError, OSError) as e:
+        raise InputError(
+            f"The {what} {quoted(str(path))} cannot be resolved ({e}); give a "
+            "path without a symlink loop or an unknown ~user."
+        ) from None
+
+
 def _image_path(request):
     """The absolute image path, checked."""
-    image_path = Path(request.image_path).expanduser().resolve()
+    image_path = _absolute(request.image_path, what="image path")
     if image_path.is_dir():
         raise InputError(
             f"The image path {image_path} is a directory; give a file name "
@@ -337,7 +348,7 @@ def _conda_env(request):
     """The absolute conda environment file, checked (None when not given)."""
     if request.conda_env is None:
         return None
-    conda_env = Path(request.conda_env).expanduser().resolve()
+    conda_env = _absolute(request.conda_env, what="conda environment file")
     if not conda_env.is_file():
         raise InputError(f"The conda environment file {conda_env} does not exist.")
     _check_conda_env_file(conda_env)
