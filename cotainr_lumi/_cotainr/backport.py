@@ -563,7 +563,9 @@ def _conda_env_files(conda_env):
     try:
         files = [Path(f).resolve() for f in files if f is not None]
     except (RuntimeError, OSError) as e:
-        raise StageError(f"The Conda env file cannot be resolved ({e}).", exit_code=2)
+        raise StageError(
+            f"The Conda env file cannot be resolved ({e}).", exit_code=2
+        ) from None
     for file in files:
         if not file.is_file():
             raise StageError(
