@@ -28,10 +28,10 @@ build_stages : tuple of type
     The build stages this plugin adds.
 """
 
+import atexit
 import contextlib
 import logging
 import sys
-import weakref
 
 from . import _cotainr, buildoptions
 from .engine.pipeline import (
@@ -173,8 +173,9 @@ class LumiStage(_cotainr.BuildStage):
             stage._restore.enter_context(without_bind_variables())
             stage._work_dir.enter_context(work_dir_environment(plan.work_dir))
             # The build's directory goes when the process ends, also after a
-            # successful build (the seam has no after-build hook).
-            weakref.finalize(stage, stage._work_dir.close)
+            # successful build (the seam has no after-build hook); a failed
+            # build and the Python API close it at once.
+            atexit.register(stage._work_dir.close)
         return stage
 
     def describe(self):

@@ -33,7 +33,14 @@ from typing import Any
 from .. import _cotainr, apptainer, imagelayout
 from ..errors import StageError
 from .rootfs import write_file_in_root
-from .targetenv import SETTINGS_NAME, TargetEnvNotFoundError, choose, explicit_prefix
+from .targetenv import (
+    SETTINGS_NAME,
+    TargetEnvNotFoundError,
+    choose,
+    explicit_prefix,
+    probe_timeout,
+    timeout_message,
+)
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -246,10 +253,15 @@ def probe_build(*, sandbox, plan, labels):
     :class:`cotainr_lumi.errors.StageError`
         If the container does not start.
     """
+    timeout = probe_timeout(plan=plan)
 
     def run(args):
         try:
-            return sandbox.run(args, log_name=SETTINGS_NAME).stdout or ""
+            return (
+                sandbox.run(args, log_name=SETTINGS_NAME, timeout=timeout).stdout or ""
+            )
+        except _cotainr.CommandTimeoutError:
+            raise StageError(timeout_message(timeout), stage=SETTINGS_NAME) from None
         except _cotainr.CommandError as e:
             raise StageError(
                 "could not start the container to find its Python environment",
@@ -315,6 +327,8 @@ def probe_image(*, image, explicit=None, timeout=120):
         return discover(run=run, explicit=explicit)
     except TargetEnvNotFoundError as e:
         return e
+    except subprocess.TimeoutExpired:
+        return TargetEnvNotFoundError(timeout_message(timeout))
     except (OSError, subprocess.SubprocessError) as e:
         logger.debug("Could not probe %s: %s", image, e)
         return None

@@ -209,7 +209,10 @@ class BuildPlan:
             return
         if not self.base_image.is_local_file:
             return
-        self.base_target = imageprobe.probe_image(image=self.base_image.resolved)
+        self.base_target = imageprobe.probe_image(
+            image=self.base_image.resolved,
+            timeout=targetenv.probe_timeout(plan=self),
+        )
 
     @property
     def work_dir(self):

@@ -45,7 +45,7 @@ class FakeSandbox:
         self.fail_check = fail_check
         self.calls = []
 
-    def run(self, args, *, env=None, log_name=None):
+    def run(self, args, *, env=None, log_name=None, timeout=None):
         self.calls.append(list(args))
         script = args[-1]
         if is_probe(args):
