@@ -376,13 +376,19 @@ def check_host_paths(*, binding, error):
         logger.warning("lumi-env.mpi-host: %s (skipped by the loader)", problem)
 
 
+#: The mark of :data:`LOAD_CHECK`'s line.
+LOAD_CHECK_MARK = "COTAINR_LUMI_MPI_CHECK "
 #: Run in the container by the image's Python: which MPI library mpi4py loads
-#: (without MPI_Init: Get_library_version may be called before it).
-_LOAD_CHECK = r"""
-import json, sys
+#: (without MPI_Init: Get_library_version may be called before it). Also run
+#: by ``cotainr-lumi verify`` (verify/mpi.py). One line: the mark, then JSON.
+LOAD_CHECK = (
+    f"MARK = {LOAD_CHECK_MARK!r}\n"
+    + r"""
+import json
 out = {}
 try:
     import mpi4py
+    out["mpi4py"] = getattr(mpi4py, "__version__", None)
     mpi4py.rc.initialize = False
     mpi4py.rc.finalize = False
     from mpi4py import MPI
@@ -392,8 +398,33 @@ try:
     out["libmpi"] = sorted(p for p in paths if "/libmpi" in p)
 except Exception as e:  # noqa: BLE001
     out["error"] = f"{type(e).__name__}: {e}"
-print("COTAINR_LUMI_MPI_CHECK " + json.dumps(out))
+print(MARK + json.dumps(out))
 """
+)
+
+
+def parse_load_check(text):
+    """
+    What :data:`LOAD_CHECK` reported.
+
+    Parameters
+    ----------
+    text : str
+        Its output.
+
+    Returns
+    -------
+    loaded : dict
+        ``mpi4py`` (its version), ``library_version`` and ``libmpi`` (the
+        loaded files), or ``error``.
+    """
+    for line in text.splitlines():
+        if line.startswith(LOAD_CHECK_MARK):
+            try:
+                return json.loads(line[len(LOAD_CHECK_MARK) :])
+            except ValueError:
+                break
+    return {"error": f"no answer from the check: {text.strip()[-300:]}"}
 
 
 @dataclass
@@ -482,21 +513,11 @@ class MpiPlan:
         if not self.active or not self.scan.mpi4py or not python:
             return
         try:
-            proc = sandbox.run([python, "-c", _LOAD_CHECK], log_name=stage)
+            proc = sandbox.run([python, "-c", LOAD_CHECK], log_name=stage)
             text = proc.stdout or ""
         except _cotainr.CommandError as e:
             text = f"{e.stdout}\n{e.stderr}"
-        line = next(
-            (
-                ln
-                for ln in text.splitlines()
-                if ln.startswith("COTAINR_LUMI_MPI_CHECK ")
-            ),
-            None,
-        )
-        self.loaded = (
-            json.loads(line.split(" ", 1)[1]) if line else {"error": text[-300:]}
-        )
+        self.loaded = parse_load_check(text)
         if "error" in self.loaded and self.scan.mpich:
             raise StageError(
                 f"mpi4py {self.scan.mpi4py.get('version') or ''} cannot load the "
@@ -656,10 +677,12 @@ __all__ = [
     "MODES",
     "HostBinding",
     "MpiHostSettings",
+    "LOAD_CHECK",
     "MpiPlan",
     "check_host_binding",
     "check_mode",
     "describe",
+    "parse_load_check",
     "plan_mpi",
     "resolve_mode",
 ]
