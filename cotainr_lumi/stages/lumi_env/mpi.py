@@ -52,6 +52,7 @@ from typing import Optional
 
 from ... import _cotainr
 from ...engine.origins import Origin
+from ...engine.rootfs import write_file_in_root
 from ...engine.settings import SettingError, StageSettings, each, read_declared, setting
 from ...errors import StageError
 from . import mpienv
@@ -346,6 +347,20 @@ def _host_message(*, binding, problems):
     )
 
 
+def _check_pins(*, mode, pins, error):
+    """Stop a ``host`` build on a pin; a warning in ``container`` mode."""
+    if not pins:
+        return
+    if mode == "host":
+        raise error(_pin_message(mode=mode, pins=pins))
+    if mode == "container":
+        logger.warning(
+            "%s (the image's MPICH stays in use; COTAINR_LUMI_MPI=host would not "
+            "replace it for this user)",
+            _pin_message(mode=mode, pins=pins).split(": the loader")[0],
+        )
+
+
 def check_host_paths(*, binding, error):
     """
     Stop when the host library is missing on this (LUMI) host.
@@ -475,6 +490,12 @@ class MpiPlan:
         return mpienv.env_file(
             mode=self.mode, binding=self.binding, image_library=self.image_library
         )
+
+    def write_env_file(self, *, root, path):
+        """Write the MPI env file into the image (nothing in ``none`` mode)."""
+        content = self.env_file()
+        if content is not None:
+            write_file_in_root(root=root, path=path, content=content)
 
     def binds(self):
         """The binds the module file adds (none in ``none`` mode)."""
@@ -627,14 +648,7 @@ def plan_mpi(*, root, target, requested, host_setting, stage):
         raise StageError(str(e), stage=stage) from None
     if mode == "host" and requested != "host":
         check_host_paths(binding=binding, error=stage_error)
-        if scan.pins:
-            raise StageError(_pin_message(mode=mode, pins=scan.pins), stage=stage)
-    elif mode == "container" and scan.pins:
-        logger.warning(
-            "%s (the image's MPICH stays in use; COTAINR_LUMI_MPI=host would not "
-            "replace it for this user)",
-            _pin_message(mode=mode, pins=scan.pins).split(": the loader")[0],
-        )
+    _check_pins(mode=mode, pins=scan.pins, error=stage_error)
     return MpiPlan(
         requested=requested, mode=mode, reason=reason, binding=binding, scan=scan
     )

@@ -96,6 +96,44 @@ def _say(*parts):
     return f"printf '{'%s' * len(words)}\\n' {' '.join(words)} >&2"
 
 
+def _host_case(*, binding, own):
+    """The ``host)`` branch of the mode's ``case``."""
+    if binding is None:
+        return [
+            "host)",
+            "    "
+            + _say(
+                f"cotainr-lumi: {RUNTIME_VAR}=host, but this image has no host MPI "
+                f"binding (lumi-env.mpi-host); using {own}."
+            ),
+            f"    {ACTIVE_VAR}=container ;;",
+        ]
+    entries = [
+        validate_path_entry(name="LD_LIBRARY_PATH", entry=e)
+        for e in binding.ld_library_path
+    ]
+    return [
+        "host)",
+        f'    if [ -f "${HOST_LIBMPI_VAR}" ]; then',
+        f"        _cl_new={shlex.quote(':'.join(entries))}",
+        *("        " + line for line in _MOVE_TO_FRONT.splitlines()),
+        "        "
+        + computed_default(name="MPI4PY_LIBMPI", expression=f'"${HOST_LIBMPI_VAR}"'),
+        f"        {ACTIVE_VAR}=host",
+        "    else",
+        "        "
+        + _say(
+            f"cotainr-lumi: {RUNTIME_VAR}=host, but ",
+            f"${HOST_LIBMPI_VAR}",
+            " is not in the container (load the image's module file, or source "
+            f"its .sh, to bind LUMI's Cray MPICH); using {own}. Export "
+            f"{RUNTIME_VAR}=container to choose that.",
+        ),
+        f"        {ACTIVE_VAR}=container",
+        "    fi ;;",
+    ]
+
+
 def env_file(*, mode, binding, image_library):
     """
     The MPI env file (:data:`cotainr_lumi.imagelayout.MPI_ENV_FILE`).
@@ -127,54 +165,18 @@ def env_file(*, mode, binding, image_library):
         f"# cotainr-lumi MPI settings (lumi-env stage, mpi={mode}): which",
         "# libmpi.so.12 the image's MPI users (mpi4py, ...) load.",
         f"# {RUNTIME_VAR}=host: LUMI's Cray MPICH, bound in by the module file;",
-        f"# {RUNTIME_VAR}=container (or none): {own}.",
+        f"# {RUNTIME_VAR}=container (or none): {_printable(own)}.",
         f"_cl_default={shlex.quote(mode)}",
         computed_default(name=RUNTIME_VAR, expression="$_cl_default"),
         _READ_MODE,
     ]
-    if binding is None:
-        host_case = [
-            "host)",
-            "    "
-            + _say(
-                f"cotainr-lumi: {RUNTIME_VAR}=host, but this image has no host MPI "
-                f"binding (lumi-env.mpi-host); using {own}."
-            ),
-            f"    {ACTIVE_VAR}=container ;;",
-        ]
-    else:
-        entries = [
-            validate_path_entry(name="LD_LIBRARY_PATH", entry=e)
-            for e in binding.ld_library_path
-        ]
+    if binding is not None:
         lines.append(
             f"{HOST_LIBMPI_VAR}={shlex.quote(binding.libmpi)}; export {HOST_LIBMPI_VAR}"
         )
-        host_case = [
-            "host)",
-            f'    if [ -f "${HOST_LIBMPI_VAR}" ]; then',
-            f"        _cl_new={shlex.quote(':'.join(entries))}",
-            *("        " + line for line in _MOVE_TO_FRONT.splitlines()),
-            "        "
-            + computed_default(
-                name="MPI4PY_LIBMPI", expression=f'"${HOST_LIBMPI_VAR}"'
-            ),
-            f"        {ACTIVE_VAR}=host",
-            "    else",
-            "        "
-            + _say(
-                f"cotainr-lumi: {RUNTIME_VAR}=host, but ",
-                f"${HOST_LIBMPI_VAR}",
-                " is not in the container (load the image's module file, or source "
-                f"its .sh, to bind LUMI's Cray MPICH); using {own}. Export "
-                f"{RUNTIME_VAR}=container to choose that.",
-            ),
-            f"        {ACTIVE_VAR}=container",
-            "    fi ;;",
-        ]
     lines += [
         'case "$_cl_mpi" in',
-        *host_case,
+        *_host_case(binding=binding, own=own),
         f"container | none) {ACTIVE_VAR}=$_cl_mpi ;;",
         "*)",
         "    "

@@ -608,14 +608,7 @@ class LumiEnvStage(Stage):
         image_path = Path(context.plan.image_path)
         # The build's one probe of the image (never `python` on PATH).
         target = context.target_env if self.settings.with_conda else None
-        mpi = plan_mpi(
-            root=root,
-            # No probe when MPI is off (lumi-env.mpi: none).
-            target=context.target_env if self.settings.mpi != "none" else None,
-            requested=self.settings.mpi,
-            host_setting=self.settings.mpi_host,
-            stage=self.name,
-        )
+        mpi = self._plan_mpi(context=context)
         env_prefix = None
         if self.settings.with_conda:
             env_prefix = self._write_with_conda(root=root, target=target)
@@ -635,9 +628,7 @@ class LumiEnvStage(Stage):
         )
         if self.settings.runscripts:
             self._write_runscripts(root=root)
-        mpi_env = mpi.env_file()
-        if mpi_env is not None:
-            write_file_in_root(root=root, path=MPI_ENV_FILE, content=mpi_env)
+        mpi.write_env_file(root=root, path=MPI_ENV_FILE)
         self._check_in_sandbox(sandbox=sandbox)
         self._check_mpi(context=context, mpi=mpi)
         paths, container_root, outputs = self._module_outputs(
@@ -663,6 +654,17 @@ class LumiEnvStage(Stage):
             "run-hint": self.run_hint(image_path=image_path, mpi=mpi),
         }
         return self._report(details=details, outputs=outputs, paths=paths, mpi=mpi)
+
+    def _plan_mpi(self, *, context):
+        """The build's MPI decision (:mod:`.mpi`): the image's MPI, the mode."""
+        return plan_mpi(
+            root=context.sandbox.root,
+            # No probe when MPI is off (lumi-env.mpi: none).
+            target=context.target_env if self.settings.mpi != "none" else None,
+            requested=self.settings.mpi,
+            host_setting=self.settings.mpi_host,
+            stage=self.name,
+        )
 
     def _check_mpi(self, *, context, mpi):
         """Run mpi4py once in the container; record the image's MPI."""

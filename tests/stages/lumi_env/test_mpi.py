@@ -3,7 +3,7 @@
 Real ELF files compiled here (tests/elfbuild.py) stand in for an image's
 MPICH, libfabric, mpi4py and packages built against MPI; the env file is
 sourced by real ``sh`` (dash on Debian: POSIX only). The whole path through
-``cotainr build`` and real Apptainer is tests/e2e/test_mpi.py.
+``cotainr build`` and real Apptainer is tests/e2e/test_mpi_image.py.
 """
 
 import json

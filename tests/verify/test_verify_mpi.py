@@ -2,7 +2,7 @@
 
 The probe runs here with this machine's python; a fake interpreter stands in
 for the image's (it answers the mpi4py check). The real image is checked in
-tests/e2e/test_mpi.py.
+tests/e2e/test_mpi_image.py.
 """
 
 import copy
