@@ -215,7 +215,7 @@ def test_the_build_records_the_images_mpich_and_the_binding(
     mpi_image, work, apptainer_path
 ):
     image, output = mpi_image
-    assert "MPI: host (the image's MPICH does not speak CXI (auto))" in output
+    assert "MPI: host (auto: the image's MPICH does not speak CXI)" in output
     labels = json.loads(
         subprocess.run(
             [

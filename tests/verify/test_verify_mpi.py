@@ -25,7 +25,7 @@ def check_output(**loaded):
 
 RECORD = {
     "mode": "host",
-    "reason": "the image's MPICH does not speak CXI (auto)",
+    "reason": "auto: the image's MPICH does not speak CXI",
     "image-library": LIB,
     "host": {
         "libmpi": CRAY,

@@ -282,14 +282,14 @@ def resolve_mode(*, requested, scan, binding):
         return "none", "lumi-env.mpi is none"
     if not scan.has_mpich:
         if requested == "auto":
-            return "none", "the image has no MPICH-ABI MPI"
+            return "none", "auto: the image has no MPICH-ABI MPI"
         raise ValueError(_no_mpi_message(requested=requested, scan=scan))
     if requested == "auto":
         if cxi:
-            return "container", f"the image's {cxi[0].path} speaks CXI (auto)"
+            return "container", f"auto: the image's {cxi[0].path} speaks CXI"
         if binding is None:
-            return "container", "this system has no host binding (auto)"
-        return "host", "the image's MPICH does not speak CXI (auto)"
+            return "container", "auto: this system has no host binding"
+        return "host", "auto: the image's MPICH does not speak CXI"
     if requested == "host" and binding is None:
         raise ValueError(
             "lumi-env.mpi is 'host', but this system has no host binding "
@@ -321,18 +321,26 @@ def _no_mpi_message(*, requested, scan):
     return text
 
 
-def _pin_message(*, mode, pins):
+def _pin_text(pins):
+    """What pins the image's library, and why that matters."""
     first = pins[0]
-    more = f" ({len(pins) - 1} more in the record)" if len(pins) > 1 else ""
+    more = f" ({len(pins) - 1} more)" if len(pins) > 1 else ""
+    owner = f" ({first.distribution})" if first.distribution else ""
     return (
-        f"lumi-env.mpi is {mode!r}, but {first.user} pins the image's "
-        f"{first.library} through {first.via} entry {first.entry!r}{more}: the "
-        "loader searches DT_RPATH before LD_LIBRARY_PATH, so LUMI's Cray MPICH "
-        "cannot replace it at run time. Install it from pip without an RPATH "
-        "(mpi4py's wheel, not conda's mpi4py, which pins conda's MPICH); for a "
-        "package you build, link with a RUNPATH instead (env: {LDFLAGS: "
-        "-Wl,--enable-new-dtags} in its pip step) or without -Wl,-rpath; or keep "
-        "the image's MPICH: --set lumi-env.mpi=container"
+        f"{first.user}{owner} pins the image's {first.library} through "
+        f"{first.via} entry {first.entry!r}{more}: the loader searches DT_RPATH "
+        "before LD_LIBRARY_PATH, so LUMI's Cray MPICH cannot replace it at run time"
+    )
+
+
+def _pin_message(*, setting, pins):
+    return (
+        f"MPI users run on the host's MPICH here (lumi-env.mpi: {setting}), but "
+        f"{_pin_text(pins)}. Install it from pip without an RPATH (mpi4py's "
+        "wheel, not conda's mpi4py, which pins conda's MPICH); for a package you "
+        "build, link with a RUNPATH instead (env: {LDFLAGS: -Wl,--enable-new-dtags} "
+        "in its pip step) or without -Wl,-rpath; or keep the image's MPICH: "
+        "--set lumi-env.mpi=container"
     )
 
 
@@ -347,17 +355,17 @@ def _host_message(*, binding, problems):
     )
 
 
-def _check_pins(*, mode, pins, error):
+def _check_pins(*, mode, setting, pins, error):
     """Stop a ``host`` build on a pin; a warning in ``container`` mode."""
     if not pins:
         return
     if mode == "host":
-        raise error(_pin_message(mode=mode, pins=pins))
+        raise error(_pin_message(setting=setting, pins=pins))
     if mode == "container":
         logger.warning(
-            "%s (the image's MPICH stays in use; COTAINR_LUMI_MPI=host would not "
-            "replace it for this user)",
-            _pin_message(mode=mode, pins=pins).split(": the loader")[0],
+            "MPI: %s; fine with the image's MPICH (the default here), but "
+            "COTAINR_LUMI_MPI=host would not reach it",
+            _pin_text(pins),
         )
 
 
@@ -648,7 +656,12 @@ def plan_mpi(*, root, target, requested, host_setting, stage):
         raise StageError(str(e), stage=stage) from None
     if mode == "host" and requested != "host":
         check_host_paths(binding=binding, error=stage_error)
-    _check_pins(mode=mode, pins=scan.pins, error=stage_error)
+    _check_pins(
+        mode=mode,
+        setting=mode if requested == mode else f"{requested} -> {mode}",
+        pins=scan.pins,
+        error=stage_error,
+    )
     return MpiPlan(
         requested=requested, mode=mode, reason=reason, binding=binding, scan=scan
     )

@@ -40,6 +40,7 @@ scan_mpi(*, root, prefixes, site_dirs=(), python=None)
     Find the MPI of an image.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 import glob
 import logging
@@ -124,12 +125,15 @@ class Pin:
         The image path it finds the library at.
     via : str
         ``its DT_RPATH`` or ``the DT_RPATH of <interpreter>``.
+    distribution : str or None
+        The installed distribution that owns the user (``name version``).
     """
 
     user: str
     entry: str
     library: str
     via: str
+    distribution: str = None
 
 
 @dataclass(frozen=True)
@@ -229,7 +233,13 @@ class MpiScan:
             ],
             "users-total": len(self.users),
             "pins": [
-                {"user": p.user, "entry": p.entry, "library": p.library, "via": p.via}
+                {
+                    "user": p.user,
+                    "distribution": p.distribution,
+                    "entry": p.entry,
+                    "library": p.library,
+                    "via": p.via,
+                }
                 for p in self.pins
             ],
             "mpi4py": self.mpi4py,
@@ -491,7 +501,10 @@ def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
                 )
             )
             if needs == MPICH_ABI and not preloaded:
-                scan.pins += _pins(
-                    root=root, user=user, info=info, interpreter=interpreter
-                )
+                scan.pins += [
+                    dataclasses.replace(pin, distribution=owners.get(user))
+                    for pin in _pins(
+                        root=root, user=user, info=info, interpreter=interpreter
+                    )
+                ]
     return scan

@@ -679,7 +679,6 @@ class LumiEnvStage(Stage):
             path=MPI_FILE,
             content=json.dumps(mpi.record(), indent=2) + "\n",
         )
-        logger.info("%s", mpi.summary())
 
     def _report(self, *, details, outputs, paths, mpi):
         """The stage report: summary and labels."""

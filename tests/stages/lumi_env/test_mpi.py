@@ -493,9 +493,23 @@ def test_stage_stops_on_a_pin_with_the_fix(tmp_path, libs):
     with pytest.raises(StageError) as e:
         run_stage(tmp_path, root, {"mpi-host": HOST_SETTING})
     text = str(e.value)
-    assert f"{SITE}/pinned/_ext.so pins the image's {ENV}/lib/libmpi.so.12" in text
+    assert (
+        f"{SITE}/pinned/_ext.so (pinned 1.0) pins the image's {ENV}/lib/libmpi.so.12"
+        in text
+    )
+    assert "MPI users run on the host's MPICH here (lumi-env.mpi: auto -> host)" in text
     assert "DT_RPATH entry '$ORIGIN/../../..'" in text
     assert "-Wl,--enable-new-dtags" in text and "lumi-env.mpi=container" in text
+
+
+def test_a_pin_is_a_warning_when_the_image_keeps_its_mpich(tmp_path, libs, caplog):
+    root = wheel_env(tmp_path / "root", libs, pinned=True)
+    (root / ".singularity.d/env").mkdir(parents=True)
+    report, _ = run_stage(
+        tmp_path, root, {"mpi-host": HOST_SETTING, "mpi": "container"}
+    )
+    assert report.labels["cotainr-lumi.mpi"] == "container"
+    assert "COTAINR_LUMI_MPI=host would not reach it" in caplog.text
 
 
 def test_stage_stops_when_the_host_library_is_missing_here(tmp_path, libs):
