@@ -120,7 +120,7 @@ def _loaded_row(facts, record):
         )
     return PASS, (
         f"mpi4py {loaded.get('mpi4py') or ''} loads {', '.join(libraries)} "
-        f"({version[:60]}); its dependencies resolve (ldd)"
+        f"({version}); its dependencies resolve (ldd)"
     )
 
 

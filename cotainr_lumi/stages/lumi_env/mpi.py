@@ -415,7 +415,8 @@ try:
     mpi4py.rc.initialize = False
     mpi4py.rc.finalize = False
     from mpi4py import MPI
-    out["library_version"] = " ".join(MPI.Get_library_version().split())[:200]
+    first = (MPI.Get_library_version().strip().splitlines() or [""])[0]
+    out["library_version"] = " ".join(first.split())[:200]
     with open("/proc/self/maps") as maps:
         paths = {line.split()[-1] for line in maps if len(line.split()) >= 6}
     out["libmpi"] = sorted(p for p in paths if "/libmpi" in p)
