@@ -94,6 +94,11 @@ if has_build_stage_seam():
 else:
     from .backport import BuildContext, BuildStage, StageError  # noqa: E402, F401
 
+from .backport import (  # noqa: E402, F401 - the same on the seam path
+    BuildInterruptedError,
+    interrupted_message,
+)
+
 
 def cotainr_subcommand(*, args):
     """

@@ -81,6 +81,11 @@ _SOURCE_WORDS = {
 def _check_prefix(value):
     if not value.startswith("/"):
         raise ValueError(f"must be an absolute path in the image (got {value!r})")
+    if os.path.normpath(value) in SYSTEM_PREFIXES:
+        raise ValueError(
+            f"{value!r} is the prefix of a system Python; cotainr-lumi never "
+            "installs there. Name a venv or conda env of the base image"
+        )
 
 
 @dataclass(frozen=True)

@@ -95,14 +95,60 @@ def _check_env(env):
             raise SettingError(str(e), path=(name,)) from None
 
 
+def expanded(value):
+    """
+    `value` with ``~`` or ``~user`` expanded, or ValueError saying why not.
+
+    Parameters
+    ----------
+    value : str
+        A path.
+
+    Returns
+    -------
+    path : :class:`pathlib.Path`
+        The expanded path.
+    """
+    try:
+        return Path(value).expanduser()
+    except RuntimeError as e:  # ~nosuchuser
+        raise ValueError(f"{value!r}: {e}") from None
+
+
 def _check_module_dir(value):
-    problem = directory_problem(Path(value).expanduser()) if value else None
+    if not value:
+        return
+    path = expanded(value)
+    problem = module_dir_problem(str(path)) or directory_problem(path)
     if problem:
         raise ValueError(problem)
 
 
+def module_dir_problem(value):
+    """
+    Why `value` cannot hold the module files (``module use`` / MODULEPATH).
+
+    Parameters
+    ----------
+    value : str
+        The directory.
+
+    Returns
+    -------
+    problem : str or None
+        None when it can.
+    """
+    if ":" in value or any(not c.isprintable() for c in value):
+        return (
+            f"{value!r} contains ':' or control characters (it goes into "
+            "MODULEPATH and PATH)"
+        )
+    return None
+
+
 def _check_container_root(value):
-    problem = root_path_problem(value) or directory_problem(Path(value).expanduser())
+    path = expanded(value)
+    problem = root_path_problem(str(path)) or directory_problem(path)
     if problem:
         raise ValueError(problem)
 
@@ -119,9 +165,35 @@ def _check_user_venv(value):
         )
 
 
+def module_name_problem(value):
+    """
+    Why `value` cannot be the name of a module Lmod loads.
+
+    Parameters
+    ----------
+    value : str
+        The module name (given, or the image's file name without ``.sif``).
+
+    Returns
+    -------
+    problem : str or None
+        None when Lmod can load ``module load NAME``.
+    """
+    if not value or "/" in value or value.startswith((".", "-")):
+        return "must be a file name not starting with '.' or '-', without '/'"
+    if value.endswith((".lua", ".sh")):
+        return "must not end in .lua or .sh (the module files get those suffixes)"
+    if any(c in value for c in ",:\0") or any(
+        c.isspace() or not c.isprintable() for c in value
+    ):
+        return "must not contain ',', ':', white space or control characters"
+    return None
+
+
 def _check_module_name(value):
-    if not value or "/" in value or value.startswith("."):
-        raise ValueError(f"must be a file name without '/' or null (got {value!r})")
+    problem = module_name_problem(value)
+    if problem:
+        raise ValueError(f"{problem} (got {value!r})")
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,13 @@ from .modulefile import (
 )
 from .mpi import HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
-from .settings import USER_SOFTWARE, LumiEnvSettings
+from .settings import (
+    USER_SOFTWARE,
+    LumiEnvSettings,
+    module_dir_problem,
+    module_name_problem,
+    root_path_problem,
+)
 
 __all__ = ["LumiEnvStage"]
 
@@ -274,6 +280,50 @@ class LumiEnvStage(Stage):
         image_path = Path(image_path)
         name = self._module_name(image_path=image_path)
         return image_path.parent.resolve() / f"{name}.root"
+
+    def planned_outputs(self, *, plan):
+        """
+        The module file, shell snippet and CONTAINERROOT this build writes.
+
+        The names derived from the image path are checked here, as the given
+        ones are when the settings are read.
+
+        Parameters
+        ----------
+        plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+            The plan.
+
+        Returns
+        -------
+        paths : list of :class:`pathlib.Path`
+            ``NAME.lua``, ``NAME.sh`` and ``NAME.root`` (none without a
+            module file).
+
+        Raises
+        ------
+        :class:`cotainr_lumi.errors.InputError`
+            If a derived name cannot work (Lmod, PATH, SINGULARITY_BIND).
+        """
+        paths = self._module_paths(image_path=plan.image_path)
+        if paths is None:
+            return []
+        root = self._container_root(image_path=plan.image_path)
+        name = self._module_name(image_path=plan.image_path)
+        fix = (
+            "Rename the image, or set the name or place with --set "
+            "lumi-env.module-name=NAME, --module-dir DIR or --set "
+            "lumi-env.container-root=DIR (or --no-module-file)."
+        )
+        problem = module_name_problem(name)
+        if problem:
+            raise InputError(f"lumi-env: the module name {name!r} {problem}. {fix}")
+        for what, problem in (
+            ("module directory", module_dir_problem(str(paths[0].parent))),
+            ("CONTAINERROOT", root_path_problem(str(root))),
+        ):
+            if problem:
+                raise InputError(f"lumi-env: the {what} {problem}. {fix}")
+        return [*paths, root]
 
     def _user_venv(self, *, image_path):
         """The user venv's path in the container."""
