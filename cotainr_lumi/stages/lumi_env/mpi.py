@@ -602,6 +602,18 @@ class MpiPlan:
         return text
 
 
+def _scan(*, root, target):
+    """:func:`.mpiscan.scan_mpi` of the target environment (None: none)."""
+    if target is None:
+        return scan_mpi(root=root, prefixes=[])
+    return scan_mpi(
+        root=root,
+        prefixes=target.env_prefixes,
+        site_dirs=target.site,
+        python=target.python,
+    )
+
+
 def plan_mpi(*, root, target, requested, host_setting, stage):
     """
     Find the image's MPI and decide what the build does about it.
@@ -645,12 +657,7 @@ def plan_mpi(*, root, target, requested, host_setting, stage):
 
     if requested == "host":
         check_host_paths(binding=binding, error=stage_error)
-    scan = scan_mpi(
-        root=root,
-        prefixes=target.env_prefixes if target is not None else [],
-        site_dirs=target.site if target is not None else [],
-        python=target.python if target is not None else None,
-    )
+    scan = _scan(root=root, target=target)
     try:
         mode, reason = resolve_mode(requested=requested, scan=scan, binding=binding)
     except ValueError as e:
