@@ -17,6 +17,7 @@ from ... import imagelayout
 from ...engine.settings import SettingError, StageSettings, each, setting
 from .envfile import validate_name, validate_path_entry, validate_value
 from .modulefile import check_var_name, validate_bind
+from .mpi import check_host_binding, check_mode
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -254,4 +255,19 @@ class LumiEnvSettings(StageSettings):
         None,
         doc=f"the user venv (null: {USER_SOFTWARE}/venv/<name>)",
         check=_check_user_venv,
+    )
+    # -- MPI (stages/lumi_env/mpi.py, docs/mpi.md) ------------------------------
+    mpi: str = setting(
+        "auto",
+        doc="the MPI the image's MPI users run on: container (the image's MPICH), "
+        "host (LUMI's Cray MPICH, bound in at run time), none, or auto (none "
+        "without MPI, container when the image's MPICH speaks CXI, else host); "
+        "COTAINR_LUMI_MPI overrides it at run time",
+        check=check_mode,
+    )
+    mpi_host: dict[str, Any] = setting(
+        {},
+        doc="the host binding of the base family: libmpi (Cray MPICH's "
+        "lib-abi-mpich/libmpi.so.12), ld-library-path, binds",
+        check=check_host_binding,
     )

@@ -16,6 +16,11 @@ there and describes, next to the image, what cannot (bind mounts):
   the image's Python environment; a no-op when it is active).
 - Labels ``cotainr-lumi.binds``, ``cotainr-lumi.env-file``,
   ``cotainr-lumi.env``, ``cotainr-lumi.runscripts``.
+- MPI (:mod:`.mpi`): which ``libmpi.so.12`` the image's MPI users run on,
+  the image's MPICH or LUMI's Cray MPICH bound in at run time
+  (``/.singularity.d/env/99-cotainr-lumi-mpi.sh``, the record
+  ``/opt/cotainr-lumi/mpi.json``, labels ``cotainr-lumi.mpi``,
+  ``cotainr-lumi.mpi.record``, the binds in the module file).
 - Next to the image (``report.outputs``, written by the pipeline once the
   image is in place): an Lmod module file
   ``NAME.lua`` and a shell snippet ``NAME.sh`` setting ``SIF``,
@@ -28,6 +33,7 @@ LumiEnvStage
 """
 
 import importlib.resources
+import json
 import logging
 from pathlib import Path, PurePosixPath
 import shlex
@@ -37,6 +43,7 @@ from ..._version import __version__
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import InputError, StageError
+from ...imagelayout import LABEL_MPI, LABEL_MPI_RECORD, MPI_ENV_FILE, MPI_FILE
 from .envfile import (
     EnvError,
     computed_default,
@@ -53,6 +60,8 @@ from .modulefile import (
     render_shell,
     var_name_of,
 )
+from .mpi import HostBinding, check_host_paths, plan_mpi
+from .mpi import describe as describe_mpi
 from .settings import (
     USER_SOFTWARE,
     LumiEnvSettings,
@@ -100,6 +109,11 @@ AWS_OFI_RCCL_DIRS = (
 #: as $USER or $SLURM_NODEID are hidden from Apptainer env scripts, so the user
 #: name comes from `id`; its output is not evaluated (double quotes).
 MIOPEN_CACHE_EXPRESSION = '"/tmp/$(id -un 2>/dev/null || id -u)-miopen-cache"'
+
+
+def _lines(lines):
+    """`lines` as text, each ended by a newline ("" for none)."""
+    return "".join(f"{line}\n" for line in lines)
 
 
 def _runscript_text(name):
@@ -154,6 +168,16 @@ class LumiEnvStage(Stage):
 
     name = "lumi-env"
     settings_class = LumiEnvSettings
+
+    def __init__(self, *, settings=None):
+        super().__init__(settings=settings)
+        if self.settings.mpi == "host":
+            # Asked for explicitly: a host library missing on this (LUMI)
+            # host stops the plan, before anything is built.
+            check_host_paths(
+                binding=HostBinding.from_setting(self.settings.mpi_host),
+                error=InputError,
+            )
 
     @classmethod
     def add_arguments(cls, *, parser):
@@ -307,7 +331,7 @@ class LumiEnvStage(Stage):
             f"{USER_SOFTWARE}/venv/{self._var_name(image_path=image_path).lower()}"
         )
 
-    def run_hint(self, *, image_path):
+    def run_hint(self, *, image_path, mpi=None):
         """
         The command to run the image on LUMI.
 
@@ -315,6 +339,8 @@ class LumiEnvStage(Stage):
         ----------
         image_path : os.PathLike
             The image.
+        mpi : :class:`.mpi.MpiPlan`, optional
+            The build's MPI decision (its binds and launch hint).
 
         Returns
         -------
@@ -322,7 +348,7 @@ class LumiEnvStage(Stage):
             One or two command lines.
         """
         entry = "conda-python-distributed" if self.settings.runscripts else "python"
-        binds = ",".join(self.settings.binds)
+        binds = ",".join(self._binds(mpi=mpi))
         bind_opt = f"-B {shlex.quote(binds)} " if binds else ""
         lines = ["Run the image on LUMI with:"]
         paths = self._module_paths(image_path=image_path)
@@ -338,6 +364,8 @@ class LumiEnvStage(Stage):
             f"  srun singularity exec {bind_opt}{shlex.quote(str(image_path))} "
             f"{entry} your_script.py"
         )
+        if mpi is not None and mpi.active:
+            lines.append(f"MPI ({mpi.mode}): launch ranks with {mpi.launch_hint()}")
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ plan
@@ -373,6 +401,9 @@ class LumiEnvStage(Stage):
             )
         binds = ",".join(self.settings.binds)
         lines.append(f"label cotainr-lumi.binds={binds or '(none)'}")
+        lines += describe_mpi(
+            requested=self.settings.mpi, host_setting=self.settings.mpi_host
+        )
         paths = self._module_paths(image_path=plan.image_path)
         if paths is not None:
             lines.append(f"module file {paths[0]}, shell snippet {paths[1]}")
@@ -581,7 +612,12 @@ class LumiEnvStage(Stage):
                 mode=0o755,
             )
 
-    def _module_outputs(self, *, image_path, user_venv, user_software):
+    def _binds(self, *, mpi=None):
+        """The binds the module file sets: the profile's, then MPI's."""
+        extra = mpi.binds() if mpi is not None else []
+        return list(dict.fromkeys([*self.settings.binds, *extra]))
+
+    def _module_outputs(self, *, image_path, user_venv, user_software, mpi=None):
         """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
         paths = self._module_paths(image_path=image_path)
         if paths is not None:
@@ -595,16 +631,18 @@ class LumiEnvStage(Stage):
         container_root = self._container_root(image_path=image_path)
         common = dict(
             image=image_path,
-            binds=self.settings.binds,
+            binds=self._binds(mpi=mpi),
             runscripts=RUNSCRIPTS_DIR if self.settings.runscripts else None,
             name=self._module_name(image_path=image_path),
             var=self._var_name(image_path=image_path),
             container_root=container_root,
             user_software=user_software,
         )
+        image = str(image_path)
         outputs = {
-            str(paths[0]): render_lua(**common),
-            str(paths[1]): render_shell(**common),
+            str(paths[0]): render_lua(**common) + _lines(mpi.lua_lines(image=image)),
+            str(paths[1]): render_shell(**common)
+            + _lines(mpi.shell_lines(image=image)),
         }
         outputs.update(
             self._container_root_files(
@@ -620,6 +658,7 @@ class LumiEnvStage(Stage):
         image_path = Path(context.plan.image_path)
         # The build's one probe of the image (never `python` on PATH).
         target = context.target_env if self.settings.with_conda else None
+        mpi = self._plan_mpi(context=context)
         env_prefix = None
         if self.settings.with_conda:
             env_prefix = self._write_with_conda(root=root, target=target)
@@ -639,9 +678,14 @@ class LumiEnvStage(Stage):
         )
         if self.settings.runscripts:
             self._write_runscripts(root=root)
+        mpi.write_env_file(root=root, path=MPI_ENV_FILE)
         self._check_in_sandbox(sandbox=sandbox)
+        self._check_mpi(context=context, mpi=mpi)
         paths, container_root, outputs = self._module_outputs(
-            image_path=image_path, user_venv=user_venv, user_software=user_software
+            image_path=image_path,
+            user_venv=user_venv,
+            user_software=user_software,
+            mpi=mpi,
         )
         details = {
             "env-file": ENV_FILE,
@@ -651,21 +695,49 @@ class LumiEnvStage(Stage):
             "runscripts": [f"{RUNSCRIPTS_DIR}/{n}" for n in RUNSCRIPTS]
             if self.settings.runscripts
             else [],
-            "binds": list(self.settings.binds),
+            "binds": self._binds(mpi=mpi),
+            "mpi": mpi.record(),
             "module-files": sorted(str(p) for p in (paths or ())),
             "container-root": str(container_root) if container_root else None,
             "user-venv": user_venv,
             "host-files": sorted(outputs),
-            "run-hint": self.run_hint(image_path=image_path),
+            "run-hint": self.run_hint(image_path=image_path, mpi=mpi),
         }
-        return self._report(details=details, outputs=outputs, paths=paths)
+        return self._report(details=details, outputs=outputs, paths=paths, mpi=mpi)
 
-    def _report(self, *, details, outputs, paths):
+    def _plan_mpi(self, *, context):
+        """The build's MPI decision (:mod:`.mpi`): the image's MPI, the mode."""
+        return plan_mpi(
+            root=context.sandbox.root,
+            # No probe when MPI is off (lumi-env.mpi: none).
+            target=context.target_env if self.settings.mpi != "none" else None,
+            requested=self.settings.mpi,
+            host_setting=self.settings.mpi_host,
+            stage=self.name,
+        )
+
+    def _check_mpi(self, *, context, mpi):
+        """Run mpi4py once in the container; record the image's MPI."""
+        target = context.target_env if mpi.active else None
+        mpi.check_in_sandbox(
+            sandbox=context.sandbox,
+            python=target.python if target is not None else None,
+            stage=self.name,
+        )
+        write_file_in_root(
+            root=context.sandbox.root,
+            path=MPI_FILE,
+            content=json.dumps(mpi.record(), indent=2) + "\n",
+        )
+
+    def _report(self, *, details, outputs, paths, mpi):
         """The stage report: summary and labels."""
         labels = {
-            "cotainr-lumi.binds": ",".join(self.settings.binds),
+            "cotainr-lumi.binds": ",".join(self._binds(mpi=mpi)),
             "cotainr-lumi.env-file": ENV_FILE,
             "cotainr-lumi.env": ",".join(self.env),
+            LABEL_MPI: mpi.mode,
+            LABEL_MPI_RECORD: MPI_FILE,
         }
         summary = f"{len(self.env)} variables in {ENV_FILE}"
         if self.settings.runscripts:
@@ -673,6 +745,7 @@ class LumiEnvStage(Stage):
             summary += f", runscripts in {RUNSCRIPTS_DIR}"
         if outputs:
             summary += f", module file {paths[0]}"
+        summary += f"; {mpi.summary()}"
         return StageReport(
             name=self.name,
             summary=summary,
