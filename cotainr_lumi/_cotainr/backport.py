@@ -101,20 +101,10 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _descendants(pid):
-    """The process ids below `pid` (Linux /proc), children first."""
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = (task / "children").read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if child not in found:
-                    found.append(child)
-                    todo.append(child)
-    return found
+    """The process ids below `pid` (Linux /proc)."""
+    from . import _process_tree
+
+    return _process_tree(pid)[1:]
 
 
 @contextlib.contextmanager
