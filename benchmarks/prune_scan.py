@@ -4,7 +4,7 @@ Generates a torch-ROCm-sized tree (benchmarks/gen_torch_tree.py) unless one
 is given, then runs, each in a fresh child process so wall time and peak
 memory (``ru_maxrss`` from ``wait4``) are measured alike:
 
-- ours: :func:`cotainr_lumi.stages.prune.elfinfo.scan_elf_files` over the env, collecting
+- ours: :func:`cotainr_lumi.engine.elfinfo.scan_elf_files` over the env, collecting
   SONAME, DT_NEEDED and version needs/definitions of every ELF file (what the
   libstdc++ check reads);
 - baseline: ``find ENV -type f -print0 | xargs -0 readelf -V`` (version
@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 
 OURS = r"""
 import sys
-from cotainr_lumi.stages.prune.elfinfo import scan_elf_files
+from cotainr_lumi.engine.elfinfo import scan_elf_files
 n = needs = 0
 for info in scan_elf_files(root=sys.argv[1], path="/opt/env"):
     n += 1

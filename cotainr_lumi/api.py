@@ -237,4 +237,5 @@ def _run_build(*, image_path, options, **build_args):
     stages = [s for s in build.stages if isinstance(s, LumiStage)]
     if not stages:  # pragma: no cover - plan() found an extended build
         raise StageError("the cotainr-lumi stage did not run", stage="cotainr")
+    stages[0].close()
     return stages[0]

@@ -18,9 +18,11 @@ exec_in_image(*, image, args, clean_env=True, env=None, timeout=600)
     Run a command in an image.
 """
 
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 
 from .errors import InputError
@@ -136,11 +138,25 @@ def exec_in_image(*, image, args, clean_env=True, env=None, timeout=600):
         runtime=runtime(), image=image, args=args, clean_env=clean_env, env=env
     )
     logger.debug("Running %s", cmd)
-    return subprocess.run(
+    # Its own session, so that a timeout ends the container's processes
+    # too, not only the runtime's (a looping env script keeps a shell busy).
+    proc = subprocess.Popen(
         cmd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(
+        cmd,
+        proc.returncode,
+        out.decode("utf-8", errors="replace"),
+        err.decode("utf-8", errors="replace"),
     )

@@ -18,13 +18,12 @@ help_text(arg)
 import argparse
 import logging
 
-import yaml
-
 from .engine.origins import OptionOrigin
 from .engine.plan import CANONICAL_STAGE_ORDER, BuildRequest
 from .engine.settings import load_stage_settings
 from .engine.stage import available_stages, get_stage_class
-from .errors import InputError
+from .engine.yamlfile import read_yaml_text
+from .errors import InputError, quoted
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -40,6 +39,9 @@ OPTION_HELP = {
     "STAGE.KEY=VALUE with VALUE in YAML, or a whole stage's settings as "
     "STAGE=MAPPING (repeatable)",
     "skip_stages": "do not run this stage of the system (repeatable)",
+    "work_dir": "put the sandbox and Apptainer's temporary files in DIR (a "
+    "file system with room for the unpacked image; on LUMI not /tmp, which "
+    "is in memory on compute nodes)",
     "strict": "stop the build (instead of warning) when the base image's ROCm or "
     "torch's is outside the versions LUMI's GPU driver supports (the system's "
     "rocm.supported) or they disagree; the same as --set rocm.strict=true",
@@ -47,7 +49,13 @@ OPTION_HELP = {
 
 #: Options added here that are not stage options.
 GENERIC_OPTIONS = ("force", "dry_run")
-BUILD_OPTIONS = ("base_image_override", "set_settings", "skip_stages", "strict")
+BUILD_OPTIONS = (
+    "base_image_override",
+    "set_settings",
+    "skip_stages",
+    "work_dir",
+    "strict",
+)
 
 
 def help_text(arg):
@@ -107,6 +115,7 @@ def add_options(*, parser, generic):
         metavar="STAGE.KEY=VALUE",
         help=help_text("set_settings"),
     )
+    parser.add_argument("--work-dir", metavar="DIR", help=help_text("work_dir"))
     parser.add_argument(
         "--skip-stage",
         dest="skip_stages",
@@ -144,17 +153,17 @@ def parse_set_option(text):
     stage, dot, key = name.partition(".")
     if not sep or not dot or not stage or not key:
         raise InputError(
-            f"--set {text!r}: expected STAGE.KEY=VALUE, e.g. "
+            f"--set {quoted(text)}: expected STAGE.KEY=VALUE, e.g. "
             "--set provenance.hash-base-image=false"
         )
-    try:
-        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
-    except yaml.YAMLError as e:
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(
-            f"--set {text!r}: the value is not valid YAML ({problem}); quote "
-            "strings with special characters, e.g. --set 'lumi-env.path=[\"/x\"]'"
-        ) from e
+
+    def error(message):
+        return InputError(
+            f"--set {quoted(text)}: the value {message}; quote strings with "
+            "special characters, e.g. --set 'lumi-env.path=[\"/x\"]'"
+        )
+
+    value = read_yaml_text(text=raw_value, error=error) if raw_value.strip() else ""
     return stage, key, value
 
 
@@ -196,7 +205,7 @@ def stage_settings(*, set_settings, stage_args):
             value = parse_set_option(f"{name}.settings={raw}")[2]
             if not isinstance(value, dict):
                 raise InputError(
-                    f"--set {text[:200]!r}: expected STAGE={{KEY: VALUE, ...}} "
+                    f"--set {quoted(text)}: expected STAGE={{KEY: VALUE, ...}} "
                     "or STAGE.KEY=VALUE"
                 )
             settings.setdefault(name, {}).update(value)
@@ -256,12 +265,15 @@ def request_from_options(
     options = dict(options)
     set_settings = options.pop("set_settings", None) or []
     skip_stages = options.pop("skip_stages", None) or ()
+    work_dir = options.pop("work_dir", None)
     base_image_override = options.pop("base_image_override", None)
     if options.pop("strict", None):
         set_settings = ["rocm.strict=true", *set_settings]
     settings = stage_settings(
         set_settings=set_settings, stage_args=argparse.Namespace(**options)
     )
+    if work_dir is not None:
+        settings.setdefault("build", {})["work-dir"] = str(work_dir)
     return BuildRequest(
         image_path=image_path,
         system=system,

@@ -161,6 +161,9 @@ class CotainrLumiCLI:
             self.subcommand.execute()
         except _cotainr.StageError as e:
             _fail(e)
+        except _cotainr.BuildInterruptedError as e:
+            sys.stderr.write(f"cotainr: error: {_cotainr.interrupted_message(e)}\n")
+            raise SystemExit(128 + e.signum) from None
         if self.name == "info":
             # cotainr lists the systems it could read; a broken profile
             # file is an error of the command.

@@ -130,3 +130,25 @@ class StageError(CotainrLumiError):
 
 class UnsupportedCotainrError(CotainrLumiError):
     """The installed cotainr cannot run cotainr-lumi (release or internals)."""
+
+
+def quoted(text, *, limit=120):
+    """
+    `text` quoted for an error message, cut to a sane length.
+
+    Parameters
+    ----------
+    text : str
+        A user's input.
+    limit : int, default=120
+        The most characters shown.
+
+    Returns
+    -------
+    quoted : str
+        ``repr`` of `text`, or of its start followed by how long it is.
+    """
+    text = str(text)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"

@@ -19,6 +19,10 @@ ENV_SCRIPTS_DIR = "/.singularity.d/env"
 LABELS_FILE = "/.singularity.d/labels.json"
 #: The lumi-env stage's env file, sourced after cotainr's ``92-cotainr-env.sh``.
 LUMI_ENV_FILE = f"{ENV_SCRIPTS_DIR}/93-cotainr-lumi-env.sh"
+#: The lumi-env stage's MPI env file (which libmpi.so.12 MPI users load). After
+#: Apptainer's ``99-base.sh``, where ``APPTAINERENV_``/``SINGULARITYENV_`` and
+#: ``--env`` values are applied, so it sees those run-time overrides.
+MPI_ENV_FILE = f"{ENV_SCRIPTS_DIR}/99-cotainr-lumi-mpi.sh"
 
 # -- cotainr-lumi's own directory: records of the build -----------------------
 
@@ -41,6 +45,9 @@ PIP_PACKAGES_FILE = f"{PIP_DIR}/packages.json"
 PIP_WORK_DIR = f"{RECORDS_DIR}/.pip-work"
 #: The script ``$WITH_CONDA`` sources (lumi-env stage).
 WITH_CONDA_FILE = f"{RECORDS_DIR}/with-conda.sh"
+#: The lumi-env stage's MPI record: the image's MPI, its users, the mode and
+#: the host binding (``cotainr-lumi verify`` reads it).
+MPI_FILE = f"{RECORDS_DIR}/mpi.json"
 
 # -- Today's LUMI images: network layer, SBOM, earlier builds (issue 19) -------
 
@@ -100,6 +107,11 @@ LABEL_ENV_FILE = "cotainr-lumi.env-file"
 LABEL_ENV = "cotainr-lumi.env"
 #: lumi-env: :data:`RUNSCRIPTS_DIR`.
 LABEL_RUNSCRIPTS = "cotainr-lumi.runscripts"
+
+#: lumi-env: the MPI mode (``container``, ``host`` or ``none``).
+LABEL_MPI = "cotainr-lumi.mpi"
+#: lumi-env: :data:`MPI_FILE`.
+LABEL_MPI_RECORD = "cotainr-lumi.mpi.record"
 
 # -- Today's LUMI images (issue 19) -------------------------------------------
 

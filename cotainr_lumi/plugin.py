@@ -28,6 +28,7 @@ build_stages : tuple of type
     The build stages this plugin adds.
 """
 
+import atexit
 import contextlib
 import logging
 import sys
@@ -44,6 +45,7 @@ from .engine.pipeline import (
 from .engine.plan import make_plan
 from .engine.profiles import load_systems
 from .engine.stage import StageContext
+from .engine.workdir import work_dir_environment
 from .errors import CotainrLumiError, UnsupportedCotainrError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -107,6 +109,7 @@ class LumiStage(_cotainr.BuildStage):
         self.labels = {}
         self.reports = []
         self._restore = contextlib.ExitStack()
+        self._work_dir = contextlib.ExitStack()
 
     @classmethod
     def add_arguments(cls, *, parser):
@@ -162,8 +165,18 @@ class LumiStage(_cotainr.BuildStage):
         # record the image really used.
         context.base_image = plan.base_image.resolved
         if not context.dry_run:
+            try:
+                plan.check_space()
+            except CotainrLumiError as e:
+                sys.stderr.write(f"cotainr: error: {e}\n")
+                raise SystemExit(e.exit_code) from None
             log_resolved_base_image(plan.base_image)
             stage._restore.enter_context(without_bind_variables())
+            stage._work_dir.enter_context(work_dir_environment(plan.work_dir))
+            # The build's directory goes when the process ends, also after a
+            # successful build (the seam has no after-build hook); a failed
+            # build and the Python API close it at once.
+            atexit.register(stage._work_dir.close)
         return stage
 
     def describe(self):
@@ -248,7 +261,13 @@ class LumiStage(_cotainr.BuildStage):
             What stopped it.
         """
         self._restore.close()
+        self._work_dir.close()
         logger.error("No image was written to %s.", context.image_path)
+
+    def close(self):
+        """Restore the environment the build changed (for library callers)."""
+        self._restore.close()
+        self._work_dir.close()
 
 
 #: The build stages of this plugin (read by cotainr's seam).

@@ -86,8 +86,11 @@ def consumer(out, *, lib, needs, soname=None, runpath=None):
     return out
 
 
-def plain_lib(out, *, soname, needed=(), runpath=None, marker=1):
-    """A shared library with a SONAME and DT_NEEDED entries (on full paths)."""
+def plain_lib(out, *, soname, needed=(), runpath=None, marker=1, rpath=None):
+    """A shared library with a SONAME and DT_NEEDED entries (on full paths).
+
+    `runpath` is written as DT_RUNPATH, `rpath` as DT_RPATH (old dtags).
+    """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     src = out.with_name(f".{out.name}.c")
@@ -108,6 +111,8 @@ def plain_lib(out, *, soname, needed=(), runpath=None, marker=1):
         args += [f"-L{dep.parent}", f"-l:{dep.name}"]
     if runpath:
         args.append(f"-Wl,-rpath,{runpath},--enable-new-dtags")
+    if rpath:
+        args.append(f"-Wl,-rpath,{rpath},--disable-new-dtags")
     gcc(*args)
     src.unlink()
     return out

@@ -54,3 +54,13 @@ def need_file(path: Path, *, install: str) -> Path:
 def need_lmod() -> Path:
     """Return Lmod's bash init script, or fail/skip."""
     return need_file(LMOD_INIT, install="apt-get install -y lmod")
+
+
+#: Debian's MPICH 4.0.2 library (package libmpich12): a libmpi.so.12 that is
+#: not the image's, standing in for LUMI's Cray MPICH in the MPI e2e tests.
+LIBMPICH12 = Path("/usr/lib/x86_64-linux-gnu/libmpich.so.12")
+
+
+def need_libmpich12() -> Path:
+    """Return Debian's libmpich.so.12 (resolved), or fail/skip."""
+    return need_file(LIBMPICH12, install="apt-get install -y libmpich12").resolve()

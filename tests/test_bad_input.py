@@ -240,3 +240,146 @@ def test_verify_of_a_directory_says_not_an_image(mocker, capsys, tmp_path, monke
         cli.main()
     assert info.value.code != 0
     one_error(capsys.readouterr().err, str(tmp_path), "is not an image")
+
+
+# ------------------------------------------------- YAML: depth, aliases, kind
+NESTED = "[" * 500 + "]" * 500
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n"
+    for i in range(9)
+)
+
+
+@pytest.mark.parametrize("value", [NESTED, "{a: " * 300 + "}" * 300])
+def test_deeply_nested_set_value_is_one_error(
+    mocker, capsys, tmp_path, value, env_profile
+):
+    code, err = dry_run(mocker, capsys, tmp_path, "--set", f"prune.strict={value}")
+    assert code == 2
+    one_error(err, "nested more than 64 levels")
+    assert len(err) < 600  # the input is quoted cut to a sane length
+
+
+def test_alias_bomb_in_set_is_refused_quickly(mocker, capsys, tmp_path, env_profile):
+    value = "{" + BOMB.replace("\n", ", ").rstrip(", ") + "}"
+    code, err = dry_run(mocker, capsys, tmp_path, "--set", f"lumi-env.env={value}")
+    assert code == 2
+    one_error(err, "through its aliases")
+    assert len(err) < 600
+
+
+@pytest.mark.parametrize(
+    "content", [f"systems: {NESTED}\n", BOMB + "systems: {}\n"], ids=["deep", "bomb"]
+)
+def test_hostile_systems_file_is_one_error(
+    mocker, capsys, tmp_path, content, monkeypatch
+):
+    path = tmp_path / "hostile.yaml"
+    path.write_text(content)
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(path))
+    code, err = dry_run(mocker, capsys, tmp_path)
+    assert code == 2
+    one_error(err, str(path))
+    assert "nested more than" in err or "through its aliases" in err
+
+
+@pytest.mark.parametrize("content", [NESTED, BOMB], ids=["deep", "bomb"])
+@pytest.mark.parametrize("option", ["--pip-steps", "--conda-env"])
+def test_hostile_steps_and_conda_env_files_are_one_error(
+    mocker, capsys, tmp_path, env_profile, content, option
+):
+    path = tmp_path / "hostile.yml"
+    path.write_text(content)
+    code, err = dry_run(mocker, capsys, tmp_path, option, str(path))
+    assert code != 0
+    one_error(err, "hostile.yml")
+
+
+@pytest.mark.parametrize("option", ["--pip-steps", "--conda-env"])
+def test_a_fifo_is_refused_without_blocking(
+    mocker, capsys, tmp_path, env_profile, option
+):
+    import os
+
+    fifo = tmp_path / "steps.fifo"
+    os.mkfifo(fifo)
+    code, err = dry_run(mocker, capsys, tmp_path, option, str(fifo))
+    assert code != 0
+    one_error(err, "steps.fifo")
+
+
+def test_oversized_steps_file_is_refused(mocker, capsys, tmp_path, env_profile):
+    path = tmp_path / "big.yml"
+    path.write_text("steps: []\n" + "#" * (2 * 1024 * 1024) + "\n")
+    code, err = dry_run(mocker, capsys, tmp_path, "--pip-steps", str(path))
+    assert code == 2
+    one_error(err, "big.yml", "more than the")
+
+
+def test_info_with_a_deeply_nested_systems_file_is_one_error(
+    mocker, capsys, tmp_path, monkeypatch
+):
+    path = tmp_path / "deep.yaml"
+    path.write_text(f"systems: {NESTED}\n")
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(path))
+    mocker.patch.object(
+        stock_cli.Info, "_check_singularity_dependency", return_value="mocked"
+    )
+    mocker.patch.object(sys, "argv", ["cotainr-lumi", "info"])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    out, err = capsys.readouterr()
+    assert info.value.code == 2
+    assert "Traceback" not in out + err and "nested more than" in out + err
+
+
+@pytest.mark.parametrize("prefix", ["/usr", "/usr/", "/usr/local", "/", "/usr/bin/.."])
+def test_system_python_as_target_env_is_refused_at_dry_run(
+    mocker, capsys, tmp_path, env_profile, prefix
+):
+    code, err = dry_run(
+        mocker, capsys, tmp_path, "--set", f"target-env.prefix={prefix}"
+    )
+    assert code == 2
+    one_error(err, "system Python")
+
+
+@pytest.mark.parametrize(
+    ("image", "needle"),
+    [
+        ("x.lua", "would land on each other"),
+        ("a:b.sif", "module name"),
+        ("-a.sif", "module name"),
+        ("sub,dir/x.sif", "CONTAINERROOT"),
+        ("tab\tdir/x.sif", "module"),
+    ],
+)
+def test_outputs_and_derived_names_are_checked_before_building(
+    mocker, capsys, tmp_path, env_profile, image, needle
+):
+    path = tmp_path / image
+    path.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["cotainr-lumi", "build", str(path), "--system=env-test", "--dry-run"]
+    mocker.patch.object(sys, "argv", argv)
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 2
+    one_error(capsys.readouterr().err, needle)
+
+
+def test_image_path_in_a_symlink_loop_is_one_error(
+    mocker, capsys, tmp_path, env_profile
+):
+    (tmp_path / "loop").symlink_to("loop")
+    argv = [
+        "cotainr-lumi",
+        "build",
+        str(tmp_path / "loop" / "x.sif"),
+        "--system=env-test",
+    ]
+    mocker.patch.object(sys, "argv", [*argv, "--dry-run"])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code != 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("cotainr: error:") == 1

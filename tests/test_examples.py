@@ -36,6 +36,11 @@ DRY_RUNS = {
         "--system=lumi-aif-torch",
         "--pip-requirements=requirements.txt",
     ],
+    "mpi4py": [
+        "--system=lumi-g-ext",
+        "--conda-env=env.yml",
+        "--pip-steps=pip-steps.yml",
+    ],
 }
 NOT_BUILD_INPUTS = {"slurm"}
 
@@ -68,6 +73,10 @@ def test_example_dry_runs(name, tmp_path, monkeypatch, capsys):
     for option in DRY_RUNS[name]:
         if option.startswith(("--pip-steps", "--pip-requirements", "--conda-env")):
             assert option.split("=", 1)[1] in out
+    if name in ("mpi4py", "pytorch-rocm6.2"):
+        # The host binding the build will use once it finds the MPI.
+        assert "MPI (lumi-env.mpi=auto)" in out
+        assert "host: /opt/cray/pe/mpich/8.1.29/ofi/gnu/12.3/lib-abi-mpich" in out
     if name.startswith("pytorch-rocm"):
         # The git refs of apex, flash-attention and bitsandbytes are branches:
         # the plan says so, so users pin them for a reproducible image.
@@ -83,10 +92,10 @@ def test_pytorch_examples_express_the_hand_built_stack(version):
     text = json.dumps(steps)
     assert f"rocm{version}" in steps[0]["index-url"] and "torch==" in text
     names = [s["name"] for s in steps]
-    order = [
-        next(i for i, n in enumerate(names) if key in n)
-        for key in ("PyTorch", "apex", "DeepSpeed", "flash", "bitsandbytes", "Hugging")
-    ]
+    keys = ("PyTorch", "apex", "DeepSpeed", "flash", "bitsandbytes", "Hugging")
+    # After the PyTorch stack, as in the hand-built images: CuPy, then mpi4py.
+    keys += ("CuPy", "mpi4py")
+    order = [next(i for i, n in enumerate(names) if key in n) for key in keys]
     assert order == sorted(order)
     deepspeed = steps[order[2]]
     assert deepspeed["no-build-isolation"] is True
@@ -105,6 +114,29 @@ def test_pytorch_examples_express_the_hand_built_stack(version):
         and any("--cuda_ext" in a for a in apex["pip-args"])
     )
     assert all(s["env"]["PYTORCH_ROCM_ARCH"] == "gfx90a" for s in steps[1:5])
+    cupy = steps[order[6]]
+    assert any(p.startswith("cupy==") for p in cupy["packages"])
+    assert cupy["env"]["CUPY_INSTALL_USE_HIP"] == "1"
+    assert cupy["env"]["ROCM_HOME"] == "/opt/rocm"
+    assert cupy["env"]["HCC_AMDGPU_TARGET"] == "gfx90a"
+    assert_mpi4py_from_pip(steps[order[7]])
+
+
+def assert_mpi4py_from_pip(step):
+    """mpi4py and an MPICH-ABI library (the mpich wheel) from pip, pinned."""
+    packages = step["packages"]
+    assert any(p.startswith("mpi4py==") for p in packages)
+    assert any(p.startswith("mpich==") for p in packages)
+    assert not step.get("no-build-isolation")
+
+
+def test_the_mpi4py_example_takes_mpi_from_pip():
+    steps = yaml.safe_load((EXAMPLES / "mpi4py" / "pip-steps.yml").read_text())["steps"]
+    (step,) = steps
+    assert_mpi4py_from_pip(step)
+    env = yaml.safe_load((EXAMPLES / "mpi4py" / "env.yml").read_text())
+    # Not conda's mpi4py/mpich: its RPATH would pin conda's MPICH.
+    assert not any("mpi" in str(d) for d in env["dependencies"])
 
 
 def test_slurm_scripts_are_valid_bash():
@@ -117,10 +149,23 @@ def test_slurm_scripts_are_valid_bash():
         "NET/OFI Using aws-ofi-rccl" in acceptance
         and "Selected Provider is cxi" in acceptance
     )
+    # MPI through the host's Cray MPICH, two nodes, plain srun (cray_shasta).
+    assert "osu_bw.py" in acceptance and "CRAY MPICH" in acceptance
+    assert "SINGULARITYENV_COTAINR_LUMI_MPI=host" in acceptance
+    assert "--nodes=2 --ntasks=2" in acceptance and "--mpi=pmi2" not in acceptance
+
+
+def test_the_osu_bandwidth_script_runs_the_osu_bw_loop():
+    text = (EXAMPLES / "slurm" / "osu_bw.py").read_text()
+    assert "WINDOW = 64" in text and "Get_library_version" in text
 
 
 def test_python_examples_parse():
-    for script in [EXAMPLES / "api_build.py", EXAMPLES / "slurm" / "train_ddp.py"]:
+    for script in [
+        EXAMPLES / "api_build.py",
+        EXAMPLES / "slurm" / "train_ddp.py",
+        EXAMPLES / "slurm" / "osu_bw.py",
+    ]:
         ast.parse(script.read_text())
 
 

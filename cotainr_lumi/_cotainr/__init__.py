@@ -37,11 +37,15 @@ prepare_for_cotainr_metadata(*, root)
     (:mod:`.labels`).
 """
 
+import contextlib
 import logging
+import os
 from pathlib import Path
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -97,6 +101,11 @@ if has_build_stage_seam():
     StageError = _stages.StageError
 else:
     from .backport import BuildContext, BuildStage, StageError  # noqa: E402, F401
+
+from .backport import (  # noqa: E402, F401 - the same on the seam path
+    BuildInterruptedError,
+    interrupted_message,
+)
 
 
 def cotainr_subcommand(*, args):
@@ -500,6 +509,70 @@ def command_error_from(error, *, cmd=None):
     )
 
 
+class CommandTimeoutError(CommandError):
+    """A command run in the sandbox ran longer than its timeout (and was killed)."""
+
+    def __init__(self, *, cmd, timeout):
+        super().__init__(
+            cmd=cmd,
+            returncode=-9,
+            stdout="",
+            stderr=f"ERROR: killed after {timeout:g} s",
+        )
+        self.timeout = timeout
+
+
+def _process_tree(pid):
+    """`pid` and the process ids below it (Linux /proc)."""
+    found, todo = [pid], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.append(child)
+                    todo.append(child)
+    return found
+
+
+class _Watchdog:
+    """Kill the runtime process working on `marker` (and all below it) after `timeout`."""
+
+    def __init__(self, *, timeout, marker):
+        self.timeout = timeout
+        self.marker = marker.encode()
+        self.fired = False
+        self._timer = None
+
+    def _kill(self):
+        self.fired = True
+        for pid in _process_tree(os.getpid())[1:]:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if self.marker in cmdline:
+                for victim in reversed(_process_tree(pid)):
+                    with contextlib.suppress(OSError):
+                        os.kill(victim, signal.SIGKILL)
+                return
+
+    def __enter__(self):
+        if self.timeout:
+            self._timer = threading.Timer(self.timeout, self._kill)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._timer is not None:
+            self._timer.cancel()
+
+
 class Sandbox:
     """
     A cotainr ``SingularitySandbox`` with the helpers our stages use.
@@ -524,7 +597,7 @@ class Sandbox:
         self.stock = stock
         self.root = Path(stock.sandbox_dir)
 
-    def run(self, args, *, env=None, log_name=None):
+    def run(self, args, *, env=None, log_name=None, timeout=None):
         """
         Run a command in the container sandbox (writable, no home).
 
@@ -538,6 +611,9 @@ class Sandbox:
             container so they win over the image's env files.
         log_name : str, optional
             Name for a dedicated log dispatcher (e.g. the stage name).
+        timeout : float, optional
+            Seconds after which the command (the runtime and everything it
+            started) is killed.
 
         Returns
         -------
@@ -548,6 +624,10 @@ class Sandbox:
         ------
         CommandError
             If the command exits non-zero.
+        CommandTimeoutError
+            If it ran longer than `timeout`.
+        UnicodeDecodeError
+            Never: output that is not UTF-8 is a :class:`CommandError`.
         """
         cmd = [str(a) for a in args]
         if env:
@@ -557,15 +637,29 @@ class Sandbox:
             if log_name
             else None
         )
-        try:
-            return self.stock.run_command_in_container(
-                cmd=shlex.join(cmd), custom_log_dispatcher=dispatcher
-            )
-        except (ValueError, subprocess.CalledProcessError) as e:
-            command_error = command_error_from(e, cmd=cmd)
-            if command_error is None:
-                raise
-            raise command_error from e
+        with _Watchdog(timeout=timeout, marker=str(self.root)) as watchdog:
+            try:
+                return self.stock.run_command_in_container(
+                    cmd=shlex.join(cmd), custom_log_dispatcher=dispatcher
+                )
+            except UnicodeDecodeError as e:
+                raise CommandError(
+                    cmd=cmd,
+                    returncode=-1,
+                    stdout="",
+                    stderr=(
+                        f"ERROR: the command printed bytes that are not UTF-8 "
+                        f"({e.object[max(0, e.start - 20) : e.end + 20]!r}); check "
+                        "the base image's /.singularity.d/env scripts"
+                    ),
+                ) from None
+            except (ValueError, subprocess.CalledProcessError) as e:
+                if watchdog.fired:
+                    raise CommandTimeoutError(cmd=cmd, timeout=timeout) from None
+                command_error = command_error_from(e, cmd=cmd)
+                if command_error is None:
+                    raise
+                raise command_error from e
 
     def add_to_env(self, *, shell_script):
         """

@@ -43,6 +43,7 @@ import json
 import logging
 import os
 from pathlib import Path
+import signal
 import sys
 import time
 
@@ -75,6 +76,70 @@ class StageError(Exception):
     def __init__(self, message, *, exit_code=1):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class BuildInterruptedError(BaseException):
+    """
+    The build was stopped by a signal (SIGINT, SIGTERM, SIGHUP).
+
+    A ``BaseException`` (like ``KeyboardInterrupt``) so that no ``except
+    Exception`` on the way swallows it: the sandbox is removed, the partial
+    image deleted and an existing image kept on the way out.
+
+    Attributes
+    ----------
+    signum : int
+        The signal.
+    """
+
+    def __init__(self, signum):
+        self.signum = signum
+        super().__init__(f"the build was interrupted by {signal.Signals(signum).name}")
+
+
+#: The signals that stop a build cleanly (Slurm sends SIGTERM at the time limit).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _descendants(pid):
+    """The process ids below `pid` (Linux /proc)."""
+    from . import _process_tree
+
+    return _process_tree(pid)[1:]
+
+
+@contextlib.contextmanager
+def stop_cleanly_on_signals():
+    """
+    Turn SIGINT/SIGTERM/SIGHUP into :class:`BuildInterruptedError`.
+
+    The signal also goes to the build's own subprocesses (``singularity
+    build``, ``pip``), so that none of them goes on writing after the build
+    has cleaned up. Only in the main thread (elsewhere nothing changes).
+
+    Yields
+    ------
+    None
+    """
+
+    def handler(signum, frame):
+        for sig in STOP_SIGNALS:  # once: the clean-up must not be interrupted
+            signal.signal(sig, signal.SIG_IGN)
+        for pid in _descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        raise BuildInterruptedError(signum)
+
+    try:
+        saved = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
 
 
 class BuildContext:
@@ -486,7 +551,12 @@ def _lookup_system(name):
 def _conda_env_files(conda_env):
     """The ``--conda-env`` file(s) as absolute paths, each checked to exist."""
     files = conda_env if isinstance(conda_env, (list, tuple)) else [conda_env]
-    files = [Path(f).resolve() for f in files if f is not None]
+    try:
+        files = [Path(f).resolve() for f in files if f is not None]
+    except (RuntimeError, OSError) as e:
+        raise StageError(
+            f"The Conda env file cannot be resolved ({e}).", exit_code=2
+        ) from None
     for file in files:
         if not file.is_file():
             raise StageError(
@@ -681,6 +751,7 @@ class Build(_cli.Build):
         t_start = time.time()
         try:
             with contextlib.ExitStack() as stack:
+                stack.enter_context(stop_cleanly_on_signals())
                 if self.stages:  # a stock build runs exactly as without plugins
                     stack.enter_context(
                         _attribute(
@@ -698,6 +769,9 @@ class Build(_cli.Build):
                     stage.on_failure(context=context, error=error)
                 except Exception:  # noqa: BLE001 - the first error is reported
                     logger.exception("on_failure of stage %s failed", stage.name)
+            if self.stages and isinstance(error, Exception):
+                if not isinstance(error, StageError):
+                    raise StageError(_cotainr_failure(error)) from error
             raise
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -790,6 +864,43 @@ def all_systems():
     return systems_with_plugins(_util.get_systems)()
 
 
+def _cotainr_failure(error):
+    """One message for a failure of cotainr's own steps (sandbox, conda, image)."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    lines = (getattr(cause, "stderr", None) or "").strip().splitlines()
+    detail = " | ".join(lines[-3:]) if lines else f"{type(error).__name__}: {error}"
+    hint = ""
+    if (
+        "no space left on device" in detail.lower()
+        or getattr(cause, "errno", None) == 28
+    ):
+        hint = (
+            " The work directory is full: build with --work-dir on a file "
+            "system with more room (on LUMI /flash or /scratch, not /tmp)."
+        )
+    return f"cotainr's build failed: {detail[-800:]}.{hint}"
+
+
+def interrupted_message(error):
+    """
+    What to tell the user after :class:`BuildInterruptedError`.
+
+    Parameters
+    ----------
+    error : BuildInterruptedError
+        The interruption.
+
+    Returns
+    -------
+    message : str
+        One line.
+    """
+    return (
+        f"{error}; no image was written (an existing image is kept) and the "
+        "build's sandbox and partial files were removed"
+    )
+
+
 def main_with_stage_errors(main):
     """
     Wrap cotainr's ``main`` so a :class:`StageError` is one error line.
@@ -814,6 +925,9 @@ def main_with_stage_errors(main):
         except StageError as e:
             sys.stderr.write(f"cotainr: error: {e}\n")
             raise SystemExit(e.exit_code) from None
+        except BuildInterruptedError as e:
+            sys.stderr.write(f"cotainr: error: {interrupted_message(e)}\n")
+            raise SystemExit(128 + e.signum) from None
 
     return wrapped
 

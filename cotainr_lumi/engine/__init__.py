@@ -7,6 +7,7 @@ settings declared once and the one loader; :mod:`.origins` words its errors,
 profiles, read from ``systems.yaml`` files), :mod:`.plan` (a build request
 resolved into a plan), :mod:`.pipeline` (runs a plan around cotainr's
 sandbox), :mod:`.rootfs` (paths resolved inside a sandbox, never on the host),
+:mod:`.elfinfo` (the dynamic-linking facts of ELF files, with pyelftools),
 :mod:`.targetenv` and :mod:`.imageprobe` (the one discovery of the Python
 environment a build installs into, shared by every stage, ``verify`` and the
 plan).

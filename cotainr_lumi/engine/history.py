@@ -36,6 +36,7 @@ BUILD_RECORDS = (
     imagelayout.PIP_DIR,
     imagelayout.RUNTIME_FILE,
     imagelayout.CYCLONEDX_SBOM_FILE,
+    imagelayout.MPI_FILE,
 )
 
 

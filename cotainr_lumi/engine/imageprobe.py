@@ -35,7 +35,14 @@ from typing import Any
 from .. import _cotainr, apptainer, imagelayout
 from ..errors import StageError
 from .rootfs import write_file_in_root
-from .targetenv import SETTINGS_NAME, TargetEnvNotFoundError, choose, explicit_prefix
+from .targetenv import (
+    SETTINGS_NAME,
+    TargetEnvNotFoundError,
+    choose,
+    explicit_prefix,
+    probe_timeout,
+    timeout_message,
+)
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -276,10 +283,15 @@ def probe_build(*, sandbox, plan, labels):
     :class:`cotainr_lumi.errors.StageError`
         If the container does not start.
     """
+    timeout = probe_timeout(plan=plan)
 
     def run(args):
         try:
-            return sandbox.run(args, log_name=SETTINGS_NAME).stdout or ""
+            return (
+                sandbox.run(args, log_name=SETTINGS_NAME, timeout=timeout).stdout or ""
+            )
+        except _cotainr.CommandTimeoutError:
+            raise StageError(timeout_message(timeout), stage=SETTINGS_NAME) from None
         except _cotainr.CommandError as e:
             raise StageError(
                 "could not start the container to find its Python environment",
@@ -329,6 +341,11 @@ def probe_image_facts(*, image, explicit=None, timeout=120):
     -------
     facts : dict or None
         From :func:`parse_probe`; None when the image could not be run here.
+
+    Raises
+    ------
+    subprocess.TimeoutExpired
+        When the probe took longer than `timeout`.
     """
     if apptainer.find_runtime() is None:
         return None
@@ -338,6 +355,8 @@ def probe_image_facts(*, image, explicit=None, timeout=120):
             args=probe_command(explicit=explicit),
             timeout=timeout,
         )
+    except subprocess.TimeoutExpired:
+        raise
     except (OSError, subprocess.SubprocessError) as e:
         logger.debug("Could not probe %s: %s", image, e)
         return None
@@ -365,7 +384,10 @@ def probe_image(*, image, explicit=None, timeout=120):
     target : TargetEnv or TargetEnvNotFoundError or None
         The answer; None when the image could not be run here.
     """
-    facts = probe_image_facts(image=image, explicit=explicit, timeout=timeout)
+    try:
+        facts = probe_image_facts(image=image, explicit=explicit, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return TargetEnvNotFoundError(timeout_message(timeout))
     if facts is None:
         return None
     try:

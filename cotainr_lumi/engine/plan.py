@@ -27,10 +27,11 @@ import logging
 import os
 from pathlib import Path
 import re
+import subprocess
 from typing import Any, Optional
 
-from ..errors import InputError
-from . import imageprobe, rocmwindow, targetenv
+from ..errors import InputError, quoted
+from . import imageprobe, rocmwindow, targetenv, workdir
 from .origins import Origin
 from .profiles import SystemProfile, get_system, load_systems, merge_mappings
 from .settings import load_stage_settings
@@ -182,6 +183,7 @@ class BuildPlan:
     target_settings: targetenv.TargetEnvSettings = field(
         default_factory=targetenv.TargetEnvSettings
     )
+    build_settings: workdir.BuildSettings = field(default_factory=workdir.BuildSettings)
     base_target: Any = None
     rocm_settings: rocmwindow.RocmSettings = field(
         default_factory=rocmwindow.RocmSettings
@@ -217,15 +219,49 @@ class BuildPlan:
         if not self.base_image.is_local_file:
             return
         explicit = targetenv.explicit_prefix(plan=self)
-        self.base_facts = imageprobe.probe_image_facts(
-            image=self.base_image.resolved, explicit=explicit
-        )
+        timeout = targetenv.probe_timeout(plan=self)
+        try:
+            self.base_facts = imageprobe.probe_image_facts(
+                image=self.base_image.resolved, explicit=explicit, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            self.base_target = targetenv.TargetEnvNotFoundError(
+                imageprobe.timeout_message(timeout)
+            )
+            return
         if self.base_facts is None or explicit or self.conda_env is not None:
             return
         try:
             self.base_target = targetenv.choose(facts=self.base_facts)
         except targetenv.TargetEnvNotFoundError as e:
             self.base_target = e
+
+    @property
+    def work_dir(self):
+        """The build's work directory (:func:`engine.workdir.resolve_work_dir`)."""
+        return workdir.resolve_work_dir(self.build_settings.work_dir)
+
+    def check_space(self):
+        """
+        Refuse a build that will not fit in its work directory.
+
+        Returns
+        -------
+        needed, free : int or None, int
+            The estimate and the free bytes.
+        """
+        return workdir.check_space(
+            work_dir=self.work_dir,
+            base_image=self.base_image.resolved,
+            conda_env=self.conda_env,
+            refuse=self.build_settings.check_space,
+        )
+
+    def describe_work_dir(self):
+        """One line: the work directory, the estimate and the free space."""
+        needed, free = self.check_space()
+        estimate = f"needs about {needed / 1024**3:.1f} GiB, " if needed else ""
+        return f"{self.work_dir} ({estimate}{free / 1024**3:.1f} GiB free)"
 
     def describe(self):
         """
@@ -262,6 +298,7 @@ class BuildPlan:
         lines.append(
             "  conda env:  " + (str(self.conda_env) if self.conda_env else "none")
         )
+        lines.append(f"  work dir:   {self.describe_work_dir()}")
         target_lines = targetenv.describe_lines(plan=self)
         lines.append(f"  target env: {target_lines[0]}")
         lines += [f"              {line}" for line in target_lines[1:]]
@@ -308,9 +345,20 @@ def _check_conda_env_file(path):
         )
 
 
+def _absolute(path, *, what):
+    """`path` made absolute with links resolved, or one error (loops, ~user)."""
+    try:
+        return Path(path).expanduser().resolve()
+    except (RuntimeError, OSError) as e:
+        raise InputError(
+            f"The {what} {quoted(str(path))} cannot be resolved ({e}); give a "
+            "path without a symlink loop or an unknown ~user."
+        ) from None
+
+
 def _image_path(request):
     """The absolute image path, checked."""
-    image_path = Path(request.image_path).expanduser().resolve()
+    image_path = _absolute(request.image_path, what="image path")
     if image_path.is_dir():
         raise InputError(
             f"The image path {image_path} is a directory; give a file name "
@@ -328,7 +376,7 @@ def _conda_env(request):
     """The absolute conda environment file, checked (None when not given)."""
     if request.conda_env is None:
         return None
-    conda_env = Path(request.conda_env).expanduser().resolve()
+    conda_env = _absolute(request.conda_env, what="conda environment file")
     if not conda_env.is_file():
         raise InputError(f"The conda environment file {conda_env} does not exist.")
     _check_conda_env_file(conda_env)
@@ -351,6 +399,22 @@ def _rocm_settings(*, system, overrides):
     """The ``rocm`` settings: the profile's, then the build's."""
     profile = system.stage_settings(rocmwindow.SETTINGS_NAME) if system else {}
     return rocmwindow.RocmSettings.complete(merge_mappings(profile, overrides))
+
+
+def _check_outputs_apart(plan):
+    """No output of the build (image, module files, ...) lands on another."""
+    outputs = [("the image", Path(os.path.abspath(plan.image_path)))]
+    for stage in plan.stages:
+        for path in stage.planned_outputs(plan=plan):
+            outputs.append((f"{stage.name}'s output", Path(os.path.abspath(path))))
+    for i, (what, path) in enumerate(outputs):
+        for other_what, other in outputs[:i]:
+            if path == other or other in path.parents or path in other.parents:
+                raise InputError(
+                    f"{what} {path} and {other_what} {other} would land on each "
+                    "other. Choose another image name, or move the module files "
+                    "(--module-dir, --set lumi-env.module-name=NAME)."
+                )
 
 
 def _drop_disabled_stages(plan):
@@ -447,10 +511,15 @@ def make_plan(*, request, systems=None):
     conda_env = _conda_env(request)
     overrides = load_stage_settings(raw=request.settings, origin=Origin())
     rocm_overrides = overrides.pop(rocmwindow.SETTINGS_NAME, {})
+    build_overrides = overrides.pop(workdir.SETTINGS_NAME, {})
     system, base_spec, target_settings = _resolve_system(
         request=request,
         systems=systems,
         target_settings=overrides.pop(targetenv.SETTINGS_NAME, {}),
+    )
+    build_settings = merge_mappings(
+        system.stage_settings(workdir.SETTINGS_NAME) if system else {},
+        build_overrides,
     )
     stage_names, extended = _stage_names(
         request=request,
@@ -474,6 +543,8 @@ def make_plan(*, request, systems=None):
         image_exists=image_path.exists(),
         target_settings=targetenv.TargetEnvSettings.complete(target_settings),
         rocm_settings=_rocm_settings(system=system, overrides=rocm_overrides),
+        build_settings=workdir.BuildSettings.complete(build_settings),
     )
     _drop_disabled_stages(plan)
+    _check_outputs_apart(plan)
     return plan

@@ -35,7 +35,7 @@ import logging
 from typing import Any, ClassVar, Optional, Union
 
 from ..errors import StageError
-from . import imageprobe, rocmwindow, targetenv
+from . import imageprobe, rocmwindow, targetenv, workdir
 from .origins import Origin
 from .settings import NoSettings, load_settings
 
@@ -261,6 +261,25 @@ class Stage(ABC):
         """
         return []
 
+    def planned_outputs(self, *, plan) -> list:
+        """
+        The host paths the stage will write next to the image.
+
+        Checked when the plan is made (so ``--dry-run`` refuses them too):
+        no output may be the image or another output, or lie inside one.
+
+        Parameters
+        ----------
+        plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+            The resolved build plan.
+
+        Returns
+        -------
+        paths : list of :class:`pathlib.Path`
+            Files or directories (the default: none).
+        """
+        return []
+
     def enabled(self, *, plan) -> bool:
         """
         Whether the stage runs in this build.
@@ -380,16 +399,27 @@ def settings_class_of(name):
         return targetenv.TargetEnvSettings
     if name == rocmwindow.SETTINGS_NAME:
         return rocmwindow.RocmSettings
+    if name == workdir.SETTINGS_NAME:
+        return workdir.BuildSettings
     return _REGISTRY[name].settings_class
 
 
 def settings_names():
     """
-    The names settings may be given for: the stages, ``target-env`` and ``rocm``.
+    The names settings may be given for.
+
+    The stages, and the pseudo-stages ``target-env``, ``rocm`` and ``build``.
 
     Returns
     -------
     names : list of str
         Sorted.
     """
-    return sorted([*_REGISTRY, targetenv.SETTINGS_NAME, rocmwindow.SETTINGS_NAME])
+    return sorted(
+        [
+            *_REGISTRY,
+            targetenv.SETTINGS_NAME,
+            rocmwindow.SETTINGS_NAME,
+            workdir.SETTINGS_NAME,
+        ]
+    )

@@ -93,6 +93,56 @@ RULES = tuple(_SOURCE_WORDS)
 def _check_prefix(value):
     if not value.startswith("/"):
         raise ValueError(f"must be an absolute path in the image (got {value!r})")
+    if os.path.normpath(value) in SYSTEM_PREFIXES:
+        raise ValueError(
+            f"{value!r} is the prefix of a system Python; cotainr-lumi never "
+            "installs there. Name a venv or conda env of the base image"
+        )
+
+
+def _check_timeout(value):
+    if not 1 <= value <= 24 * 3600:
+        raise ValueError(f"must be between 1 and 86400 seconds (got {value!r})")
+
+
+def probe_timeout(*, plan):
+    """
+    The seconds the probe of an image may take (``target-env.probe-timeout``).
+
+    Parameters
+    ----------
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan` or None
+        The plan.
+
+    Returns
+    -------
+    seconds : int
+        The setting, else its default.
+    """
+    settings = getattr(plan, "target_settings", None)
+    return getattr(settings, "probe_timeout", None) or 120
+
+
+def timeout_message(seconds):
+    """
+    What to say when the probe of an image timed out.
+
+    Parameters
+    ----------
+    seconds : float
+        The timeout.
+
+    Returns
+    -------
+    message : str
+        One sentence with how to raise it.
+    """
+    return (
+        f"the probe of the base image's Python environment did not finish "
+        f"within {seconds:g} s (timed out: an env script or the $WITH_CONDA of "
+        "the base image that never returns?); fix the base image, or raise the "
+        "limit with --set target-env.probe-timeout=SECONDS"
+    )
 
 
 @dataclass(frozen=True)
@@ -103,6 +153,12 @@ class TargetEnvSettings(StageSettings):
         None,
         doc="the env to install into (null: found in the base image)",
         check=_check_prefix,
+    )
+    probe_timeout: int = setting(
+        120,
+        doc="seconds the probe of the base image's environment may take "
+        "(its env scripts and $WITH_CONDA run)",
+        check=_check_timeout,
     )
 
 

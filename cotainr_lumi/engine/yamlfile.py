@@ -18,6 +18,8 @@ Functions
 ---------
 read_yaml(*, path, error)
     Read a YAML file.
+read_yaml_text(*, text, error)
+    Read YAML text (e.g. the value of an option), with the same bounds.
 line_of(*, data, path)
     The line of the value at `path` in data read by :func:`read_yaml`.
 """
@@ -67,8 +69,83 @@ class LineList(list):
         self.lines = []
 
 
+#: The largest YAML file read (profiles, steps and conda env files are small).
+MAX_BYTES = 1024 * 1024
+#: The deepest nesting of mappings and lists accepted.
+MAX_DEPTH = 64
+#: The most aliases (``*name``) accepted in one document.
+MAX_ALIASES = 100
+#: The most values a document may hold once its aliases are expanded (an
+#: "alias bomb" of a few hundred bytes expands to millions).
+MAX_VALUES = 100_000
+
+
+def _expanded_size(node, sizes):
+    """The number of values under `node` with aliases expanded (memoised)."""
+    key = id(node)
+    if key not in sizes:
+        sizes[key] = 1  # a node reached again through itself counts once
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                total += _expanded_size(k, sizes) + _expanded_size(v, sizes)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                total += _expanded_size(item, sizes)
+        sizes[key] = total
+    return sizes[key]
+
+
+class _TooComplex(yaml.YAMLError):
+    """The document is nested too deeply or uses too many aliases."""
+
+    def __init__(self, problem, mark):
+        super().__init__(problem)
+        self.problem = problem
+        self.problem_mark = mark
+
+
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, keeping the lines of keys and items."""
+    """
+    PyYAML's safe loader, keeping the lines of keys and items, and bounded.
+
+    Nesting deeper than :data:`MAX_DEPTH` and more than :data:`MAX_ALIASES`
+    aliases are refused while the document is composed, before anything is
+    built from it (no recursion error, no alias bomb).
+    """
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None and _expanded_size(node, {}) > MAX_VALUES:
+            raise _TooComplex(
+                f"expands to more than {MAX_VALUES} values through its aliases",
+                node.start_mark,
+            )
+        return node
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _TooComplex(
+                    f"more than {MAX_ALIASES} aliases (*name); write the values out",
+                    self.peek_event().start_mark,
+                )
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _TooComplex(
+                f"nested more than {MAX_DEPTH} levels deep",
+                self.peek_event().start_mark,
+            )
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _construct_mapping(loader, node):
@@ -119,17 +196,60 @@ def read_yaml(*, path, error):
         What `error` returns.
     """
     try:
-        text = Path(path).read_bytes().decode("utf-8")
-        return yaml.load(text, Loader=_Loader)
+        path = Path(path)
+        path.stat()  # a missing file: "cannot be read: No such file ..."
+        if not path.is_file():
+            kind = "a directory" if path.is_dir() else "not a regular file"
+            raise error(f"is {kind}; give a YAML file") from None
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise error(
+                f"is {size} bytes, more than the {MAX_BYTES} a YAML file of "
+                "cotainr-lumi may have"
+            ) from None
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+        text = raw.decode("utf-8")
     except OSError as e:
         raise error(f"cannot be read: {e.strerror}") from None
     except UnicodeDecodeError as e:
         raise error(f"is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    return read_yaml_text(text=text, error=error)
+
+
+def read_yaml_text(*, text, error):
+    """
+    Read YAML text (e.g. the value of an option), with the same bounds.
+
+    Parameters
+    ----------
+    text : str
+        The YAML.
+    error : callable
+        ``error(message) -> Exception`` for text that is not YAML or too
+        complex.
+
+    Returns
+    -------
+    data : object
+        The content, as :func:`read_yaml` returns it.
+
+    Raises
+    ------
+    Exception
+        What `error` returns.
+    """
+    if len(text) > MAX_BYTES:
+        raise error(f"is longer than {MAX_BYTES} characters")
+    try:
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise error(f"is not valid YAML{where}: {problem}") from None
+    except RecursionError:  # pragma: no cover - MAX_DEPTH stops it first
+        raise error(f"is nested too deeply (more than {MAX_DEPTH} levels)") from None
 
 
 def line_of(*, data, path):

@@ -531,6 +531,10 @@ def verify_image(*, image, expected_env=None, strict=False):
         report=report, facts=facts, strict=strict, warn=WARN, fail=FAIL, passed=PASS
     )
     _check_runtime(report, facts)
+    # MPI (verify/mpi.py, which imports this module's statuses).
+    from .mpi import check_mpi
+
+    check_mpi(report, image=image)
     for check, what, instead in HARDWARE_CHECKS:
         report.add(check, NA, f"needs LUMI hardware: {what}; run: {instead}")
     return report

@@ -64,3 +64,55 @@ def test_missing_file(tmp_path):
 
 def test_empty_file_is_none(tmp_path):
     assert read(tmp_path, "") is None
+
+
+# ------------------------------------------------------------------ bounds
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from cotainr_lumi.engine import yamlfile  # noqa: E402
+
+
+class _RefusedError(Exception):
+    pass
+
+
+def _read(text):
+    return yamlfile.read_yaml_text(text=text, error=_RefusedError)
+
+
+@given(depth=st.integers(min_value=0, max_value=3000), kind=st.sampled_from("[{"))
+@settings(max_examples=60, deadline=None)
+def test_any_nesting_is_data_or_one_error(depth, kind):
+    close = "]" if kind == "[" else "}"
+    opener = "[" if kind == "[" else "{a: "
+    text = opener * depth + ("" if kind == "[" else "1") + close * depth
+    try:
+        _read(text)
+    except _RefusedError as e:
+        assert depth > yamlfile.MAX_DEPTH - 2 and "nested more than" in str(e)
+
+
+@given(
+    width=st.integers(min_value=1, max_value=12),
+    levels=st.integers(min_value=1, max_value=12),
+)
+@settings(max_examples=60, deadline=None)
+def test_alias_trees_are_bounded(width, levels):
+    lines = ["l0: &l0 [x]"]
+    for i in range(1, levels + 1):
+        lines.append(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]")
+    text = "\n".join(lines) + "\n"
+    expanded = sum(width**i for i in range(levels + 1))
+    try:
+        data = _read(text)
+    except _RefusedError as e:
+        assert "aliases" in str(e)
+        assert width * levels > yamlfile.MAX_ALIASES or expanded > 1000
+    else:
+        assert len(data) == levels + 1
+
+
+def test_a_few_aliases_are_fine():
+    data = _read("common: &c {A: 1}\nsteps: [{env: *c}, {env: *c}]\n")
+    assert data["steps"][1]["env"] == {"A": 1}

@@ -17,6 +17,7 @@ from ... import imagelayout
 from ...engine.settings import SettingError, StageSettings, each, setting
 from .envfile import validate_name, validate_path_entry, validate_value
 from .modulefile import check_var_name, validate_bind
+from .mpi import check_host_binding, check_mode
 from .network import check_gdr_level, check_libfabric
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -95,14 +96,60 @@ def _check_env(env):
             raise SettingError(str(e), path=(name,)) from None
 
 
+def expanded(value):
+    """
+    `value` with ``~`` or ``~user`` expanded, or ValueError saying why not.
+
+    Parameters
+    ----------
+    value : str
+        A path.
+
+    Returns
+    -------
+    path : :class:`pathlib.Path`
+        The expanded path.
+    """
+    try:
+        return Path(value).expanduser()
+    except RuntimeError as e:  # ~nosuchuser
+        raise ValueError(f"{value!r}: {e}") from None
+
+
 def _check_module_dir(value):
-    problem = directory_problem(Path(value).expanduser()) if value else None
+    if not value:
+        return
+    path = expanded(value)
+    problem = module_dir_problem(str(path)) or directory_problem(path)
     if problem:
         raise ValueError(problem)
 
 
+def module_dir_problem(value):
+    """
+    Why `value` cannot hold the module files (``module use`` / MODULEPATH).
+
+    Parameters
+    ----------
+    value : str
+        The directory.
+
+    Returns
+    -------
+    problem : str or None
+        None when it can.
+    """
+    if ":" in value or any(not c.isprintable() for c in value):
+        return (
+            f"{value!r} contains ':' or control characters (it goes into "
+            "MODULEPATH and PATH)"
+        )
+    return None
+
+
 def _check_container_root(value):
-    problem = root_path_problem(value) or directory_problem(Path(value).expanduser())
+    path = expanded(value)
+    problem = root_path_problem(str(path)) or directory_problem(path)
     if problem:
         raise ValueError(problem)
 
@@ -123,9 +170,35 @@ def _check_rccl_tests(value):
     validate_path_entry(name="rccl-tests", entry=value)
 
 
+def module_name_problem(value):
+    """
+    Why `value` cannot be the name of a module Lmod loads.
+
+    Parameters
+    ----------
+    value : str
+        The module name (given, or the image's file name without ``.sif``).
+
+    Returns
+    -------
+    problem : str or None
+        None when Lmod can load ``module load NAME``.
+    """
+    if not value or "/" in value or value.startswith((".", "-")):
+        return "must be a file name not starting with '.' or '-', without '/'"
+    if value.endswith((".lua", ".sh")):
+        return "must not end in .lua or .sh (the module files get those suffixes)"
+    if any(c in value for c in ",:\0") or any(
+        c.isspace() or not c.isprintable() for c in value
+    ):
+        return "must not contain ',', ':', white space or control characters"
+    return None
+
+
 def _check_module_name(value):
-    if not value or "/" in value or value.startswith("."):
-        raise ValueError(f"must be a file name without '/' or null (got {value!r})")
+    problem = module_name_problem(value)
+    if problem:
+        raise ValueError(f"{problem} (got {value!r})")
 
 
 @dataclass(frozen=True)
@@ -187,6 +260,21 @@ class LumiEnvSettings(StageSettings):
         None,
         doc=f"the user venv (null: {USER_SOFTWARE}/venv/<name>)",
         check=_check_user_venv,
+    )
+    # -- MPI (stages/lumi_env/mpi.py, docs/mpi.md) ------------------------------
+    mpi: str = setting(
+        "auto",
+        doc="the MPI the image's MPI users run on: container (the image's MPICH), "
+        "host (LUMI's Cray MPICH, bound in at run time), none, or auto (none "
+        "without MPI, container when the image's MPICH speaks CXI, else host); "
+        "COTAINR_LUMI_MPI overrides it at run time",
+        check=check_mode,
+    )
+    mpi_host: dict[str, Any] = setting(
+        {},
+        doc="the host binding of the base family: libmpi (Cray MPICH's "
+        "lib-abi-mpich/libmpi.so.12), ld-library-path, binds",
+        check=check_host_binding,
     )
 
     # -- The image family's network layer (issue 19; see network.py) ---------

@@ -16,6 +16,11 @@ there and describes, next to the image, what cannot (bind mounts):
   the image's Python environment; a no-op when it is active).
 - Labels ``cotainr-lumi.binds``, ``cotainr-lumi.env-file``,
   ``cotainr-lumi.env``, ``cotainr-lumi.runscripts``.
+- MPI (:mod:`.mpi`): which ``libmpi.so.12`` the image's MPI users run on,
+  the image's MPICH or LUMI's Cray MPICH bound in at run time
+  (``/.singularity.d/env/99-cotainr-lumi-mpi.sh``, the record
+  ``/opt/cotainr-lumi/mpi.json``, labels ``cotainr-lumi.mpi``,
+  ``cotainr-lumi.mpi.record``, the binds in the module file).
 - Next to the image (``report.outputs``, written by the pipeline once the
   image is in place): an Lmod module file
   ``NAME.lua`` and a shell snippet ``NAME.sh`` setting ``SIF``,
@@ -38,6 +43,7 @@ from ..._version import __version__
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import InputError, StageError
+from ...imagelayout import LABEL_MPI, LABEL_MPI_RECORD, MPI_ENV_FILE, MPI_FILE
 from . import network
 from .envfile import (
     EnvError,
@@ -55,7 +61,15 @@ from .modulefile import (
     render_shell,
     var_name_of,
 )
-from .settings import USER_SOFTWARE, LumiEnvSettings
+from .mpi import HostBinding, check_host_paths, plan_mpi
+from .mpi import describe as describe_mpi
+from .settings import (
+    USER_SOFTWARE,
+    LumiEnvSettings,
+    module_dir_problem,
+    module_name_problem,
+    root_path_problem,
+)
 
 __all__ = ["LumiEnvStage"]
 
@@ -90,6 +104,11 @@ ROCM_ROOT = "/opt/rocm"
 #: as $USER or $SLURM_NODEID are hidden from Apptainer env scripts, so the user
 #: name comes from `id`; its output is not evaluated (double quotes).
 MIOPEN_CACHE_EXPRESSION = '"/tmp/$(id -un 2>/dev/null || id -u)-miopen-cache"'
+
+
+def _lines(lines):
+    """`lines` as text, each ended by a newline ("" for none)."""
+    return "".join(f"{line}\n" for line in lines)
 
 
 def _runscript_text(name):
@@ -144,6 +163,16 @@ class LumiEnvStage(Stage):
 
     name = "lumi-env"
     settings_class = LumiEnvSettings
+
+    def __init__(self, *, settings=None):
+        super().__init__(settings=settings)
+        if self.settings.mpi == "host":
+            # Asked for explicitly: a host library missing on this (LUMI)
+            # host stops the plan, before anything is built.
+            check_host_paths(
+                binding=HostBinding.from_setting(self.settings.mpi_host),
+                error=InputError,
+            )
 
     @classmethod
     def add_arguments(cls, *, parser):
@@ -247,13 +276,57 @@ class LumiEnvStage(Stage):
         name = self._module_name(image_path=image_path)
         return image_path.parent.resolve() / f"{name}.root"
 
+    def planned_outputs(self, *, plan):
+        """
+        The module file, shell snippet and CONTAINERROOT this build writes.
+
+        The names derived from the image path are checked here, as the given
+        ones are when the settings are read.
+
+        Parameters
+        ----------
+        plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+            The plan.
+
+        Returns
+        -------
+        paths : list of :class:`pathlib.Path`
+            ``NAME.lua``, ``NAME.sh`` and ``NAME.root`` (none without a
+            module file).
+
+        Raises
+        ------
+        :class:`cotainr_lumi.errors.InputError`
+            If a derived name cannot work (Lmod, PATH, SINGULARITY_BIND).
+        """
+        paths = self._module_paths(image_path=plan.image_path)
+        if paths is None:
+            return []
+        root = self._container_root(image_path=plan.image_path)
+        name = self._module_name(image_path=plan.image_path)
+        fix = (
+            "Rename the image, or set the name or place with --set "
+            "lumi-env.module-name=NAME, --module-dir DIR or --set "
+            "lumi-env.container-root=DIR (or --no-module-file)."
+        )
+        problem = module_name_problem(name)
+        if problem:
+            raise InputError(f"lumi-env: the module name {name!r} {problem}. {fix}")
+        for what, problem in (
+            ("module directory", module_dir_problem(str(paths[0].parent))),
+            ("CONTAINERROOT", root_path_problem(str(root))),
+        ):
+            if problem:
+                raise InputError(f"lumi-env: the {what} {problem}. {fix}")
+        return [*paths, root]
+
     def _user_venv(self, *, image_path):
         """The user venv's path in the container."""
         return self.settings.user_venv or (
             f"{USER_SOFTWARE}/venv/{self._var_name(image_path=image_path).lower()}"
         )
 
-    def run_hint(self, *, image_path):
+    def run_hint(self, *, image_path, mpi=None):
         """
         The command to run the image on LUMI.
 
@@ -261,6 +334,8 @@ class LumiEnvStage(Stage):
         ----------
         image_path : os.PathLike
             The image.
+        mpi : :class:`.mpi.MpiPlan`, optional
+            The build's MPI decision (its binds and launch hint).
 
         Returns
         -------
@@ -268,7 +343,7 @@ class LumiEnvStage(Stage):
             One or two command lines.
         """
         entry = "conda-python-distributed" if self.settings.runscripts else "python"
-        binds = ",".join(self.settings.binds)
+        binds = ",".join(self._binds(mpi=mpi))
         bind_opt = f"-B {shlex.quote(binds)} " if binds else ""
         lines = ["Run the image on LUMI with:"]
         paths = self._module_paths(image_path=image_path)
@@ -284,6 +359,8 @@ class LumiEnvStage(Stage):
             f"  srun singularity exec {bind_opt}{shlex.quote(str(image_path))} "
             f"{entry} your_script.py"
         )
+        if mpi is not None and mpi.active:
+            lines.append(f"MPI ({mpi.mode}): launch ranks with {mpi.launch_hint()}")
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ plan
@@ -322,6 +399,9 @@ class LumiEnvStage(Stage):
             )
         binds = ",".join(self.settings.binds)
         lines.append(f"label cotainr-lumi.binds={binds or '(none)'}")
+        lines += describe_mpi(
+            requested=self.settings.mpi, host_setting=self.settings.mpi_host
+        )
         paths = self._module_paths(image_path=plan.image_path)
         if paths is not None:
             lines.append(f"module file {paths[0]}, shell snippet {paths[1]}")
@@ -483,13 +563,13 @@ class LumiEnvStage(Stage):
             settings=self.settings
         )
 
-    def _write_runtime_record(self, *, root):
+    def _write_runtime_record(self, *, root, binds):
         """Record the network layer for verify; return the record."""
         tests = self.settings.rccl_tests
         record = network.runtime_record(
             settings=self.settings,
             plugin=self._find_plugin(root=root),
-            binds=self.settings.binds,
+            binds=binds,
             rccl_tests_found=bool(
                 tests and resolve_in_root(root=root, path=tests).is_dir()
             ),
@@ -576,7 +656,12 @@ class LumiEnvStage(Stage):
                 mode=0o755,
             )
 
-    def _module_outputs(self, *, image_path, user_venv, user_software):
+    def _binds(self, *, mpi=None):
+        """The binds the module file sets: the profile's, then MPI's."""
+        extra = mpi.binds() if mpi is not None else []
+        return list(dict.fromkeys([*self.settings.binds, *extra]))
+
+    def _module_outputs(self, *, image_path, user_venv, user_software, mpi=None):
         """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
         paths = self._module_paths(image_path=image_path)
         if paths is not None:
@@ -590,16 +675,18 @@ class LumiEnvStage(Stage):
         container_root = self._container_root(image_path=image_path)
         common = dict(
             image=image_path,
-            binds=self.settings.binds,
+            binds=self._binds(mpi=mpi),
             runscripts=RUNSCRIPTS_DIR if self.settings.runscripts else None,
             name=self._module_name(image_path=image_path),
             var=self._var_name(image_path=image_path),
             container_root=container_root,
             user_software=user_software,
         )
+        image = str(image_path)
         outputs = {
-            str(paths[0]): render_lua(**common),
-            str(paths[1]): render_shell(**common),
+            str(paths[0]): render_lua(**common) + _lines(mpi.lua_lines(image=image)),
+            str(paths[1]): render_shell(**common)
+            + _lines(mpi.shell_lines(image=image)),
         }
         outputs.update(
             self._container_root_files(
@@ -615,6 +702,7 @@ class LumiEnvStage(Stage):
         image_path = Path(context.plan.image_path)
         # The build's one probe of the image (never `python` on PATH).
         target = context.target_env if self.settings.with_conda else None
+        mpi = self._plan_mpi(context=context)
         env_prefix = None
         if self.settings.with_conda:
             env_prefix = self._write_with_conda(root=root, target=target)
@@ -634,10 +722,15 @@ class LumiEnvStage(Stage):
         )
         if self.settings.runscripts:
             self._write_runscripts(root=root)
-        runtime = self._write_runtime_record(root=root)
+        mpi.write_env_file(root=root, path=MPI_ENV_FILE)
+        runtime = self._write_runtime_record(root=root, binds=self._binds(mpi=mpi))
         self._check_in_sandbox(sandbox=sandbox)
+        self._check_mpi(context=context, mpi=mpi)
         paths, container_root, outputs = self._module_outputs(
-            image_path=image_path, user_venv=user_venv, user_software=user_software
+            image_path=image_path,
+            user_venv=user_venv,
+            user_software=user_software,
+            mpi=mpi,
         )
         details = {
             "env-file": ENV_FILE,
@@ -647,22 +740,50 @@ class LumiEnvStage(Stage):
             "runscripts": [f"{RUNSCRIPTS_DIR}/{n}" for n in RUNSCRIPTS]
             if self.settings.runscripts
             else [],
-            "binds": list(self.settings.binds),
+            "binds": self._binds(mpi=mpi),
+            "mpi": mpi.record(),
             "module-files": sorted(str(p) for p in (paths or ())),
             "container-root": str(container_root) if container_root else None,
             "user-venv": user_venv,
             "host-files": sorted(outputs),
-            "run-hint": self.run_hint(image_path=image_path),
+            "run-hint": self.run_hint(image_path=image_path, mpi=mpi),
             "runtime": runtime,
         }
-        return self._report(details=details, outputs=outputs, paths=paths)
+        return self._report(details=details, outputs=outputs, paths=paths, mpi=mpi)
 
-    def _report(self, *, details, outputs, paths):
+    def _plan_mpi(self, *, context):
+        """The build's MPI decision (:mod:`.mpi`): the image's MPI, the mode."""
+        return plan_mpi(
+            root=context.sandbox.root,
+            # No probe when MPI is off (lumi-env.mpi: none).
+            target=context.target_env if self.settings.mpi != "none" else None,
+            requested=self.settings.mpi,
+            host_setting=self.settings.mpi_host,
+            stage=self.name,
+        )
+
+    def _check_mpi(self, *, context, mpi):
+        """Run mpi4py once in the container; record the image's MPI."""
+        target = context.target_env if mpi.active else None
+        mpi.check_in_sandbox(
+            sandbox=context.sandbox,
+            python=target.python if target is not None else None,
+            stage=self.name,
+        )
+        write_file_in_root(
+            root=context.sandbox.root,
+            path=MPI_FILE,
+            content=json.dumps(mpi.record(), indent=2) + "\n",
+        )
+
+    def _report(self, *, details, outputs, paths, mpi):
         """The stage report: summary and labels."""
         labels = {
-            "cotainr-lumi.binds": ",".join(self.settings.binds),
+            "cotainr-lumi.binds": ",".join(self._binds(mpi=mpi)),
             "cotainr-lumi.env-file": ENV_FILE,
             "cotainr-lumi.env": ",".join(self.env),
+            LABEL_MPI: mpi.mode,
+            LABEL_MPI_RECORD: MPI_FILE,
             imagelayout.LABEL_RUNTIME: imagelayout.RUNTIME_FILE,
         }
         summary = f"{len(self.env)} variables in {ENV_FILE}"
@@ -671,6 +792,7 @@ class LumiEnvStage(Stage):
             summary += f", runscripts in {RUNSCRIPTS_DIR}"
         if outputs:
             summary += f", module file {paths[0]}"
+        summary += f"; {mpi.summary()}"
         return StageReport(
             name=self.name,
             summary=summary,

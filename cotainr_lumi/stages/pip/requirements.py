@@ -639,6 +639,38 @@ def _link_or_copy(src, dst):
         shutil.copy2(src, dst)
 
 
+#: The most a local directory of a requirement may hold to be staged.
+MAX_TREE_FILES = 20_000
+
+
+def _check_tree_to_stage(src, *, root):
+    """
+    Refuse to stage a directory that holds the sandbox or is not a project.
+
+    Copying a directory that contains the sandbox (``/``, ``/tmp``, ``..``)
+    would copy the copy into itself until the disk is full.
+    """
+    real_src = Path(os.path.realpath(src))
+    real_root = Path(os.path.realpath(root))
+    if real_src == real_root or real_src in real_root.parents:
+        raise StageError(
+            f"the local directory {src} holds the image being built "
+            f"({real_root}); a requirement must name a project directory, "
+            "not a parent of the build's work directory",
+            stage="pip",
+        )
+    count = 0
+    for _dirpath, dirnames, filenames in os.walk(real_src):
+        count += len(dirnames) + len(filenames)
+        if count > MAX_TREE_FILES:
+            raise StageError(
+                f"the local directory {src} holds more than {MAX_TREE_FILES} "
+                "files; a requirement must name a project directory (build a "
+                "wheel of it, or point at a smaller directory)",
+                stage="pip",
+            )
+
+
 def _stage_tree(src, dst):
     """Copy a directory (builds write into project directories: no links)."""
     shutil.copytree(src, dst, symlinks=True)
@@ -692,6 +724,8 @@ class _Stager:
         self.counter += 1
         image_path = str(self.staging_dir / str(self.counter) / src.name)
         host = resolve_in_root(root=self.root, path=image_path)
+        if is_dir:
+            _check_tree_to_stage(src, root=self.root)
         host.parent.mkdir(parents=True, exist_ok=True)
         if is_dir:
             _stage_tree(src, host)

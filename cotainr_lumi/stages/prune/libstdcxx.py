@@ -41,13 +41,13 @@ import os
 from pathlib import PurePosixPath
 import re
 
+from ...engine.elfinfo import read_elf_info, scan_elf_files
 from ...engine.rootfs import (
     SymlinkLoopError,
     image_path_of,
     is_inside,
     resolve_in_root,
 )
-from .elfinfo import read_elf_info, scan_elf_files
 from .manifest import ManifestEntry
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -131,7 +131,7 @@ class SystemLib:
         Where the loader finds it in the image.
     host_path : str
         Its host path inside the sandbox (links resolved inside the root).
-    info : :class:`cotainr_lumi.stages.prune.elfinfo.ElfInfo`
+    info : :class:`cotainr_lumi.engine.elfinfo.ElfInfo`
         Its ELF facts.
     how : str
         ``"ld.so.cache"`` or ``"standard directory"``.
@@ -159,7 +159,7 @@ def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
         ``ldconfig -p`` output from inside the container.
     exclude : os.PathLike, optional
         A host directory whose libraries do not count (the environment).
-    like : :class:`cotainr_lumi.stages.prune.elfinfo.ElfInfo`, optional
+    like : :class:`cotainr_lumi.engine.elfinfo.ElfInfo`, optional
         Only libraries of this ELF class and machine count.
 
     Returns

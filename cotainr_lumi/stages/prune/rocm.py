@@ -56,6 +56,7 @@ from pathlib import Path
 import re
 import shutil
 
+from ...engine.elfinfo import read_elf_info
 from ...engine.rootfs import (
     SymlinkLoopError,
     image_path_of,
@@ -63,7 +64,6 @@ from ...engine.rootfs import (
     resolve_in_root,
     walk_in_root,
 )
-from .elfinfo import read_elf_info
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 

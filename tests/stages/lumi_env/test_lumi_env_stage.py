@@ -45,7 +45,7 @@ class FakeSandbox:
         self.fail_check = fail_check
         self.calls = []
 
-    def run(self, args, *, env=None, log_name=None):
+    def run(self, args, *, env=None, log_name=None, timeout=None):
         self.calls.append(list(args))
         script = args[-1]
         if is_probe(args):
@@ -207,6 +207,7 @@ def test_without_rocm_runscripts_conda_or_module_file(tmp_path):
         "with-conda": False,
         "module-file": False,
         "miopen-cache": False,
+        "mpi": "none",
     }
     root, report, sandbox = run_stage(tmp_path, settings, rocm=False, ofi=False)
     env = source_env(root)
@@ -219,7 +220,7 @@ def test_without_rocm_runscripts_conda_or_module_file(tmp_path):
     assert not (root / "runscripts").exists()
     assert report.outputs == {} and report.details["module-files"] == []
     assert "module load" not in report.details["run-hint"]
-    assert len(sandbox.calls) == 1  # no probe without with-conda
+    assert len(sandbox.calls) == 1  # no probe without with-conda and MPI
 
 
 def test_conda_environment_is_activated_with_conda_sh(tmp_path):

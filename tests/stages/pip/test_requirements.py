@@ -386,8 +386,8 @@ def test_fuzz_requirement_files_scan_and_stage_or_one_clear_error(lines):
             staged = stage_step(
                 scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING
             )
-        except StageError as e:  # an absolute path in neither place
-            assert "nor in the image" in str(e)
+        except StageError as e:  # an absolute path in neither place, or ..
+            assert "nor in the image" in str(e) or "holds the image" in str(e)
             return
         after = {p for p in tmp.rglob("*") if not p.is_relative_to(root)}
         assert after == before  # nothing written outside the sandbox
@@ -401,3 +401,18 @@ def test_fuzz_requirement_files_scan_and_stage_or_one_clear_error(lines):
                 r.start < i <= r.end for r in scan.files[0].refs
             ):
                 assert new == old
+
+
+def test_a_directory_holding_the_sandbox_is_never_copied_into_it(tmp_path):
+    """`..` of a project under the work directory: one error, no runaway copy."""
+    src = tmp_path / "work" / "src"
+    src.mkdir(parents=True)
+    req = src / "r.txt"
+    req.write_text("..\n")
+    (tmp_path / "work" / "setup.py").write_text("")
+    root = tmp_path / "work" / "root"
+    root.mkdir()
+    scan = scan_step(step=_step(tmp_path, requirements=[req], base_dir=src))
+    with pytest.raises(StageError, match="holds the image being built"):
+        stage_step(scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING)
+    assert list(root.rglob("*")) == []

@@ -7,7 +7,7 @@ import shutil
 import elfbuild
 import pytest
 
-from cotainr_lumi.stages.prune import elfinfo
+from cotainr_lumi.engine import elfinfo
 from cotainr_lumi.stages.prune.libstdcxx import (
     check_libstdcxx,
     find_system_libstdcxx,

@@ -1,12 +1,12 @@
-"""Tests of cotainr_lumi.stages.prune.elfinfo on real ELF files compiled here."""
+"""Tests of cotainr_lumi.engine.elfinfo on real ELF files compiled here."""
 
 import os
 
 import elfbuild
 import pytest
 
-from cotainr_lumi.stages.prune import elfinfo
-from cotainr_lumi.stages.prune.elfinfo import is_elf, read_elf_info, scan_elf_files
+from cotainr_lumi.engine import elfinfo
+from cotainr_lumi.engine.elfinfo import is_elf, read_elf_info, scan_elf_files
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection
 from elftools.elf.structs import ELFStructs
 
-from ...engine.rootfs import walk_in_root
+from .rootfs import walk_in_root
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 

@@ -1,0 +1,225 @@
+"""
+Where a build works: the sandbox and Apptainer's temporary files.
+
+cotainr unpacks the base image into a sandbox under ``$TMPDIR`` and
+Apptainer writes its temporary files under ``$APPTAINER_TMPDIR``. On LUMI's
+compute nodes ``/tmp`` is in memory, so a 5-10 GB image can fill it (and the
+node's RAM; DeiC-HPC/cotainr#51, #170). The pseudo-stage ``build`` (setting
+``work-dir``, option ``--work-dir``, also in a site profile) moves both to a
+chosen file system, and before building the space a build needs is estimated
+and checked against what is free there.
+
+Classes
+-------
+BuildSettings
+    The settings of the pseudo-stage ``build``.
+
+Functions
+---------
+estimate_bytes(*, base_image, conda_env)
+    The space a build needs in its work directory (an estimate).
+check_space(*, work_dir, base_image, conda_env)
+    Refuse a build that will not fit.
+work_dir_environment(work_dir)
+    Point cotainr's and Apptainer's temporary files at `work_dir`.
+"""
+
+import contextlib
+from dataclasses import dataclass
+import logging
+import os
+from pathlib import Path
+import shutil
+import tempfile
+from typing import Optional
+
+from ..errors import InputError
+from .settings import StageSettings, setting
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The pseudo-stage name of the build settings (``build.work-dir``).
+SETTINGS_NAME = "build"
+#: The variables that place temporary files (Python's, Apptainer's, Singularity's).
+TMP_VARIABLES = ("TMPDIR", "APPTAINER_TMPDIR", "SINGULARITY_TMPDIR")
+#: An unpacked sandbox is this many times its SIF (squashfs compresses ~2-3x).
+EXPANSION = 3
+#: Room for the image being built from the sandbox (its size is not known).
+IMAGE_SHARE = 1
+#: What a conda environment adds (the Miniforge installer, packages, caches).
+CONDA_BYTES = 6 * 1024**3
+#: Room for pip steps, caches and the rest when nothing else is known.
+HEADROOM_BYTES = 2 * 1024**3
+
+
+def _check_work_dir(value):
+    if not value.startswith(("/", "~")):
+        raise ValueError(f"must be an absolute path (got {value!r})")
+
+
+@dataclass(frozen=True)
+class BuildSettings(StageSettings):
+    """The settings of the pseudo-stage ``build``."""
+
+    work_dir: Optional[str] = setting(
+        None,
+        doc="where the sandbox and Apptainer's temporary files go "
+        "(null: $TMPDIR, else /tmp)",
+        check=_check_work_dir,
+    )
+    check_space: bool = setting(
+        True,
+        doc="refuse to start when the work directory has less free space "
+        "than the build is estimated to need",
+    )
+
+
+def resolve_work_dir(value):
+    """
+    The work directory a setting names, checked.
+
+    Parameters
+    ----------
+    value : str or None
+        The ``build.work-dir`` setting.
+
+    Returns
+    -------
+    work_dir : :class:`pathlib.Path`
+        The directory (``tempfile.gettempdir()`` when `value` is None).
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.InputError`
+        If it is not a writable directory.
+    """
+    if value is None:
+        return Path(tempfile.gettempdir())
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError as e:  # ~nosuchuser
+        raise InputError(f"--work-dir {value!r}: {e}") from None
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(
+            f"--work-dir {value!r} is not a writable directory. Create it (e.g. "
+            "mkdir -p /flash/project_XXXXXXXXX/$USER/cotainr-work) or choose another."
+        )
+    return path.resolve()
+
+
+def estimate_bytes(*, base_image, conda_env):
+    """
+    The space a build needs in its work directory (an estimate).
+
+    Parameters
+    ----------
+    base_image : str
+        The base image's build spec (a local file's size is known).
+    conda_env : os.PathLike or None
+        The conda environment file, if any.
+
+    Returns
+    -------
+    needed : int or None
+        Bytes; None when the base image is not a local file.
+    """
+    try:
+        size = os.stat(base_image).st_size
+    except (OSError, ValueError, TypeError):
+        return None
+    needed = size * (EXPANSION + IMAGE_SHARE) + HEADROOM_BYTES
+    if conda_env is not None:
+        needed += CONDA_BYTES
+    return needed
+
+
+def _gib(n):
+    return f"{n / 1024**3:.1f} GiB"
+
+
+def check_space(*, work_dir, base_image, conda_env, refuse=True):
+    """
+    Refuse a build that will not fit in its work directory.
+
+    Parameters
+    ----------
+    work_dir : :class:`pathlib.Path`
+        The work directory.
+    base_image : str
+        The base image's build spec.
+    conda_env : os.PathLike or None
+        The conda environment file, if any.
+    refuse : bool, default=True
+        Raise when it will not fit (else only warn).
+
+    Returns
+    -------
+    needed, free : int or None, int
+        The estimate and the free bytes.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.InputError`
+        If less is free than the estimate.
+    """
+    free = shutil.disk_usage(work_dir).free
+    needed = estimate_bytes(base_image=base_image, conda_env=conda_env)
+    if needed is not None and needed > free:
+        if not refuse:
+            logger.warning(
+                "The build may need about %s in %s; %s is free (build.check-space "
+                "is off).",
+                _gib(needed),
+                work_dir,
+                _gib(free),
+            )
+            return needed, free
+        raise InputError(
+            f"The build needs about {_gib(needed)} in its work directory "
+            f"{work_dir} (the base image unpacked, the image, the conda env and "
+            f"pip's files) but only {_gib(free)} is free there. Choose a larger "
+            "file system with --work-dir DIR (or build.work-dir in a site "
+            "profile); on LUMI a directory in /flash/project_... or "
+            "/scratch/project_..., not /tmp, which is in memory on compute nodes. "
+            "(--set build.check-space=false starts anyway.)"
+        )
+    return needed, free
+
+
+@contextlib.contextmanager
+def work_dir_environment(work_dir):
+    """
+    Point cotainr's and Apptainer's temporary files at a directory of the build.
+
+    The build gets its own new directory in `work_dir`, removed with all it
+    holds when the context ends (also when the build failed or was
+    interrupted), so nothing of a build is left behind and nothing else in
+    `work_dir` is touched.
+
+    Parameters
+    ----------
+    work_dir : :class:`pathlib.Path`
+        The work directory.
+
+    Yields
+    ------
+    build_dir : :class:`pathlib.Path`
+        The build's own directory in it.
+    """
+    build_dir = Path(tempfile.mkdtemp(prefix="cotainr-lumi-build-", dir=work_dir))
+    saved = {name: os.environ.get(name) for name in TMP_VARIABLES}
+    saved_tempdir = tempfile.tempdir
+    for name in TMP_VARIABLES:
+        os.environ[name] = str(build_dir)
+    tempfile.tempdir = str(build_dir)
+    logger.info("Working in %s (sandbox and Apptainer's temporary files)", build_dir)
+    try:
+        yield build_dir
+    finally:
+        tempfile.tempdir = saved_tempdir
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(build_dir, ignore_errors=True)

@@ -1,0 +1,723 @@
+"""
+MPI in the image: which ``libmpi.so.12`` its MPI users run on.
+
+Two ways to run MPI from an image on LUMI (see ``docs/mpi.md``):
+
+- ``container``: the image's own MPICH (the AI Factory images' MPICH speaks
+  CXI; the ``mpich`` wheel from PyPI only TCP and shared memory). Launched
+  with ``srun --mpi=pmi2``.
+- ``host``: the *hybrid* model of HPE's "Enabling Message Passing Interface
+  Containers on the LUMI Supercomputer" (arXiv 2407.19928): the image's MPI
+  users are built against an MPICH-ABI ``libmpi.so.12`` and, at run time,
+  LUMI's Cray MPICH (its ``lib-abi-mpich`` library) replaces it. The module
+  file binds the host's libraries in (``mpi-host.binds``); the image's env
+  file puts the library's directory and ``mpi-host.ld-library-path`` first
+  on ``LD_LIBRARY_PATH`` and sets ``MPI4PY_LIBMPI`` (mpi4py 4 finds the
+  env's own ``lib/libmpi.so.12`` before ``LD_LIBRARY_PATH``). Launched with
+  plain ``srun`` (LUMI's default ``--mpi=cray_shasta``).
+
+``lumi-env.mpi`` chooses: ``auto`` (the default) is ``none`` without an
+MPICH-ABI MPI in the image, ``container`` when the image's MPICH speaks CXI,
+``host`` otherwise. The choice is the image's default; ``COTAINR_LUMI_MPI``
+at run time overrides it. :mod:`.mpiscan` finds the image's MPI,
+:mod:`.mpienv` writes the shell and Lua code.
+
+Classes
+-------
+MpiHostSettings
+    The keys of ``lumi-env.mpi-host``.
+HostBinding
+    The host binding, read.
+MpiPlan
+    What the stage does about MPI in one build.
+
+Functions
+---------
+check_mode(value)
+    Check ``lumi-env.mpi``.
+check_host_binding(value)
+    Check ``lumi-env.mpi-host``.
+resolve_mode(*, requested, scan, binding)
+    The mode of a build: (mode, reason).
+plan_mpi(*, root, target, requested, host_setting, stage)
+    Find the image's MPI and decide.
+"""
+
+from dataclasses import dataclass, field
+import json
+import logging
+import os
+from pathlib import PurePosixPath
+from typing import Optional
+
+from ... import _cotainr
+from ...engine.origins import Origin
+from ...engine.rootfs import write_file_in_root
+from ...engine.settings import SettingError, StageSettings, each, read_declared, setting
+from ...errors import StageError
+from . import mpienv
+from .envfile import validate_path_entry
+from .modulefile import validate_bind
+from .mpiscan import MPICH_ABI, MpiScan, scan_mpi
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The values of ``lumi-env.mpi``.
+MODES = ("auto", "container", "host", "none")
+#: The run-time switch (``COTAINR_LUMI_MPI=container|host|none``).
+RUNTIME_VAR = mpienv.RUNTIME_VAR
+
+
+def check_mode(value):
+    """
+    Check ``lumi-env.mpi``.
+
+    Parameters
+    ----------
+    value : str
+        The value.
+
+    Raises
+    ------
+    ValueError
+        If it is not one of :data:`MODES`.
+    """
+    if value not in MODES:
+        raise ValueError(f"must be one of {', '.join(MODES)} (got {value!r})")
+
+
+def _check_libmpi(value):
+    validate_path_entry(name="mpi-host.libmpi", entry=value)
+    if PurePosixPath(value).name != MPICH_ABI:
+        raise ValueError(
+            f"must be an MPICH-ABI library named {MPICH_ABI} (got {value!r}), "
+            "e.g. Cray MPICH's /opt/cray/pe/mpich/<version>/ofi/gnu/<v>/"
+            f"lib-abi-mpich/{MPICH_ABI}"
+        )
+
+
+def _check_entry(entry):
+    validate_path_entry(name="LD_LIBRARY_PATH", entry=entry)
+
+
+@dataclass(frozen=True)
+class MpiHostSettings(StageSettings):
+    """The keys of ``lumi-env.mpi-host``: the host binding of a base family."""
+
+    libmpi: Optional[str] = setting(
+        None,
+        doc="the host's MPICH-ABI libmpi.so.12 as the container sees it "
+        "(Cray MPICH's lib-abi-mpich); its directory goes first on LD_LIBRARY_PATH",
+        check=_check_libmpi,
+    )
+    ld_library_path: list[str] = setting(
+        [],
+        doc="then these directories, in order (Cray PMI, the host libfabric, ...)",
+        check=each(_check_entry),
+    )
+    binds: list[str] = setting(
+        [],
+        doc="what the module file binds for it (SRC[:DST]): the library, its "
+        "directories and the host libraries they need (libjansson, libcxi)",
+        check=each(validate_bind),
+    )
+
+
+def _bind_parts(bind):
+    """(source, destination) of a bind ``SRC[:DST[:OPTS]]``."""
+    parts = bind.split(":")
+    return parts[0], (parts[1] if len(parts) > 1 and parts[1] else parts[0])
+
+
+@dataclass(frozen=True)
+class HostBinding:
+    """
+    The host binding, read (see :class:`MpiHostSettings`).
+
+    Attributes
+    ----------
+    libmpi : str
+        The library, as the container sees it.
+    ld_library_path : tuple of str
+        The directories put first on ``LD_LIBRARY_PATH``, in order: the
+        library's own, then the setting's.
+    binds : tuple of str
+        The binds.
+    """
+
+    libmpi: str
+    ld_library_path: tuple
+    binds: tuple
+
+    @classmethod
+    def from_setting(cls, value):
+        """
+        The binding of a ``lumi-env.mpi-host`` value (None without ``libmpi``).
+
+        Parameters
+        ----------
+        value : mapping
+            The setting (checked by :func:`check_host_binding`).
+
+        Returns
+        -------
+        binding : HostBinding or None
+            The binding.
+        """
+        read = MpiHostSettings.complete(
+            read_declared(schema=MpiHostSettings, raw=value or {}, origin=Origin())
+        )
+        if not read.libmpi:
+            return None
+        own = str(PurePosixPath(read.libmpi).parent)
+        order = list(dict.fromkeys([own, *read.ld_library_path]))
+        return cls(
+            libmpi=read.libmpi, ld_library_path=tuple(order), binds=tuple(read.binds)
+        )
+
+    def bind_of(self, path):
+        """The bind that brings an image path into the container (or None)."""
+        best, best_len = None, -1
+        for bind in self.binds:
+            _, dst = _bind_parts(bind)
+            dst = dst.rstrip("/") or "/"
+            if (path == dst or path.startswith(dst + "/")) and len(dst) > best_len:
+                best, best_len = bind, len(dst)
+        return best
+
+    def host_path(self, path):
+        """The host path behind an image path (None when no bind covers it)."""
+        bind = self.bind_of(path)
+        if bind is None:
+            return None
+        src, dst = _bind_parts(bind)
+        rest = path[len(dst.rstrip("/")) :]
+        return src.rstrip("/") + rest if rest else src
+
+    def host_problems(self, *, library_only=False):
+        """
+        What of the binding is missing on this (build) host.
+
+        A path is checked when the source of its bind exists here (on LUMI:
+        ``/opt/cray``); elsewhere nothing can be told.
+
+        Parameters
+        ----------
+        library_only : bool, default=False
+            Check only the library (not the other ``ld-library-path``
+            directories, which the loader skips when missing).
+
+        Returns
+        -------
+        problems : list of str
+            One sentence each: the image path, the host path and its bind.
+        """
+        problems = []
+        paths = [self.libmpi] if library_only else [self.libmpi, *self.ld_library_path]
+        for path in dict.fromkeys(paths):
+            bind = self.bind_of(path)
+            if bind is None:
+                continue
+            src, _ = _bind_parts(bind)
+            host = self.host_path(path)
+            if os.path.exists(src) and not os.path.exists(host):
+                problems.append(
+                    f"{path} is {host} on this host (bind {bind}), which does not exist"
+                )
+        return problems
+
+
+def check_host_binding(value):
+    """
+    Check ``lumi-env.mpi-host``.
+
+    Parameters
+    ----------
+    value : mapping
+        The setting.
+
+    Raises
+    ------
+    SettingError
+        For an unknown key or a bad value (with its path), or a library no
+        bind brings into the container.
+    """
+    read = read_declared(schema=MpiHostSettings, raw=value, origin=Origin())
+    binding = HostBinding.from_setting(read)
+    if binding is not None and binding.bind_of(binding.libmpi) is None:
+        raise SettingError(
+            f"{binding.libmpi} is not below any of the binds "
+            f"({', '.join(binding.binds) or 'none'}): it would never be in the "
+            "container; add the bind that brings it in (e.g. /opt/cray)",
+            path=("libmpi",),
+        )
+
+
+def resolve_mode(*, requested, scan, binding):
+    """
+    The mode of a build.
+
+    Parameters
+    ----------
+    requested : str
+        ``lumi-env.mpi``.
+    scan : :class:`.mpiscan.MpiScan`
+        What the image has.
+    binding : HostBinding or None
+        The host binding of the system.
+
+    Returns
+    -------
+    mode, reason : str, str
+        ``container``, ``host`` or ``none``, and why in words.
+
+    Raises
+    ------
+    ValueError
+        When the requested mode cannot work (the message says why and what
+        to do).
+    """
+    cxi = [lib for lib in scan.mpich if lib.cxi]
+    if requested == "none":
+        return "none", "lumi-env.mpi is none"
+    if not scan.has_mpich:
+        if requested == "auto":
+            return "none", "auto: the image has no MPICH-ABI MPI"
+        raise ValueError(_no_mpi_message(requested=requested, scan=scan))
+    if requested == "auto":
+        if cxi:
+            return "container", f"auto: the image's {cxi[0].path} speaks CXI"
+        if binding is None:
+            return "container", "auto: this system has no host binding"
+        return "host", "auto: the image's MPICH does not speak CXI"
+    if requested == "host" and binding is None:
+        raise ValueError(
+            "lumi-env.mpi is 'host', but this system has no host binding "
+            "(lumi-env.mpi-host.libmpi is not set): give one in the system profile "
+            "(see lumi-g-ext in cotainr_lumi/systems.yaml) or use lumi-env.mpi=container"
+        )
+    if requested == "container" and not scan.mpich:
+        raise ValueError(
+            f"lumi-env.mpi is 'container', but the image has no {MPICH_ABI} for its "
+            f"MPI users ({scan.users[0].path} ...) to run on: add the `mpich` "
+            "wheel to a pip step (packages: [mpich, mpi4py]) or use lumi-env.mpi=host"
+        )
+    return requested, f"lumi-env.mpi is {requested}"
+
+
+def _no_mpi_message(*, requested, scan):
+    text = (
+        f"lumi-env.mpi is {requested!r}, but the image has no MPI: no {MPICH_ABI} "
+        "(MPICH ABI) in the Python environment's lib/ or the loader's directories, "
+        f"and nothing in the environment needs one. Install one with a pip step "
+        "(packages: [mpich, mpi4py]), build on a base image with MPICH (the LUMI "
+        "AI Factory images), or leave lumi-env.mpi at auto (none: no MPI)"
+    )
+    if scan.open_mpi:
+        text += (
+            f". Found Open MPI ({scan.open_mpi[0]}), which LUMI's Cray MPICH cannot "
+            "replace: use the `mpich` wheel instead"
+        )
+    return text
+
+
+def _pin_text(pins):
+    """What pins the image's library, and why that matters."""
+    first = pins[0]
+    more = f" ({len(pins) - 1} more)" if len(pins) > 1 else ""
+    owner = f" ({first.distribution})" if first.distribution else ""
+    return (
+        f"{first.user}{owner} pins the image's {first.library} through "
+        f"{first.via} entry {first.entry!r}{more}: the loader searches DT_RPATH "
+        "before LD_LIBRARY_PATH, so LUMI's Cray MPICH cannot replace it at run time"
+    )
+
+
+def _pin_message(*, setting, pins):
+    return (
+        f"MPI users run on the host's MPICH here (lumi-env.mpi: {setting}), but "
+        f"{_pin_text(pins)}. Install it from pip without an RPATH (mpi4py's "
+        "wheel, not conda's mpi4py, which pins conda's MPICH); for a package you "
+        "build, link with a RUNPATH instead (env: {LDFLAGS: -Wl,--enable-new-dtags} "
+        "in its pip step) or without -Wl,-rpath; or keep the image's MPICH: "
+        "--set lumi-env.mpi=container"
+    )
+
+
+def _host_message(*, binding, problems):
+    return (
+        f"lumi-env.mpi-host: {problems[0]}"
+        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+        + ": the Cray MPICH this binding names is not installed here (ls "
+        "/opt/cray/pe/mpich). Update lumi-env.mpi-host (libmpi, ld-library-path) "
+        "in your system profile or with --set 'lumi-env.mpi-host={libmpi: ...}', "
+        "or keep the image's MPICH: --set lumi-env.mpi=container"
+    )
+
+
+def _check_pins(*, mode, setting, pins, error):
+    """Stop a ``host`` build on a pin; a warning in ``container`` mode."""
+    if not pins:
+        return
+    if mode == "host":
+        raise error(_pin_message(setting=setting, pins=pins))
+    if mode == "container":
+        logger.warning(
+            "MPI: %s; fine with the image's MPICH (the default here), but "
+            "COTAINR_LUMI_MPI=host would not reach it",
+            _pin_text(pins),
+        )
+
+
+def check_host_paths(*, binding, error):
+    """
+    Stop when the host library is missing on this (LUMI) host.
+
+    Other missing ``ld-library-path`` directories are a warning: the loader
+    skips them, and LUMI may lay out its Cray libraries differently later.
+
+    Parameters
+    ----------
+    binding : HostBinding or None
+        The binding.
+    error : callable
+        ``error(message)``: the exception to raise (an ``InputError`` at
+        plan time, a ``StageError`` during the build).
+
+    Raises
+    ------
+    Exception
+        ``error(...)`` with :func:`HostBinding.host_problems`'s first problem
+        and the fix.
+    """
+    if binding is None:
+        return
+    problems = binding.host_problems(library_only=True)
+    if problems:
+        raise error(_host_message(binding=binding, problems=problems))
+    for problem in binding.host_problems():
+        logger.warning("lumi-env.mpi-host: %s (skipped by the loader)", problem)
+
+
+#: The mark of :data:`LOAD_CHECK`'s line.
+LOAD_CHECK_MARK = "COTAINR_LUMI_MPI_CHECK "
+#: Run in the container by the image's Python: which MPI library mpi4py loads
+#: (without MPI_Init: Get_library_version may be called before it). Also run
+#: by ``cotainr-lumi verify`` (verify/mpi.py). One line: the mark, then JSON.
+LOAD_CHECK = (
+    f"MARK = {LOAD_CHECK_MARK!r}\n"
+    + r"""
+import json
+out = {}
+try:
+    import mpi4py
+    out["mpi4py"] = getattr(mpi4py, "__version__", None)
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+    from mpi4py import MPI
+    first = (MPI.Get_library_version().strip().splitlines() or [""])[0]
+    out["library_version"] = " ".join(first.split())[:200]
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if len(line.split()) >= 6}
+    out["libmpi"] = sorted(p for p in paths if "/libmpi" in p)
+except Exception as e:  # noqa: BLE001
+    out["error"] = f"{type(e).__name__}: {e}"
+print(MARK + json.dumps(out))
+"""
+)
+
+
+def parse_load_check(text):
+    """
+    What :data:`LOAD_CHECK` reported.
+
+    Parameters
+    ----------
+    text : str
+        Its output.
+
+    Returns
+    -------
+    loaded : dict
+        ``mpi4py`` (its version), ``library_version`` and ``libmpi`` (the
+        loaded files), or ``error``.
+    """
+    for line in text.splitlines():
+        if line.startswith(LOAD_CHECK_MARK):
+            try:
+                return json.loads(line[len(LOAD_CHECK_MARK) :])
+            except ValueError:
+                break
+    return {"error": f"no answer from the check: {text.strip()[-300:]}"}
+
+
+@dataclass
+class MpiPlan:
+    """
+    What the stage does about MPI in one build.
+
+    Attributes
+    ----------
+    requested : str
+        ``lumi-env.mpi``.
+    mode : str
+        ``container``, ``host`` or ``none``.
+    reason : str
+        Why, in words.
+    binding : HostBinding or None
+        The host binding (kept in ``container`` mode too: ``COTAINR_LUMI_MPI=host``
+        switches to it at run time).
+    scan : :class:`.mpiscan.MpiScan`
+        What the image has.
+    loaded : dict or None
+        What mpi4py loaded in the build's container (``library_version``,
+        ``libmpi``, or ``error``).
+    """
+
+    requested: str
+    mode: str
+    reason: str
+    binding: Optional[HostBinding]
+    scan: object
+    loaded: Optional[dict] = field(default=None)
+
+    @property
+    def active(self):
+        """Whether the image gets MPI settings (not ``none``)."""
+        return self.mode != "none"
+
+    @property
+    def image_library(self):
+        """The MPICH-ABI library mpi4py finds first in the image (or None)."""
+        mpich = self.scan.mpich
+        return mpich[0].path if mpich else None
+
+    def env_file(self):
+        """The MPI env file's content (None in ``none`` mode)."""
+        if not self.active:
+            return None
+        return mpienv.env_file(
+            mode=self.mode, binding=self.binding, image_library=self.image_library
+        )
+
+    def write_env_file(self, *, root, path):
+        """Write the MPI env file into the image (nothing in ``none`` mode)."""
+        content = self.env_file()
+        if content is not None:
+            write_file_in_root(root=root, path=path, content=content)
+
+    def binds(self):
+        """The binds the module file adds (none in ``none`` mode)."""
+        return list(self.binding.binds) if self.active and self.binding else []
+
+    def lua_lines(self, *, image):
+        """Lua lines appended to the module file."""
+        if not self.active or self.binding is None:
+            return []
+        return mpienv.lua_lines(mode=self.mode, binding=self.binding, image=image)
+
+    def shell_lines(self, *, image):
+        """Shell lines appended to the shell snippet."""
+        if not self.active or self.binding is None:
+            return []
+        return mpienv.shell_lines(mode=self.mode, binding=self.binding, image=image)
+
+    def check_in_sandbox(self, *, sandbox, python, stage):
+        """
+        Run mpi4py once in the build's container (with the env file written).
+
+        Parameters
+        ----------
+        sandbox : :class:`cotainr_lumi._cotainr.Sandbox`
+            The sandbox.
+        python : str
+            The environment's interpreter.
+        stage : str
+            The stage name (for the error).
+
+        Raises
+        ------
+        :class:`cotainr_lumi.errors.StageError`
+            When mpi4py cannot load the image's own MPICH.
+        """
+        if not self.active or not self.scan.mpi4py or not python:
+            return
+        try:
+            proc = sandbox.run([python, "-c", LOAD_CHECK], log_name=stage)
+            text = proc.stdout or ""
+        except _cotainr.CommandError as e:
+            text = f"{e.stdout}\n{e.stderr}"
+        self.loaded = parse_load_check(text)
+        if "error" in self.loaded and self.scan.mpich:
+            raise StageError(
+                f"mpi4py {self.scan.mpi4py.get('version') or ''} cannot load the "
+                f"image's MPI library {self.image_library}: {self.loaded['error']}. "
+                "Check that mpi4py and the MPI library come from the same pip step "
+                "or base image (packages: [mpich, mpi4py])",
+                stage=stage,
+            )
+
+    def record(self):
+        """The JSON record kept in the image."""
+        return {
+            "mode": self.mode,
+            "requested": self.requested,
+            "reason": self.reason,
+            "runtime-switch": RUNTIME_VAR,
+            "image-library": self.image_library,
+            "host": None
+            if self.binding is None
+            else {
+                "libmpi": self.binding.libmpi,
+                "ld-library-path": list(self.binding.ld_library_path),
+                "mpi4py-libmpi": self.binding.libmpi,
+                "binds": list(self.binding.binds),
+            },
+            "srun": mpienv.SRUN_HINT,
+            "loaded-at-build": self.loaded,
+            **self.scan.to_dict(),
+        }
+
+    def launch_hint(self):
+        """How to launch MPI ranks on LUMI in this mode."""
+        hint = mpienv.SRUN_HINT.get(self.mode, "srun")
+        if self.mode == "host":
+            hint += f"; with {RUNTIME_VAR}=container: {mpienv.SRUN_HINT['container']}"
+        return hint
+
+    def summary(self):
+        """One line for the build log."""
+        if not self.active:
+            return f"MPI: none ({self.reason})"
+        text = f"MPI: {self.mode} ({self.reason})"
+        if self.loaded and "libmpi" in self.loaded:
+            text += f"; mpi4py loads {', '.join(self.loaded['libmpi'])} here"
+        if self.binding is not None:
+            which = (
+                "replaces it"
+                if self.mode == "host"
+                else "replaces it with COTAINR_LUMI_MPI=host"
+            )
+            text += f"; on LUMI {self.binding.libmpi} {which}"
+        return text
+
+
+def _scan(*, root, target):
+    """:func:`.mpiscan.scan_mpi` of the target environment (None: none)."""
+    if target is None:
+        return scan_mpi(root=root, prefixes=[])
+    return scan_mpi(
+        root=root,
+        prefixes=target.env_prefixes,
+        site_dirs=target.site,
+        python=target.python,
+    )
+
+
+def plan_mpi(*, root, target, requested, host_setting, stage):
+    """
+    Find the image's MPI and decide what the build does about it.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The sandbox's root.
+    target : :class:`cotainr_lumi.engine.targetenv.TargetEnv` or None
+        The image's Python environment.
+    requested : str
+        ``lumi-env.mpi``.
+    host_setting : mapping
+        ``lumi-env.mpi-host``.
+    stage : str
+        The stage name (for errors).
+
+    Returns
+    -------
+    plan : MpiPlan
+        The decision and what it is based on.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.StageError`
+        For an image without MPI when ``host``/``container`` is asked, a pin
+        of the MPI library, or host paths missing on this host.
+    """
+    binding = HostBinding.from_setting(host_setting)
+    if requested == "none":
+        return MpiPlan(
+            requested=requested,
+            mode="none",
+            reason="lumi-env.mpi is none",
+            binding=binding,
+            scan=MpiScan(),
+        )
+
+    def stage_error(message):
+        return StageError(message, stage=stage)
+
+    if requested == "host":
+        check_host_paths(binding=binding, error=stage_error)
+    scan = _scan(root=root, target=target)
+    try:
+        mode, reason = resolve_mode(requested=requested, scan=scan, binding=binding)
+    except ValueError as e:
+        raise StageError(str(e), stage=stage) from None
+    if mode == "host" and requested != "host":
+        check_host_paths(binding=binding, error=stage_error)
+    _check_pins(
+        mode=mode,
+        setting=mode if requested == mode else f"{requested} -> {mode}",
+        pins=scan.pins,
+        error=stage_error,
+    )
+    return MpiPlan(
+        requested=requested, mode=mode, reason=reason, binding=binding, scan=scan
+    )
+
+
+def describe(*, requested, host_setting):
+    """
+    Dry-run lines about MPI.
+
+    Parameters
+    ----------
+    requested : str
+        ``lumi-env.mpi``.
+    host_setting : mapping
+        ``lumi-env.mpi-host``.
+
+    Returns
+    -------
+    lines : list of str
+        What happens, decided once the image's software is installed.
+    """
+    binding = HostBinding.from_setting(host_setting)
+    lines = [
+        f"MPI (lumi-env.mpi={requested}): auto is none without an MPICH-ABI "
+        f"{MPICH_ABI} in the image, container when its MPICH speaks CXI, host "
+        f"otherwise; {RUNTIME_VAR}=container|host|none at run time"
+    ]
+    if binding is not None:
+        lines.append(
+            f"  host: {binding.libmpi}; LD_LIBRARY_PATH first "
+            f"{':'.join(binding.ld_library_path)}; MPI4PY_LIBMPI; binds "
+            f"{','.join(binding.binds) or '(none)'}"
+        )
+        for problem in binding.host_problems():
+            lines.append(f"  problem: {problem}")
+    return lines
+
+
+__all__ = [
+    "MODES",
+    "HostBinding",
+    "MpiHostSettings",
+    "LOAD_CHECK",
+    "MpiPlan",
+    "check_host_binding",
+    "check_mode",
+    "describe",
+    "parse_load_check",
+    "plan_mpi",
+    "resolve_mode",
+]

@@ -1,0 +1,280 @@
+"""
+The MPI parts of the env file, the module file and the shell snippet.
+
+The env file (POSIX sh, sourced by Apptainer at container start) decides
+which ``libmpi.so.12`` the image's MPI users load:
+
+- the mode is ``COTAINR_LUMI_MPI``: set in the container
+  (``APPTAINERENV_``/``SINGULARITYENV_COTAINR_LUMI_MPI``, ``--env``), else
+  exported on the host (Apptainer hides host variables from env scripts;
+  they are read from its ``$__exported_env__``), else the build's default;
+- ``host``: when the host library is in the container (bound by the module
+  file), the binding's directories are moved to the front of
+  ``LD_LIBRARY_PATH``, in order, and ``MPI4PY_LIBMPI`` names the library
+  (mpi4py 4 looks in its env's ``lib/`` before ``LD_LIBRARY_PATH``; a value
+  you export wins). Without it, one line on stderr says so and the image's
+  own MPI stays;
+- ``container`` or ``none``: nothing changes.
+
+``COTAINR_LUMI_MPI_ACTIVE`` says what was applied (``host``, ``container``,
+``none``). Every literal is quoted with :func:`shlex.quote`.
+
+Functions
+---------
+env_file(*, mode, binding, image_library)
+    The MPI env file.
+lua_lines(*, mode, binding, image)
+    Lines appended to the Lmod module file.
+shell_lines(*, mode, binding, image)
+    Lines appended to the shell snippet.
+"""
+
+import logging
+import shlex
+
+from .envfile import computed_default, validate_path_entry
+from .modulefile import lua_quote
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The run-time switch.
+RUNTIME_VAR = "COTAINR_LUMI_MPI"
+#: The host library's path in the container (set by the env file).
+HOST_LIBMPI_VAR = "COTAINR_LUMI_MPI_HOST_LIBMPI"
+#: What the env file applied.
+ACTIVE_VAR = "COTAINR_LUMI_MPI_ACTIVE"
+#: How to launch MPI ranks on LUMI, per mode (LUMI docs, container-jobs.md;
+#: cotainr's examples/LUMI/conda_mpi4py_mpich/README.md).
+SRUN_HINT = {
+    "host": "srun (LUMI's default --mpi=cray_shasta: Cray PMI for Cray MPICH)",
+    "container": "srun --mpi=pmi2 (the image's MPICH uses PMI-2)",
+}
+
+#: The mode the container asks for (its own value, else the host's export).
+_READ_MODE = f"""\
+if [ -n "${{{RUNTIME_VAR}+x}}" ]; then
+    _cl_mpi=${RUNTIME_VAR}
+else
+    _cl_env="
+${{__exported_env__-}}"
+    case "$_cl_env" in
+    *"
+{RUNTIME_VAR}="*)
+        _cl_mpi=${{_cl_env##*"
+{RUNTIME_VAR}="}}
+        _cl_mpi=${{_cl_mpi%%"
+"*}} ;;
+    *) _cl_mpi=$_cl_default ;;
+    esac
+fi"""
+
+#: Moves the entries of $_cl_new (':' separated) to the front of
+#: LD_LIBRARY_PATH, in order, keeping every other entry once (IFS and
+#: noglob changed in a subshell only).
+_MOVE_TO_FRONT = """\
+LD_LIBRARY_PATH=$(
+    IFS=:
+    set -f
+    keep=
+    for d in ${LD_LIBRARY_PATH-}; do
+        case ":$_cl_new:" in
+        *":$d:"*) ;;
+        *) [ -n "$d" ] && keep=${keep:+$keep:}$d ;;
+        esac
+    done
+    printf '%s' "$_cl_new${keep:+:$keep}"
+); export LD_LIBRARY_PATH"""
+
+
+def _say(*parts):
+    """
+    Shell code printing one line on stderr.
+
+    Each part is a literal (quoted) or a variable reference ``$NAME``.
+    """
+    words = [f'"{p}"' if p.startswith("$") else shlex.quote(p) for p in parts]
+    return f"printf '{'%s' * len(words)}\\n' {' '.join(words)} >&2"
+
+
+def _host_case(*, binding, own):
+    """The ``host)`` branch of the mode's ``case``."""
+    if binding is None:
+        return [
+            "host)",
+            "    "
+            + _say(
+                f"cotainr-lumi: {RUNTIME_VAR}=host, but this image has no host MPI "
+                f"binding (lumi-env.mpi-host); using {own}."
+            ),
+            f"    {ACTIVE_VAR}=container ;;",
+        ]
+    entries = [
+        validate_path_entry(name="LD_LIBRARY_PATH", entry=e)
+        for e in binding.ld_library_path
+    ]
+    return [
+        "host)",
+        f'    if [ -f "${HOST_LIBMPI_VAR}" ]; then',
+        f"        _cl_new={shlex.quote(':'.join(entries))}",
+        *("        " + line for line in _MOVE_TO_FRONT.splitlines()),
+        "        "
+        + computed_default(name="MPI4PY_LIBMPI", expression=f'"${HOST_LIBMPI_VAR}"'),
+        f"        {ACTIVE_VAR}=host",
+        "    else",
+        "        "
+        + _say(
+            f"cotainr-lumi: {RUNTIME_VAR}=host, but ",
+            f"${HOST_LIBMPI_VAR}",
+            " is not in the container (load the image's module file, or source "
+            f"its .sh, to bind LUMI's Cray MPICH); using {own}. Export "
+            f"{RUNTIME_VAR}=container to choose that.",
+        ),
+        f"        {ACTIVE_VAR}=container",
+        "    fi ;;",
+    ]
+
+
+def env_file(*, mode, binding, image_library):
+    """
+    The MPI env file (:data:`cotainr_lumi.imagelayout.MPI_ENV_FILE`).
+
+    It runs after Apptainer's ``99-base.sh``, where ``APPTAINERENV_`` and
+    ``--env`` values are applied: it sees them, and a plain host export in
+    ``$__exported_env__``.
+
+    Parameters
+    ----------
+    mode : {"container", "host"}
+        The build's default.
+    binding : :class:`.mpi.HostBinding` or None
+        The host binding (None: ``host`` cannot be asked at run time).
+    image_library : str or None
+        The image's own ``libmpi.so.12`` (for the messages).
+
+    Returns
+    -------
+    code : str
+        POSIX sh.
+    """
+    own = (
+        f"the image's own MPI ({image_library})"
+        if image_library
+        else "no MPI library (the image has none of its own)"
+    )
+    lines = [
+        f"# cotainr-lumi MPI settings (lumi-env stage, mpi={mode}): which",
+        "# libmpi.so.12 the image's MPI users (mpi4py, ...) load.",
+        f"# {RUNTIME_VAR}=host: LUMI's Cray MPICH, bound in by the module file;",
+        f"# {RUNTIME_VAR}=container (or none): {_printable(own)}.",
+        f"_cl_default={shlex.quote(mode)}",
+        computed_default(name=RUNTIME_VAR, expression="$_cl_default"),
+        _READ_MODE,
+    ]
+    if binding is not None:
+        lines.append(
+            f"{HOST_LIBMPI_VAR}={shlex.quote(binding.libmpi)}; export {HOST_LIBMPI_VAR}"
+        )
+    lines += [
+        'case "$_cl_mpi" in',
+        *_host_case(binding=binding, own=own),
+        f"container | none) {ACTIVE_VAR}=$_cl_mpi ;;",
+        "*)",
+        "    "
+        + _say(
+            f"cotainr-lumi: {RUNTIME_VAR}=",
+            "$_cl_mpi",
+            f" is not host, container or none; using {own}.",
+        ),
+        f"    {ACTIVE_VAR}=container ;;",
+        "esac",
+        f"export {ACTIVE_VAR}",
+        "unset _cl_mpi _cl_env _cl_default _cl_new",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _printable(text):
+    """`text` for a comment: control characters (a CR ends a Lua comment) as ``?``."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _comment(*, mode, binding, prefix):
+    """The comment lines describing the binding."""
+    lines = [
+        f"{prefix} MPI (lumi-env mpi={mode}): these binds bring LUMI's Cray MPICH into the",
+        f"{prefix} container; there {binding.libmpi}",
+        f"{prefix} replaces the image's libmpi.so.12 when {RUNTIME_VAR}=host"
+        + (" (the image's default)" if mode == "host" else ""),
+        f"{prefix} (LD_LIBRARY_PATH first: {':'.join(binding.ld_library_path)};",
+        f"{prefix} MPI4PY_LIBMPI). export {RUNTIME_VAR}=container keeps the image's MPICH.",
+        f"{prefix} Launch: {SRUN_HINT['host']}; image's MPICH: {SRUN_HINT['container']}.",
+    ]
+    return [_printable(line) for line in lines]
+
+
+def _missing_text(*, binding, image, host_path):
+    return (
+        f"cotainr-lumi: {host_path} (LUMI's Cray MPICH for {image}) is not on this "
+        "system, so MPI in the container falls back to the image's own MPICH. "
+        f"Rebuild with an updated lumi-env.mpi-host, or export {RUNTIME_VAR}=container."
+    )
+
+
+def lua_lines(*, mode, binding, image):
+    """
+    Lines appended to the Lmod module file (its binds come with the others).
+
+    Parameters
+    ----------
+    mode : {"container", "host"}
+        The build's default.
+    binding : :class:`.mpi.HostBinding`
+        The host binding.
+    image : str
+        The image path (for the message).
+
+    Returns
+    -------
+    lines : list of str
+        Lua: comments, and in ``host`` mode a message on load when the host
+        library is missing.
+    """
+    lines = _comment(mode=mode, binding=binding, prefix="--")
+    host_path = binding.host_path(binding.libmpi)
+    if mode == "host" and host_path:
+        text = _missing_text(binding=binding, image=image, host_path=host_path)
+        lines += [
+            f'if (mode() == "load") and not isFile({lua_quote(host_path)}) then',
+            f"    LmodMessage({lua_quote(text)})",
+            "end",
+        ]
+    return lines
+
+
+def shell_lines(*, mode, binding, image):
+    """
+    Lines appended to the shell snippet (its binds come with the others).
+
+    Parameters
+    ----------
+    mode : {"container", "host"}
+        The build's default.
+    binding : :class:`.mpi.HostBinding`
+        The host binding.
+    image : str
+        The image path (for the message).
+
+    Returns
+    -------
+    lines : list of str
+        POSIX sh: comments, and in ``host`` mode a message when the host
+        library is missing.
+    """
+    lines = _comment(mode=mode, binding=binding, prefix="#")
+    host_path = binding.host_path(binding.libmpi)
+    if mode == "host" and host_path:
+        text = _missing_text(binding=binding, image=image, host_path=host_path)
+        lines.append(
+            f"[ -f {shlex.quote(host_path)} ] || printf '%s\\n' {shlex.quote(text)} >&2"
+        )
+    return lines

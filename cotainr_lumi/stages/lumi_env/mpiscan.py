@@ -1,0 +1,510 @@
+"""
+Find the MPI of an image: its MPICH-ABI libraries, their users, what pins them.
+
+A static look at the sandbox's files with pyelftools
+(:mod:`cotainr_lumi.engine.elfinfo`), no container run:
+
+- the MPI libraries: ``libmpi.so.12`` (the MPICH ABI, which LUMI's Cray
+  MPICH provides in ``lib-abi-mpich``) in the Python environment's ``lib/``
+  (the ``mpich`` wheel, conda's ``mpich``) and in the loader's directories
+  (``/etc/ld.so.conf``, the standard ones: an MPICH built into the base
+  image, like the LUMI AI Factory images'); ``libmpi.so.40`` is Open MPI,
+  which Cray MPICH cannot replace;
+- whether such a library speaks CXI (LUMI's Slingshot): it, or the
+  ``libfabric.so.1`` it loads, needs ``libcxi.so.1``;
+- the MPI users in the environment (ELF files needing ``libmpi.so.12``:
+  mpi4py's extension, other packages built against MPI);
+- the pins: a user whose ``DT_RPATH`` (or the interpreter's, which the
+  loader also searches for objects without ``DT_RUNPATH``) holds a
+  ``libmpi.so.12``. ``DT_RPATH`` is searched before ``LD_LIBRARY_PATH``, so
+  no run-time setting can swap that library; ``DT_RUNPATH`` is searched after
+  it and does not pin. mpi4py 4 loads its library itself (``MPI4PY_LIBMPI``)
+  before its extension, so a pin on that extension does not matter.
+
+Classes
+-------
+MpiLibrary
+    One MPI library in the image.
+MpiUser
+    One ELF file that needs an MPI library.
+Pin
+    A user whose ``DT_RPATH`` fixes the MPI library it loads.
+MpiScan
+    What was found.
+
+Functions
+---------
+library_dirs(*, root)
+    The loader's directories in the image.
+scan_mpi(*, root, prefixes, site_dirs=(), python=None)
+    Find the MPI of an image.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+import glob
+import logging
+import os
+from pathlib import PurePosixPath
+import re
+
+from ...engine.elfinfo import read_elf_info, scan_elf_files
+from ...engine.rootfs import SymlinkLoopError, image_path_of, resolve_in_root
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The MPICH ABI library (MPICH >= 3.1, Cray MPICH's lib-abi-mpich, Intel MPI).
+MPICH_ABI = "libmpi.so.12"
+#: Open MPI's library: another ABI, which Cray MPICH cannot replace.
+OPEN_MPI = "libmpi.so.40"
+#: The libfabric an MPICH ``ch4:ofi`` loads, and the CXI library of its
+#: Slingshot provider.
+LIBFABRIC = "libfabric.so.1"
+LIBCXI = "libcxi.so.1"
+#: The loader's built-in directories (x86_64; Debian's multiarch ones too).
+STANDARD_DIRS = (
+    "/lib64",
+    "/usr/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib",
+    "/usr/lib",
+)
+#: At most this many users are kept in the record.
+MAX_USERS = 50
+
+
+@dataclass(frozen=True)
+class MpiLibrary:
+    """
+    One MPI library in the image.
+
+    Attributes
+    ----------
+    path : str
+        The image path it is found at (``DIR/libmpi.so.12``).
+    real : str
+        The image path of the file, links resolved.
+    soname : str
+        Its ``DT_SONAME`` (the name looked for when it has none).
+    where : str
+        ``env`` (the Python environment's ``lib/``) or ``system`` (the
+        loader's directories).
+    libfabric : str or None
+        The image path of the ``libfabric.so.1`` it loads, when found.
+    cxi : bool
+        Whether it, or that libfabric, speaks CXI (needs ``libcxi.so.1`` or
+        has the ``cxi`` provider).
+    """
+
+    path: str
+    real: str
+    soname: str
+    where: str
+    libfabric: str = None
+    cxi: bool = False
+
+    @property
+    def mpich_abi(self):
+        """Whether it is an MPICH-ABI library (Cray MPICH can replace it)."""
+        return self.soname == MPICH_ABI
+
+
+@dataclass(frozen=True)
+class Pin:
+    """
+    A user whose ``DT_RPATH`` fixes the MPI library it loads.
+
+    Attributes
+    ----------
+    user : str
+        The image path of the user.
+    entry : str
+        The ``DT_RPATH`` entry as written (e.g. ``$ORIGIN/../../..``).
+    library : str
+        The image path it finds the library at.
+    via : str
+        ``its DT_RPATH`` or ``the DT_RPATH of <interpreter>``.
+    distribution : str or None
+        The installed distribution that owns the user (``name version``).
+    """
+
+    user: str
+    entry: str
+    library: str
+    via: str
+    distribution: str = None
+
+
+@dataclass(frozen=True)
+class MpiUser:
+    """
+    One ELF file that needs an MPI library.
+
+    Attributes
+    ----------
+    path : str
+        Its image path.
+    needs : str
+        The MPI library it needs (``libmpi.so.12`` or ``libmpi.so.40``).
+    rpath, runpath : tuple of str
+        Its ``DT_RPATH`` and ``DT_RUNPATH`` entries.
+    distribution : str or None
+        The installed distribution that owns it (``name version``).
+    preloaded : bool
+        mpi4py 4's extension: mpi4py loads the library first, by path.
+    """
+
+    path: str
+    needs: str
+    rpath: tuple = ()
+    runpath: tuple = ()
+    distribution: str = None
+    preloaded: bool = False
+
+
+@dataclass
+class MpiScan:
+    """
+    What was found.
+
+    Attributes
+    ----------
+    libraries : list of MpiLibrary
+        The MPI libraries, in the order a loader would find them (the env's
+        first: that is where mpi4py looks first).
+    users : list of MpiUser
+        The MPI users in the environment.
+    pins : list of Pin
+        The users whose ``DT_RPATH`` fixes the MPICH-ABI library.
+    mpi4py : dict or None
+        ``{"version", "dir", "abi_aware"}`` when mpi4py is installed.
+    """
+
+    libraries: list = field(default_factory=list)
+    users: list = field(default_factory=list)
+    pins: list = field(default_factory=list)
+    mpi4py: dict = None
+
+    @property
+    def mpich(self):
+        """The MPICH-ABI libraries."""
+        return [lib for lib in self.libraries if lib.mpich_abi]
+
+    @property
+    def needs_mpich(self):
+        """Whether anything in the environment needs ``libmpi.so.12``."""
+        return any(u.needs == MPICH_ABI for u in self.users)
+
+    @property
+    def open_mpi(self):
+        """The Open MPI libraries (paths; mpi4py's wheel has users of both ABIs)."""
+        return [lib.path for lib in self.libraries if lib.soname == OPEN_MPI]
+
+    @property
+    def has_mpich(self):
+        """Whether the image has an MPICH-ABI library or a user of one."""
+        return bool(self.mpich) or self.needs_mpich
+
+    def to_dict(self):
+        """JSON-serialisable form (the users capped at :data:`MAX_USERS`)."""
+        return {
+            "libraries": [
+                {
+                    "path": lib.path,
+                    "real": lib.real,
+                    "soname": lib.soname,
+                    "where": lib.where,
+                    "libfabric": lib.libfabric,
+                    "cxi": lib.cxi,
+                }
+                for lib in self.libraries
+            ],
+            "users": [
+                {
+                    "path": u.path,
+                    "needs": u.needs,
+                    "rpath": list(u.rpath),
+                    "runpath": list(u.runpath),
+                    "distribution": u.distribution,
+                    "preloaded": u.preloaded,
+                }
+                for u in self.users[:MAX_USERS]
+            ],
+            "users-total": len(self.users),
+            "pins": [
+                {
+                    "user": p.user,
+                    "distribution": p.distribution,
+                    "entry": p.entry,
+                    "library": p.library,
+                    "via": p.via,
+                }
+                for p in self.pins
+            ],
+            "mpi4py": self.mpi4py,
+        }
+
+
+def _resolve(*, root, path):
+    """The host path of an image path (None for a symlink loop)."""
+    try:
+        return resolve_in_root(root=root, path=path)
+    except SymlinkLoopError:
+        return None
+
+
+def _conf_dirs(*, root, conf, seen):
+    """The directories an ``ld.so.conf`` file names (``include`` followed)."""
+    if conf in seen:
+        return []
+    seen.add(conf)
+    host = _resolve(root=root, path=conf)
+    try:
+        lines = host.read_text(errors="replace").splitlines() if host else []
+    except OSError:
+        return []
+    dirs = []
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("include"):
+            pattern = line.split(None, 1)[1] if len(line.split(None, 1)) > 1 else ""
+            if not pattern.startswith("/"):
+                pattern = str(PurePosixPath(conf).parent / pattern)
+            parent = _resolve(root=root, path=str(PurePosixPath(pattern).parent))
+            if parent is None or not parent.is_dir():
+                continue
+            for match in sorted(glob.glob(str(parent / PurePosixPath(pattern).name))):
+                image = str(PurePosixPath(pattern).parent / os.path.basename(match))
+                dirs += _conf_dirs(root=root, conf=image, seen=seen)
+        elif line.startswith("/"):
+            dirs.append(line.rstrip("/") or "/")
+    return dirs
+
+
+def library_dirs(*, root):
+    """
+    The loader's directories in the image.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the image's root.
+
+    Returns
+    -------
+    dirs : list of str
+        Image paths: those of ``/etc/ld.so.conf`` (and its ``include``
+        files), then :data:`STANDARD_DIRS`, each once.
+    """
+    dirs = _conf_dirs(root=root, conf="/etc/ld.so.conf", seen=set())
+    return list(dict.fromkeys([*dirs, *STANDARD_DIRS]))
+
+
+def _find(*, root, name, dirs):
+    """The first ``DIR/name`` of `dirs` that is a file in the image (image path)."""
+    for directory in dirs:
+        path = f"{directory.rstrip('/')}/{name}"
+        host = _resolve(root=root, path=path)
+        if host is not None and host.is_file():
+            return path
+    return None
+
+
+def _expand(entry, *, origin):
+    """A search path entry with ``$ORIGIN`` expanded (None for other tokens)."""
+    text = entry.replace("${ORIGIN}", "$ORIGIN").replace("$ORIGIN", origin)
+    if "$" in text or not text.startswith("/"):
+        return None
+    return os.path.normpath(text)
+
+
+def _real_image_path(*, root, path):
+    """The image path of `path` with its links resolved."""
+    host = _resolve(root=root, path=path)
+    if host is None:
+        return path
+    return str(image_path_of(root=root, host_path=host))
+
+
+def _speaks_cxi(*, root, library_path, info, dirs):
+    """(libfabric image path or None, whether the library speaks CXI)."""
+    if LIBCXI in info.needed:
+        return None, True
+    if LIBFABRIC not in info.needed:
+        return None, False
+    origin = str(PurePosixPath(library_path).parent)
+    own = info.runpath or info.rpath
+    search = [e for e in (_expand(p, origin=origin) for p in own) if e] + list(dirs)
+    fabric = _find(root=root, name=LIBFABRIC, dirs=search)
+    if fabric is None:
+        return None, False
+    host = _resolve(root=root, path=fabric)
+    fabric_info = read_elf_info(path=host) if host is not None else None
+    providers = _resolve(root=root, path=f"{PurePosixPath(fabric).parent}/libfabric")
+    has_provider = bool(
+        providers is not None and glob.glob(str(providers / "libcxi-fi*.so"))
+    )
+    cxi = has_provider or bool(fabric_info and LIBCXI in fabric_info.needed)
+    return fabric, cxi
+
+
+def _libraries(*, root, prefixes, dirs):
+    """The MPI libraries of the image, the env's first."""
+    places = [(f"{p.rstrip('/')}/lib", "env") for p in prefixes]
+    places += [(d, "system") for d in dirs]
+    found, seen = [], set()
+    for directory, where in places:
+        for name in (MPICH_ABI, OPEN_MPI):
+            path = _find(root=root, name=name, dirs=[directory])
+            if path is None:
+                continue
+            real = _real_image_path(root=root, path=path)
+            if real in seen:
+                continue
+            seen.add(real)
+            info = read_elf_info(path=_resolve(root=root, path=real))
+            if info is None:
+                continue
+            fabric, cxi = _speaks_cxi(
+                root=root, library_path=real, info=info, dirs=dirs
+            )
+            found.append(
+                MpiLibrary(
+                    path=path,
+                    real=real,
+                    soname=info.soname or name,
+                    where=where,
+                    libfabric=fabric,
+                    cxi=cxi,
+                )
+            )
+    return found
+
+
+def _distributions(*, root, site_dirs):
+    """Image path of each installed file -> ``name version`` (from RECORD)."""
+    owners = {}
+    for site in site_dirs:
+        host_site = _resolve(root=root, path=site)
+        if host_site is None or not host_site.is_dir():
+            continue
+        for record in glob.glob(str(host_site / "*.dist-info" / "RECORD")):
+            dist = os.path.basename(os.path.dirname(record))[: -len(".dist-info")]
+            name, _, version = dist.partition("-")
+            try:
+                with open(record, errors="replace") as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                rel = line.split(",", 1)[0]
+                if rel:
+                    image = os.path.normpath(os.path.join(site, rel))
+                    owners.setdefault(image, f"{name} {version}".strip())
+    return owners
+
+
+def _mpi4py(*, root, site_dirs):
+    """mpi4py's version, directory and whether it loads its library itself."""
+    for site in site_dirs:
+        host = _resolve(root=root, path=f"{site.rstrip('/')}/mpi4py/__init__.py")
+        if host is None or not host.is_file():
+            continue
+        text = host.read_text(errors="replace")
+        match = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", text, re.M)
+        return {
+            "version": match.group(1) if match else None,
+            "dir": f"{site.rstrip('/')}/mpi4py",
+            "abi_aware": host.with_name("_mpiabi.py").is_file(),
+        }
+    return None
+
+
+def _interpreter(*, root, python):
+    """(real image path, ElfInfo) of the interpreter, or (None, None)."""
+    if not python:
+        return None, None
+    real = _real_image_path(root=root, path=python)
+    info = read_elf_info(path=_resolve(root=root, path=real))
+    return (real, info) if info is not None else (None, None)
+
+
+def _pins(*, root, user, info, interpreter):
+    """The pin of one user of ``libmpi.so.12`` (a list: empty or one)."""
+    if info.runpath:
+        return []
+    searches = [(info.rpath, str(PurePosixPath(user).parent), "its DT_RPATH")]
+    exe_path, exe = interpreter
+    if exe is not None and exe.rpath and not exe.runpath:
+        origin = str(PurePosixPath(exe_path).parent)
+        searches.append((exe.rpath, origin, f"the DT_RPATH of {exe_path}"))
+    # The loader takes the first directory that has it, in this order.
+    for entries, origin, via in searches:
+        for entry in entries:
+            directory = _expand(entry, origin=origin)
+            found = directory and _find(root=root, name=MPICH_ABI, dirs=[directory])
+            if found:
+                return [Pin(user=user, entry=entry, library=found, via=via)]
+    return []
+
+
+def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
+    """
+    Find the MPI of an image.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the image's root (the sandbox).
+    prefixes : sequence of str
+        The Python environment's prefixes (image paths; a venv and its
+        base env), walked for MPI users; empty without an environment.
+    site_dirs : sequence of str, optional
+        Its site-packages directories (mpi4py, the owners of files).
+    python : str, optional
+        Its interpreter (image path), whose ``DT_RPATH`` counts too.
+
+    Returns
+    -------
+    scan : MpiScan
+        The libraries, users, pins and mpi4py.
+    """
+    dirs = library_dirs(root=root)
+    scan = MpiScan(libraries=_libraries(root=root, prefixes=prefixes, dirs=dirs))
+    scan.mpi4py = _mpi4py(root=root, site_dirs=site_dirs)
+    owners = _distributions(root=root, site_dirs=site_dirs)
+    interpreter = _interpreter(root=root, python=python)
+    mpi4py_dir = (scan.mpi4py or {}).get("dir")
+    preloading = bool(scan.mpi4py and scan.mpi4py["abi_aware"])
+    seen = {lib.real for lib in scan.libraries}
+    for prefix in prefixes:
+        for info in scan_elf_files(root=root, path=prefix):
+            needs = next((n for n in (MPICH_ABI, OPEN_MPI) if n in info.needed), None)
+            if needs is None:
+                continue
+            user = str(image_path_of(root=root, host_path=info.path))
+            if user in seen:
+                continue
+            seen.add(user)
+            preloaded = bool(
+                preloading and mpi4py_dir and user.startswith(mpi4py_dir + "/")
+            )
+            scan.users.append(
+                MpiUser(
+                    path=user,
+                    needs=needs,
+                    rpath=info.rpath,
+                    runpath=info.runpath,
+                    distribution=owners.get(user),
+                    preloaded=preloaded,
+                )
+            )
+            if needs == MPICH_ABI and not preloaded:
+                scan.pins += [
+                    dataclasses.replace(pin, distribution=owners.get(user))
+                    for pin in _pins(
+                        root=root, user=user, info=info, interpreter=interpreter
+                    )
+                ]
+    return scan

@@ -1,0 +1,209 @@
+"""
+The MPI rows of ``cotainr-lumi verify``.
+
+:mod:`.mpiprobe` runs in the image (a second, short run): which
+``libmpi.so.12`` mpi4py loads there and whether its dependencies resolve,
+and the lumi-env stage's MPI record (``/opt/cotainr-lumi/mpi.json``: the
+mode and the host binding). The rows, for images with MPI (mpi4py or a
+record whose mode is not ``none``):
+
+- ``mpi4py-libmpi``: the library mpi4py loads (``Get_library_version``) and
+  ``ldd`` of it;
+- ``mpi-host-binding``: the image's default and what LUMI's Cray MPICH
+  replaces at run time (library, ``LD_LIBRARY_PATH`` order,
+  ``MPI4PY_LIBMPI``, binds), or that the build found a pin;
+- ``mpi-osu-bandwidth``: LUMI only, the OSU point-to-point bandwidth
+  between two nodes through the host's Cray MPICH, with the job to run.
+
+Functions
+---------
+probe_inputs()
+    What :mod:`.mpiprobe` needs to know.
+check_mpi(report, *, image)
+    Probe an image and add the MPI rows.
+mpi_rows(facts)
+    The rows for the probe's facts.
+"""
+
+import json
+import logging
+from pathlib import Path
+
+from .. import apptainer
+from ..imagelayout import MPI_FILE, TARGET_ENV_FILE
+from ..stages.lumi_env.mpi import LOAD_CHECK, LOAD_CHECK_MARK, parse_load_check
+from .checks import FAIL, NA, PASS
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The LUMI-only MPI check: (id, what, the command to run there).
+HARDWARE_CHECK = (
+    "mpi-osu-bandwidth",
+    "OSU point-to-point bandwidth (osu_bw, 4 MiB messages) >= 10 GB/s between "
+    "two nodes through the host's Cray MPICH (COTAINR_LUMI_MPI=host), and "
+    "MPI.Get_library_version() naming Cray MPICH",
+    "sbatch examples/slurm/acceptance.sbatch IMAGE (on LUMI-G; MPI part "
+    "with the image's module file next to it)",
+)
+
+
+def probe_inputs():
+    """
+    What :mod:`.mpiprobe` needs to know.
+
+    Returns
+    -------
+    inputs : dict
+        JSON-able: the records' paths and the lumi-env stage's mpi4py check.
+    """
+    return {
+        "target_env_file": TARGET_ENV_FILE,
+        "mpi_file": MPI_FILE,
+        "load_check": LOAD_CHECK,
+        "load_check_mark": LOAD_CHECK_MARK,
+    }
+
+
+def _probe(image):
+    """Run :mod:`.mpiprobe` in the image; its facts (None when it fails)."""
+    source = Path(__file__).with_name("mpiprobe.py").read_text()
+    proc = apptainer.exec_in_image(
+        image=image,
+        args=[
+            "bash",
+            "-c",
+            'exec "$(command -v python || command -v python3)" -c "$0" "$1"',
+            source,
+            json.dumps(probe_inputs()),
+        ],
+    )
+    lines = (proc.stdout or "").strip().splitlines()
+    try:
+        facts = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        facts = None
+    if proc.returncode != 0 or not isinstance(facts, dict):
+        logger.debug("The MPI probe failed: %s", (proc.stderr or "")[-500:])
+        return None
+    return facts
+
+
+def _loaded_row(facts, record):
+    """The ``mpi4py-libmpi`` row."""
+    loaded = parse_load_check(facts["check"]["out"])
+    if "error" in loaded:
+        if "No module named 'mpi4py'" in loaded["error"]:
+            return NA, "mpi4py is not installed in the image"
+        if record and not record.get("image-library"):
+            return NA, (
+                "the image has no MPI library of its own: mpi4py runs only with "
+                f"the host binding ({loaded['error']})"
+            )
+        return FAIL, f"mpi4py cannot load an MPI library: {loaded['error']}"
+    libraries = loaded.get("libmpi") or []
+    version = loaded.get("library_version", "")
+    unresolved = [
+        f"{lib}: {ln.strip()}"
+        for lib in libraries
+        for ln in facts["ldd"].get(lib, {}).get("out", "").splitlines()
+        if "not found" in ln
+    ]
+    if unresolved:
+        return (
+            FAIL,
+            f"mpi4py loads {', '.join(libraries)} but ldd: {'; '.join(unresolved)}",
+        )
+    if not any(Path(lib).name.startswith("libmpi.so.12") for lib in libraries):
+        return FAIL, (
+            f"mpi4py loads {', '.join(libraries) or 'no libmpi'} ({version[:80]}), "
+            "not an MPICH-ABI libmpi.so.12: LUMI's Cray MPICH cannot replace it"
+        )
+    return PASS, (
+        f"mpi4py {loaded.get('mpi4py') or ''} loads {', '.join(libraries)} "
+        f"({version}); its dependencies resolve (ldd)"
+    )
+
+
+def _binding_row(record):
+    """The ``mpi-host-binding`` row."""
+    mode = record.get("mode")
+    host = record.get("host")
+    if record.get("pins"):
+        pin = record["pins"][0]
+        return (
+            FAIL,
+            f"{pin['user']} pins {pin['library']} with DT_RPATH {pin['entry']!r}",
+        )
+    swap = ""
+    if host:
+        swap = (
+            f"{host['libmpi']} replaces {record.get('image-library') or 'nothing (no library in the image)'}"
+            f" (LD_LIBRARY_PATH first: {':'.join(host['ld-library-path'])}; "
+            f"MPI4PY_LIBMPI={host['mpi4py-libmpi']}; binds: {','.join(host['binds'])})"
+        )
+    srun = record.get("srun") or {}
+    if mode == "host":
+        return PASS, (
+            f"default host: on LUMI, with the module file loaded, {swap}; "
+            f"launch with {srun.get('host', 'srun')}; COTAINR_LUMI_MPI=container keeps the image's"
+        )
+    text = f"default container: the image's {record.get('image-library')} ({record.get('reason')})"
+    if host:
+        text += f"; COTAINR_LUMI_MPI=host: {swap}"
+    return PASS, text + f"; launch with {srun.get('container', 'srun --mpi=pmi2')}"
+
+
+def mpi_rows(facts):
+    """
+    The rows for the probe's facts.
+
+    Parameters
+    ----------
+    facts : dict or None
+        What :mod:`.mpiprobe` printed.
+
+    Returns
+    -------
+    rows : list of (str, str, str)
+        (check, status, evidence); none for an image without MPI.
+    """
+    if not isinstance(facts, dict) or not facts.get("mpi_probe"):
+        return []
+    record = facts.get("record") if isinstance(facts.get("record"), dict) else None
+    loaded = parse_load_check(facts["check"]["out"])
+    has_mpi4py = "No module named 'mpi4py'" not in loaded.get("error", "")
+    if not has_mpi4py and (record is None or record.get("mode") in (None, "none")):
+        return []
+    rows = [("mpi4py-libmpi", *_loaded_row(facts, record))]
+    if record is None:
+        rows.append(
+            (
+                "mpi-host-binding",
+                NA,
+                f"no {MPI_FILE}: built without cotainr-lumi's MPI support",
+            )
+        )
+    elif record.get("mode") == "none":
+        rows.append(
+            ("mpi-host-binding", NA, f"lumi-env mpi: none ({record.get('reason')})")
+        )
+    else:
+        rows.append(("mpi-host-binding", *_binding_row(record)))
+    check, what, instead = HARDWARE_CHECK
+    rows.append((check, NA, f"needs LUMI hardware: {what}; run: {instead}"))
+    return rows
+
+
+def check_mpi(report, *, image):
+    """
+    Probe an image and add the MPI rows to a report.
+
+    Parameters
+    ----------
+    report : :class:`.checks.VerifyReport`
+        The report.
+    image : os.PathLike
+        The ``.sif`` file.
+    """
+    for check, status, evidence in mpi_rows(_probe(image)):
+        report.add(check, status, evidence)

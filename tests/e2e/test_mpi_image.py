@@ -1,0 +1,393 @@
+"""End-to-end: mpi4py on the image's MPICH, then on a host MPICH bound in.
+
+One image is built with the stock ``cotainr`` command on the LUMI-like base:
+a pip step installs the ``mpich`` wheel (MPICH 5, an MPICH-ABI
+``libmpi.so.12``) and mpi4py. In it, ``mpiexec -n 2 python -m mpi4py.bench
+helloworld`` runs two ranks on the image's MPICH. Then Debian's MPICH 4.0.2
+(``libmpich12``), copied under a Cray-like path on the host
+(``<host>/cray/pe/mpich/8.1.29/ofi/gnu/12.3/lib-abi-mpich/libmpi.so.12``,
+with the libraries it needs beside it and one as a file bind, like LUMI's
+``/usr/lib64/libjansson.so.4``), stands in for LUMI's Cray MPICH: the shell
+snippet and the Lmod module written next to the image bind it in, and
+``MPI.Get_library_version()`` proves the swap; ``COTAINR_LUMI_MPI=container``
+at run time swaps back. Bad input (a base without MPI, a host library
+missing here, a package pinning the image's MPICH with ``DT_RPATH``) is one
+message each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+from hosttools import need_libmpich12, need_lmod
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+COTAINR = Path(sys.executable).with_name("cotainr")
+SYSTEM = "mpi-e2e"
+ABI_DIR = "/opt/cray/pe/mpich/8.1.29/ofi/gnu/12.3/lib-abi-mpich"
+LIBMPI = f"{ABI_DIR}/libmpi.so.12"
+#: The versions the pip step installs (mpi4py 4 picks its MPI at run time).
+PACKAGES = ["mpich==5.0.2", "mpi4py==4.1.2"]
+#: Prints what mpi4py loaded, without MPI_Init.
+VERSION = (
+    "import os, mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
+    "print(MPI.Get_library_version().splitlines()[0]); "
+    "print('ACTIVE', os.environ.get('COTAINR_LUMI_MPI_ACTIVE')); "
+    "print('LD', os.environ.get('LD_LIBRARY_PATH')); "
+    "print('M4', os.environ.get('MPI4PY_LIBMPI'))"
+)
+TIMES = {}
+
+#: A package built against the image's MPICH with a DT_RPATH to it.
+PINNED_SETUP = """\
+import sys
+from setuptools import Extension, setup
+
+lib = sys.prefix + "/lib"
+setup(
+    name="mpipinned",
+    version="1.0",
+    ext_modules=[
+        Extension(
+            "mpipinned",
+            ["mpipinned.c"],
+            extra_link_args=[
+                "-Wl,--no-as-needed", "-L" + lib, "-l:libmpi.so.12",
+                "-Wl,-rpath," + lib + ",--disable-new-dtags",
+            ],
+        )
+    ],
+)
+"""
+PINNED_C = """\
+#include <Python.h>
+static struct PyModuleDef m = {PyModuleDef_HEAD_INIT, "mpipinned", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_mpipinned(void) { return PyModule_Create(&m); }
+"""
+
+
+def _ldd(path):
+    """(name, path) of every library `path` needs beyond glibc (host ldd)."""
+    out = subprocess.run(["ldd", str(path)], capture_output=True, text=True).stdout
+    skip = ("libc.so", "libm.so", "ld-linux", "libpthread", "libdl.so", "librt.so")
+    for line in out.splitlines():
+        m = re.match(r"\s*(\S+) => (/\S+)", line)
+        if m and not m.group(1).startswith(skip):
+            yield m.group(1), Path(m.group(2)).resolve()
+
+
+def fake_cray_mpich(host):
+    """Debian's MPICH under a Cray-like path in `host`; returns the binding."""
+    lib = need_libmpich12()
+    abi = host / "cray" / ABI_DIR.removeprefix("/opt/cray/")
+    abi.mkdir(parents=True)
+    shutil.copy(lib, abi / "libmpi.so.12")
+    (host / "cray/pe/lib64").mkdir(parents=True)
+    deps = host / "cray/deps"
+    deps.mkdir()
+    (host / "lib64").mkdir()
+    for name, path in _ldd(lib):
+        # libhwloc as a file bind, the way LUMI binds /usr/lib64/libjansson.so.4.
+        shutil.copy(path, (host / "lib64" if name == "libhwloc.so.15" else deps) / name)
+    return {
+        "libmpi": LIBMPI,
+        "ld-library-path": ["/opt/cray/pe/lib64", "/opt/cray/deps", "/usr/lib64"],
+        "binds": [
+            f"{host}/cray:/opt/cray",
+            f"{host}/lib64/libhwloc.so.15:/usr/lib64/libhwloc.so.15",
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, lumi_like_base_image, apptainer_path, build_times):
+    """A work dir with the fake host MPICH and a test system using it."""
+    work = tmp_path_factory.mktemp("mpi-e2e")
+    binding = fake_cray_mpich(work / "host")
+    (work / "systems.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "systems": {
+                    SYSTEM: {
+                        "extends": "lumi-g-ext",
+                        "base-image": str(lumi_like_base_image),
+                        "rocm-version": "6.1",
+                        "settings": {
+                            "lumi-env": {"binds": [], "mpi-host": binding},
+                            "provenance": {"hash-base-image": False},
+                        },
+                    }
+                }
+            }
+        )
+    )
+    (work / "mpi-steps.yml").write_text(
+        yaml.safe_dump({"steps": [{"name": "MPI", "packages": PACKAGES}]})
+    )
+    yield work
+    build_times.update(TIMES)
+
+
+def cotainr_build(work, image, *args, name):
+    """Run the stock ``cotainr build`` of the test system."""
+    env = dict(os.environ, COTAINR_LUMI_SYSTEMS=str(work / "systems.yaml"))
+    env["XDG_CACHE_HOME"] = str(work / "xdg-cache")  # one pip cache per module
+    t0 = time.time()
+    proc = subprocess.run(
+        [str(COTAINR), "build", str(image), f"--system={SYSTEM}", "--force", *args],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    TIMES[name] = time.time() - t0
+    return proc, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def mpi_image(work):
+    """The image with the mpich wheel and mpi4py (auto: host on this base)."""
+    image = work / "mpi.sif"
+    proc, output = cotainr_build(
+        work, image, "--pip-steps", "mpi-steps.yml", name="mpi image"
+    )
+    assert proc.returncode == 0, output[-6000:]
+    return image, output
+
+
+def in_image(apptainer_path, image, script, *, env=None, binds=()):
+    """Run `script` in bash in the image (`binds` with -B); return the process."""
+    cmd = [str(apptainer_path / "apptainer"), "exec", "--no-home"]
+    for bind in binds:
+        cmd += ["-B", bind]
+    return subprocess.run(
+        [*cmd, str(image), "bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+        check=False,
+    )
+
+
+def on_host(apptainer_path, script, *, env=None):
+    """Run `script` in bash on the host with Apptainer's `singularity` on PATH."""
+    return subprocess.run(
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "PATH": f"{apptainer_path}:{os.environ['PATH']}",
+            **(env or {}),
+        },
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+        check=False,
+    )
+
+
+def versions(proc):
+    """The output of :data:`VERSION` as a dict (first line: ``library``)."""
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()[-4:]
+    got = {"library": lines[0]}
+    got.update(line.split(" ", 1) for line in lines[1:])
+    return got
+
+
+def test_the_build_records_the_images_mpich_and_the_binding(
+    mpi_image, work, apptainer_path
+):
+    image, output = mpi_image
+    assert "MPI: host (auto: the image's MPICH does not speak CXI)" in output
+    labels = json.loads(
+        subprocess.run(
+            [
+                str(apptainer_path / "apptainer"),
+                "inspect",
+                "--json",
+                "--labels",
+                str(image),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )["data"]["attributes"]["labels"]
+    assert labels["cotainr-lumi.mpi"] == "host"
+    assert labels["cotainr-lumi.mpi.record"] == "/opt/cotainr-lumi/mpi.json"
+    proc = in_image(apptainer_path, image, "cat /opt/cotainr-lumi/mpi.json")
+    record = json.loads(proc.stdout)
+    env = "/opt/cotainr/conda/envs/conda_container_env"
+    assert record["image-library"] == f"{env}/lib/libmpi.so.12"
+    assert record["libraries"][0]["libfabric"] == f"{env}/lib/mpich/libfabric.so.1"
+    assert record["mpi4py"]["version"] == "4.1.2" and record["pins"] == []
+    assert record["loaded-at-build"]["library_version"].startswith(
+        "MPICH Version: 5.0.2"
+    )
+    assert record["host"]["ld-library-path"][0] == ABI_DIR
+    snippet = (work / "mpi.sh").read_text()
+    assert f"{work}/host/cray:/opt/cray" in snippet and LIBMPI in snippet
+
+
+def test_mpiexec_runs_two_ranks_on_the_images_mpich(mpi_image, apptainer_path):
+    image, _ = mpi_image
+    proc = in_image(
+        apptainer_path,
+        image,
+        "mpiexec -n 2 python -m mpi4py.bench helloworld",
+        env={"APPTAINERENV_COTAINR_LUMI_MPI": "container"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    hello = sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("Hello"))
+    assert len(hello) == 2 and hello[0].startswith("Hello, World! I am process 0 of 2")
+    assert hello[1].startswith("Hello, World! I am process 1 of 2")
+    assert "is not in the container" not in proc.stderr
+    before = versions(
+        in_image(apptainer_path, image, f"python -c {shlex.quote(VERSION)}")
+    )
+    print(f"before the swap: {before['library']}")
+    assert (
+        before["library"].startswith("MPICH Version:") and "5.0.2" in before["library"]
+    )
+    # Without the binds (no module loaded), host mode says so once.
+    assert before["ACTIVE"] == "container"
+
+
+def test_the_shell_snippet_binds_the_host_mpich_in(mpi_image, work, apptainer_path):
+    image, _ = mpi_image
+    snippet = shlex.quote(str(work / "mpi.sh"))
+    run = f'. {snippet} && singularity exec "$SIF" python -c {shlex.quote(VERSION)}'
+    after = versions(on_host(apptainer_path, run))
+    print(f"after the swap: {after['library']}")
+    assert after["library"].startswith("MPICH Version:") and "4.0.2" in after["library"]
+    assert after["ACTIVE"] == "host" and after["M4"] == LIBMPI
+    assert after["LD"].split(":")[:4] == [
+        ABI_DIR,
+        "/opt/cray/pe/lib64",
+        "/opt/cray/deps",
+        "/usr/lib64",
+    ]
+    # Overridable at run time: the image's own MPICH again.
+    back = versions(on_host(apptainer_path, run, env={"COTAINR_LUMI_MPI": "container"}))
+    assert "5.0.2" in back["library"] and back["ACTIVE"] == "container"
+
+
+def test_the_module_file_binds_the_host_mpich_in(mpi_image, work, apptainer_path):
+    image, _ = mpi_image
+    init = shlex.quote(str(need_lmod()))
+    run = (
+        f"source {init} && module use {shlex.quote(str(work))} && module load mpi && "
+        f'singularity exec "$SIF" python -c {shlex.quote(VERSION)}'
+    )
+    after = versions(on_host(apptainer_path, run))
+    assert "4.0.2" in after["library"] and after["ACTIVE"] == "host"
+
+
+def test_verify_reports_the_mpi_rows(mpi_image, verify_image, work):
+    image, _ = mpi_image
+    _, rows, report = verify_image(
+        image, env={"COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml")}
+    )
+    evidence = {r["check"]: r["evidence"] for r in report["results"]}
+    assert rows["mpi4py-libmpi"] == "PASS", evidence["mpi4py-libmpi"]
+    assert (
+        "libmpi.so.12" in evidence["mpi4py-libmpi"]
+        and "5.0.2" in evidence["mpi4py-libmpi"]
+    )
+    assert rows["mpi-host-binding"] == "PASS" and LIBMPI in evidence["mpi-host-binding"]
+    assert (
+        rows["mpi-osu-bandwidth"] == "N/A"
+        and "acceptance.sbatch" in evidence["mpi-osu-bandwidth"]
+    )
+
+
+# -- bad input: one message each ----------------------------------------------
+
+
+def one_error(output):
+    """The build's error lines (no traceback)."""
+    assert "Traceback" not in output, output[-3000:]
+    return [ln for ln in output.splitlines() if "rror" in ln]
+
+
+def test_a_base_without_mpi_is_one_message(work):
+    proc, output = cotainr_build(
+        work, work / "none.sif", "--set", "lumi-env.mpi=host", name="no MPI (fails)"
+    )
+    assert proc.returncode != 0
+    text = "\n".join(one_error(output))
+    assert "lumi-env.mpi is 'host', but the image has no MPI" in text
+    assert "packages: [mpich, mpi4py]" in text
+    assert not (work / "none.sif").exists()
+
+
+def test_a_host_library_missing_here_is_one_message(work):
+    (work / "empty-cray").mkdir()
+    setting = json.dumps({"libmpi": LIBMPI, "binds": [f"{work}/empty-cray:/opt/cray"]})
+    proc, output = cotainr_build(
+        work,
+        work / "missing.sif",
+        "--set",
+        "lumi-env.mpi=host",
+        "--set",
+        f"lumi-env.mpi-host={setting}",
+        "--dry-run",
+        name="missing host library (dry run)",
+    )
+    assert proc.returncode != 0
+    text = "\n".join(one_error(output))
+    assert f"{LIBMPI} is {work}/empty-cray/pe/mpich/8.1.29" in text
+    assert "which does not exist" in text and "ls /opt/cray/pe/mpich" in text
+
+
+def test_a_pinned_rpath_is_one_message_with_the_fix(work):
+    pkg = work / "mpipinned"
+    pkg.mkdir()
+    (pkg / "setup.py").write_text(PINNED_SETUP)
+    (pkg / "mpipinned.c").write_text(PINNED_C)
+    (work / "pinned-steps.yml").write_text(
+        yaml.safe_dump(
+            {
+                "steps": [
+                    {"name": "MPI", "packages": PACKAGES[:1]},
+                    {
+                        "name": "built against it",
+                        "packages": ["./mpipinned"],
+                        "no-build-isolation": True,
+                    },
+                ]
+            }
+        )
+    )
+    proc, output = cotainr_build(
+        work,
+        work / "pinned.sif",
+        "--pip-steps",
+        "pinned-steps.yml",
+        name="pinned (fails)",
+    )
+    assert proc.returncode != 0
+    text = "\n".join(one_error(output))
+    assert (
+        "pins the image's /opt/cotainr/conda/envs/conda_container_env/lib/libmpi.so.12"
+        in text
+    )
+    assert "through its DT_RPATH entry" in text and "--enable-new-dtags" in text
+    assert not (work / "pinned.sif").exists()

@@ -1,0 +1,82 @@
+"""The work directory of a build and the space it needs."""
+
+import os
+import tempfile
+from types import SimpleNamespace
+
+import pytest
+
+from cotainr_lumi.engine import workdir
+from cotainr_lumi.errors import InputError
+
+
+def test_estimate_grows_with_the_base_and_the_conda_env(tmp_path):
+    base = tmp_path / "base.sif"
+    base.write_bytes(b"x" * 1000)
+    plain = workdir.estimate_bytes(base_image=str(base), conda_env=None)
+    conda = workdir.estimate_bytes(base_image=str(base), conda_env="env.yml")
+    assert plain == 1000 * (workdir.EXPANSION + workdir.IMAGE_SHARE) + (
+        workdir.HEADROOM_BYTES
+    )
+    assert conda - plain == workdir.CONDA_BYTES
+    assert workdir.estimate_bytes(base_image="docker://x", conda_env=None) is None
+
+
+def test_too_little_space_is_one_clear_error(tmp_path, mocker):
+    base = tmp_path / "base.sif"
+    base.write_bytes(b"x" * 1000)
+    mocker.patch(
+        "shutil.disk_usage", return_value=SimpleNamespace(free=1024**3, total=0)
+    )
+    with pytest.raises(InputError) as info:
+        workdir.check_space(work_dir=tmp_path, base_image=str(base), conda_env=None)
+    message = str(info.value)
+    assert "--work-dir" in message and "/flash" in message and "1.0 GiB" in message
+    needed, free = workdir.check_space(
+        work_dir=tmp_path, base_image=str(base), conda_env=None, refuse=False
+    )
+    assert needed > free
+
+
+@pytest.mark.parametrize("value", ["/no/such/dir", "~nosuchuser-xyz/work"])
+def test_a_work_dir_that_cannot_be_used_is_one_clear_error(value):
+    with pytest.raises(InputError, match="--work-dir"):
+        workdir.resolve_work_dir(value)
+
+
+def test_environment_points_temporary_files_there_and_is_restored(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TMPDIR", "/before")
+    monkeypatch.delenv("APPTAINER_TMPDIR", raising=False)
+    before = tempfile.tempdir
+    (tmp_path / "users-file").write_text("kept")
+    with workdir.work_dir_environment(tmp_path) as build_dir:
+        assert build_dir.parent == tmp_path
+        assert os.environ["APPTAINER_TMPDIR"] == str(build_dir)
+        assert os.environ["SINGULARITY_TMPDIR"] == str(build_dir)
+        assert tempfile.gettempdir() == str(build_dir)
+        (build_dir / "sandbox").mkdir()
+    assert [p.name for p in tmp_path.iterdir()] == ["users-file"]
+    assert os.environ["TMPDIR"] == "/before"
+    assert "APPTAINER_TMPDIR" not in os.environ
+    assert tempfile.tempdir == before
+
+
+def test_work_dir_option_reaches_the_plan(tmp_path, test_profile):
+    from cotainr_lumi import buildoptions
+    from cotainr_lumi.engine.plan import make_plan
+
+    request = buildoptions.request_from_options(
+        image_path=tmp_path / "x.sif",
+        system="lumi-test",
+        base_image=None,
+        conda_env=None,
+        accept_licenses=False,
+        force=False,
+        dry_run=True,
+        options={"work_dir": str(tmp_path)},
+    )
+    plan = make_plan(request=request)
+    assert plan.work_dir == tmp_path
+    assert f"work dir:   {tmp_path} (needs about" in plan.describe()

@@ -1,0 +1,144 @@
+"""Tests of verify's MPI rows (verify/mpi.py) and of verify/mpiprobe.py.
+
+The probe runs here with this machine's python; a fake interpreter stands in
+for the image's (it answers the mpi4py check). The real image is checked in
+tests/e2e/test_mpi_image.py.
+"""
+
+import copy
+import json
+from pathlib import Path
+import subprocess
+import sys
+
+from cotainr_lumi.stages.lumi_env.mpi import LOAD_CHECK_MARK
+from cotainr_lumi.verify import mpi as verify_mpi
+
+LIB = "/opt/env/lib/libmpi.so.12"
+CRAY = "/opt/cray/pe/mpich/8.1.29/ofi/gnu/12.3/lib-abi-mpich/libmpi.so.12"
+
+
+def check_output(**loaded):
+    """What the mpi4py check prints."""
+    return {"rc": 0, "out": LOAD_CHECK_MARK + json.dumps(loaded) + "\n", "err": ""}
+
+
+RECORD = {
+    "mode": "host",
+    "reason": "auto: the image's MPICH does not speak CXI",
+    "image-library": LIB,
+    "host": {
+        "libmpi": CRAY,
+        "ld-library-path": [str(Path(CRAY).parent), "/opt/cray/pe/lib64"],
+        "mpi4py-libmpi": CRAY,
+        "binds": ["/opt/cray", "/usr/lib64/libjansson.so.4"],
+    },
+    "srun": {"host": "srun (cray_shasta)", "container": "srun --mpi=pmi2"},
+    "pins": [],
+}
+FACTS = {
+    "mpi_probe": True,
+    "record": RECORD,
+    "check": check_output(
+        mpi4py="4.1.2", library_version="MPICH Version: 5.0.2", libmpi=[LIB]
+    ),
+    "ldd": {LIB: {"rc": 0, "out": "\tlibfabric.so.1 => /opt/env/lib/mpich/x\n"}},
+}
+
+
+def rows(facts):
+    return {check: (status, text) for check, status, text in verify_mpi.mpi_rows(facts)}
+
+
+def test_an_image_with_mpi_gets_three_rows():
+    got = rows(FACTS)
+    status, text = got["mpi4py-libmpi"]
+    assert status == "PASS" and LIB in text and "5.0.2" in text and "4.1.2" in text
+    status, text = got["mpi-host-binding"]
+    assert status == "PASS" and text.startswith("default host:")
+    assert f"{CRAY} replaces {LIB}" in text and "libjansson" in text
+    status, text = got["mpi-osu-bandwidth"]
+    assert status == "N/A" and "run: sbatch examples/slurm/acceptance.sbatch" in text
+
+
+def test_an_image_without_mpi_gets_none():
+    facts = dict(
+        FACTS,
+        record=None,
+        check=check_output(error="ModuleNotFoundError: No module named 'mpi4py'"),
+    )
+    assert verify_mpi.mpi_rows(facts) == []
+    assert verify_mpi.mpi_rows(dict(facts, record={"mode": "none"})) == []
+    # The main probe's facts (an older image, a mocked exec): no rows.
+    assert verify_mpi.mpi_rows({"env": {}}) == [] and verify_mpi.mpi_rows(None) == []
+
+
+def test_unresolved_dependencies_and_another_abi_fail():
+    facts = copy.deepcopy(FACTS)
+    facts["ldd"][LIB]["out"] = "\tlibucp.so.0 => not found\n"
+    status, text = rows(facts)["mpi4py-libmpi"]
+    assert status == "FAIL" and "libucp.so.0 => not found" in text
+    facts = copy.deepcopy(FACTS)
+    facts["check"] = check_output(
+        libmpi=["/opt/env/lib/libmpi.so.40"], library_version="Open MPI v5"
+    )
+    status, text = rows(facts)["mpi4py-libmpi"]
+    assert status == "FAIL" and "not an MPICH-ABI libmpi.so.12" in text
+
+
+def test_a_pin_fails_the_binding_row_and_container_mode_says_how_to_switch():
+    facts = copy.deepcopy(FACTS)
+    facts["record"]["pins"] = [
+        {"user": "/x.so", "library": LIB, "entry": "$ORIGIN", "via": "its DT_RPATH"}
+    ]
+    assert rows(facts)["mpi-host-binding"][0] == "FAIL"
+    facts = copy.deepcopy(FACTS)
+    facts["record"].update(mode="container", reason="speaks CXI")
+    status, text = rows(facts)["mpi-host-binding"]
+    assert (
+        status == "PASS" and "COTAINR_LUMI_MPI=host:" in text and "--mpi=pmi2" in text
+    )
+
+
+def test_mpi4py_without_a_library_of_its_own_is_not_a_failure():
+    facts = copy.deepcopy(FACTS)
+    facts["record"]["image-library"] = None
+    facts["check"] = check_output(error="RuntimeError: cannot load MPI library")
+    status, text = rows(facts)["mpi4py-libmpi"]
+    assert status == "N/A" and "only with the host binding" in text
+
+
+def test_the_probe_runs_the_check_with_the_target_python_and_ldd(tmp_path):
+    fake = tmp_path / "python"
+    libc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import ctypes.util; print(ctypes.util.find_library('c'))",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    real = next(p for p in Path("/lib/x86_64-linux-gnu").glob(libc + "*"))
+    fake.write_text(
+        f"#!/bin/sh\nprintf '%s\\n' '{LOAD_CHECK_MARK}{{\"libmpi\": [\"{real}\"]}}'\n"
+    )
+    fake.chmod(0o755)
+    (tmp_path / "target.json").write_text(json.dumps({"python": str(fake)}))
+    inputs = dict(
+        verify_mpi.probe_inputs(),
+        target_env_file=str(tmp_path / "target.json"),
+        mpi_file=str(tmp_path / "missing.json"),
+    )
+    source = Path(verify_mpi.__file__).with_name("mpiprobe.py").read_text()
+    proc = subprocess.run(
+        [sys.executable, "-c", source, json.dumps(inputs)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    facts = json.loads(proc.stdout)
+    assert facts["python"] == str(fake) and facts["record"] is None
+    assert facts["ldd"][str(real)]["rc"] == 0
+    status, _ = rows(facts)["mpi4py-libmpi"]
+    assert status == "FAIL"  # libc is not an MPICH-ABI library
