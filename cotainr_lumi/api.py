@@ -158,6 +158,28 @@ def build(
     )
     if setup_logging:
         _cotainr.setup_cli_logging(log_settings=log_settings)
+    return _build_from_plan(
+        build_plan=build_plan,
+        dry_run=dry_run,
+        force=force,
+        build_args={
+            "system": system,
+            "base_image": base_image,
+            "conda_env": conda_env,
+            "accept_licenses": accept_licenses,
+            "verbosity": verbosity,
+            "log_to_file": log_to_file,
+        },
+        options={
+            "base_image_override": base_image_override,
+            "set_settings": set_options(settings),
+            "skip_stages": list(skip_stages) or None,
+        },
+    )
+
+
+def _build_from_plan(*, build_plan, dry_run, force, build_args, options):
+    """The result of a dry run, or of the build a checked plan describes."""
     result = BuildResult(
         image_path=build_plan.image_path,
         system=build_plan.system.name if build_plan.system else None,
@@ -176,20 +198,7 @@ def build(
             "(force=True) to replace it, or choose another path."
         )
     t_start = time.time()
-    stage = _run_build(
-        image_path=build_plan.image_path,
-        system=system,
-        base_image=base_image,
-        conda_env=conda_env,
-        accept_licenses=accept_licenses,
-        verbosity=verbosity,
-        log_to_file=log_to_file,
-        options={
-            "base_image_override": base_image_override,
-            "set_settings": set_options(settings),
-            "skip_stages": list(skip_stages) or None,
-        },
-    )
+    stage = _run_build(image_path=build_plan.image_path, options=options, **build_args)
     result.labels = dict(stage.labels)
     result.reports = list(stage.reports)
     result.duration = time.time() - t_start

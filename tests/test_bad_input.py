@@ -383,3 +383,12 @@ def test_image_path_in_a_symlink_loop_is_one_error(
     assert info.value.code != 0
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("cotainr: error:") == 1
+
+
+def test_an_env_value_too_long_for_linux_is_refused_at_dry_run(
+    mocker, capsys, tmp_path, env_profile
+):
+    code, err = dry_run(mocker, capsys, tmp_path, "--env", "V=" + "x" * (130 * 1024))
+    assert code == 2
+    one_error(err, "more than the 65536 bytes")
+    assert len(err) < 1000

@@ -138,6 +138,10 @@ def validate_name(name):
     return name
 
 
+#: The longest value accepted (Linux's limit for one NAME=VALUE is 128 KiB).
+MAX_VALUE_BYTES = 64 * 1024
+
+
 def validate_value(*, name, value):
     """
     Check a value and turn it into a string.
@@ -170,6 +174,13 @@ def validate_value(*, name, value):
     text = str(value)
     if "\0" in text:
         raise EnvError(f"the value of {name} contains a NUL character")
+    if len(text.encode("utf-8", errors="replace")) > MAX_VALUE_BYTES:
+        raise EnvError(
+            f"the value of {name} is {len(text)} characters long, more than the "
+            f"{MAX_VALUE_BYTES} bytes an environment variable may safely have "
+            "(Linux refuses one NAME=VALUE over 128 KiB when starting a "
+            "program); put long data in a file and set its path instead"
+        )
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
