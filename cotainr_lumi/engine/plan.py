@@ -263,6 +263,17 @@ class BuildPlan:
         estimate = f"needs about {needed / 1024**3:.1f} GiB, " if needed else ""
         return f"{self.work_dir} ({estimate}{free / 1024**3:.1f} GiB free)"
 
+    def _describe_base_answers(self):
+        """The plan's lines on the target env and the ROCm versions."""
+        lines = []
+        for title, answer in (
+            ("target env", targetenv.describe_lines(plan=self)),
+            ("rocm", rocmwindow.describe_lines(plan=self)),
+        ):
+            lines.append(f"  {title + ':':<11} {answer[0]}")
+            lines += [f"              {line}" for line in answer[1:]]
+        return lines
+
     def describe(self):
         """
         The dry-run description of the plan.
@@ -299,12 +310,7 @@ class BuildPlan:
             "  conda env:  " + (str(self.conda_env) if self.conda_env else "none")
         )
         lines.append(f"  work dir:   {self.describe_work_dir()}")
-        target_lines = targetenv.describe_lines(plan=self)
-        lines.append(f"  target env: {target_lines[0]}")
-        lines += [f"              {line}" for line in target_lines[1:]]
-        rocm_lines = rocmwindow.describe_lines(plan=self)
-        lines.append(f"  rocm:       {rocm_lines[0]}")
-        lines += [f"              {line}" for line in rocm_lines[1:]]
+        lines += self._describe_base_answers()
         mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
         lines.append(f"  pipeline:   {mode}")
         step = 1
@@ -395,10 +401,17 @@ def _resolve_system(*, request, systems, target_settings):
     return system, request.base_image_override or system.base_image, target_settings
 
 
-def _rocm_settings(*, system, overrides):
-    """The ``rocm`` settings: the profile's, then the build's."""
-    profile = system.stage_settings(rocmwindow.SETTINGS_NAME) if system else {}
-    return rocmwindow.RocmSettings.complete(merge_mappings(profile, overrides))
+def _pseudo_stage_settings(*, system, rocm, build):
+    """The ``rocm`` and ``build`` settings: the profile's, then the build's."""
+
+    def merged(name, overrides):
+        profile = system.stage_settings(name) if system else {}
+        return merge_mappings(profile, overrides)
+
+    return (
+        rocmwindow.RocmSettings.complete(merged(rocmwindow.SETTINGS_NAME, rocm)),
+        workdir.BuildSettings.complete(merged(workdir.SETTINGS_NAME, build)),
+    )
 
 
 def _check_outputs_apart(plan):
@@ -517,9 +530,8 @@ def make_plan(*, request, systems=None):
         systems=systems,
         target_settings=overrides.pop(targetenv.SETTINGS_NAME, {}),
     )
-    build_settings = merge_mappings(
-        system.stage_settings(workdir.SETTINGS_NAME) if system else {},
-        build_overrides,
+    rocm_settings, build_settings = _pseudo_stage_settings(
+        system=system, rocm=rocm_overrides, build=build_overrides
     )
     stage_names, extended = _stage_names(
         request=request,
@@ -542,8 +554,8 @@ def make_plan(*, request, systems=None):
         extended=extended,
         image_exists=image_path.exists(),
         target_settings=targetenv.TargetEnvSettings.complete(target_settings),
-        rocm_settings=_rocm_settings(system=system, overrides=rocm_overrides),
-        build_settings=workdir.BuildSettings.complete(build_settings),
+        rocm_settings=rocm_settings,
+        build_settings=build_settings,
     )
     _drop_disabled_stages(plan)
     _check_outputs_apart(plan)

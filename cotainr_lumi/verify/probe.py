@@ -161,48 +161,64 @@ def plugin_names(named):
     return [f"libnccl-net-{named}.so", f"librccl-net-{named}.so"]
 
 
-def network_facts():
-    """Where the plugin, its libraries and rccl-tests are in the image."""
+def read_runtime():
+    """The image's record of its network layer (None: none; "unreadable")."""
     text = read(INPUTS["runtime_file"])
     try:
-        runtime = json.loads(text) if text else None
+        return json.loads(text) if text else None
     except ValueError:
-        runtime = "unreadable"
+        return "unreadable"
+
+
+def plugin_dirs(runtime, ld_path):
+    """Where to look: the record's, /opt/aws-ofi-*, LD_LIBRARY_PATH, the loader's."""
     dirs = (
         list(runtime.get("net-plugin-dirs") or []) if isinstance(runtime, dict) else []
     )
     dirs += INPUTS["plugin_dirs"]
     for opt in sorted(glob.glob("/opt/aws-ofi-*")):
         dirs += [opt, f"{opt}/lib", f"{opt}/lib64"]
+    dirs += ld_path + INPUTS["loader_dirs"]
+    return list(dict.fromkeys(os.path.normpath(d) for d in dirs))
+
+
+def chosen_plugin(found, named):
+    """The plugin RCCL loads: the first found, or the one NCCL_NET_PLUGIN names."""
+    if not named:
+        return found[0] if found else None
+    names = plugin_names(named)
+    for f in found:
+        if os.path.basename(f["path"]) in names or f["path"] == named:
+            return f
+    if named.startswith("/") and os.path.exists(named):
+        return {"path": named, "dir": os.path.dirname(named), "generation": "named"}
+    return None
+
+
+def rccl_tests(runtime):
+    """(rccl-tests found or None, the directories looked at)."""
+    tests_dirs = [runtime.get("rccl-tests")] if isinstance(runtime, dict) else []
+    tests_dirs = [d for d in tests_dirs if d] or INPUTS["rccl_tests_dirs"]
+    for d in tests_dirs:
+        if os.path.isdir(d):
+            perf = os.path.join(d, "all_reduce_perf")
+            return {"dir": d, "all_reduce_perf": os.access(perf, os.X_OK)}, tests_dirs
+    return None, tests_dirs
+
+
+def network_facts():
+    """Where the plugin, its libraries and rccl-tests are in the image."""
+    runtime = read_runtime()
     ld_path = [p for p in (os.environ.get("LD_LIBRARY_PATH") or "").split(":") if p]
-    dirs = list(
-        dict.fromkeys(
-            os.path.normpath(d) for d in dirs + ld_path + INPUTS["loader_dirs"]
-        )
-    )
-    found = []
-    for d in dirs:
-        for generation, pattern in INPUTS["plugin_patterns"]:
-            for path in sorted(glob.glob(os.path.join(d, pattern))):
-                found.append({"path": path, "dir": d, "generation": generation})
+    dirs = plugin_dirs(runtime, ld_path)
+    found = [
+        {"path": path, "dir": d, "generation": generation}
+        for d in dirs
+        for generation, pattern in INPUTS["plugin_patterns"]
+        for path in sorted(glob.glob(os.path.join(d, pattern)))
+    ]
     named = os.environ.get("NCCL_NET_PLUGIN") or None
-    plugin = found[0] if found else None
-    if named:
-        names = plugin_names(named)
-        plugin = next(
-            (
-                f
-                for f in found
-                if os.path.basename(f["path"]) in names or f["path"] == named
-            ),
-            None,
-        )
-        if plugin is None and named.startswith("/") and os.path.exists(named):
-            plugin = {
-                "path": named,
-                "dir": os.path.dirname(named),
-                "generation": "named",
-            }
+    plugin = chosen_plugin(found, named)
     if plugin is not None:
         plugin = {**plugin, "ldd": ldd(plugin["path"])}
     libfabric = sorted(
@@ -212,14 +228,7 @@ def network_facts():
             for p in glob.glob(os.path.join(d, "libfabric.so.1"))
         }
     )
-    tests_dirs = [runtime.get("rccl-tests")] if isinstance(runtime, dict) else []
-    tests_dirs = [d for d in tests_dirs if d] or INPUTS["rccl_tests_dirs"]
-    tests = None
-    for d in tests_dirs:
-        if os.path.isdir(d):
-            perf = os.path.join(d, "all_reduce_perf")
-            tests = {"dir": d, "all_reduce_perf": os.access(perf, os.X_OK)}
-            break
+    tests, tests_dirs = rccl_tests(runtime)
     return {
         "runtime": runtime,
         "searched": dirs,

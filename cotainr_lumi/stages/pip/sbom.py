@@ -59,6 +59,34 @@ def _normalised(packages):
     return {canonicalize_name(p["name"]): p["version"] for p in packages or []}
 
 
+def _image_component(*, image_name, target_prefix, base_image):
+    """The image: the ``container`` component the packages belong to."""
+    properties = [Property(name="cotainr-lumi:target-env", value=target_prefix)]
+    if base_image:
+        properties.append(
+            Property(name="cotainr-lumi:base-image", value=str(base_image))
+        )
+    return Component(
+        name=image_name,
+        type=ComponentType.CONTAINER,
+        bom_ref=f"image:{image_name}",
+        properties=properties,
+    )
+
+
+def _package_component(package, *, before):
+    """One distribution: a ``library`` component with its purl and origin."""
+    purl = PackageURL(type="pypi", name=package["name"], version=package["version"])
+    return Component(
+        name=package["name"],
+        version=package["version"],
+        type=ComponentType.LIBRARY,
+        purl=purl,
+        bom_ref=purl.to_string(),
+        properties=[Property(name=ORIGIN_PROPERTY, value=_origin(package, before))],
+    )
+
+
 def cyclonedx_json(
     *, image_name, packages, base_packages, target_prefix, base_image=None
 ):
@@ -86,16 +114,8 @@ def cyclonedx_json(
     """
     before = None if base_packages is None else _normalised(base_packages)
     bom = Bom()
-    image = Component(
-        name=image_name,
-        type=ComponentType.CONTAINER,
-        bom_ref=f"image:{image_name}",
-        properties=[Property(name="cotainr-lumi:target-env", value=target_prefix)]
-        + (
-            [Property(name="cotainr-lumi:base-image", value=str(base_image))]
-            if base_image
-            else []
-        ),
+    image = _image_component(
+        image_name=image_name, target_prefix=target_prefix, base_image=base_image
     )
     bom.metadata.component = image
     bom.metadata.tools.components.add(
@@ -103,19 +123,12 @@ def cyclonedx_json(
             name="cotainr-lumi", version=__version__, type=ComponentType.APPLICATION
         )
     )
-    components = []
-    for package in sorted(packages, key=lambda p: p["name"].lower()):
-        purl = PackageURL(type="pypi", name=package["name"], version=package["version"])
-        component = Component(
-            name=package["name"],
-            version=package["version"],
-            type=ComponentType.LIBRARY,
-            purl=purl,
-            bom_ref=purl.to_string(),
-            properties=[Property(name=ORIGIN_PROPERTY, value=_origin(package, before))],
-        )
+    components = [
+        _package_component(package, before=before)
+        for package in sorted(packages, key=lambda p: p["name"].lower())
+    ]
+    for component in components:
         bom.components.add(component)
-        components.append(component)
     bom.register_dependency(image, components)
     return make_outputter(bom, OutputFormat.JSON, SCHEMA_VERSION).output_as_string(
         indent=2
