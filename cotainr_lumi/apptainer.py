@@ -160,3 +160,32 @@ def exec_in_image(*, image, args, clean_env=True, env=None, timeout=600):
         out.decode("utf-8", errors="replace"),
         err.decode("utf-8", errors="replace"),
     )
+
+
+#: Runs ``$0`` (Python source) with the image's own python, passing ``$1...``.
+IMAGE_PYTHON = 'exec "$(command -v python || command -v python3)" -c "$0" "$@"'
+
+
+def python_in_image(*, image, source, args=(), timeout=600):
+    """
+    Run Python source with the image's own python (``python`` or ``python3``).
+
+    Parameters
+    ----------
+    image : os.PathLike
+        The ``.sif`` (or sandbox directory).
+    source : str
+        The program.
+    args : sequence of str
+        Its ``sys.argv[1:]``.
+    timeout : float, default=600
+        Seconds before it is killed.
+
+    Returns
+    -------
+    process : :class:`subprocess.CompletedProcess`
+        As :func:`exec_in_image` returns it.
+    """
+    return exec_in_image(
+        image=image, args=["bash", "-c", IMAGE_PYTHON, source, *args], timeout=timeout
+    )

@@ -469,15 +469,9 @@ def probe_inputs():
 def _probe(image):
     """Run :mod:`.probe` in the image's own python; return its facts."""
     probe = Path(__file__).with_name("probe.py").read_text()
-    proc = apptainer.exec_in_image(
-        image=image,
-        args=[
-            "bash",
-            "-c",
-            'exec "$(command -v python || command -v python3)" -c "$0" "$0" "$1"',
-            probe,
-            json.dumps(probe_inputs()),
-        ],
+    # The probe gets its own source as its first argument (to re-exec itself).
+    proc = apptainer.python_in_image(
+        image=image, source=probe, args=[probe, json.dumps(probe_inputs())]
     )
     if proc.returncode != 0:
         raise InputError(

@@ -67,15 +67,8 @@ def probe_inputs():
 def _probe(image):
     """Run :mod:`.mpiprobe` in the image; its facts (None when it fails)."""
     source = Path(__file__).with_name("mpiprobe.py").read_text()
-    proc = apptainer.exec_in_image(
-        image=image,
-        args=[
-            "bash",
-            "-c",
-            'exec "$(command -v python || command -v python3)" -c "$0" "$1"',
-            source,
-            json.dumps(probe_inputs()),
-        ],
+    proc = apptainer.python_in_image(
+        image=image, source=source, args=[json.dumps(probe_inputs())]
     )
     lines = (proc.stdout or "").strip().splitlines()
     try:
