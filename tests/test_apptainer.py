@@ -41,11 +41,13 @@ def fake_runtime(directory, name):
 
 
 def test_apptainer_is_preferred_to_singularity(tmp_path, monkeypatch):
+    # PATH holds only the fakes: a real apptainer on the host's PATH (CI
+    # provisions one) must not take part.
     singularity = fake_runtime(tmp_path / "a", "singularity")
-    monkeypatch.setenv("PATH", f"{singularity.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", str(singularity.parent))
     assert apptainer.find_runtime() == str(singularity)
     app = fake_runtime(tmp_path / "b", "apptainer")
-    monkeypatch.setenv("PATH", f"{app.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{singularity.parent}{os.pathsep}{app.parent}")
     assert apptainer.runtime() == str(app)
 
 
