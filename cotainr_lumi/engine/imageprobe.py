@@ -29,6 +29,7 @@ probe_image(*, image, explicit=None, timeout=120)
 import json
 import logging
 import os
+import re
 import subprocess
 from typing import Any
 
@@ -58,14 +59,18 @@ _LIST_FACTS = ("ldcache",)
 #: CONDA_EXE, ROCM_PATH, the loader cache's libstdc++ entries), evaluates
 #: $WITH_CONDA in a subshell and reports again. $1: an explicit prefix to check
 #: (may be empty). Every fact is one line "MARK <where> <key> <value>" (the key
-#: "ldcache" once per entry); interpreters are asked for their
-#: sys.prefix/sys.executable as JSON.
+#: "ldcache" once per entry; a backslash or newline in a value is escaped as
+#: ``\\`` or ``\n``, so a multi-line $WITH_CONDA survives); interpreters are
+#: asked for their sys.prefix/sys.executable as JSON.
 PROBE_SCRIPT = r"""
 for f in /.singularity.d/env/*.sh; do
     [ -r "$f" ] && . "$f" >/dev/null 2>&1
 done
 M='COTAINR_LUMI_TARGET_ENV'
-fact() { printf '%s %s %s %s\n' "$M" "$1" "$2" "$(printf '%s' "$3" | tr '\n' ' ')"; }
+fact() { # one line: \ and newline escaped as \\ and \n (parse_probe decodes)
+    local v=${3//\\/\\\\}
+    printf '%s %s %s %s\n' "$M" "$1" "$2" "${v//$'\n'/\\n}"
+}
 pyinfo() { # pyinfo WHERE PREFIX: facts of PREFIX's own interpreter
     for py in "$2/bin/python" "$2/bin/python3"; do
         if [ -x "$py" ]; then
@@ -147,6 +152,11 @@ CLEAN_ENV = (
 )
 
 
+def _unescape(value):
+    r"""Undo the probe's ``fact`` escapes (``\\`` and ``\n``)."""
+    return re.sub(r"\\(.)", lambda m: "\n" if m[1] == "n" else m[1], value)
+
+
 def parse_probe(*, text):
     """
     Parse the output of :data:`PROBE_SCRIPT`.
@@ -168,6 +178,7 @@ def parse_probe(*, text):
             continue
         where, _, rest = line[len(_MARK) :].partition(" ")
         key, _, value = rest.partition(" ")
+        value = _unescape(value)
         if key == "python":
             try:
                 value = json.loads(value) if value.strip() else None

@@ -9,7 +9,8 @@ paths (Python venvs, no conda download): ``/opt/miniconda3`` is "conda base"
 python decoy in every layout.
 
 - ``LAYOUT1``: EasyBuild images up to 20240209: the env is activated only by
-  ``WITH_CONDA="source /opt/miniconda3/bin/activate pytorch"``; conda base's
+  ``WITH_CONDA="source /opt/miniconda3/bin/activate pytorch"`` (plus a second
+  line, ``export LAYOUT1_CHAINED=yes``); conda base's
   python is on PATH.
 - ``LAYOUT2``: 2025 refresh: conda pre-activated through ``CONDA_*``/``PATH``
   in the image's env file, ``WITH_CONDA=true``.
@@ -53,9 +54,11 @@ LAYOUT1 = (
     + _CONDA
     + rf"""
 cat >>{_ENV_FILE} <<'EOF'
-# layout 1: conda base on PATH, the env only through $WITH_CONDA
+# layout 1: conda base on PATH, the env only through $WITH_CONDA (two
+# lines: the second must survive the chaining, not become arguments)
 export PATH="{CONDA}/bin:$PATH"
-export WITH_CONDA="source {CONDA}/bin/activate pytorch"
+export WITH_CONDA="source {CONDA}/bin/activate pytorch
+export LAYOUT1_CHAINED=yes"
 EOF
 """
 )

@@ -178,7 +178,7 @@ def test_package_lands_in_the_env_not_in_the_decoys(built, apptainer_exec):
 
 
 def test_with_conda_then_python_imports_the_package(built, apptainer_exec):
-    _name, image, _s, expected, _ = built
+    name, image, _s, expected, _ = built
     proc = apptainer_exec(
         image,
         "bash",
@@ -187,6 +187,12 @@ def test_with_conda_then_python_imports_the_package(built, apptainer_exec):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == [expected, "1.0"]
+    if name == "layout1":
+        # The base's two-line $WITH_CONDA runs as two lines (issue 22).
+        proc = apptainer_exec(
+            image, "bash", "-c", '$WITH_CONDA; echo "$LAYOUT1_CHAINED"'
+        )
+        assert proc.stdout.strip() == "yes", proc.stderr[-2000:]
     # The runscript the module file uses runs the same env.
     proc = apptainer_exec(
         image, "conda-python-simple", "-c", f"import {PKG}, sys; print(sys.prefix)"

@@ -480,3 +480,25 @@ def test_probe_script_finds_a_path_venv_its_torch_and_the_rocm_version(tmp_path)
     assert facts["image"]["pythonpath_prefix"] == str(venv)
     # The recorded answer keeps the torch it saw.
     assert TargetEnv.from_dict(json.loads(json.dumps(target.to_dict()))) == target
+
+
+def test_probe_keeps_newlines_and_backslashes_of_with_conda(tmp_path):
+    """A multi-line $WITH_CONDA reaches the target env as it is (issue 22)."""
+    venv = tmp_path / "env"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
+    )
+    with_conda = f"source {venv}/bin/activate\nexport X='a\\nb\\\\c'"
+    proc = subprocess.run(
+        ["bash", "-c", PROBE_SCRIPT, "probe", ""],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "WITH_CONDA": with_conda},
+        check=True,
+    )
+    facts = parse_probe(text=proc.stdout)
+    assert facts["image"]["with_conda"] == with_conda
+    target = choose(facts=facts)
+    assert target.source == "with-conda"
+    assert target.with_conda == with_conda
+    assert TargetEnv.from_dict(json.loads(json.dumps(target.to_dict()))) == target

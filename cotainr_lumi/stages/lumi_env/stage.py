@@ -443,9 +443,14 @@ class LumiEnvStage(Stage):
             return None
         for i, line in enumerate(lines[:-1]):
             if line == BASE_WITH_CONDA_MARK:
-                words = shlex.split(lines[i + 1])
-                if len(words) == 2 and words[0] == "eval":
-                    return words[1]
+                # ``eval '<command>'``; a multi-line command spans lines.
+                words = shlex.shlex("\n".join(lines[i + 1 :]), posix=True)
+                words.whitespace_split = True
+                try:
+                    if words.get_token() == "eval":
+                        return words.get_token()
+                except ValueError:
+                    return None
         return None
 
     @staticmethod

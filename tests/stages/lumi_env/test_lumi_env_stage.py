@@ -18,6 +18,7 @@ from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.stages.lumi_env.modulefile import MARKER
 from cotainr_lumi.stages.lumi_env.stage import (
+    BASE_WITH_CONDA_MARK,
     ENV_FILE,
     HOST_COMMANDS,
     RUNSCRIPTS,
@@ -508,4 +509,46 @@ def test_with_conda_chains_to_the_base_images_command(tmp_path):
     assert again == base_value
     assert (
         stage._base_with_conda(root=root, target=SimpleNamespace(with_conda="")) is None
+    )
+
+
+def test_a_multi_line_base_with_conda_is_chained_as_it_is_even_on_a_rebuild(tmp_path):
+    """A newline in the base's $WITH_CONDA stays a newline (issue 22)."""
+    env, activate = _write_fake_conda(tmp_path)
+    base_value = f"{activate}\nexport CHAINED='a\\b'"
+    root = make_root(tmp_path, venv=False)
+    stage = LumiEnvStage(settings={})
+    script, _ = stage._with_conda_script(
+        root=root,
+        target=TargetEnv(prefix=str(env), python=f"{env}/bin/python"),
+        base_with_conda=stage._base_with_conda(
+            root=root, target=SimpleNamespace(with_conda=base_value)
+        ),
+    )
+    (root / "opt/cotainr-lumi").mkdir(parents=True)
+    (root / "opt/cotainr-lumi/with-conda.sh").write_text(script)
+    proc = subprocess.run(
+        ["bash", "-c", f'. {root}/opt/cotainr-lumi/with-conda.sh; echo "$CHAINED"'],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        check=True,
+    )
+    assert proc.stdout == "a\\b\n"
+    again = stage._base_with_conda(
+        root=root,
+        target=SimpleNamespace(with_conda=". /opt/cotainr-lumi/with-conda.sh"),
+    )
+    assert again == base_value
+    # A with-conda.sh whose chained line was cut (unbalanced quote): no chain,
+    # no traceback.
+    (root / "opt/cotainr-lumi/with-conda.sh").write_text(
+        f"{BASE_WITH_CONDA_MARK}\neval 'source x\n"
+    )
+    assert (
+        stage._base_with_conda(
+            root=root,
+            target=SimpleNamespace(with_conda=". /opt/cotainr-lumi/with-conda.sh"),
+        )
+        is None
     )
