@@ -195,6 +195,14 @@ def test_lumi_system_with_plugins_off_is_one_clear_error(tmp_path, variable):
         cwd=tmp_path,
     )
     assert out.returncode == 2
-    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
-    assert "unknown system 'lumi-g-ext'" in out.stderr
+    assert "Traceback" not in out.stderr
+    errors = [line for line in out.stderr.splitlines() if "error:" in line]
+    if "argument --system" in out.stderr:
+        # A cotainr that checks --system while parsing (upstream patch 0001)
+        # says so in its own usage error; the hook adds why.
+        assert len(errors) == 1 and "'lumi-g-ext'" in errors[0]
+        assert out.stderr.splitlines()[-1].startswith("cotainr: note: cotainr plugins")
+    else:
+        assert out.stderr.count("\n") == 1
+        assert "unknown system 'lumi-g-ext'" in out.stderr
     assert "turned off" in out.stderr and not list(tmp_path.iterdir())

@@ -151,6 +151,16 @@ def _system_in_argv(argv):
     return None
 
 
+def _is_known_system(system):
+    """Whether cotainr's own systems include `system` (True if unsure)."""
+    try:
+        from cotainr import util
+
+        return system in util.get_systems()
+    except Exception:
+        return True
+
+
 def explain_unknown_systems(main):
     """
     Wrap cotainr's ``main``: an unknown system while plugins are off is one line.
@@ -169,21 +179,29 @@ def explain_unknown_systems(main):
     wrapped : callable
         The entry point.
     """
+    why = (
+        f"cotainr plugins are turned off ({COTAINR_DISABLE_ENV_VAR} or "
+        f"{DISABLE_ENV_VAR} is set), so the systems they add are not available"
+    )
 
     def wrapped(*args, **kwargs):
+        system = _system_in_argv(sys.argv[1:])
         try:
             return main(*args, **kwargs)
         except KeyError as e:
             if e.args != ("System does not exist",):
                 raise
-            system = _system_in_argv(sys.argv[1:])
             sys.stderr.write(
-                f"cotainr: error: unknown system {system!r}: cotainr plugins are "
-                f"turned off ({COTAINR_DISABLE_ENV_VAR} or {DISABLE_ENV_VAR} is "
-                "set), so the systems they add are not available. Unset it, or "
+                f"cotainr: error: unknown system {system!r}: {why}. Unset it, or "
                 "run 'cotainr info' for the systems available now.\n"
             )
             raise SystemExit(2) from None
+        except SystemExit as e:
+            # A cotainr that checks --system while parsing (upstream patch
+            # 0001) has said the system is unknown: add why.
+            if e.code == 2 and system is not None and not _is_known_system(system):
+                sys.stderr.write(f"cotainr: note: {why}.\n")
+            raise
 
     wrapped.__wrapped__ = main
     return wrapped
