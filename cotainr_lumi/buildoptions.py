@@ -240,8 +240,8 @@ def request_from_options(
         The system name.
     base_image : str or None
         The base image of a build without a system.
-    conda_env : os.PathLike or None
-        The conda environment file.
+    conda_env : os.PathLike or list of os.PathLike or None
+        The conda environment file(s).
     accept_licenses : bool
         ``--accept-licenses``.
     force : bool

@@ -144,7 +144,7 @@ class LumiStage(_cotainr.BuildStage):
                 image_path=context.image_path,
                 system=context.system,
                 base_image=None if context.system is not None else context.base_image,
-                conda_env=_cotainr.single_conda_env(context.conda_env_files),
+                conda_env=list(context.conda_env_files) or None,
                 accept_licenses=False,
                 force=False,
                 dry_run=context.dry_run,

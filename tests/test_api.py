@@ -64,3 +64,37 @@ def test_base_image_build_with_settings_is_extended(
     assert plan.extended and plan.stage_names == ["provenance"]
     stock = cotainr_lumi.plan(image_path=tmp_path / "a.sif", base_image=str(base_image))
     assert not stock.extended and stock.stage_names == []
+
+
+def test_several_conda_env_files_where_cotainr_takes_several(
+    tmp_path, fake_singularity, test_profile, monkeypatch
+):
+    from cotainr_lumi import _cotainr
+
+    files = []
+    for name in ("base.yml", "apex.yml"):
+        files.append(tmp_path / name)
+        files[-1].write_text("name: x\ndependencies: [python]\n")
+    monkeypatch.setattr(_cotainr, "takes_several_conda_envs", lambda: False)
+    with pytest.raises(cotainr_lumi.InputError, match="takes one conda environment"):
+        cotainr_lumi.plan(
+            image_path=tmp_path / "a.sif", system="lumi-test", conda_env=files
+        )
+    # The cotainr in use takes several (its multi-file branch): each file is
+    # checked, and the plan says they are applied in order.
+    monkeypatch.setattr(_cotainr, "takes_several_conda_envs", lambda: True)
+    result = cotainr_lumi.build(
+        image_path=tmp_path / "a.sif",
+        system="lumi-test",
+        conda_env=files,
+        dry_run=True,
+    )
+    text = result.plan_text
+    assert f"conda env:  {files[0]}, {files[1]}" in text
+    assert "install the conda env base.yml" in text
+    assert "then update it with apex.yml" in text
+    files[1].write_text("- not a mapping\n")
+    with pytest.raises(cotainr_lumi.InputError, match="apex.yml must be a YAML"):
+        cotainr_lumi.plan(
+            image_path=tmp_path / "a.sif", system="lumi-test", conda_env=files
+        )

@@ -26,6 +26,8 @@ cotainr_version()
     The installed cotainr version.
 check_cotainr_version()
     Raise unless the installed cotainr can run cotainr-lumi.
+takes_several_conda_envs()
+    Whether cotainr's ``--conda-env`` takes several files.
 stock_systems()
     The systems cotainr itself defines (its ``systems.json``).
 make_log_settings(*, verbosity=0, log_to_file=False, no_color=False)
@@ -232,40 +234,17 @@ def check_cotainr_version():
     return "fallback"
 
 
-def single_conda_env(conda_env):
+def takes_several_conda_envs():
     """
-    The one conda environment file of a build.
-
-    cotainr 2025.7 takes one ``--conda-env`` file; an upstream branch makes it
-    a list of files applied in order. cotainr-lumi orders installs with its
-    pip steps instead, so it takes one file (a list of one is accepted).
-
-    Parameters
-    ----------
-    conda_env : os.PathLike or list of os.PathLike or None
-        As cotainr's ``Build`` holds it.
+    Whether the installed cotainr's ``--conda-env`` takes several files.
 
     Returns
     -------
-    conda_env : os.PathLike or None
-        The file.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.InputError`
-        If several files are given.
+    several : bool
+        True on a cotainr whose ``Build`` holds a list of conda env files
+        (created from the first, updated with the others in order).
     """
-    if isinstance(conda_env, (list, tuple)):
-        if len(conda_env) > 1:
-            from ..errors import InputError
-
-            raise InputError(
-                "cotainr-lumi builds take one --conda-env file; put the "
-                "packages that must be installed after others in pip steps "
-                "(--pip-requirements or --pip-steps) instead."
-            )
-        return conda_env[0] if conda_env else None
-    return conda_env
+    return contract.takes_several_conda_envs()
 
 
 def stock_systems():

@@ -656,8 +656,26 @@ class Build(_cli.Build):
             self.system = _lookup_system(system)
             self.base_image = self.system["base-image"]
         files = _conda_env_files(conda_env)
-        self.conda_env = files[0] if files else None
-        from . import CONDA_ENV_NAME, CONDA_PREFIX
+        from . import (
+            CONDA_ENV_NAME,
+            CONDA_PREFIX,
+            cotainr_version,
+            takes_several_conda_envs,
+        )
+
+        # As cotainr's own Build holds them: a list where cotainr takes
+        # several files, else the one file.
+        if takes_several_conda_envs():
+            self.conda_env = files or None
+        elif len(files) > 1:
+            raise StageError(
+                f"cotainr {cotainr_version()} takes one --conda-env file; "
+                f"got {len(files)}. Put the packages that must be installed "
+                "after others in pip steps (--pip-requirements or --pip-steps).",
+                exit_code=2,
+            )
+        else:
+            self.conda_env = files[0] if files else None
 
         self.context = BuildContext(
             image_path=self.image_path,
@@ -698,7 +716,8 @@ class Build(_cli.Build):
     @classmethod
     def add_arguments(cls, *, parser):
         """Add arguments to the "build" subcommand subparser."""
-        super().add_arguments(parser=parser)
+        # cotainr's options with cotainr's own help (taken from its docstring).
+        _cli.Build.add_arguments(parser=parser)
         stock = stock_build_options()
         missing = {"--force", "--dry-run"} - stock
         group = (

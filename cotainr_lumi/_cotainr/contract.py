@@ -23,6 +23,8 @@ Functions
 ---------
 probe_stock_build()
     Run cotainr's ``Build.execute`` with recording stand-ins.
+takes_several_conda_envs()
+    Whether cotainr's ``--conda-env`` takes several files.
 conda_prefix()
     Where cotainr installs conda in the image.
 conda_env_name()
@@ -36,10 +38,12 @@ ASSUMPTIONS : tuple of Assumption
     All assumptions of the backport.
 """
 
+import argparse
 import contextlib
 from dataclasses import dataclass, field
 import functools
 import inspect
+import io
 import logging
 from pathlib import Path
 import tempfile
@@ -133,6 +137,11 @@ def _stand_ins(probe, sandbox_dir):
         def build_image(self, *, path):
             probe.calls.append("build_image")
             probe.image_path = Path(path)
+            # As a real build does: a cotainr that builds under a temporary
+            # name and moves it into place (upstream patch 0003) finds it;
+            # never a file outside the probe's temporary directory.
+            if probe.image_path.parent == sandbox_dir.parent:
+                probe.image_path.touch()
 
         def run_command_in_container(self, *, cmd, custom_log_dispatcher=None):
             probe.calls.append("run")
@@ -145,10 +154,41 @@ def _stand_ins(probe, sandbox_dir):
         def add_environment(self, *, path, name):
             probe.conda_env_name = name
 
+        def extend_environment(self, *, path, name):
+            probe.calls.append("conda-extend")
+
         def cleanup_unused_files(self):
             pass
 
     return RecordingSandbox, RecordingConda
+
+
+@functools.lru_cache(maxsize=1)
+def takes_several_conda_envs():
+    """
+    Whether cotainr's ``--conda-env`` takes several files.
+
+    cotainr 2025.7 takes one; its ``feature/enhance_conda_env_installation``
+    branch takes several (``nargs="+"``), holds them as a list in
+    ``Build.conda_env``, creates the env from the first and updates it with
+    the others in order. Asked of cotainr's own ``build`` parser.
+
+    Returns
+    -------
+    several : bool
+        True when ``--conda-env a.yml b.yml`` parses to a list of both.
+    """
+    parser = argparse.ArgumentParser(prog="probe", add_help=False)
+    try:
+        _cli.Build.add_arguments(parser=parser)
+        with contextlib.redirect_stderr(io.StringIO()):
+            args, _ = parser.parse_known_args(
+                ["probe.sif", "--base-image=probe", "--conda-env", "a.yml", "b.yml"]
+            )
+    except (Exception, SystemExit):  # noqa: BLE001 - any failure means "one"
+        return False
+    given = getattr(args, "conda_env", None)
+    return isinstance(given, list) and [str(f) for f in given] == ["a.yml", "b.yml"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -176,7 +216,7 @@ def probe_stock_build():
         build = object.__new__(_cli.Build)
         build.image_path = Path(tmp) / "probe.sif"
         build.base_image = "probe-base"
-        build.conda_env = conda_env
+        build.conda_env = [conda_env] if takes_several_conda_envs() else conda_env
         build.accept_licenses = True
         build.log_settings = None
         build.force = False

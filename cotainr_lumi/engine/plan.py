@@ -30,6 +30,7 @@ import re
 import subprocess
 from typing import Any, Optional
 
+from .. import _cotainr
 from ..errors import InputError, quoted
 from . import imageprobe, rocmwindow, targetenv, workdir
 from .origins import Origin
@@ -61,8 +62,10 @@ class BuildRequest:
         A base image build spec for a build without a system.
     base_image_override : str, optional
         Replaces the system's base image (e.g. a user's own copy).
-    conda_env : os.PathLike, optional
-        A conda environment file for cotainr's conda step.
+    conda_env : os.PathLike or list of os.PathLike, optional
+        A conda environment file for cotainr's conda step; several (created
+        from the first, updated with the others in order) where the cotainr
+        in use takes several.
     settings : dict, optional
         Stage settings overriding the profile's, per stage name.
     skip_stages : tuple of str
@@ -149,8 +152,9 @@ class BuildPlan:
         The system (None for a ``--base-image`` build).
     base_image : BaseImage
         The base image.
-    conda_env : :class:`pathlib.Path` or None
-        The conda environment file.
+    conda_envs : tuple of :class:`pathlib.Path`
+        The conda environment files, in order (the first creates the env;
+        :attr:`conda_env` is that one, or None).
     stages : list of Stage
         The stages to run, in order.
     skipped : list of str
@@ -175,7 +179,7 @@ class BuildPlan:
     image_path: Path
     system: Optional[SystemProfile]
     base_image: BaseImage
-    conda_env: Optional[Path]
+    conda_envs: tuple[Path, ...]
     stages: list[Stage]
     skipped: list[str]
     extended: bool
@@ -235,6 +239,11 @@ class BuildPlan:
             self.base_target = targetenv.choose(facts=self.base_facts)
         except targetenv.TargetEnvNotFoundError as e:
             self.base_target = e
+
+    @property
+    def conda_env(self):
+        """The conda environment file that creates the env (None: no env)."""
+        return self.conda_envs[0] if self.conda_envs else None
 
     @property
     def work_dir(self):
@@ -307,7 +316,7 @@ class BuildPlan:
         elif not _URI_RE.match(self.base_image.given):
             lines.append("    (not a file on this machine: the build will fail here)")
         lines.append(
-            "  conda env:  " + (str(self.conda_env) if self.conda_env else "none")
+            "  conda env:  " + (", ".join(map(str, self.conda_envs)) or "none")
         )
         lines.append(f"  work dir:   {self.describe_work_dir()}")
         lines += self._describe_base_answers()
@@ -320,6 +329,10 @@ class BuildPlan:
             lines.append(
                 f"  {step}. cotainr: install the conda env {self.conda_env.name}"
             )
+            lines += [
+                f"       then update it with {file.name}"
+                for file in self.conda_envs[1:]
+            ]
         for stage in self.stages:
             step += 1
             lines.append(f"  {step}. {stage.name}")
@@ -378,15 +391,27 @@ def _image_path(request):
     return image_path
 
 
-def _conda_env(request):
-    """The absolute conda environment file, checked (None when not given)."""
-    if request.conda_env is None:
-        return None
-    conda_env = _absolute(request.conda_env, what="conda environment file")
-    if not conda_env.is_file():
-        raise InputError(f"The conda environment file {conda_env} does not exist.")
-    _check_conda_env_file(conda_env)
-    return conda_env
+def _conda_envs(request):
+    """The absolute conda environment files, each checked (may be empty)."""
+    given = request.conda_env
+    if given is None:
+        return ()
+    if isinstance(given, (str, os.PathLike)):
+        given = [given]
+    files = []
+    for path in given:
+        conda_env = _absolute(path, what="conda environment file")
+        if not conda_env.is_file():
+            raise InputError(f"The conda environment file {conda_env} does not exist.")
+        _check_conda_env_file(conda_env)
+        files.append(conda_env)
+    if len(files) > 1 and not _cotainr.takes_several_conda_envs():
+        raise InputError(
+            f"cotainr {_cotainr.cotainr_version()} takes one conda environment "
+            f"file; got {len(files)}. Put the packages that must be installed "
+            "after others in pip steps (--pip-requirements or --pip-steps)."
+        )
+    return tuple(files)
 
 
 def _resolve_system(*, request, systems, target_settings):
@@ -521,7 +546,7 @@ def make_plan(*, request, systems=None):
             "Give exactly one of a system (--system) and a base image (--base-image)."
         )
     image_path = _image_path(request)
-    conda_env = _conda_env(request)
+    conda_envs = _conda_envs(request)
     overrides = load_stage_settings(raw=request.settings, origin=Origin())
     rocm_overrides = overrides.pop(rocmwindow.SETTINGS_NAME, {})
     build_overrides = overrides.pop(workdir.SETTINGS_NAME, {})
@@ -548,7 +573,7 @@ def make_plan(*, request, systems=None):
         image_path=image_path,
         system=system,
         base_image=BaseImage.from_spec(base_spec),
-        conda_env=conda_env,
+        conda_envs=conda_envs,
         stages=stages,
         skipped=skipped,
         extended=extended,

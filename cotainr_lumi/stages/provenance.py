@@ -134,7 +134,7 @@ class ProvenanceStage(Stage):
                 "resolved": base.resolved,
                 "sha256": sha256 or None,
             },
-            "conda-env": plan.conda_env.name if plan.conda_env else None,
+            "conda-env": ", ".join(f.name for f in plan.conda_envs) or None,
             "stages": [
                 {"name": stage.name, "settings": stage.settings.to_dict()}
                 for stage in plan.stages

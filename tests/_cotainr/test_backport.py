@@ -156,5 +156,23 @@ def test_conda_env_name_and_prefix_come_from_cotainrs_behaviour(
         make(tmp_path, base_image, conda_env=tmp_path / "missing.yml")
 
 
+def test_several_conda_env_files_are_held_as_cotainr_holds_them(
+    tmp_path, base_image, plugged, monkeypatch
+):
+    files = []
+    for name in ("base.yml", "extension.yml"):
+        files.append(tmp_path / name)
+        files[-1].write_text("name: x\n")
+    monkeypatch.setattr(_cotainr, "takes_several_conda_envs", lambda: True)
+    build = make(tmp_path, base_image, conda_env=files)
+    assert build.conda_env == files and build.context.conda_env_files == files
+    # A cotainr that takes one file: one of them is its Path, several are
+    # one clear error.
+    monkeypatch.setattr(_cotainr, "takes_several_conda_envs", lambda: False)
+    assert make(tmp_path, base_image, conda_env=files[:1]).conda_env == files[0]
+    with pytest.raises(backport.StageError, match="takes one --conda-env file"):
+        make(tmp_path, base_image, conda_env=files)
+
+
 def test_stock_options_are_not_added_twice():
     assert backport.stock_build_options() <= {"--force", "--dry-run"}

@@ -10,7 +10,7 @@ import pytest
 from cotainr_lumi import _cotainr, plugin
 from cotainr_lumi._cotainr import contract
 from cotainr_lumi._cotainr._startup import _cotainr_plugins_hook as hook
-from cotainr_lumi.errors import InputError, UnsupportedCotainrError
+from cotainr_lumi.errors import UnsupportedCotainrError
 
 SEAM = _cotainr.has_build_stage_seam()
 
@@ -153,17 +153,35 @@ def test_other_value_errors_are_not_command_errors(tmp_path):
         _cotainr.Sandbox(stock=stock).run(["true"])
 
 
-@pytest.mark.parametrize(
-    ("given", "expected"),
-    [(None, None), ("env.yml", "env.yml"), (["env.yml"], "env.yml"), ([], None)],
-)
-def test_conda_env_single_or_list_of_one(given, expected):
-    assert _cotainr.single_conda_env(given) == expected
+def test_several_conda_env_files_are_asked_of_cotainrs_own_parser(monkeypatch):
+    from cotainr import pack
 
+    # cotainr 2025.7 takes one file; its multi-file branch adds
+    # CondaInstall.extend_environment along with nargs="+".
+    several = hasattr(pack.CondaInstall, "extend_environment")
+    assert _cotainr.takes_several_conda_envs() is several
 
-def test_several_conda_env_files_are_one_clear_error():
-    with pytest.raises(InputError, match="one --conda-env file"):
-        _cotainr.single_conda_env(["a.yml", "b.yml"])
+    class SeveralBuild(contract._cli.Build):
+        @classmethod
+        def add_arguments(cls, *, parser):
+            parser.add_argument("image_path")
+            parser.add_argument("--base-image")
+            parser.add_argument("--conda-env", nargs="+")
+
+    class OneBuild(SeveralBuild):
+        @classmethod
+        def add_arguments(cls, *, parser):
+            parser.add_argument("image_path")
+            parser.add_argument("--base-image")
+            parser.add_argument("--conda-env")
+
+    for cls, expected in ((SeveralBuild, True), (OneBuild, False)):
+        monkeypatch.setattr(contract._cli, "Build", cls)
+        contract.takes_several_conda_envs.cache_clear()
+        try:
+            assert contract.takes_several_conda_envs() is expected
+        finally:
+            contract.takes_several_conda_envs.cache_clear()
 
 
 def test_cotainr_is_imported_only_under_cotainr_lumi_underscore_cotainr():
