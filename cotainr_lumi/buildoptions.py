@@ -20,8 +20,7 @@ import logging
 
 from .engine.origins import OptionOrigin
 from .engine.plan import CANONICAL_STAGE_ORDER, BuildRequest
-from .engine.settings import load_stage_settings
-from .engine.stage import available_stages, get_stage_class
+from .engine.stage import available_stages, get_stage_class, load_stage_settings
 from .engine.yamlfile import read_yaml_text
 from .errors import InputError, quoted
 

@@ -35,8 +35,7 @@ from ..errors import InputError, quoted
 from . import imageprobe, rocmwindow, targetenv, workdir
 from .origins import Origin
 from .profiles import SystemProfile, get_system, load_systems, merge_mappings
-from .settings import load_stage_settings
-from .stage import Stage, get_stage_class
+from .stage import Stage, get_stage_class, load_stage_settings
 from .yamlfile import read_yaml
 
 logger = logging.getLogger(f"cotainr.{__name__}")

@@ -51,7 +51,7 @@ from typing import Any, Optional
 
 from ..errors import ProfileError, UnknownSystemError
 from .origins import ProfileOrigin
-from .settings import load_stage_settings
+from .stage import available_stages, load_stage_settings
 from .yamlfile import line_of, read_yaml
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -329,8 +329,6 @@ def _resolve(*, name, raw, sources, chain=()):
 
 def _validate(*, name, merged, sources, where):
     """Check the keys of a resolved system and build its SystemProfile."""
-    from .stage import available_stages
-
     base_image = merged.get("base-image")
     if not isinstance(base_image, str) or not base_image.strip():
         raise ProfileError(

@@ -15,7 +15,9 @@ is ``rocm-dedup``); the annotation is its type (``bool``, ``str``, ``int``,
 a rule on the value and ``load`` replaces the conversion from what users
 write (the pip steps become ``PipStep`` objects).
 
-:func:`load_stage_settings` is the one loader. It reads what one source gives
+:func:`cotainr_lumi.engine.stage.load_stage_settings` is the one loader (it
+looks stages up in the registry there, and uses :func:`load_settings` for
+each). It reads what one source gives
 (a system profile, ``--set``, a pip steps file, the Python API), checks it
 against the declarations and returns the settings typed, only the keys given,
 so that sources merge (profile files in order, then the build's);
@@ -39,14 +41,14 @@ Functions
 ---------
 setting(default, *, doc, check=None, load=None)
     Declare one setting (a dataclass field).
-load_stage_settings(*, raw, origin)
-    Read the settings one source gives for any stages.
 load_settings(*, schema, raw, origin, stage)
     Read the settings one source gives for one stage.
 read_declared(*, schema, raw, origin, unknown="setting")
     Typed values of a mapping of declared keys (for nested ones, e.g. a step).
 each(check)
     A check of every item of a list.
+unknown_message(name, known, what)
+    The message for an unknown key or stage, with the closest known one.
 convert(*, type_, value)
     A value as a declared type.
 """
@@ -432,7 +434,7 @@ def convert(*, type_, value):
 # -- loading ------------------------------------------------------------------
 
 
-def _unknown(name, known, what):
+def unknown_message(name, known, what):
     """The message for an unknown key or stage, with the closest known one."""
     text = f"unknown {what} (known: {', '.join(known)})"
     close = difflib.get_close_matches(str(name), known, n=1)
@@ -471,7 +473,9 @@ def read_declared(*, schema, raw, origin, unknown="setting"):
     for key, value in raw.items():
         spec = declared.get(key)
         if spec is None:
-            raise SettingError(_unknown(key, list(declared), unknown), path=(key,))
+            raise SettingError(
+                unknown_message(key, list(declared), unknown), path=(key,)
+            )
         try:
             values[key] = spec.read(value, origin=origin)
         except SettingError as e:
@@ -511,48 +515,3 @@ def load_settings(*, schema, raw, origin, stage):
         return read_declared(schema=schema, raw=raw, origin=origin)
     except SettingError as e:
         raise origin.error(path=(stage, *e.path), message=e.message) from None
-
-
-def load_stage_settings(*, raw, origin):
-    """
-    Read the settings one source gives for any stages.
-
-    Parameters
-    ----------
-    raw : mapping or None
-        ``{stage name: {key: value}}`` as given.
-    origin : Origin
-        Where they come from.
-
-    Returns
-    -------
-    settings : dict
-        ``{stage name: {key: typed value}}`` of what was given.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.CotainrLumiError`
-        For an unknown stage or key, or a bad value (the first one).
-    """
-    from .stage import settings_class_of, settings_names
-
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise origin.error(
-            path=(),
-            message="must map stage names to their settings, e.g. "
-            f"{{'prune': {{'strict': True}}}} (got {raw!r})",
-        )
-    loaded = {}
-    for stage, values in raw.items():
-        try:
-            schema = settings_class_of(stage)
-        except KeyError:
-            raise origin.error(
-                path=(stage,), message=_unknown(stage, settings_names(), "stage")
-            ) from None
-        loaded[stage] = load_settings(
-            schema=schema, raw=values, origin=origin, stage=stage
-        )
-    return loaded

@@ -27,9 +27,13 @@ settings_class_of(name)
     The settings declaration of a stage name (or of ``target-env``).
 settings_names()
     The names settings may be given for.
+load_stage_settings(*, raw, origin)
+    Read the settings one source gives for any stages (the one loader of
+    profiles, ``--set`` and the API).
 """
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 import logging
 from typing import Any, ClassVar, Optional, Union
@@ -37,7 +41,7 @@ from typing import Any, ClassVar, Optional, Union
 from ..errors import StageError
 from . import imageprobe, rocmwindow, targetenv, workdir
 from .origins import Origin
-from .settings import NoSettings, load_settings
+from .settings import NoSettings, load_settings, unknown_message
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -423,3 +427,46 @@ def settings_names():
             workdir.SETTINGS_NAME,
         ]
     )
+
+
+def load_stage_settings(*, raw, origin):
+    """
+    Read the settings one source gives for any stages.
+
+    Parameters
+    ----------
+    raw : mapping or None
+        ``{stage name: {key: value}}`` as given.
+    origin : Origin
+        Where they come from.
+
+    Returns
+    -------
+    settings : dict
+        ``{stage name: {key: typed value}}`` of what was given.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.CotainrLumiError`
+        For an unknown stage or key, or a bad value (the first one).
+    """
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise origin.error(
+            path=(),
+            message="must map stage names to their settings, e.g. "
+            f"{{'prune': {{'strict': True}}}} (got {raw!r})",
+        )
+    loaded = {}
+    for stage, values in raw.items():
+        try:
+            schema = settings_class_of(stage)
+        except KeyError:
+            raise origin.error(
+                path=(stage,), message=unknown_message(stage, settings_names(), "stage")
+            ) from None
+        loaded[stage] = load_settings(
+            schema=schema, raw=values, origin=origin, stage=stage
+        )
+    return loaded

@@ -45,12 +45,10 @@ from ..imagelayout import (
 )
 from . import netplugin, rocmdriver
 from .expectedenv import expected_env as profile_env
+from .mpi import check_mpi
+from .status import FAIL, NA, PASS, WARN
 
 logger = logging.getLogger(f"cotainr.{__name__}")
-
-PASS, FAIL, NA = "PASS", "FAIL", "N/A"
-#: A finding that does not fail the image (FAIL with ``verify --strict``).
-WARN = "WARN"
 
 #: Where the LUMI base images expect the host's Cray libfabric (FACTS §2):
 #: ``/opt/cray`` is removed from the images and bound from the host.
@@ -525,9 +523,6 @@ def verify_image(*, image, expected_env=None, strict=False):
         report=report, facts=facts, strict=strict, warn=WARN, fail=FAIL, passed=PASS
     )
     _check_runtime(report, facts)
-    # MPI (verify/mpi.py, which imports this module's statuses).
-    from .mpi import check_mpi
-
     check_mpi(report, image=image)
     for check, what, instead in HARDWARE_CHECKS:
         report.add(check, NA, f"needs LUMI hardware: {what}; run: {instead}")

@@ -32,7 +32,7 @@ from pathlib import Path
 from .. import apptainer
 from ..imagelayout import MPI_FILE, TARGET_ENV_FILE
 from ..stages.lumi_env.mpi import LOAD_CHECK, LOAD_CHECK_MARK, parse_load_check
-from .checks import FAIL, NA, PASS
+from .status import FAIL, NA, PASS
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 

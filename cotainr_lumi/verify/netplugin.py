@@ -25,10 +25,10 @@ import logging
 import os
 
 from ..stages.lumi_env import network
+from .status import FAIL, NA, PASS
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-PASS, FAIL, NA = "PASS", "FAIL", "N/A"
 
 #: Where the plugin may be besides the image's record and ``/opt/aws-ofi-*``.
 PLUGIN_DIRS = ["/opt/aws-ofi-rccl", "/opt/aws-ofi-rccl/lib", "/opt/aws-ofi-rccl/lib64"]

@@ -17,10 +17,9 @@ from cotainr_lumi.engine.settings import (
     StageSettings,
     convert,
     load_settings,
-    load_stage_settings,
     setting,
 )
-from cotainr_lumi.engine.stage import Stage, register_stage
+from cotainr_lumi.engine.stage import Stage, load_stage_settings, register_stage
 from cotainr_lumi.engine.yamlfile import read_yaml
 from cotainr_lumi.errors import InputError, ProfileError
 
