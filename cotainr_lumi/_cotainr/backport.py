@@ -565,6 +565,22 @@ def _conda_env_files(conda_env):
     return files
 
 
+def _as_cotainr_holds_them(files):
+    """The conda env files as cotainr's ``Build.conda_env``: a list or one."""
+    from . import cotainr_version, takes_several_conda_envs
+
+    if takes_several_conda_envs():
+        return files or None
+    if len(files) > 1:
+        raise StageError(
+            f"cotainr {cotainr_version()} takes one --conda-env file; "
+            f"got {len(files)}. Put the packages that must be installed "
+            "after others in pip steps (--pip-requirements or --pip-steps).",
+            exit_code=2,
+        )
+    return files[0] if files else None
+
+
 def _participating_stages(*, context, options):
     """The plugins' stages taking part in a build, with their contexts."""
     options = dict(options)
@@ -656,26 +672,8 @@ class Build(_cli.Build):
             self.system = _lookup_system(system)
             self.base_image = self.system["base-image"]
         files = _conda_env_files(conda_env)
-        from . import (
-            CONDA_ENV_NAME,
-            CONDA_PREFIX,
-            cotainr_version,
-            takes_several_conda_envs,
-        )
-
-        # As cotainr's own Build holds them: a list where cotainr takes
-        # several files, else the one file.
-        if takes_several_conda_envs():
-            self.conda_env = files or None
-        elif len(files) > 1:
-            raise StageError(
-                f"cotainr {cotainr_version()} takes one --conda-env file; "
-                f"got {len(files)}. Put the packages that must be installed "
-                "after others in pip steps (--pip-requirements or --pip-steps).",
-                exit_code=2,
-            )
-        else:
-            self.conda_env = files[0] if files else None
+        self.conda_env = _as_cotainr_holds_them(files)
+        from . import CONDA_ENV_NAME, CONDA_PREFIX
 
         self.context = BuildContext(
             image_path=self.image_path,

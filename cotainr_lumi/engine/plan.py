@@ -292,6 +292,19 @@ class BuildPlan:
             Several lines.
         """
         lines = ["cotainr-lumi build plan (dry run: nothing is built)"]
+        lines += self._describe_inputs()
+        lines.append(f"  work dir:   {self.describe_work_dir()}")
+        lines += self._describe_base_answers()
+        mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
+        lines.append(f"  pipeline:   {mode}")
+        lines += self._describe_steps()
+        for reason in self.skipped:
+            lines.append(f"  skipped: {reason}")
+        return "\n".join(lines)
+
+    def _describe_inputs(self):
+        """The plan's lines on the image, system, base image and conda env."""
+        lines = []
         exists = ""
         if self.image_exists:
             exists = (
@@ -317,12 +330,12 @@ class BuildPlan:
         lines.append(
             "  conda env:  " + (", ".join(map(str, self.conda_envs)) or "none")
         )
-        lines.append(f"  work dir:   {self.describe_work_dir()}")
-        lines += self._describe_base_answers()
-        mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
-        lines.append(f"  pipeline:   {mode}")
+        return lines
+
+    def _describe_steps(self):
+        """The plan's numbered steps: cotainr's and the stages', in order."""
         step = 1
-        lines.append(f"  {step}. cotainr: create the sandbox from the base image")
+        lines = [f"  {step}. cotainr: create the sandbox from the base image"]
         if self.conda_env is not None:
             step += 1
             lines.append(
@@ -342,9 +355,7 @@ class BuildPlan:
             f"  {step}. cotainr: add metadata labels and build the SIF "
             "(written next to the target, moved into place on success)"
         )
-        for reason in self.skipped:
-            lines.append(f"  skipped: {reason}")
-        return "\n".join(lines)
+        return lines
 
 
 def _check_conda_env_file(path):
