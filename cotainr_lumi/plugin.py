@@ -21,19 +21,23 @@ systems()
     The cotainr-lumi systems, in cotainr's ``systems.json`` format.
 on_stock_cotainr(cli_module)
     Install the backport of the seam on a cotainr without it.
+disabled()
+    Whether ``COTAINR_LUMI_DISABLE`` turns cotainr-lumi off.
 
 Attributes
 ----------
 build_stages : tuple of type
-    The build stages this plugin adds.
+    The build stages this plugin adds (none when :func:`disabled`).
 """
 
 import atexit
 import contextlib
 import logging
+import os
 import sys
 
 from . import _cotainr, buildoptions, imagelayout
+from ._cotainr._startup._cotainr_plugins_hook import DISABLE_ENV_VAR
 from .engine import history, rocmwindow
 from .engine.pipeline import (
     as_stage_error,
@@ -65,7 +69,7 @@ def systems():
         warning) when a profile file is invalid.
     """
     global _listing_systems
-    if _listing_systems:  # load_systems() asks cotainr for its own systems
+    if _listing_systems or disabled():  # load_systems() asks cotainr for its own
         return {}
     _listing_systems = True
     try:
@@ -270,8 +274,27 @@ class LumiStage(_cotainr.BuildStage):
         self._work_dir.close()
 
 
-#: The build stages of this plugin (read by cotainr's seam).
-build_stages = (LumiStage,)
+def disabled():
+    """
+    Whether ``COTAINR_LUMI_DISABLE`` turns cotainr-lumi off.
+
+    A cotainr that discovers plugins itself (upstream series) loads this
+    module whatever the start-up hook does; the plugin then offers no system
+    and no stage, so cotainr runs as if it were not installed.
+
+    Returns
+    -------
+    off : bool
+        True when the variable is set to a value other than "" or "0".
+    """
+    return os.environ.get(DISABLE_ENV_VAR, "") not in ("", "0")
+
+
+def __getattr__(name):
+    """``build_stages``: the build stages of this plugin (read by cotainr's seam)."""
+    if name == "build_stages":
+        return () if disabled() else (LumiStage,)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def on_stock_cotainr(cli_module):
@@ -303,7 +326,7 @@ def on_stock_cotainr(cli_module):
 __all__ = [
     "LumiStage",
     "UnsupportedCotainrError",
-    "build_stages",
+    "disabled",
     "on_stock_cotainr",
     "systems",
 ]

@@ -11,6 +11,7 @@ directory gets a ``.singularity.d`` skeleton, ``touch`` creates files, and
 import json
 from pathlib import Path
 import subprocess
+import sys
 
 import pytest
 
@@ -86,6 +87,12 @@ def isolated_config(tmp_path_factory, monkeypatch):
         "APPTAINER_BINDPATH",
     ):
         monkeypatch.delenv(name, raising=False)
+    # A cotainr with plugin discovery (upstream patch 0005) asks the plugins
+    # for their systems once per process, as a command does; each test here
+    # has profiles of its own, so each starts without that answer.
+    plugins = sys.modules.get("cotainr.plugins")
+    if plugins is not None and hasattr(plugins, "_plugin_systems"):
+        monkeypatch.setattr(plugins, "_plugin_systems", None)
     return config_home
 
 

@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import sys
 from unittest import mock
@@ -38,8 +39,11 @@ def run_cli(mocker, subcommands, argv):
 
     from cotainr_lumi._cotainr import backport
 
-    stock = getattr(cotainr.util.get_systems, "__wrapped__", cotainr.util.get_systems)
-    mocker.patch("cotainr.util.get_systems", backport.systems_with_plugins(stock))
+    if importlib.util.find_spec("cotainr.plugins") is None:  # as backport.install
+        stock = getattr(
+            cotainr.util.get_systems, "__wrapped__", cotainr.util.get_systems
+        )
+        mocker.patch("cotainr.util.get_systems", backport.systems_with_plugins(stock))
     backport.main_with_stage_errors(stock_cli.main)()
 
 

@@ -1,5 +1,7 @@
 """The backport of the build stage seam on a stock cotainr (docs/upstream/seam-api.md)."""
 
+import importlib.util
+
 import pytest
 
 from cotainr_lumi import _cotainr
@@ -54,6 +56,13 @@ class Plugin:
 def plugged(mocker):
     SEEN.clear()
     mocker.patch.object(backport, "load_plugins", return_value=[Plugin])
+    if importlib.util.find_spec("cotainr.plugins") is not None:
+        # A cotainr with plugin discovery (series 0005) adds the plugins'
+        # systems itself.
+        mocker.patch(
+            "cotainr.plugins.get_plugin_systems",
+            side_effect=lambda *, defined_systems: Plugin.systems(),
+        )
     return SEEN
 
 

@@ -1,0 +1,25 @@
+"""The plugin entry point (cotainr_lumi/plugin.py) as cotainr reads it."""
+
+import pytest
+
+from cotainr_lumi import plugin
+
+
+def test_systems_and_stages_are_offered(test_profile):
+    systems = plugin.systems()
+    assert "lumi-test" in systems and "base-image" in systems["lumi-test"]
+    assert plugin.build_stages == (plugin.LumiStage,)
+
+
+@pytest.mark.parametrize("value", ["1", "yes"])
+def test_cotainr_lumi_disable_offers_nothing_to_a_cotainr_that_loads_it(
+    test_profile, monkeypatch, value
+):
+    """cotainr with plugin discovery loads the plugin whatever the hook does."""
+    monkeypatch.setenv("COTAINR_LUMI_DISABLE", value)
+    assert plugin.disabled()
+    assert plugin.systems() == {} and plugin.build_stages == ()
+    monkeypatch.setenv("COTAINR_LUMI_DISABLE", "0")
+    assert not plugin.disabled() and "lumi-test" in plugin.systems()
+    with pytest.raises(AttributeError):
+        plugin.no_such_name  # noqa: B018
