@@ -26,7 +26,7 @@ import sys
 
 from . import _cotainr
 from .engine.profiles import load_systems
-from .errors import CotainrLumiError
+from .errors import CotainrLumiError, InputError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -145,7 +145,17 @@ class CotainrLumiCLI:
                 # cotainr reads a broken profile file as "no such system";
                 # the cotainr-lumi command says what is wrong with it.
                 load_systems()
-            self.subcommand = _cotainr.cotainr_subcommand(args=args)
+            try:
+                self.subcommand = _cotainr.cotainr_subcommand(args=args)
+            except (OSError, RuntimeError) as e:
+                # cotainr's Build resolves the paths it is given (a symlink
+                # loop, an unreadable directory) before any plugin runs.
+                if isinstance(e, RuntimeError) and "Symlink loop" not in str(e):
+                    raise
+                raise InputError(
+                    f"A path given to build cannot be resolved ({e}); give a "
+                    "path without a symlink loop, in a directory you can read."
+                ) from None
             return
         parsed = _parser().parse_args(args=args)
         if not hasattr(parsed, "subcommand_cls"):

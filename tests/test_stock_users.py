@@ -38,7 +38,12 @@ def test_build_help_only_gains_the_cotainr_lumi_group():
         for option in {"--force", "--dry-run"} - stock_build_options():
             assert option in backport
     group = groups
-    assert group.startswith("cotainr-lumi:") and group.count(":\n") == 1
+    # Titled as cotainr's seam titles a stage's group, with the stage's
+    # one-line description: the same on both paths.
+    assert group.startswith(
+        "cotainr-lumi build stage:\n  Run the cotainr-lumi stages of the build plan."
+    )
+    assert group.count(":\n") == 1
     for option in ("--base-image-override", "--set", "--skip-stage", "--pip-steps"):
         assert option in group and option not in "".join(stock)
     # The usage lists cotainr's options first, unchanged, then the new ones.

@@ -448,7 +448,15 @@ def stage_options(stage_cls, *, parser=None):
         The options' destinations and default values.
     """
     parser = parser or argparse.ArgumentParser(add_help=False)
-    group = _RecordingGroup(parser.add_argument_group(stage_cls.name))
+    # Titled as cotainr's seam (series 0006) titles it: the same help on both.
+    group = _RecordingGroup(
+        parser.add_argument_group(
+            title=f"{stage_cls.name} build stage",
+            description=(
+                stage_cls.__doc__.strip().splitlines()[0] if stage_cls.__doc__ else None
+            ),
+        )
+    )
     stage_cls.add_arguments(parser=group)
     return {action.dest: action.default for action in group.actions}
 
