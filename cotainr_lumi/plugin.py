@@ -37,7 +37,6 @@ import os
 import sys
 
 from . import _cotainr, buildoptions, imagelayout
-from ._cotainr._startup._cotainr_plugins_hook import DISABLE_ENV_VAR
 from .engine import history, rocmwindow
 from .engine.pipeline import (
     as_stage_error,
@@ -272,6 +271,11 @@ class LumiStage(_cotainr.BuildStage):
         """Restore the environment the build changed (for library callers)."""
         self._restore.close()
         self._work_dir.close()
+
+
+#: Turns cotainr-lumi off (the start-up hook's switch too; the hook is
+#: installed at the top of site-packages, outside this package, in a wheel).
+DISABLE_ENV_VAR = "COTAINR_LUMI_DISABLE"
 
 
 def disabled():

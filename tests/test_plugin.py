@@ -23,3 +23,9 @@ def test_cotainr_lumi_disable_offers_nothing_to_a_cotainr_that_loads_it(
     assert not plugin.disabled() and "lumi-test" in plugin.systems()
     with pytest.raises(AttributeError):
         plugin.no_such_name  # noqa: B018
+
+
+def test_the_switch_is_the_start_up_hooks():
+    from cotainr_lumi._cotainr._startup import _cotainr_plugins_hook as hook
+
+    assert plugin.DISABLE_ENV_VAR == hook.DISABLE_ENV_VAR == "COTAINR_LUMI_DISABLE"
