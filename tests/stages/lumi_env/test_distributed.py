@@ -298,14 +298,24 @@ def test_odd_user_names_give_a_cache_directly_under_tmp(fakebin, user):
     check_cache_for_user(fakebin, user)
 
 
+#: The node id of the odd-user-name tests: the cache is a real directory
+#: under /tmp named by the (odd) user and the node, so two test runs at once
+#: (the series check runs suites in parallel) need different nodes.
+ODD_NODE = str(os.getpid())
+
+
 def check_cache_for_user(fakebin, user):
-    proc, got = run(fakebin, {"SLURM_LOCALID": "0", "SLURM_NODEID": "7"}, user=user)
+    proc, got = run(
+        fakebin, {"SLURM_LOCALID": "0", "SLURM_NODEID": ODD_NODE}, user=user
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     cache = got["MIOPEN_USER_DB_PATH"]
     name = cache[len("/tmp/") :]
     assert cache.startswith("/tmp/")
-    assert re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*-miopen-cache-7", name), cache
+    assert re.fullmatch(
+        rf"[A-Za-z0-9_-][A-Za-z0-9._-]*-miopen-cache-{ODD_NODE}", name
+    ), cache
     assert ".." not in name
     assert os.path.realpath(cache) == cache
     assert Path(cache).is_dir()
