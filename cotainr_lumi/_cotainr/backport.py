@@ -575,10 +575,12 @@ def _conda_env_files(conda_env):
 
 def _as_cotainr_holds_them(files):
     """The conda env files as cotainr's ``Build.conda_env``: a list or one."""
+    if not files:  # no need to ask cotainr's parser
+        return None
     from . import cotainr_version, takes_several_conda_envs
 
     if takes_several_conda_envs():
-        return files or None
+        return files
     if len(files) > 1:
         raise StageError(
             f"cotainr {cotainr_version()} takes one --conda-env file; "
@@ -586,7 +588,7 @@ def _as_cotainr_holds_them(files):
             "after others in pip steps (--pip-requirements or --pip-steps).",
             exit_code=2,
         )
-    return files[0] if files else None
+    return files[0]
 
 
 def _participating_stages(*, context, options):

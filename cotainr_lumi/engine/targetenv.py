@@ -56,8 +56,12 @@ Functions
 ---------
 choose(*, facts, explicit=None, conda_env=False)
     Choose from the probe's facts.
+settings_of(*, plan)
+    The ``target-env`` settings of a plan (the defaults when it has none).
 explicit_prefix(*, plan)
     The ``target-env.prefix`` setting of a plan.
+probe_timeout(*, plan)
+    The seconds the probe of an image may take.
 describe_lines(*, plan)
     What the plan says about the target environment.
 """
@@ -105,6 +109,24 @@ def _check_timeout(value):
         raise ValueError(f"must be between 1 and 86400 seconds (got {value!r})")
 
 
+def settings_of(*, plan):
+    """
+    The ``target-env`` settings of a plan (the defaults when it has none).
+
+    Parameters
+    ----------
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan` or None
+        The plan.
+
+    Returns
+    -------
+    settings : TargetEnvSettings
+        The settings.
+    """
+    settings = getattr(plan, "target_settings", None)
+    return settings if isinstance(settings, TargetEnvSettings) else TargetEnvSettings()
+
+
 def probe_timeout(*, plan):
     """
     The seconds the probe of an image may take (``target-env.probe-timeout``).
@@ -119,8 +141,7 @@ def probe_timeout(*, plan):
     seconds : int
         The setting, else its default.
     """
-    settings = getattr(plan, "target_settings", None)
-    return getattr(settings, "probe_timeout", None) or 120
+    return settings_of(plan=plan).probe_timeout
 
 
 def timeout_message(seconds):
@@ -639,8 +660,7 @@ def explicit_prefix(*, plan):
     prefix : str or None
         The prefix.
     """
-    settings = getattr(plan, "target_settings", None)
-    return (settings.prefix if settings is not None else None) or None
+    return settings_of(plan=plan).prefix or None
 
 
 #: What a build looks for when it cannot ask the base image now.
