@@ -1,14 +1,19 @@
 """
 The network layer of an image, checked: RCCL's plugin, its libraries, rccl-tests.
 
-Both plugin generations count: aws-ofi-rccl (``librccl-net*.so*``, the 2024
-LUMI images in ``/opt/aws-ofi-rccl``, the 2025 LUMI AI Factory images in
-``/usr/lib``) and its successor aws-ofi-nccl (``libnccl-net*.so*``, the ROCm 7
-LUMI AI Factory images, in ``/usr/lib/x86_64-linux-gnu``), also when named by
-``NCCL_NET_PLUGIN``. Where the libfabric the plugin uses must come from (the
+The plugin is the file RCCL itself would load (:mod:`cotainr_lumi.engine.rcclplugin`:
+``librccl-net.so``, or what ``NCCL_NET_PLUGIN`` names, looked up as ``dlopen``
+does), of either generation: aws-ofi-rccl (``librccl-net.so``, the 2024 LUMI
+images in ``/opt/aws-ofi-rccl``, the 2025 LUMI AI Factory images in
+``/usr/lib``) or its successor aws-ofi-nccl built for ROCm
+(``librccl-net-ofi.so``, the ROCm 7 LUMI AI Factory images). A plugin RCCL
+would not load (another name, a directory off the loader's path, NCCL's
+``libnccl-net*.so``) is a FAIL that says what to set. Where the libfabric the plugin uses must come from (the
 host's Cray libfabric, or the image's own) is what the image's profile said,
 recorded by the lumi-env stage in :data:`cotainr_lumi.imagelayout.RUNTIME_FILE`
-(images without the record: the host's, as the 2024 images).
+(images without the record, such as a LUMI AI Factory image as shipped: the
+image's own when it has ``libfabric.so.1`` on the loader's path and no host
+``/opt/cray`` on ``LD_LIBRARY_PATH``, else the host's, as the 2024 images).
 
 Rows: ``net-plugin``, ``net-plugin-deps``, ``cray-libfabric`` (host) or
 ``image-libfabric`` (image), ``rccl-tests``.
@@ -24,6 +29,7 @@ check_network(*, report, facts, env, check_cray_libfabric)
 import logging
 import os
 
+from ..engine import rcclplugin
 from ..stages.lumi_env import network
 from .status import FAIL, NA, PASS
 
@@ -52,67 +58,95 @@ def probe_inputs():
         directories.
     """
     return {
-        "plugin_patterns": [list(p) for p in network.PLUGIN_PATTERNS],
+        "plugin_patterns": list(rcclplugin.PATTERNS),
         "plugin_dirs": PLUGIN_DIRS,
         "loader_dirs": list(network.DEFAULT_LOADER_DIRS),
         "rccl_tests_dirs": RCCL_TESTS_DIRS,
     }
 
 
-def _libfabric_source(net):
+def _libfabric_source(net, env):
+    """The image's record; else the image's own when it has one and no Cray's."""
     runtime = net.get("runtime")
     if isinstance(runtime, dict) and runtime.get("libfabric") in ("host", "image"):
         return runtime["libfabric"]
-    return "host"
+    cray = any(p.startswith(CRAY_PREFIX) for p in _ld_library_path(env))
+    return "image" if net.get("image_libfabric") and not cray else "host"
 
 
 def _ld_library_path(env):
     return [p for p in (env.get("LD_LIBRARY_PATH") or "").split(":") if p]
 
 
-def _on_loader_path(directory, env):
-    directory = os.path.normpath(directory)
-    return network.is_default_loader_dir(directory) or directory in {
-        os.path.normpath(p) for p in _ld_library_path(env)
-    }
+def search_dirs(net, env):
+    """
+    Where ``dlopen`` looks for a bare name in the image, in order.
+
+    Parameters
+    ----------
+    net : dict
+        The probe's network facts (``conf_dirs``: /etc/ld.so.conf.d's).
+    env : dict
+        The image's environment (its ``LD_LIBRARY_PATH``).
+
+    Returns
+    -------
+    dirs : list of str
+        ``LD_LIBRARY_PATH``, the loader's cache directories, its defaults.
+    """
+    dirs = _ld_library_path(env) + list(net.get("conf_dirs") or [])
+    dirs += list(network.DEFAULT_LOADER_DIRS)
+    return list(dict.fromkeys(os.path.normpath(d) for d in dirs))
+
+
+def loaded_plugin(net, env):
+    """
+    The plugin RCCL loads in the image, with its ``ldd``, or None.
+
+    Parameters
+    ----------
+    net : dict
+        The probe's network facts.
+    env : dict
+        The image's environment.
+
+    Returns
+    -------
+    plugin : dict or None
+        :func:`cotainr_lumi.engine.rcclplugin.resolve`'s answer plus ``ldd``.
+    """
+    plugin = rcclplugin.resolve(
+        named=net.get("named"),
+        files=net.get("plugin_files") or {},
+        search_dirs=search_dirs(net, env),
+    )
+    if plugin is not None:
+        plugin["ldd"] = (net.get("ldd") or {}).get(plugin["path"])
+    return plugin
 
 
 def _check_plugin(report, net, env):
-    plugin = net.get("plugin")
-    searched = ", ".join(net.get("searched") or [])
+    plugin = loaded_plugin(net, env)
     if plugin is None:
-        named = net.get("named")
-        what = (
-            f"NCCL_NET_PLUGIN={named!r} names no plugin in the image"
-            if named
-            else "no RCCL network plugin (librccl-net*.so*, libnccl-net*.so*)"
+        why = rcclplugin.advice(
+            named=net.get("named"),
+            files=net.get("plugin_files") or {},
+            search_dirs=search_dirs(net, env),
         )
         report.add(
             "net-plugin",
             FAIL,
-            f"{what} (searched {searched}): RCCL falls back to TCP sockets "
-            "between nodes; build on an image family that has one",
+            f"{why} (looked in {', '.join(net.get('searched') or [])}): RCCL falls "
+            "back to TCP sockets between nodes",
         )
         return None
-    where = (
-        "the loader's default path"
-        if network.is_default_loader_dir(plugin["dir"])
-        else "LD_LIBRARY_PATH"
+    ld_path = {os.path.normpath(p) for p in _ld_library_path(env)}
+    where = "LD_LIBRARY_PATH" if plugin["dir"] in ld_path else "the loader's path"
+    if net.get("named"):
+        where += f", named by NCCL_NET_PLUGIN={net['named']}"
+    report.add(
+        "net-plugin", PASS, f"{plugin['generation']}: {plugin['path']} (on {where})"
     )
-    named = f", named by NCCL_NET_PLUGIN={net['named']}" if net.get("named") else ""
-    if not _on_loader_path(plugin["dir"], env) and plugin["generation"] != "named":
-        report.add(
-            "net-plugin",
-            FAIL,
-            f"{plugin['generation']}: {plugin['path']} is not on LD_LIBRARY_PATH or "
-            "the loader's default path: RCCL cannot load it",
-        )
-    else:
-        report.add(
-            "net-plugin",
-            PASS,
-            f"{plugin['generation']}: {plugin['path']} (on {where}{named})",
-        )
     return plugin
 
 
@@ -122,6 +156,13 @@ def _check_deps(report, plugin, *, source):
         return
     ldd = plugin.get("ldd") or {}
     deps = ldd.get("deps") or {}
+    if not ldd:
+        report.add(
+            "net-plugin-deps",
+            FAIL,
+            f"the probe did not read {plugin['path']}'s libraries",
+        )
+        return
     missing = [name for name, path in deps.items() if path is None]
     if not deps and ldd.get("rc") not in (0, None):
         report.add(
@@ -227,7 +268,7 @@ def check_network(*, report, facts, env, check_cray_libfabric):
         image using the host's libfabric.
     """
     net = facts.get("network") or {}
-    source = _libfabric_source(net)
+    source = _libfabric_source(net, env)
     plugin = _check_plugin(report, net, env)
     _check_deps(report, plugin, source=source)
     if source == "host":

@@ -154,13 +154,6 @@ def ldd(path):
     return {"rc": result["rc"], "deps": deps, "err": result["err"][-500:]}
 
 
-def plugin_names(named):
-    """The file names NCCL_NET_PLUGIN=`named` makes RCCL load."""
-    if "/" in named or ".so" in named:
-        return [os.path.basename(named)]
-    return [f"libnccl-net-{named}.so", f"librccl-net-{named}.so"]
-
-
 def read_runtime():
     """The image's record of its network layer (None: none; "unreadable")."""
     text = read(INPUTS["runtime_file"])
@@ -170,7 +163,7 @@ def read_runtime():
         return "unreadable"
 
 
-def plugin_dirs(runtime, ld_path):
+def plugin_dirs(runtime, ld_path, named):
     """Where to look: the record's, /opt/aws-ofi-*, LD_LIBRARY_PATH, the loader's."""
     dirs = (
         list(runtime.get("net-plugin-dirs") or []) if isinstance(runtime, dict) else []
@@ -178,21 +171,41 @@ def plugin_dirs(runtime, ld_path):
     dirs += INPUTS["plugin_dirs"]
     for opt in sorted(glob.glob("/opt/aws-ofi-*")):
         dirs += [opt, f"{opt}/lib", f"{opt}/lib64"]
-    dirs += ld_path + INPUTS["loader_dirs"]
-    return list(dict.fromkeys(os.path.normpath(d) for d in dirs))
+    if named and "/" in named:
+        dirs.append(os.path.dirname(named))
+    dirs += ld_path + conf_dirs() + INPUTS["loader_dirs"]
+    return list(dict.fromkeys(os.path.normpath(d) for d in dirs if d))
 
 
-def chosen_plugin(found, named):
-    """The plugin RCCL loads: the first found, or the one NCCL_NET_PLUGIN names."""
-    if not named:
-        return found[0] if found else None
-    names = plugin_names(named)
-    for f in found:
-        if os.path.basename(f["path"]) in names or f["path"] == named:
-            return f
-    if named.startswith("/") and os.path.exists(named):
-        return {"path": named, "dir": os.path.dirname(named), "generation": "named"}
-    return None
+def conf_dirs():
+    """The directories /etc/ld.so.conf.d names (the loader's cache has them)."""
+    dirs = []
+    for path in sorted(glob.glob("/etc/ld.so.conf.d/*.conf")):
+        for line in (read(path) or "").splitlines():
+            line = line.split("#")[0].strip()
+            if line.startswith("/"):
+                dirs.append(os.path.normpath(line))
+    return list(dict.fromkeys(dirs))
+
+
+def plugin_files(dirs, named):
+    """{dir: {plugin file name: link target or None}} (RCCL's and NCCL's names)."""
+    files = {}
+    for d in dirs:
+        names = {
+            os.path.basename(p)
+            for pattern in INPUTS["plugin_patterns"]
+            for p in glob.glob(os.path.join(d, pattern))
+        }
+        if named and os.path.dirname(named) == d and os.path.exists(named):
+            names.add(os.path.basename(named))
+        entries = {}
+        for name in sorted(names):
+            path = os.path.join(d, name)
+            entries[name] = os.readlink(path) if os.path.islink(path) else None
+        if entries:
+            files[d] = entries
+    return files
 
 
 def rccl_tests(runtime):
@@ -210,17 +223,15 @@ def network_facts():
     """Where the plugin, its libraries and rccl-tests are in the image."""
     runtime = read_runtime()
     ld_path = [p for p in (os.environ.get("LD_LIBRARY_PATH") or "").split(":") if p]
-    dirs = plugin_dirs(runtime, ld_path)
-    found = [
-        {"path": path, "dir": d, "generation": generation}
-        for d in dirs
-        for generation, pattern in INPUTS["plugin_patterns"]
-        for path in sorted(glob.glob(os.path.join(d, pattern)))
-    ]
     named = os.environ.get("NCCL_NET_PLUGIN") or None
-    plugin = chosen_plugin(found, named)
-    if plugin is not None:
-        plugin = {**plugin, "ldd": ldd(plugin["path"])}
+    dirs = plugin_dirs(runtime, ld_path, named)
+    files = plugin_files(dirs, named)
+    # Which file RCCL loads is decided outside (engine/rcclplugin.py); the
+    # libraries of each plugin file are read here.
+    paths = sorted(
+        (os.path.join(d, n) for d in files for n in files[d]),
+        key=lambda p: not os.path.basename(p).startswith("librccl-net"),
+    )
     libfabric = sorted(
         {
             os.path.realpath(p)
@@ -232,9 +243,10 @@ def network_facts():
     return {
         "runtime": runtime,
         "searched": dirs,
-        "found": found,
+        "conf_dirs": conf_dirs(),
         "named": named,
-        "plugin": plugin,
+        "plugin_files": files,
+        "ldd": {p: ldd(p) for p in paths[:8]},
         "ld_library_path": ld_path,
         "image_libfabric": libfabric,
         "rccl_tests": tests,

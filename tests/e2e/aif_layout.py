@@ -13,8 +13,10 @@ multiarch library directory ``/usr/lib/x86_64-linux-gnu``) by
   through ``/etc/ld.so.conf.d/rocm-30.conf`` as in the recipe, no
   ``ROCM_PATH``;
 - in the multiarch directory: stub ``libcxi.so.1``, ``libfabric.so.1``
-  (needs libcxi), ``libmpi.so.12`` (MPICH ABI, needs libfabric) and the
-  aws-ofi-nccl plugin ``libnccl-net.so`` (needs libfabric and libcxi);
+  (needs libcxi), ``libmpi.so.12`` (MPICH ABI, needs libfabric), the
+  aws-ofi-nccl plugin as its ROCm build names itself, ``librccl-net-ofi.so``
+  (needs libfabric and libcxi; RCCL loads it only as ``NCCL_NET_PLUGIN=ofi``),
+  and a decoy ``libnccl-net.so`` (NCCL's name, which RCCL never loads);
   ``/usr/libexec/rccl-tests/all_reduce_perf``, ``/opt/oci-entrypoint.sh``;
 - the venv ``/opt/venv`` (Debian's python3 -m venv), exposed only through
   ``PATH`` and ``PYTHONPATH`` (no ``VIRTUAL_ENV``), holding a torch-like
@@ -22,7 +24,9 @@ multiarch library directory ``/usr/lib/x86_64-linux-gnu``) by
   with copies of the base's ROCm 7 libraries and ``rocblas/``, and a
   ``libtorch_hip.so`` whose RUNPATH prefers ``/opt/rocm/lib`` (the recipe
   patches it so);
-- ``MPIR_CVAR_*`` GPU settings in the image's environment; ``/.sbom.json``
+- ``MPIR_CVAR_*`` GPU settings in the image's environment, in
+  ``10-docker2singularity.sh`` as Apptainer writes the ``ENV`` lines of the
+  OCI archive the recipe builds the SIF from; ``/.sbom.json``
   (``{"apt": [...], "pip": [...]}``) as the recipe writes it;
 - ``/usr/bin/python3`` (Debian's) stays: the system python decoy.
 """
@@ -37,7 +41,8 @@ SETUP = rf"""
 set -euo pipefail
 trap 'echo "aif layout: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
 W="$(mktemp -d)"
-rm -f /.singularity.d/env/92-cotainr-env.sh /.singularity.d/env/90-environment.sh
+rm -f /.singularity.d/env/92-cotainr-env.sh /.singularity.d/env/90-environment.sh \
+    /.singularity.d/env/10-docker2singularity.sh
 rm -rf /opt/cotainr /opt/aws-ofi-rccl /opt/rocm /opt/rocm-6.1.3
 
 # mklib DIR NAME SOMAJOR [LINK FLAGS...]: a stub library with a real SONAME.
@@ -77,8 +82,9 @@ mklib "$M" cxi 1
 mklib "$M" fabric 1 -lcxi
 mklib "$M" mpi 12 -lfabric
 printf 'int nccl_net_ofi_marker(void) {{ return 1; }}\n' >"$W/net.c"
-gcc -O1 -shared -fPIC -o "$M/libnccl-net.so" "$W/net.c" -Wl,--no-as-needed \
+gcc -O1 -shared -fPIC -o "$M/librccl-net-ofi.so" "$W/net.c" -Wl,--no-as-needed \
     -L"$M" -lfabric -lcxi
+gcc -O1 -shared -fPIC -o "$M/libnccl-net.so" "$W/net.c"
 ldconfig
 mkdir -p /usr/libexec/rccl-tests /usr/libexec/osu-micro-benchmarks
 printf '#!/bin/sh\necho "stub all_reduce_perf"\n' >/usr/libexec/rccl-tests/all_reduce_perf
@@ -110,7 +116,7 @@ echo pip >"$D/INSTALLER"
 : >"$D/RECORD"
 
 # The image's environment, as the recipe's ENV lines make it.
-cat >/.singularity.d/env/90-environment.sh <<'EOF'
+cat >/.singularity.d/env/10-docker2singularity.sh <<'EOF'
 #!/bin/sh
 export PATH="{VENV}/bin:$PATH"
 export PYTHONPATH="{SITE}${{PYTHONPATH:+:$PYTHONPATH}}"
@@ -118,7 +124,10 @@ export MPIR_CVAR_CH4_OFI_ENABLE_HMEM=1
 export MPIR_CVAR_CH4_OFI_ENABLE_MR_HMEM=1
 export MPIR_CVAR_ENABLE_GPU=1
 EOF
-chmod 755 /.singularity.d/env/90-environment.sh
+# Apptainer's own empty 90-environment.sh (/environment links to it).
+printf '#!/bin/sh\n# Custom environment shell code should follow\n\n' \
+    >/.singularity.d/env/90-environment.sh
+chmod 755 /.singularity.d/env/10-docker2singularity.sh /.singularity.d/env/90-environment.sh
 
 # The SBOM the recipe writes: {{"apt": [...], "pip": [pip list --format=json]}}.
 dpkg-query -W -f='${{Package}}\t${{Version}}\n' >"$W/apt.tsv"

@@ -9,6 +9,7 @@ import pytest
 
 from cotainr_lumi.errors import InputError
 from cotainr_lumi.verify import checks as verify
+from cotainr_lumi.verify import netplugin
 from cotainr_lumi.verify.expectedenv import default_lumi_env
 
 PROBE = Path(verify.__file__).with_name("probe.py")
@@ -55,12 +56,11 @@ GOOD = {
     "network": {
         "runtime": None,
         "searched": ["/opt/aws-ofi-rccl", "/usr/lib64"],
+        "conf_dirs": [],
         "named": None,
-        "plugin": {
-            "path": "/opt/aws-ofi-rccl/librccl-net.so",
-            "dir": "/opt/aws-ofi-rccl",
-            "generation": "aws-ofi-rccl",
-            "ldd": {
+        "plugin_files": {"/opt/aws-ofi-rccl": {"librccl-net.so": None}},
+        "ldd": {
+            "/opt/aws-ofi-rccl/librccl-net.so": {
                 "rc": 0,
                 "deps": {"libc.so.6": "/lib64/libc.so.6", "libfabric.so.1": None},
                 "err": "",
@@ -171,9 +171,15 @@ def mutate(path, value):
             "/opt/rocm/lib:/opt/aws-ofi-rccl",
             {"cray-libfabric"},
         ),
-        (("network", "plugin"), None, {"net-plugin"}),
+        (("network", "plugin_files"), {}, {"net-plugin"}),
         (
-            ("network", "plugin", "ldd", "deps", "libcuda.so.1"),
+            (
+                "network",
+                "ldd",
+                "/opt/aws-ofi-rccl/librccl-net.so",
+                "deps",
+                "libcuda.so.1",
+            ),
             None,
             {"net-plugin-deps"},
         ),
@@ -203,7 +209,7 @@ def test_cray_libfabric_row_names_the_entry_or_the_way_out(mocker, tmp_path):
         if r.check == "cray-libfabric"
     )
     assert "falls back to TCP" in row.evidence and "ld-library-path" in row.evidence
-    no_plugin = run_with(mocker, tmp_path, mutate(("network", "plugin"), None))
+    no_plugin = run_with(mocker, tmp_path, mutate(("network", "plugin_files"), {}))
     assert no_plugin.status_of("cray-libfabric") == "N/A"
 
 
@@ -342,15 +348,18 @@ def aif_facts():
     facts["torch"]["lib"][0]["target"] = "/opt/rocm-7.0.2/lib/librccl.so.1"
     facts["labels"]["cotainr-lumi.system"] = "lumi-aif-torch"
     facts["labels"]["cotainr-lumi.rocm.supported"] = "6.1-7.0"
+    facts["env"]["NCCL_NET_PLUGIN"] = "ofi"
     facts["network"] = {
         "runtime": {"libfabric": "image", "net-plugin-dirs": [MULTIARCH]},
         "searched": [MULTIARCH],
-        "named": None,
-        "plugin": {
-            "path": f"{MULTIARCH}/libnccl-net.so",
-            "dir": MULTIARCH,
-            "generation": "aws-ofi-nccl",
-            "ldd": {
+        "conf_dirs": ["/opt/rocm/lib"],
+        "named": "ofi",
+        # aws-ofi-nccl's ROCm build, and NCCL's name as a decoy RCCL never loads.
+        "plugin_files": {
+            MULTIARCH: {"libnccl-net.so": None, "librccl-net-ofi.so": None}
+        },
+        "ldd": {
+            f"{MULTIARCH}/librccl-net-ofi.so": {
                 "rc": 0,
                 "deps": {
                     "libfabric.so.1": f"{MULTIARCH}/libfabric.so.1",
@@ -382,10 +391,12 @@ def test_a_correct_ai_factory_image_has_no_fail(mocker, tmp_path):
     assert report.failed == []
     rows = {r.check: r for r in report.results}
     assert rows["net-plugin"].evidence.startswith(
-        f"aws-ofi-nccl: {MULTIARCH}/libnccl-net.so (on the loader's default path"
+        f"aws-ofi-nccl: {MULTIARCH}/librccl-net-ofi.so (on the loader's path, "
+        "named by NCCL_NET_PLUGIN=ofi)"
     )
     assert (
-        rows["net-plugin-deps"].evidence == "all 2 libraries of libnccl-net.so resolve"
+        rows["net-plugin-deps"].evidence
+        == "all 2 libraries of librccl-net-ofi.so resolve"
     )
     assert rows["image-libfabric"].status == "PASS"
     assert "cray-libfabric" not in rows
@@ -405,11 +416,17 @@ def test_a_correct_ai_factory_image_has_no_fail(mocker, tmp_path):
         ),
         # Every library of the plugin must resolve in the image.
         (
-            ("network", "plugin", "ldd", "deps", "libfabric.so.1"),
+            (
+                "network",
+                "ldd",
+                f"{MULTIARCH}/librccl-net-ofi.so",
+                "deps",
+                "libfabric.so.1",
+            ),
             None,
             {"net-plugin-deps"},
         ),
-        (("network", "plugin"), None, {"net-plugin"}),
+        (("network", "plugin_files"), {}, {"net-plugin"}),
         (("network", "image_libfabric"), [], set()),
     ],
 )
@@ -425,15 +442,64 @@ def test_ai_factory_images_fail_the_network_rows(
     assert set(report.failed) == failing
 
 
-def test_the_plugin_named_by_nccl_net_plugin(mocker, tmp_path):
+def test_an_image_without_the_record_uses_its_own_libfabric_when_it_has_one(
+    mocker, tmp_path
+):
+    # A LUMI AI Factory image as shipped: no runtime.json, libfabric inside.
     facts = aif_facts()
-    facts["network"]["named"] = "ofi"
-    facts["network"]["plugin"] = None
-    report = run_with(mocker, tmp_path, facts)
-    row = next(r for r in report.results if r.check == "net-plugin")
-    assert (
-        row.status == "FAIL" and "NCCL_NET_PLUGIN='ofi' names no plugin" in row.evidence
-    )
+    facts["network"]["runtime"] = None
+    rows = {r.check: r.status for r in run_with(mocker, tmp_path, facts).results}
+    assert rows["image-libfabric"] == "PASS" and "cray-libfabric" not in rows
+    # A 2024 image: Cray's libfabric on LD_LIBRARY_PATH, none of its own.
+    rows = {r.check: r.status for r in run_with(mocker, tmp_path, GOOD).results}
+    assert rows["cray-libfabric"] == "PASS" and "image-libfabric" not in rows
+
+
+def _net_plugin_row(report):
+    return next(r for r in report.results if r.check == "net-plugin")
+
+
+def test_the_plugin_rccl_loads_only_when_named(mocker, tmp_path):
+    # Without NCCL_NET_PLUGIN RCCL tries librccl-net.so only; the row says so.
+    facts = aif_facts()
+    facts["network"]["named"] = None
+    del facts["env"]["NCCL_NET_PLUGIN"]
+    row = _net_plugin_row(run_with(mocker, tmp_path, facts))
+    assert row.status == "FAIL"
+    assert "RCCL tries librccl-net.so;" in row.evidence
+    assert "which RCCL loads with NCCL_NET_PLUGIN=ofi" in row.evidence
+    # A librccl-net.so link to it is loaded by default.
+    facts["network"]["plugin_files"][MULTIARCH]["librccl-net.so"] = "librccl-net-ofi.so"
+    facts["network"]["ldd"][f"{MULTIARCH}/librccl-net.so"] = facts["network"]["ldd"][
+        f"{MULTIARCH}/librccl-net-ofi.so"
+    ]
+    row = _net_plugin_row(run_with(mocker, tmp_path, facts))
+    assert row.status == "PASS"
+    assert row.evidence.startswith(f"aws-ofi-nccl: {MULTIARCH}/librccl-net.so")
+
+
+def test_nccls_plugin_name_is_never_taken_for_rccls(mocker, tmp_path):
+    facts = aif_facts()
+    facts["network"]["plugin_files"][MULTIARCH] = {"libnccl-net.so": None}
+    row = _net_plugin_row(run_with(mocker, tmp_path, facts))
+    assert row.status == "FAIL"
+    assert f"never NCCL's names: {MULTIARCH}/libnccl-net.so" in row.evidence
+    assert "--with-rocm (librccl-net-ofi.so)" in row.evidence
+
+
+def test_a_name_that_loads_nothing_fails(mocker, tmp_path):
+    facts = aif_facts()
+    facts["network"]["named"] = facts["env"]["NCCL_NET_PLUGIN"] = "cxi"
+    row = _net_plugin_row(run_with(mocker, tmp_path, facts))
+    assert row.status == "FAIL"
+    assert "RCCL tries cxi then librccl-net-cxi.so" in row.evidence
+
+
+def test_a_plugin_off_the_loaders_path_fails(mocker, tmp_path):
+    facts = mutate(("env", "LD_LIBRARY_PATH"), "/opt/rocm/lib")
+    row = _net_plugin_row(run_with(mocker, tmp_path, facts))
+    assert row.status == "FAIL"
+    assert "the plugin in /opt/aws-ofi-rccl is not on LD_LIBRARY_PATH" in row.evidence
 
 
 def test_a_rocm_outside_the_driver_window_warns_or_fails_when_strict(mocker, tmp_path):
@@ -452,12 +518,13 @@ def test_a_rocm_outside_the_driver_window_warns_or_fails_when_strict(mocker, tmp
 def test_probe_finds_the_plugin_and_rccl_tests_it_is_told_about(tmp_path):
     lib = tmp_path / "lib"
     lib.mkdir()
-    subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-o", str(lib / "libnccl-net.so"), "-x", "c", "-"],
-        input="#include <string.h>\nint nccl_net_stub(const char *s) { return strlen(s); }\n",
-        text=True,
-        check=True,
-    )
+    for name in ("librccl-net-ofi.so", "libnccl-net.so"):  # the second: a decoy
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", "-o", str(lib / name), "-x", "c", "-"],
+            input="#include <string.h>\nint net_stub(const char *s) { return strlen(s); }\n",
+            text=True,
+            check=True,
+        )
     tests = tmp_path / "rccl-tests"
     tests.mkdir()
     (tests / "all_reduce_perf").write_text("#!/bin/sh\n")
@@ -474,16 +541,28 @@ def test_probe_finds_the_plugin_and_rccl_tests_it_is_told_about(tmp_path):
     )
     inputs = {**verify.probe_inputs(), "runtime_file": str(runtime)}
     source = PROBE.read_text()
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "NCCL_NET_PLUGIN"},
+        "LD_LIBRARY_PATH": str(lib),
+    }
     out = subprocess.run(
         [sys.executable, "-c", source, source, json.dumps(inputs)],
         capture_output=True,
         text=True,
         check=True,
-        env={k: v for k, v in os.environ.items() if k != "NCCL_NET_PLUGIN"},
+        env=env,
     )
     net = json.loads(out.stdout)["network"]
-    assert net["plugin"]["path"] == str(lib / "libnccl-net.so")
-    assert net["plugin"]["generation"] == "aws-ofi-nccl"
-    assert "libc.so.6" in net["plugin"]["ldd"]["deps"]
+    assert net["plugin_files"][str(lib)] == {
+        "libnccl-net.so": None,
+        "librccl-net-ofi.so": None,
+    }
+    assert "libc.so.6" in net["ldd"][str(lib / "librccl-net-ofi.so")]["deps"]
     assert net["rccl_tests"] == {"dir": str(tests), "all_reduce_perf": True}
     assert net["runtime"]["libfabric"] == "image"
+    # RCCL loads nothing without the name, aws-ofi-nccl's ROCm build with it.
+    assert netplugin.loaded_plugin(net, env) is None
+    plugin = netplugin.loaded_plugin({**net, "named": "ofi"}, env)
+    assert plugin["path"] == str(lib / "librccl-net-ofi.so")
+    assert plugin["generation"] == "aws-ofi-nccl"
+    assert "libc.so.6" in plugin["ldd"]["deps"]

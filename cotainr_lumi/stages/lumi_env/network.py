@@ -11,15 +11,16 @@ LUMI's image families put these in different places (see the profiles in
   ``NCCL_NET_GDR_LEVEL=3``.
 - LUMI AI Factory images (lumi-ai-factory/laifs-container-recipes): libfabric
   with CXI, libcxi and xpmem inside the image (``/usr/lib/x86_64-linux-gnu``),
-  the aws-ofi-rccl 1.4 plugin (2025 releases, in ``/usr/lib``) or its
-  successor aws-ofi-nccl (``libnccl-net*.so``, ROCm 7 releases) in the
-  image's library directories, rccl-tests in ``/usr/libexec/rccl-tests``;
+  the aws-ofi-rccl 1.4 plugin (2025 releases, ``/usr/lib/librccl-net.so``)
+  or its successor aws-ofi-nccl built for ROCm (``librccl-net-ofi.so``,
+  ROCm 7 releases) in the image's library directories, rccl-tests in ``/usr/libexec/rccl-tests``;
   forcing ``NCCL_NET_GDR_LEVEL`` can hang multi-node jobs (laifs issues #28,
   #30; LUMI-AI-Guide #94, PR #97).
 
 The lumi-env stage finds the plugin in the directories the profile names,
 adds a directory to ``LD_LIBRARY_PATH`` only when the loader would not search
-it anyway, and writes what it found into the image
+it anyway, sets ``NCCL_NET_PLUGIN`` (a default) when RCCL would not load the
+plugin by its default name (:mod:`cotainr_lumi.engine.rcclplugin`), and writes what it found into the image
 (:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`), where ``cotainr-lumi
 verify`` reads which libfabric the plugin must use.
 
@@ -27,8 +28,8 @@ Functions
 ---------
 check_gdr_level(value)
     Check an ``NCCL_NET_GDR_LEVEL`` value.
-find_plugin(*, root, dirs)
-    The network plugin in the first directory that has one.
+find_plugin(*, root, dirs, named=None)
+    The network plugin RCCL would load from the profile's directories.
 family_hint(*, root, settings)
     Why the profile may not fit the base, when its plugin is elsewhere.
 is_default_loader_dir(directory)
@@ -44,16 +45,11 @@ describe_lines(*, settings)
 import logging
 import shlex
 
+from ...engine import rcclplugin
 from .envfile import default_assignments
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The plugin generations, by file name pattern (aws-ofi-rccl, then its
-#: successor aws-ofi-nccl, which RCCL also loads).
-PLUGIN_PATTERNS = (
-    ("aws-ofi-rccl", "librccl-net*.so*"),
-    ("aws-ofi-nccl", "libnccl-net*.so*"),
-)
 #: Directories the dynamic loader searches without LD_LIBRARY_PATH (glibc's
 #: trusted directories and Debian/Ubuntu's multiarch directory).
 DEFAULT_LOADER_DIRS = (
@@ -132,9 +128,18 @@ def check_libfabric(value):
         )
 
 
-def find_plugin(*, root, dirs):
+def _plugin_files(host_dir):
+    """{plugin file name: link target or None} in a sandbox directory."""
+    files = {}
+    for pattern in rcclplugin.PATTERNS:
+        for path in host_dir.glob(pattern):
+            files[path.name] = str(path.readlink()) if path.is_symlink() else None
+    return dict(sorted(files.items()))
+
+
+def find_plugin(*, root, dirs, named=None):
     """
-    The network plugin in the first directory that has one.
+    The network plugin RCCL would load from the profile's directories.
 
     Parameters
     ----------
@@ -143,22 +148,98 @@ def find_plugin(*, root, dirs):
         (:func:`cotainr_lumi.engine.rootfs.resolve_in_root`, bound to the root).
     dirs : list of str
         Image directories, in order.
+    named : str, optional
+        ``NCCL_NET_PLUGIN`` as the profile or build sets it.
 
     Returns
     -------
     plugin : dict or None
-        ``{"generation", "dir", "files"}`` (file names sorted), None when no
-        directory has a plugin.
+        ``{"generation", "dir", "files", "nccl-net-plugin"}``: the first
+        directory whose plugin RCCL loads (by its default name or `named`),
+        else the first whose plugin it loads with ``NCCL_NET_PLUGIN`` set
+        (``nccl-net-plugin``: that value), else the first with any plugin
+        file (``generation`` ``nccl``: RCCL loads none of them). None when no
+        directory has a plugin file.
     """
+    candidates = []
     for directory in dirs:
         host_dir = root(directory)
-        if not host_dir.is_dir():
-            continue
-        for generation, pattern in PLUGIN_PATTERNS:
-            files = sorted(p.name for p in host_dir.glob(pattern))
-            if files:
-                return {"generation": generation, "dir": directory, "files": files}
+        files = _plugin_files(host_dir) if host_dir.is_dir() else {}
+        if files:
+            candidates.append((directory, files))
+    for directory, files in candidates:
+        loads = rcclplugin.resolve(
+            named=named, files={directory: files}, search_dirs=[directory]
+        )
+        if loads is not None:
+            return _plugin(directory, files, loads["generation"], None)
+    for directory, files in candidates:
+        value = None if named else rcclplugin.default_name(files)
+        if value is not None:
+            name = f"{rcclplugin.PREFIX}-{value}.so"
+            return _plugin(
+                directory,
+                files,
+                rcclplugin.generation(name, target=files[name]),
+                value,
+            )
+    if candidates:
+        directory, files = candidates[0]
+        return _plugin(directory, files, "nccl", None)
     return None
+
+
+def _plugin(directory, files, generation, value):
+    return {
+        "generation": generation,
+        "dir": directory,
+        "files": list(files),
+        "nccl-net-plugin": value,
+    }
+
+
+def plugin_name_blocks(*, plugin):
+    """
+    Env file blocks for the plugin's name: ``NCCL_NET_PLUGIN`` when needed.
+
+    Parameters
+    ----------
+    plugin : dict
+        From :func:`find_plugin`.
+
+    Returns
+    -------
+    blocks : list of str
+        A default ``NCCL_NET_PLUGIN`` (a value set at run time wins) when
+        RCCL loads the plugin only so; none otherwise. Logs what RCCL will
+        load, or a warning when it loads none of the files.
+    """
+    value = plugin["nccl-net-plugin"]
+    if plugin["generation"] == "nccl":
+        logger.warning(
+            "RCCL will load no network plugin from %s: %s.",
+            plugin["dir"],
+            rcclplugin.advice(
+                named=None,
+                files={plugin["dir"]: dict.fromkeys(plugin["files"])},
+                search_dirs=[plugin["dir"]],
+            ),
+        )
+        return []
+    if value is None:
+        return []
+    logger.info(
+        "RCCL loads %s/%s-%s.so only when named: NCCL_NET_PLUGIN=%s is set in "
+        "the image (a value you set at run time wins).",
+        plugin["dir"],
+        rcclplugin.PREFIX,
+        value,
+        value,
+    )
+    return [
+        "# RCCL loads this image's network plugin only when named "
+        "(engine/rcclplugin.py).\n" + default_assignments({"NCCL_NET_PLUGIN": value})
+    ]
 
 
 def family_hint(*, root, settings):
@@ -282,7 +363,7 @@ def describe_lines(*, settings):
     """
     gdr = settings.nccl_net_gdr_level
     lines = [
-        "RCCL network plugin (librccl-net*.so*, libnccl-net*.so*) looked for in "
+        "RCCL network plugin (librccl-net.so, librccl-net-NAME.so) looked for in "
         + ", ".join(settings.net_plugin_dirs or ["(nowhere)"])
         + "; added to LD_LIBRARY_PATH unless the loader searches it anyway",
         f"libfabric: the {settings.libfabric}'s"

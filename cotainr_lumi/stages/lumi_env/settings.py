@@ -286,7 +286,7 @@ class LumiEnvSettings(StageSettings):
     )
     net_plugin_dirs: list[str] = setting(
         ["/opt/aws-ofi-rccl", "/opt/aws-ofi-rccl/lib", "/opt/aws-ofi-rccl/lib64"],
-        doc="where RCCL's network plugin (librccl-net*.so*, libnccl-net*.so*) "
+        doc="where RCCL's network plugin (librccl-net.so, librccl-net-NAME.so) "
         "may be, first match wins",
         check=_search_path_entries("net-plugin-dirs"),
     )

@@ -544,6 +544,7 @@ class LumiEnvStage(Stage):
                     blocks.append(
                         path_addition(name="LD_LIBRARY_PATH", entries=[plugin["dir"]])
                     )
+                blocks += network.plugin_name_blocks(plugin=plugin)
         if self.settings.path:
             blocks.append(path_addition(name="PATH", entries=self.settings.path))
         if self.settings.ld_library_path:
@@ -560,6 +561,7 @@ class LumiEnvStage(Stage):
         return network.find_plugin(
             root=lambda path: resolve_in_root(root=root, path=path),
             dirs=self.settings.net_plugin_dirs,
+            named=self.settings.env.get("NCCL_NET_PLUGIN"),
         )
 
     def _network_blocks(self):

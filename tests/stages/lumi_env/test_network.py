@@ -32,27 +32,83 @@ def run_stage(tmp_path, settings, *, aif=False, ofi=True):
     return root, stage.run(context=StageContext(sandbox=sandbox, plan=plan)), sandbox
 
 
-def add_aif_plugin(root, name="libnccl-net.so"):
+def add_aif_plugin(root, name="librccl-net-ofi.so", *, decoy=True):
+    """aws-ofi-nccl's ROCm build in the multiarch dir; `decoy`: a libnccl-net.so."""
     lib = root / MULTIARCH.lstrip("/")
     lib.mkdir(parents=True, exist_ok=True)
     (lib / name).write_bytes(b"")
-    (root / "usr/libexec/rccl-tests").mkdir(parents=True)
+    if decoy:
+        (lib / "libnccl-net.so").write_bytes(b"")
+    (root / "usr/libexec/rccl-tests").mkdir(parents=True, exist_ok=True)
 
 
-def test_find_plugin_both_generations(tmp_path):
-    resolve = lambda path: tmp_path / path.lstrip("/")  # noqa: E731
-    assert network.find_plugin(root=resolve, dirs=["/opt/aws-ofi-rccl"]) is None
+def _resolver(tmp_path):
+    return lambda path: tmp_path / path.lstrip("/")
+
+
+def test_find_plugin_none_without_plugin_files(tmp_path):
     (tmp_path / "opt/aws-ofi-rccl").mkdir(parents=True)
-    (tmp_path / "opt/aws-ofi-rccl/librccl-net.so.0").write_bytes(b"")
-    add_aif_plugin(tmp_path, "libnccl-net-ofi.so")
-    assert network.find_plugin(root=resolve, dirs=[MULTIARCH, "/opt/aws-ofi-rccl"]) == {
+    (tmp_path / "opt/aws-ofi-rccl/libfabric.so.1").write_bytes(b"")
+    assert (
+        network.find_plugin(root=_resolver(tmp_path), dirs=["/opt/aws-ofi-rccl"])
+        is None
+    )
+
+
+def test_find_plugin_aws_ofi_rccl_loads_by_its_default_name(tmp_path):
+    d = tmp_path / "opt/aws-ofi-rccl"
+    d.mkdir(parents=True)
+    (d / "librccl-net.so.0.0.0").write_bytes(b"")
+    (d / "librccl-net.so").symlink_to("librccl-net.so.0.0.0")
+    assert network.find_plugin(
+        root=_resolver(tmp_path), dirs=["/opt/aws-ofi-rccl"]
+    ) == {
+        "generation": "aws-ofi-rccl",
+        "dir": "/opt/aws-ofi-rccl",
+        "files": ["librccl-net.so", "librccl-net.so.0.0.0"],
+        "nccl-net-plugin": None,
+    }
+
+
+def test_find_plugin_aws_ofi_nccl_needs_its_name_and_the_nccl_decoy_loses(tmp_path):
+    # The decoy libnccl-net.so is in the first directory: RCCL never loads it.
+    add_aif_plugin(tmp_path)
+    found = network.find_plugin(
+        root=_resolver(tmp_path), dirs=[MULTIARCH, "/opt/aws-ofi-rccl"]
+    )
+    assert found == {
         "generation": "aws-ofi-nccl",
         "dir": MULTIARCH,
-        "files": ["libnccl-net-ofi.so"],
+        "files": ["libnccl-net.so", "librccl-net-ofi.so"],
+        "nccl-net-plugin": "ofi",
     }
-    assert network.find_plugin(root=resolve, dirs=["/opt/aws-ofi-rccl"])[
-        "generation"
-    ] == ("aws-ofi-rccl")
+    # A librccl-net.so link to it loads by default: no name needed.
+    (tmp_path / MULTIARCH.lstrip("/") / "librccl-net.so").symlink_to(
+        "librccl-net-ofi.so"
+    )
+    found = network.find_plugin(root=_resolver(tmp_path), dirs=[MULTIARCH])
+    assert (found["generation"], found["nccl-net-plugin"]) == ("aws-ofi-nccl", None)
+
+
+def test_find_plugin_a_directory_rccl_loads_from_wins_over_an_nccl_only_one(tmp_path):
+    lib = tmp_path / "usr/lib"
+    lib.mkdir(parents=True)
+    (lib / "librccl-net.so").write_bytes(b"")
+    add_aif_plugin(tmp_path, "libnccl-net-ofi.so", decoy=False)
+    found = network.find_plugin(root=_resolver(tmp_path), dirs=[MULTIARCH, "/usr/lib"])
+    assert (found["dir"], found["generation"]) == ("/usr/lib", "aws-ofi-rccl")
+    only = network.find_plugin(root=_resolver(tmp_path), dirs=[MULTIARCH])
+    assert only["generation"] == "nccl" and only["nccl-net-plugin"] is None
+
+
+def test_find_plugin_takes_the_name_the_profile_sets(tmp_path):
+    add_aif_plugin(tmp_path, decoy=True)
+    found = network.find_plugin(
+        root=_resolver(tmp_path), dirs=[MULTIARCH], named="libnccl-net.so"
+    )
+    assert (found["generation"], found["nccl-net-plugin"]) == ("nccl", None)
+    found = network.find_plugin(root=_resolver(tmp_path), dirs=[MULTIARCH], named="ofi")
+    assert (found["generation"], found["nccl-net-plugin"]) == ("aws-ofi-nccl", None)
 
 
 @pytest.mark.parametrize("value", ["3", 3, "PHB", "SYS", None])
@@ -81,6 +137,11 @@ def test_aif_family_settings_in_the_image(tmp_path):
     # The plugin is in a directory the loader searches anyway.
     assert env["LD_LIBRARY_PATH"] == "/base:/opt/rocm/lib"
     assert report.details["search-paths"]["aws-ofi-nccl"] == MULTIARCH
+    # RCCL loads librccl-net-ofi.so only when named; a run-time value wins.
+    assert env["NCCL_NET_PLUGIN"] == "ofi"
+    assert (
+        source_env(root, env={"NCCL_NET_PLUGIN": "mine"})["NCCL_NET_PLUGIN"] == "mine"
+    )
     binds = report.labels["cotainr-lumi.binds"].split(",")
     assert "/opt/cray" not in binds and "/usr/lib64/libcxi.so.1" not in binds
     assert {"/pfs", "/scratch", "/projappl", "/var/spool/slurmd"} <= set(binds)
@@ -90,7 +151,8 @@ def test_aif_family_settings_in_the_image(tmp_path):
     assert record["net-plugin"] == {
         "generation": "aws-ofi-nccl",
         "dir": MULTIARCH,
-        "files": ["libnccl-net.so"],
+        "files": ["libnccl-net.so", "librccl-net-ofi.so"],
+        "nccl-net-plugin": "ofi",
     }
     assert record["rccl-tests-found"] is True
     assert report.labels["cotainr-lumi.runtime"] == RUNTIME_FILE

@@ -1,0 +1,221 @@
+"""
+Which network plugin RCCL loads, decided as RCCL's own plugin loader does.
+
+RCCL (ROCm/rccl ``src/plugin/plugin_open.cc``, plugin prefix ``librccl-net``)
+opens with ``dlopen``, for its NET plugin:
+
+- without ``NCCL_NET_PLUGIN``: ``librccl-net.so``;
+- with ``NCCL_NET_PLUGIN=NAME``: ``NAME`` itself, then, when ``NAME`` has no
+  ``/`` and is not a ``lib*.so`` name, ``librccl-net-NAME.so``.
+
+It never looks for NCCL's names (``libnccl-net*.so``) unless
+``NCCL_NET_PLUGIN`` names such a file. The plugin generations on LUMI, by file
+name:
+
+- aws-ofi-rccl (ROCm/aws-ofi-rccl; the 2024 LUMI images in
+  ``/opt/aws-ofi-rccl``, the 2025 LUMI AI Factory images in ``/usr/lib``):
+  ``librccl-net.so``;
+- aws-ofi-nccl built ``--with-rocm`` (its successor; the ROCm 7 LUMI AI
+  Factory images): ``librccl-net-ofi.so``, loaded with ``NCCL_NET_PLUGIN=ofi``
+  or through a ``librccl-net.so`` link to it;
+- ``libnccl-net*.so``: aws-ofi-nccl's name for NCCL (its CUDA build).
+
+Names without ``/`` are looked up as ``dlopen`` does: in ``LD_LIBRARY_PATH``,
+then in the loader's directories. The functions here take what is in those
+directories and decide; they do no I/O, so the lumi-env stage (reading the
+sandbox) and ``cotainr-lumi verify`` (reading the image through its probe)
+decide alike.
+
+Functions
+---------
+load_names(named)
+    The names RCCL tries, in order.
+generation(name, *, target=None)
+    The plugin generation a file name belongs to.
+resolve(*, named, files, search_dirs)
+    The plugin file RCCL loads, or None.
+default_name(names)
+    The ``NCCL_NET_PLUGIN`` value a directory's plugin needs, if any.
+advice(*, named, files, search_dirs)
+    Why RCCL loads no plugin, and how to fix it.
+"""
+
+import fnmatch
+import logging
+import posixpath
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: RCCL's prefix for its network plugin's file names.
+PREFIX = "librccl-net"
+#: The name RCCL loads without NCCL_NET_PLUGIN.
+DEFAULT = f"{PREFIX}.so"
+#: File name patterns of network plugins (RCCL's, then NCCL's).
+PATTERNS = (f"{PREFIX}*.so*", "libnccl-net*.so*")
+
+
+def load_names(named):
+    """
+    The names RCCL tries for its network plugin, in order.
+
+    Parameters
+    ----------
+    named : str or None
+        The value of ``NCCL_NET_PLUGIN`` (None or empty: not set).
+
+    Returns
+    -------
+    names : list of str
+        File names (looked up by the loader) or paths.
+    """
+    if not named:
+        return [DEFAULT]
+    names = [named]
+    lib_name = named.startswith("lib") and named.endswith(".so")
+    if "/" not in named and not lib_name:
+        names.append(f"{PREFIX}-{named}.so")
+    return names
+
+
+def generation(name, *, target=None):
+    """
+    The plugin generation a file name belongs to.
+
+    Parameters
+    ----------
+    name : str
+        The file name.
+    target : str, optional
+        The file name a symbolic link points to.
+
+    Returns
+    -------
+    generation : str
+        ``aws-ofi-nccl`` (its ROCm build, ``librccl-net-ofi.so``),
+        ``aws-ofi-rccl`` (``librccl-net.so``), ``nccl`` (``libnccl-net*``,
+        which RCCL loads only by name) or ``rccl-plugin`` (another
+        ``librccl-net-*`` plugin).
+    """
+    for candidate in (posixpath.basename(target or ""), name):
+        if candidate.startswith(f"{PREFIX}-ofi.so"):
+            return "aws-ofi-nccl"
+    if name.startswith("libnccl-net"):
+        return "nccl"
+    if name.startswith(DEFAULT):
+        return "aws-ofi-rccl"
+    return "rccl-plugin"
+
+
+def _search(name, *, files, search_dirs):
+    if "/" in name:
+        directory, base = posixpath.split(posixpath.normpath(name))
+        return name if base in files.get(directory, {}) else None
+    for directory in search_dirs:
+        if name in files.get(directory, {}):
+            return posixpath.join(directory, name)
+    return None
+
+
+def resolve(*, named, files, search_dirs):
+    """
+    The plugin file RCCL loads, or None.
+
+    Parameters
+    ----------
+    named : str or None
+        ``NCCL_NET_PLUGIN``.
+    files : dict
+        ``{directory: {file name: link target or None}}``: the plugin files
+        (:data:`PATTERNS`) in each directory looked at.
+    search_dirs : list of str
+        The directories ``dlopen`` searches, in order (``LD_LIBRARY_PATH``,
+        then the loader's).
+
+    Returns
+    -------
+    plugin : dict or None
+        ``{"path", "dir", "name", "generation"}``.
+    """
+    for name in load_names(named):
+        path = _search(name, files=files, search_dirs=search_dirs)
+        if path is not None:
+            directory, base = posixpath.split(path)
+            return {
+                "path": path,
+                "dir": directory,
+                "name": base,
+                "generation": generation(base, target=files[directory][base]),
+            }
+    return None
+
+
+def default_name(names):
+    """
+    The ``NCCL_NET_PLUGIN`` value a directory's plugin needs, if any.
+
+    Parameters
+    ----------
+    names : iterable of str
+        The plugin files in the directory.
+
+    Returns
+    -------
+    value : str or None
+        None when RCCL loads the directory's plugin without the variable
+        (``librccl-net.so`` is there) or it has no ``librccl-net-NAME.so``;
+        else ``NAME`` (``ofi`` for aws-ofi-nccl's ROCm build).
+    """
+    names = set(names)
+    if DEFAULT in names:
+        return None
+    own = sorted(
+        n[len(PREFIX) + 1 : -len(".so")]
+        for n in names
+        if fnmatch.fnmatchcase(n, f"{PREFIX}-?*.so")
+    )
+    return ("ofi" if "ofi" in own else own[0]) if own else None
+
+
+def advice(*, named, files, search_dirs):
+    """
+    Why RCCL loads no plugin, and how to fix it.
+
+    Parameters
+    ----------
+    named, files, search_dirs
+        As for :func:`resolve` (which found none).
+
+    Returns
+    -------
+    text : str
+        One sentence.
+    """
+    tried = " then ".join(load_names(named))
+    searched = set(search_dirs)
+    for directory in search_dirs:
+        value = default_name(files.get(directory, {}))
+        if value is not None:
+            return (
+                f"RCCL tries {tried}; {directory} has {PREFIX}-{value}.so, which "
+                f"RCCL loads with NCCL_NET_PLUGIN={value}"
+            )
+    elsewhere = [d for d in files if files[d] and d not in searched]
+    if elsewhere:
+        return (
+            f"RCCL tries {tried}; the plugin in {elsewhere[0]} is not on "
+            "LD_LIBRARY_PATH or the loader's path"
+        )
+    nccl = [
+        posixpath.join(d, n)
+        for d in search_dirs
+        for n in sorted(files.get(d, {}))
+        if generation(n) == "nccl"
+    ]
+    if nccl:
+        return (
+            f"RCCL tries {tried} and never NCCL's names: {nccl[0]} is a plugin "
+            "for NCCL (aws-ofi-nccl's CUDA build names itself so); an image for "
+            "LUMI needs aws-ofi-nccl built --with-rocm (librccl-net-ofi.so) or "
+            "aws-ofi-rccl (librccl-net.so)"
+        )
+    return f"RCCL tries {tried}; the image has no RCCL network plugin"
