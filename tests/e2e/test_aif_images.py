@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+import re
 import shlex
 import subprocess
 import sys
@@ -212,6 +213,7 @@ def test_the_familys_runtime_settings(first, apptainer_exec):
     )
     binds = labels["cotainr-lumi.binds"].split(",")
     assert "/opt/cray" not in binds and "/usr/lib64/libcxi.so.1" not in binds
+    assert labels["cotainr-lumi.mpi"] == "container"  # its MPICH speaks CXI
     assert labels["cotainr-lumi.rocm.version"] == "7.0.2-56"
     assert labels["cotainr-lumi.rocm.torch"] == "7.0"
     env = dict(
@@ -230,6 +232,9 @@ def test_the_familys_runtime_settings(first, apptainer_exec):
     assert runtime["libfabric"] == "image"
     assert runtime["net-plugin"]["generation"] == "aws-ofi-nccl"
     assert runtime["net-plugin"]["dir"] == aif_layout.MULTIARCH
+    # RCCL loads aws-ofi-nccl's ROCm build only by name; the decoy never.
+    assert runtime["net-plugin"]["nccl-net-plugin"] == "ofi"
+    assert env["NCCL_NET_PLUGIN"] == "ofi"
 
 
 def _lmod(modules, script, env=None):
@@ -267,9 +272,16 @@ def test_the_module_does_the_bindings_modules_job_or_works_beside_it(
     work, _ = work
     modules = work / "modules"
     family = ["/var/spool/slurmd", "/pfs", "/scratch", "/projappl", "/project"]
-    alone = _lmod(modules, 'module load first && echo "$SINGULARITY_BIND"')
-    binds = alone.strip().split(",")
+    alone = _lmod(
+        modules,
+        'module load first && echo "$SINGULARITY_BIND" && echo "$SLURM_MPI_TYPE"'
+        ' && module unload first && echo "after:${SLURM_MPI_TYPE-unset}"',
+    )
+    binds = alone.split("\n")[0].strip().split(",")
     assert set(family) <= set(binds) and "/opt/cray" not in binds
+    # The image keeps its own MPICH (it speaks CXI): srun --mpi=pmi2 by
+    # default while the module is loaded, as the AI Factory's module sets it.
+    assert alone.split("\n")[1:3] == ["pmi2", "after:unset"], alone
     assert any(b.endswith(":/user-software") for b in binds)
     # Beside LUST's bindings module (loaded first): no bind twice.
     (work / "laifs").mkdir()
@@ -330,6 +342,13 @@ def test_verify_has_no_fail_on_the_ai_factory_image(work, first, verify_image):
     ):
         assert rows[check] == "PASS", (check, report)
     assert "cray-libfabric" not in rows and "env:NCCL_NET_GDR_LEVEL" not in rows
+    plugin = next(r for r in report["results"] if r["check"] == "net-plugin")
+    # (Debian's ld.so.conf names the merged /lib/x86_64-linux-gnu first.)
+    assert re.match(
+        r"aws-ofi-nccl: (/usr)?/lib/x86_64-linux-gnu/librccl-net-ofi\.so \(on the "
+        r"loader's path, named by NCCL_NET_PLUGIN=ofi\)",
+        plugin["evidence"],
+    ), plugin
     (work / "verify-first.json").write_text(json.dumps(report, indent=1))
 
 

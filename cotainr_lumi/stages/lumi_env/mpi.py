@@ -512,13 +512,13 @@ class MpiPlan:
 
     def lua_lines(self, *, image):
         """Lua lines appended to the module file."""
-        if not self.active or self.binding is None:
+        if not self.active:
             return []
         return mpienv.lua_lines(mode=self.mode, binding=self.binding, image=image)
 
     def shell_lines(self, *, image):
         """Shell lines appended to the shell snippet."""
-        if not self.active or self.binding is None:
+        if not self.active:
             return []
         return mpienv.shell_lines(mode=self.mode, binding=self.binding, image=image)
 

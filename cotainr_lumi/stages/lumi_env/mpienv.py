@@ -50,6 +50,10 @@ SRUN_HINT = {
     "container": "srun --mpi=pmi2 (the image's MPICH uses PMI-2)",
 }
 
+#: srun's default for --mpi (set to pmi2 by the module file and snippet of an
+#: image that uses its own MPICH, as lumi-aif-singularity-bindings does).
+SLURM_MPI_VAR = "SLURM_MPI_TYPE"
+
 #: The mode the container asks for (its own value, else the host's export).
 _READ_MODE = f"""\
 if [ -n "${{{RUNTIME_VAR}+x}}" ]; then
@@ -228,19 +232,27 @@ def lua_lines(*, mode, binding, image):
     ----------
     mode : {"container", "host"}
         The build's default.
-    binding : :class:`.mpi.HostBinding`
-        The host binding.
+    binding : :class:`.mpi.HostBinding` or None
+        The host binding (None: the profile has none).
     image : str
         The image path (for the message).
 
     Returns
     -------
     lines : list of str
-        Lua: comments, and in ``host`` mode a message on load when the host
+        Lua: comments; in ``container`` mode ``SLURM_MPI_TYPE=pmi2`` (srun's
+        ``--mpi`` default); in ``host`` mode a message on load when the host
         library is missing.
     """
-    lines = _comment(mode=mode, binding=binding, prefix="--")
-    host_path = binding.host_path(binding.libmpi)
+    lines = [] if binding is None else _comment(mode=mode, binding=binding, prefix="--")
+    if mode == "container":
+        # As lumi-aif-singularity-bindings does: srun's --mpi default for the
+        # image's MPICH (pushenv: the value before load comes back on unload).
+        lines += [
+            f"-- {SRUN_HINT['container']}: srun's default while this module is loaded.",
+            f'pushenv("{SLURM_MPI_VAR}", "pmi2")',
+        ]
+    host_path = binding.host_path(binding.libmpi) if binding is not None else None
     if mode == "host" and host_path:
         text = _missing_text(binding=binding, image=image, host_path=host_path)
         lines += [
@@ -259,19 +271,25 @@ def shell_lines(*, mode, binding, image):
     ----------
     mode : {"container", "host"}
         The build's default.
-    binding : :class:`.mpi.HostBinding`
-        The host binding.
+    binding : :class:`.mpi.HostBinding` or None
+        The host binding (None: the profile has none).
     image : str
         The image path (for the message).
 
     Returns
     -------
     lines : list of str
-        POSIX sh: comments, and in ``host`` mode a message when the host
-        library is missing.
+        POSIX sh: comments; in ``container`` mode ``SLURM_MPI_TYPE=pmi2``
+        unless set; in ``host`` mode a message when the host library is
+        missing.
     """
-    lines = _comment(mode=mode, binding=binding, prefix="#")
-    host_path = binding.host_path(binding.libmpi)
+    lines = [] if binding is None else _comment(mode=mode, binding=binding, prefix="#")
+    if mode == "container":
+        lines += [
+            f"# {SRUN_HINT['container']}: srun's default unless you chose one.",
+            f'export {SLURM_MPI_VAR}="${{{SLURM_MPI_VAR}:-pmi2}}"',
+        ]
+    host_path = binding.host_path(binding.libmpi) if binding is not None else None
     if mode == "host" and host_path:
         text = _missing_text(binding=binding, image=image, host_path=host_path)
         lines.append(

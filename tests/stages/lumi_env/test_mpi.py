@@ -510,6 +510,20 @@ def test_a_pin_is_a_warning_when_the_image_keeps_its_mpich(tmp_path, libs, caplo
     )
     assert report.labels["cotainr-lumi.mpi"] == "container"
     assert "COTAINR_LUMI_MPI=host would not reach it" in caplog.text
+    # srun's --mpi default for the image's MPICH, as the AI Factory's module.
+    lua = report.outputs[str(tmp_path / "mod/mpi.lua")]
+    assert 'pushenv("SLURM_MPI_TYPE", "pmi2")' in lua
+    shell = report.outputs[str(tmp_path / "mod/mpi.sh")]
+    assert 'export SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmi2}"' in shell
+
+
+def test_host_mode_leaves_srun_at_lumis_default(tmp_path, libs):
+    root = wheel_env(tmp_path / "root", libs)
+    (root / ".singularity.d/env").mkdir(parents=True)
+    report, _ = run_stage(tmp_path, root, {"mpi-host": HOST_SETTING})
+    assert report.labels["cotainr-lumi.mpi"] == "host"
+    for name in ("mpi.lua", "mpi.sh"):
+        assert "SLURM_MPI_TYPE" not in report.outputs[str(tmp_path / "mod" / name)]
 
 
 def test_stage_stops_when_the_host_library_is_missing_here(tmp_path, libs):
@@ -565,3 +579,12 @@ def test_plan_mpi_none_needs_no_image(tmp_path):
         root=tmp_path, target=None, requested="none", host_setting={}, stage="x"
     )
     assert plan.mode == "none" and plan.env_file() is None and plan.binds() == []
+
+
+def test_the_images_own_mpich_without_a_host_binding_still_sets_srun_pmi2():
+    # The AI Factory profiles carry no host binding; srun still needs PMI-2.
+    lua = mpienv.lua_lines(mode="container", binding=None, image="/x.sif")
+    assert lua[-1] == 'pushenv("SLURM_MPI_TYPE", "pmi2")'
+    shell = mpienv.shell_lines(mode="container", binding=None, image="/x.sif")
+    assert shell[-1] == 'export SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmi2}"'
+    assert mpienv.lua_lines(mode="host", binding=None, image="/x.sif") == []
