@@ -2,6 +2,7 @@
 
 import ast
 import json
+import os
 from pathlib import Path
 import subprocess
 import sys
@@ -149,10 +150,69 @@ def test_slurm_scripts_are_valid_bash():
         "NET/OFI Using aws-ofi-rccl" in acceptance
         and "Selected Provider is cxi" in acceptance
     )
-    # MPI through the host's Cray MPICH, two nodes, plain srun (cray_shasta).
-    assert "osu_bw.py" in acceptance and "CRAY MPICH" in acceptance
-    assert "SINGULARITYENV_COTAINR_LUMI_MPI=host" in acceptance
-    assert "--nodes=2 --ntasks=2" in acceptance and "--mpi=pmi2" not in acceptance
+    assert "osu_bw.py" in acceptance and "--nodes=2 --ntasks=2" in acceptance
+
+
+@pytest.mark.parametrize(
+    "active, srun_args, expect",
+    [
+        # The host's Cray MPICH: plain srun (LUMI's default cray_shasta PMI).
+        ("host", "--nodes=2 --ntasks=2 --ntasks-per-node=1 singularity", "CRAY MPICH"),
+        # The image's own MPICH (AI Factory images): srun --mpi=pmi2.
+        ("container", "--ntasks-per-node=1 --mpi=pmi2 singularity", "MPICH"),
+    ],
+)
+def test_the_acceptance_jobs_mpi_part_follows_the_images_mode(
+    tmp_path, active, srun_args, expect
+):
+    """The sbatch script with fake singularity/srun/rocm tools: what it launches."""
+    fakes = tmp_path / "bin"
+    fakes.mkdir()
+    log = tmp_path / "calls.log"
+    fake = {
+        # The image: mpi4py imports; its env file's active MPI mode; the
+        # MPI bandwidth program prints what osu_bw.py prints.
+        "singularity": f"""#!/bin/bash
+echo "singularity $* COTAINR_LUMI_MPI=${{SINGULARITYENV_COTAINR_LUMI_MPI-}}" >>{log}
+case "$*" in
+  *"import mpi4py"*) exit 0 ;;
+  *COTAINR_LUMI_MPI_ACTIVE*) printf %s {active} ;;
+  *osu_bw.py*) echo "# MPI library: {expect} Version: x"; echo "4194304 20000.0" ;;
+  *) echo "# Avg bus bandwidth    : 100" ;;
+esac
+""",
+        "srun": f"""#!/bin/bash
+echo "srun $*" >>{log}
+while [[ $1 == -* ]]; do shift; done
+exec "$@"
+""",
+    }
+    for name, text in fake.items():
+        (fakes / name).write_text(text)
+        (fakes / name).chmod(0o755)
+    proc = subprocess.run(
+        [
+            "bash",
+            str(EXAMPLES / "slurm" / "acceptance.sbatch"),
+            str(tmp_path / "x.sif"),
+        ],
+        env={
+            "PATH": f"{fakes}:{os.environ['PATH']}",
+            "SLURM_JOB_ID": "7",
+            "SLURM_SUBMIT_DIR": str(tmp_path),
+            "HOME": str(tmp_path),
+        },
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    calls = log.read_text()
+    mpi_srun = [c for c in calls.splitlines() if c.startswith("srun") and "osu_bw" in c]
+    assert len(mpi_srun) == 1 and srun_args in mpi_srun[0], calls
+    assert f"osu_bw.py COTAINR_LUMI_MPI={active}" in calls
+    assert f"MPI mode: {active}" in proc.stdout
+    assert "PASS: MPI bandwidth 20000.0 MB/s" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_the_osu_bandwidth_script_runs_the_osu_bw_loop():
