@@ -25,6 +25,10 @@ Session-scoped fixtures:
 ``build_times`` -> dict
     Build times (name -> seconds) that tests record; printed in the terminal
     summary (``pytest_terminal_summary``), not by a test.
+``e2e_facts`` -> dict
+    What the tests saw in the images (name -> text: the MPI library before
+    and after the swap, verify's rows ...); printed in the terminal summary,
+    so a CI log has them.
 
 When the infrastructure cannot be set up, the fixtures fail the test if
 ``CI=true`` (never skip in CI) and skip it otherwise.
@@ -51,6 +55,8 @@ BUILD_BASE_IMAGE_SCRIPT = (
 
 #: Where ``build_times`` keeps its dict (read by the terminal summary).
 BUILD_TIMES = pytest.StashKey[dict]()
+#: Where ``e2e_facts`` keeps its dict (read by the terminal summary).
+E2E_FACTS = pytest.StashKey[dict]()
 
 # First provisioning ~1 min, first base image ~2 min; generous limits.
 _SETUP_TIMEOUT_S = 1800
@@ -204,11 +210,21 @@ def build_times(request) -> dict[str, float]:
     return request.config.stash.setdefault(BUILD_TIMES, {})
 
 
+@pytest.fixture
+def e2e_facts(request) -> dict[str, str]:
+    """What the tests saw in the images (name -> text), printed at the end."""
+    return request.config.stash.setdefault(E2E_FACTS, {})
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Print the build times the e2e tests recorded (if any ran)."""
+    """Print the build times and facts the e2e tests recorded (if any ran)."""
     times = config.stash.get(BUILD_TIMES, {})
-    if not times:
-        return
-    terminalreporter.section("cotainr-lumi build times")
-    for name, seconds in times.items():
-        terminalreporter.write_line(f"{name}: {seconds:.1f} s")
+    if times:
+        terminalreporter.section("cotainr-lumi build times")
+        for name, seconds in times.items():
+            terminalreporter.write_line(f"{name}: {seconds:.1f} s")
+    facts = config.stash.get(E2E_FACTS, {})
+    if facts:
+        terminalreporter.section("cotainr-lumi e2e facts")
+        for name, text in facts.items():
+            terminalreporter.write_line(f"{name}: {text}")

@@ -320,7 +320,9 @@ def test_the_module_does_the_bindings_modules_job_or_works_beside_it(
     assert out.splitlines()[-1] == "None userfaultfd 5"
 
 
-def test_verify_has_no_fail_on_the_ai_factory_image(work, first, verify_image):
+def test_verify_has_no_fail_on_the_ai_factory_image(
+    work, first, verify_image, e2e_facts
+):
     work, _ = work
     image, _ = first
     code, rows, report = verify_image(
@@ -350,6 +352,10 @@ def test_verify_has_no_fail_on_the_ai_factory_image(work, first, verify_image):
         plugin["evidence"],
     ), plugin
     (work / "verify-first.json").write_text(json.dumps(report, indent=1))
+    e2e_facts["AI Factory image, verify"] = ", ".join(
+        f"{check} {status}" for check, status in rows.items()
+    )
+    e2e_facts["AI Factory image, net-plugin"] = plugin["evidence"]
 
 
 def test_the_sboms_record_what_the_build_added(work, first, apptainer_exec):

@@ -246,7 +246,9 @@ def test_the_build_records_the_images_mpich_and_the_binding(
     assert f"{work}/host/cray:/opt/cray" in snippet and LIBMPI in snippet
 
 
-def test_mpiexec_runs_two_ranks_on_the_images_mpich(mpi_image, apptainer_path):
+def test_mpiexec_runs_two_ranks_on_the_images_mpich(
+    mpi_image, apptainer_path, e2e_facts
+):
     image, _ = mpi_image
     proc = in_image(
         apptainer_path,
@@ -262,7 +264,7 @@ def test_mpiexec_runs_two_ranks_on_the_images_mpich(mpi_image, apptainer_path):
     before = versions(
         in_image(apptainer_path, image, f"python -c {shlex.quote(VERSION)}")
     )
-    print(f"before the swap: {before['library']}")
+    e2e_facts["MPI before the swap (image's MPICH)"] = before["library"]
     assert (
         before["library"].startswith("MPICH Version:") and "5.0.2" in before["library"]
     )
@@ -270,12 +272,15 @@ def test_mpiexec_runs_two_ranks_on_the_images_mpich(mpi_image, apptainer_path):
     assert before["ACTIVE"] == "container"
 
 
-def test_the_shell_snippet_binds_the_host_mpich_in(mpi_image, work, apptainer_path):
+def test_the_shell_snippet_binds_the_host_mpich_in(
+    mpi_image, work, apptainer_path, e2e_facts
+):
     image, _ = mpi_image
     snippet = shlex.quote(str(work / "mpi.sh"))
     run = f'. {snippet} && singularity exec "$SIF" python -c {shlex.quote(VERSION)}'
     after = versions(on_host(apptainer_path, run))
-    print(f"after the swap: {after['library']}")
+    e2e_facts["MPI after the swap (shell snippet)"] = after["library"]
+    e2e_facts["MPI LD_LIBRARY_PATH after the swap"] = after["LD"]
     assert after["library"].startswith("MPICH Version:") and "4.0.2" in after["library"]
     assert after["ACTIVE"] == "host" and after["M4"] == LIBMPI
     assert after["LD"].split(":")[:4] == [
@@ -322,8 +327,9 @@ def test_verify_reports_the_mpi_rows(mpi_image, verify_image, work):
 
 
 def one_error(output):
-    """The build's error lines (no traceback)."""
+    """The build's one error (no traceback, one ``cotainr: error:``), its lines."""
     assert "Traceback" not in output, output[-3000:]
+    assert output.count("cotainr: error:") == 1, output[-3000:]
     return [ln for ln in output.splitlines() if "rror" in ln]
 
 

@@ -132,11 +132,12 @@ def built(request, work, lumi_like_base_image, apptainer_path, build_times):
     return name, image, systems, expected, proc.stdout + proc.stderr
 
 
-def test_dry_run_names_the_env_and_why(built, work):
+def test_dry_run_names_the_env_and_why(built, work, e2e_facts):
     name, image, systems, expected, _ = built
     proc = cotainr(work, systems, work / "dry.sif", f"--system={name}-e2e", "--dry-run")
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(ln for ln in proc.stdout.splitlines() if "target env:" in ln)
+    e2e_facts[f"{name}, dry run"] = line.strip()
     assert f"target env: {expected} (python 3.11" in line
     if name == "layout1":
         assert "from the base image's $WITH_CONDA" in line
@@ -223,9 +224,10 @@ def test_torch_tree_in_the_env_is_pruned(built, apptainer_exec):
         assert removed and all(p.startswith(f"{layouts.ENV}/lib/") for p in removed)
 
 
-def test_verify_passes_the_env_rows(built, verify_image):
-    _name, image, systems, expected, _ = built
+def test_verify_passes_the_env_rows(built, verify_image, e2e_facts):
+    name, image, systems, expected, _ = built
     _rc, rows, report = verify_image(image, env={"COTAINR_LUMI_SYSTEMS": str(systems)})
+    e2e_facts[f"{name}, verify"] = ", ".join(f"{c} {s}" for c, s in rows.items())
     for check in (
         "target-env",
         "with-conda",

@@ -65,8 +65,11 @@ def images(tmp_path_factory, rocm_torch_base_image, apptainer_path):
     return built
 
 
-def test_full_lumi_g_ext_image_passes_verify(images, verify_image):
+def test_full_lumi_g_ext_image_passes_verify(images, verify_image, e2e_facts):
     code, rows, report = verify_image(images["full"][0])
+    e2e_facts["lumi-g-ext (ROCm base + env), verify"] = ", ".join(
+        f"{c} {s}" for c, s in rows.items()
+    )
     assert code == 0, json.dumps(report, indent=1)
     assert report["failed"] == []
     assert {

@@ -224,6 +224,24 @@ def _missing_text(*, binding, image, host_path):
     )
 
 
+def _start(*, mode, binding, prefix, srun):
+    """
+    The lines both outputs begin with, and the host library to check for.
+
+    The binding's comment (when the profile has a binding); in ``container``
+    mode `srun`, the lines that make ``srun --mpi=pmi2`` the default (as
+    lumi-aif-singularity-bindings does); in ``host`` mode the host library's
+    path (None: nothing to check).
+    """
+    lines = (
+        [] if binding is None else _comment(mode=mode, binding=binding, prefix=prefix)
+    )
+    if mode == "container":
+        lines += srun
+    host = mode == "host" and binding is not None
+    return lines, binding.host_path(binding.libmpi) if host else None
+
+
 def lua_lines(*, mode, binding, image):
     """
     Lines appended to the Lmod module file (its binds come with the others).
@@ -244,16 +262,15 @@ def lua_lines(*, mode, binding, image):
         ``--mpi`` default); in ``host`` mode a message on load when the host
         library is missing.
     """
-    lines = [] if binding is None else _comment(mode=mode, binding=binding, prefix="--")
-    if mode == "container":
-        # As lumi-aif-singularity-bindings does: srun's --mpi default for the
-        # image's MPICH (pushenv: the value before load comes back on unload).
-        lines += [
-            f"-- {SRUN_HINT['container']}: srun's default while this module is loaded.",
-            f'pushenv("{SLURM_MPI_VAR}", "pmi2")',
-        ]
-    host_path = binding.host_path(binding.libmpi) if binding is not None else None
-    if mode == "host" and host_path:
+    # pushenv: the value before load comes back on unload.
+    srun_default = [
+        f"-- {SRUN_HINT['container']}: srun's default while this module is loaded.",
+        f'pushenv("{SLURM_MPI_VAR}", "pmi2")',
+    ]
+    lines, host_path = _start(
+        mode=mode, binding=binding, prefix="--", srun=srun_default
+    )
+    if host_path:
         text = _missing_text(binding=binding, image=image, host_path=host_path)
         lines += [
             f'if (mode() == "load") and not isFile({lua_quote(host_path)}) then',
@@ -283,14 +300,12 @@ def shell_lines(*, mode, binding, image):
         unless set; in ``host`` mode a message when the host library is
         missing.
     """
-    lines = [] if binding is None else _comment(mode=mode, binding=binding, prefix="#")
-    if mode == "container":
-        lines += [
-            f"# {SRUN_HINT['container']}: srun's default unless you chose one.",
-            f'export {SLURM_MPI_VAR}="${{{SLURM_MPI_VAR}:-pmi2}}"',
-        ]
-    host_path = binding.host_path(binding.libmpi) if binding is not None else None
-    if mode == "host" and host_path:
+    srun_default = [
+        f"# {SRUN_HINT['container']}: srun's default unless you chose one.",
+        f'export {SLURM_MPI_VAR}="${{{SLURM_MPI_VAR}:-pmi2}}"',
+    ]
+    lines, host_path = _start(mode=mode, binding=binding, prefix="#", srun=srun_default)
+    if host_path:
         text = _missing_text(binding=binding, image=image, host_path=host_path)
         lines.append(
             f"[ -f {shlex.quote(host_path)} ] || printf '%s\\n' {shlex.quote(text)} >&2"
