@@ -247,8 +247,7 @@ def settings_of(*, plan):
     settings : RocmSettings
         The settings.
     """
-    settings = getattr(plan, "rocm_settings", None)
-    return settings if isinstance(settings, RocmSettings) else RocmSettings()
+    return RocmSettings.held_by(plan, "rocm_settings")
 
 
 def window_of(*, plan):

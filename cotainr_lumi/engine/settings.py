@@ -302,6 +302,27 @@ class StageSettings:
         declared = cls.declared()
         return cls(**{declared[k].name: v for k, v in (partial or {}).items()})
 
+    @classmethod
+    def held_by(cls, holder, attribute):
+        """
+        The settings an object holds, or the defaults.
+
+        Parameters
+        ----------
+        holder : object or None
+            What holds them (a :class:`cotainr_lumi.engine.plan.BuildPlan`).
+        attribute : str
+            The attribute they are held in.
+
+        Returns
+        -------
+        settings : StageSettings
+            ``holder.<attribute>`` when it is an instance of `cls` (a test's
+            stand-in plan may lack it), else ``cls()``.
+        """
+        settings = getattr(holder, attribute, None)
+        return settings if isinstance(settings, cls) else cls()
+
     def to_dict(self):
         """
         The settings as users write them (keys with ``-``, plain data).

@@ -123,8 +123,7 @@ def settings_of(*, plan):
     settings : TargetEnvSettings
         The settings.
     """
-    settings = getattr(plan, "target_settings", None)
-    return settings if isinstance(settings, TargetEnvSettings) else TargetEnvSettings()
+    return TargetEnvSettings.held_by(plan, "target_settings")
 
 
 def probe_timeout(*, plan):
