@@ -1,14 +1,15 @@
 """
 The network layer of an image, checked: RCCL's plugin, its libraries, rccl-tests.
 
-The plugin is the file RCCL itself would load (:mod:`cotainr_lumi.engine.rcclplugin`:
-``librccl-net.so``, or what ``NCCL_NET_PLUGIN`` names, looked up as ``dlopen``
-does), of either generation: aws-ofi-rccl (``librccl-net.so``, the 2024 LUMI
-images in ``/opt/aws-ofi-rccl``, the 2025 LUMI AI Factory images in
-``/usr/lib``) or its successor aws-ofi-nccl built for ROCm
-(``librccl-net-ofi.so``, the ROCm 7 LUMI AI Factory images). A plugin RCCL
-would not load (another name, a directory off the loader's path, NCCL's
-``libnccl-net*.so``) is a FAIL that says what to set. Where the libfabric the plugin uses must come from (the
+The plugin is the file RCCL itself would load
+(:mod:`cotainr_lumi.engine.rcclplugin`: ``librccl-net.so``, or what
+``NCCL_NET_PLUGIN`` names, looked up as ``dlopen`` does), of either
+generation: aws-ofi-rccl (``librccl-net.so``, the 2024 LUMI images in
+``/opt/aws-ofi-rccl``, the 2025 LUMI AI Factory images in ``/usr/lib``) or
+its successor aws-ofi-nccl built for ROCm (``librccl-net-ofi.so``, the ROCm 7
+LUMI AI Factory images). A plugin RCCL would not load (another name, a
+directory off the loader's path, NCCL's ``libnccl-net*.so``) is a FAIL that
+says what to set. Where the libfabric the plugin uses must come from (the
 host's Cray libfabric, or the image's own) is what the image's profile said,
 recorded by the lumi-env stage in :data:`cotainr_lumi.imagelayout.RUNTIME_FILE`
 (images without the record, such as a LUMI AI Factory image as shipped: the

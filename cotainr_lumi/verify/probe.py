@@ -163,7 +163,7 @@ def read_runtime():
         return "unreadable"
 
 
-def plugin_dirs(runtime, ld_path, named):
+def plugin_dirs(runtime, ld_path, named, conf):
     """Where to look: the record's, /opt/aws-ofi-*, LD_LIBRARY_PATH, the loader's."""
     dirs = (
         list(runtime.get("net-plugin-dirs") or []) if isinstance(runtime, dict) else []
@@ -173,7 +173,7 @@ def plugin_dirs(runtime, ld_path, named):
         dirs += [opt, f"{opt}/lib", f"{opt}/lib64"]
     if named and "/" in named:
         dirs.append(os.path.dirname(named))
-    dirs += ld_path + conf_dirs() + INPUTS["loader_dirs"]
+    dirs += ld_path + conf + INPUTS["loader_dirs"]
     return list(dict.fromkeys(os.path.normpath(d) for d in dirs if d))
 
 
@@ -208,6 +208,32 @@ def plugin_files(dirs, named):
     return files
 
 
+def plugin_ldd(files, named, limit=8):
+    """
+    ``ldd`` of each file RCCL could load: {path: ldd}.
+
+    Which one it loads is decided outside (engine/rcclplugin.py). RCCL opens
+    ``librccl-net.so``, ``librccl-net-NAME.so`` or what NCCL_NET_PLUGIN names,
+    never a versioned name; a file seen under two spellings of a directory
+    (/lib and /usr/lib on a merged /usr) is read once.
+    """
+    named_base = os.path.basename(named) if named else None
+    done, result = {}, {}
+    for d, names in files.items():
+        for name in names:
+            rccl_name = name.startswith("librccl-net") and name.endswith(".so")
+            if not (rccl_name or name == named_base):
+                continue
+            path = os.path.join(d, name)
+            real = os.path.realpath(path)
+            if real not in done:
+                if len(done) >= limit:
+                    continue
+                done[real] = ldd(path)
+            result[path] = done[real]
+    return result
+
+
 def rccl_tests(runtime):
     """(rccl-tests found or None, the directories looked at)."""
     tests_dirs = [runtime.get("rccl-tests")] if isinstance(runtime, dict) else []
@@ -224,14 +250,9 @@ def network_facts():
     runtime = read_runtime()
     ld_path = [p for p in (os.environ.get("LD_LIBRARY_PATH") or "").split(":") if p]
     named = os.environ.get("NCCL_NET_PLUGIN") or None
-    dirs = plugin_dirs(runtime, ld_path, named)
+    conf = conf_dirs()
+    dirs = plugin_dirs(runtime, ld_path, named, conf)
     files = plugin_files(dirs, named)
-    # Which file RCCL loads is decided outside (engine/rcclplugin.py); the
-    # libraries of each plugin file are read here.
-    paths = sorted(
-        (os.path.join(d, n) for d in files for n in files[d]),
-        key=lambda p: not os.path.basename(p).startswith("librccl-net"),
-    )
     libfabric = sorted(
         {
             os.path.realpath(p)
@@ -243,10 +264,10 @@ def network_facts():
     return {
         "runtime": runtime,
         "searched": dirs,
-        "conf_dirs": conf_dirs(),
+        "conf_dirs": conf,
         "named": named,
         "plugin_files": files,
-        "ldd": {p: ldd(p) for p in paths[:8]},
+        "ldd": plugin_ldd(files, named),
         "ld_library_path": ld_path,
         "image_libfabric": libfabric,
         "rccl_tests": tests,

@@ -558,6 +558,8 @@ def test_probe_finds_the_plugin_and_rccl_tests_it_is_told_about(tmp_path):
         "librccl-net-ofi.so": None,
     }
     assert "libc.so.6" in net["ldd"][str(lib / "librccl-net-ofi.so")]["deps"]
+    # A name RCCL never opens (unless NCCL_NET_PLUGIN names it) is not read.
+    assert str(lib / "libnccl-net.so") not in net["ldd"]
     assert net["rccl_tests"] == {"dir": str(tests), "all_reduce_perf": True}
     assert net["runtime"]["libfabric"] == "image"
     # RCCL loads nothing without the name, aws-ofi-nccl's ROCm build with it.

@@ -13,14 +13,16 @@ LUMI's image families put these in different places (see the profiles in
   with CXI, libcxi and xpmem inside the image (``/usr/lib/x86_64-linux-gnu``),
   the aws-ofi-rccl 1.4 plugin (2025 releases, ``/usr/lib/librccl-net.so``)
   or its successor aws-ofi-nccl built for ROCm (``librccl-net-ofi.so``,
-  ROCm 7 releases) in the image's library directories, rccl-tests in ``/usr/libexec/rccl-tests``;
+  ROCm 7 releases) in the image's library directories, rccl-tests in
+  ``/usr/libexec/rccl-tests``;
   forcing ``NCCL_NET_GDR_LEVEL`` can hang multi-node jobs (laifs issues #28,
   #30; LUMI-AI-Guide #94, PR #97).
 
 The lumi-env stage finds the plugin in the directories the profile names,
 adds a directory to ``LD_LIBRARY_PATH`` only when the loader would not search
 it anyway, sets ``NCCL_NET_PLUGIN`` (a default) when RCCL would not load the
-plugin by its default name (:mod:`cotainr_lumi.engine.rcclplugin`), and writes what it found into the image
+plugin by its default name (:mod:`cotainr_lumi.engine.rcclplugin`), and
+writes what it found into the image
 (:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`), where ``cotainr-lumi
 verify`` reads which libfabric the plugin must use.
 
@@ -154,46 +156,44 @@ def find_plugin(*, root, dirs, named=None):
     Returns
     -------
     plugin : dict or None
-        ``{"generation", "dir", "files", "nccl-net-plugin"}``: the first
-        directory whose plugin RCCL loads (by its default name or `named`),
-        else the first whose plugin it loads with ``NCCL_NET_PLUGIN`` set
-        (``nccl-net-plugin``: that value), else the first with any plugin
-        file (``generation`` ``nccl``: RCCL loads none of them). None when no
+        ``{"generation", "dir", "files", "loads", "nccl-net-plugin"}``: the
+        plugin RCCL loads (by its default name or `named`, looked for as
+        RCCL does), else the first it loads with ``NCCL_NET_PLUGIN`` set
+        (``nccl-net-plugin``: that value), else the first directory with any
+        plugin file (``loads`` false: RCCL loads none of them). None when no
         directory has a plugin file.
     """
-    candidates = []
+    candidates = {}
     for directory in dirs:
         host_dir = root(directory)
         files = _plugin_files(host_dir) if host_dir.is_dir() else {}
         if files:
-            candidates.append((directory, files))
-    for directory, files in candidates:
-        loads = rcclplugin.resolve(
-            named=named, files={directory: files}, search_dirs=[directory]
-        )
-        if loads is not None:
-            return _plugin(directory, files, loads["generation"], None)
-    for directory, files in candidates:
+            candidates.setdefault(directory, files)
+    if not candidates:
+        return None
+    # In RCCL's order: each name it tries, in every directory.
+    loads = rcclplugin.resolve(
+        named=named, files=candidates, search_dirs=list(candidates)
+    )
+    if loads is not None:
+        return _plugin(loads["dir"], loads["generation"], candidates, value=None)
+    for directory, files in candidates.items():
         value = None if named else rcclplugin.default_name(files)
         if value is not None:
             name = f"{rcclplugin.PREFIX}-{value}.so"
-            return _plugin(
-                directory,
-                files,
-                rcclplugin.generation(name, target=files[name]),
-                value,
-            )
-    if candidates:
-        directory, files = candidates[0]
-        return _plugin(directory, files, "nccl", None)
-    return None
+            generation = rcclplugin.generation(name, target=files[name])
+            return _plugin(directory, generation, candidates, value=value)
+    directory, files = next(iter(candidates.items()))
+    generation = rcclplugin.generation(next(iter(files)))
+    return _plugin(directory, generation, candidates, value=None, loads=False)
 
 
-def _plugin(directory, files, generation, value):
+def _plugin(directory, generation, candidates, *, value, loads=True):
     return {
         "generation": generation,
         "dir": directory,
-        "files": list(files),
+        "files": list(candidates[directory]),
+        "loads": loads,
         "nccl-net-plugin": value,
     }
 
@@ -215,7 +215,7 @@ def plugin_name_blocks(*, plugin):
         load, or a warning when it loads none of the files.
     """
     value = plugin["nccl-net-plugin"]
-    if plugin["generation"] == "nccl":
+    if not plugin["loads"]:
         logger.warning(
             "RCCL will load no network plugin from %s: %s.",
             plugin["dir"],

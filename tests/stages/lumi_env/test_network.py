@@ -66,6 +66,7 @@ def test_find_plugin_aws_ofi_rccl_loads_by_its_default_name(tmp_path):
         "generation": "aws-ofi-rccl",
         "dir": "/opt/aws-ofi-rccl",
         "files": ["librccl-net.so", "librccl-net.so.0.0.0"],
+        "loads": True,
         "nccl-net-plugin": None,
     }
 
@@ -80,6 +81,7 @@ def test_find_plugin_aws_ofi_nccl_needs_its_name_and_the_nccl_decoy_loses(tmp_pa
         "generation": "aws-ofi-nccl",
         "dir": MULTIARCH,
         "files": ["libnccl-net.so", "librccl-net-ofi.so"],
+        "loads": True,
         "nccl-net-plugin": "ofi",
     }
     # A librccl-net.so link to it loads by default: no name needed.
@@ -99,16 +101,46 @@ def test_find_plugin_a_directory_rccl_loads_from_wins_over_an_nccl_only_one(tmp_
     assert (found["dir"], found["generation"]) == ("/usr/lib", "aws-ofi-rccl")
     only = network.find_plugin(root=_resolver(tmp_path), dirs=[MULTIARCH])
     assert only["generation"] == "nccl" and only["nccl-net-plugin"] is None
+    assert only["loads"] is False
 
 
-def test_find_plugin_takes_the_name_the_profile_sets(tmp_path):
+def test_find_plugin_takes_the_name_the_profile_sets(tmp_path, caplog):
     add_aif_plugin(tmp_path, decoy=True)
     found = network.find_plugin(
         root=_resolver(tmp_path), dirs=[MULTIARCH], named="libnccl-net.so"
     )
+    # Named so, RCCL loads NCCL's file: no warning that it loads none.
     assert (found["generation"], found["nccl-net-plugin"]) == ("nccl", None)
+    assert found["loads"] is True and network.plugin_name_blocks(plugin=found) == []
     found = network.find_plugin(root=_resolver(tmp_path), dirs=[MULTIARCH], named="ofi")
     assert (found["generation"], found["nccl-net-plugin"]) == ("aws-ofi-nccl", None)
+    assert "will load no network plugin" not in caplog.text
+
+
+def test_rccl_tries_each_name_in_every_directory_before_the_next_name(tmp_path):
+    # NCCL_NET_PLUGIN=ofi: "ofi" nowhere, then librccl-net-ofi.so in either
+    # directory; a librccl-net.so in the first directory is not a candidate.
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (first / "librccl-net.so").write_bytes(b"")
+    (second / "librccl-net-ofi.so").write_bytes(b"")
+    found = network.find_plugin(
+        root=_resolver(tmp_path), dirs=["/first", "/second"], named="ofi"
+    )
+    assert (found["dir"], found["generation"], found["loads"]) == (
+        "/second",
+        "aws-ofi-nccl",
+        True,
+    )
+
+
+def test_an_nccl_only_plugin_is_a_warning_and_no_setting(tmp_path, caplog):
+    add_aif_plugin(tmp_path, "libnccl-net-ofi.so", decoy=False)
+    found = network.find_plugin(root=_resolver(tmp_path), dirs=[MULTIARCH])
+    assert network.plugin_name_blocks(plugin=found) == []
+    assert "RCCL will load no network plugin from " + MULTIARCH in caplog.text
+    assert "never NCCL's names" in caplog.text
 
 
 @pytest.mark.parametrize("value", ["3", 3, "PHB", "SYS", None])
@@ -152,6 +184,7 @@ def test_aif_family_settings_in_the_image(tmp_path):
         "generation": "aws-ofi-nccl",
         "dir": MULTIARCH,
         "files": ["libnccl-net.so", "librccl-net-ofi.so"],
+        "loads": True,
         "nccl-net-plugin": "ofi",
     }
     assert record["rccl-tests-found"] is True
