@@ -82,11 +82,16 @@ def fakebin(tmp_path_factory):
 
 @pytest.fixture(scope="module", autouse=True)
 def cleanup_tmp():
+    """Remove the per-node caches the script made for this module's user.
+
+    Only this module's own names: the series check runs two suites at once,
+    and a glob over every ``cltest*`` directory removed the other run's
+    caches under it (a FileNotFoundError in CI's 0002-alone row).
+    """
     yield
-    for entry in Path("/tmp").iterdir():
-        if entry.name.startswith("cltest") and entry.is_dir():
-            if not entry.is_symlink():
-                shutil.rmtree(entry)
+    for entry in Path("/tmp").glob(f"{CLEANUP_USER}-*"):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def run(fakebin, env=None, *, user=CLEANUP_USER):
