@@ -3,7 +3,7 @@
 Derived from the cached LUMI-like base (Debian 12, which has Ubuntu's
 multiarch library directory ``/usr/lib/x86_64-linux-gnu``) by
 :data:`SETUP`, after lumi-ai-factory/laifs-container-recipes
-(``containerfiles/{rocm,libfabric,mpich,torch}``) and FACTS §5:
+(``containerfiles/{rocm,libfabric,mpich,torch}``):
 
 - the 2024 layers removed: cotainr's pre-activated conda env,
   ``/opt/aws-ofi-rccl``, the stub ROCm 6.1.3 and its environment (the host's

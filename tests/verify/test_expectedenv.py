@@ -13,7 +13,7 @@ def test_the_defaults_are_the_packaged_profile_values():
     data = yaml.safe_load(PACKAGED_PROFILE.read_text())
     written = data["systems"][DEFAULT_SYSTEM]["settings"]["lumi-env"]["env"]
     assert default_lumi_env() == {k: str(v) for k, v in written.items()}
-    # The settings of the hand-built images (FACTS §2-3).
+    # The settings of the hand-built images (sources in systems.yaml).
     assert default_lumi_env()["CXI_FORK_SAFE"] == "1"
     assert default_lumi_env()["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"
 
