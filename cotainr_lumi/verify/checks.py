@@ -45,13 +45,14 @@ from ..imagelayout import (
 )
 from . import netplugin, rocmdriver
 from .expectedenv import expected_env as profile_env
-from .mpi import check_mpi
+from .mpi import ACCEPTANCE_JOB, check_mpi
 from .status import FAIL, NA, PASS, WARN
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: Where the LUMI base images expect the host's Cray libfabric (FACTS §2):
-#: ``/opt/cray`` is removed from the images and bound from the host.
+#: Where the LUMI base images expect the host's Cray libfabric (AMD's
+#: common/Dockerfile.aws-ofi-rccl, sfantao/lumi-containers): ``/opt/cray`` is
+#: removed from the images and bound from the host.
 CRAY_LIBFABRIC_PREFIX = "/opt/cray/libfabric/"
 
 #: Labels every cotainr-lumi image carries (provenance stage).
@@ -71,13 +72,13 @@ HARDWARE_CHECKS = (
     (
         "rccl-bandwidth",
         "rccl-tests all_reduce_perf >= 29 GB/s bus bandwidth on 4 nodes x 8 GCDs",
-        "sbatch examples/slurm/acceptance.sbatch IMAGE (on LUMI-G)",
+        f"{ACCEPTANCE_JOB} (on LUMI-G)",
     ),
     (
         "rccl-net-plugin",
         'NCCL_DEBUG=INFO shows the OFI plugin ("NET/OFI Using aws-ofi-rccl", or '
         '"Using network Libfabric" with aws-ofi-nccl) and the cxi provider',
-        "sbatch examples/slurm/acceptance.sbatch IMAGE (on LUMI-G)",
+        f"{ACCEPTANCE_JOB} (on LUMI-G)",
     ),
     (
         "gpus-visible",

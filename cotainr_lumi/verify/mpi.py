@@ -36,14 +36,21 @@ from .status import FAIL, NA, PASS
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
+#: How to run the LUMI acceptance job: from its directory, which holds
+#: osu_bw.py (the job reads it from $SLURM_SUBMIT_DIR), with an absolute
+#: image path.
+ACCEPTANCE_JOB = (
+    "cd examples/slurm && sbatch --account=<project> acceptance.sbatch "
+    "/abs/path/IMAGE.sif"
+)
+
 #: The LUMI-only MPI check: (id, what, the command to run there).
 HARDWARE_CHECK = (
     "mpi-osu-bandwidth",
     "OSU point-to-point bandwidth (osu_bw, 4 MiB messages) >= 10 GB/s between "
     "two nodes through the host's Cray MPICH (COTAINR_LUMI_MPI=host), and "
     "MPI.Get_library_version() naming Cray MPICH",
-    "sbatch examples/slurm/acceptance.sbatch IMAGE (on LUMI-G; MPI part "
-    "with the image's module file next to it)",
+    f"{ACCEPTANCE_JOB} (on LUMI-G; MPI part with the image's module file next to it)",
 )
 
 

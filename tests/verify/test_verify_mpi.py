@@ -58,7 +58,7 @@ def test_an_image_with_mpi_gets_three_rows():
     assert status == "PASS" and text.startswith("default host:")
     assert f"{CRAY} replaces {LIB}" in text and "libjansson" in text
     status, text = got["mpi-osu-bandwidth"]
-    assert status == "N/A" and "run: sbatch examples/slurm/acceptance.sbatch" in text
+    assert status == "N/A" and "cd examples/slurm && sbatch --account=" in text
 
 
 def test_an_image_without_mpi_gets_none():
