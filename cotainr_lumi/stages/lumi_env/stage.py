@@ -132,8 +132,27 @@ def _host_command_text(name, *, image, root):
     )
 
 
+#: The user venv's site-packages ahead of PYTHONPATH (POSIX sh, inside the
+#: activation's ``if``). An image env exposed through PYTHONPATH (the LUMI AI
+#: Factory images' /opt/venv) comes before every venv's own site-packages in
+#: sys.path, so a package the user installs again (a newer transformers) would
+#: stay hidden behind the image's copy. Only when PYTHONPATH is set: without
+#: it the venv's site-packages already come first.
+_USER_VENV_SITE_FIRST = """\
+    if [ -n "${PYTHONPATH-}" ]; then
+        for _cl_site in "${COTAINR_LUMI_USER_VENV}"/lib/python*/site-packages; do
+            case ":${PYTHONPATH}:" in
+                *:"${_cl_site}":*) ;;
+                *) if [ -d "${_cl_site}" ]; then PYTHONPATH="${_cl_site}:${PYTHONPATH}"; export PYTHONPATH; fi ;;
+            esac
+        done
+        unset _cl_site
+    fi
+"""
+
 #: The user venv's activation, after the image's env (POSIX sh).
-_USER_VENV_BLOCK = """\
+_USER_VENV_BLOCK = (
+    """\
 # The user venv in /user-software (LUST's layout; the module mounts
 # $CONTAINERROOT/user-software there): active when present.
 if [ -n "${COTAINR_LUMI_USER_VENV-}" ] && [ -x "${COTAINR_LUMI_USER_VENV}/bin/python" ]; then
@@ -142,19 +161,25 @@ if [ -n "${COTAINR_LUMI_USER_VENV-}" ] && [ -x "${COTAINR_LUMI_USER_VENV}/bin/py
         *) PATH="${COTAINR_LUMI_USER_VENV}/bin${PATH:+:$PATH}"; export PATH ;;
     esac
     VIRTUAL_ENV=$COTAINR_LUMI_USER_VENV; export VIRTUAL_ENV
-fi"""
+"""
+    + _USER_VENV_SITE_FIRST
+    + "fi"
+)
 
 #: Appended to with-conda.sh: the user venv comes first again after the
 #: image's env was (re)activated.
-_WITH_CONDA_USER_VENV = """\
+_WITH_CONDA_USER_VENV = (
+    """\
 # Then the user venv in /user-software, when present (source
 # /runscripts/init-conda-venv creates it).
 if [ -n "${COTAINR_LUMI_USER_VENV-}" ] && [ -x "${COTAINR_LUMI_USER_VENV}/bin/python" ]; then
     VIRTUAL_ENV=$COTAINR_LUMI_USER_VENV
     PATH="$VIRTUAL_ENV/bin${PATH:+:$PATH}"
     export VIRTUAL_ENV PATH
-fi
 """
+    + _USER_VENV_SITE_FIRST
+    + "fi\n"
+)
 
 
 @register_stage

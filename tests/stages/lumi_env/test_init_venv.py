@@ -310,3 +310,43 @@ def test_fuzz_whatever_is_there_is_never_changed(pybin, tmp_path_factory, name, 
     proc = run(pybin, target)
     assert_one_error(proc, target)
     assert snapshot(base) == before
+
+
+# --- An image env exposed through PYTHONPATH (the LUMI AI Factory /opt/venv) ----
+
+
+def shadow_package(site, version):
+    """A package ``shadowpkg`` of `version` in the directory `site`."""
+    (site / "shadowpkg").mkdir(parents=True)
+    (site / "shadowpkg" / "__init__.py").write_text(f"VERSION = {version!r}\n")
+
+
+def test_the_user_venvs_copy_wins_over_an_image_env_on_pythonpath(pybin, tmp_path):
+    # The image env on PYTHONPATH comes before every venv's own
+    # site-packages: before the fix the user venv's newer copy stayed hidden.
+    image_site = tmp_path / "image-site"
+    shadow_package(image_site, "1.0")
+    venv = make_venv(pybin, tmp_path / "venv")
+    (user_site,) = venv.glob("lib/python*/site-packages")
+    shadow_package(user_site, "2.0")
+    probe = "import shadowpkg, os; print(shadowpkg.VERSION, os.environ['PYTHONPATH'])"
+    proc = subprocess.run(
+        ["bash", "-c", f'source {SCRIPTS[1]} && python -c "{probe}"'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env_for(
+            pybin, COTAINR_LUMI_USER_VENV=str(venv), PYTHONPATH=str(image_site)
+        ),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["2.0", f"{user_site}:{image_site}"]
+    # Without PYTHONPATH nothing is added (the venv's site-packages come first).
+    proc = subprocess.run(
+        ["bash", "-c", f'source {SCRIPTS[1]} && echo "${{PYTHONPATH-unset}}"'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env_for(pybin, COTAINR_LUMI_USER_VENV=str(venv)),
+    )
+    assert proc.stdout == "unset\n", proc.stderr

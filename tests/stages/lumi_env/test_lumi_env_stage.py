@@ -552,3 +552,34 @@ def test_a_multi_line_base_with_conda_is_chained_as_it_is_even_on_a_rebuild(tmp_
         )
         is None
     )
+
+
+def test_the_user_venv_comes_first_on_pythonpath_when_the_image_uses_it(tmp_path):
+    # LUMI AI Factory images expose /opt/venv through PYTHONPATH, which comes
+    # before a venv's own site-packages: the user venv's copy must win.
+    root, _, _ = run_stage(tmp_path, {"user-venv": "/user-software/venv/pytorch"})
+    venv = tmp_path / "user venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\n")
+    (venv / "bin" / "python").chmod(0o755)
+    site = venv / "lib" / "python3.12" / "site-packages"
+    site.mkdir(parents=True)
+    image_site = "/opt/venv/lib/python3.12/site-packages"
+    env = {"COTAINR_LUMI_USER_VENV": str(venv), "PYTHONPATH": image_site}
+    got = source_env(root, env=env)
+    assert got["PYTHONPATH"] == f"{site}:{image_site}"
+    assert got["VIRTUAL_ENV"] == str(venv)
+    # Sourced twice (with-conda.sh, a nested shell): added once.
+    twice = subprocess.run(
+        ["bash", "-c", '. "$1"; . "$1"; printf %s "$PYTHONPATH"', "bash"]
+        + [str(root / ENV_FILE.lstrip("/"))],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert twice.stdout == f"{site}:{image_site}"
+    # No PYTHONPATH: none is made up.
+    assert "PYTHONPATH" not in source_env(
+        root, env={"COTAINR_LUMI_USER_VENV": str(venv)}
+    )
