@@ -165,7 +165,7 @@ def cat_json(apptainer_exec, image, path):
     return json.loads(proc.stdout)
 
 
-def test_dry_run_finds_the_venv_by_rule_5_and_checks_the_rocm(work):
+def test_dry_run_finds_the_venv_by_rule_5_and_checks_the_rocm(work, e2e_facts):
     work, _base = work
     # The profile names /opt/venv; without it discovery finds it itself.
     proc = cotainr(
@@ -185,6 +185,36 @@ def test_dry_run_finds_the_venv_by_rule_5_and_checks_the_rocm(work):
     assert "supports ROCm 6.1-7.0" in rocm and "WARNING" not in out
     assert "libfabric: the image's own" in out
     assert "leaves NCCL_NET_GDR_LEVEL to RCCL" in out
+    e2e_facts["AI Factory torch layout, dry run"] = line.strip()
+    e2e_facts["AI Factory torch layout, dry run rocm"] = rocm.strip()
+
+
+def test_a_rocm_outside_the_window_warns_and_strict_stops(work):
+    work, _base = work
+    # The same base against a window that ends before ROCm 7: a warning in
+    # the dry run; with --strict one error and a non-zero exit.
+    window = ("--set=rocm.supported=6.1-6.4", "--no-module-file")
+    out = ok(
+        cotainr(work, work / "dry.sif", f"--system={SYSTEM}", "--dry-run", *window)
+    )
+    assert "WARNING: " in out and "6.1-6.4" in out, out[-3000:]
+    out = ok(
+        cotainr(
+            work,
+            work / "dry.sif",
+            f"--system={SYSTEM}",
+            "--dry-run",
+            "--strict",
+            *window,
+        )
+    )
+    assert "ERROR (strict): " in out and "the build would stop here (strict)" in out
+    proc = cotainr(work, work / "strict.sif", f"--system={SYSTEM}", "--strict", *window)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in output, output[-3000:]
+    assert output.count("cotainr: error:") == 1, output[-3000:]
+    assert "7.0.2" in output and "strict" in output, output[-3000:]
+    assert not list(work.glob("strict.sif*")), list(work.glob("strict.sif*"))
 
 
 def test_the_pip_step_lands_in_the_venv_and_torch_is_pruned(first, apptainer_exec):
@@ -206,7 +236,7 @@ def test_the_pip_step_lands_in_the_venv_and_torch_is_pruned(first, apptainer_exe
     assert proc.stdout.strip().startswith(f"{aif_layout.ROCM}/lib/")
 
 
-def test_the_familys_runtime_settings(first, apptainer_exec):
+def test_the_familys_runtime_settings(first, apptainer_exec, e2e_facts):
     image, _ = first
     labels = json.loads(
         apptainer_exec(image, "cat", "/.singularity.d/labels.json").stdout
@@ -235,6 +265,58 @@ def test_the_familys_runtime_settings(first, apptainer_exec):
     # RCCL loads aws-ofi-nccl's ROCm build only by name; the decoy never.
     assert runtime["net-plugin"]["nccl-net-plugin"] == "ofi"
     assert env["NCCL_NET_PLUGIN"] == "ofi"
+    e2e_facts["AI Factory image, binds label"] = labels["cotainr-lumi.binds"]
+    e2e_facts["AI Factory image, runtime env"] = " ".join(
+        f"{name}={env.get(name, '<unset>')}"
+        for name in (
+            "FI_MR_CACHE_MONITOR",
+            "NCCL_NET_PLUGIN",
+            "NCCL_NET_GDR_LEVEL",
+            "COTAINR_LUMI_NCCL_NET_GDR_LEVEL",
+            "COTAINR_LUMI_MPI_ACTIVE",
+            "LD_LIBRARY_PATH",
+        )
+    )
+    e2e_facts["AI Factory image, runtime.json"] = json.dumps(runtime, sort_keys=True)
+
+
+def test_a_user_venv_on_the_image_finds_its_own_packages_first(
+    first, apptainer_exec, tmp_path, e2e_facts
+):
+    # LUST's user-software workflow on an AI Factory image: /opt/venv is on
+    # PYTHONPATH, which comes before a venv's own site-packages, so a package
+    # the user installs again into the user venv must still win.
+    image, _ = first
+    user = tmp_path / "user-software"
+    user.mkdir()
+    bind = {"APPTAINER_BIND": f"{user}:/user-software"}
+    made = apptainer_exec(
+        image,
+        "bash",
+        "-c",
+        'source /runscripts/init-user-venv && echo "$VIRTUAL_ENV"',
+        env=bind,
+    )
+    assert made.returncode == 0, made.stderr
+    venv = made.stdout.strip().splitlines()[-1]
+    assert venv.startswith("/user-software/venv/"), made.stdout
+    (site,) = (user / venv[len("/user-software/") :]).glob("lib/python*/site-packages")
+    (site / "basepkg").mkdir()
+    (site / "basepkg" / "__init__.py").write_text("VERSION = 'user'\n")
+    probe = (
+        "import basepkg, os, sys; print(basepkg.__file__); "
+        "print(os.environ['PYTHONPATH']); print(sys.prefix)"
+    )
+    proc = apptainer_exec(image, "python", "-c", probe, env=bind)
+    assert proc.returncode == 0, proc.stderr
+    module, pythonpath, prefix = proc.stdout.strip().splitlines()[-3:]
+    assert module.startswith(f"{venv}/lib/"), proc.stdout
+    assert pythonpath.split(":")[:2] == [
+        f"{venv}/lib/{site.parent.name}/site-packages",
+        aif_layout.SITE,
+    ]
+    assert prefix == venv
+    e2e_facts["AI Factory image, user venv PYTHONPATH"] = pythonpath
 
 
 def _lmod(modules, script, env=None):

@@ -212,7 +212,7 @@ def versions(proc):
 
 
 def test_the_build_records_the_images_mpich_and_the_binding(
-    mpi_image, work, apptainer_path
+    mpi_image, work, apptainer_path, e2e_facts
 ):
     image, output = mpi_image
     assert "MPI: host (auto: the image's MPICH does not speak CXI)" in output
@@ -242,6 +242,12 @@ def test_the_build_records_the_images_mpich_and_the_binding(
         "MPICH Version: 5.0.2"
     )
     assert record["host"]["ld-library-path"][0] == ABI_DIR
+    e2e_facts["MPI image (lumi-g-ext family), host binding LD_LIBRARY_PATH"] = ":".join(
+        record["host"]["ld-library-path"]
+    )
+    e2e_facts["MPI image (lumi-g-ext family), host binding binds"] = ",".join(
+        record["host"]["binds"]
+    )
     snippet = (work / "mpi.sh").read_text()
     assert f"{work}/host/cray:/opt/cray" in snippet and LIBMPI in snippet
 
@@ -261,15 +267,15 @@ def test_mpiexec_runs_two_ranks_on_the_images_mpich(
     assert len(hello) == 2 and hello[0].startswith("Hello, World! I am process 0 of 2")
     assert hello[1].startswith("Hello, World! I am process 1 of 2")
     assert "is not in the container" not in proc.stderr
-    before = versions(
-        in_image(apptainer_path, image, f"python -c {shlex.quote(VERSION)}")
-    )
+    plain = in_image(apptainer_path, image, f"python -c {shlex.quote(VERSION)}")
+    before = versions(plain)
     e2e_facts["MPI before the swap (image's MPICH)"] = before["library"]
     assert (
         before["library"].startswith("MPICH Version:") and "5.0.2" in before["library"]
     )
     # Without the binds (no module loaded), host mode says so once.
     assert before["ACTIVE"] == "container"
+    assert plain.stderr.count("is not in the container") == 1, plain.stderr
 
 
 def test_the_shell_snippet_binds_the_host_mpich_in(
@@ -294,7 +300,9 @@ def test_the_shell_snippet_binds_the_host_mpich_in(
     assert "5.0.2" in back["library"] and back["ACTIVE"] == "container"
 
 
-def test_the_module_file_binds_the_host_mpich_in(mpi_image, work, apptainer_path):
+def test_the_module_file_binds_the_host_mpich_in(
+    mpi_image, work, apptainer_path, e2e_facts
+):
     image, _ = mpi_image
     init = shlex.quote(str(need_lmod()))
     run = (
@@ -302,15 +310,24 @@ def test_the_module_file_binds_the_host_mpich_in(mpi_image, work, apptainer_path
         f'singularity exec "$SIF" python -c {shlex.quote(VERSION)}'
     )
     after = versions(on_host(apptainer_path, run))
+    e2e_facts["MPI after the swap (module file)"] = after["library"]
     assert "4.0.2" in after["library"] and after["ACTIVE"] == "host"
+    assert after["LD"].split(":")[:4] == [
+        ABI_DIR,
+        "/opt/cray/pe/lib64",
+        "/opt/cray/deps",
+        "/usr/lib64",
+    ]
 
 
-def test_verify_reports_the_mpi_rows(mpi_image, verify_image, work):
+def test_verify_reports_the_mpi_rows(mpi_image, verify_image, work, e2e_facts):
     image, _ = mpi_image
     _, rows, report = verify_image(
         image, env={"COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml")}
     )
     evidence = {r["check"]: r["evidence"] for r in report["results"]}
+    for check in ("mpi4py-libmpi", "mpi-host-binding", "mpi-osu-bandwidth"):
+        e2e_facts[f"MPI image, verify {check}"] = f"{rows[check]}: {evidence[check]}"
     assert rows["mpi4py-libmpi"] == "PASS", evidence["mpi4py-libmpi"]
     assert (
         "libmpi.so.12" in evidence["mpi4py-libmpi"]
