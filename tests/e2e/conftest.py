@@ -25,6 +25,8 @@ Session-scoped fixtures:
 ``build_times`` -> dict
     Build times (name -> seconds) that tests record; printed in the terminal
     summary (``pytest_terminal_summary``), not by a test.
+``image_runtime`` -> callable ``(name, sif)``
+    An image's labels, env and runtime record, also recorded as facts.
 ``e2e_facts`` -> dict
     What the tests saw in the images (name -> text: the MPI library before
     and after the swap, verify's rows ...); printed in the terminal summary,
@@ -214,6 +216,49 @@ def build_times(request) -> dict[str, float]:
 def e2e_facts(request) -> dict[str, str]:
     """What the tests saw in the images (name -> text), printed at the end."""
     return request.config.stash.setdefault(E2E_FACTS, {})
+
+
+#: The variables of an image's network and MPI runtime that go to the facts.
+RUNTIME_ENV_NAMES = (
+    "FI_MR_CACHE_MONITOR",
+    "NCCL_NET_PLUGIN",
+    "NCCL_NET_GDR_LEVEL",
+    "COTAINR_LUMI_NCCL_NET_GDR_LEVEL",
+    "COTAINR_LUMI_MPI_ACTIVE",
+    "LD_LIBRARY_PATH",
+)
+
+
+@pytest.fixture
+def image_runtime(apptainer_exec, e2e_facts):
+    """Return ``read(name, sif)`` -> (labels, env, runtime record).
+
+    The image's labels, its environment in the container and its
+    ``/opt/cotainr-lumi/runtime.json``; the binds label, the
+    :data:`RUNTIME_ENV_NAMES` and the record go to ``e2e_facts`` under
+    `name`, so the CI log shows each family's runtime settings.
+    """
+
+    def read(name, sif):
+        labels = json.loads(
+            apptainer_exec(sif, "cat", "/.singularity.d/labels.json").stdout
+        )
+        env = dict(
+            line.split("=", 1)
+            for line in apptainer_exec(sif, "env").stdout.splitlines()
+            if "=" in line
+        )
+        proc = apptainer_exec(sif, "cat", "/opt/cotainr-lumi/runtime.json")
+        assert proc.returncode == 0, proc.stderr
+        runtime = json.loads(proc.stdout)
+        e2e_facts[f"{name}, binds label"] = labels.get("cotainr-lumi.binds", "")
+        e2e_facts[f"{name}, runtime env"] = " ".join(
+            f"{n}={env.get(n, '<unset>')}" for n in RUNTIME_ENV_NAMES
+        )
+        e2e_facts[f"{name}, runtime.json"] = json.dumps(runtime, sort_keys=True)
+        return labels, env, runtime
+
+    return read
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -236,21 +236,14 @@ def test_the_pip_step_lands_in_the_venv_and_torch_is_pruned(first, apptainer_exe
     assert proc.stdout.strip().startswith(f"{aif_layout.ROCM}/lib/")
 
 
-def test_the_familys_runtime_settings(first, apptainer_exec, e2e_facts):
+def test_the_familys_runtime_settings(first, image_runtime):
     image, _ = first
-    labels = json.loads(
-        apptainer_exec(image, "cat", "/.singularity.d/labels.json").stdout
-    )
+    labels, env, runtime = image_runtime("AI Factory image", image)
     binds = labels["cotainr-lumi.binds"].split(",")
     assert "/opt/cray" not in binds and "/usr/lib64/libcxi.so.1" not in binds
     assert labels["cotainr-lumi.mpi"] == "container"  # its MPICH speaks CXI
     assert labels["cotainr-lumi.rocm.version"] == "7.0.2-56"
     assert labels["cotainr-lumi.rocm.torch"] == "7.0"
-    env = dict(
-        line.split("=", 1)
-        for line in apptainer_exec(image, "env").stdout.splitlines()
-        if "=" in line
-    )
     assert env["FI_MR_CACHE_MONITOR"] == "userfaultfd"
     assert "NCCL_NET_GDR_LEVEL" not in env
     assert env["COTAINR_LUMI_NCCL_NET_GDR_LEVEL"] == ""
@@ -258,26 +251,12 @@ def test_the_familys_runtime_settings(first, apptainer_exec, e2e_facts):
     assert env["MPIR_CVAR_ENABLE_GPU"] == "1"  # the image's own settings stay
     assert "/opt/cray" not in env.get("LD_LIBRARY_PATH", "")
     assert env["PATH"].split(":")[0] == f"{aif_layout.VENV}/bin"
-    runtime = cat_json(apptainer_exec, image, "/opt/cotainr-lumi/runtime.json")
     assert runtime["libfabric"] == "image"
     assert runtime["net-plugin"]["generation"] == "aws-ofi-nccl"
     assert runtime["net-plugin"]["dir"] == aif_layout.MULTIARCH
     # RCCL loads aws-ofi-nccl's ROCm build only by name; the decoy never.
     assert runtime["net-plugin"]["nccl-net-plugin"] == "ofi"
     assert env["NCCL_NET_PLUGIN"] == "ofi"
-    e2e_facts["AI Factory image, binds label"] = labels["cotainr-lumi.binds"]
-    e2e_facts["AI Factory image, runtime env"] = " ".join(
-        f"{name}={env.get(name, '<unset>')}"
-        for name in (
-            "FI_MR_CACHE_MONITOR",
-            "NCCL_NET_PLUGIN",
-            "NCCL_NET_GDR_LEVEL",
-            "COTAINR_LUMI_NCCL_NET_GDR_LEVEL",
-            "COTAINR_LUMI_MPI_ACTIVE",
-            "LD_LIBRARY_PATH",
-        )
-    )
-    e2e_facts["AI Factory image, runtime.json"] = json.dumps(runtime, sort_keys=True)
 
 
 def test_a_user_venv_on_the_image_finds_its_own_packages_first(

@@ -202,6 +202,14 @@ def on_host(apptainer_path, script, *, env=None):
     )
 
 
+#: Each rank: its rank, the size, an allreduce of rank + 1, the library.
+ALLREDUCE = (
+    "from mpi4py import MPI; c = MPI.COMM_WORLD; "
+    "print(f'rank {c.rank} of {c.size}, sum {c.allreduce(c.rank + 1)} | '"
+    " + MPI.Get_library_version().splitlines()[0])"
+)
+
+
 def versions(proc):
     """The output of :data:`VERSION` as a dict (first line: ``library``)."""
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -295,6 +303,22 @@ def test_the_shell_snippet_binds_the_host_mpich_in(
         "/opt/cray/deps",
         "/usr/lib64",
     ]
+    # Two ranks really run on the swapped library (MPI_Init, an allreduce),
+    # started by the image's own Hydra mpiexec (the PMI wire protocol is
+    # MPICH's, whichever library answers).
+    ranks = on_host(
+        apptainer_path,
+        f'. {snippet} && singularity exec "$SIF" mpiexec -n 2 python -c '
+        + shlex.quote(ALLREDUCE),
+    )
+    assert ranks.returncode == 0, ranks.stdout[-2000:] + ranks.stderr[-3000:]
+    got = sorted(ln for ln in ranks.stdout.splitlines() if ln.startswith("rank "))
+    assert [ln.split(" | ")[0] for ln in got] == [
+        "rank 0 of 2, sum 3",
+        "rank 1 of 2, sum 3",
+    ], ranks.stdout
+    assert all("4.0.2" in ln for ln in got), got
+    e2e_facts["MPI after the swap, mpiexec -n 2 allreduce"] = "; ".join(got)
     # Overridable at run time: the image's own MPICH again.
     back = versions(on_host(apptainer_path, run, env={"COTAINR_LUMI_MPI": "container"}))
     assert "5.0.2" in back["library"] and back["ACTIVE"] == "container"

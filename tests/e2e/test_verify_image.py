@@ -119,36 +119,16 @@ def test_verify_text_output_and_missing_image(images, tmp_path):
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
-def test_the_lumi_g_ext_familys_runtime_settings(images, apptainer_exec, e2e_facts):
+def test_the_lumi_g_ext_familys_runtime_settings(images, image_runtime):
     # The 2024 family (LUMI ROCm base images): the host's Cray libfabric and
     # libcxi bound, aws-ofi-rccl, GDR level 3 only in the distributed runscript.
-    image = images["full"][0]
-    labels = json.loads(
-        apptainer_exec(image, "cat", "/.singularity.d/labels.json").stdout
-    )
+    labels, env, runtime = image_runtime("lumi-g-ext image", images["full"][0])
     binds = labels["cotainr-lumi.binds"].split(",")
     assert {"/opt/cray", "/usr/lib64/libcxi.so.1", "/var/spool/slurmd"} <= set(binds)
-    proc = apptainer_exec(image, "env")
-    env = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
     assert env["FI_MR_CACHE_MONITOR"] == "userfaultfd"
     assert env["CXI_FORK_SAFE"] == "1" and env["CXI_FORK_SAFE_HP"] == "1"
     assert "NCCL_NET_GDR_LEVEL" not in env
     assert env["COTAINR_LUMI_NCCL_NET_GDR_LEVEL"] == "3"
     assert "/opt/cray/libfabric/" in env["LD_LIBRARY_PATH"]
-    runtime = json.loads(
-        apptainer_exec(image, "cat", "/opt/cotainr-lumi/runtime.json").stdout
-    )
     assert runtime["libfabric"] == "host"
     assert runtime["net-plugin"]["generation"] == "aws-ofi-rccl"
-    e2e_facts["lumi-g-ext image, binds label"] = labels["cotainr-lumi.binds"]
-    e2e_facts["lumi-g-ext image, runtime env"] = " ".join(
-        f"{name}={env.get(name, '<unset>')}"
-        for name in (
-            "FI_MR_CACHE_MONITOR",
-            "NCCL_NET_PLUGIN",
-            "NCCL_NET_GDR_LEVEL",
-            "COTAINR_LUMI_NCCL_NET_GDR_LEVEL",
-            "LD_LIBRARY_PATH",
-        )
-    )
-    e2e_facts["lumi-g-ext image, runtime.json"] = json.dumps(runtime, sort_keys=True)
