@@ -74,7 +74,7 @@ def test_example_dry_runs(name, tmp_path, monkeypatch, capsys):
     for option in DRY_RUNS[name]:
         if option.startswith(("--pip-steps", "--pip-requirements", "--conda-env")):
             assert option.split("=", 1)[1] in out
-    if name in ("mpi4py", "pytorch-rocm6.2"):
+    if name in ("mpi4py", "pytorch-rocm6.2", "pytorch-rocm6.1"):
         # The host binding the build will use once it finds the MPI.
         assert "MPI (lumi-env.mpi=auto)" in out
         assert "host: /opt/cray/pe/mpich/8.1.29/ofi/gnu/12.3/lib-abi-mpich" in out
