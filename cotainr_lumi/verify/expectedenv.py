@@ -5,7 +5,8 @@ They come from the system profiles, the one place they are written: the
 lumi-env ``env`` settings of the image's system (its label
 ``cotainr-lumi.system``) over those of :data:`DEFAULT_SYSTEM` in the
 packaged ``systems.yaml`` (the settings of the hand-built images; their
-sources are named there). A profile value ``null`` removes a variable from the expected ones.
+sources are named there). A profile value ``null`` removes a variable
+from the expected ones.
 
 Functions
 ---------
