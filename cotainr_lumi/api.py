@@ -229,22 +229,23 @@ def set_options(settings):
 
 
 def _run_build(*, image_path, options, **build_args):
-    """Run cotainr's build (with the seam) and return the cotainr-lumi stage."""
-    from .plugin import LumiStage
+    """Run cotainr's build with the hook; return cotainr-lumi's build."""
+    from .plugin import HOOK
 
-    build_cls = _cotainr.build_command()
+    base_override = options.pop("base_image_override", None)
+    if base_override:
+        options["lumi_system"] = build_args.pop("system")
+        build_args["base_image"] = base_override
     try:
-        build = build_cls(
+        build = _cotainr.build_command()(
             image_path=image_path, no_color=True, force=True, **build_args, **options
         )
         build.execute()
-    except _cotainr.StageError as e:
+    except _cotainr.PluginError as e:
         cause = e.__cause__
         if isinstance(cause, CotainrLumiError):
             raise cause from None
         raise StageError(str(e), stage="cotainr") from e
-    stages = [s for s in build.stages if isinstance(s, LumiStage)]
-    if not stages:  # pragma: no cover - plan() found an extended build
-        raise StageError("the cotainr-lumi stage did not run", stage="cotainr")
-    stages[0].close()
-    return stages[0]
+    if HOOK.last is None:  # pragma: no cover - plan() found an extended build
+        raise StageError("the cotainr-lumi hook did not run", stage="cotainr")
+    return HOOK.last

@@ -1,19 +1,4 @@
-"""
-The cotainr-lumi options of ``cotainr build`` and the request they make.
-
-The options form the argument group of the "cotainr-lumi" build stage
-(:class:`cotainr_lumi.plugin.LumiStage`), on cotainr's build stage seam or
-its backport.
-
-Functions
----------
-add_options(*, parser, generic)
-    Add the cotainr-lumi options to a ``build`` parser.
-request_from_options(*, image_path, system, base_image, conda_env, accept_licenses, force, dry_run, options)
-    The build request the parsed options describe.
-help_text(arg)
-    The help text of an option, from :data:`OPTION_HELP`.
-"""
+"""The cotainr-lumi options of ``cotainr build`` and the request they make."""
 
 import argparse
 import logging
@@ -28,12 +13,9 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The help of the options, formatted as cotainr formats its own.
 OPTION_HELP = {
-    "force": "overwrite an existing image without asking (for batch jobs). The "
-    "old image is replaced only when the new build succeeds",
-    "dry_run": "print the resolved build plan (base image, stages in order, "
-    "what each will do) and build nothing",
-    "base_image_override": "use this base image instead of the system's (e.g. "
-    "your own copy of a LUMI base image)",
+    "lumi_system": "with --base-image: build as the cotainr-lumi system NAME "
+    "does, on this base image (e.g. an image you built with NAME, to add "
+    "packages to it)",
     "set_settings": "override a stage setting of the system profile, as "
     "STAGE.KEY=VALUE with VALUE in YAML, or a whole stage's settings as "
     "STAGE=MAPPING (repeatable)",
@@ -47,9 +29,8 @@ OPTION_HELP = {
 }
 
 #: Options added here that are not stage options.
-GENERIC_OPTIONS = ("force", "dry_run")
 BUILD_OPTIONS = (
-    "base_image_override",
+    "lumi_system",
     "set_settings",
     "skip_stages",
     "work_dir",
@@ -88,7 +69,7 @@ def stages_in_pipeline_order():
     return sorted(names, key=lambda n: (order.get(n, len(order)), n))
 
 
-def add_options(*, parser, generic):
+def add_options(*, parser):
     """
     Add the cotainr-lumi options to a ``build`` parser.
 
@@ -96,17 +77,8 @@ def add_options(*, parser, generic):
     ----------
     parser : :class:`argparse.ArgumentParser` or argument group
         Where to add them.
-    generic : bool
-        Also add ``--force`` and ``--dry-run`` (for a cotainr that lacks them).
     """
-    if generic:
-        parser.add_argument("--force", action="store_true", help=help_text("force"))
-        parser.add_argument("--dry-run", action="store_true", help=help_text("dry_run"))
-    parser.add_argument(
-        "--base-image-override",
-        metavar="IMAGE",
-        help=help_text("base_image_override"),
-    )
+    parser.add_argument("--lumi-system", metavar="NAME", help=help_text("lumi_system"))
     parser.add_argument(
         "--set",
         dest="set_settings",
@@ -217,39 +189,16 @@ def stage_settings(*, set_settings, stage_args):
     return settings
 
 
-def request_from_options(
-    *,
-    image_path,
-    system,
-    base_image,
-    conda_env,
-    accept_licenses,
-    force,
-    dry_run,
-    options,
-):
+def request_from_options(*, context, conda_env):
     """
-    The build request the parsed options describe.
+    The build request of a build hook's context.
 
     Parameters
     ----------
-    image_path : os.PathLike
-        The image to build.
-    system : str or None
-        The system name.
-    base_image : str or None
-        The base image of a build without a system.
-    conda_env : os.PathLike or list of os.PathLike or None
+    context : BuildContext
+        The build (its ``options``: those :func:`add_options` added).
+    conda_env : list of os.PathLike or None
         The conda environment file(s).
-    accept_licenses : bool
-        ``--accept-licenses``.
-    force : bool
-        ``--force``.
-    dry_run : bool
-        ``--dry-run``.
-    options : mapping
-        The values of the options :func:`add_options` added (without
-        ``force``/``dry_run``), by destination name.
 
     Returns
     -------
@@ -259,13 +208,18 @@ def request_from_options(
     Raises
     ------
     :class:`cotainr_lumi.errors.InputError`
-        For a malformed ``--set``.
+        For a malformed ``--set``, or ``--lumi-system`` with ``--system``.
     """
-    options = dict(options)
+    options = dict(context.options)
     set_settings = options.pop("set_settings", None) or []
     skip_stages = options.pop("skip_stages", None) or ()
     work_dir = options.pop("work_dir", None)
-    base_image_override = options.pop("base_image_override", None)
+    lumi_system = options.pop("lumi_system", None)
+    if lumi_system and context.system is not None:
+        raise InputError(
+            "--lumi-system goes with --base-image (build as that system on "
+            "another base image); with --system, leave it out."
+        )
     if options.pop("strict", None):
         set_settings = ["rocm.strict=true", *set_settings]
     settings = stage_settings(
@@ -274,14 +228,14 @@ def request_from_options(
     if work_dir is not None:
         settings.setdefault("build", {})["work-dir"] = str(work_dir)
     return BuildRequest(
-        image_path=image_path,
-        system=system,
-        base_image=base_image,
-        base_image_override=base_image_override,
+        image_path=context.image_path,
+        system=lumi_system or context.system,
+        base_image=None if lumi_system or context.system else context.base_image,
+        base_image_override=context.base_image if lumi_system else None,
         conda_env=conda_env,
         settings=settings,
         skip_stages=tuple(skip_stages),
-        force=force,
-        dry_run=dry_run,
-        accept_licenses=accept_licenses,
+        force=False,
+        dry_run=context.dry_run,
+        accept_licenses=False,
     )

@@ -3,8 +3,7 @@ The ``cotainr-lumi`` command.
 
 ``cotainr-lumi build`` and ``cotainr-lumi info`` are cotainr's own
 subcommands with the cotainr-lumi plugin active (the same code as the stock
-``cotainr`` command: cotainr's seam, or the backport of it on a cotainr
-without the seam); ``cotainr-lumi verify`` checks a built image. The command
+``cotainr`` command: cotainr's build hook, or the shim of it); ``cotainr-lumi verify`` checks a built image. The command
 works without the start-up hook.
 
 Classes
@@ -169,10 +168,10 @@ class CotainrLumiCLI:
         """Run the subcommand; one error line for a failed build stage."""
         try:
             self.subcommand.execute()
-        except _cotainr.StageError as e:
+        except _cotainr.PluginError as e:
             _fail(e)
         except _cotainr.BuildInterruptedError as e:
-            sys.stderr.write(f"cotainr: error: {_cotainr.interrupted_message(e)}\n")
+            sys.stderr.write(f"cotainr: error: {e}\n")
             raise SystemExit(128 + e.signum) from None
         if self.name == "info":
             # cotainr lists the systems it could read; a broken profile
@@ -189,7 +188,7 @@ def main(*args, **kwargs):
     try:
         _cotainr.check_cotainr_version()
         cli = CotainrLumiCLI()
-    except (_cotainr.StageError, CotainrLumiError) as e:
+    except (_cotainr.PluginError, CotainrLumiError) as e:
         _fail(e)
     cli.execute()
 

@@ -1,55 +1,34 @@
 """
-cotainr-lumi as a cotainr plugin: its systems and its build stage.
+cotainr-lumi as a cotainr plugin: its systems and its build hook.
 
-This module is the ``cotainr.plugins`` entry point. A cotainr with the
-upstream series (``docs/upstream/``) loads it itself and reads
-:func:`systems` and :data:`build_stages`; on a stock cotainr the start-up
-hook calls :func:`on_stock_cotainr`, which installs the backport of the same
-seam (:mod:`cotainr_lumi._cotainr.backport`). Either way cotainr's own
-``Build.execute`` creates the sandbox, installs the conda env, adds the
-metadata and builds the image, and :class:`LumiStage` runs the plan's stages
-(pip, prune, lumi-env, provenance, ...) in between.
-
-Classes
--------
-LumiStage
-    The cotainr-lumi build stage.
-
-Functions
----------
-systems()
-    The cotainr-lumi systems, in cotainr's ``systems.json`` format.
-on_stock_cotainr(cli_module)
-    Install the backport of the seam on a cotainr without it.
-disabled()
-    Whether ``COTAINR_LUMI_DISABLE`` turns cotainr-lumi off.
-
-Attributes
-----------
-build_stages : tuple of type
-    The build stages this plugin adds (none when :func:`disabled`).
+This module is the ``cotainr.plugins`` entry point: cotainr (or, on a
+cotainr without plugin support, :mod:`cotainr_lumi._cotainr.shim`) reads
+:func:`systems` and calls :data:`build_hook` (``docs/upstream/seam-api.md``).
+cotainr's own ``Build.execute`` creates the sandbox, installs the conda env,
+adds the metadata and builds the image; the hook runs the plan's stages
+(pip, prune, lumi-env, provenance) before the metadata.
 """
 
-import atexit
 import contextlib
 import logging
 import os
-import sys
 
 from . import _cotainr, buildoptions, imagelayout
 from .engine import history, rocmwindow
 from .engine.pipeline import (
     as_stage_error,
+    check_base_image_unchanged,
     check_outputs,
     log_resolved_base_image,
     run_stage,
     without_bind_variables,
+    write_outputs,
 )
 from .engine.plan import make_plan
 from .engine.profiles import load_systems
 from .engine.stage import StageContext
 from .engine.workdir import work_dir_environment
-from .errors import CotainrLumiError, UnsupportedCotainrError
+from .errors import CotainrLumiError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -85,192 +64,164 @@ def systems():
     }
 
 
-class LumiStage(_cotainr.BuildStage):
+class LumiBuild:
     """
-    Run the cotainr-lumi stages of the build plan.
-
-    Parameters
-    ----------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
-        The plan (an extended build).
-    log_settings : :class:`cotainr.tracing.LogSettings`, optional
-        The build's log settings.
+    One cotainr-lumi build: its plan and, once run, its labels and reports.
 
     Attributes
     ----------
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+        The plan.
     labels : dict of str to str
-        The labels the stages added (after :meth:`run`).
+        The labels the stages added.
     reports : list of :class:`cotainr_lumi.engine.stage.StageReport`
-        One report per stage (after :meth:`run`).
+        One report per stage.
+    outputs : dict of :class:`pathlib.Path` to str
+        The host files to write once the image is built.
     """
 
-    name = "cotainr-lumi"
-
-    def __init__(self, *, plan, log_settings=None):
+    def __init__(self, *, plan):
         self.plan = plan
-        self.log_settings = log_settings
         self.labels = {}
         self.reports = []
-        self._restore = contextlib.ExitStack()
-        self._work_dir = contextlib.ExitStack()
+        self.outputs = {}
+        self.environment = contextlib.ExitStack()
 
-    @classmethod
-    def add_arguments(cls, *, parser):
+
+class LumiHook:
+    """
+    cotainr-lumi's build hook (API version 1, ``docs/upstream/seam-api.md``).
+
+    Attributes
+    ----------
+    last : LumiBuild or None
+        The build of the last :meth:`prepare` that took part.
+    """
+
+    api_version = 1
+
+    def __init__(self):
+        self.last = None
+
+    def add_arguments(self, *, parser):
         """
-        Add the cotainr-lumi options.
+        Add the cotainr-lumi options of ``cotainr build``.
 
         Parameters
         ----------
         parser : argument group
-            The stage's group of the ``build`` parser.
+            The plugin's group of the ``build`` parser.
         """
-        buildoptions.add_options(parser=parser, generic=False)
+        buildoptions.add_options(parser=parser)
 
-    @classmethod
-    def from_context(cls, *, context):
+    def prepare(self, *, context):
         """
-        The stage for an extended build, None for a stock one.
+        Make the plan of a build; None for a build cotainr-lumi takes no part in.
 
         Parameters
         ----------
         context : BuildContext
-            The build (system, base image, conda env, the stage's options).
+            The build.
 
         Returns
         -------
-        stage : LumiStage or None
-            None when the build is a stock cotainr build (it then runs
-            exactly as without cotainr-lumi).
+        lines : list of str or None
+            The plan, for ``--dry-run``.
         """
+        self.last = None
         try:
             request = buildoptions.request_from_options(
-                image_path=context.image_path,
-                system=context.system,
-                base_image=None if context.system is not None else context.base_image,
-                conda_env=list(context.conda_env_files) or None,
-                accept_licenses=False,
-                force=False,
-                dry_run=context.dry_run,
-                options=context.options,
+                context=context, conda_env=_conda_env_files(context)
             )
-            if context.conda_prefix and context.conda_env_name:
-                request.conda_env_prefix = (
-                    f"{context.conda_prefix}/envs/{context.conda_env_name}"
-                )
             plan = make_plan(request=request)
+            if not plan.extended:
+                return None
+            build = LumiBuild(plan=plan)
+            if context.dry_run:
+                plan.ask_base_image()
+                return plan.describe().splitlines()
+            plan.check_space()
         except CotainrLumiError as e:
-            sys.stderr.write(f"cotainr: error: {e}\n")
-            raise SystemExit(e.exit_code) from None
-        if not plan.extended:
-            return None
-        stage = cls(plan=plan, log_settings=context.log_settings)
-        # Build from the resolved base image so that the provenance labels
-        # record the image really used.
-        context.base_image = plan.base_image.resolved
-        if not context.dry_run:
-            try:
-                plan.check_space()
-            except CotainrLumiError as e:
-                sys.stderr.write(f"cotainr: error: {e}\n")
-                raise SystemExit(e.exit_code) from None
-            log_resolved_base_image(plan.base_image)
-            stage._restore.enter_context(without_bind_variables())
-            stage._work_dir.enter_context(work_dir_environment(plan.work_dir))
-            # The build's directory goes when the process ends, also after a
-            # successful build (the seam has no after-build hook); a failed
-            # build and the Python API close it at once.
-            atexit.register(stage._work_dir.close)
-        return stage
+            raise _cotainr.plugin_error(str(e), exit_code=e.exit_code) from e
+        log_resolved_base_image(plan.base_image)
+        build.environment.enter_context(without_bind_variables())
+        build.environment.enter_context(work_dir_environment(plan.work_dir))
+        self.last = build
+        return plan.describe().splitlines()
 
-    def describe(self):
+    def customize(self, *, sandbox, context):
         """
-        The plan, for ``cotainr build --dry-run``.
-
-        Returns
-        -------
-        lines : list of str
-            The plan's description.
-        """
-        try:
-            self.plan.ask_base_image()
-        except CotainrLumiError as e:
-            sys.stderr.write(f"cotainr: error: {e}\n")
-            raise SystemExit(e.exit_code) from None
-        return self.plan.describe().splitlines()
-
-    def run(self, *, context):
-        """
-        Run the plan's stages on the build's sandbox.
+        Run the plan's stages on the sandbox, after cotainr's conda step.
 
         Parameters
         ----------
+        sandbox : :class:`cotainr.container.SingularitySandbox`
+            The build's sandbox.
         context : BuildContext
-            The build, with its sandbox (after cotainr's conda step).
+            The build.
 
         Returns
         -------
         labels : dict of str to str
             The labels the stages add.
         """
+        build = self.last
         stage_context = StageContext(
-            sandbox=_cotainr.Sandbox(
-                stock=context.sandbox, log_settings=self.log_settings
-            ),
-            plan=self.plan,
+            sandbox=_cotainr.Sandbox(stock=sandbox), plan=build.plan
         )
-        current = self.name
+        current = "cotainr-lumi"
         try:
+            check_base_image_unchanged(build.plan.base_image)
             root = stage_context.sandbox.root
             earlier = history.keep_earlier_build(root=root)
             if earlier is not None:
                 stage_context.labels[imagelayout.LABEL_HISTORY] = str(earlier)
-            _cotainr.prepare_for_cotainr_metadata(root=root)
             current = rocmwindow.SETTINGS_NAME
             rocmwindow.check_build(context=stage_context, phase="start")
-            for stage in self.plan.stages:
+            for stage in build.plan.stages:
                 current = stage.name
                 run_stage(stage=stage, context=stage_context)
             current = rocmwindow.SETTINGS_NAME
             rocmwindow.check_build(context=stage_context, phase="end")
             current = "outputs"
-            outputs = check_outputs(stage_context.reports)
+            build.outputs = check_outputs(stage_context.reports)
         except Exception as e:
             error = as_stage_error(e, stage=current)
-            stage_error = _cotainr.StageError(str(error))
-            stage_error.exit_code = error.exit_code
-            raise stage_error from error
-        for path, content in outputs.items():
-            context.add_output(
-                path=path, content=content, executable=content.startswith("#!")
-            )
-        self.reports = list(stage_context.reports)
-        self.labels = dict(stage_context.labels)
-        for report in self.reports:
-            hint = report.details.get("run-hint") if report.details else None
-            if hint:
-                context.add_message(text=hint)
-        self._restore.close()
-        return dict(self.labels)
+            raise _cotainr.plugin_error(
+                str(error), exit_code=error.exit_code
+            ) from error
+        build.reports = list(stage_context.reports)
+        build.labels = dict(stage_context.labels)
+        return dict(build.labels)
 
-    def on_failure(self, *, context, error):
+    def finalize(self, *, context, error):
         """
-        Say that no image was written; restore the bind variables.
+        Write the host files once the image is built; say so when it is not.
 
         Parameters
         ----------
         context : BuildContext
             The build.
-        error : BaseException
-            What stopped it.
+        error : BaseException or None
+            What stopped the build, or None once the image is in place.
         """
-        self._restore.close()
-        self._work_dir.close()
-        logger.error("No image was written to %s.", context.image_path)
+        build = self.last
+        if build is None:
+            return
+        build.environment.close()
+        if error is not None:
+            logger.error("No image was written to %s.", context.image_path)
+            return
+        write_outputs(build.outputs)
+        for report in build.reports:
+            hint = (report.details or {}).get("run-hint")
+            if hint:
+                logger.info("%s", hint)
 
-    def close(self):
-        """Restore the environment the build changed (for library callers)."""
-        self._restore.close()
-        self._work_dir.close()
+
+def _conda_env_files(context):
+    """The conda env file(s) cotainr holds for the build."""
+    return [context.conda_env] if context.conda_env is not None else None
 
 
 #: Turns cotainr-lumi off (the start-up hook's switch too; the hook is
@@ -295,42 +246,14 @@ def disabled():
 
 
 def __getattr__(name):
-    """``build_stages``: the build stages of this plugin (read by cotainr's seam)."""
-    if name == "build_stages":
-        return () if disabled() else (LumiStage,)
+    """``build_hook``: the hook cotainr calls (None when :func:`disabled`)."""
+    if name == "build_hook":
+        return None if disabled() else HOOK
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def on_stock_cotainr(cli_module):
-    """
-    Install the backport of the seam on a cotainr without it.
-
-    Called by the start-up hook right after ``cotainr.cli`` is imported.
-    Does nothing on a cotainr with the seam.
-
-    Parameters
-    ----------
-    cli_module : module
-        The ``cotainr.cli`` module.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.UnsupportedCotainrError`
-        If cotainr does not behave as the backport needs (nothing is changed
-        then; stock cotainr keeps working).
-    """
-    if _cotainr.has_build_stage_seam():
-        return
-    _cotainr.check_cotainr_version()
-    from ._cotainr import backport
-
-    backport.install(cli_module=cli_module)
+#: The one hook object of this plugin.
+HOOK = LumiHook()
 
 
-__all__ = [
-    "LumiStage",
-    "UnsupportedCotainrError",
-    "disabled",
-    "on_stock_cotainr",
-    "systems",
-]
+__all__ = ["HOOK", "LumiBuild", "LumiHook", "disabled", "systems"]

@@ -28,8 +28,8 @@ DRY_RUNS = {
     ],
     "minimal": ["--system=lumi-g-ext", "--conda-env=env.yml"],
     "extend-lumi-pytorch": [
-        "--system=lumi-g-ext",
-        "--base-image-override=/appl/local/containers/easybuild-sif-images/lumi-pytorch.sif",
+        "--base-image=/appl/local/containers/easybuild-sif-images/lumi-pytorch.sif",
+        "--lumi-system=lumi-g-ext",
         "--pip-requirements=requirements.txt",
     ],
     "demo": ["--system=lumi-g-ext", "--pip-requirements=requirements.txt"],

@@ -1,45 +1,14 @@
 """
 The one package that touches cotainr.
 
-Everything cotainr-lumi needs from cotainr goes through here, so a cotainr
-release that changes touches this package only. The build stage seam
-(``docs/upstream/seam-api.md``) is cotainr's own when it has the upstream
-series, else :mod:`.backport`'s; either way cotainr-lumi's stage is written
-against the same API and cotainr's own ``Build.execute`` drives the build.
-
-Classes
--------
-Sandbox
-    A cotainr ``SingularitySandbox`` with the helpers our stages use.
-CommandError
-    A command run in the sandbox failed.
-BuildStage, BuildContext, StageError
-    The seam's API (cotainr's, or the backport's).
-
-Functions
----------
-has_build_stage_seam()
-    Whether the installed cotainr has the seam.
-build_command()
-    The "build" subcommand class with the seam.
-cotainr_version()
-    The installed cotainr version.
-check_cotainr_version()
-    Raise unless the installed cotainr can run cotainr-lumi.
-takes_several_conda_envs()
-    Whether cotainr's ``--conda-env`` takes several files.
-stock_systems()
-    The systems cotainr itself defines (its ``systems.json``).
-make_log_settings(*, verbosity=0, log_to_file=False, no_color=False)
-    Build cotainr log settings.
-setup_cli_logging(*, log_settings)
-    Attach cotainr's console/file handlers to the ``cotainr`` logger.
-prepare_for_cotainr_metadata(*, root)
-    Rewrite ``labels.json`` so cotainr's ``add_metadata`` leaves no tail
-    (:mod:`.labels`).
+Everything cotainr-lumi needs from cotainr goes through here. The build hook
+(``docs/upstream/seam-api.md``) is cotainr's own ``cotainr.plugins`` when it
+has one, else :mod:`.shim`'s, installed when this package is imported.
 """
 
 import contextlib
+import inspect
+import json
 import logging
 import os
 from pathlib import Path
@@ -49,132 +18,44 @@ import subprocess
 import sys
 import threading
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
+import cotainr
+from cotainr import cli as _cli
+from cotainr import container as _container
+from cotainr import tracing as _tracing
+from cotainr import util as _util
 
-# cotainr-lumi drives cotainr itself here: the start-up hook (which would
-# load cotainr-lumi into cotainr.cli while this module is half imported) is
-# not needed, so it is switched off before cotainr.cli is imported.
-_hook = sys.modules.get("_cotainr_plugins_hook")
-if _hook is not None:
-    _hook.uninstall()
-
-import cotainr  # noqa: E402
-from cotainr import cli as _cli  # noqa: E402
-from cotainr import tracing as _tracing  # noqa: E402
-from cotainr import util as _util  # noqa: E402
-
-from ..errors import UnsupportedCotainrError  # noqa: E402
+from ..errors import UnsupportedCotainrError
+from . import hookapi, shim
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The cotainr releases cotainr-lumi supports: from the oldest release LUMI's
-#: cotainr module still ships. Newer releases are accepted when they have the
-#: public seam or meet the checked contract (:mod:`.contract`); no upper pin.
-SUPPORTED_COTAINR = SpecifierSet(">=2025.3.0")
-
-from . import contract  # noqa: E402
-from .labels import prepare_for_cotainr_metadata  # noqa: E402, F401
-
-try:  # cotainr with the upstream series (docs/upstream/)
-    from cotainr import stages as _stages  # noqa: E402
+try:  # a cotainr with the build hook (docs/upstream/)
+    from cotainr import plugins as _native
 except ImportError:
-    _stages = None
+    _native = None
+NATIVE = getattr(_native, "HOOK_API_VERSION", None) == hookapi.HOOK_API_VERSION
 
-#: The names of the build stage seam (``docs/upstream/seam-api.md``).
-SEAM_NAMES = ("BuildStage", "BuildContext", "StageError")
-
-
-def has_build_stage_seam():
-    """
-    Whether the installed cotainr has the build stage seam.
-
-    Returns
-    -------
-    has_seam : bool
-        True when ``cotainr.stages`` has every name of :data:`SEAM_NAMES`.
-    """
-    return _stages is not None and all(hasattr(_stages, n) for n in SEAM_NAMES)
-
-
-if has_build_stage_seam():
-    BuildStage = _stages.BuildStage
-    BuildContext = _stages.BuildContext
-    StageError = _stages.StageError
+if NATIVE:
+    BuildContext, PluginError = _native.BuildContext, _native.PluginError
 else:
-    from .backport import BuildContext, BuildStage, StageError  # noqa: E402, F401
-
-from .backport import (  # noqa: E402, F401 - the same on the seam path
-    BuildInterruptedError,
-    interrupted_message,
-)
+    BuildContext, PluginError = hookapi.BuildContext, hookapi.PluginError
+BuildInterruptedError = hookapi.BuildInterruptedError
 
 
-def cotainr_subcommand(*, args):
-    """
-    The subcommand cotainr's own CLI makes of `args`, with the seam active.
+def _conda_defaults():
+    """Where cotainr's conda step puts its env (cotainr's defaults)."""
+    try:
+        from cotainr import pack
 
-    Parameters
-    ----------
-    args : list of str
-        The arguments (``["build", ...]`` or ``["info"]``).
-
-    Returns
-    -------
-    subcommand : :class:`cotainr.cli.CotainrSubcommand`
-        Ready to ``execute()``.
-    """
-    if not has_build_stage_seam():
-        from . import backport
-
-        backport.install(cli_module=_cli)
-    return _cli.CotainrCLI(args=args).subcommand
+        prefix = inspect.signature(pack.CondaInstall).parameters["prefix"].default
+    except (ImportError, KeyError, TypeError, ValueError):
+        prefix = None
+    if not isinstance(prefix, str):
+        prefix = "/opt/cotainr/conda"
+    return prefix, "conda_container_env"
 
 
-def build_command():
-    """
-    The "build" subcommand class with the build stage seam.
-
-    Returns
-    -------
-    build_cls : type
-        cotainr's ``Build`` when it has the seam, else the backport's.
-    """
-    if has_build_stage_seam():
-        return _cli.Build
-    from . import backport
-
-    return backport.Build
-
-
-def __getattr__(name):
-    """
-    ``CONDA_ENV_NAME`` and ``CONDA_PREFIX``: where cotainr's conda step puts its env.
-
-    Found on first use (by running cotainr's build with recording stand-ins,
-    :mod:`.contract`), so that importing this package runs nothing of
-    cotainr's; on a cotainr with the seam a stage reads them from its build
-    context instead.
-    """
-    if name == "CONDA_ENV_NAME":
-        return contract.conda_env_name() or "conda_container_env"
-    if name == "CONDA_PREFIX":
-        return contract.conda_prefix()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _ask_yes_no(input_text):
-    """Ask until the answer is yes or no (cotainr before 2025.7 has no helper)."""
-    prompt = input_text + " [yes/no]\n>>> "
-    while True:
-        answer = input(prompt).strip().lower()
-        if answer in ("yes", "no"):
-            return answer == "yes"
-        prompt = f'You answered "{answer}". Please answer yes or no.\n>>> '
-
-
-#: cotainr's yes/no question (``cotainr.util.answer_is_yes`` from 2025.7).
-answer_is_yes = getattr(_util, "answer_is_yes", _ask_yes_no)
+CONDA_PREFIX, CONDA_ENV_NAME = _conda_defaults()
 
 
 def cotainr_version():
@@ -186,65 +67,108 @@ def cotainr_version():
     version : str
         As cotainr reports it.
     """
-    return cotainr.__version__
+    return str(getattr(cotainr, "__version__", "unknown"))
+
+
+#: Why the shim could not be installed (None: it was, or cotainr has the hook).
+SHIM_PROBLEM = (
+    None
+    if NATIVE
+    else shim.install(
+        cli=_cli,
+        container=_container,
+        util=_util,
+        tracing=_tracing,
+        version=cotainr_version(),
+    )
+)
+
+
+def plugin_error(message, *, exit_code=1):
+    """
+    A :data:`PluginError` (cotainr's or the shim's) with `exit_code`.
+
+    Parameters
+    ----------
+    message : str
+        The one-line error.
+    exit_code : int, default=1
+        The exit status.
+
+    Returns
+    -------
+    error : PluginError
+        The error to raise.
+    """
+    error = PluginError(message)
+    error.exit_code = exit_code
+    return error
 
 
 def check_cotainr_version():
     """
-    Raise unless the installed cotainr can run cotainr-lumi.
-
-    A cotainr with the public seam (``docs/upstream/``) is used through it.
-    Otherwise the release must be supported (:data:`SUPPORTED_COTAINR`) and
-    meet every assumption of the fallback path (:mod:`.contract`).
-
-    Returns
-    -------
-    path : str
-        ``"seam"`` or ``"fallback"``.
+    Raise unless cotainr can run cotainr-lumi's build hook.
 
     Raises
     ------
     :class:`cotainr_lumi.errors.UnsupportedCotainrError`
-        Naming the release, or the assumptions it breaks; stock ``cotainr``
-        keeps working then.
+        Naming the cotainr version and what to do; stock ``cotainr`` keeps
+        working then.
     """
-    if has_build_stage_seam():
-        return "seam"
-    found = cotainr_version()
-    try:
-        ok = Version(found) in SUPPORTED_COTAINR
-    except InvalidVersion:
-        ok = False
-    if not ok:
-        raise UnsupportedCotainrError(
-            f"cotainr-lumi is disabled: cotainr {found} is installed but "
-            f"cotainr-lumi needs cotainr{SUPPORTED_COTAINR}. Stock cotainr "
-            f"works unchanged; install 'cotainr{SUPPORTED_COTAINR}' to use "
-            "cotainr-lumi."
-        )
-    broken = contract.broken_assumptions()
-    if broken:
-        reasons = "; ".join(f"{a.name} ({reason})" for a, reason in broken)
-        raise UnsupportedCotainrError(
-            f"cotainr-lumi is disabled: cotainr {found} changed internals "
-            f"cotainr-lumi relies on: {reasons}. Stock cotainr works "
-            "unchanged; install a cotainr-lumi release that supports cotainr "
-            f"{found}, or a cotainr with the plugin seam."
-        )
-    return "fallback"
+    if SHIM_PROBLEM:
+        raise UnsupportedCotainrError(SHIM_PROBLEM)
+
+
+def cotainr_subcommand(*, args):
+    """
+    The subcommand cotainr's own CLI makes of `args`, with the hook active.
+
+    Parameters
+    ----------
+    args : list of str
+        The arguments (``["build", ...]`` or ``["info"]``).
+
+    Returns
+    -------
+    subcommand : object
+        cotainr's subcommand, ready to ``execute()``.
+    """
+    return _cli.CotainrCLI(args=args).subcommand
+
+
+def build_command():
+    """
+    Cotainr's "build" subcommand class (with the hook active).
+
+    Returns
+    -------
+    build_cls : type
+        ``cotainr.cli.Build``.
+    """
+    return _cli.Build
 
 
 def takes_several_conda_envs():
     """
-    Whether the installed cotainr's ``--conda-env`` takes several files.
+    Whether cotainr's ``--conda-env`` takes several files.
 
     Returns
     -------
     several : bool
-        True on a cotainr whose ``Build`` holds a list of conda env files
-        (created from the first, updated with the others in order).
+        True when cotainr's own ``build`` parser makes a list of
+        ``--conda-env a b``.
     """
-    return contract.takes_several_conda_envs()
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    try:
+        _cli.Build.add_arguments(parser=parser)
+        args, _ = parser.parse_known_args(
+            ["x", "--base-image=y", "--conda-env", "a", "b"]
+        )
+    except (argparse.ArgumentError, SystemExit, TypeError):
+        return False
+    return isinstance(getattr(args, "conda_env", None), list)
 
 
 def stock_systems():
@@ -256,9 +180,13 @@ def stock_systems():
     systems : dict
         ``{name: {"base-image": ...}}`` as cotainr reads them.
     """
-    # The backport wraps get_systems to add the plugins' systems.
-    get_systems = getattr(_util.get_systems, "__wrapped__", _util.get_systems)
-    return get_systems()
+    if not NATIVE:
+        return getattr(_util.get_systems, "__wrapped__", _util.get_systems)()
+    try:
+        systems = json.loads(stock_systems_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return systems if isinstance(systems, dict) else {}
 
 
 def stock_systems_file():
@@ -270,7 +198,7 @@ def stock_systems_file():
     path : :class:`pathlib.Path`
         The file cotainr reads its systems from.
     """
-    return Path(_util.systems_file)
+    return Path(getattr(_util, "systems_file", "systems.json"))
 
 
 def make_log_settings(*, verbosity=0, log_to_file=False, no_color=False):

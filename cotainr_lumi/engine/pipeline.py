@@ -1,10 +1,9 @@
 """
 Run a build plan's stages inside cotainr's build.
 
-cotainr (its build stage seam, or the backport of it) creates the sandbox,
-installs the conda env, adds the metadata and builds the image; the
-cotainr-lumi stage (:mod:`cotainr_lumi.plugin`) runs the plan's stages in
-between with the helpers here.
+cotainr creates the sandbox, installs the conda env, adds the metadata and
+builds the image; cotainr-lumi's build hook (:mod:`cotainr_lumi.plugin`)
+runs the plan's stages in between with the helpers here.
 
 Classes
 -------
@@ -220,6 +219,24 @@ def check_outputs(reports):
     return outputs
 
 
+def write_outputs(outputs):
+    """
+    Write host files atomically, one by one (after :func:`check_outputs`).
+
+    Parameters
+    ----------
+    outputs : dict of :class:`pathlib.Path` to str
+        Content by path; a file starting with ``#!`` is made executable.
+    """
+    for path, content in outputs.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        tmp.write_text(content)
+        tmp.chmod(0o755 if content.startswith("#!") else 0o644)
+        os.replace(tmp, path)
+        logger.info("Wrote %s", path)
+
+
 def as_stage_error(error, *, stage):
     """
     The one clear error to report for an exception raised while building.
@@ -269,7 +286,7 @@ def as_stage_error(error, *, stage):
 
 def log_resolved_base_image(base):
     """
-    Say so when the base image is a link (the build uses the real file).
+    Say so when the base image is a link (its target is recorded).
 
     Parameters
     ----------
@@ -278,9 +295,36 @@ def log_resolved_base_image(base):
     """
     if base.is_local_file and base.resolved != os.path.abspath(base.given):
         logger.info(
-            "Base image %s is a link to %s; building from %s (links "
-            "such as LUMI's sif-images/ change without notice)",
+            "Base image %s is a link to %s; recording that file (links such "
+            "as LUMI's sif-images/ change without notice: build from a copy "
+            "for a reproducible base)",
             base.given,
             base.resolved,
-            base.resolved,
+        )
+
+
+def check_base_image_unchanged(base):
+    """
+    Stop when the base image's link was re-pointed since the plan was made.
+
+    Parameters
+    ----------
+    base : :class:`cotainr_lumi.engine.plan.BaseImage`
+        The plan's base image.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.StageError`
+        If the link now names another file (the image would not be the one
+        recorded).
+    """
+    if not base.is_local_file:
+        return
+    now = os.path.realpath(base.given)
+    if now != base.resolved:
+        raise StageError(
+            f"the base image link {base.given} was re-pointed during the build "
+            f"(from {base.resolved} to {now}); build again, or from a copy of "
+            "the image",
+            stage="cotainr",
         )

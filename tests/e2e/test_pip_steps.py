@@ -83,7 +83,11 @@ def cotainr_build(work, image, *args, env=None, name):
             str(COTAINR),
             "build",
             str(image),
-            f"--system={SYSTEM}",
+            *(
+                ["--lumi-system", SYSTEM]
+                if "--base-image" in map(str, args)
+                else [f"--system={SYSTEM}"]
+            ),
             "--force",
             *map(str, args),
         ],
@@ -148,7 +152,7 @@ def extension_image(work, torch_image):
     proc = cotainr_build(
         work,
         image,
-        "--base-image-override",
+        "--base-image",
         torch_image,
         "--pip-steps",
         "steps.yml",
@@ -267,7 +271,7 @@ def test_step_wanting_another_torch_stops_the_build(work, torch_image):
     proc = cotainr_build(
         work,
         image,
-        "--base-image-override",
+        "--base-image",
         torch_image,
         "--pip-requirements",
         "pin.txt",

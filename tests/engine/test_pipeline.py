@@ -1,5 +1,7 @@
 from dataclasses import dataclass
 import os
+from pathlib import Path
+import subprocess
 
 import pytest
 
@@ -174,14 +176,33 @@ def test_command_failure_becomes_stage_error_with_output(
     assert not (tmp_path / "out.sif").exists()
 
 
-def test_base_image_is_built_from_its_resolved_path(
+def test_base_image_link_is_recorded_and_checked(
     tmp_path, fake_singularity, ordered_profile, base_image, caplog
 ):
+    # cotainr builds from the base image as given (a plugin cannot replace
+    # it); the link's target is logged and recorded.
     with caplog.at_level("INFO", logger="cotainr.cotainr_lumi"):
         build(tmp_path, "ordered")
     real = os.path.realpath(base_image)
-    assert fake_singularity.commands[0][-1] == real
+    assert fake_singularity.commands[0][-1] == str(base_image)
     assert f"Base image {base_image} is a link to {real}" in caplog.text
+
+
+def test_base_image_link_re_pointed_during_the_build_stops_it(
+    tmp_path, fake_singularity, ordered_profile, base_image
+):
+    other = tmp_path / "other.sif"
+    other.write_bytes(b"another base")
+
+    def re_point(argv):  # while cotainr asks the sandbox for its architecture
+        Path(base_image).unlink()
+        Path(base_image).symlink_to(other)
+        return subprocess.CompletedProcess(argv, 0, stdout="x86_64\n", stderr="")
+
+    fake_singularity.add_handler(lambda argv: argv[:2] == ["uname", "-m"], re_point)
+    with pytest.raises(StageError, match="re-pointed"):
+        build(tmp_path, "ordered")
+    assert not (tmp_path / "out.sif").exists()
 
 
 @register_stage

@@ -14,6 +14,7 @@ from cotainr_lumi.engine.rocmwindow import Window, major_minor, problems, torch_
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.errors import InputError, StageError
+from tests.hookcontext import hook_context
 
 LUST = "https://lumi-supercomputer.github.io/LUMI-training-materials/User-Updates/Update-202601/"
 WINDOW = Window.from_text("6.1-7.0", source=LUST)
@@ -85,14 +86,12 @@ def test_dry_run_says_it_from_the_profile_and_from_the_base(tmp_path):
 
 def test_strict_from_the_option_or_the_profile(tmp_path):
     request = buildoptions.request_from_options(
-        image_path=tmp_path / "x.sif",
-        system="lumi-g-ext-rocm-6.0",
-        base_image=None,
+        context=hook_context(
+            image_path=tmp_path / "x.sif",
+            system="lumi-g-ext-rocm-6.0",
+            options={"strict": True},
+        ),
         conda_env=None,
-        accept_licenses=False,
-        force=False,
-        dry_run=True,
-        options={"strict": True},
     )
     plan = make_plan(
         request=request,

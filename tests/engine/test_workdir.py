@@ -8,6 +8,7 @@ import pytest
 
 from cotainr_lumi.engine import workdir
 from cotainr_lumi.errors import InputError
+from tests.hookcontext import hook_context
 
 
 def test_estimate_grows_with_the_base_and_the_conda_env(tmp_path):
@@ -68,14 +69,12 @@ def test_work_dir_option_reaches_the_plan(tmp_path, test_profile):
     from cotainr_lumi.engine.plan import make_plan
 
     request = buildoptions.request_from_options(
-        image_path=tmp_path / "x.sif",
-        system="lumi-test",
-        base_image=None,
+        context=hook_context(
+            image_path=tmp_path / "x.sif",
+            system="lumi-test",
+            options={"work_dir": str(tmp_path)},
+        ),
         conda_env=None,
-        accept_licenses=False,
-        force=False,
-        dry_run=True,
-        options={"work_dir": str(tmp_path)},
     )
     plan = make_plan(request=request)
     assert plan.work_dir == tmp_path

@@ -321,7 +321,7 @@ class PruneStage(Stage):
                 "Ways out: keep the environment's libstdc++ (--keep-libstdcxx, "
                 "--set prune.libstdcxx=false, or `libstdcxx: false` under "
                 "settings: prune: in the system profile), or use a base image whose "
-                f"{system} is newer (--base-image-override).",
+                f"{system} is newer (--base-image IMAGE --lumi-system NAME).",
                 stage=self.name,
             )
         freed = remove_libstdcxx(check=check, root=root, manifest=manifest)

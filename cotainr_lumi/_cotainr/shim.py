@@ -1,0 +1,545 @@
+"""
+The build hook of ``docs/upstream/seam-api.md`` on a cotainr without it.
+
+:func:`install` wraps a few of cotainr's methods so that the plugins' hooks
+are called where a cotainr with the hook calls them. It relies on the
+cotainr internals of :data:`RELIED_ON` only (``docs/upstream.md`` lists
+them); when one is missing nothing is wrapped, stock cotainr runs unchanged
+and a plugin's system is one error naming the cotainr version. A build no
+plugin takes part in runs as on stock cotainr.
+"""
+
+import argparse
+import contextlib
+import functools
+import json
+import logging
+import os
+from pathlib import Path
+import signal
+import sys
+import types
+
+from ..imagelayout import LABELS_FILE
+from .hookapi import BuildContext, BuildInterruptedError, PluginError
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: What the shim needs of cotainr: (module, attribute path).
+RELIED_ON = (
+    ("cli", "main"),
+    ("cli", "Build.add_arguments"),
+    ("cli", "Build.__init__"),
+    ("cli", "Build.execute"),
+    ("container", "SingularitySandbox.add_metadata"),
+    ("container", "SingularitySandbox.build_image"),
+    ("util", "get_systems"),
+)
+PLUGIN_GROUP = "cotainr.plugins"
+#: cotainr's options of the upstream series, added where cotainr lacks them.
+BACKPORTED_OPTIONS = {
+    "--force": "overwrite an existing image without asking; the old image is "
+    "replaced only once the new one is built",
+    "--dry-run": "print what the build would do and build nothing",
+}
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+_state = types.SimpleNamespace(installed=None, problem=None, active=None, tracing=None)
+
+
+def missing_internals(modules):
+    """
+    The names of :data:`RELIED_ON` that `modules` lack.
+
+    Parameters
+    ----------
+    modules : dict of str to module
+        cotainr's ``cli``, ``container`` and ``util`` modules.
+
+    Returns
+    -------
+    missing : list of str
+        E.g. ``["container.SingularitySandbox.add_metadata"]``.
+    """
+    missing = []
+    for module, path in RELIED_ON:
+        obj = modules.get(module)
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        if not callable(obj):
+            missing.append(f"{module}.{path}")
+    return missing
+
+
+@functools.cache
+def load_plugins():
+    """The plugins of the ``cotainr.plugins`` entry points, by name."""
+    from importlib.metadata import entry_points
+
+    plugins = {}
+    for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name):
+        try:
+            plugins[ep.name] = ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken plugin is left out
+            logger.warning("cotainr plugin %r not loaded: %s", ep.name, e)
+    return plugins
+
+
+def _plugins_off():
+    return os.environ.get("COTAINR_DISABLE_PLUGINS", "") not in ("", "0")
+
+
+def hooks():
+    """
+    The build hooks of the plugins, by plugin name.
+
+    Returns
+    -------
+    hooks : dict
+        Name to hook object (API version 1).
+    """
+    if _plugins_off():
+        return {}
+    found = {}
+    for name, plugin in load_plugins().items():
+        hook = getattr(plugin, "build_hook", None)
+        if hook is not None and getattr(hook, "api_version", None) == 1:
+            found[name] = hook
+    return found
+
+
+def _systems_with_plugins(get_systems):
+    @functools.wraps(get_systems)
+    def wrapped():
+        systems = get_systems()
+        for name, plugin in ({} if _plugins_off() else load_plugins()).items():
+            try:
+                extra = plugin.systems() if hasattr(plugin, "systems") else {}
+            except Exception as e:  # noqa: BLE001 - one warning, cotainr goes on
+                logger.warning("systems of cotainr plugin %r not read: %s", name, e)
+                continue
+            for system, value in extra.items():
+                systems.setdefault(system, value)
+        return systems
+
+    return wrapped
+
+
+def _add_arguments(original):
+    @functools.wraps(original)
+    def add_arguments(cls, *, parser):
+        original(cls, parser=parser)
+        added = {}
+        backported = parser.add_argument_group("options of cotainr's upstream series")
+        for option, text in BACKPORTED_OPTIONS.items():  # where cotainr lacks them
+            try:
+                action = backported.add_argument(option, action="store_true", help=text)
+            except argparse.ArgumentError:
+                continue
+            added[action.dest] = option
+        cls._shim_own_options = added
+        cls._shim_plugin_options = {}
+        for name, hook in hooks().items():
+            group = parser.add_argument_group(f"{name} plugin")
+            recorder = _Recorder(group)
+            try:
+                hook.add_arguments(parser=recorder)
+            except argparse.ArgumentError as e:
+                logger.warning("cotainr plugin %r left out: %s", name, e)
+                continue
+            cls._shim_plugin_options[name] = recorder.defaults
+
+    return classmethod(add_arguments)
+
+
+class _Recorder:
+    """An argument group recording the dest of each option added."""
+
+    def __init__(self, group):
+        self._group = group
+        self.defaults = {}
+
+    def add_argument(self, *args, **kwargs):
+        action = self._group.add_argument(*args, **kwargs)
+        self.defaults[action.dest] = action.default
+        return action
+
+    def __getattr__(self, name):
+        return getattr(self._group, name)
+
+
+def _partial_path(image_path):
+    return image_path.with_name(f".{image_path.name}.partial-{os.getpid()}")
+
+
+def answer_is_yes(question):
+    """
+    Ask `question` on the terminal; ``None`` when stdin has no answer (EOF).
+
+    Parameters
+    ----------
+    question : str
+        The question.
+
+    Returns
+    -------
+    yes : bool or None
+        The answer.
+    """
+    prompt = question + " [yes/no]\n>>> "
+    while True:
+        try:
+            answer = input(prompt).strip().lower()
+        except EOFError:
+            return None
+        if answer in ("yes", "no"):
+            return answer == "yes"
+        prompt = f'You answered "{answer}". Please answer yes or no.\n>>> '
+
+
+def _context(kwargs, *, dry_run, options, systems):
+    from . import CONDA_ENV_NAME, CONDA_PREFIX
+
+    system = kwargs.get("system")
+    conda_env = kwargs.get("conda_env")
+    if isinstance(conda_env, (list, tuple)):  # a cotainr taking several files
+        conda_env = conda_env[0] if conda_env else None
+    return BuildContext(
+        image_path=Path(os.path.abspath(kwargs["image_path"])),
+        base_image=systems[system]["base-image"]
+        if system
+        else kwargs.get("base_image"),
+        system=system,
+        conda_env=None if conda_env is None else Path(os.path.abspath(conda_env)),
+        conda_prefix=CONDA_PREFIX if conda_env is not None else None,
+        conda_env_name=CONDA_ENV_NAME if conda_env is not None else None,
+        dry_run=dry_run,
+        options=types.MappingProxyType(options),
+    )
+
+
+def _init(original, util):
+    @functools.wraps(original)
+    def init(self, **kwargs):
+        if "_shim_plugin_options" not in vars(type(self)):  # not made by the CLI
+            type(self).add_arguments(parser=argparse.ArgumentParser())
+        own = type(self)._shim_own_options
+        force = bool(kwargs.pop("force", False)) if "force" in own else None
+        dry_run = bool(kwargs.pop("dry_run", False)) if "dry_run" in own else None
+        options = {
+            name: {dest: kwargs.pop(dest, d) for dest, d in defaults.items()}
+            for name, defaults in type(self)._shim_plugin_options.items()
+        }
+        self._shim_taking_part = {}
+        self._shim_own_dry_run = bool(dry_run)
+        self._shim_dry_run = bool(dry_run or kwargs.get("dry_run"))
+        system = kwargs.get("system")
+        systems = util.get_systems()
+        if system is not None and system not in systems:
+            raise PluginError(
+                f"System does not exist: {system!r}. Available systems: "
+                f"{', '.join(sorted(systems)) or 'none'} (see 'cotainr info').",
+                exit_code=2,
+            )
+        for name, hook in hooks().items():
+            if name not in options:  # its options clashed: left out
+                continue
+            context = _context(
+                kwargs,
+                dry_run=self._shim_dry_run,
+                options=options.get(name, {}),
+                systems=systems,
+            )
+            lines = hook.prepare(context=context)
+            if lines is not None:
+                self._shim_taking_part[name] = (hook, context, lines)
+        self._shim_context = _context(
+            kwargs, dry_run=self._shim_dry_run, options={}, systems=systems
+        )
+        self._shim_target = None
+        if dry_run:
+            return
+        image_path = self._shim_context.image_path
+        if force is not None and (force or self._shim_taking_part):
+            if image_path.exists() and not force:
+                answer = answer_is_yes(
+                    f"{image_path} already exists. Would you like to overwrite it?"
+                )
+                if answer is None:
+                    raise PluginError(
+                        f"{image_path} already exists and there is no answer on "
+                        "stdin: pass --force to replace it, or choose another path."
+                    )
+                if not answer:
+                    logger.critical(
+                        "You have chosen not to overwrite %s. Exiting.", image_path
+                    )
+                    sys.exit(0)
+            self._shim_target = image_path
+            kwargs["image_path"] = _partial_path(image_path)
+        original(self, **kwargs)
+
+    return init
+
+
+def _print_dry_run(build, *, cotainr_lines):
+    context = build._shim_context
+    if cotainr_lines:
+        print(f"Container image: {context.image_path}")
+        print(f"Base image: {context.base_image}")
+        print(f"Conda environment: {context.conda_env or 'none'}")
+    for name, (_hook, _context, lines) in build._shim_taking_part.items():
+        print(f"Plugin {name}:")
+        for line in lines:
+            print(f"    {line}")
+
+
+def _execute(original):
+    @functools.wraps(original)
+    def execute(self):
+        taking_part = getattr(self, "_shim_taking_part", {})
+        target = getattr(self, "_shim_target", None)
+        if getattr(self, "_shim_own_dry_run", False):
+            return _print_dry_run(self, cotainr_lines=True)
+        if getattr(self, "_shim_dry_run", False):  # cotainr's own --dry-run
+            original(self)
+            return _print_dry_run(self, cotainr_lines=False)
+        if not taking_part and target is None:
+            return original(self)
+        _state.active = {"build": self, "customized": False}
+        try:
+            with _stop_cleanly_on_signals(), _spinner_only_on_a_terminal():
+                original(self)
+            if target is not None:
+                os.replace(self.image_path, target)
+        except BaseException as error:
+            for name, (hook, context, _lines) in reversed(taking_part.items()):
+                try:
+                    hook.finalize(context=context, error=error)
+                except Exception:  # noqa: BLE001 - the first error is reported
+                    logger.exception("finalize of cotainr plugin %r failed", name)
+            raise
+        finally:
+            _state.active = None
+            if target is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    Path(self.image_path).unlink()
+        for hook, context, _lines in taking_part.values():
+            hook.finalize(context=context, error=None)
+
+    return execute
+
+
+def _add_metadata(original):
+    @functools.wraps(original)
+    def add_metadata(self, *args, **kwargs):
+        active = _state.active
+        if active is None or not active["build"]._shim_taking_part:
+            return original(self, *args, **kwargs)
+        labels = {}
+        for name, (hook, context, _lines) in active["build"]._shim_taking_part.items():
+            for key, value in (
+                hook.customize(sandbox=self, context=context) or {}
+            ).items():
+                if str(key).startswith("cotainr."):
+                    raise PluginError(
+                        f"cotainr plugin {name!r} set the label {key!r}; labels "
+                        "starting with 'cotainr.' are cotainr's"
+                    )
+                labels[str(key)] = str(value)
+        _write_labels(Path(self.sandbox_dir), labels)
+        result = original(self, *args, **kwargs)
+        active["customized"] = True
+        return result
+
+    return add_metadata
+
+
+def _write_labels(sandbox_dir, labels):
+    """
+    Add `labels` to the sandbox's labels.json, before cotainr adds its own.
+
+    The file is rewritten whole (a tail an earlier cotainr left goes), so
+    what cotainr then writes over it is longer and leaves no tail either. A
+    link on the way (a base image's) is refused: nothing is written through it.
+    """
+    path = sandbox_dir / LABELS_FILE.lstrip("/")
+    for link in (path.parent, path):
+        if link.is_symlink():
+            raise PluginError(
+                f"The base image's /{link.relative_to(sandbox_dir)} is a symbolic "
+                "link; the build does not write through it. Use a base image "
+                "without it."
+            )
+    text = path.read_text() if path.is_file() else ""
+    try:
+        metadata = (
+            json.JSONDecoder().raw_decode(text.strip())[0] if text.strip() else {}
+        )
+    except ValueError:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        metadata = {}
+    metadata.update(labels)
+    path.write_text(json.dumps(metadata))
+
+
+def _build_image(original, version):
+    @functools.wraps(original)
+    def build_image(self, *args, **kwargs):
+        active = _state.active
+        if active is not None and active["build"]._shim_taking_part:
+            if not active["customized"]:
+                raise PluginError(
+                    f"cotainr {version} built the image without adding its "
+                    "metadata first, so the cotainr plugins' build steps could "
+                    f"not run. {support_hint(version)}"
+                )
+        return original(self, *args, **kwargs)
+
+    return build_image
+
+
+def support_hint(version):
+    """
+    What to do when the shim cannot serve cotainr `version`.
+
+    Parameters
+    ----------
+    version : str
+        The installed cotainr.
+
+    Returns
+    -------
+    text : str
+        One sentence.
+    """
+    return (
+        f"Install a cotainr-lumi release that supports cotainr {version}, or "
+        "cotainr 2025.7.1 (pip install 'cotainr==2025.7.1'); stock cotainr "
+        "builds are not affected."
+    )
+
+
+@contextlib.contextmanager
+def _spinner_only_on_a_terminal():
+    """No console spinner (escape codes in Slurm logs) when stdout is a file."""
+    tracing = _state.tracing
+    spinner = getattr(tracing, "ConsoleSpinner", None)
+    if spinner is None or sys.stdout.isatty():
+        yield
+        return
+    tracing.ConsoleSpinner = contextlib.nullcontext
+    try:
+        yield
+    finally:
+        tracing.ConsoleSpinner = spinner
+
+
+@contextlib.contextmanager
+def _stop_cleanly_on_signals():
+    """Turn SIGTERM/SIGHUP/SIGINT into :class:`BuildInterruptedError`."""
+    from . import _process_tree
+
+    def handler(signum, frame):
+        for sig in STOP_SIGNALS:  # once: the clean-up must not be interrupted
+            signal.signal(sig, signal.SIG_IGN)
+        for pid in _process_tree(os.getpid())[1:]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        raise BuildInterruptedError(signum)
+
+    try:
+        saved = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
+
+
+def _main(original):
+    @functools.wraps(original)
+    def main(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        except PluginError as e:
+            sys.stderr.write(f"cotainr: error: {e}\n")
+            raise SystemExit(e.exit_code) from None
+        except BuildInterruptedError as e:
+            sys.stderr.write(f"cotainr: error: {e}\n")
+            raise SystemExit(128 + e.signum) from None
+
+    return main
+
+
+def _refuse_plugin_systems(original, problem):
+    """Cotainr's main, with a plugin's system one error naming `problem`."""
+
+    @functools.wraps(original)
+    def main(*args, **kwargs):
+        argv = sys.argv[1:]
+        system = next(
+            (
+                a.split("=", 1)[1] if "=" in a else argv[i + 1]
+                for i, a in enumerate(argv[:-1] + [""])
+                if a == "--system" or a.startswith("--system=")
+            ),
+            None,
+        )
+        plugin_systems = {}
+        with contextlib.suppress(Exception):
+            for plugin in load_plugins().values():
+                plugin_systems.update(plugin.systems())
+        if system in plugin_systems:
+            sys.stderr.write(f"cotainr: error: {problem}\n")
+            raise SystemExit(1)
+        return original(*args, **kwargs)
+
+    return main
+
+
+def install(*, cli, container, util, tracing, version):
+    """
+    Wrap cotainr's methods so that plugins' build hooks run (once per process).
+
+    Parameters
+    ----------
+    cli, container, util, tracing : module
+        cotainr's modules (``tracing``: its spinner is left out when stdout
+        is not a terminal, as upstream patch 0002 does).
+    version : str
+        cotainr's version (for messages).
+
+    Returns
+    -------
+    problem : str or None
+        None when installed; else why not (stock cotainr then runs
+        unchanged and a plugin's system is one error saying this).
+    """
+    if _state.installed is not None:
+        return _state.problem
+    _state.tracing = tracing
+    modules = {"cli": cli, "container": container, "util": util}
+    missing = missing_internals(modules)
+    _state.installed = not missing
+    if missing:
+        _state.problem = (
+            f"cotainr-lumi cannot run on cotainr {version}: it lacks "
+            f"{', '.join(missing)}. {support_hint(version)}"
+        )
+        if callable(getattr(cli, "main", None)):
+            cli.main = _refuse_plugin_systems(cli.main, _state.problem)
+        return _state.problem
+    build, sandbox = cli.Build, container.SingularitySandbox
+    util.get_systems = _systems_with_plugins(util.get_systems)
+    build.add_arguments = _add_arguments(build.add_arguments.__func__)
+    build.__init__ = _init(build.__init__, util)
+    build.execute = _execute(build.execute)
+    sandbox.add_metadata = _add_metadata(sandbox.add_metadata)
+    sandbox.build_image = _build_image(sandbox.build_image, version)
+    cli.main = _main(cli.main)
+    return None
