@@ -210,7 +210,10 @@ class LumiHook:
             return
         build.environment.close()
         if error is not None:
-            logger.error("No image was written to %s.", context.image_path)
+            logger.warning(
+                "No image was written to %s (an existing image is kept).",
+                context.image_path,
+            )
             return
         write_outputs(build.outputs)
         for report in build.reports:

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Run end-to-end tests (real Apptainer) with cotainr-lumi on a cotainr that
 # has the whole upstream series applied (docs/upstream/series/ on the release
-# in BASE), i.e. through cotainr's own build stage seam instead of the
-# backport. scripts/check-upstream-series.sh runs cotainr-lumi's unit tests
-# on each prefix; this drives real builds through the seam's outputs, module
-# files and labels.
+# in BASE), i.e. through cotainr's own build hook instead of cotainr-lumi's
+# shim. scripts/check-upstream-series.sh runs cotainr-lumi's unit tests on
+# each prefix; this drives real builds through the hook: module files,
+# labels, the stock command.
 #
 # Usage: scripts/e2e-on-series.sh [PYTEST-ARGS...]
 #        (default: tests/e2e/test_lumi_env.py)
@@ -32,6 +32,6 @@ done
 quiet_pip "$work/venv/bin/python" -m pip install --quiet "$work/tree"
 quiet_pip "$work/venv/bin/python" -m pip install --quiet "${root}[test]" "$work/tree"
 "$work/venv/bin/python" -c "from cotainr_lumi import _cotainr
-assert _cotainr.has_build_stage_seam(), 'the series gave cotainr no seam'"
+assert _cotainr.NATIVE, 'the series gave cotainr no build hook'"
 (cd "$root" && "$work/venv/bin/python" -m pytest -q -p no:cacheprovider \
     --basetemp="$work/pytest" "${tests[@]}")

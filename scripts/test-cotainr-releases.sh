@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run cotainr-lumi's unit tests against each supported cotainr release from
-# the package index (a venv per release), i.e. the fallback path (start-up
-# hook + checked contract). The seam path is covered by
+# the package index (a venv per release), i.e. the shim path (start-up hook +
+# _cotainr/shim.py). The path through cotainr's own build hook is covered by
 # scripts/check-upstream-series.sh.
 #
 # Usage: scripts/test-cotainr-releases.sh [VERSION[+BRANCH]...]

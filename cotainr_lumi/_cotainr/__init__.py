@@ -275,57 +275,6 @@ def setup_cli_logging(*, log_settings):
     root.handlers = [out, err]
 
 
-_DISPATCHERS = {}
-
-
-def new_log_dispatcher(*, name, log_settings):
-    """
-    A cotainr log dispatcher for subprocess output of a stage.
-
-    cotainr's ``LogDispatcher`` attaches new handlers to the loggers
-    ``NAME.out``/``NAME.err`` each time one is made, so dispatchers are made
-    once per name and log settings and then reused (otherwise every line
-    would be printed once per earlier command).
-
-    Parameters
-    ----------
-    name : str
-        The stage name; the loggers are ``cotainr-lumi.NAME.out/.err``.
-    log_settings : :class:`cotainr.tracing.LogSettings` or None
-        The build's log settings (None: no dispatcher, output is printed).
-
-    Returns
-    -------
-    dispatcher : :class:`cotainr.tracing.LogDispatcher` or None
-        The dispatcher.
-    """
-    if log_settings is None:
-        return None
-    key = (
-        name,
-        log_settings.verbosity,
-        str(log_settings.log_file_path),
-        log_settings.no_color,
-    )
-    if key not in _DISPATCHERS:
-        _DISPATCHERS[key] = _tracing.LogDispatcher(
-            name=f"cotainr-lumi.{name}",
-            map_log_level_func=_map_subprocess_log_level,
-            log_settings=log_settings,
-        )
-    return _DISPATCHERS[key]
-
-
-def _map_subprocess_log_level(msg):
-    """Map a line of subprocess output to a log level."""
-    text = msg.lstrip()
-    if text.startswith(("ERROR", "error:", "FATAL", "Traceback")):
-        return logging.ERROR
-    if text.startswith(("WARNING", "warning:", "DEPRECATION")):
-        return logging.WARNING
-    return logging.INFO
-
-
 class CommandError(Exception):
     """
     A command run in the sandbox failed.
@@ -488,8 +437,6 @@ class Sandbox:
     ----------
     stock : :class:`cotainr.container.SingularitySandbox`
         The sandbox cotainr created (inside its context).
-    log_settings : :class:`cotainr.tracing.LogSettings`, optional
-        The build's log settings.
 
     Attributes
     ----------
@@ -499,12 +446,11 @@ class Sandbox:
         The wrapped cotainr sandbox.
     """
 
-    def __init__(self, *, stock, log_settings=None):
-        self.log_settings = log_settings
+    def __init__(self, *, stock):
         self.stock = stock
         self.root = Path(stock.sandbox_dir)
 
-    def run(self, args, *, env=None, log_name=None, timeout=None):
+    def run(self, args, *, env=None, timeout=None):
         """
         Run a command in the container sandbox (writable, no home).
 
@@ -516,8 +462,6 @@ class Sandbox:
         env : mapping of str to str, optional
             Extra environment variables, set with ``env`` inside the
             container so they win over the image's env files.
-        log_name : str, optional
-            Name for a dedicated log dispatcher (e.g. the stage name).
         timeout : float, optional
             Seconds after which the command (the runtime and everything it
             started) is killed.
@@ -539,16 +483,9 @@ class Sandbox:
         cmd = [str(a) for a in args]
         if env:
             cmd = ["env"] + [f"{k}={v}" for k, v in env.items()] + cmd
-        dispatcher = (
-            new_log_dispatcher(name=log_name, log_settings=self.log_settings)
-            if log_name
-            else None
-        )
         with _Watchdog(timeout=timeout, marker=str(self.root)) as watchdog:
             try:
-                return self.stock.run_command_in_container(
-                    cmd=shlex.join(cmd), custom_log_dispatcher=dispatcher
-                )
+                return self.stock.run_command_in_container(cmd=shlex.join(cmd))
             except UnicodeDecodeError as e:
                 raise CommandError(
                     cmd=cmd,

@@ -12,6 +12,7 @@ plugin takes part in runs as on stock cotainr.
 import argparse
 import contextlib
 import functools
+import inspect
 import json
 import logging
 import os
@@ -35,6 +36,8 @@ RELIED_ON = (
     ("container", "SingularitySandbox.build_image"),
     ("util", "get_systems"),
 )
+#: The parameters of cotainr's ``Build`` the shim reads.
+BUILD_PARAMETERS = ("image_path", "base_image", "system", "conda_env")
 PLUGIN_GROUP = "cotainr.plugins"
 #: cotainr's options of the upstream series, added where cotainr lacks them.
 BACKPORTED_OPTIONS = {
@@ -68,6 +71,15 @@ def missing_internals(modules):
             obj = getattr(obj, part, None)
         if not callable(obj):
             missing.append(f"{module}.{path}")
+    try:
+        parameters = inspect.signature(modules["cli"].Build.__init__).parameters
+    except (AttributeError, TypeError, ValueError):
+        parameters = {}
+    missing += [
+        f"cli.Build.__init__({name}=...)"
+        for name in BUILD_PARAMETERS
+        if name not in parameters
+    ]
     return missing
 
 
@@ -482,14 +494,12 @@ def _refuse_plugin_systems(original, problem):
     @functools.wraps(original)
     def main(*args, **kwargs):
         argv = sys.argv[1:]
-        system = next(
-            (
-                a.split("=", 1)[1] if "=" in a else argv[i + 1]
-                for i, a in enumerate(argv[:-1] + [""])
-                if a == "--system" or a.startswith("--system=")
-            ),
-            None,
-        )
+        system = None
+        for i, arg in enumerate(argv):
+            if arg.startswith("--system="):
+                system = arg.split("=", 1)[1]
+            elif arg == "--system" and i + 1 < len(argv):
+                system = argv[i + 1]
         plugin_systems = {}
         with contextlib.suppress(Exception):
             for plugin in load_plugins().values():

@@ -298,9 +298,7 @@ def probe_build(*, sandbox, plan, labels):
 
     def run(args):
         try:
-            return (
-                sandbox.run(args, log_name=SETTINGS_NAME, timeout=timeout).stdout or ""
-            )
+            return sandbox.run(args, timeout=timeout).stdout or ""
         except _cotainr.CommandTimeoutError:
             raise StageError(timeout_message(timeout), stage=SETTINGS_NAME) from None
         except _cotainr.CommandError as e:

@@ -303,14 +303,3 @@ def test_output_symlink_is_never_written_through(
     assert link.is_symlink() and real.read_text() == "target\n"
     assert not (tmp_path / "out.sif").exists()
     assert not [p for p in tmp_path.rglob("*") if "partial-" in p.name]
-
-
-def test_stage_log_dispatchers_are_reused_so_lines_are_not_repeated():
-    from cotainr_lumi import _cotainr
-
-    settings = _cotainr.make_log_settings(verbosity=1)
-    first = _cotainr.new_log_dispatcher(name="test-reuse", log_settings=settings)
-    second = _cotainr.new_log_dispatcher(name="test-reuse", log_settings=settings)
-    assert first is second
-    assert len(first.logger_stdout.handlers) == 1
-    assert first.logger_stdout.name == "cotainr-lumi.test-reuse.out"

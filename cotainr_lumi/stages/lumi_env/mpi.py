@@ -543,7 +543,7 @@ class MpiPlan:
         if not self.active or not self.scan.mpi4py or not python:
             return
         try:
-            proc = sandbox.run([python, "-c", LOAD_CHECK], log_name=stage)
+            proc = sandbox.run([python, "-c", LOAD_CHECK])
             text = proc.stdout or ""
         except _cotainr.CommandError as e:
             text = f"{e.stdout}\n{e.stderr}"

@@ -878,7 +878,7 @@ class LumiEnvStage(Stage):
         if self.settings.runscripts:
             script = "command -v get-master >/dev/null && " + script
         try:
-            proc = sandbox.run(["bash", "-c", script], log_name=self.name)
+            proc = sandbox.run(["bash", "-c", script])
         except _cotainr.CommandError as e:
             raise StageError(
                 f"the container does not start with the generated {ENV_FILE}",

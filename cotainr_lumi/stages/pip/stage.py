@@ -283,7 +283,7 @@ class PipStage(Stage):
 
     def _run(self, sandbox, args, *, env=None):
         env = {**self._pip_env, **(env or {})} or None
-        return sandbox.run(args, env=env, log_name="pip")
+        return sandbox.run(args, env=env)
 
     def _in_target(self, command):
         """A ``bash -c`` command running `command` (a list) in the target env."""

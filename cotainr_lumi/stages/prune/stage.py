@@ -452,8 +452,7 @@ class PruneStage(Stage):
         for start in range(0, len(objects), VERIFY_BATCH):
             batch = objects[start : start + VERIFY_BATCH]
             proc = context.sandbox.run(
-                ["bash", "-c", VERIFY_SCRIPT, "prune-verify", *batch],
-                log_name=f"{self.name}-verify",
+                ["bash", "-c", VERIFY_SCRIPT, "prune-verify", *batch]
             )
             failures |= parse_verify_output(text=proc.stdout)
         return failures, len(objects)
