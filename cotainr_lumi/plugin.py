@@ -19,6 +19,7 @@ from .engine.pipeline import (
     as_stage_error,
     check_base_image_unchanged,
     check_outputs,
+    cotainr_failure,
     log_resolved_base_image,
     run_stage,
     without_bind_variables,
@@ -214,6 +215,12 @@ class LumiHook:
                 "No image was written to %s (an existing image is kept).",
                 context.image_path,
             )
+            if isinstance(error, Exception) and not isinstance(
+                error, _cotainr.PluginError
+            ):
+                raise _cotainr.plugin_error(
+                    cotainr_failure(error, plan=build.plan)
+                ) from error
             return
         write_outputs(build.outputs)
         for report in build.reports:

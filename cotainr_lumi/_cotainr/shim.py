@@ -325,12 +325,17 @@ def _execute(original):
             if target is not None:
                 os.replace(self.image_path, target)
         except BaseException as error:
+            report = error
             for name, (hook, context, _lines) in reversed(taking_part.items()):
                 try:
                     hook.finalize(context=context, error=error)
+                except PluginError as explained:  # the plugin explains the failure
+                    report = explained
                 except Exception:  # noqa: BLE001 - the first error is reported
                     logger.exception("finalize of cotainr plugin %r failed", name)
-            raise
+            if report is error:
+                raise
+            raise report from error
         finally:
             _state.active = None
             if target is not None:
@@ -371,9 +376,10 @@ def _write_labels(sandbox_dir, labels):
     """
     Add `labels` to the sandbox's labels.json, before cotainr adds its own.
 
-    The file is rewritten whole (a tail an earlier cotainr left goes), so
-    what cotainr then writes over it is longer and leaves no tail either. A
-    link on the way (a base image's) is refused: nothing is written through it.
+    The file is rewritten whole without cotainr's labels (a base built by
+    cotainr has them; cotainr writes them anew), so what cotainr then writes
+    over it is longer and leaves no tail. A link on the way (a base image's)
+    is refused: nothing is written through it.
     """
     path = sandbox_dir / LABELS_FILE.lstrip("/")
     for link in (path.parent, path):
@@ -392,6 +398,7 @@ def _write_labels(sandbox_dir, labels):
         metadata = {}
     if not isinstance(metadata, dict):
         metadata = {}
+    metadata = {k: v for k, v in metadata.items() if not k.startswith("cotainr.")}
     metadata.update(labels)
     path.write_text(json.dumps(metadata))
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import logging
 import os
 from pathlib import Path
+import shutil
 import time
 from typing import Optional
 
@@ -282,6 +283,46 @@ def as_stage_error(error, *, stage):
         "cotainr-lumi or a plugin stage; please report it with the output of -vvv.",
         stage=stage,
     )
+
+
+def cotainr_failure(error, *, plan):
+    """
+    One line for a failure of cotainr's own steps (sandbox, conda, image).
+
+    Parameters
+    ----------
+    error : Exception
+        What cotainr raised.
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+        The build (its work directory and image path, for a full disk).
+
+    Returns
+    -------
+    message : str
+        The failure, with what to do when a file system is full.
+    """
+    cause = error.__cause__ if error.__cause__ is not None else error
+    lines = (getattr(cause, "stderr", None) or "").strip().splitlines()
+    detail = " | ".join(lines[-3:]) if lines else f"{type(error).__name__}: {error}"
+    hint = ""
+    if "no space left on device" in detail.lower() or getattr(cause, "errno", 0) == 28:
+        places = {
+            "the work directory": plan.work_dir,
+            "the image's directory": Path(plan.image_path).parent,
+        }
+        free = []
+        for what, place in places.items():
+            try:
+                room = shutil.disk_usage(place).free / 1024**3
+            except OSError:
+                continue
+            free.append(f"{what} {place} has {room:.1f} GiB free")
+        hint = (
+            f" A file system is full ({'; '.join(free)}): build with --work-dir "
+            "on one with more room (on LUMI /flash or /scratch, not /tmp), or "
+            "write the image elsewhere."
+        )
+    return f"cotainr's build failed: {detail[-800:]}.{hint}"
 
 
 def log_resolved_base_image(base):
