@@ -28,7 +28,7 @@ from .engine.pipeline import (
 from .engine.plan import make_plan
 from .engine.profiles import load_systems
 from .engine.stage import StageContext
-from .engine.workdir import work_dir_environment
+from .engine.workdir import remove_leftovers, work_dir_environment
 from .errors import CotainrLumiError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -145,6 +145,7 @@ class LumiHook:
         except CotainrLumiError as e:
             raise _cotainr.plugin_error(str(e), exit_code=e.exit_code) from e
         log_resolved_base_image(plan.base_image)
+        remove_leftovers(work_dir=plan.work_dir, image_path=context.image_path)
         build.environment.enter_context(without_bind_variables())
         build.environment.enter_context(work_dir_environment(plan.work_dir))
         self.last = build

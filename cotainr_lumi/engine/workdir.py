@@ -186,6 +186,66 @@ def check_space(*, work_dir, base_image, conda_env, refuse=True):
     return needed, free
 
 
+#: A build's own directory in the work directory: PREFIX + its process id + "-".
+BUILD_DIR_PREFIX = "cotainr-lumi-build-"
+
+
+def _dead(pid_text):
+    """Whether the process `pid_text` (digits) is gone."""
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError, OverflowError):
+        return False
+    return False
+
+
+def remove_leftovers(*, work_dir, image_path):
+    """
+    Remove what a killed earlier build (SIGKILL, a node crash) left behind.
+
+    Its own directory in `work_dir` (sandbox, Apptainer's files) and its
+    partial image next to `image_path`, when they are yours and the process
+    that made them is gone; each is named in the log.
+
+    Parameters
+    ----------
+    work_dir : :class:`pathlib.Path`
+        The work directory.
+    image_path : :class:`pathlib.Path`
+        The image being built.
+    """
+    image_path = Path(image_path)
+    found = [
+        (path, path.name[len(BUILD_DIR_PREFIX) :].split("-", 1)[0])
+        for path in Path(work_dir).glob(f"{BUILD_DIR_PREFIX}*-*")
+    ] + [
+        (path, path.name.rsplit("-", 1)[1])
+        for pattern in (
+            f".{image_path.name}.partial-*",
+            f"{image_path.name}.cotainr-partial-*",
+        )
+        for path in image_path.parent.glob(pattern)
+    ]
+    for path, pid in found:
+        try:
+            mine = path.lstat().st_uid == os.getuid() and not path.is_symlink()
+        except OSError:
+            continue
+        if mine and _dead(pid):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            logger.warning(
+                "Removed %s, left behind by an earlier build that was killed "
+                "(process %s is gone).",
+                path,
+                pid,
+            )
+
+
 @contextlib.contextmanager
 def work_dir_environment(work_dir):
     """
@@ -206,7 +266,9 @@ def work_dir_environment(work_dir):
     build_dir : :class:`pathlib.Path`
         The build's own directory in it.
     """
-    build_dir = Path(tempfile.mkdtemp(prefix="cotainr-lumi-build-", dir=work_dir))
+    build_dir = Path(
+        tempfile.mkdtemp(prefix=f"{BUILD_DIR_PREFIX}{os.getpid()}-", dir=work_dir)
+    )
     saved = {name: os.environ.get(name) for name in TMP_VARIABLES}
     saved_tempdir = tempfile.tempdir
     for name in TMP_VARIABLES:

@@ -194,3 +194,29 @@ def _existing_path(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     return out
+
+
+def test_sigkill_leftovers_are_removed_by_the_next_build(faults, tmp_path, build_times):
+    """SIGKILL cannot be caught: the next build to the same path cleans up."""
+    out = tmp_path / "out"
+    _existing_build(out)
+    work_dir = tmp_path / "work"
+    work_dir.mkdir()
+    proc = _build(faults, out, work_dir)
+    output = _interrupt_at(proc, "Building container image", signal.SIGKILL)
+    # Give Apptainer's own squash a moment to write the partial image.
+    time.sleep(2)
+    subprocess.run(["pkill", "-KILL", "-f", str(work_dir)], check=False)
+    assert proc.returncode == -signal.SIGKILL, output[-3000:]
+    partial = [p for p in out.iterdir() if ".partial-" in p.name]
+    left = partial + list(work_dir.iterdir())
+    assert list(work_dir.iterdir()), "the killed build left no work directory"
+    t0 = time.time()
+    again = _build(faults, out, work_dir)
+    output, _ = again.communicate(timeout=900)
+    build_times["build after a SIGKILLed one"] = time.time() - t0
+    assert again.returncode == 0, output[-3000:]
+    assert output.count("left behind by an earlier build that was killed") == len(left)
+    assert not [p for p in out.iterdir() if ".partial-" in p.name]
+    assert (out / "x.sif").read_bytes().startswith(b"#!/usr/bin/env run-singularity")
+    assert list(work_dir.iterdir()) == []

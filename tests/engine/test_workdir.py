@@ -1,6 +1,7 @@
 """The work directory of a build and the space it needs."""
 
 import os
+import subprocess
 import tempfile
 from types import SimpleNamespace
 
@@ -79,3 +80,39 @@ def test_work_dir_option_reaches_the_plan(tmp_path, test_profile):
     plan = make_plan(request=request)
     assert plan.work_dir == tmp_path
     assert f"work dir:   {tmp_path} (needs about" in plan.describe()
+
+
+def _dead_pid():
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_leftovers_of_a_killed_build_are_removed_and_named(tmp_path, caplog):
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    dead, alive = _dead_pid(), os.getpid()
+    (work / f"cotainr-lumi-build-{dead}-abc" / "sandbox").mkdir(parents=True)
+    (work / f"cotainr-lumi-build-{alive}-def").mkdir()  # a running build's
+    (out / f".x.sif.partial-{dead}").write_text("half an image")
+    (out / f"x.sif.cotainr-partial-{dead}").write_text("cotainr's own name")
+    (out / f".x.sif.partial-{alive}").write_text("a running build's")
+    (out / f".y.sif.partial-{dead}").write_text("another image's")
+    (work / "cotainr-lumi-build-junk").mkdir()  # no process id: not ours
+    with caplog.at_level("WARNING"):
+        workdir.remove_leftovers(work_dir=work, image_path=out / "x.sif")
+    assert sorted(p.name for p in work.iterdir()) == [
+        f"cotainr-lumi-build-{alive}-def",
+        "cotainr-lumi-build-junk",
+    ]
+    assert sorted(p.name for p in out.iterdir()) == [
+        f".x.sif.partial-{alive}",
+        f".y.sif.partial-{dead}",
+    ]
+    assert caplog.text.count("left behind by an earlier build that was killed") == 3
+
+
+def test_the_build_directory_carries_the_process_id(tmp_path):
+    with workdir.work_dir_environment(tmp_path) as build_dir:
+        assert build_dir.name.startswith(f"cotainr-lumi-build-{os.getpid()}-")
