@@ -13,13 +13,6 @@ Example
 ... )  # doctest: +SKIP
 >>> result.labels["cotainr-lumi.system"]  # doctest: +SKIP
 'lumi-g-ext'
-
-Functions
----------
-plan(**request)
-    Resolve a build into a plan without building.
-build(**request)
-    Build an image and return what was built.
 """
 
 import logging

@@ -11,20 +11,6 @@ do not start with the ELF magic are skipped after reading 4 bytes.
 Files are opened with ``O_NOFOLLOW``: a symlink is never read through (the
 callers find files with :func:`cotainr_lumi.engine.rootfs.walk_in_root` or resolve
 them with :func:`cotainr_lumi.engine.rootfs.resolve_in_root` first).
-
-Classes
--------
-ElfInfo
-    The dynamic-linking facts of one ELF file.
-
-Functions
----------
-is_elf(*, path)
-    Whether a regular file starts with the ELF magic.
-read_elf_info(*, path)
-    Read the dynamic-linking facts of an ELF file.
-scan_elf_files(*, root, path)
-    Read every ELF regular file below an image directory.
 """
 
 from __future__ import annotations

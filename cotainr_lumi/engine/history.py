@@ -12,11 +12,6 @@ one's, and the label ``cotainr-lumi.history`` says how many builds the image
 stands on. The base's ``cotainr-lumi.*`` labels move to
 ``history/N/labels.json`` too: the image's labels describe this build. ``with-conda.sh`` stays: the base's ``$WITH_CONDA`` runs it, and
 this build chains to it.
-
-Functions
----------
-keep_earlier_build(*, root)
-    Move the base's records into the history; return its number.
 """
 
 import json

@@ -5,22 +5,6 @@ The one settings loader (:mod:`cotainr_lumi.engine.settings`) reads settings
 from several sources; each is an :class:`Origin`, which words the error for a
 bad value: the key for the Python API, the option for a command line option,
 the file and line for a file.
-
-Classes
--------
-Origin
-    Settings given in Python (the API).
-OptionOrigin
-    Settings from a command line option.
-FileOrigin
-    One stage's settings file (a pip steps file).
-ProfileOrigin
-    The ``settings:`` of a system in a profile file.
-
-Functions
----------
-dotted(path)
-    A settings path as users write it.
 """
 
 import logging

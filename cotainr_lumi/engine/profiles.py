@@ -26,20 +26,6 @@ File format::
         stages: [pip, prune, lumi-env, provenance]
         settings:                    # per stage name
           provenance: {hash-base-image: true}
-
-Classes
--------
-SystemProfile
-    A resolved system.
-
-Functions
----------
-profile_files()
-    The profile files read, in order.
-load_systems(*, files=None, include_stock=True)
-    Read, merge, resolve and validate all systems.
-get_system(*, name, systems=None)
-    Look up one system, with a helpful error.
 """
 
 import copy

@@ -25,19 +25,6 @@ then in the loader's directories. The functions here take what is in those
 directories and decide; they do no I/O, so the lumi-env stage (reading the
 sandbox) and ``cotainr-lumi verify`` (reading the image through its probe)
 decide alike.
-
-Functions
----------
-load_names(named)
-    The names RCCL tries, in order.
-generation(name, *, target=None)
-    The plugin generation a file name belongs to.
-resolve(*, named, files, search_dirs)
-    The plugin file RCCL loads, or None.
-default_name(names)
-    The ``NCCL_NET_PLUGIN`` value a directory's plugin needs, if any.
-advice(*, named, files, search_dirs)
-    Why RCCL loads no plugin, and how to fix it.
 """
 
 import fnmatch

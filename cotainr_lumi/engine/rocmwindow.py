@@ -15,28 +15,6 @@ it, and against each other:
   stops with ``--strict`` or ``strict: true``; the answer is kept in labels
   (``cotainr-lumi.rocm.*``);
 - ``cotainr-lumi verify`` has a ``rocm-driver`` row.
-
-Classes
--------
-RocmSettings
-    The settings of the pseudo-stage ``rocm``.
-Window
-    A supported range of ROCm major.minor versions.
-
-Functions
----------
-major_minor(version)
-    ``(7, 0)`` from ``"7.0.2-56"``.
-torch_rocm(torch)
-    The ROCm major.minor a torch was built for.
-problems(*, window, base_rocm, torch)
-    What is wrong, in words (empty: nothing).
-window_of(*, plan)
-    The window of a plan (None: not checked).
-describe_lines(*, plan)
-    What the dry run says.
-check_build(*, context, phase)
-    Check a running build; warn, or stop when strict.
 """
 
 from dataclasses import dataclass

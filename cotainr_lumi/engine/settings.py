@@ -25,32 +25,6 @@ so that sources merge (profile files in order, then the build's);
 error, worded by the source's :class:`cotainr_lumi.engine.origins.Origin`:
 the file and line for a file, the option for an option, the key for the
 Python API.
-
-Classes
--------
-StageSettings
-    Base class of a stage's settings declaration.
-NoSettings
-    The declaration of a stage without settings.
-Declared
-    One declared setting.
-SettingError
-    A value that does not fit its declaration.
-
-Functions
----------
-setting(default, *, doc, check=None, load=None)
-    Declare one setting (a dataclass field).
-load_settings(*, schema, raw, origin, stage)
-    Read the settings one source gives for one stage.
-read_declared(*, schema, raw, origin, unknown="setting")
-    Typed values of a mapping of declared keys (for nested ones, e.g. a step).
-each(check)
-    A check of every item of a list.
-unknown_message(name, known, what)
-    The message for an unknown key or stage, with the closest known one.
-convert(*, type_, value)
-    A value as a declared type.
 """
 
 from collections.abc import Mapping

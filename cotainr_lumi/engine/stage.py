@@ -5,31 +5,6 @@ A stage is one step run on the cotainr sandbox after cotainr's conda install
 and before cotainr writes its metadata and builds the image. Stages are named
 in a system profile (in order) and configured by the profile's ``settings``
 for that name, possibly overridden per build.
-
-Classes
--------
-Stage
-    Abstract base class of a pipeline stage.
-StageReport
-    What a stage did.
-StageContext
-    What a running stage gets to work with.
-
-Functions
----------
-register_stage(stage_cls)
-    Make a stage class available to profiles under its name.
-get_stage_class(name)
-    Look up a registered stage class.
-available_stages()
-    The names of all registered stages.
-settings_class_of(name)
-    The settings declaration of a stage name (or of ``target-env``).
-settings_names()
-    The names settings may be given for.
-load_stage_settings(*, raw, origin)
-    Read the settings one source gives for any stages (the one loader of
-    profiles, ``--set`` and the API).
 """
 
 from abc import ABC, abstractmethod

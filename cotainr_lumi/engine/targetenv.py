@@ -40,30 +40,6 @@ container, in a clean environment (no host variables), after its
 identified by the ``sys.prefix`` and ``sys.executable`` of its own
 interpreter (``<prefix>/bin/python``), never by whatever ``python`` comes
 first on ``PATH``.
-
-Classes
--------
-TargetEnvSettings
-    The settings of the pseudo-stage ``target-env`` (``prefix``).
-TargetEnv
-    The chosen environment and why.
-ImageFacts
-    What the same probe saw of the image's environment.
-TargetEnvNotFoundError
-    Why no environment could be chosen.
-
-Functions
----------
-choose(*, facts, explicit=None, conda_env=False)
-    Choose from the probe's facts.
-settings_of(*, plan)
-    The ``target-env`` settings of a plan (the defaults when it has none).
-explicit_prefix(*, plan)
-    The ``target-env.prefix`` setting of a plan.
-probe_timeout(*, plan)
-    The seconds the probe of an image may take.
-describe_lines(*, plan)
-    What the plan says about the target environment.
 """
 
 from dataclasses import asdict, dataclass, field

@@ -8,20 +8,6 @@ node's RAM; DeiC-HPC/cotainr#51, #170). The pseudo-stage ``build`` (setting
 ``work-dir``, option ``--work-dir``, also in a site profile) moves both to a
 chosen file system, and before building the space a build needs is estimated
 and checked against what is free there.
-
-Classes
--------
-BuildSettings
-    The settings of the pseudo-stage ``build``.
-
-Functions
----------
-estimate_bytes(*, base_image, conda_env)
-    The space a build needs in its work directory (an estimate).
-check_space(*, work_dir, base_image, conda_env)
-    Refuse a build that will not fit.
-work_dir_environment(work_dir)
-    Point cotainr's and Apptainer's temporary files at `work_dir`.
 """
 
 import contextlib

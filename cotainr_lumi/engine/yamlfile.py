@@ -6,22 +6,6 @@ set of messages for a file that cannot be read, is not UTF-8 or is not YAML.
 Mappings and lists come back as :class:`LineDict` and :class:`LineList`,
 which remember the line of each key and item, so that a later check can
 name the line of a bad value (:func:`line_of`).
-
-Classes
--------
-LineDict
-    A mapping from a YAML file, with the line of each key.
-LineList
-    A list from a YAML file, with the line of each item.
-
-Functions
----------
-read_yaml(*, path, error)
-    Read a YAML file.
-read_yaml_text(*, text, error)
-    Read YAML text (e.g. the value of an option), with the same bounds.
-line_of(*, data, path)
-    The line of the value at `path` in data read by :func:`read_yaml`.
 """
 
 from collections.abc import Hashable

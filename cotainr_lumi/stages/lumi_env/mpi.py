@@ -21,26 +21,6 @@ MPICH-ABI MPI in the image, ``container`` when the image's MPICH speaks CXI,
 ``host`` otherwise. The choice is the image's default; ``COTAINR_LUMI_MPI``
 at run time overrides it. :mod:`.mpiscan` finds the image's MPI,
 :mod:`.mpienv` writes the shell and Lua code.
-
-Classes
--------
-MpiHostSettings
-    The keys of ``lumi-env.mpi-host``.
-HostBinding
-    The host binding, read.
-MpiPlan
-    What the stage does about MPI in one build.
-
-Functions
----------
-check_mode(value)
-    Check ``lumi-env.mpi``.
-check_host_binding(value)
-    Check ``lumi-env.mpi-host``.
-resolve_mode(*, requested, scan, binding)
-    The mode of a build: (mode, reason).
-plan_mpi(*, root, target, requested, host_setting, stage)
-    Find the image's MPI and decide.
 """
 
 from dataclasses import dataclass, field

@@ -18,15 +18,6 @@ which ``libmpi.so.12`` the image's MPI users load:
 
 ``COTAINR_LUMI_MPI_ACTIVE`` says what was applied (``host``, ``container``,
 ``none``). Every literal is quoted with :func:`shlex.quote`.
-
-Functions
----------
-env_file(*, mode, binding, image_library)
-    The MPI env file.
-lua_lines(*, mode, binding, image)
-    Lines appended to the Lmod module file.
-shell_lines(*, mode, binding, image)
-    Lines appended to the shell snippet.
 """
 
 import logging

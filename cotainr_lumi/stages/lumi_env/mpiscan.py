@@ -20,24 +20,6 @@ A static look at the sandbox's files with pyelftools
   no run-time setting can swap that library; ``DT_RUNPATH`` is searched after
   it and does not pin. mpi4py 4 loads its library itself (``MPI4PY_LIBMPI``)
   before its extension, so a pin on that extension does not matter.
-
-Classes
--------
-MpiLibrary
-    One MPI library in the image.
-MpiUser
-    One ELF file that needs an MPI library.
-Pin
-    A user whose ``DT_RPATH`` fixes the MPI library it loads.
-MpiScan
-    What was found.
-
-Functions
----------
-library_dirs(*, root)
-    The loader's directories in the image.
-scan_mpi(*, root, prefixes, site_dirs=(), python=None)
-    Find the MPI of an image.
 """
 
 import dataclasses

@@ -25,23 +25,6 @@ plugin by its default name (:mod:`cotainr_lumi.engine.rcclplugin`), and
 writes what it found into the image
 (:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`), where ``cotainr-lumi
 verify`` reads which libfabric the plugin must use.
-
-Functions
----------
-check_gdr_level(value)
-    Check an ``NCCL_NET_GDR_LEVEL`` value.
-find_plugin(*, root, dirs, named=None)
-    The network plugin RCCL would load from the profile's directories.
-family_hint(*, root, settings)
-    Why the profile may not fit the base, when its plugin is elsewhere.
-is_default_loader_dir(directory)
-    Whether the loader searches a directory without LD_LIBRARY_PATH.
-env_blocks(*, settings)
-    Env file blocks: the runscript's GDR default, where rccl-tests are.
-runtime_record(*, settings, plugin, binds, rccl_tests_found)
-    The JSON record of the image's network layer.
-describe_lines(*, settings)
-    What the plan says about it.
 """
 
 import logging

@@ -25,11 +25,6 @@ there and describes, next to the image, what cannot (bind mounts):
   image is in place): an Lmod module file
   ``NAME.lua`` and a shell snippet ``NAME.sh`` setting ``SIF``,
   ``SINGULARITY_BIND``, ``RUNSCRIPTS`` and ``SINGULARITYENV_PREPEND_PATH``.
-
-Classes
--------
-LumiEnvStage
-    The stage.
 """
 
 import importlib.resources

@@ -10,26 +10,6 @@ version needs of every ELF object in the environment and the version
 definitions of the system library found the way the loader would find it
 (the image's ``ld.so.cache`` via ``ldconfig -p``, then the standard
 directories), all inside the sandbox root.
-
-Classes
--------
-LibstdcxxCheck
-    The outcome of the safety check.
-
-Functions
----------
-parse_ldconfig(*, text)
-    Parse ``ldconfig -p`` output.
-find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None)
-    Find the base image's libstdc++ inside the sandbox.
-check_libstdcxx(*, root, env_prefix, ldconfig_text="")
-    Check whether removing the env's libstdc++ is safe.
-remove_libstdcxx(*, check, root, manifest)
-    Remove the env's libstdc++ files found by a safe check.
-version_sort_key(version)
-    Sort ``GLIBCXX_3.4.9`` before ``GLIBCXX_3.4.30``.
-format_missing(*, check, limit=20)
-    The refusal text: objects and the versions they miss.
 """
 
 from __future__ import annotations

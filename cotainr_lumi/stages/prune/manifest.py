@@ -6,18 +6,6 @@ The manifest is a JSON file inside the image
 :data:`cotainr_lumi.imagelayout.LABEL_PRUNE_MANIFEST` points at. Every entry records an image path, the
 action taken, the bytes it freed and the reason; decisions not to prune are
 recorded as well.
-
-Classes
--------
-ManifestEntry
-    One pruned path.
-PruneManifest
-    All entries and skipped decisions of one build.
-
-Functions
----------
-format_bytes(*, size)
-    A byte count for humans (``1.5 GiB``).
 """
 
 from __future__ import annotations

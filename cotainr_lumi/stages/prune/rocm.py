@@ -14,36 +14,6 @@ everything still resolves and rolls back otherwise.
 
 Originals are first renamed to backups in the same directory and deleted only
 on :func:`commit`, so :func:`rollback` restores them exactly.
-
-Classes
--------
-BundleDir
-    A package directory that bundles ROCm libraries.
-DedupAction
-    One planned replacement.
-
-Functions
----------
-major_minor(*, version)
-    ``"6.1"`` from ``"6.1.40091-a8dbc0c19"``.
-base_rocm_version(*, root, rocm_path)
-    The base image's ROCm version from ``.info/version``.
-hip_version_of_package(*, version_file)
-    ``hip`` from a package's ``version.py`` (read as text, never imported).
-rocm_names(*, rocm_dirs)
-    The entry names of the ROCm library directories.
-find_bundle_dirs(*, root, site_dirs, rocm_dirs)
-    Package directories holding entries that ROCm also has.
-find_rocm_sdk_packages(*, root, site_dirs)
-    ``_rocm_sdk_*`` packages (the newer ROCm wheel layout).
-plan_dedup(*, root, bundle, rocm_dirs)
-    The replacements for one bundle directory, and what is left alone.
-apply_actions(*, actions)
-    Replace entries by links, keeping backups.
-commit(*, actions)
-    Delete the backups.
-rollback(*, actions)
-    Restore the originals.
 """
 
 from __future__ import annotations

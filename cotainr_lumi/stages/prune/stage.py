@@ -20,11 +20,6 @@ Two prunings, each switchable per profile and per build:
 
 Everything is recorded in ``/opt/cotainr-lumi/prune-manifest.json`` in the
 image, which the label ``cotainr-lumi.prune.manifest`` points at.
-
-Classes
--------
-PruneStage
-    The stage.
 """
 
 from __future__ import annotations
