@@ -132,7 +132,7 @@ class LumiHook:
         self.last = None
         try:
             request = buildoptions.request_from_options(
-                context=context, conda_env=_conda_env_files(context)
+                context=context, conda_env=list(context.conda_env_files) or None
             )
             plan = make_plan(request=request)
             if not plan.extended:
@@ -228,11 +228,6 @@ class LumiHook:
             hint = (report.details or {}).get("run-hint")
             if hint:
                 logger.info("%s", hint)
-
-
-def _conda_env_files(context):
-    """The conda env file(s) cotainr holds for the build."""
-    return [context.conda_env] if context.conda_env is not None else None
 
 
 #: Turns cotainr-lumi off (the start-up hook's switch too; the hook is

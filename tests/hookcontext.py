@@ -13,7 +13,7 @@ def hook_context(*, image_path, system=None, base_image=None, options=None, **mo
         image_path=Path(os.path.abspath(image_path)),
         base_image=base_image,
         system=system,
-        conda_env=None,
+        conda_env_files=(),
         conda_prefix=None,
         conda_env_name=None,
         dry_run=True,

@@ -16,7 +16,7 @@ class BuildContext:
     image_path: Path
     base_image: str
     system: Optional[str]
-    conda_env: Optional[Path]
+    conda_env_files: tuple
     conda_prefix: Optional[str]
     conda_env_name: Optional[str]
     dry_run: bool

@@ -213,18 +213,17 @@ def _context(kwargs, *, dry_run, options, systems):
     from . import CONDA_ENV_NAME, CONDA_PREFIX
 
     system = kwargs.get("system")
-    conda_env = kwargs.get("conda_env")
-    if isinstance(conda_env, (list, tuple)):  # a cotainr taking several files
-        conda_env = conda_env[0] if conda_env else None
+    files = kwargs.get("conda_env") or ()
+    if not isinstance(files, (list, tuple)):  # cotainr releases take one file
+        files = (files,)
+    base_image = systems[system]["base-image"] if system else kwargs.get("base_image")
     return BuildContext(
         image_path=Path(os.path.abspath(kwargs["image_path"])),
-        base_image=systems[system]["base-image"]
-        if system
-        else kwargs.get("base_image"),
+        base_image=base_image,
         system=system,
-        conda_env=None if conda_env is None else Path(os.path.abspath(conda_env)),
-        conda_prefix=CONDA_PREFIX if conda_env is not None else None,
-        conda_env_name=CONDA_ENV_NAME if conda_env is not None else None,
+        conda_env_files=tuple(Path(os.path.abspath(f)) for f in files),
+        conda_prefix=CONDA_PREFIX if files else None,
+        conda_env_name=CONDA_ENV_NAME if files else None,
         dry_run=dry_run,
         options=types.MappingProxyType(options),
     )
@@ -299,7 +298,8 @@ def _print_dry_run(build, *, cotainr_lines):
     if cotainr_lines:
         print(f"Container image: {context.image_path}")
         print(f"Base image: {context.base_image}")
-        print(f"Conda environment: {context.conda_env or 'none'}")
+        for conda_env in context.conda_env_files or ["none"]:
+            print(f"Conda environment: {conda_env}")
     for name, (_hook, _context, lines) in build._shim_taking_part.items():
         print(f"Plugin {name}:")
         for line in lines:
