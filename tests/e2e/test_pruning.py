@@ -59,7 +59,7 @@ class PruneFixtureStage(Stage):
     def run(self, *, context):
         """Run the fixture script in the container."""
         script = fixture_script(*self.settings.cases, hip=self.settings.hip)
-        context.sandbox.run(["bash", "-c", script], log_name=self.name)
+        context.sandbox.run(["bash", "-c", script])
         return StageReport(name=self.name, summary="fixture content created")
 
 

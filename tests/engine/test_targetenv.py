@@ -243,7 +243,7 @@ class ProbeSandbox:
         self.text = text
         self.commands = []
 
-    def run(self, args, *, env=None, log_name=None, timeout=None):
+    def run(self, args, *, env=None, timeout=None):
         self.commands.append(list(args))
         if self.text is None:
             raise CommandError(cmd=args, returncode=255, stdout="", stderr="FATAL")

@@ -46,7 +46,7 @@ class FakeSandbox:
         self.fail_check = fail_check
         self.calls = []
 
-    def run(self, args, *, env=None, log_name=None, timeout=None):
+    def run(self, args, *, env=None, timeout=None):
         self.calls.append(list(args))
         script = args[-1]
         if is_probe(args):

@@ -413,7 +413,7 @@ class MpiSandbox:
         self.loaded = loaded
         self.calls = []
 
-    def run(self, args, *, env=None, log_name=None, timeout=None):
+    def run(self, args, *, env=None, timeout=None):
         self.calls.append(list(args))
         if is_probe(args):
             out = probe_stdout(ENV, var="VIRTUAL_ENV")

@@ -28,7 +28,7 @@ class FakeSandbox:
         self.commands = []
         self.on_install = None  # (argv, env) -> None, may raise CommandError
 
-    def run(self, args, *, env=None, log_name=None, timeout=None):
+    def run(self, args, *, env=None, timeout=None):
         args = list(args)
         self.commands.append((args, dict(env or {})))
         if is_probe(args):

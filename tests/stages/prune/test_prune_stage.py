@@ -52,7 +52,7 @@ class FakeSandbox:
         self.verified = []
         self.commands = []
 
-    def run(self, args, *, env=None, log_name=None, timeout=None):
+    def run(self, args, *, env=None, timeout=None):
         self.commands.append(list(args))
         if is_probe(args):
             out = probe_stdout(
