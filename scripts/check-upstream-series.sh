@@ -17,10 +17,13 @@
 #      "small: 0001 0002"; the fallback path on stock cotainr is
 #      scripts/test-cotainr-releases.sh's),
 # then prints a table and exits non-zero on any failure. About 10 minutes on
-# a 2-core machine, most of it cotainr-lumi's suites (e).
+# a 2-core machine, most of it cotainr-lumi's suites (e). It also prints the
+# lines each patch adds to cotainr's source (cotainr/ without cotainr/tests/),
+# to its tests and to its docs (doc/), and the source lines of the hook patch
+# (BASE: "hook: NNNN") and of the whole series.
 #
 # A patch that needs other patches of the series says so in BASE, e.g.
-# "0006-needs: 0002 0003 0005"; it is then checked on the patches it needs
+# "0006-needs: 0002 0004"; it is then checked on the patches it needs
 # instead of alone (and, for information, whether it applies alone).
 #
 # Usage: scripts/check-upstream-series.sh
@@ -77,6 +80,21 @@ running() { # how many of the given pids still run
 }
 patch_num() { basename "$1" | cut -c1-4; }
 patch_file() { echo "$series/$1"-*.patch; }
+markdown_table() { # tab-separated rows on stdin ("---": a rule) as a table
+    awk -F'\t' '
+    { for (i = 1; i <= NF; i++) { cell[NR, i] = $i; if (length($i) > w[i]) w[i] = length($i) } }
+    END {
+        for (r = 1; r <= NR; r++) {
+            line = "|"
+            for (i = 1; i <= NF; i++) {
+                text = cell[r, i]
+                if (text == "---") { text = ""; while (length(text) < w[i]) text = text "-" }
+                line = line sprintf(" %-" w[i] "s |", text)
+            }
+            print line
+        }
+    }'
+}
 
 echo "== cotainr $version (sdist) and the tools cotainr's CI pins"
 quiet_pip "$python" -m pip download --quiet --no-deps --no-binary :all: \
@@ -390,19 +408,44 @@ printf '\ncotainr %s with the series in docs/upstream/series (%s):\n\n' "$versio
             "${res_lint[$row]:--}" "${res_docs[$row]:--}"
         printf '%s\n' "${res_lumi[$row]:--}"
     done
-} | awk -F'\t' '
-    { for (i = 1; i <= NF; i++) { cell[NR, i] = $i; if (length($i) > w[i]) w[i] = length($i) } }
-    END {
-        for (r = 1; r <= NR; r++) {
-            line = "|"
-            for (i = 1; i <= NF; i++) {
-                text = cell[r, i]
-                if (text == "---") { text = ""; while (length(text) < w[i]) text = text "-" }
-                line = line sprintf(" %-" w[i] "s |", text)
-            }
-            print line
+} | markdown_table
+
+# The lines each patch adds (lines of its hunks starting with "+"), by where
+count_added() { # PATCH: prints "SOURCE TESTS DOCS"
+    awk '/^diff --git / {file = $3; sub(/^a\//, "", file); hunk = 0; next}
+        /^@@ / {hunk = 1; next}
+        hunk && /^\+/ {
+            if (file ~ /^cotainr\/tests\//) tests++
+            else if (file ~ /^cotainr\//) source++
+            else if (file ~ /^doc\//) docs++
         }
-    }'
+        END {print source + 0, tests + 0, docs + 0}' "$1"
+}
+hook_patch=$(sed -n 's/^hook: *//p' "$series/BASE")
+printf '\nLines added to cotainr (source: cotainr/ without cotainr/tests/):\n\n'
+{
+    printf 'patch\tsource\ttests\tdocs\n---\t---\t---\t---\n'
+    total_source=0 total_tests=0 total_docs=0
+    for patch in "${patches[@]}"; do
+        read -r source tests docs < <(count_added "$patch")
+        printf '%s\t%s\t%s\t%s\n' "$(patch_num "$patch")" "$source" "$tests" "$docs"
+        total_source=$((total_source + source))
+        total_tests=$((total_tests + tests))
+        total_docs=$((total_docs + docs))
+    done
+    printf 'series\t%s\t%s\t%s\n' "$total_source" "$total_tests" "$total_docs"
+} | markdown_table
+if [ -n "$hook_patch" ]; then
+    read -r hook_source _ < <(count_added "$(patch_file "$hook_patch")")
+    series_source=0
+    for patch in "${patches[@]}"; do
+        read -r source _ < <(count_added "$patch")
+        series_source=$((series_source + source))
+    done
+    printf '\nSource lines added: the hook patch (%s) %s, the series %s.\n' \
+        "$hook_patch" "$hook_source" "$series_source"
+fi
+
 echo
 echo "Failing on stock too (not counted):"
 sed 's/^/    /' "$logs/row01.failing"
