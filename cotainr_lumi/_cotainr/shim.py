@@ -88,8 +88,12 @@ def load_plugins():
     """The plugins of the ``cotainr.plugins`` entry points, by name."""
     from importlib.metadata import entry_points
 
+    try:
+        found = entry_points(group=PLUGIN_GROUP)
+    except TypeError:  # Python 3.9
+        found = entry_points().get(PLUGIN_GROUP, [])
     plugins = {}
-    for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name):
+    for ep in sorted(found, key=lambda ep: ep.name):
         try:
             plugins[ep.name] = ep.load()
         except Exception as e:  # noqa: BLE001 - a broken plugin is left out

@@ -36,7 +36,11 @@ def load_plugins():
 
         if find_spec("cotainr.plugins") is not None:
             return
-        for ep in entry_points(group="cotainr.plugins"):
+        try:
+            found = entry_points(group="cotainr.plugins")
+        except TypeError:  # Python 3.9
+            found = entry_points().get("cotainr.plugins", [])
+        for ep in found:
             try:
                 ep.load()
             except Exception as e:  # noqa: BLE001 - one warning, cotainr runs
