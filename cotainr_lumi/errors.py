@@ -23,11 +23,27 @@ UnsupportedCotainrError
     The installed cotainr release is outside the tested range.
 """
 
+import re
+
+#: Environment variable names taken for secrets: a ``_``-separated part
+#: TOKEN(S), SECRET(S), PASSWORD(S), PASSWD, CREDENTIAL(S) or APIKEY, or a last
+#: part KEY, in any case (``HF_TOKEN``, ``WANDB_API_KEY``; not
+#: ``TOKENIZERS_PARALLELISM``).
+SECRET_NAME_RE = re.compile(
+    r"(^|_)(TOKENS?|SECRETS?|PASSWORDS?|PASSWD|CREDENTIALS?|APIKEY)(_|$)|_KEY$",
+    re.IGNORECASE,
+)
+# A URL's user information: all before the last "@" of its authority.
+_USERINFO_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#\"<>]*)@")
+
 
 class CotainrLumiError(Exception):
-    """Base class of all cotainr-lumi errors."""
+    """Base class of all cotainr-lumi errors (their text shown :func:`redact`-ed)."""
 
     exit_code = 1
+
+    def __str__(self):
+        return redact(super().__str__())
 
 
 class ProfileError(CotainrLumiError):
@@ -124,12 +140,42 @@ class StageError(CotainrLumiError):
         self.details = details
         text = f"Stage '{stage}' failed: {message}"
         if details:
-            text += "\n" + details.rstrip()
+            text += "\n" + clip_output(details.rstrip())
         super().__init__(text)
 
 
 class UnsupportedCotainrError(CotainrLumiError):
     """The installed cotainr cannot run cotainr-lumi (release or internals)."""
+
+
+def clip_output(text, *, line_limit=500, limit=4000):
+    """
+    Command output bounded in bytes, for an error message.
+
+    Parameters
+    ----------
+    text : str
+        The output.
+    line_limit : int, default=500
+        The most bytes of one line (a longer one is cut, saying its length).
+    limit : int, default=4000
+        The most bytes in all: the last lines that fit are kept.
+
+    Returns
+    -------
+    text : str
+        At most `limit` bytes (UTF-8) and as many lines as `text`.
+    """
+    kept, size = [], 0
+    for line in reversed(str(text).splitlines()):
+        raw = line.encode("utf-8", "replace")
+        if len(raw) > line_limit:
+            line = f"{raw[:line_limit].decode('utf-8', 'ignore')}... ({len(raw)} bytes)"
+        size += len(line.encode("utf-8", "replace")) + 1
+        if size > limit:
+            break
+        kept.append(line)
+    return "\n".join(reversed(kept))
 
 
 def quoted(text, *, limit=120):
@@ -152,3 +198,52 @@ def quoted(text, *, limit=120):
     if len(text) <= limit:
         return repr(text)
     return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def redact(text, *, values=()):
+    """
+    `text` with the passwords and tokens of URLs, and `values`, shown as ``***``.
+
+    The one redaction of cotainr-lumi: every record, log line, label, plan
+    and error goes through it. ``https://user:pw@host/p`` becomes
+    ``https://user:***@host/p``, ``https://token@host/p`` becomes
+    ``https://***@host/p``.
+
+    Parameters
+    ----------
+    text : str
+        Any text.
+    values : iterable of str, default=()
+        Secret values to hide wherever they appear (those of 4 characters or
+        more: shorter ones would hide ordinary text).
+
+    Returns
+    -------
+    text : str
+        The redacted text.
+    """
+    text = _USERINFO_RE.sub(
+        lambda m: m[1] + (m[2].split(":")[0] + ":" if ":" in m[2] else "") + "***@",
+        str(text),
+    )
+    for value in values:
+        if len(value) >= 4:
+            text = text.replace(value, "***")
+    return text
+
+
+def redact_env(env):
+    """
+    Environment variables as recorded: ``***`` for secrets (:data:`SECRET_NAME_RE`).
+
+    Parameters
+    ----------
+    env : mapping of str to str
+        Names and values.
+
+    Returns
+    -------
+    env : dict of str to str
+        Secret names with ``***``, other values :func:`redact`-ed.
+    """
+    return {k: "***" if SECRET_NAME_RE.search(k) else redact(v) for k, v in env.items()}

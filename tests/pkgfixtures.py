@@ -5,7 +5,8 @@
   env, i.e. setuptools from an index), optionally with extra files such as a
   ``setup.py`` declaring a C extension;
 - :func:`serve_index`: a PEP 503 "simple" index of such files on 127.0.0.1,
-  recording the requested paths, stopped when the block ends.
+  recording the requested paths, stopped when the block ends; with ``auth``
+  it answers only requests with those Basic credentials.
 """
 
 import base64
@@ -75,9 +76,16 @@ class _RecordingHandler(http.server.SimpleHTTPRequestHandler):
     """Serve files quietly and record the requested paths."""
 
     requests = None
+    auth = None  # "user:password" required (HTTP Basic), or None
 
     def do_GET(self):
         self.requests.append(self.path)
+        wanted = self.auth and "Basic " + base64.b64encode(self.auth.encode()).decode()
+        if wanted and self.headers.get("Authorization") != wanted:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="index"')
+            self.end_headers()
+            return
         super().do_GET()
 
     def log_message(self, *args):
@@ -85,9 +93,11 @@ class _RecordingHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve_index(root, files):
+def serve_index(root, files, *, auth=None):
     """
     Serve a simple index of `files` (copied under `root`) on 127.0.0.1.
+
+    With `auth` (``"user:password"``) every request needs those credentials.
 
     Yields ``(index_url, requests)``; the server stops when the block ends.
     """
@@ -105,7 +115,9 @@ def serve_index(root, files):
             f'<html><body><a href="../../files/{path.name}">{path.name}</a></body></html>\n'
         )
     requests = []
-    handler = type("Handler", (_RecordingHandler,), {"requests": requests})
+    handler = type(
+        "Handler", (_RecordingHandler,), {"requests": requests, "auth": auth}
+    )
     server = http.server.ThreadingHTTPServer(
         ("127.0.0.1", 0), functools.partial(handler, directory=str(root))
     )

@@ -21,6 +21,7 @@ import signal
 import sys
 import types
 
+from ..errors import redact
 from ..imagelayout import LABELS_FILE
 from .hookapi import BuildContext, BuildInterruptedError, PluginError
 
@@ -369,7 +370,12 @@ def _add_metadata(original):
                     )
                 labels[str(key)] = str(value)
         _write_labels(Path(self.sandbox_dir), labels)
-        result = original(self, *args, **kwargs)
+        argv = sys.argv  # cotainr records the command line: no credentials in it
+        sys.argv = [redact(arg) for arg in argv]
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            sys.argv = argv
         active["customized"] = True
         return result
 

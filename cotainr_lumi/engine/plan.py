@@ -31,7 +31,7 @@ import subprocess
 from typing import Any, Optional
 
 from .. import _cotainr
-from ..errors import InputError, quoted
+from ..errors import InputError, quoted, redact
 from . import imageprobe, rocmwindow, targetenv, workdir
 from .origins import Origin
 from .profiles import SystemProfile, get_system, load_systems, merge_mappings
@@ -289,7 +289,7 @@ class BuildPlan:
         Returns
         -------
         text : str
-            Several lines.
+            Several lines (credentials in URLs redacted).
         """
         lines = ["cotainr-lumi build plan (dry run: nothing is built)"]
         lines += self._describe_inputs()
@@ -300,7 +300,7 @@ class BuildPlan:
         lines += self._describe_steps()
         for reason in self.skipped:
             lines.append(f"  skipped: {reason}")
-        return "\n".join(lines)
+        return redact("\n".join(lines))
 
     def _describe_inputs(self):
         """The plan's lines on the image, system, base image and conda env."""

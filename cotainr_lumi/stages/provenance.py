@@ -34,6 +34,7 @@ from .._version import __version__
 from ..engine.rootfs import write_file_in_root
 from ..engine.settings import StageSettings, setting
 from ..engine.stage import Stage, StageReport, register_stage
+from ..errors import redact
 from ..imagelayout import (
     LABEL_BASE_IMAGE,
     LABEL_BASE_IMAGE_RESOLVED,
@@ -100,7 +101,7 @@ class ProvenanceStage(Stage):
         return lines
 
     def run(self, *, context):
-        """Write the labels and the provenance record."""
+        """Write the labels and the provenance record (both redacted)."""
         plan = context.plan
         base = plan.base_image
         sha256 = ""
@@ -147,11 +148,13 @@ class ProvenanceStage(Stage):
         write_file_in_root(
             root=context.sandbox.root,
             path=PROVENANCE_FILE,
-            content=json.dumps(record, indent=2, sort_keys=True, default=str) + "\n",
+            content=redact(json.dumps(record, indent=2, sort_keys=True, default=str))
+            + "\n",
         )
         summary = f"base image {base.resolved}" + (
             f" (sha256 {sha256[:12]}…)" if sha256 else ""
         )
+        labels = {key: redact(value) for key, value in labels.items()}
         return StageReport(
             name=self.name, summary=summary, details=record, labels=labels
         )

@@ -208,3 +208,14 @@ def test_piped_answers_still_work_and_eof_names_force(future, tmp_path, base_ima
     )
     assert piped.returncode == 0, piped.stderr
     assert labels(image)["cotainr-lumi.system"] == "lumi-test"
+
+
+def test_the_recorded_command_line_holds_no_credentials(future, tmp_path):
+    # A path that reads as a URL with a password stands in for any argument.
+    image = tmp_path / "https:" / "user:s3cret@example.org" / "x.sif"
+    image.parent.mkdir(parents=True)
+    argument = str(image).replace("https:/", "https://")
+    out = future("build", argument, "--system=lumi-test")
+    assert out.returncode == 0, out.stderr
+    command = labels(image)["cotainr.command"]
+    assert "user:***@example.org" in command and "s3cret" not in command

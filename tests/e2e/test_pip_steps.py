@@ -387,3 +387,110 @@ def test_host_find_links_missing_in_the_container_is_said_once(
     assert proc.returncode == 0, output[-6000:]
     assert output.count(f"PIP_FIND_LINKS={missing} is set on this machine") == 1
     assert "is ignored" not in output
+
+
+def test_credentials_and_build_secrets_leave_no_trace(
+    work, lumi_like_base_image, tmp_path, apptainer_exec, apptainer_path
+):
+    """An index that checks its credentials and a step's HF_TOKEN (issue 29).
+
+    pip gets the credentials (the package installs from the index that
+    refuses requests without them); the image (every file, its labels), the
+    build log at pip's debug verbosity, the log files, the module files and
+    the dry run hold neither the password nor the token. A token for the
+    image's env is refused at dry run.
+    """
+    secrets = ("s3cret", "hf_abc")
+    wheel = make_wheel(tmp_path, "privdemo", "1.0")
+    with serve_index(tmp_path / "index", [wheel], auth="user:s3cret") as served:
+        url, requests = served
+        private = url.replace("http://", "http://user:s3cret@")
+        (work / "nested.txt").write_text(f"--extra-index-url {private}\nprivdemo\n")
+        (work / "private.txt").write_text("-r nested.txt\n")
+        (work / "secret-steps.yml").write_text(
+            yaml.safe_dump(
+                {
+                    "steps": [
+                        {
+                            "requirements": "private.txt",
+                            "packages": ["privdemo==1.0"],
+                            "index-url": private,
+                            "env": {"HF_TOKEN": "hf_abc"},
+                        }
+                    ]
+                }
+            )
+        )
+        image = work / "secret.sif"
+        args = ("--pip-steps", work / "secret-steps.yml")
+        dry = cotainr_build(work, image, *args, "--dry-run", name="secrets dry run")
+        logs = work / "secret-logs"
+        logs.mkdir()
+        t0 = time.time()
+        proc = subprocess.run(
+            [COTAINR, "build", image, f"--system={SYSTEM}", "--force", *args]
+            + ["-vvvv", "--log-to-file"],
+            cwd=logs,
+            env={
+                **os.environ,
+                "COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml"),
+                "XDG_CACHE_HOME": str(work / "xdg-cache"),
+            },
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            check=False,
+        )
+        TIMES["secrets build (-vvvv)"] = time.time() - t0
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    assert any(r.endswith(".whl") for r in requests), requests
+    assert dry.returncode == 0, dry.stderr
+    assert "--index-url http://user:***@127.0.0.1:" in dry.stdout
+    assert "HF_TOKEN='***'" in dry.stdout
+    # pip's own output went through the redaction too (pip writes user:****).
+    assert "Looking in indexes: http://user:***@127.0.0.1:" in output
+    installed = apptainer_exec(
+        image,
+        "bash",
+        "-c",
+        "python -c 'import privdemo; print(privdemo.VERSION)'; "
+        "cat /opt/cotainr-lumi/pip/step1/nested.txt",
+    )
+    assert installed.stdout.splitlines()[:2] == [
+        "1.0",
+        f"--extra-index-url {private.replace('s3cret', '***')}",
+    ]
+    everywhere = subprocess.run(
+        [apptainer_path / "apptainer", "exec", "--containall", image]
+        + ["grep", "-rlF", "-e", secrets[0], "-e", secrets[1], "/"]
+        + [f"--exclude-dir={d}" for d in ("proc", "sys", "dev")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert everywhere.returncode == 1, everywhere.stdout + everywhere.stderr[-2000:]
+    labels = subprocess.run(
+        [apptainer_path / "apptainer", "inspect", "--labels", "--json", image],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "cotainr-lumi.pip.steps" in labels
+    log_files = sorted(logs.glob("cotainr_build_*"))
+    assert log_files
+    host_texts = [dry.stdout + dry.stderr, output, labels] + [
+        p.read_text() for p in (*log_files, work / "secret.lua", work / "secret.sh")
+    ]
+    for text in host_texts:
+        assert not [s for s in secrets if s in text]
+    # A token for the image's env: one error at dry run, saying what to do.
+    refused = cotainr_build(
+        work, image, "--env", "HF_TOKEN=x", "--dry-run", name="secret env refused"
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.count("cotainr: error:") == 1, refused.stderr
+    assert "export SINGULARITYENV_HF_TOKEN=..." in refused.stderr
+    assert "lumi-env.allow-secret-env=[HF_TOKEN]" in refused.stderr

@@ -1,8 +1,11 @@
 import hashlib
 import json
 import os
+from types import SimpleNamespace
 
 from cotainr_lumi import _cotainr, _version, build
+from cotainr_lumi.engine.plan import BuildRequest, make_plan
+from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.stages.provenance import sha256_of_file
 
 
@@ -58,3 +61,40 @@ def test_remote_base_image_is_not_resolved_or_hashed(tmp_path, fake_singularity)
     assert result.labels["cotainr-lumi.base-image.resolved"] == "docker://ubuntu:24.04"
     assert "cotainr-lumi.base-image.sha256" not in result.labels
     assert fake_singularity.commands[0][-1] == "docker://ubuntu:24.04"
+
+
+def test_record_and_labels_hold_no_credentials_or_step_secrets(tmp_path):
+    (tmp_path / "r.txt").write_text("x\n")
+    plan = make_plan(
+        request=BuildRequest(
+            image_path=tmp_path / "x.sif",
+            base_image="docker://debian",
+            settings={
+                "pip": {
+                    "steps": [
+                        {
+                            "requirements": str(tmp_path / "r.txt"),
+                            "index-url": "https://user:s3cret@idx.example.org/simple",
+                            "extra-index-urls": ["https://tok3n@x.example.org/s"],
+                            "packages": ["pkg @ https://a:pw-pkg@f.example.org/p.whl"],
+                            "env": {"HF_TOKEN": "hf_abc123", "CXX": "g++"},
+                        }
+                    ]
+                },
+                "provenance": {},
+            },
+        )
+    )
+    stage = plan.stages[-1]
+    report = stage.run(
+        context=StageContext(sandbox=SimpleNamespace(root=tmp_path), plan=plan)
+    )
+    record = (tmp_path / "opt/cotainr-lumi/provenance.json").read_text()
+    for text in (record, json.dumps(report.labels)):
+        assert [
+            s for s in ("s3cret", "tok3n", "pw-pkg", "hf_abc123") if s in text
+        ] == []
+    step = json.loads(record)["stages"][0]["settings"]["steps"][0]
+    assert step["index-url"] == "https://user:***@idx.example.org/simple"
+    assert step["extra-index-urls"] == ["https://***@x.example.org/s"]
+    assert step["env"] == {"HF_TOKEN": "***", "CXX": "g++"}

@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 
 from ... import imagelayout
 from ...engine.settings import SettingError, StageSettings, each, setting
+from ...errors import SECRET_NAME_RE, InputError, redact
 from .envfile import validate_name, validate_path_entry, validate_value
 from .modulefile import check_var_name, validate_bind
 from .mpi import check_host_binding, check_mode
@@ -94,6 +95,28 @@ def _check_env(env):
                 validate_value(name=name, value=value)
         except ValueError as e:
             raise SettingError(str(e), path=(name,)) from None
+
+
+def _check_secrets(settings):
+    """One error for the env values that look like secrets and are not allowed."""
+    names = [
+        name
+        for name, value in settings.env.items()
+        if value is not None
+        and name not in settings.allow_secret_env
+        and (SECRET_NAME_RE.search(name) or redact(value) != str(value))
+    ]
+    if names:
+        raise InputError(
+            f"lumi-env: {', '.join(names)} would keep a secret in the image's env "
+            "(a name with TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL or APIKEY, "
+            "or ending in _KEY; a URL with a password), readable by everyone who "
+            "can read the image. Pass it at run time instead: export "
+            f"SINGULARITYENV_{names[0]}=... (or APPTAINERENV_{names[0]}=...) "
+            "before singularity exec; for the build only, give it to the pip "
+            "step's env (recorded as ***). To keep it in the image anyway: --set "
+            f"lumi-env.allow-secret-env=[{','.join(names)}]."
+        )
 
 
 def expanded(value):
@@ -210,6 +233,9 @@ class LumiEnvSettings(StageSettings):
         doc="variables set as defaults in the image (null: not set)",
         check=_check_env,
     )
+    allow_secret_env: list[str] = setting(
+        [], doc="names in env that may hold secrets (kept in the image in clear)"
+    )
     miopen_cache: bool = setting(
         True, doc="the MIOpen user DB and cache on node-local /tmp"
     )
@@ -301,3 +327,6 @@ class LumiEnvSettings(StageSettings):
         doc="the directory of rccl-tests (all_reduce_perf ...) in the image",
         check=_check_rccl_tests,
     )
+
+    def __post_init__(self):
+        _check_secrets(self)

@@ -22,6 +22,10 @@ In the image:
 - ``/opt/cotainr-lumi/pip/packages.json`` ``pip list --format json`` after
   the stage (label ``cotainr-lumi.pip.packages``).
 
+Credentials in URLs and the values of a step's secret ``env`` (names as
+:data:`cotainr_lumi.errors.SECRET_NAME_RE`) reach pip only: these records, the
+log and the plan show ``***`` (:func:`cotainr_lumi.errors.redact`).
+
 Classes
 -------
 PipStage
@@ -44,7 +48,7 @@ import time
 from ... import _cotainr, imagelayout
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
-from ...errors import StageError
+from ...errors import SECRET_NAME_RE, StageError, redact, redact_env
 from .cache import export_cache, import_cache
 from .hostenv import host_pip_variables
 from .protect import (
@@ -104,6 +108,28 @@ def _torch_words(installed):
     """' (torch VERSION)' when torch is installed."""
     torch = installed.get("torch")
     return f" (torch {torch[1]})" if torch else ""
+
+
+def _secrets(steps):
+    """The values of the steps' secret variables (hidden in logs and errors)."""
+    return [v for s in steps for k, v in s.env.items() if SECRET_NAME_RE.search(k)]
+
+
+@contextlib.contextmanager
+def _redacted_logs(*, values):
+    """Every log record made meanwhile (pip's output too) :func:`redact`-ed."""
+    make = logging.getLogRecordFactory()
+
+    def redacted(*args, **kwargs):
+        record = make(*args, **kwargs)
+        record.msg, record.args = redact(record.getMessage(), values=values), ()
+        return record
+
+    logging.setLogRecordFactory(redacted)
+    try:
+        yield
+    finally:
+        logging.setLogRecordFactory(make)
 
 
 def _pip_error_lines(output, *, limit=60):
@@ -259,7 +285,9 @@ class PipStage(Stage):
                 cache_dir=CACHE_DIR if cache else None,
             )
             lines.append(f"{step.title}:")
-            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in step.env.items())
+            env = " ".join(
+                f"{k}={shlex.quote(v)}" for k, v in redact_env(step.env).items()
+            )
             lines.append(f"  {env + ' ' if env else ''}{shlex.join(cmd)}")
             for path in step.requirements:
                 lines.append(f"  requirements: {path}")
@@ -401,6 +429,11 @@ class PipStage(Stage):
             shutil.rmtree(work, ignore_errors=True)
 
     def run(self, *, context):
+        """Run the pip steps in order (no secret in a record or log line)."""
+        with _redacted_logs(values=_secrets(self.steps)):
+            return self._run_steps(context)
+
+    def _run_steps(self, context):
         """Run the pip steps in order."""
         sandbox = context.sandbox
         if not self.steps:
@@ -552,7 +585,7 @@ class PipStage(Stage):
 
     def _install_error(self, error, *, step, before, staged):
         """The StageError for a failed ``pip install`` (conflicts explained)."""
-        output = f"{error.stdout}\n{error.stderr}"
+        output = redact(f"{error.stdout}\n{error.stderr}", values=_secrets([step]))
         conflicts = explain_conflicts(
             output=output, installed=before, allowed=step.allow_changes
         )
@@ -599,7 +632,7 @@ class PipStage(Stage):
             )
 
     def _install(self, *, sandbox, step, staged, constraints, cache_dir, before):
-        """Run the step's ``pip install`` in the target env; return the command."""
+        """Run the step's ``pip install`` in the target env; return it redacted."""
         cmd = self._pip_command(
             step=step,
             requirement_files=staged.requirement_files,
@@ -611,7 +644,8 @@ class PipStage(Stage):
             f"{self._target.activation()}; unset {' '.join(UNSET_PIP_VARIABLES)}; "
             f"exec {shlex.join(cmd)}"
         )
-        logger.info("Running: %s", shlex.join(cmd))
+        shown = [redact(arg) for arg in cmd]
+        logger.info("Running: %s", shlex.join(shown))
         try:
             with self._private_wheel_cache(
                 root=sandbox.root, step=step, cache_dir=cache_dir
@@ -619,7 +653,7 @@ class PipStage(Stage):
                 self._run(sandbox, ["bash", "-c", script], env=step.env or None)
         except _cotainr.CommandError as e:
             raise self._install_error(e, step=step, before=before, staged=staged) from e
-        return cmd
+        return shown
 
     def _run_step(self, *, sandbox, step, scan, cache_dir):
         """Stage, pin, install and check one step; return its record."""
@@ -642,14 +676,19 @@ class PipStage(Stage):
             path=constraints,
             content=constraints_text(installed=before, allowed=step.allow_changes),
         )
-        cmd = self._install(
-            sandbox=sandbox,
-            step=step,
-            staged=staged,
-            constraints=constraints,
-            cache_dir=cache_dir,
-            before=before,
-        )
+        try:
+            cmd = self._install(
+                sandbox=sandbox,
+                step=step,
+                staged=staged,
+                constraints=constraints,
+                cache_dir=cache_dir,
+                before=before,
+            )
+        finally:  # pip has read them: the image keeps them without credentials
+            for path in staged.kept_files:
+                text = resolve_in_root(root=root, path=path).read_text()
+                write_file_in_root(root=root, path=path, content=redact(text))
         after, _ = self._pip_list(sandbox)
         self._check_protected(step=step, before=before, after=after)
         shutil.rmtree(resolve_in_root(root=root, path=staging_dir), ignore_errors=True)
@@ -666,7 +705,7 @@ class PipStage(Stage):
             "name": step.name,
             "source": step.source,
             "command": cmd,
-            "env": step.env,
+            "env": redact_env(step.env),
             "requirement-files": staged.kept_files,
             "staged": staged.staged,
             "allow-changes": sorted(step.allow_changes),

@@ -71,7 +71,7 @@ from ...engine.settings import (
     setting,
 )
 from ...engine.yamlfile import LineDict, read_yaml
-from ...errors import InputError
+from ...errors import InputError, redact, redact_env
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -174,7 +174,7 @@ class PipStep:
 
     def to_dict(self):
         """
-        The step in the steps format (absolute paths; for records).
+        The step in the steps format (absolute paths; for records: redacted).
 
         Returns
         -------
@@ -184,12 +184,12 @@ class PipStep:
         return {
             "name": self.name,
             "requirements": [str(p) for p in self.requirements],
-            "packages": list(self.packages),
+            "packages": [redact(p) for p in self.packages],
             "no-build-isolation": self.no_build_isolation,
-            "env": dict(self.env),
-            "pip-args": list(self.pip_args),
-            "index-url": self.index_url,
-            "extra-index-urls": list(self.extra_index_urls),
+            "env": redact_env(self.env),
+            "pip-args": [redact(a) for a in self.pip_args],
+            "index-url": self.index_url and redact(self.index_url),
+            "extra-index-urls": [redact(u) for u in self.extra_index_urls],
             "allow-changes": sorted(self.allow_changes),
             "source": self.source,
             "base-dir": str(self.base_dir),

@@ -13,6 +13,7 @@ from targetenv_fakes import is_probe, probe_stdout
 
 import cotainr_lumi
 from cotainr_lumi import _cotainr
+from cotainr_lumi.engine.plan import BuildRequest, make_plan
 from cotainr_lumi.engine.stage import StageContext, get_stage_class
 from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.errors import InputError, StageError
@@ -583,3 +584,40 @@ def test_the_user_venv_comes_first_on_pythonpath_when_the_image_uses_it(tmp_path
     assert "PYTHONPATH" not in source_env(
         root, env={"COTAINR_LUMI_USER_VENV": str(venv)}
     )
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"HF_TOKEN": "hf_x", "A": "1", "WANDB_API_KEY": "k"},
+        {"AWS_SECRET_ACCESS_KEY": "z"},
+        {"MLFLOW_TRACKING_PASSWORD": "p"},
+        {"github_token": "t"},
+        {"PIP_INDEX_URL": "https://user:pw@idx.example.org/simple"},
+    ],
+)
+def test_secrets_in_the_image_env_are_one_error_unless_allowed(env, tmp_path):
+    request = BuildRequest(
+        image_path=tmp_path / "x.sif",
+        base_image="docker://debian",
+        settings={"lumi-env": {"env": env, "module-file": False}},
+    )
+    with pytest.raises(InputError) as info:
+        make_plan(request=request)
+    text = str(info.value)
+    names = [n for n in env if n != "A"]
+    assert text.startswith(f"lumi-env: {', '.join(names)} would keep a secret")
+    assert (
+        f"export SINGULARITYENV_{names[0]}=... (or APPTAINERENV_{names[0]}=...)" in text
+    )
+    assert f"--set lumi-env.allow-secret-env=[{','.join(names)}]." in text
+    request.settings["lumi-env"]["allow-secret-env"] = names
+    assert make_plan(request=request).stages[0].env == env
+
+
+def test_names_that_only_look_alike_and_unset_secrets_are_kept():
+    env = {"TOKENIZERS_PARALLELISM": "false", "MONKEY": "1", "HF_TOKEN": None}
+    assert LumiEnvStage(settings={"env": env}).env == {
+        "TOKENIZERS_PARALLELISM": "false",
+        "MONKEY": "1",
+    }

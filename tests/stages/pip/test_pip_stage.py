@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import logging
 from pathlib import Path
 import shlex
 import subprocess
@@ -507,3 +508,107 @@ def test_host_pip_variables_that_exist_in_the_container_are_untouched(
     stage.run(context=StageContext(sandbox=sandbox, plan=None))
     assert all("PIP_FIND_LINKS" not in env for _, env in sandbox.installs())
     assert "PIP_FIND_LINKS" not in caplog.text
+
+
+#: The secrets of the steps below (issue 29): passwords and tokens in index
+#: URLs (step keys, requirement files, nested files, pip-args) and a step env.
+SECRETS = ("s3cret", "tok3n-value", "pw123456", "pw-arg", "hf_abc123")
+
+
+def _secret_step(inputs):
+    (inputs / "private.txt").write_text(
+        "--extra-index-url https://ann:s3cret@extra.example.org/simple\n"
+        "-r nested.txt\nprivdemo\n"
+    )
+    (inputs / "nested.txt").write_text(
+        "-i https://tok3n-value@idx.example.org/simple\n"
+        "--find-links https://bob:pw123456@links.example.org/\nother\n"
+    )
+    return {
+        "requirements": "private.txt",
+        "index-url": "https://user:s3cret@pypi.example.org/simple",
+        "pip-args": ["--find-links=https://c:pw-arg@f.example.org/"],
+        "env": {"HF_TOKEN": "hf_abc123", "MAX_JOBS": "2"},
+    }
+
+
+def _all_text(root):
+    return "".join(
+        p.read_text(errors="replace") for p in Path(root).rglob("*") if p.is_file()
+    )
+
+
+def test_credentials_and_step_secrets_reach_pip_only(inputs, tmp_path, caplog):
+    plan = make_plan(
+        request=BuildRequest(
+            image_path=tmp_path / "x.sif",
+            base_image="docker://debian",
+            settings={"pip": {"steps": [_secret_step(inputs)], "cache": False}},
+        )
+    )
+    sandbox = FakeSandbox(tmp_path / "sb", {"pip": "23.0.1"})
+    seen = {}
+
+    def on_install(argv, env):
+        seen.update(argv=argv, env=env, files=_all_text(sandbox.root))
+        # pip echoes its indexes; a build may print its variables.
+        logging.getLogger("SingularitySandbox.out").warning(
+            "Looking in indexes: https://user:s3cret@pypi.example.org/simple; "
+            "token hf_abc123"
+        )
+
+    sandbox.on_install = on_install
+    caplog.set_level("INFO")
+    report = plan.stages[0].run(context=StageContext(sandbox=sandbox, plan=plan))
+    # pip got every credential and the variable.
+    assert "https://user:s3cret@pypi.example.org/simple" in seen["argv"]
+    assert "--find-links=https://c:pw-arg@f.example.org/" in seen["argv"]
+    assert seen["env"] == {"HF_TOKEN": "hf_abc123", "MAX_JOBS": "2"}
+    assert all(s in seen["files"] for s in SECRETS[:3])
+    # Nothing kept, recorded, logged or planned has them.
+    recorded = [
+        _all_text(sandbox.root),
+        json.dumps(report.details),
+        caplog.text,
+        plan.describe(),
+    ]
+    for text in recorded:
+        assert [s for s in SECRETS if s in text] == []
+    kept = sandbox.host("/opt/cotainr-lumi/pip/step1/nested.txt").read_text()
+    assert kept.splitlines()[:2] == [
+        "-i https://***@idx.example.org/simple",
+        "--find-links https://bob:***@links.example.org/",
+    ]
+    step = report.details["steps"][0]
+    assert step["env"] == {"HF_TOKEN": "***", "MAX_JOBS": "2"}
+    assert "https://user:***@pypi.example.org/simple" in step["command"]
+    assert (
+        "Looking in indexes: https://user:***@pypi.example.org/simple; token ***"
+        in (caplog.text)
+    )
+    assert "HF_TOKEN='***' MAX_JOBS=2" in plan.describe()
+    # Only while the stage runs.
+    assert logging.getLogRecordFactory() is logging.LogRecord
+
+
+def test_a_failing_step_shows_no_credentials(inputs, tmp_path):
+    stage = PipStage(settings={"steps": [_secret_step(inputs)], "cache": False})
+    sandbox = FakeSandbox(tmp_path / "sb", {})
+
+    def on_install(argv, env):
+        raise _cotainr.CommandError(
+            cmd=argv,
+            returncode=1,
+            stdout="",
+            stderr="ERROR: 403 for https://user:s3cret@pypi.example.org/simple "
+            "(HF_TOKEN=hf_abc123)\n",
+        )
+
+    sandbox.on_install = on_install
+    with pytest.raises(StageError) as info:
+        stage.run(context=StageContext(sandbox=sandbox, plan=None))
+    text = str(info.value)
+    assert "ERROR: 403 for https://user:***@pypi.example.org/simple (HF_TOKEN=***)" in (
+        text
+    )
+    assert "s3cret" not in _all_text(sandbox.root)
