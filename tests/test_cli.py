@@ -1,6 +1,10 @@
 import os
+from pathlib import Path
 import re
+import signal
+import subprocess
 import sys
+import time
 from unittest import mock
 
 import cotainr.cli as stock_cli
@@ -40,10 +44,10 @@ def test_stock_builds_run_identical_commands_with_plugin(
     env = tmp_path / "env.yml"
     env.write_text("name: x\ndependencies: [python]\n")
     if use_system:
-        mocker.patch(
-            "cotainr.util.get_systems",
-            return_value={"stock-sys": {"base-image": str(base_image)}},
-        )
+        stock = {"stock-sys": {"base-image": str(base_image)}}
+        mocker.patch("cotainr.util.get_systems", return_value=stock)
+        # cotainr's own systems file, as cotainr-lumi reads it.
+        mocker.patch("cotainr_lumi._cotainr.stock_systems", return_value=stock)
         source = ["--system=stock-sys"]
     else:
         source = [f"--base-image={base_image}"]
@@ -246,3 +250,140 @@ def test_no_spinner_escape_codes_when_stdout_is_not_a_terminal(
     captured = capfd.readouterr()
     assert "Building container image" in captured.out
     assert "\x1b" not in captured.out + captured.err
+
+
+# -- Issue 29: verify stops its container, dry runs say when the probe failed,
+# -- a missing cotainr is one message --------------------------------------
+
+COMMAND = str(Path(sys.executable).with_name("cotainr-lumi"))
+SIF_HEADER = b"#!/usr/bin/env run-singularity\n\0SIF_MAGIC\x0001\x00rest"
+
+
+def sleepy_apptainer(tmp_path):
+    """PATH with an `apptainer` whose container is a long `sleep` (pid in a file)."""
+    (tmp_path / "bin").mkdir()
+    runtime = tmp_path / "bin" / "apptainer"
+    pid_file = tmp_path / "container.pid"
+    runtime.write_text(f"#!/bin/sh\nsleep 600 &\necho $! > {pid_file}\nwait\n")
+    runtime.chmod(0o755)
+    image = tmp_path / "x.sif"
+    image.write_bytes(SIF_HEADER)
+    env = {**os.environ, "PATH": f"{runtime.parent}{os.pathsep}{os.environ['PATH']}"}
+    return image, pid_file, env
+
+
+def gone(pid, *, within=10):
+    """Whether process `pid` ends (or is a zombie) within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_on_verify_stops_the_container_it_started(tmp_path, signum):
+    image, pid_file, env = sleepy_apptainer(tmp_path)
+    proc = subprocess.Popen(
+        [COMMAND, "verify", str(image)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signum
+    assert err.splitlines() == [
+        f"cotainr: error: verify was interrupted by {signal.Signals(signum).name}; "
+        "the container it started was stopped"
+    ]
+    assert gone(int(pid_file.read_text()))
+
+
+def test_verify_has_one_overall_timeout_with_one_message(tmp_path):
+    image, pid_file, env = sleepy_apptainer(tmp_path)
+    proc = subprocess.run(
+        [COMMAND, "verify", str(image), "--timeout", "2"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert len(proc.stderr.splitlines()) == 1 and len(proc.stderr) < 600
+    assert "did not finish within 2 s" in proc.stderr and "--timeout" in proc.stderr
+    assert gone(int(pid_file.read_text()))
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["verify", "x.sif"], ["build", "x.sif", "--system=s"], []]
+)
+def test_a_missing_cotainr_is_one_message(tmp_path, argv):
+    hidden = tmp_path / "hide" / "cotainr"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'cotainr'\", name='cotainr')\n"
+    )
+    proc = subprocess.run(
+        [COMMAND, *argv],
+        env={**os.environ, "PYTHONPATH": str(hidden.parent)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "cotainr: error: cotainr-lumi needs cotainr, which cannot be imported (No "
+        "module named 'cotainr'); install it: pip install 'cotainr>=2025.3.0'"
+    ]
+
+
+@pytest.mark.parametrize(
+    "failure, words",
+    [
+        (subprocess.TimeoutExpired(cmd=["x"], timeout=120), "did not finish within"),
+        (
+            subprocess.CalledProcessError(255, ["x"], "", "FATAL: no such image"),
+            "the probe of the base image failed: FATAL: no such image",
+        ),
+    ],
+)
+def test_a_dry_run_whose_probe_failed_prints_the_plan_and_exits_non_zero(
+    tmp_path, mocker, test_profile, capsys, failure, words
+):
+    mocker.patch(
+        "cotainr_lumi.engine.imageprobe.probe_image_facts", side_effect=failure
+    )
+    argv = ["cotainr-lumi", "build", str(tmp_path / "x.sif"), "--system=lumi-test"]
+    mocker.patch.object(sys, "argv", [*argv, "--dry-run"])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert "cotainr-lumi build plan (dry run" in captured.out and words in captured.out
+    assert captured.err.count("cotainr: error:") == 1 and words in captured.err
+    assert "the dry run could not ask the base image" in captured.err
+
+
+def test_a_dry_run_whose_probe_answered_exits_zero(
+    tmp_path, mocker, test_profile, capsys
+):
+    probe = mocker.patch(
+        "cotainr_lumi.engine.imageprobe.probe_image_facts", return_value={}
+    )
+    argv = ["cotainr-lumi", "build", str(tmp_path / "x.sif"), "--system=lumi-test"]
+    mocker.patch.object(sys, "argv", [*argv, "--dry-run"])
+    cli.main()
+    probe.assert_called_once()
+    assert "dry run" in capsys.readouterr().out
