@@ -383,14 +383,7 @@ def _add_metadata(original):
 
 
 def _write_labels(sandbox_dir, labels):
-    """
-    Add `labels` to the sandbox's labels.json, before cotainr adds its own.
-
-    The file is rewritten whole without cotainr's labels (a base built by
-    cotainr has them; cotainr writes them anew), so what cotainr then writes
-    over it is longer and leaves no tail. A link on the way (a base image's)
-    is refused: nothing is written through it.
-    """
+    """Add `labels` to the sandbox's labels.json, before cotainr adds its own."""
     path = sandbox_dir / LABELS_FILE.lstrip("/")
     for link in (path.parent, path):
         if link.is_symlink():

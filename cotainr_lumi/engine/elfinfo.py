@@ -192,15 +192,7 @@ def read_elf_info(*, path):
 
 
 class _ScanELFFile(ELFFile):
-    """
-    An :class:`ELFFile` that reuses the struct definitions across files.
-
-    ``ELFFile.__init__`` builds some 200 ``construct`` parser objects for
-    every file, which costs more than everything we then read. They depend
-    only on the byte order, class, type, machine and OS ABI, so this subclass
-    builds them once per combination; the rest is pyelftools' own
-    ``__init__`` sequence (header identification and parsing).
-    """
+    """An :class:`ELFFile` that reuses the struct definitions across files."""
 
     _cache = {}
 
@@ -301,17 +293,7 @@ _WANTED_SH_TYPES = frozenset({6, 0x6FFFFFFD, 0x6FFFFFFE})
 
 
 def _iter_wanted_sections(elf):
-    """
-    Yield only the dynamic and GNU version sections of an ELF file.
-
-    ``ELFFile.iter_sections`` builds an object for every section (for hash
-    tables that means parsing the whole table) and parsing every section
-    header costs more than the rest of the scan. So the section header table
-    is read in one piece and only the ``sh_type`` word of each header (at
-    offset 4 in both ELF classes) is looked at to pick the few sections that
-    pyelftools then parses. Files with extended section numbering fall back
-    to pyelftools' own iteration.
-    """
+    """Yield only the dynamic and GNU version sections of an ELF file."""
     count = elf["e_shnum"]
     entsize = elf["e_shentsize"]
     offset = elf["e_shoff"]
@@ -331,11 +313,7 @@ def _iter_wanted_sections(elf):
 
 
 def _read_dynamic(dynamic, *, needed, rpath, runpath):
-    """
-    Collect DT_NEEDED / DT_RPATH / DT_RUNPATH from a dynamic section or segment.
-
-    Returns the DT_SONAME (or None), read in the same single pass.
-    """
+    """Collect DT_NEEDED / DT_RPATH / DT_RUNPATH from a dynamic section or segment."""
     soname = None
     for tag in dynamic.iter_tags():
         kind = tag.entry.d_tag

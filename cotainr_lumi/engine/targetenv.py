@@ -375,15 +375,7 @@ def _under_usr(prefix):
 
 
 def _kind(info):
-    """
-    What kind of Python an interpreter's facts describe.
-
-    Returns one of ``venv``, ``conda-env``, ``conda-base``, ``system``
-    (``/usr`` or below, or ``/``) and ``plain`` (an installation of its own
-    elsewhere, e.g. ``/opt/python3.12``). A venv is one by its own
-    ``sys.prefix`` (``sys.base_prefix`` differs, or ``pyvenv.cfg``), a conda
-    env by ``conda-meta/``, conda's base env by ``condabin/`` or ``envs/``.
-    """
+    """What kind of Python an interpreter's facts describe."""
     if info.get("conda_base"):
         return "conda-base"
     if _under_usr(info["prefix"]):

@@ -90,13 +90,7 @@ class _TooComplex(yaml.YAMLError):
 
 
 class _Loader(yaml.SafeLoader):
-    """
-    PyYAML's safe loader, keeping the lines of keys and items, and bounded.
-
-    Nesting deeper than :data:`MAX_DEPTH` and more than :data:`MAX_ALIASES`
-    aliases are refused while the document is composed, before anything is
-    built from it (no recursion error, no alias bomb).
-    """
+    """PyYAML's safe loader, keeping the lines of keys and items, and bounded."""
 
     def __init__(self, stream):
         super().__init__(stream)

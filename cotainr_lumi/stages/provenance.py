@@ -10,16 +10,6 @@ Labels (``apptainer inspect --labels``):
   notice) and ``cotainr-lumi.base-image.sha256`` (for a local file)
 - ``cotainr-lumi.stages`` (the stages run, in order)
 - ``cotainr-lumi.provenance`` (the JSON record inside the image)
-
-Classes
--------
-ProvenanceStage
-    The stage.
-
-Functions
----------
-sha256_of_file(*, path, chunk_size=4 MiB)
-    Stream a file through SHA-256.
 """
 
 from dataclasses import dataclass

@@ -82,11 +82,7 @@ LD_LIBRARY_PATH=$(
 
 
 def _say(*parts):
-    """
-    Shell code printing one line on stderr.
-
-    Each part is a literal (quoted) or a variable reference ``$NAME``.
-    """
+    """Shell code printing one line on stderr."""
     words = [f'"{p}"' if p.startswith("$") else shlex.quote(p) for p in parts]
     return f"printf '{'%s' * len(words)}\\n' {' '.join(words)} >&2"
 
@@ -216,14 +212,7 @@ def _missing_text(*, binding, image, host_path):
 
 
 def _start(*, mode, binding, prefix, srun):
-    """
-    The lines both outputs begin with, and the host library to check for.
-
-    The binding's comment (when the profile has a binding); in ``container``
-    mode `srun`, the lines that make ``srun --mpi=pmi2`` the default (as
-    lumi-aif-singularity-bindings does); in ``host`` mode the host library's
-    path (None: nothing to check).
-    """
+    """The lines both outputs begin with, and the host library to check for."""
     lines = (
         [] if binding is None else _comment(mode=mode, binding=binding, prefix=prefix)
     )

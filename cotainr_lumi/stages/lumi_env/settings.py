@@ -1,11 +1,4 @@
-"""
-The settings of the lumi-env stage, declared once.
-
-Classes
--------
-LumiEnvSettings
-    The settings (``settings: {lumi-env: {...}}`` of a system profile).
-"""
+"""The settings of the lumi-env stage, declared once."""
 
 from dataclasses import dataclass
 import logging

@@ -11,13 +11,6 @@ and the sandbox directory is removed.
 pip writes cache entries to a temporary file and renames it into place, so a
 hard-linked host file is never modified through the sandbox; several builds
 can share the host cache at the same time.
-
-Functions
----------
-import_cache(*, host_dir, sandbox_dir)
-    Fill the sandbox cache directory from the host cache.
-export_cache(*, sandbox_dir, host_dir)
-    Move new cache entries back to the host and remove the sandbox copy.
 """
 
 from __future__ import annotations

@@ -8,11 +8,6 @@ that does not exist, at every package it looks up and in every isolated
 build (many times per build), or fails on a missing constraints file or
 certificate bundle. This module says so once, and leaves the find-links
 entries pip would ignore anyway out of the pip commands.
-
-Functions
----------
-host_pip_variables(*, root, environ)
-    Check the host's path-valued pip variables against the sandbox.
 """
 
 from dataclasses import dataclass, field

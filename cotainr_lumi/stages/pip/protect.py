@@ -9,22 +9,6 @@ installed torch (``torch==2.13.0+cpu`` matches exactly that local version),
 and a requirement for another version makes pip's resolver fail. That failure
 is explained from pip's output (:func:`explain_conflicts`), and after the
 step :func:`changed_distributions` double-checks the package lists.
-
-Classes
--------
-Conflict
-    A protected distribution a step wanted to change.
-
-Functions
----------
-parse_pip_list(*, text)
-    Installed distributions from ``pip list --format json`` output.
-constraints_text(*, installed, allowed)
-    The constraints file pinning every installed distribution.
-explain_conflicts(*, output, installed, allowed)
-    The protected distributions pip's resolver error is about.
-changed_distributions(*, before, after, allowed)
-    Protected distributions upgraded, downgraded or removed by a step.
 """
 
 from __future__ import annotations

@@ -20,24 +20,6 @@ whitespace starts a comment, a line starting with ``-`` holds options, other
 lines hold one requirement (tokens up to the first ``-``-option) followed by
 per-requirement options (``--hash``, ``--config-settings`` ...). Named
 requirements are checked with :mod:`packaging`.
-
-Classes
--------
-ReqLine
-    One logical line that references something local.
-ReqFile
-    A scanned requirements or constraints file.
-StagedStep
-    What :func:`stage_step` put into the sandbox.
-
-Functions
----------
-scan_step(*, step)
-    Scan a step's requirement files (recursively) and check their references.
-moving_vcs_ref(url)
-    Why a VCS requirement URL does not pin one revision (None if it does).
-stage_step(*, scan, root, keep_dir, staging_dir)
-    Stage a scanned step into the sandbox.
 """
 
 from __future__ import annotations
@@ -344,12 +326,7 @@ def _check_installable(target, *, where, original):
 
 
 class _LineParser:
-    """
-    Turn one logical line into a :class:`ReqLine` (or None), checking it.
-
-    Included files are handed to `include` (a callable ``(path, *, where)``
-    returning the scanned :class:`ReqFile`); VCS URLs to `vcs`.
-    """
+    """Turn one logical line into a :class:`ReqLine` (or None), checking it."""
 
     def __init__(self, *, include, vcs):
         self.include = include
@@ -644,12 +621,7 @@ MAX_TREE_FILES = 20_000
 
 
 def _check_tree_to_stage(src, *, root):
-    """
-    Refuse to stage a directory that holds the sandbox or is not a project.
-
-    Copying a directory that contains the sandbox (``/``, ``/tmp``, ``..``)
-    would copy the copy into itself until the disk is full.
-    """
+    """Refuse to stage a directory that holds the sandbox or is not a project."""
     real_src = Path(os.path.realpath(src))
     real_root = Path(os.path.realpath(root))
     if real_src == real_root or real_src in real_root.parents:

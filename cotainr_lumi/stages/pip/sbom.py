@@ -14,15 +14,6 @@ Two records, both written after the pip steps from the env's ``pip list``:
   "pip": [pip list --format=json]}``, written by their recipes), kept in its
   format with its ``pip`` list replaced by the env's new one; ``apt`` is
   left as it is (a build adds no apt packages). Images without one get none.
-
-Functions
----------
-cyclonedx_json(*, image_name, packages, base_packages, target_prefix, base_image)
-    The CycloneDX JSON document.
-update_aif_sbom(*, root, packages)
-    Replace the ``pip`` list of the base's ``/.sbom.json``.
-write_sboms(*, root, image_name, packages, base_packages, target_prefix, base_image)
-    Write both; return what was written.
 """
 
 import json

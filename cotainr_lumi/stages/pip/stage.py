@@ -25,11 +25,6 @@ In the image:
 Credentials in URLs and the values of a step's secret ``env`` (names as
 :data:`cotainr_lumi.errors.SECRET_NAME_RE`) reach pip only: these records, the
 log and the plan show ``***`` (:func:`cotainr_lumi.errors.redact`).
-
-Classes
--------
-PipStage
-    The stage.
 """
 
 from __future__ import annotations
@@ -394,13 +389,7 @@ class PipStage(Stage):
 
     @contextlib.contextmanager
     def _work_dir(self, *, root):
-        """
-        A fresh :data:`WORK_DIR`, with the host pip cache in it when on.
-
-        Yields the cache statistics (filled as the cache is imported, and
-        exported back to the host at the end, even when a step fails); the
-        directory is removed at the end.
-        """
+        """A fresh :data:`WORK_DIR`, with the host pip cache in it when on."""
         work = resolve_in_root(root=root, path=WORK_DIR)
         if work.exists():
             shutil.rmtree(work)
@@ -560,15 +549,7 @@ class PipStage(Stage):
     @staticmethod
     @contextlib.contextmanager
     def _private_wheel_cache(*, root, step, cache_dir):
-        """
-        Hide pip's wheel cache from steps whose builds depend on the image.
-
-        A wheel built without build isolation (against the installed torch)
-        or with build variables (``DS_BUILD_*``) is only right for this image,
-        but pip's wheel cache keys wheels by their source only. For such steps
-        the cached wheels are set aside and the wheels the step builds are
-        dropped; downloads are still cached.
-        """
+        """Hide pip's wheel cache from steps whose builds depend on the image."""
         if not cache_dir or not (step.no_build_isolation or step.env):
             yield
             return

@@ -28,26 +28,6 @@ FILE`` adds the step ``{requirements: FILE}``.
 Every form is read once, by the settings loader
 (:mod:`cotainr_lumi.engine.settings`), into :class:`PipStep` objects: the
 declarations below say what a step and the stage settings accept.
-
-Classes
--------
-PipStep
-    One step, read.
-StepSettings
-    The keys of one step as users write them.
-PipSettings
-    The settings of the pip stage.
-
-Functions
----------
-load_steps(value, *, origin)
-    Read the ``steps`` setting into :class:`PipStep` objects.
-load_steps_file(*, path)
-    Read a steps file into typed stage settings.
-steps_from_inputs(*, inputs)
-    Typed stage settings from ``--pip-requirements`` and ``--pip-steps``.
-default_cache_dir()
-    The default host pip cache directory.
 """
 
 from collections.abc import Mapping

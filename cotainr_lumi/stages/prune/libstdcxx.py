@@ -246,13 +246,7 @@ def _looping(*, env_prefix, path):
 
 
 def _env_lib_dir(*, root, env_prefix):
-    """
-    Find the env's ``lib`` directory in the sandbox.
-
-    Returns ``(ended, env_host, lib_host)``: `ended` is the check's outcome
-    when the layout ends it here (no env or ``lib``, a system prefix, a link
-    out of the env, a symlink loop; the host paths are then None), else None.
-    """
+    """Find the env's ``lib`` directory in the sandbox."""
 
     def end(status, reason, lib_dir=None):
         check = LibstdcxxCheck(
@@ -295,13 +289,7 @@ def _env_lib_dir(*, root, env_prefix):
 
 
 def _libstdcxx_users(*, root, env_prefix, candidates):
-    """
-    The env's ELF objects that use libstdc++.
-
-    Returns ``(needs, objects, like)``: host path -> (ELF info, versions
-    needed) of each user, the number of objects read, and an object of the
-    env's architecture (its libstdc++, else the first user) or None.
-    """
+    """The env's ELF objects that use libstdc++."""
     like = None
     for path in candidates:
         if not path.is_symlink():

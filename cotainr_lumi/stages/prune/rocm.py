@@ -512,11 +512,7 @@ def _plan_entry(*, root, bundle, name, rocm_dirs):
 
 
 def _file_verdict(*, ours_info, theirs, theirs_image):
-    """
-    Whether a bundled file may become a link to ROCm's `theirs`.
-
-    Returns ``(True, reason)``, or ``(False, why it is left alone)``.
-    """
+    """Whether a bundled file may become a link to ROCm's `theirs`."""
     theirs_info = read_elf_info(path=theirs) if theirs.is_file() else None
     if ours_info is None:
         if not theirs.is_file() or theirs_info is not None:
