@@ -16,11 +16,6 @@ import sys
 import cotainr
 import pytest
 
-from cotainr_lumi import _cotainr
-
-# On a cotainr with the build hook the shim is not used.
-pytestmark = pytest.mark.skipif(_cotainr.NATIVE, reason="cotainr has the build hook")
-
 COTAINR = Path(sys.executable).parent / "cotainr"
 FAKE_SINGULARITY = r"""#!/bin/bash
 # build [--sandbox] ... TARGET SOURCE / exec ... SANDBOX CMD...
