@@ -14,7 +14,7 @@ import logging
 import os
 
 from . import _cotainr, buildoptions, imagelayout
-from .engine import history, rocmwindow
+from .engine import history, rocmwindow, rootfs
 from .engine.pipeline import (
     as_stage_error,
     check_base_image_unchanged,
@@ -140,6 +140,7 @@ class LumiHook:
             build = LumiBuild(plan=plan)
             if context.dry_run:
                 plan.ask_base_image()
+                self.last = build  # its plan's base_problem: the dry run's status
                 return plan.describe().splitlines()
             plan.check_space()
         except CotainrLumiError as e:
@@ -175,6 +176,7 @@ class LumiHook:
         try:
             check_base_image_unchanged(build.plan.base_image)
             root = stage_context.sandbox.root
+            rootfs.claim_build_dirs(root=root)
             earlier = history.keep_earlier_build(root=root)
             if earlier is not None:
                 stage_context.labels[imagelayout.LABEL_HISTORY] = str(earlier)

@@ -5,9 +5,15 @@ missing tool is a failure, never a skipped test standing in for a pass.
 On a developer machine the test is skipped with the command that installs it.
 """
 
+import contextlib
 import os
 from pathlib import Path
+import pwd
 import shutil
+import signal
+import stat
+import subprocess
+import uuid
 
 import pytest
 
@@ -64,3 +70,58 @@ LIBMPICH12 = Path("/usr/lib/x86_64-linux-gnu/libmpich.so.12")
 def need_libmpich12() -> Path:
     """Return Debian's libmpich.so.12 (resolved), or fail/skip."""
     return need_file(LIBMPICH12, install="apt-get install -y libmpich12").resolve()
+
+
+@contextlib.contextmanager
+def real_users(count, *, why):
+    """Create `count` real users (root, useradd); yield their names; remove them."""
+    need_root(why)
+    useradd = need_tool("useradd", install="apt-get install -y passwd")
+    names = [f"cl29{uuid.uuid4().hex[:8]}" for _ in range(count)]
+    try:
+        for name in names:
+            subprocess.run([useradd, "-M", "-s", "/bin/sh", name], check=True)
+        yield names
+    finally:
+        for name in names:
+            subprocess.run(["userdel", name], capture_output=True, check=False)
+
+
+def as_user(name):
+    """The command prefix running a command as user `name` (setpriv, no PAM)."""
+    user = pwd.getpwnam(name)
+    return [
+        need_tool("setpriv", install="apt-get install -y util-linux"),
+        f"--reuid={user.pw_uid}",
+        f"--regid={user.pw_gid}",
+        "--clear-groups",
+        "--",
+    ]
+
+
+@contextlib.contextmanager
+def racing_user(name, *, path, target):
+    """User `name` loops mkdir -m 777 / rmdir / symlink to `target` / rm at `path`."""
+    loop = (
+        'while :; do mkdir -m 777 "$1"; rmdir "$1"; ln -s "$2" "$1"; rm -f "$1"; '
+        "done 2>/dev/null"
+    )
+    command = ["timeout", "900", "sh", "-c", loop, "sh", str(path), str(target)]
+    proc = subprocess.Popen(as_user(name) + command, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def remove_dirs_of(name, *paths):
+    """Remove those of `paths` that are directories (not links) of user `name`."""
+    uid = pwd.getpwnam(name).pw_uid
+    for path in paths:
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:  # a racing user's, gone
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == uid:
+            shutil.rmtree(path)

@@ -19,12 +19,18 @@ walk_in_root(*, root, path)
     Walk a directory tree inside `root` without following symlinks.
 is_inside(*, parent, path)
     Whether a (resolved) host path lies inside a directory.
+claim_build_dirs(*, root)
+    Make the directories the build writes into real directories, not links.
 """
 
 import errno
 import logging
 import os
 from pathlib import Path, PurePosixPath
+import shutil
+
+from .. import imagelayout
+from ..errors import CotainrLumiError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -285,3 +291,69 @@ def walk_in_root(*, root, path):
             except OSError:
                 continue
             yield RootEntry(path=entry.path, kind=kind)
+
+
+#: The image directories the build writes into (see :func:`claim_build_dirs`).
+BUILD_DIRS = (
+    imagelayout.RECORDS_DIR,
+    imagelayout.RUNSCRIPTS_DIR,
+    imagelayout.ENV_SCRIPTS_DIR,
+)
+
+
+def claim_build_dirs(*, root):
+    """
+    Make the directories the build writes into real directories, not links.
+
+    The build writes inside `root`, but the container follows links at run
+    time, where host directories are mounted (``/tmp``, ``$HOME``): with a
+    base image's ``/opt/cotainr-lumi -> /tmp/x``, pip would read another
+    user's files in the host's ``/tmp/x`` instead of those the build wrote.
+    So each of :data:`BUILD_DIRS` that is a link becomes a real directory
+    holding a copy of what the link leads to inside `root` (if anything), and
+    the records directory (:data:`cotainr_lumi.imagelayout.RECORDS_DIR`)
+    keeps no link at all.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The host path of the root file system (the sandbox).
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.CotainrLumiError`
+        If a directory above one of them (``/opt``, ``/.singularity.d``) or
+        :data:`cotainr_lumi.imagelayout.LABELS_FILE` is a link.
+    """
+    root = Path(root)
+    for path in (*BUILD_DIRS, imagelayout.LABELS_FILE):
+        parts = PurePosixPath(path).parts[1:]
+        for depth in range(1, len(parts) + 1):
+            host = root.joinpath(*parts[:depth])
+            if not host.is_symlink():
+                continue
+            shown = "/" + "/".join(parts[:depth])
+            if depth < len(parts) or path == imagelayout.LABELS_FILE:
+                raise CotainrLumiError(
+                    f"The base image's {shown} is a symbolic link (to "
+                    f"{os.readlink(host)}); the build writes {path}, and a link "
+                    "can lead out of the image (to a host file or directory). "
+                    f"Use a base image where {shown} is not a link."
+                )
+            logger.warning(
+                "The base image's %s is a symbolic link (to %s): replaced by a "
+                "directory, so the container reads what the build writes there.",
+                path,
+                os.readlink(host),
+            )
+            target = resolve_in_root(root=root, path=path)
+            host.unlink()
+            if target.is_dir() and not is_inside(parent=target, path=host):
+                shutil.copytree(target, host, symlinks=True)
+            else:
+                host.mkdir(mode=0o755)
+    for entry in list(walk_in_root(root=root, path=imagelayout.RECORDS_DIR)):
+        if entry.kind == "symlink":
+            link = image_path_of(root=root, host_path=entry.path)
+            logger.warning("Removing the base image's link %s.", link)
+            entry.host_path.unlink()

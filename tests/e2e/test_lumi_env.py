@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+import pwd
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import uuid
 
-from hosttools import need_lmod
+from hosttools import as_user, need_lmod, real_users, remove_dirs_of
 import pytest
 import yaml
 
@@ -408,3 +412,89 @@ def test_verify_fails_only_the_deliberate_build_overrides(built, verify_image):
     for check in ("rocm-layout", "net-plugin", "runscripts", "with-conda"):
         assert rows[check] == "PASS", check
     assert rows["package-list"] == "PASS"
+
+
+def test_miopen_caches_of_a_co_user_are_never_used(built, apptainer_path):
+    # Issue 29: on a shared node, another user planted a 0777 directory at
+    # the image-wide default and a link at the runscript's per-job cache.
+    # Before: the image's default was used whoever owned it, and ranks
+    # other than 0 followed the link. The container runs as a real non-root
+    # user (Apptainer's --security uid:, env scripts included: the test
+    # machine's Apptainer wrapper needs root for its own namespaces), known
+    # to the container's passwd as on LUMI.
+    image = built[0]
+    with real_users(2, why="two real users share /tmp") as (victim, attacker):
+        user = pwd.getpwnam(victim)
+        trap = Path(tempfile.mkdtemp(prefix=f"{attacker}-trap-"))
+        passwd = trap.with_name(f"{trap.name}.passwd")
+        passwd.write_text(f"{victim}:x:{user.pw_uid}:{user.pw_gid}::/:/bin/sh\n")
+        passwd.chmod(0o644)
+        apptainer = [
+            str(apptainer_path / "apptainer"),
+            "exec",
+            "--no-home",
+            f"--security=uid:{user.pw_uid},gid:{user.pw_gid}",
+            f"--bind={passwd}:/etc/passwd",
+            str(image),
+        ]
+        show = (
+            'import os; p = os.environ["MIOPEN_USER_DB_PATH"]; s = os.lstat(p); '
+            'print(p, s.st_uid, oct(s.st_mode), os.environ["MIOPEN_CUSTOM_CACHE_DIR"])'
+        )
+        default = Path(f"/tmp/{victim}-miopen-cache")
+        job = str(uuid.uuid4().int % 10**9)
+        per_job = Path(f"/tmp/{victim}-miopen-cache-{job}-0")
+        trap.chmod(0o777)
+        shutil.chown(trap, attacker)
+        attack = 'mkdir -m 777 "$1" && ln -s "$3" "$2"'
+        planted = [str(default), str(per_job), str(trap)]
+        slurm = {
+            "SLURM_JOB_ID": job,
+            "SLURM_PROCID": "0",
+            "SLURM_NTASKS": "2",
+            "SLURM_NODEID": "0",
+            "MASTER_ADDR": "nid1",
+        }
+        try:
+            subprocess.run(
+                as_user(attacker) + ["sh", "-c", attack, "sh", *planted], check=True
+            )
+            runs = {
+                "python": (["python", "-c", show], {}),
+                "rank 0": (
+                    ["conda-python-distributed", "-c", show],
+                    {"SLURM_LOCALID": "0"},
+                ),
+                "rank 1": (
+                    ["conda-python-distributed", "-c", show],
+                    {"SLURM_LOCALID": "1"},
+                ),
+            }
+            for what, (command, local) in runs.items():
+                proc = subprocess.run(
+                    apptainer + command,
+                    env={**os.environ, **slurm, **local},
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    stdin=subprocess.DEVNULL,
+                )
+                assert proc.returncode == 0, (what, proc.stderr)
+                used, uid, mode, custom = proc.stdout.split()
+                expected = default if what == "python" else per_job
+                assert used.startswith(f"{expected}.") and custom == used, what
+                assert (uid, mode) == (str(user.pw_uid), "0o40700"), what
+                # One message per directory refused: the env file's (at every
+                # start), and local rank 0's for the per-job cache.
+                refused = [default] + ([per_job] if what == "rank 0" else [])
+                assert re.findall(r"not using (\S+):", proc.stderr) == [
+                    str(p) for p in refused
+                ], (what, proc.stderr)
+            assert list(trap.iterdir()) == []
+        finally:
+            per_job.unlink(missing_ok=True)
+            for path in Path("/tmp").glob(f"{victim}-miopen-cache*"):
+                remove_dirs_of(victim, path)
+                remove_dirs_of(attacker, path)
+            shutil.rmtree(trap)
+            passwd.unlink()

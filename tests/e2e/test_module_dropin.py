@@ -227,9 +227,9 @@ def test_conda_python_distributed_under_slurm_variables(image):
         "SLURM_PROCID": "17",
         "SLURM_NTASKS": "40",
     }
-    cache = Path(f"/tmp/{user}-miopen-cache-2")
-    cache.mkdir(exist_ok=True)
-    (cache / "stale").write_text("from an earlier job\n")
+    cache = Path(f"/tmp/{user}-miopen-cache-4242-2")
+    cache.mkdir(mode=0o700, exist_ok=True)
+    (cache / "stale").write_text("from an earlier step of the job\n")
     script = f'singularity exec "$SIF" conda-python-distributed -c {shlex.quote(probe)}'
     lines = ok(module_run(modules, script, env=slurm)).splitlines()
     assert lines[-2].split("|") == [
@@ -243,8 +243,8 @@ def test_conda_python_distributed_under_slurm_variables(image):
         str(cache),
     ]
     assert lines[-1] == "True"
-    # Local rank 0 wiped the node's cache at job start.
-    assert not (cache / "stale").exists()
+    # The job's private cache is used as its earlier step left it (issue 29).
+    assert (cache / "stale").exists()
     # Another local rank keeps it; a value the user sets is kept too.
     (cache / "mine").write_text("x")
     env = {**slurm, "SLURM_LOCALID": "3", "NCCL_NET_GDR_LEVEL": "PHB"}

@@ -9,12 +9,14 @@ import pytest
 
 from cotainr_lumi.engine.rootfs import (
     SymlinkLoopError,
+    claim_build_dirs,
     image_path_of,
     is_inside,
     resolve_in_root,
     walk_in_root,
     write_file_in_root,
 )
+from cotainr_lumi.errors import CotainrLumiError
 
 
 @pytest.fixture
@@ -189,3 +191,133 @@ def test_resolve_matches_kernel_under_chroot(tmp_path_factory, layout, queries):
         if want is not None:
             st_got = os.stat(got, follow_symlinks=False)
             assert (st_got.st_dev, st_got.st_ino) == want, (q, got)
+
+
+# -- claim_build_dirs: the build's directories are real ones (issue 29) -------
+
+#: Image paths the build writes (records, pip, runscripts, env scripts).
+WRITTEN = [
+    "/opt/cotainr-lumi/provenance.json",
+    "/opt/cotainr-lumi/pip/step1/reqs.txt",
+    "/opt/cotainr-lumi/.pip-work/staging/step1/x.whl",
+    "/runscripts/conda-python-simple",
+    "/.singularity.d/env/93-cotainr-lumi-env.sh",
+]
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    """A sandbox with the directories the build writes into (none yet a link)."""
+    root = tmp_path / "sandbox"
+    for path in ("opt", ".singularity.d/env", "usr/share/runscripts.d"):
+        (root / path).mkdir(parents=True)
+    (root / ".singularity.d/env/90-environment.sh").write_text("base env\n")
+    (root / "usr/share/runscripts.d/base-tool").write_text("base tool\n")
+    return root
+
+
+def written_inside(root):
+    """Whether every path the build writes resolves to its plain path in `root`."""
+    return all(
+        resolve_in_root(root=root, path=p) == root / p.lstrip("/") for p in WRITTEN
+    )
+
+
+def host_files(host):
+    """Every path below `host` with its content (None for a directory)."""
+    return {p: p.read_bytes() if p.is_file() else None for p in host.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    "link",
+    [
+        "{host}",  # absolute: in the container, the host's directory
+        "../../../../../../../..{host}",  # relative, escaping the root
+        "../tmp/x",  # relative, inside the root: the host's /tmp/x at run time
+    ],
+)
+def test_a_records_dir_linking_out_becomes_a_real_directory(sandbox, host, link):
+    # Before: records were written inside the sandbox, but pip in the
+    # container read the host directory the link named.
+    (host / "pip/step1").mkdir(parents=True)
+    (host / "pip/step1/reqs.txt").write_text("planted-package\n")
+    before = host_files(host)
+    (sandbox / "opt/cotainr-lumi").symlink_to(link.format(host=host))
+    claim_build_dirs(root=sandbox)
+    records = sandbox / "opt/cotainr-lumi"
+    assert records.is_dir() and not records.is_symlink()
+    assert list(records.iterdir()) == []
+    assert written_inside(sandbox)
+    write_file_in_root(root=sandbox, path=WRITTEN[1], content="wanted\n")
+    assert (records / "pip/step1/reqs.txt").read_text() == "wanted\n"
+    assert host_files(host) == before
+
+
+def test_links_inside_the_records_dir_are_removed(sandbox, host):
+    records = sandbox / "opt/cotainr-lumi"
+    (records / "history/1").mkdir(parents=True)
+    (records / "with-conda.sh").write_text("kept\n")
+    (records / "pip").symlink_to(host)
+    (records / ".pip-work").symlink_to("/tmp/x")
+    (records / "history/1/pip").symlink_to(host)
+    before = host_files(host)
+    claim_build_dirs(root=sandbox)
+    assert sorted(p.name for p in records.rglob("*")) == [
+        "1",
+        "history",
+        "with-conda.sh",
+    ]
+    assert (records / "with-conda.sh").read_text() == "kept\n"
+    assert written_inside(sandbox)
+    assert host_files(host) == before
+
+
+def test_runscripts_and_env_dirs_linked_inside_the_image_keep_their_files(sandbox):
+    (sandbox / "runscripts").symlink_to("usr/share/runscripts.d")
+    (sandbox / ".singularity.d/env").rename(sandbox / "opt/env.d")
+    (sandbox / ".singularity.d/env").symlink_to("/opt/env.d")
+    claim_build_dirs(root=sandbox)
+    for path, name, text in (
+        ("runscripts", "base-tool", "base tool\n"),
+        (".singularity.d/env", "90-environment.sh", "base env\n"),
+    ):
+        assert not (sandbox / path).is_symlink()
+        assert (sandbox / path / name).read_text() == text
+    assert written_inside(sandbox)
+    # The link targets are left as they were.
+    assert (sandbox / "usr/share/runscripts.d/base-tool").read_text() == "base tool\n"
+
+
+def test_a_link_to_an_enclosing_directory_is_not_copied_into_itself(sandbox):
+    (sandbox / "runscripts").symlink_to("/")
+    claim_build_dirs(root=sandbox)
+    assert (sandbox / "runscripts").is_dir()
+    assert list((sandbox / "runscripts").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "above", ["opt", ".singularity.d", ".singularity.d/labels.json"]
+)
+def test_a_link_above_the_build_dirs_or_at_the_labels_is_one_error(
+    sandbox, host, above
+):
+    # Before: cotainr's metadata step rewrote the host's labels.json.
+    (sandbox / ".singularity.d/labels.json").write_text("{}")
+    (sandbox / above).rename(sandbox / "moved")
+    (sandbox / above).symlink_to(
+        host / "labels.json" if above.endswith(".json") else host
+    )
+    before = host_files(host)
+    with pytest.raises(CotainrLumiError, match=f"base image's /{above} is a symbolic"):
+        claim_build_dirs(root=sandbox)
+    assert (sandbox / above).is_symlink()
+    assert host_files(host) == before
+
+
+def test_real_build_dirs_are_left_alone(sandbox):
+    (sandbox / "opt/cotainr-lumi/pip").mkdir(parents=True)
+    (sandbox / "opt/cotainr-lumi/pip/steps.json").write_text("{}")
+    before = sorted(sandbox.rglob("*"))
+    claim_build_dirs(root=sandbox)
+    assert sorted(sandbox.rglob("*")) == before
+    assert written_inside(sandbox)

@@ -28,6 +28,8 @@ default_assignment(*, name, value)
     Shell code setting a variable unless it is already set.
 computed_default(*, name, expression)
     The same for a trusted expression computed at run time.
+private_dir_defaults(*, names, path)
+    The same for a private directory of the user, made or checked at run time.
 forced_assignment(*, name, value)
     Shell code setting a variable unconditionally.
 path_addition(*, name, entries, position="append")
@@ -37,6 +39,7 @@ render_env_file(*, header, blocks)
 """
 
 from collections.abc import Iterable, Mapping
+import importlib.resources
 import logging
 import re
 import shlex
@@ -236,6 +239,44 @@ def computed_default(*, name, expression):
         f'if [ -z "${{{name}+x}}" ]; then case "${{__exported_env__:-}}" in '
         f'{name}=*|*"\n{name}="*) ;; *) {name}={expression}; export {name} ;; esac; fi'
     )
+
+
+def private_dir_defaults(*, names, path):
+    """
+    Shell code setting variables, unless set, to a private directory of the user.
+
+    The directory is made (mode 700) or checked at run time by the shell
+    function ``cotainr_lumi_private_dir`` of the ``conda-python-distributed``
+    runscript (copied from there, so there is one): used only when owned by
+    the user, not a link and not writable by others; else one message and a
+    fresh private directory from ``mktemp -d``. The variables after the first
+    take the first one's value when it is set (one message at most).
+
+    Parameters
+    ----------
+    names : sequence of str
+        Valid names (see :func:`validate_name`).
+    path : str
+        Trusted shell code for one double-quoted word, the directory (e.g.
+        ``/tmp/$(id -un)-cache``); never user input.
+
+    Returns
+    -------
+    code : str
+        POSIX sh: the function, one :func:`computed_default` per name, then
+        ``unset -f`` of the function.
+    """
+    runscripts = importlib.resources.files(__package__) / "runscripts"
+    text = (runscripts / "conda-python-distributed").read_text()
+    function = re.search(r"^cotainr_lumi_private_dir\(\) \{$.*?^\}$", text, re.M | re.S)
+    first, *others = names
+    call = f'"$(cotainr_lumi_private_dir "{path}")"'
+    lines = [function.group(0), computed_default(name=first, expression=call)]
+    for name in others:  # no ${first:-$(...)}: Apptainer's shell runs the $(...)
+        same = computed_default(name=name, expression=f'"${first}"')
+        fresh = computed_default(name=name, expression=call)
+        lines.append(f'if [ -n "${{{first}:-}}" ]; then {same}; else {fresh}; fi')
+    return "\n".join([*lines, "unset -f cotainr_lumi_private_dir"])
 
 
 def forced_assignment(*, name, value):

@@ -42,10 +42,10 @@ from ...imagelayout import LABEL_MPI, LABEL_MPI_RECORD, MPI_ENV_FILE, MPI_FILE
 from . import network
 from .envfile import (
     EnvError,
-    computed_default,
     default_assignments,
     forced_assignment,
     path_addition,
+    private_dir_defaults,
     render_env_file,
     validate_name,
 )
@@ -95,10 +95,11 @@ BASE_WITH_CONDA_MARK = "# The base image's $WITH_CONDA, kept (run first):"
 ROCM_ROOT = "/opt/rocm"
 
 #: The MIOpen cache directory, computed at run time (the one value of the env
-#: file that is not a literal). Node-local /tmp, per user. Host variables such
-#: as $USER or $SLURM_NODEID are hidden from Apptainer env scripts, so the user
-#: name comes from `id`; its output is not evaluated (double quotes).
-MIOPEN_CACHE_EXPRESSION = '"/tmp/$(id -un 2>/dev/null || id -u)-miopen-cache"'
+#: file that is not a literal). Node-local /tmp, per user, made private (see
+#: envfile.private_dir_defaults). Host variables such as $USER or $SLURM_NODEID
+#: are hidden from Apptainer env scripts, so the user name comes from `id`;
+#: its output is not evaluated (double quotes).
+MIOPEN_CACHE_PATH = "/tmp/$(id -un 2>/dev/null || id -u)-miopen-cache"
 
 
 def _lines(lines):
@@ -395,7 +396,7 @@ class LumiEnvStage(Stage):
         if self.settings.miopen_cache:
             lines.append(
                 "  MIOPEN_USER_DB_PATH, MIOPEN_CUSTOM_CACHE_DIR="
-                "/tmp/$(id -un)-miopen-cache (computed at run time)"
+                "/tmp/$(id -un)-miopen-cache (at run time, if private to the user)"
             )
         if self.settings.rocm_paths:
             lines.append(
@@ -636,9 +637,12 @@ class LumiEnvStage(Stage):
             default_assignments(self.env),
         ]
         if self.settings.miopen_cache:
-            blocks += ["# MIOpen caches on node-local /tmp."] + [
-                computed_default(name=name, expression=MIOPEN_CACHE_EXPRESSION)
-                for name in ("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR")
+            blocks += [
+                "# MIOpen caches on node-local /tmp, private to the user.",
+                private_dir_defaults(
+                    names=("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR"),
+                    path=MIOPEN_CACHE_PATH,
+                ),
             ]
         path_blocks, found = self._search_path_blocks(root=root)
         if path_blocks:

@@ -5,7 +5,9 @@ the variables named by its arguments instead, and a fake ``id`` gives the
 user name. Slurm integers (SLURM_LOCALID, SLURM_NODEID, SLURM_PROCID,
 SLURM_NTASKS, SLURM_JOB_ID, the tasks-per-node list) are read as decimal
 numbers or rejected with one message; no value gives a bash error, and the
-MIOpen cache the script wipes is always a directory directly under /tmp.
+MIOpen cache is always a private directory directly under /tmp: with two real
+users, no directory or link of the other user's is ever used, even when the
+other user races the script with a mkdir/rmdir loop.
 """
 
 import os
@@ -13,8 +15,10 @@ from pathlib import Path
 import re
 import shutil
 import subprocess
+import tempfile
 import uuid
 
+from hosttools import as_user, racing_user, real_users, remove_dirs_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 import pytest
@@ -53,7 +57,6 @@ SLURM = {
     "SLURM_NTASKS": "40",
     "SLURM_TASKS_PER_NODE": "8(x5)",
     "ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
-    # Not rank 0 of the node: nothing is wiped unless a test says so.
 }
 
 # A bash error message ("line 7: 08: value too great for base", "syntax
@@ -61,9 +64,9 @@ SLURM = {
 BASH_ERROR = re.compile(r"line [0-9]+:|syntax error|unbound variable|not found|bash:")
 
 
-#: Prints $FAKE_USER for -un, 4242 for -u.
+#: Prints $FAKE_USER for -un, the real answer otherwise (the cache's owner).
 FAKE_ID = """#!/bin/bash
-if [[ ${1:-} == -un ]]; then printf '%s\\n' "$FAKE_USER"; else echo 4242; fi
+if [[ ${1:-} == -un ]]; then printf '%s\\n' "$FAKE_USER"; else exec /usr/bin/id "$@"; fi
 """
 
 #: A user name unique to this test module: the per-node caches made under
@@ -132,7 +135,7 @@ def test_slurm_values_become_torch_variables(fakebin):
     assert (got["RANK"], got["LOCAL_RANK"], got["WORLD_SIZE"]) == ("13", "5", "40")
     assert (got["NODE_RANK"], got["LOCAL_WORLD_SIZE"]) == ("1", "8")
     assert got["ROCR_VISIBLE_DEVICES"] == "5"
-    assert got["MIOPEN_USER_DB_PATH"] == f"/tmp/{CLEANUP_USER}-miopen-cache-1"
+    assert got["MIOPEN_USER_DB_PATH"] == f"/tmp/{CLEANUP_USER}-miopen-cache-4242424-1"
 
 
 # --- Finding 4: Slurm integers are decimal (08, 09), or one message ---------
@@ -258,10 +261,10 @@ def test_bad_node_list_is_one_message(fakebin):
 # --- Finding 6: the MIOpen cache stays directly under /tmp -----------------------
 
 
-def test_user_name_with_dotdot_cannot_move_the_wiped_cache(fakebin, tmp_path):
-    # Today's script built /tmp/<user>-miopen-cache-<node> from the raw name:
+def test_user_name_with_dotdot_cannot_move_the_cache(fakebin, tmp_path):
+    # An older script built /tmp/<user>-miopen-cache-<node> from the raw name:
     # with "../<tmp_path>/victim" the rank-0 `rm -rf` hit tmp_path/victim-...
-    victim = tmp_path / "victim-miopen-cache-0"
+    victim = tmp_path / "victim-miopen-cache-4242424-0"
     victim.mkdir()
     (victim / "precious").write_text("keep me")
     hostile = f"..{tmp_path}/victim"
@@ -319,7 +322,7 @@ def check_cache_for_user(fakebin, user):
     name = cache[len("/tmp/") :]
     assert cache.startswith("/tmp/")
     assert re.fullmatch(
-        rf"[A-Za-z0-9_-][A-Za-z0-9._-]*-miopen-cache-{ODD_NODE}", name
+        rf"[A-Za-z0-9_-][A-Za-z0-9._-]*-miopen-cache-4242424-{ODD_NODE}", name
     ), cache
     assert ".." not in name
     assert os.path.realpath(cache) == cache
@@ -341,49 +344,82 @@ def test_cache_set_by_the_user_is_kept_and_never_wiped(fakebin, tmp_path):
     assert (mine / "db").read_text() == "x"
 
 
-def test_rank_0_wipes_only_its_own_per_node_cache(fakebin):
-    cache = Path(f"/tmp/{CLEANUP_USER}-miopen-cache-3")
-    cache.mkdir()
-    (cache / "old").write_text("stale")
-    other = Path(f"/tmp/{CLEANUP_USER}-miopen-cache-30")
-    other.mkdir()
-    (other / "old").write_text("other node")
-    proc, got = run(fakebin, {"SLURM_LOCALID": "0", "SLURM_NODEID": "03"})
+def test_a_cache_of_ours_is_reused_and_nothing_is_removed(fakebin):
+    # The same job's next step on the node finds its cache as it left it.
+    cache = Path(f"/tmp/{CLEANUP_USER}-miopen-cache-77-3")
+    cache.mkdir(mode=0o700)
+    (cache / "kernels").write_text("compiled")
+    for local_id in ("0", "1"):
+        proc, got = run(
+            fakebin,
+            {"SLURM_JOB_ID": "77", "SLURM_LOCALID": local_id, "SLURM_NODEID": "03"},
+        )
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        assert (
+            got["MIOPEN_USER_DB_PATH"] == got["MIOPEN_CUSTOM_CACHE_DIR"] == str(cache)
+        )
+    assert (cache / "kernels").read_text() == "compiled"
+
+
+def test_without_a_job_id_the_cache_is_per_node(fakebin):
+    proc, got = run(fakebin, {"SLURM_JOB_ID": None, "SLURM_NODEID": "4"})
     assert proc.returncode == 0, proc.stderr
-    assert got["MIOPEN_USER_DB_PATH"] == str(cache)
-    assert cache.is_dir() and not (cache / "old").exists()
-    assert (other / "old").read_text() == "other node"
+    assert got["MIOPEN_USER_DB_PATH"] == f"/tmp/{CLEANUP_USER}-miopen-cache-4"
 
 
-def test_rank_0_removes_a_planted_link_not_what_it_points_to(fakebin, tmp_path):
+@pytest.mark.parametrize("local_id", ["0", "5"])
+@pytest.mark.parametrize("planted", ["link", "open dir"])
+def test_a_planted_link_or_open_dir_is_not_used(fakebin, tmp_path, planted, local_id):
+    # Before: ranks other than 0 used it as it was; rank 0 removed it first.
     victim = tmp_path / "victim"
-    victim.mkdir()
+    victim.mkdir(mode=0o700)
     (victim / "precious").write_text("keep me")
-    cache = Path(f"/tmp/{CLEANUP_USER}-miopen-cache-5")
-    cache.symlink_to(victim)
+    cache = Path(f"/tmp/{CLEANUP_USER}-miopen-cache-4242424-1{local_id}")
+    if planted == "link":
+        cache.symlink_to(victim)
+    else:
+        cache.mkdir()
+        cache.chmod(0o777)
     try:
-        proc, got = run(fakebin, {"SLURM_LOCALID": "0", "SLURM_NODEID": "5"})
+        proc, got = run(
+            fakebin, {"SLURM_LOCALID": local_id, "SLURM_NODEID": f"1{local_id}"}
+        )
         assert proc.returncode == 0, proc.stderr
+        used = Path(got["MIOPEN_USER_DB_PATH"])
+        assert used.parent == Path("/tmp") and used.name.startswith(f"{cache.name}.")
+        assert used.is_dir() and not used.is_symlink()
+        assert used.stat().st_mode & 0o777 == 0o700
+        assert got["MIOPEN_CUSTOM_CACHE_DIR"] == str(used)
+        if local_id == "0":  # one message per node
+            assert proc.stderr == (
+                f"cotainr-lumi: not using {cache}: not a private directory of yours "
+                "(another user's, a link, or writable by others); using "
+                f"{used}\n"
+            )
+        else:
+            assert proc.stderr == ""
         assert (victim / "precious").read_text() == "keep me"
-        assert got["MIOPEN_USER_DB_PATH"] == str(cache)
-        assert cache.is_dir() and not cache.is_symlink()
+        assert cache.is_symlink() == (planted == "link")
     finally:
         if cache.is_symlink():
             cache.unlink()
 
 
-def test_image_default_cache_gives_way_to_the_per_node_one(fakebin):
+@pytest.mark.parametrize("suffix", ["", ".Ab3dE6gH"])
+def test_image_default_cache_gives_way_to_the_per_node_one(fakebin, suffix):
+    # The env file's default, or the fresh directory it fell back to.
+    default = f"/tmp/{CLEANUP_USER}-miopen-cache{suffix}"
     proc, got = run(
         fakebin,
         {
             "SLURM_NODEID": "2",
-            "MIOPEN_USER_DB_PATH": f"/tmp/{CLEANUP_USER}-miopen-cache",
-            "MIOPEN_CUSTOM_CACHE_DIR": f"/tmp/{CLEANUP_USER}-miopen-cache",
+            "MIOPEN_USER_DB_PATH": default,
+            "MIOPEN_CUSTOM_CACHE_DIR": default,
         },
     )
     assert proc.returncode == 0, proc.stderr
-    assert got["MIOPEN_USER_DB_PATH"] == f"/tmp/{CLEANUP_USER}-miopen-cache-2"
-    assert got["MIOPEN_CUSTOM_CACHE_DIR"] == f"/tmp/{CLEANUP_USER}-miopen-cache-2"
+    assert got["MIOPEN_USER_DB_PATH"] == f"/tmp/{CLEANUP_USER}-miopen-cache-4242424-2"
+    assert got["MIOPEN_CUSTOM_CACHE_DIR"] == got["MIOPEN_USER_DB_PATH"]
 
 
 # --- Property tests: the Slurm-value parsers ------------------------------------
@@ -523,3 +559,120 @@ def test_gdr_level_comes_from_the_profile_and_yields_to_the_user(
     fakebin, env, expected
 ):
     assert _gdr(fakebin, env) == expected
+
+
+# --- Two real users on one node's /tmp (issue 29) -------------------------------
+
+#: The fake python, and how the cache it was given looks: owner, mode, type.
+FAKE_PYTHON_STAT = (
+    FAKE_PYTHON
+    + """printf 'CACHE=%s\\n' "$(stat -c '%U %a %F' -- "$MIOPEN_USER_DB_PATH" 2>&1)"
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def users():
+    """A victim and an attacker: two real users sharing /tmp."""
+    with real_users(2, why="two real users share /tmp") as names:
+        yield names
+
+
+@pytest.fixture(scope="module")
+def shared_bin():
+    """The fake python in a directory both users can read."""
+    path = Path(tempfile.mkdtemp(prefix="cl29-bin-"))
+    path.chmod(0o755)
+    (path / "python").write_text(FAKE_PYTHON_STAT)
+    (path / "python").chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def run_as(user, shared_bin, *, job, local_id="0"):
+    """The script as `user` (real id); return (proc, {name: value})."""
+    env = {
+        **SLURM,
+        "SLURM_JOB_ID": job,
+        "SLURM_LOCALID": local_id,
+        "SLURM_NODEID": "0",
+        "MASTER_ADDR": "nid1",
+        "PATH": f"{shared_bin}:/usr/bin:/bin",
+    }
+    proc = subprocess.run(
+        as_user(user)
+        + ["env", "-i", *(f"{k}={v}" for k, v in env.items())]
+        + ["bash", str(SCRIPT), "MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return proc, dict(line.partition("=")[::2] for line in proc.stdout.splitlines())
+
+
+def remove_caches(path, owner):
+    """Remove `path` and its fallbacks (path.XXXXXXXX) if `owner` owns them."""
+    remove_dirs_of(owner, path, *path.parent.glob(f"{path.name}.*"))
+
+
+@pytest.mark.parametrize("local_id", ["0", "5"])
+@pytest.mark.parametrize("planted", ["open dir", "link"])
+def test_a_co_users_dir_or_link_is_never_used(users, shared_bin, planted, local_id):
+    # Before: ranks other than 0 used the attacker's 0777 directory, or
+    # followed the attacker's link, as they were.
+    victim, attacker = users
+    job = str(uuid.uuid4().int % 10**9)
+    cache = Path(f"/tmp/{victim}-miopen-cache-{job}-0")
+    trap = Path(tempfile.mkdtemp(prefix=f"{attacker}-trap-"))
+    attack = 'mkdir -m 777 -- "$1"' if planted == "open dir" else 'ln -s "$2" "$1"'
+    trap.chmod(0o777)
+    shutil.chown(trap, attacker)
+    try:
+        subprocess.run(
+            as_user(attacker) + ["sh", "-c", attack, "sh", str(cache), str(trap)],
+            check=True,
+        )
+        proc, got = run_as(victim, shared_bin, job=job, local_id=local_id)
+        assert proc.returncode == 0, proc.stderr
+        used = got["MIOPEN_USER_DB_PATH"]
+        assert used.startswith(f"{cache}.") and got["MIOPEN_CUSTOM_CACHE_DIR"] == used
+        assert got["CACHE"] == f"{victim} 700 directory"
+        if local_id == "0":
+            assert proc.stderr.count("\n") == 1 and f"not using {cache}:" in proc.stderr
+        else:
+            assert proc.stderr == ""
+        assert list(trap.iterdir()) == []
+        assert cache.owner() == attacker
+    finally:
+        if cache.is_symlink():
+            cache.unlink()
+        remove_caches(cache, attacker)
+        remove_caches(cache, victim)
+        shutil.rmtree(trap)
+
+
+def test_a_racing_co_user_never_gets_the_cache(users, shared_bin):
+    # Before: rank 0's `rm -rf` then `mkdir -p` lost the race to a co-user
+    # looping mkdir/rmdir (28 of 200 runs in the issue).
+    victim, attacker = users
+    job = str(uuid.uuid4().int % 10**9)
+    cache = Path(f"/tmp/{victim}-miopen-cache-{job}-0")
+    trap = Path(tempfile.mkdtemp(prefix=f"{attacker}-trap-"))
+    trap.chmod(0o777)
+    shutil.chown(trap, attacker)
+    seen = []
+    try:
+        with racing_user(attacker, path=cache, target=trap):
+            for _ in range(200):
+                proc, got = run_as(victim, shared_bin, job=job)
+                assert proc.returncode == 0, proc.stderr
+                seen.append(got["CACHE"])
+                remove_caches(cache, victim)
+        assert seen.count(f"{victim} 700 directory") == 200, set(seen)
+        assert list(trap.iterdir()) == []
+    finally:
+        if cache.is_symlink():
+            cache.unlink()
+        remove_caches(cache, attacker)
+        remove_caches(cache, victim)
+        shutil.rmtree(trap)

@@ -5,8 +5,13 @@ hostile values; a marker file proves nothing in a value was executed.
 """
 
 import os
+from pathlib import Path
+import shutil
 import subprocess
+import tempfile
+import uuid
 
+from hosttools import as_user, racing_user, real_users, remove_dirs_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import pytest
@@ -17,6 +22,7 @@ from cotainr_lumi.stages.lumi_env.envfile import (
     default_assignments,
     forced_assignment,
     path_addition,
+    private_dir_defaults,
     render_env_file,
     validate_name,
     validate_value,
@@ -279,3 +285,100 @@ def test_non_utf8_values_are_rejected():
     value = b"caf\xe9".decode("utf-8", "surrogateescape")
     with pytest.raises(EnvError, match="not valid UTF-8"):
         validate_value(name="V", value=value)
+
+
+# --- A private directory per user on a shared /tmp (issue 29) -------------------
+
+
+@pytest.fixture(scope="module")
+def users():
+    """A victim and an attacker: two real users sharing /tmp."""
+    with real_users(2, why="two real users share /tmp") as names:
+        yield names
+
+
+@pytest.fixture
+def private_env(users):
+    """(env file both users can read, the victim's directory, a 0777 trap dir)."""
+    victim, attacker = users
+    where = Path(tempfile.mkdtemp(prefix="cl29-env-"))
+    where.chmod(0o755)
+    tag = f"cache-{uuid.uuid4().hex[:8]}"
+    script = where / "env.sh"
+    block = private_dir_defaults(
+        names=("CACHE_A", "CACHE_B"), path=f"/tmp/$(id -un)-{tag}"
+    )
+    script.write_text(render_env_file(header="test", blocks=[block]))
+    trap = where / "trap"
+    trap.mkdir(mode=0o777)
+    trap.chmod(0o777)
+    shutil.chown(trap, attacker)
+    cache = Path(f"/tmp/{victim}-{tag}")
+    yield script, cache, trap
+    if cache.is_symlink():
+        cache.unlink()
+    remove_dirs_of(victim, cache, *Path("/tmp").glob(f"{cache.name}.*"))
+    remove_dirs_of(attacker, cache)
+    shutil.rmtree(where)
+
+
+def source_as(user, script):
+    """Source `script` in sh as `user`; return (proc, [A, B, how A looks])."""
+    show = 'printf "%s\\n" "$CACHE_A" "$CACHE_B" "$(stat -c "%U %a %F" -- "$CACHE_A")"'
+    proc = subprocess.run(
+        as_user(user)
+        + ["env", "-i", "PATH=/usr/bin:/bin", "sh", "-c", f'. "$1" && {show}']
+        + ["sh", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc, proc.stdout.splitlines()
+
+
+def test_private_dir_is_made_for_the_user_and_kept(users, private_env):
+    script, cache, _ = private_env
+    victim = users[0]
+    for _ in range(2):  # made, then found as it was left
+        proc, (a, b, looks) = source_as(victim, script)
+        assert (a, b, looks, proc.stderr) == (
+            str(cache),
+            str(cache),
+            f"{victim} 700 directory",
+            "",
+        )
+
+
+@pytest.mark.parametrize("planted", ["open dir", "link"])
+def test_private_dir_of_a_co_user_or_a_link_is_never_used(users, private_env, planted):
+    # Before: the image-wide default /tmp/<user>-miopen-cache was used
+    # whoever made it.
+    script, cache, trap = private_env
+    victim, attacker = users
+    attack = 'mkdir -m 777 -- "$1"' if planted == "open dir" else 'ln -s "$2" "$1"'
+    subprocess.run(
+        as_user(attacker) + ["sh", "-c", attack, "sh", str(cache), str(trap)],
+        check=True,
+    )
+    proc, (a, b, looks) = source_as(victim, script)
+    assert a.startswith(f"{cache}.") and b == a
+    assert looks == f"{victim} 700 directory"
+    assert proc.stderr == (
+        f"cotainr-lumi: not using {cache}: not a private directory of yours "
+        f"(another user's, a link, or writable by others); using {a}\n"
+    )
+    assert list(trap.iterdir()) == []
+
+
+def test_private_dir_against_a_racing_co_user(users, private_env):
+    script, cache, trap = private_env
+    victim, attacker = users
+    seen = []
+    with racing_user(attacker, path=cache, target=trap):
+        for _ in range(200):
+            _, (a, _, looks) = source_as(victim, script)
+            seen.append(looks)
+            remove_dirs_of(victim, a, cache)
+    assert seen.count(f"{victim} 700 directory") == 200, set(seen)
+    assert list(trap.iterdir()) == []
