@@ -9,6 +9,7 @@ directory gets a ``.singularity.d`` skeleton, ``touch`` creates files, and
 """
 
 import json
+import logging
 from pathlib import Path
 import subprocess
 import sys
@@ -93,6 +94,9 @@ def isolated_config(tmp_path_factory, monkeypatch):
     plugins = sys.modules.get("cotainr.plugins")
     if plugins is not None and hasattr(plugins, "_plugin_systems"):
         monkeypatch.setattr(plugins, "_plugin_systems", None)
+    # cotainr's CLI attaches handlers to the "cotainr" logger that write to
+    # that test's (captured, later closed) streams: each test starts without.
+    monkeypatch.setattr(logging.getLogger("cotainr"), "handlers", [])
     return config_home
 
 

@@ -95,14 +95,22 @@ def test_failing_plugin_leaves_cotainr_with_one_warning(mocker, capsys):
     assert err.count("WARNING") == 1 and "kaputt" in err and "stock cotainr" in err
 
 
-def test_hook_does_nothing_where_cotainr_loads_its_plugins(mocker):
-    entry_points = mocker.patch("importlib.metadata.entry_points")
+@pytest.mark.parametrize("has_hook", [True, False])
+def test_hook_does_nothing_where_cotainr_has_the_build_hook(mocker, has_hook):
+    entry_points = mocker.patch("importlib.metadata.entry_points", return_value=[])
     mocker.patch("importlib.util.find_spec", return_value=object())
+    plugins = types.SimpleNamespace(**({"HOOK_API_VERSION": 1} if has_hook else {}))
+    mocker.patch("importlib.import_module", return_value=plugins)
     hook.load_plugins()
-    entry_points.assert_not_called()
+    # A cotainr with plugin discovery but no hook still gets the shim early.
+    assert entry_points.called is not has_hook
 
 
 def test_native_flag_matches_the_installed_cotainr():
-    from importlib.util import find_spec
+    import importlib
 
-    assert _cotainr.NATIVE == (find_spec("cotainr.plugins") is not None)
+    try:
+        plugins = importlib.import_module("cotainr.plugins")
+    except ImportError:
+        plugins = None
+    assert _cotainr.NATIVE == hasattr(plugins, "HOOK_API_VERSION")

@@ -6,8 +6,8 @@ installs this module at the top of site-packages with a ``.pth`` file that
 imports it at interpreter start. In a process started as the ``cotainr``
 command (and in no other), it waits for ``cotainr.cli`` to be imported and
 then loads the ``cotainr.plugins`` entry points (cotainr-lumi's installs its
-shim of the build hook). Nothing happens when cotainr loads plugins itself
-(``cotainr.plugins`` exists) or ``COTAINR_DISABLE_PLUGINS`` /
+shim of the build hook). Nothing happens when cotainr has the build hook
+(``cotainr.plugins.HOOK_API_VERSION``) or ``COTAINR_DISABLE_PLUGINS`` /
 ``COTAINR_LUMI_DISABLE`` is set, and no failure here stops cotainr: it is one
 warning, and stock cotainr runs.
 
@@ -29,13 +29,17 @@ def wanted(argv, environ):
 
 
 def load_plugins():
-    """Load every ``cotainr.plugins`` entry point (unless cotainr does it)."""
+    """Load every ``cotainr.plugins`` entry point (unless cotainr has the hook)."""
     try:
+        from importlib import import_module
         from importlib.metadata import entry_points
         from importlib.util import find_spec
 
         if find_spec("cotainr.plugins") is not None:
-            return
+            # A cotainr that discovers plugins but lacks the build hook still
+            # needs them loaded (their shim) before its parser is made.
+            if hasattr(import_module("cotainr.plugins"), "HOOK_API_VERSION"):
+                return
         try:
             found = entry_points(group="cotainr.plugins")
         except TypeError:  # Python 3.9
