@@ -22,7 +22,7 @@ import sys
 import types
 
 from ..errors import redact
-from ..imagelayout import LABELS_FILE
+from ..imagelayout import ENV_SCRIPTS_DIR, LABELS_FILE
 from .hookapi import BuildContext, BuildInterruptedError, PluginError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -35,6 +35,7 @@ RELIED_ON = (
     ("cli", "Build.execute"),
     ("container", "SingularitySandbox.add_metadata"),
     ("container", "SingularitySandbox.build_image"),
+    ("container", "SingularitySandbox.add_to_env"),
     ("util", "get_systems"),
 )
 #: The parameters of cotainr's ``Build`` the shim reads.
@@ -382,16 +383,36 @@ def _add_metadata(original):
     return add_metadata
 
 
-def _write_labels(sandbox_dir, labels):
-    """Add `labels` to the sandbox's labels.json, before cotainr adds its own."""
-    path = sandbox_dir / LABELS_FILE.lstrip("/")
-    for link in (path.parent, path):
-        if link.is_symlink():
+def _refuse_links(sandbox_dir, path):
+    """Stop before cotainr or the shim write through a base image's link."""
+    for link in [*reversed(path.parents), path]:
+        if (
+            link != sandbox_dir
+            and link.is_relative_to(sandbox_dir)
+            and link.is_symlink()
+        ):
             raise PluginError(
                 f"The base image's /{link.relative_to(sandbox_dir)} is a symbolic "
                 "link; the build does not write through it. Use a base image "
                 "without it."
             )
+
+
+def _add_to_env(original):
+    @functools.wraps(original)
+    def add_to_env(self, *args, **kwargs):
+        if _state.active is not None and _state.active["build"]._shim_taking_part:
+            sandbox_dir = Path(self.sandbox_dir)
+            _refuse_links(sandbox_dir, sandbox_dir / ENV_SCRIPTS_DIR.lstrip("/"))
+        return original(self, *args, **kwargs)
+
+    return add_to_env
+
+
+def _write_labels(sandbox_dir, labels):
+    """Add `labels` to the sandbox's labels.json, before cotainr adds its own."""
+    path = sandbox_dir / LABELS_FILE.lstrip("/")
+    _refuse_links(sandbox_dir, path)
     text = path.read_text() if path.is_file() else ""
     try:
         metadata = (
@@ -560,6 +581,7 @@ def install(*, cli, container, util, tracing, version):
     build.__init__ = _init(build.__init__, util)
     build.execute = _execute(build.execute)
     sandbox.add_metadata = _add_metadata(sandbox.add_metadata)
+    sandbox.add_to_env = _add_to_env(sandbox.add_to_env)
     sandbox.build_image = _build_image(sandbox.build_image, version)
     cli.main = _main(cli.main)
     return None

@@ -114,3 +114,25 @@ def test_native_flag_matches_the_installed_cotainr():
     except ImportError:
         plugins = None
     assert _cotainr.NATIVE == hasattr(plugins, "HOOK_API_VERSION")
+
+
+def test_the_shim_refuses_to_write_through_a_base_images_links(tmp_path, monkeypatch):
+    """cotainr's conda step appends to /.singularity.d/env: not through a link."""
+    from cotainr_lumi._cotainr import shim
+
+    host = tmp_path / "host-env"
+    host.mkdir()
+    sandbox_dir = tmp_path / "sandbox"
+    (sandbox_dir / ".singularity.d").mkdir(parents=True)
+    (sandbox_dir / ".singularity.d" / "env").symlink_to(host)
+    written = []
+    add_to_env = shim._add_to_env(lambda self, **kw: written.append(kw))
+    sandbox = types.SimpleNamespace(sandbox_dir=sandbox_dir)
+    build = types.SimpleNamespace(_shim_taking_part={"lumi": object()})
+    monkeypatch.setattr(shim._state, "active", {"build": build, "customized": False})
+    with pytest.raises(shim.PluginError, match=r"/\.singularity\.d/env is a symbolic"):
+        add_to_env(sandbox, shell_script="conda activate x")
+    assert written == [] and list(host.iterdir()) == []
+    monkeypatch.setattr(shim._state, "active", None)  # a stock build: as cotainr
+    add_to_env(sandbox, shell_script="conda activate x")
+    assert written == [{"shell_script": "conda activate x"}]
