@@ -18,11 +18,7 @@ plan(**request)
     Resolve a build into a plan without building.
 """
 
-from . import stages  # noqa: F401  (the built-in stages register themselves)
 from ._version import __version__
-from .api import build, plan
-from .engine.pipeline import BuildResult
-from .engine.stage import Stage, StageContext, StageReport, register_stage
 from .errors import (
     CotainrLumiError,
     ImageExistsError,
@@ -32,6 +28,21 @@ from .errors import (
     UnknownSystemError,
     UnsupportedCotainrError,
 )
+
+try:
+    from . import stages  # noqa: F401  (the built-in stages register themselves)
+    from .api import build, plan
+    from .engine.pipeline import BuildResult
+    from .engine.stage import Stage, StageContext, StageReport, register_stage
+except UnsupportedCotainrError as missing:  # no cotainr: the command says so
+    _MISSING_COTAINR = missing
+
+    def __getattr__(name):
+        """The API without cotainr: its names raise why."""
+        if name in __all__:
+            raise _MISSING_COTAINR
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "__version__",

@@ -12,10 +12,14 @@ find_runtime()
     The Apptainer/Singularity executable on PATH, or None.
 runtime()
     The Apptainer/Singularity executable to use.
+is_sif(path)
+    Whether a file is a SIF image.
 exec_command(*, runtime, image, args, clean_env=True, env=None)
     The command line running a command in an image.
 exec_in_image(*, image, args, clean_env=True, env=None, timeout=600)
     Run a command in an image.
+env_deadline_hint(text, *, image)
+    What to do when an image's env scripts ran past Apptainer's limit.
 """
 
 import contextlib
@@ -31,6 +35,8 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The executables looked for, in order.
 RUNTIME_NAMES = ("apptainer", "singularity")
+#: A SIF file has this magic after its 32-byte launch line.
+SIF_MAGIC = b"SIF_MAGIC"
 
 
 def find_runtime():
@@ -71,6 +77,29 @@ def runtime():
             "use scripts/provision-apptainer.sh)."
         )
     return path
+
+
+def is_sif(path):
+    """
+    Whether a file is a SIF image (by its magic, without Apptainer).
+
+    Parameters
+    ----------
+    path : os.PathLike
+        The file.
+
+    Returns
+    -------
+    sif : bool
+        True when :data:`SIF_MAGIC` follows the launch line.
+
+    Raises
+    ------
+    OSError
+        If the file cannot be read (a directory, no permission).
+    """
+    with open(path, "rb") as f:
+        return f.read(32 + len(SIF_MAGIC))[32:] == SIF_MAGIC
 
 
 def exec_command(*, runtime, image, args, clean_env=True, env=None):
@@ -132,14 +161,16 @@ def exec_in_image(*, image, args, clean_env=True, env=None, timeout=600):
     :class:`cotainr_lumi.errors.InputError`
         If neither ``apptainer`` nor ``singularity`` is on PATH.
     subprocess.TimeoutExpired
-        If the command runs longer than `timeout`.
+        If the command runs longer than `timeout`; then, and on any exception
+        while waiting (``KeyboardInterrupt``), the command's session is killed.
     """
     cmd = exec_command(
         runtime=runtime(), image=image, args=args, clean_env=clean_env, env=env
     )
     logger.debug("Running %s", cmd)
-    # Its own session, so that a timeout ends the container's processes
-    # too, not only the runtime's (a looping env script keeps a shell busy).
+    # Its own session, so that a timeout, Ctrl-C or SIGTERM (raised here by
+    # the caller's handler) ends the container's processes too, not only the
+    # runtime's (a looping env script keeps a shell busy).
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -149,7 +180,7 @@ def exec_in_image(*, image, args, clean_env=True, env=None, timeout=600):
     )
     try:
         out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
@@ -159,6 +190,34 @@ def exec_in_image(*, image, args, clean_env=True, env=None, timeout=600):
         proc.returncode,
         out.decode("utf-8", errors="replace"),
         err.decode("utf-8", errors="replace"),
+    )
+
+
+def env_deadline_hint(text, *, image):
+    """
+    What to do when `text` has Apptainer's "context deadline exceeded".
+
+    Apptainer gives an image's ``/.singularity.d/env`` scripts 60 s, then
+    stops with that one line.
+
+    Parameters
+    ----------
+    text : str
+        A failed command's output.
+    image : str
+        The image whose env scripts ran (in words).
+
+    Returns
+    -------
+    hint : str
+        A sentence (with a leading space), or "" for other failures.
+    """
+    if "context deadline exceeded" not in text:
+        return ""
+    return (
+        f" The /.singularity.d/env scripts of {image} did not finish within "
+        "Apptainer's limit (60 s): one of them loops or waits. Fix or remove it "
+        "in the image (`apptainer build --sandbox DIR IMAGE` unpacks it to look)."
     )
 
 

@@ -21,13 +21,20 @@ main(*args, **kwargs)
 
 import argparse
 import logging
+import signal
 import sys
 
-from . import _cotainr
-from .engine.profiles import load_systems
-from .errors import CotainrLumiError, InputError
+from .errors import CotainrLumiError, InputError, UnsupportedCotainrError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: Why cotainr cannot be used (None: it can): every command is that one error.
+COTAINR_MISSING = None
+try:
+    from . import _cotainr
+    from .engine.profiles import load_systems
+except UnsupportedCotainrError as e:
+    COTAINR_MISSING = e
 
 #: The subcommands cotainr itself runs (with the plugin active).
 COTAINR_SUBCOMMANDS = ("build", "info")
@@ -54,13 +61,16 @@ class Verify:
         Print the report as JSON.
     strict : bool
         Fail on warnings too (e.g. a ROCm outside what LUMI's driver supports).
+    timeout : float
+        The most seconds for all runs in the image together.
     """
 
-    def __init__(self, *, image, json=False, strict=False):
+    def __init__(self, *, image, json=False, strict=False, timeout=600):
         """Construct the "verify" subcommand."""
         self.image = image
         self.json = json
         self.strict = strict
+        self.timeout = timeout
 
     @classmethod
     def add_arguments(cls, *, parser):
@@ -75,15 +85,32 @@ class Verify:
             help="fail on warnings too (a ROCm outside what LUMI's GPU driver "
             "supports, torch and the base's ROCm disagreeing)",
         )
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=600,
+            metavar="SECONDS",
+            help="the most seconds for all runs in the image (default: 600)",
+        )
 
     def execute(self):
-        """Execute the "verify" subcommand."""
+        """Execute the "verify" subcommand (a signal stops the container it started)."""
         from .verify.checks import verify_image
 
-        try:
-            report = verify_image(image=self.image, strict=self.strict)
+        try:  # a signal is an exception: exec_in_image kills the container
+            with _cotainr.shim._stop_cleanly_on_signals():
+                report = verify_image(
+                    image=self.image, strict=self.strict, timeout=self.timeout
+                )
         except CotainrLumiError as e:
             _fail(e)
+        except _cotainr.BuildInterruptedError as e:
+            sys.stderr.write(
+                f"cotainr: error: verify was interrupted by "
+                f"{signal.Signals(e.signum).name}; the container it started was "
+                "stopped\n"
+            )
+            raise SystemExit(128 + e.signum) from None
         print(report.as_json() if self.json else report.as_text())
         if report.failed:
             raise SystemExit(1)
@@ -173,6 +200,14 @@ class CotainrLumiCLI:
         except _cotainr.BuildInterruptedError as e:
             sys.stderr.write(f"cotainr: error: {e}\n")
             raise SystemExit(128 + e.signum) from None
+        if self.name == "build":
+            from .plugin import HOOK
+
+            problem = HOOK.last and HOOK.last.plan.base_problem
+            if problem:  # a dry run whose probe of the base failed (plan printed)
+                _fail(
+                    InputError(f"the dry run could not ask the base image: {problem}")
+                )
         if self.name == "info":
             # cotainr lists the systems it could read; a broken profile
             # file is an error of the command.
@@ -185,6 +220,8 @@ class CotainrLumiCLI:
 
 def main(*args, **kwargs):
     """The ``cotainr-lumi`` entry point."""
+    if COTAINR_MISSING is not None:
+        _fail(COTAINR_MISSING)
     try:
         _cotainr.check_cotainr_version()
         cli = CotainrLumiCLI()

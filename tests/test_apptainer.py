@@ -1,5 +1,10 @@
+import contextlib
 import json
 import os
+from pathlib import Path
+import signal
+import subprocess
+import time
 
 import pytest
 
@@ -67,3 +72,70 @@ def test_exec_in_image_runs_the_command_line_with_empty_stdin(tmp_path, monkeypa
         "argv": ["exec", "--no-home", "--cleanenv", str(tmp_path / "x.sif"), "a b"],
         "stdin": "",
     }
+
+
+def sleepy_runtime(directory, pid_file):
+    """An `apptainer` that starts a long `sleep` (its pid in `pid_file`) and waits."""
+    directory.mkdir(exist_ok=True)
+    path = directory / "apptainer"
+    path.write_text(f"#!/bin/sh\nsleep 120 &\necho $! > {pid_file}\nwait\n")
+    path.chmod(0o755)
+    return path
+
+
+def alive(pid):
+    """Whether `pid` runs (not a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("stop", ["timeout", "interrupt"])
+def test_a_timeout_or_ctrl_c_stops_the_whole_container(tmp_path, monkeypatch, stop):
+    pid_file = tmp_path / "pid"
+    app = sleepy_runtime(tmp_path / "bin", pid_file)
+    monkeypatch.setenv("PATH", f"{app.parent}{os.pathsep}{os.environ['PATH']}")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        if stop == "interrupt":
+            signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(
+            KeyboardInterrupt if stop == "interrupt" else subprocess.TimeoutExpired
+        ):
+            apptainer.exec_in_image(image=tmp_path / "x.sif", args=["x"], timeout=2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not alive(pid)
+    finally:  # the test's own fake container, when it was left running
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+
+def test_is_sif_reads_the_magic(tmp_path):
+    sif = tmp_path / "a.sif"
+    sif.write_bytes(b"#!/usr/bin/env run-singularity\n\0SIF_MAGIC\x0001")
+    text = tmp_path / "b.sif"
+    text.write_text("not an image\n")
+    assert apptainer.is_sif(sif) and not apptainer.is_sif(text)
+    with pytest.raises(OSError):
+        apptainer.is_sif(tmp_path)
+
+
+def test_env_deadline_hint_names_the_env_scripts():
+    hint = apptainer.env_deadline_hint(
+        "FATAL:   context deadline exceeded", image="the base image b.sif"
+    )
+    assert "/.singularity.d/env scripts of the base image b.sif" in hint
+    assert "60 s" in hint and "apptainer build --sandbox" in hint
+    assert apptainer.env_deadline_hint("FATAL: no such file", image="x") == ""

@@ -18,13 +18,20 @@ import subprocess
 import sys
 import threading
 
-import cotainr
-from cotainr import cli as _cli
-from cotainr import container as _container
-from cotainr import tracing as _tracing
-from cotainr import util as _util
-
 from ..errors import UnsupportedCotainrError
+
+try:
+    import cotainr
+    from cotainr import cli as _cli
+    from cotainr import container as _container
+    from cotainr import tracing as _tracing
+    from cotainr import util as _util
+except ImportError as e:  # one message, not a traceback (cli.main says it)
+    raise UnsupportedCotainrError(
+        f"cotainr-lumi needs cotainr, which cannot be imported ({e}); install "
+        "it: pip install 'cotainr>=2025.3.0'"
+    ) from e
+
 from . import hookapi, shim
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -310,8 +317,12 @@ class CommandError(Exception):
         Returns
         -------
         text : str
-            Lines mentioning errors, or the tail of stderr.
+            Lines mentioning errors, or the tail of stderr; bounded in bytes
+            (:func:`cotainr_lumi.errors.clip_output`: an env script's 20 MB
+            line is cut).
         """
+        from ..errors import clip_output
+
         lines = (self.stderr or self.stdout).splitlines()
         keep = [
             ln
@@ -322,7 +333,7 @@ class CommandError(Exception):
             )
         ]
         chosen = keep or lines
-        return "\n".join(chosen[-limit:])
+        return clip_output("\n".join(chosen[-limit:]))
 
 
 def command_error_from(error, *, cmd=None):

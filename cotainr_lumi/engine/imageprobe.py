@@ -8,7 +8,7 @@ environment, after its ``/.singularity.d/env`` scripts, then after
 need of the image's environment (``CONDA_EXE``, ``ROCM_PATH``, the loader
 cache's ``libstdc++`` entries). A build runs it in its sandbox
 (:func:`probe_build`, through ``StageContext.target_env``); a dry run runs the
-same probe in a local base image (:func:`probe_image`).
+same probe in a local base image (:func:`probe_image_facts`).
 
 Functions
 ---------
@@ -22,8 +22,6 @@ probe_build(*, sandbox, plan, labels)
     The one probe of a running build (recorded in the image).
 probe_image_facts(*, image, explicit=None, timeout=120)
     The probe's facts of an image file (dry runs: env, ROCm version, torch).
-probe_image(*, image, explicit=None, timeout=120)
-    Discover the target environment of an image file (dry runs).
 """
 
 import json
@@ -349,57 +347,25 @@ def probe_image_facts(*, image, explicit=None, timeout=120):
     Returns
     -------
     facts : dict or None
-        From :func:`parse_probe`; None when the image could not be run here.
+        From :func:`parse_probe`; None when the image cannot be run here (no
+        Apptainer, or a file that is not a SIF image).
 
     Raises
     ------
     subprocess.TimeoutExpired
         When the probe took longer than `timeout`.
+    subprocess.CalledProcessError
+        When the container did not start or the probe failed (its output).
     """
-    if apptainer.find_runtime() is None:
+    if apptainer.find_runtime() is None or not (
+        os.path.isdir(image) or apptainer.is_sif(image)
+    ):
         return None
-    try:
-        proc = apptainer.exec_in_image(
-            image=os.fspath(image),
-            args=probe_command(explicit=explicit),
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        raise
-    except (OSError, subprocess.SubprocessError) as e:
-        logger.debug("Could not probe %s: %s", image, e)
-        return None
+    proc = apptainer.exec_in_image(
+        image=os.fspath(image), args=probe_command(explicit=explicit), timeout=timeout
+    )
     if proc.returncode != 0:
-        logger.debug("Could not probe %s: %s", image, proc.stderr.strip()[-300:])
-        return None
+        raise subprocess.CalledProcessError(
+            proc.returncode, proc.args, proc.stdout, proc.stderr
+        )
     return parse_probe(text=proc.stdout)
-
-
-def probe_image(*, image, explicit=None, timeout=120):
-    """
-    Discover the target environment of an image file (dry runs).
-
-    Parameters
-    ----------
-    image : os.PathLike
-        A local ``.sif`` (or sandbox directory).
-    explicit : str, optional
-        The ``target-env.prefix`` setting.
-    timeout : float, default=120
-        Seconds before giving up.
-
-    Returns
-    -------
-    target : TargetEnv or TargetEnvNotFoundError or None
-        The answer; None when the image could not be run here.
-    """
-    try:
-        facts = probe_image_facts(image=image, explicit=explicit, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return TargetEnvNotFoundError(timeout_message(timeout))
-    if facts is None:
-        return None
-    try:
-        return choose(facts=facts, explicit=explicit)
-    except TargetEnvNotFoundError as e:
-        return e

@@ -33,7 +33,7 @@ import shutil
 import time
 from typing import Optional
 
-from .. import _cotainr
+from .. import _cotainr, apptainer
 from ..errors import CotainrLumiError, StageError
 from .stage import OUTPUT_MARKER, StageReport
 
@@ -299,12 +299,15 @@ def cotainr_failure(error, *, plan):
     Returns
     -------
     message : str
-        The failure, with what to do when a file system is full.
+        The failure, with what to do when a file system is full or the base
+        image's env scripts did not finish.
     """
     cause = error.__cause__ if error.__cause__ is not None else error
     lines = (getattr(cause, "stderr", None) or "").strip().splitlines()
     detail = " | ".join(lines[-3:]) if lines else f"{type(error).__name__}: {error}"
-    hint = ""
+    hint = apptainer.env_deadline_hint(
+        detail, image=f"the base image {plan.base_image.given}"
+    )
     if "no space left on device" in detail.lower() or getattr(cause, "errno", 0) == 28:
         places = {
             "the work directory": plan.work_dir,

@@ -30,7 +30,7 @@ import re
 import subprocess
 from typing import Any, Optional
 
-from .. import _cotainr
+from .. import _cotainr, apptainer
 from ..errors import InputError, quoted, redact
 from . import imageprobe, rocmwindow, targetenv, workdir
 from .origins import Origin
@@ -172,6 +172,10 @@ class BuildPlan:
     base_facts : dict or None
         For a dry run: what the probe saw in a local base image (its ROCm
         version, its envs and their torch); None when not asked.
+    base_problem : str or None
+        For a dry run: why the probe of the base image failed or timed out
+        (the dry run then exits non-zero); None when it answered or was not
+        asked.
     """
 
     request: BuildRequest
@@ -192,6 +196,7 @@ class BuildPlan:
         default_factory=rocmwindow.RocmSettings
     )
     base_facts: Any = None
+    base_problem: Optional[str] = None
 
     @property
     def stage_names(self):
@@ -215,7 +220,8 @@ class BuildPlan:
         For a dry run: ask a local base image for its target env now.
 
         Sets :attr:`base_facts` (once, for a local base image) and, unless the
-        env is given (setting, ``--conda-env``), :attr:`base_target`.
+        env is given (setting, ``--conda-env``), :attr:`base_target`; when the
+        probe failed or timed out, :attr:`base_problem` (the dry run's status).
         """
         if self.base_target is not None or self.base_facts is not None:
             return
@@ -228,9 +234,18 @@ class BuildPlan:
                 image=self.base_image.resolved, explicit=explicit, timeout=timeout
             )
         except subprocess.TimeoutExpired:
-            self.base_target = targetenv.TargetEnvNotFoundError(
-                imageprobe.timeout_message(timeout)
+            self.base_problem = imageprobe.timeout_message(timeout)
+        except (OSError, subprocess.CalledProcessError) as e:
+            text = (getattr(e, "stderr", None) or "").strip()
+            why = " | ".join(text.splitlines()[-3:])[-300:] or getattr(
+                e, "strerror", f"exit status {getattr(e, 'returncode', '')}, no message"
             )
+            self.base_problem = (
+                f"the probe of the base image failed ({why})"
+                + apptainer.env_deadline_hint(text, image="the base image")
+            )
+        if self.base_problem:
+            self.base_target = targetenv.TargetEnvNotFoundError(self.base_problem)
             return
         if self.base_facts is None or explicit or self.conda_env is not None:
             return

@@ -25,6 +25,8 @@ import json
 import logging
 import os
 from pathlib import Path
+import subprocess
+import time
 
 from .. import apptainer
 from ..errors import InputError
@@ -36,6 +38,7 @@ from ..imagelayout import (
     LABEL_SYSTEM,
     LABEL_VERSION,
     LABELS_FILE,
+    MPI_FILE,
     PIP_PACKAGES_FILE,
     PROVENANCE_FILE,
     PRUNE_MANIFEST_FILE,
@@ -63,6 +66,23 @@ REQUIRED_LABELS = (
     LABEL_BASE_IMAGE_RESOLVED,
     LABEL_STAGES,
 )
+#: The JSON records the probe reads, and what each holds (its top level).
+RECORDS = {
+    TARGET_ENV_FILE: "object",
+    PRUNE_MANIFEST_FILE: "object",
+    PIP_PACKAGES_FILE: "array",
+    PROVENANCE_FILE: "object",
+    MPI_FILE: "object",
+    RUNTIME_FILE: "object",
+}
+#: The most bytes of a record (or labels.json) the probe reads, and the
+#: deepest nesting it passes on: beyond either the record is a FAIL row.
+MAX_RECORD_BYTES = 64 * 1024**2
+MAX_RECORD_DEPTH = 64
+#: The most seconds ``verify`` runs in the image, all probes together.
+VERIFY_TIMEOUT = 600
+#: The most characters of a row's evidence (a label can be megabytes).
+MAX_EVIDENCE = 2000
 #: The runscripts that must be in the image.
 REQUIRED_RUNSCRIPTS = ("conda-python-simple", "conda-python-distributed", "get-master")
 #: The node list ``get-master`` is run on, and the host it must answer.
@@ -126,7 +146,9 @@ class VerifyReport:
     results: list = field(default_factory=list)
 
     def add(self, check, status, evidence):
-        """Append a row."""
+        """Append a row (evidence cut to a sane length, printable as UTF-8)."""
+        evidence = str(evidence).encode("utf-8", "backslashreplace").decode("utf-8")
+        evidence = evidence[:MAX_EVIDENCE]
         self.results.append(CheckResult(check=check, status=status, evidence=evidence))
 
     @property
@@ -205,7 +227,8 @@ def _check_labels(report, facts):
         )
 
 
-def _check_rocm(report, facts, env):
+def _check_rocm(report, facts):
+    env = facts["env"]
     rocm = facts["rocm"]
     opt_rocm = rocm["opt_rocm"]
     if env.get("ROCM_PATH") and rocm["exists"] and opt_rocm["kind"] == "dir":
@@ -233,12 +256,14 @@ def _check_rocm(report, facts, env):
         FAIL if problems else PASS,
         "; ".join(problems) or f"PATH and LD_LIBRARY_PATH include {rocm_path}",
     )
-    # RCCL's network plugin (both generations), its libraries, libfabric
-    # (the host's or the image's, as the profile said) and rccl-tests.
+
+
+def _check_network(report, facts):
+    """RCCL's network plugin, its libraries, libfabric (host's or image's), rccl-tests."""
     netplugin.check_network(
         report=report,
         facts=facts,
-        env=env,
+        env=facts["env"],
         check_cray_libfabric=_check_cray_libfabric,
     )
 
@@ -271,7 +296,10 @@ def _check_cray_libfabric(report, env, *, has_plugin):
         )
 
 
-def _check_lumi_env(report, facts, expected):
+def _check_lumi_env(report, facts, expected_env):
+    expected = expected_env or profile_env(
+        system_name=facts["labels"].get(LABEL_SYSTEM)
+    )
     env = facts["env"]
     for name, value in expected.items():
         found = env.get(name)
@@ -418,11 +446,6 @@ def _check_runtime(report, facts):
         )
 
 
-#: A SIF file has this magic after its 32-byte launch line.
-SIF_MAGIC = b"SIF_MAGIC"
-_SIF_MAGIC_OFFSET = 32
-
-
 def _check_is_sif(image):
     """Raise an InputError unless `image` is a SIF file (checked before Apptainer)."""
     if not image.is_file():
@@ -431,11 +454,10 @@ def _check_is_sif(image):
             ".sif file built by cotainr, e.g. cotainr-lumi verify my.sif"
         )
     try:
-        with open(image, "rb") as f:
-            head = f.read(_SIF_MAGIC_OFFSET + len(SIF_MAGIC))
+        sif = apptainer.is_sif(image)
     except OSError as e:
         raise InputError(f"Cannot read the image {image}: {e.strerror}.") from None
-    if head[_SIF_MAGIC_OFFSET:] != SIF_MAGIC:
+    if not sif:
         raise InputError(
             f"{image} is not an image: it is not a SIF file (no SIF header); give "
             "the .sif file built by cotainr"
@@ -455,7 +477,9 @@ def probe_inputs():
     return {
         "labels_file": LABELS_FILE,
         "target_env_file": TARGET_ENV_FILE,
-        "records": [PRUNE_MANIFEST_FILE, PIP_PACKAGES_FILE, PROVENANCE_FILE],
+        "records": RECORDS,
+        "max_record_bytes": MAX_RECORD_BYTES,
+        "max_record_depth": MAX_RECORD_DEPTH,
         "prune_manifest_file": PRUNE_MANIFEST_FILE,
         "runscripts_dir": RUNSCRIPTS_DIR,
         "runscripts": list(REQUIRED_RUNSCRIPTS),
@@ -465,22 +489,49 @@ def probe_inputs():
     }
 
 
-def _probe(image):
+def _probe(image, *, timeout):
     """Run :mod:`.probe` in the image's own python; return its facts."""
     probe = Path(__file__).with_name("probe.py").read_text()
     # The probe gets its own source as its first argument (to re-exec itself).
     proc = apptainer.python_in_image(
-        image=image, source=probe, args=[probe, json.dumps(probe_inputs())]
+        image=image,
+        source=probe,
+        args=[probe, json.dumps(probe_inputs())],
+        timeout=timeout,
     )
-    if proc.returncode != 0:
+    lines = proc.stdout.strip().splitlines()
+    try:
+        facts = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+    except (ValueError, RecursionError):
+        facts = None
+    if not isinstance(facts, dict):
         raise InputError(
-            f"Cannot inspect {image}: running its python failed "
-            f"(exit {proc.returncode}): {proc.stderr.strip()[-500:]}"
+            f"Cannot inspect {image}: running its python failed (exit "
+            f"{proc.returncode}, no facts printed): "
+            f"{(proc.stderr.strip() or proc.stdout.strip())[-500:]}"
+            + apptainer.env_deadline_hint(proc.stderr, image=str(image))
         )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return facts
 
 
-def verify_image(*, image, expected_env=None, strict=False):
+def _check_records(report, facts):
+    """The ``records`` row: labels.json and the records verify reads."""
+    problems = facts.get("problems") or {}
+    if problems:
+        report.add(
+            "records",
+            FAIL,
+            "; ".join(f"{where}: {why}" for where, why in problems.items()),
+        )
+    else:
+        report.add("records", PASS, f"no malformed {LABELS_FILE} or record")
+
+
+#: Errors of a check given malformed facts: a FAIL row, never a traceback.
+MALFORMED = (AttributeError, LookupError, TypeError, ValueError, RecursionError)
+
+
+def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEOUT):
     """
     Run every check on an image.
 
@@ -493,38 +544,75 @@ def verify_image(*, image, expected_env=None, strict=False):
         image's system profile, see :mod:`.expectedenv`).
     strict : bool, default=False
         WARN rows (e.g. a ROCm outside what LUMI's driver supports) FAIL.
+    timeout : float, default=VERIFY_TIMEOUT
+        The most seconds for all runs in the image together.
 
     Returns
     -------
     report : VerifyReport
-        The rows.
+        The rows; a malformed label, record or environment is a FAIL row.
 
     Raises
     ------
     :class:`cotainr_lumi.errors.InputError`
-        If the image does not exist or cannot be run.
+        If the image does not exist, cannot be run or its runs take longer
+        than `timeout`.
     """
     image = Path(image)
     if not image.exists():
         raise InputError(f"The image {image} does not exist.")
     _check_is_sif(image)
-    facts = _probe(image)
+    deadline = time.monotonic() + timeout
     report = VerifyReport(image=str(image))
-    _check_labels(report, facts)
-    _check_rocm(report, facts, facts["env"])
-    if expected_env:
-        expected = dict(expected_env)
-    else:
-        expected = profile_env(system_name=facts["labels"].get(LABEL_SYSTEM))
-    _check_lumi_env(report, facts, expected)
-    _check_target_env(report, facts)
-    _check_libstdcxx(report, facts)
-    _check_torch(report, facts)
-    rocmdriver.check_rocm_driver(
-        report=report, facts=facts, strict=strict, warn=WARN, fail=FAIL, passed=PASS
-    )
-    _check_runtime(report, facts)
-    check_mpi(report, image=image)
+
+    def guarded(row, check, *args, **kwargs):
+        """Run a check; facts it cannot read are its first row, FAIL."""
+        try:
+            check(report, *args, **kwargs)
+        except MALFORMED as e:
+            logger.debug("Check %s failed on the facts", row, exc_info=True)
+            report.add(
+                row,
+                FAIL,
+                f"cannot check: the image's records are malformed "
+                f"({type(e).__name__}: {e})",
+            )
+
+    try:
+        facts = _probe(image, timeout=timeout)
+        guarded("records", _check_records, facts)
+        guarded("provenance-labels", _check_labels, facts)
+        guarded("rocm-layout", _check_rocm, facts)
+        guarded("net-plugin", _check_network, facts)
+        guarded("env", _check_lumi_env, facts, dict(expected_env or {}))
+        guarded("target-env", _check_target_env, facts)
+        guarded("env-libstdcxx", _check_libstdcxx, facts)
+        guarded("torch-rocm-duplicates", _check_torch, facts)
+        guarded(
+            "rocm-driver",
+            lambda report: rocmdriver.check_rocm_driver(
+                report=report,
+                facts=facts,
+                strict=strict,
+                warn=WARN,
+                fail=FAIL,
+                passed=PASS,
+            ),
+        )
+        guarded("runscripts", _check_runtime, facts)
+        guarded(
+            "mpi-host-binding",
+            check_mpi,
+            image=image,
+            timeout=deadline - time.monotonic(),
+        )
+    except subprocess.TimeoutExpired:
+        raise InputError(
+            f"Cannot inspect {image}: running its python did not finish within "
+            f"{timeout:g} s (a python or an env script of the image that never "
+            "returns?); the container was stopped. Fix the image, or allow more "
+            "time with --timeout SECONDS."
+        ) from None
     for check, what, instead in HARDWARE_CHECKS:
         report.add(check, NA, f"needs LUMI hardware: {what}; run: {instead}")
     return report

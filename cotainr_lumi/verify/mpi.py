@@ -19,7 +19,7 @@ Functions
 ---------
 probe_inputs()
     What :mod:`.mpiprobe` needs to know.
-check_mpi(report, *, image)
+check_mpi(report, *, image, timeout=600)
     Probe an image and add the MPI rows.
 mpi_rows(facts)
     The rows for the probe's facts.
@@ -71,16 +71,16 @@ def probe_inputs():
     }
 
 
-def _probe(image):
+def _probe(image, *, timeout):
     """Run :mod:`.mpiprobe` in the image; its facts (None when it fails)."""
     source = Path(__file__).with_name("mpiprobe.py").read_text()
     proc = apptainer.python_in_image(
-        image=image, source=source, args=[json.dumps(probe_inputs())]
+        image=image, source=source, args=[json.dumps(probe_inputs())], timeout=timeout
     )
     lines = (proc.stdout or "").strip().splitlines()
     try:
         facts = json.loads(lines[-1]) if lines else None
-    except ValueError:
+    except (ValueError, RecursionError):
         facts = None
     if proc.returncode != 0 or not isinstance(facts, dict):
         logger.debug("The MPI probe failed: %s", (proc.stderr or "")[-500:])
@@ -194,7 +194,7 @@ def mpi_rows(facts):
     return rows
 
 
-def check_mpi(report, *, image):
+def check_mpi(report, *, image, timeout=600):
     """
     Probe an image and add the MPI rows to a report.
 
@@ -204,6 +204,8 @@ def check_mpi(report, *, image):
         The report.
     image : os.PathLike
         The ``.sif`` file.
+    timeout : float, default=600
+        Seconds before the probe is stopped (``subprocess.TimeoutExpired``).
     """
-    for check, status, evidence in mpi_rows(_probe(image)):
+    for check, status, evidence in mpi_rows(_probe(image, timeout=timeout)):
         report.add(check, status, evidence)

@@ -32,7 +32,7 @@ def read_json(path):
     try:
         with open(path) as f:
             return json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # malformed: verify's records row
         return None
 
 

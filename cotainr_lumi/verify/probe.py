@@ -19,6 +19,8 @@ import sys
 
 #: The image paths and names to look at (checks.probe_inputs).
 INPUTS = json.loads(sys.argv[2])
+#: Why a record could not be used ({path or section: reason}; a FAIL row).
+PROBLEMS = {}
 
 
 def run(args, **kwargs):
@@ -39,6 +41,47 @@ def read(path, limit=200000):
         return None
 
 
+def check_depth(value, level=0):
+    """Raise ValueError for JSON nested deeper than the bound (it goes back as JSON)."""
+    if level > INPUTS["max_record_depth"]:
+        raise ValueError(f"nested deeper than {INPUTS['max_record_depth']} levels")
+    if isinstance(value, (dict, list)):
+        for item in value.values() if isinstance(value, dict) else value:
+            check_depth(item, level + 1)
+
+
+def load(path, kind="object"):
+    """A JSON record, or None (absent; malformed: the reason goes to PROBLEMS)."""
+    limit = INPUTS["max_record_bytes"]
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError:
+        return None
+    names = {dict: "object", list: "array"}
+    try:
+        if len(data) > limit:
+            raise ValueError(f"larger than {limit} bytes, not read")
+        value = json.loads(data)
+        check_depth(value)
+        found = names.get(type(value), type(value).__name__)
+        if kind and found != kind:
+            raise ValueError(f"a JSON {found}, not an {kind}")
+    except (ValueError, RecursionError) as e:
+        PROBLEMS[path] = f"{type(e).__name__}: {str(e)[:200]}"
+        return None
+    return value
+
+
+def guarded(name, facts_of):
+    """facts_of(), or None with the reason in PROBLEMS (nothing ends the probe)."""
+    try:
+        return facts_of()
+    except Exception as e:  # noqa: BLE001 - a malformed image is a FAIL row
+        PROBLEMS[name] = f"{type(e).__name__}: {str(e)[:200]}"
+        return None
+
+
 def entry(path):
     """Describe a directory entry (kind, link target)."""
     info = {"name": os.path.basename(path), "link": None, "kind": "missing"}
@@ -53,32 +96,36 @@ def entry(path):
 
 
 # The build's answer to "which Python environment" (engine/targetenv.py).
-try:
-    with open(INPUTS["target_env_file"]) as f:
-        target_env = json.load(f)
-except (OSError, ValueError):
-    target_env = None
+target_env = load(INPUTS["target_env_file"])
 # Run as the target env's own interpreter (not whatever `python` is first
 # on PATH): verify looks at the env the build installed into. The source of
 # this file is argv[1], the inputs argv[2] (see checks.verify_image).
 if (
     isinstance(target_env, dict)
-    and target_env.get("python")
+    and isinstance(target_env.get("python"), str)
     and target_env.get("prefix") != sys.prefix
     and os.environ.get("COTAINR_LUMI_VERIFY_REEXEC") != "1"
     and os.access(target_env["python"], os.X_OK)
 ):
     os.environ["COTAINR_LUMI_VERIFY_REEXEC"] = "1"
     # argv[1] twice: the code to run, and again as its own argv[1].
-    os.execv(
-        target_env["python"], [target_env["python"], "-c", sys.argv[1], *sys.argv[1:]]
+    guarded(
+        INPUTS["target_env_file"],
+        lambda: os.execv(
+            target_env["python"],
+            [target_env["python"], "-c", sys.argv[1], *sys.argv[1:]],
+        ),
     )
 
 facts = {"python": sys.executable, "prefix": sys.prefix, "target_env": target_env}
 # The whole environment (the image's own, under --cleanenv): a profile can
 # add variables of its own that verify must find.
 facts["env"] = dict(os.environ)
-facts["labels"] = json.loads(read(INPUTS["labels_file"]) or "{}")
+labels = load(INPUTS["labels_file"]) or {}
+odd = ", ".join(sorted(k for k, v in labels.items() if not isinstance(v, str)))
+if odd:
+    PROBLEMS[INPUTS["labels_file"]] = f"labels that are not strings: {odd[:300]}"
+facts["labels"] = {k: v for k, v in labels.items() if isinstance(v, str)}
 rocm = os.environ.get("ROCM_PATH") or "/opt/rocm"
 facts["rocm"] = {
     "path": rocm,
@@ -101,15 +148,12 @@ facts["env_libstdcxx"] = sorted(
     for prefix in env_prefixes
     for path in glob.glob(os.path.join(prefix, "lib", "libstdc++.so*"))
 )
-facts["files"] = {}
-for path in INPUTS["records"]:
-    text = read(path, limit=20000000)
-    facts["files"][path] = None if text is None else len(text)
-manifest = read(INPUTS["prune_manifest_file"], limit=50000000)
-try:
-    facts["prune_manifest"] = json.loads(manifest) if manifest else None
-except ValueError:
-    facts["prune_manifest"] = "unreadable"
+# Every record is read once (a malformed one goes to PROBLEMS); verify uses
+# the prune manifest's content and the other records' sizes.
+records = {path: load(path, kind) for path, kind in INPUTS["records"].items()}
+facts["files"] = {p: os.path.getsize(p) if os.path.isfile(p) else None for p in records}
+facts["prune_manifest"] = records.get(INPUTS["prune_manifest_file"])
+
 
 spec = importlib.util.find_spec("torch")
 torch = None
@@ -155,12 +199,8 @@ def ldd(path):
 
 
 def read_runtime():
-    """The image's record of its network layer (None: none; "unreadable")."""
-    text = read(INPUTS["runtime_file"])
-    try:
-        return json.loads(text) if text else None
-    except ValueError:
-        return "unreadable"
+    """The image's record of its network layer (None: none or malformed)."""
+    return load(INPUTS["runtime_file"])
 
 
 def plugin_dirs(runtime, ld_path, named, conf):
@@ -275,7 +315,7 @@ def network_facts():
     }
 
 
-facts["network"] = network_facts()
+facts["network"] = guarded("network", network_facts)
 
 scripts = {}
 runscripts_dir = INPUTS["runscripts_dir"]
@@ -297,4 +337,5 @@ if with_conda is not None:
     facts["with_conda"] = run(
         ["bash", "-c", '$WITH_CONDA && python -c "import sys; print(sys.prefix)"']
     )
+facts["problems"] = PROBLEMS
 print(json.dumps(facts))

@@ -313,7 +313,7 @@ def test_probe_reads_the_paths_it_is_given_and_keeps_them_when_it_reexecs(tmp_pa
         **verify.probe_inputs(),
         "target_env_file": str(target),
         "labels_file": str(labels),
-        "records": [str(record), str(tmp_path / "absent.json")],
+        "records": {str(record): None, str(tmp_path / "absent.json"): "object"},
     }
     source = PROBE.read_text()
     env = {k: v for k, v in os.environ.items() if k != "COTAINR_LUMI_VERIFY_REEXEC"}
@@ -568,3 +568,160 @@ def test_probe_finds_the_plugin_and_rccl_tests_it_is_told_about(tmp_path):
     assert plugin["path"] == str(lib / "librccl-net-ofi.so")
     assert plugin["generation"] == "aws-ofi-nccl"
     assert "libc.so.6" in plugin["ldd"]["deps"]
+
+
+# -- Odd images never end in a traceback (issue 29) ---------------------------
+
+
+def run_probe(tmp_path, **files):
+    """Run the probe with a real python on `files` (name -> content); its facts."""
+    paths = {}
+    for name, content in files.items():
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(content)
+    inputs = {
+        **verify.probe_inputs(),
+        "labels_file": str(paths.get("labels", tmp_path / "absent")),
+        "target_env_file": str(paths.get("target", tmp_path / "absent")),
+        "runtime_file": str(paths.get("runtime", tmp_path / "absent")),
+        "prune_manifest_file": str(paths.get("manifest", tmp_path / "absent")),
+        "records": {
+            str(paths.get("manifest", tmp_path / "absent")): "object",
+            str(paths.get("packages", tmp_path / "absent")): "array",
+        },
+    }
+    source = PROBE.read_text()
+    out = subprocess.run(
+        [sys.executable, "-c", source, source, json.dumps(inputs)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "COTAINR_LUMI_VERIFY_REEXEC"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout), paths
+
+
+NESTED = "[" * 100000 + "]" * 100000
+
+
+@pytest.mark.parametrize(
+    "files, where, reason",
+    [
+        ({"labels": "[]"}, "labels", "a JSON array, not an object"),
+        (
+            {"labels": '{"cotainr-lumi.system": 5, "ok": "x", "n": null}'},
+            "labels",
+            "labels that are not strings: cotainr-lumi.system, n",
+        ),
+        ({"manifest": NESTED}, "manifest", "RecursionError"),
+        ({"target": NESTED}, "target", "RecursionError"),
+        ({"manifest": "[" * 80 + "]" * 80}, "manifest", "nested deeper than 64"),
+        ({"packages": '{"a": 1}'}, "packages", "a JSON object, not an array"),
+        ({"manifest": '{"a": '}, "manifest", "Expecting value"),
+        (
+            {"runtime": '{"net-plugin-dirs": [1, 2], "rccl-tests": ["x"]}'},
+            "network",
+            "TypeError",
+        ),
+        ({"target": '{"python": ["x"], "prefix": 1}'}, None, None),
+    ],
+)
+def test_malformed_records_are_fail_rows_with_the_reason(
+    tmp_path, mocker, files, where, reason
+):
+    facts, paths = run_probe(tmp_path, **files)
+    key = str(paths[where]) if where in paths else where
+    assert facts["problems"] == ({key: mocker.ANY} if where else {})
+    if where:
+        assert reason in facts["problems"][key]
+        report = run_with(mocker, tmp_path, {**GOOD, "problems": facts["problems"]})
+        assert report.status_of("records") == "FAIL"
+        row = next(r for r in report.results if r.check == "records")
+        assert reason in row.evidence
+    assert isinstance(facts["labels"], dict)
+    assert all(isinstance(v, str) for v in facts["labels"].values())
+
+
+def test_a_large_label_is_read_whole_and_a_huge_one_is_a_fail_row(tmp_path, mocker):
+    # A base image's 300 KB label (the probe used to read 200,000 characters).
+    labels = {**GOOD["labels"], "org.example.big": "x" * 300_000}
+    facts, _ = run_probe(tmp_path, labels=json.dumps(labels))
+    assert facts["labels"] == labels and facts["problems"] == {}
+    report = run_with(mocker, tmp_path, {**GOOD, "labels": facts["labels"]})
+    assert report.status_of("provenance-labels") == "PASS"
+    assert report.status_of("records") == "PASS"
+    mocker.patch.object(verify, "MAX_RECORD_BYTES", 100_000)
+    facts, paths = run_probe(tmp_path, labels=json.dumps(labels))
+    assert "larger than 100000 bytes" in facts["problems"][str(paths["labels"])]
+
+
+@pytest.mark.parametrize(
+    "path, value, failing",
+    [
+        (("labels",), ["a"], {"provenance-labels", "env", "rocm-driver"}),
+        (
+            ("labels",),
+            {"cotainr-lumi.system": 5, "cotainr-lumi.stages": {"a": 1}},
+            {"provenance-labels", "package-list"},
+        ),
+        (("env",), "PATH=/bin", {"rocm-layout", "net-plugin", "env", "runscripts"}),
+        (("rocm",), None, {"rocm-layout", "torch-rocm-duplicates"}),
+        (("torch", "lib"), "not a list", {"torch-rocm-duplicates"}),
+        (("runscripts",), {}, {"runscripts"}),
+        (("problems",), ["x"], {"records"}),
+        (("network", "runtime"), {"libfabric": ["x"], "net-plugin-dirs": 3}, set()),
+        (("prune_manifest",), {"skipped": "x"}, set()),
+    ],
+)
+def test_facts_of_any_shape_give_fail_rows_not_exceptions(
+    mocker, tmp_path, path, value, failing
+):
+    # What a hostile `python` in the image could print as facts.
+    report = run_with(mocker, tmp_path, mutate(path, value))
+    assert set(report.failed) == failing
+    assert all(
+        "malformed" in r.evidence or r.check in ("provenance-labels", "package-list")
+        for r in report.results
+        if r.status == "FAIL"
+    )
+
+
+def test_evidence_is_bounded_and_printable(mocker, tmp_path):
+    facts = mutate(("env", "ROCM_PATH"), "/opt/rocm\udcff" + "y" * 100_000)
+    report = run_with(mocker, tmp_path, facts)
+    text = report.as_text()
+    text.encode("utf-8")  # a non-UTF-8 value from the image prints
+    assert max(len(r.evidence) for r in report.results) <= verify.MAX_EVIDENCE
+    assert "\\udcff" in text
+
+
+@pytest.mark.parametrize("stdout", ["", "not json\n", "[1, 2]\n", NESTED + "\n"])
+def test_a_python_that_prints_no_facts_is_one_input_error(tmp_path, mocker, stdout):
+    image = tmp_path / "x.sif"
+    image.write_bytes(SIF_HEADER)
+    mocker.patch(
+        "cotainr_lumi.apptainer.exec_in_image",
+        return_value=subprocess.CompletedProcess([], 0, stdout=stdout, stderr=""),
+    )
+    with pytest.raises(InputError, match="no facts printed"):
+        verify.verify_image(image=image)
+
+
+def test_one_timeout_for_all_runs_in_the_image_and_one_message(tmp_path, mocker):
+    image = tmp_path / "x.sif"
+    image.write_bytes(SIF_HEADER)
+    timeouts = []
+
+    def run(*, image, args, timeout, **kwargs):
+        timeouts.append(timeout)
+        if len(timeouts) == 2:  # the MPI probe: the whole source on its command line
+            raise subprocess.TimeoutExpired(cmd=["apptainer", *args], timeout=timeout)
+        return subprocess.CompletedProcess([], 0, stdout=json.dumps(GOOD), stderr="")
+
+    mocker.patch("cotainr_lumi.apptainer.exec_in_image", side_effect=run)
+    with pytest.raises(InputError) as info:
+        verify.verify_image(image=image, timeout=30)
+    message = str(info.value)
+    assert "did not finish within 30 s" in message and "--timeout" in message
+    assert len(message) < 400 and info.value.__cause__ is None
+    assert timeouts[0] == 30 and 0 < timeouts[1] <= 30
