@@ -276,27 +276,30 @@ def _init(original, util):
         self._shim_target = None
         if dry_run:
             return
-        image_path = self._shim_context.image_path
         if force is not None and (force or self._shim_taking_part):
-            if image_path.exists() and not force:
-                answer = answer_is_yes(
-                    f"{image_path} already exists. Would you like to overwrite it?"
-                )
-                if answer is None:
-                    raise PluginError(
-                        f"{image_path} already exists and there is no answer on "
-                        "stdin: pass --force to replace it, or choose another path."
-                    )
-                if not answer:
-                    logger.critical(
-                        "You have chosen not to overwrite %s. Exiting.", image_path
-                    )
-                    sys.exit(0)
-            self._shim_target = image_path
-            kwargs["image_path"] = _partial_path(image_path)
+            self._shim_target = self._shim_context.image_path
+            _confirm_overwrite(self._shim_target, force=force)
+            kwargs["image_path"] = _partial_path(self._shim_target)
         original(self, **kwargs)
 
     return init
+
+
+def _confirm_overwrite(image_path, *, force):
+    """Ask before replacing `image_path` (as cotainr asks); EOF names --force."""
+    if not image_path.exists() or force:
+        return
+    answer = answer_is_yes(
+        f"{image_path} already exists. Would you like to overwrite it?"
+    )
+    if answer is None:
+        raise PluginError(
+            f"{image_path} already exists and there is no answer on stdin: pass "
+            "--force to replace it, or choose another path."
+        )
+    if not answer:
+        logger.critical("You have chosen not to overwrite %s. Exiting.", image_path)
+        sys.exit(0)
 
 
 def _print_dry_run(build, *, cotainr_lines):
