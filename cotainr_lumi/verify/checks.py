@@ -531,6 +531,27 @@ def _check_records(report, facts):
 MALFORMED = (AttributeError, LookupError, TypeError, ValueError, RecursionError)
 
 
+def _guarded(report, row, check, *args, **kwargs):
+    """Run a check; facts it cannot read are its first row, FAIL."""
+    try:
+        check(report, *args, **kwargs)
+    except MALFORMED as e:
+        logger.debug("Check %s failed on the facts", row, exc_info=True)
+        report.add(
+            row,
+            FAIL,
+            f"cannot check: the image's records are malformed "
+            f"({type(e).__name__}: {e})",
+        )
+
+
+def _check_rocm_driver(report, facts, strict):
+    """The ROCm window row (:mod:`.rocmdriver`)."""
+    rocmdriver.check_rocm_driver(
+        report=report, facts=facts, strict=strict, warn=WARN, fail=FAIL, passed=PASS
+    )
+
+
 def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEOUT):
     """
     Run every check on an image.
@@ -564,43 +585,24 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
     _check_is_sif(image)
     deadline = time.monotonic() + timeout
     report = VerifyReport(image=str(image))
-
-    def guarded(row, check, *args, **kwargs):
-        """Run a check; facts it cannot read are its first row, FAIL."""
-        try:
-            check(report, *args, **kwargs)
-        except MALFORMED as e:
-            logger.debug("Check %s failed on the facts", row, exc_info=True)
-            report.add(
-                row,
-                FAIL,
-                f"cannot check: the image's records are malformed "
-                f"({type(e).__name__}: {e})",
-            )
-
     try:
         facts = _probe(image, timeout=timeout)
-        guarded("records", _check_records, facts)
-        guarded("provenance-labels", _check_labels, facts)
-        guarded("rocm-layout", _check_rocm, facts)
-        guarded("net-plugin", _check_network, facts)
-        guarded("env", _check_lumi_env, facts, dict(expected_env or {}))
-        guarded("target-env", _check_target_env, facts)
-        guarded("env-libstdcxx", _check_libstdcxx, facts)
-        guarded("torch-rocm-duplicates", _check_torch, facts)
-        guarded(
-            "rocm-driver",
-            lambda report: rocmdriver.check_rocm_driver(
-                report=report,
-                facts=facts,
-                strict=strict,
-                warn=WARN,
-                fail=FAIL,
-                passed=PASS,
-            ),
-        )
-        guarded("runscripts", _check_runtime, facts)
-        guarded(
+        checks = [
+            ("records", _check_records, facts),
+            ("provenance-labels", _check_labels, facts),
+            ("rocm-layout", _check_rocm, facts),
+            ("net-plugin", _check_network, facts),
+            ("env", _check_lumi_env, facts, dict(expected_env or {})),
+            ("target-env", _check_target_env, facts),
+            ("env-libstdcxx", _check_libstdcxx, facts),
+            ("torch-rocm-duplicates", _check_torch, facts),
+            ("rocm-driver", _check_rocm_driver, facts, strict),
+            ("runscripts", _check_runtime, facts),
+        ]
+        for row, check, *args in checks:
+            _guarded(report, row, check, *args)
+        _guarded(
+            report,
             "mpi-host-binding",
             check_mpi,
             image=image,
