@@ -276,11 +276,15 @@ def _init(original, util):
         self._shim_target = None
         if dry_run:
             return
-        if force is not None and (force or self._shim_taking_part):
-            self._shim_target = self._shim_context.image_path
-            _confirm_overwrite(self._shim_target, force=force)
-            kwargs["image_path"] = _partial_path(self._shim_target)
+        asks = force is not None and (force or self._shim_taking_part)
+        if not (asks or self._shim_taking_part):
+            return original(self, **kwargs)
+        target = Path(kwargs["image_path"]).resolve()
+        if asks:  # the shim asked; cotainr sees a path that does not exist
+            _confirm_overwrite(target, force=force)
+            kwargs["image_path"] = _partial_path(target)
         original(self, **kwargs)
+        self.image_path = self._shim_target = target  # see _build_image
 
     return init
 
@@ -331,8 +335,6 @@ def _execute(original):
         try:
             with _stop_cleanly_on_signals(), _spinner_only_on_a_terminal():
                 original(self)
-            if target is not None:
-                os.replace(self.image_path, target)
         except BaseException as error:
             report = error
             for name, (hook, context, _lines) in reversed(taking_part.items()):
@@ -347,9 +349,6 @@ def _execute(original):
             raise report from error
         finally:
             _state.active = None
-            if target is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    Path(self.image_path).unlink()
         for hook, context, _lines in taking_part.values():
             hook.finalize(context=context, error=None)
 
@@ -441,7 +440,18 @@ def _build_image(original, version):
                     "metadata first, so the cotainr plugins' build steps could "
                     f"not run. {support_hint(version)}"
                 )
-        return original(self, *args, **kwargs)
+        target = active and active["build"]._shim_target
+        path = kwargs.get("path", args[0] if args else None)
+        if not target or path is None or Path(path) != target:
+            return original(self, *args, **kwargs)  # e.g. cotainr's own partial
+        # cotainr writes the image itself: build it aside, replace when complete.
+        partial = _partial_path(target)
+        try:
+            result = original(self, path=partial)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return result
 
     return build_image
 
