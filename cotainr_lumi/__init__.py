@@ -9,13 +9,6 @@ yields an image equivalent to the hand-built LUMI PyTorch image.
 Copyright the cotainr-lumi developers.
 Licensed under the European Union Public License (EUPL) 1.2
 - see the LICENSE file for details.
-
-Functions
----------
-build(**request)
-    Build an image (see :func:`cotainr_lumi.api.build`).
-plan(**request)
-    Resolve a build into a plan without building.
 """
 
 from ._version import __version__

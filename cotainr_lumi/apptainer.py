@@ -5,21 +5,6 @@ cotainr drives ``singularity`` during builds (through :mod:`._cotainr`);
 inspecting a finished ``.sif`` (``cotainr-lumi verify``, the target env of a
 dry run's base image) only needs ``exec`` and nothing of cotainr. This leaf
 module is the one place that spells an ``exec`` command line.
-
-Functions
----------
-find_runtime()
-    The Apptainer/Singularity executable on PATH, or None.
-runtime()
-    The Apptainer/Singularity executable to use.
-is_sif(path)
-    Whether a file is a SIF image.
-exec_command(*, runtime, image, args, clean_env=True, env=None)
-    The command line running a command in an image.
-exec_in_image(*, image, args, clean_env=True, env=None, timeout=600)
-    Run a command in an image.
-env_deadline_hint(text, *, image)
-    What to do when an image's env scripts ran past Apptainer's limit.
 """
 
 import contextlib
@@ -40,14 +25,7 @@ SIF_MAGIC = b"SIF_MAGIC"
 
 
 def find_runtime():
-    """
-    The Apptainer/Singularity executable on PATH, or None.
-
-    Returns
-    -------
-    path : str or None
-        ``apptainer`` if on PATH, else ``singularity``, else None.
-    """
+    """The Apptainer/Singularity executable on PATH, or None."""
     for name in RUNTIME_NAMES:
         path = shutil.which(name)
         if path:
@@ -56,19 +34,7 @@ def find_runtime():
 
 
 def runtime():
-    """
-    The Apptainer/Singularity executable to use.
-
-    Returns
-    -------
-    path : str
-        ``apptainer`` if on PATH, else ``singularity``.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.InputError`
-        If neither is on PATH.
-    """
+    """The Apptainer/Singularity executable to use."""
     path = find_runtime()
     if path is None:
         raise InputError(
@@ -80,51 +46,13 @@ def runtime():
 
 
 def is_sif(path):
-    """
-    Whether a file is a SIF image (by its magic, without Apptainer).
-
-    Parameters
-    ----------
-    path : os.PathLike
-        The file.
-
-    Returns
-    -------
-    sif : bool
-        True when :data:`SIF_MAGIC` follows the launch line.
-
-    Raises
-    ------
-    OSError
-        If the file cannot be read (a directory, no permission).
-    """
+    """Whether a file is a SIF image (by its magic, without Apptainer)."""
     with open(path, "rb") as f:
         return f.read(32 + len(SIF_MAGIC))[32:] == SIF_MAGIC
 
 
 def exec_command(*, runtime, image, args, clean_env=True, env=None):
-    """
-    The command line running a command in an image.
-
-    Parameters
-    ----------
-    runtime : str
-        The Apptainer/Singularity executable (:func:`runtime`).
-    image : os.PathLike
-        The ``.sif`` (or sandbox directory).
-    args : sequence of str
-        The command.
-    clean_env : bool, default=True
-        Start from a clean environment (``--cleanenv``) so the image's own
-        defaults are seen, not the host's.
-    env : mapping of str to str, optional
-        Variables to pass in (``--env``).
-
-    Returns
-    -------
-    argv : list of str
-        ``RUNTIME exec --no-home [--cleanenv] [--env K=V ...] IMAGE ARGS...``.
-    """
+    """The command line running a command in an image."""
     cmd = [runtime, "exec", "--no-home"]
     if clean_env:
         cmd.append("--cleanenv")
@@ -134,36 +62,7 @@ def exec_command(*, runtime, image, args, clean_env=True, env=None):
 
 
 def exec_in_image(*, image, args, clean_env=True, env=None, timeout=600):
-    """
-    Run a command in an image.
-
-    Parameters
-    ----------
-    image : os.PathLike
-        The ``.sif`` (or sandbox directory).
-    args : sequence of str
-        The command.
-    clean_env : bool, default=True
-        Start from a clean environment (see :func:`exec_command`).
-    env : mapping of str to str, optional
-        Variables to pass in (``--env``).
-    timeout : float, default=600
-        Seconds before the command is killed.
-
-    Returns
-    -------
-    process : :class:`subprocess.CompletedProcess`
-        With text ``stdout``/``stderr``; the exit status is not checked. The
-        command's stdin is empty.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.InputError`
-        If neither ``apptainer`` nor ``singularity`` is on PATH.
-    subprocess.TimeoutExpired
-        If the command runs longer than `timeout`; then, and on any exception
-        while waiting (``KeyboardInterrupt``), the command's session is killed.
-    """
+    """Run a command in an image."""
     cmd = exec_command(
         runtime=runtime(), image=image, args=args, clean_env=clean_env, env=env
     )
@@ -199,18 +98,6 @@ def env_deadline_hint(text, *, image):
 
     Apptainer gives an image's ``/.singularity.d/env`` scripts 60 s, then
     stops with that one line.
-
-    Parameters
-    ----------
-    text : str
-        A failed command's output.
-    image : str
-        The image whose env scripts ran (in words).
-
-    Returns
-    -------
-    hint : str
-        A sentence (with a leading space), or "" for other failures.
     """
     if "context deadline exceeded" not in text:
         return ""
@@ -226,25 +113,7 @@ IMAGE_PYTHON = 'exec "$(command -v python || command -v python3)" -c "$0" "$@"'
 
 
 def python_in_image(*, image, source, args=(), timeout=600):
-    """
-    Run Python source with the image's own python (``python`` or ``python3``).
-
-    Parameters
-    ----------
-    image : os.PathLike
-        The ``.sif`` (or sandbox directory).
-    source : str
-        The program.
-    args : sequence of str
-        Its ``sys.argv[1:]``.
-    timeout : float, default=600
-        Seconds before it is killed.
-
-    Returns
-    -------
-    process : :class:`subprocess.CompletedProcess`
-        As :func:`exec_in_image` returns it.
-    """
+    """Run Python source with the image's own python (``python`` or ``python3``)."""
     return exec_in_image(
         image=image, args=["bash", "-c", IMAGE_PYTHON, source, *args], timeout=timeout
     )

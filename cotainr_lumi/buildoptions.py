@@ -39,45 +39,19 @@ BUILD_OPTIONS = (
 
 
 def help_text(arg):
-    """
-    The help text of an option, from :data:`OPTION_HELP`.
-
-    Parameters
-    ----------
-    arg : str
-        The option's destination name.
-
-    Returns
-    -------
-    text : str
-        One line, as cotainr formats its own option help.
-    """
+    """The help text of an option, from :data:`OPTION_HELP`."""
     return OPTION_HELP[arg]
 
 
 def stages_in_pipeline_order():
-    """
-    Registered stage names, the built-in ones in pipeline order first.
-
-    Returns
-    -------
-    names : list of str
-        The stage names.
-    """
+    """Registered stage names, the built-in ones in pipeline order first."""
     names = available_stages()
     order = {name: i for i, name in enumerate(CANONICAL_STAGE_ORDER)}
     return sorted(names, key=lambda n: (order.get(n, len(order)), n))
 
 
 def add_options(*, parser):
-    """
-    Add the cotainr-lumi options to a ``build`` parser.
-
-    Parameters
-    ----------
-    parser : :class:`argparse.ArgumentParser` or argument group
-        Where to add them.
-    """
+    """Add the cotainr-lumi options to a ``build`` parser."""
     parser.add_argument("--lumi-system", metavar="NAME", help=help_text("lumi_system"))
     parser.add_argument(
         "--set",
@@ -102,24 +76,7 @@ def add_options(*, parser):
 
 
 def parse_set_option(text):
-    """
-    Parse ``STAGE.KEY=VALUE`` (VALUE as YAML).
-
-    Parameters
-    ----------
-    text : str
-        The option value.
-
-    Returns
-    -------
-    stage, key, value : str, str, object
-        The parts.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.InputError`
-        If the text is malformed or the value is not YAML.
-    """
+    """Parse ``STAGE.KEY=VALUE`` (VALUE as YAML)."""
     name, sep, raw_value = text.partition("=")
     stage, dot, key = name.partition(".")
     if not sep or not dot or not stage or not key:
@@ -139,27 +96,7 @@ def parse_set_option(text):
 
 
 def stage_settings(*, set_settings, stage_args):
-    """
-    Collect stage setting overrides from ``--set`` and the stage options.
-
-    Parameters
-    ----------
-    set_settings : list of str
-        The ``--set`` values.
-    stage_args : :class:`argparse.Namespace`
-        The parsed stage options.
-
-    Returns
-    -------
-    settings : dict
-        ``{stage: {key: value}}``, read by the settings loader (typed).
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.InputError`
-        For a malformed ``--set``, an unknown stage or key, or a bad value
-        (the message names the option or the stage's options).
-    """
+    """Collect stage setting overrides from ``--set`` and the stage options."""
     settings = {}
     for name in available_stages():
         overrides = get_stage_class(name).settings_from_args(args=stage_args)
@@ -190,26 +127,7 @@ def stage_settings(*, set_settings, stage_args):
 
 
 def request_from_options(*, context, conda_env):
-    """
-    The build request of a build hook's context.
-
-    Parameters
-    ----------
-    context : BuildContext
-        The build (its ``options``: those :func:`add_options` added).
-    conda_env : list of os.PathLike or None
-        The conda environment file(s).
-
-    Returns
-    -------
-    request : :class:`cotainr_lumi.engine.plan.BuildRequest`
-        The request.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.InputError`
-        For a malformed ``--set``, or ``--lumi-system`` with ``--system``.
-    """
+    """The build request of a build hook's context."""
     options = dict(context.options)
     set_settings = options.pop("set_settings", None) or []
     skip_stages = options.pop("skip_stages", None) or ()

@@ -5,18 +5,6 @@ The ``cotainr-lumi`` command.
 subcommands with the cotainr-lumi plugin active (the same code as the stock
 ``cotainr`` command: cotainr's build hook, or the shim of it); ``cotainr-lumi verify`` checks a built image. The command
 works without the start-up hook.
-
-Classes
--------
-Verify
-    Check an image against the hand-built LUMI PyTorch image.
-CotainrLumiCLI
-    Build Apptainer/Singularity containers for LUMI with cotainr-lumi.
-
-Functions
----------
-main(*args, **kwargs)
-    The ``cotainr-lumi`` entry point.
 """
 
 import argparse
@@ -52,17 +40,6 @@ class Verify:
 
     The "verify" subcommand: one row per check (PASS / FAIL / N/A with the
     evidence) and a summary; exits non-zero if any check fails.
-
-    Parameters
-    ----------
-    image : :class:`os.PathLike`
-        The .sif image to check.
-    json : bool
-        Print the report as JSON.
-    strict : bool
-        Fail on warnings too (e.g. a ROCm outside what LUMI's driver supports).
-    timeout : float
-        The most seconds for all runs in the image together.
     """
 
     def __init__(self, *, image, json=False, strict=False, timeout=600):
@@ -148,18 +125,6 @@ class CotainrLumiCLI:
 
     The ``cotainr-lumi`` command: cotainr's ``build`` and ``info`` with the
     cotainr-lumi plugin active, and ``verify``.
-
-    Parameters
-    ----------
-    args : list of str, optional
-        The input arguments to the CLI (default: ``sys.argv``).
-
-    Attributes
-    ----------
-    subcommand : object
-        The subcommand to run (its ``execute()``).
-    name : str or None
-        The subcommand's name.
     """
 
     def __init__(self, *, args=None):

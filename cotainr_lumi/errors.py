@@ -4,23 +4,6 @@ Typed exceptions raised by cotainr-lumi.
 Every error a user can cause derives from :class:`CotainrLumiError`. Its
 message says what is wrong, where (file, system, key, step) and how to fix
 it; the command line prints it once and exits non-zero.
-
-Classes
--------
-CotainrLumiError
-    Base class of all cotainr-lumi errors.
-ProfileError
-    A system profile file is invalid.
-UnknownSystemError
-    The requested system is not defined.
-InputError
-    A build input (file, option value) is invalid.
-ImageExistsError
-    The output image exists and overwriting was not allowed.
-StageError
-    A stage failed while building the image.
-UnsupportedCotainrError
-    The installed cotainr release is outside the tested range.
 """
 
 import re

@@ -66,14 +66,7 @@ CONDA_PREFIX, CONDA_ENV_NAME = _conda_defaults()
 
 
 def cotainr_version():
-    """
-    The installed cotainr version.
-
-    Returns
-    -------
-    version : str
-        As cotainr reports it.
-    """
+    """The installed cotainr version."""
     return str(getattr(cotainr, "__version__", "unknown"))
 
 
@@ -92,79 +85,30 @@ SHIM_PROBLEM = (
 
 
 def plugin_error(message, *, exit_code=1):
-    """
-    A :data:`PluginError` (cotainr's or the shim's) with `exit_code`.
-
-    Parameters
-    ----------
-    message : str
-        The one-line error.
-    exit_code : int, default=1
-        The exit status.
-
-    Returns
-    -------
-    error : PluginError
-        The error to raise.
-    """
+    """A :data:`PluginError` (cotainr's or the shim's) with `exit_code`."""
     error = PluginError(message)
     error.exit_code = exit_code
     return error
 
 
 def check_cotainr_version():
-    """
-    Raise unless cotainr can run cotainr-lumi's build hook.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.UnsupportedCotainrError`
-        Naming the cotainr version and what to do; stock ``cotainr`` keeps
-        working then.
-    """
+    """Raise unless cotainr can run cotainr-lumi's build hook."""
     if SHIM_PROBLEM:
         raise UnsupportedCotainrError(SHIM_PROBLEM)
 
 
 def cotainr_subcommand(*, args):
-    """
-    The subcommand cotainr's own CLI makes of `args`, with the hook active.
-
-    Parameters
-    ----------
-    args : list of str
-        The arguments (``["build", ...]`` or ``["info"]``).
-
-    Returns
-    -------
-    subcommand : object
-        cotainr's subcommand, ready to ``execute()``.
-    """
+    """The subcommand cotainr's own CLI makes of `args`, with the hook active."""
     return _cli.CotainrCLI(args=args).subcommand
 
 
 def build_command():
-    """
-    Cotainr's "build" subcommand class (with the hook active).
-
-    Returns
-    -------
-    build_cls : type
-        ``cotainr.cli.Build``.
-    """
+    """Cotainr's "build" subcommand class (with the hook active)."""
     return _cli.Build
 
 
 def takes_several_conda_envs():
-    """
-    Whether cotainr's ``--conda-env`` takes several files.
-
-    Returns
-    -------
-    several : bool
-        True when cotainr's own ``build`` parser makes a list of
-        ``--conda-env a b``.
-    """
+    """Whether cotainr's ``--conda-env`` takes several files."""
     import argparse
 
     parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
@@ -179,14 +123,7 @@ def takes_several_conda_envs():
 
 
 def stock_systems():
-    """
-    The systems cotainr itself defines (its ``systems.json``).
-
-    Returns
-    -------
-    systems : dict
-        ``{name: {"base-image": ...}}`` as cotainr reads them.
-    """
+    """The systems cotainr itself defines (its ``systems.json``)."""
     if not NATIVE:
         return getattr(_util.get_systems, "__wrapped__", _util.get_systems)()
     try:
@@ -197,35 +134,12 @@ def stock_systems():
 
 
 def stock_systems_file():
-    """
-    The path of cotainr's ``systems.json`` (which may not exist).
-
-    Returns
-    -------
-    path : :class:`pathlib.Path`
-        The file cotainr reads its systems from.
-    """
+    """The path of cotainr's ``systems.json`` (which may not exist)."""
     return Path(getattr(_util, "systems_file", "systems.json"))
 
 
 def make_log_settings(*, verbosity=0, log_to_file=False, no_color=False):
-    """
-    Build cotainr log settings.
-
-    Parameters
-    ----------
-    verbosity : int, default=0
-        -1 (quiet) to 5 (trace), as cotainr's ``-q``/``-v`` flags.
-    log_to_file : bool or os.PathLike, default=False
-        True for cotainr's default log file name, or a path prefix.
-    no_color : bool, default=False
-        Disable colored console output.
-
-    Returns
-    -------
-    log_settings : :class:`cotainr.tracing.LogSettings`
-        The settings.
-    """
+    """Build cotainr log settings."""
     from datetime import datetime
 
     if log_to_file is True:
@@ -260,11 +174,6 @@ def setup_cli_logging(*, log_settings):
 
     INFO and below go to stdout as ``Cotainr:-: message``, warnings and
     errors to stderr with their level (the format of cotainr's own CLI).
-
-    Parameters
-    ----------
-    log_settings : :class:`cotainr.tracing.LogSettings`
-        The settings to use (their verbosity).
     """
     verbosity = log_settings.verbosity
     level = logging.DEBUG if verbosity >= 2 else logging.INFO
@@ -283,18 +192,7 @@ def setup_cli_logging(*, log_settings):
 
 
 class CommandError(Exception):
-    """
-    A command run in the sandbox failed.
-
-    Attributes
-    ----------
-    cmd : list of str
-        The command.
-    returncode : int
-        Its exit status.
-    stdout, stderr : str
-        Its captured output.
-    """
+    """A command run in the sandbox failed."""
 
     def __init__(self, *, cmd, returncode, stdout, stderr):
         self.cmd = list(cmd)
@@ -306,21 +204,7 @@ class CommandError(Exception):
         )
 
     def error_lines(self, *, limit=40):
-        """
-        The lines of output that explain the failure.
-
-        Parameters
-        ----------
-        limit : int, default=40
-            The most lines returned (the last ones).
-
-        Returns
-        -------
-        text : str
-            Lines mentioning errors, or the tail of stderr; bounded in bytes
-            (:func:`cotainr_lumi.errors.clip_output`: an env script's 20 MB
-            line is cut).
-        """
+        """The lines of output that explain the failure."""
         from ..errors import clip_output
 
         lines = (self.stderr or self.stdout).splitlines()
@@ -344,18 +228,6 @@ def command_error_from(error, *, cmd=None):
     ``subprocess.CalledProcessError`` of a failed command; later releases
     (upstream PR #158) re-raise the ``CalledProcessError`` itself. Both mean
     "the command failed", not "cotainr-lumi has a bug".
-
-    Parameters
-    ----------
-    error : BaseException
-        What was raised.
-    cmd : sequence of str, optional
-        The command as we gave it (default: as the error records it).
-
-    Returns
-    -------
-    command_error : CommandError or None
-        None when `error` is not a failed command.
     """
     if isinstance(error, CommandError):
         return error
@@ -441,56 +313,14 @@ class _Watchdog:
 
 
 class Sandbox:
-    """
-    A cotainr ``SingularitySandbox`` with the helpers our stages use.
-
-    Parameters
-    ----------
-    stock : :class:`cotainr.container.SingularitySandbox`
-        The sandbox cotainr created (inside its context).
-
-    Attributes
-    ----------
-    root : :class:`pathlib.Path`
-        The host path of the sandbox.
-    stock : :class:`cotainr.container.SingularitySandbox`
-        The wrapped cotainr sandbox.
-    """
+    """A cotainr ``SingularitySandbox`` with the helpers our stages use."""
 
     def __init__(self, *, stock):
         self.stock = stock
         self.root = Path(stock.sandbox_dir)
 
     def run(self, args, *, env=None, timeout=None):
-        """
-        Run a command in the container sandbox (writable, no home).
-
-        Parameters
-        ----------
-        args : sequence of str
-            The command and its arguments (no shell; use
-            ``["bash", "-c", script]`` for one).
-        env : mapping of str to str, optional
-            Extra environment variables, set with ``env`` inside the
-            container so they win over the image's env files.
-        timeout : float, optional
-            Seconds after which the command (the runtime and everything it
-            started) is killed.
-
-        Returns
-        -------
-        process : :class:`subprocess.CompletedProcess`
-            With captured ``stdout``/``stderr``.
-
-        Raises
-        ------
-        CommandError
-            If the command exits non-zero.
-        CommandTimeoutError
-            If it ran longer than `timeout`.
-        UnicodeDecodeError
-            Never: output that is not UTF-8 is a :class:`CommandError`.
-        """
+        """Run a command in the container sandbox (writable, no home)."""
         cmd = [str(a) for a in args]
         if env:
             cmd = ["env"] + [f"{k}={v}" for k, v in env.items()] + cmd
@@ -517,12 +347,5 @@ class Sandbox:
                 raise command_error from e
 
     def add_to_env(self, *, shell_script):
-        """
-        Append to cotainr's env file (``92-cotainr-env.sh``).
-
-        Parameters
-        ----------
-        shell_script : str
-            Shell code sourced at container start.
-        """
+        """Append to cotainr's env file (``92-cotainr-env.sh``)."""
         self.stock.add_to_env(shell_script=shell_script)

@@ -53,19 +53,7 @@ _state = types.SimpleNamespace(installed=None, problem=None, active=None, tracin
 
 
 def missing_internals(modules):
-    """
-    The names of :data:`RELIED_ON` that `modules` lack.
-
-    Parameters
-    ----------
-    modules : dict of str to module
-        cotainr's ``cli``, ``container`` and ``util`` modules.
-
-    Returns
-    -------
-    missing : list of str
-        E.g. ``["container.SingularitySandbox.add_metadata"]``.
-    """
+    """The names of :data:`RELIED_ON` that `modules` lack."""
     missing = []
     for module, path in RELIED_ON:
         obj = modules.get(module)
@@ -108,14 +96,7 @@ def _plugins_off():
 
 
 def hooks():
-    """
-    The build hooks of the plugins, by plugin name.
-
-    Returns
-    -------
-    hooks : dict
-        Name to hook object (API version 1).
-    """
+    """The build hooks of the plugins, by plugin name."""
     if _plugins_off():
         return {}
     found = {}
@@ -191,19 +172,7 @@ def _partial_path(image_path):
 
 
 def answer_is_yes(question):
-    """
-    Ask `question` on the terminal; ``None`` when stdin has no answer (EOF).
-
-    Parameters
-    ----------
-    question : str
-        The question.
-
-    Returns
-    -------
-    yes : bool or None
-        The answer.
-    """
+    """Ask `question` on the terminal; ``None`` when stdin has no answer (EOF)."""
     prompt = question + " [yes/no]\n>>> "
     while True:
         try:
@@ -457,19 +426,7 @@ def _build_image(original, version):
 
 
 def support_hint(version):
-    """
-    What to do when the shim cannot serve cotainr `version`.
-
-    Parameters
-    ----------
-    version : str
-        The installed cotainr.
-
-    Returns
-    -------
-    text : str
-        One sentence.
-    """
+    """What to do when the shim cannot serve cotainr `version`."""
     return (
         f"Install a cotainr-lumi release that supports cotainr {version}, or "
         "cotainr 2025.7.1 (pip install 'cotainr==2025.7.1'); stock cotainr "
@@ -557,23 +514,7 @@ def _refuse_plugin_systems(original, problem):
 
 
 def install(*, cli, container, util, tracing, version):
-    """
-    Wrap cotainr's methods so that plugins' build hooks run (once per process).
-
-    Parameters
-    ----------
-    cli, container, util, tracing : module
-        cotainr's modules (``tracing``: its spinner is left out when stdout
-        is not a terminal, as upstream patch 0002 does).
-    version : str
-        cotainr's version (for messages).
-
-    Returns
-    -------
-    problem : str or None
-        None when installed; else why not (stock cotainr then runs
-        unchanged and a plugin's system is one error saying this).
-    """
+    """Wrap cotainr's methods so that plugins' build hooks run (once per process)."""
     if _state.installed is not None:
         return _state.problem
     _state.tracing = tracing

@@ -39,31 +39,7 @@ _VER_FLG_BASE = 0x1
 
 @dataclass(frozen=True)
 class ElfInfo:
-    """
-    The dynamic-linking facts of one ELF file.
-
-    Attributes
-    ----------
-    path : str
-        The host path it was read from.
-    elfclass : int
-        32 or 64.
-    machine : str
-        ``e_machine``, e.g. ``"EM_X86_64"``.
-    elftype : str
-        ``e_type``, e.g. ``"ET_DYN"``.
-    soname : str or None
-        ``DT_SONAME``.
-    needed : tuple of str
-        ``DT_NEEDED`` entries, in order.
-    rpath, runpath : tuple of str
-        ``DT_RPATH`` / ``DT_RUNPATH`` entries (split at ``:``).
-    version_needs : dict of str to frozenset of str
-        Per needed file name (e.g. ``"libstdc++.so.6"``), the version names
-        required from it (e.g. ``{"GLIBCXX_3.4.30", "CXXABI_1.3"}``).
-    version_defs : frozenset of str
-        The version names the file defines (without the base entry).
-    """
+    """The dynamic-linking facts of one ELF file."""
 
     path: str
     elfclass: int
@@ -77,19 +53,7 @@ class ElfInfo:
     version_defs: frozenset[str] = frozenset()
 
     def needs_from(self, *, prefix):
-        """
-        The versions needed from libraries whose file name starts with `prefix`.
-
-        Parameters
-        ----------
-        prefix : str
-            E.g. ``"libstdc++.so."``.
-
-        Returns
-        -------
-        versions : frozenset of str
-            The union of the versions needed from those libraries.
-        """
+        """The versions needed from libraries whose file name starts with `prefix`."""
         found = set()
         for name, versions in self.version_needs.items():
             if name.startswith(prefix):
@@ -97,19 +61,7 @@ class ElfInfo:
         return frozenset(found)
 
     def compatible_with(self, other):
-        """
-        Whether two ELF files could be loaded into the same process.
-
-        Parameters
-        ----------
-        other : ElfInfo
-            The other file.
-
-        Returns
-        -------
-        compatible : bool
-            True when ELF class and machine agree.
-        """
+        """Whether two ELF files could be loaded into the same process."""
         return (self.elfclass, self.machine) == (other.elfclass, other.machine)
 
 
@@ -124,19 +76,7 @@ def _open_nofollow(path):
 
 
 def is_elf(*, path):
-    r"""
-    Whether a regular file starts with the ELF magic.
-
-    Parameters
-    ----------
-    path : os.PathLike
-        The file (a symlink is not followed: it is not an ELF file here).
-
-    Returns
-    -------
-    elf : bool
-        True if the first 4 bytes are ``\x7fELF``.
-    """
+    r"""Whether a regular file starts with the ELF magic."""
     try:
         fd = _open_fd(path)
     except OSError:
@@ -150,20 +90,7 @@ def is_elf(*, path):
 
 
 def read_elf_info(*, path):
-    """
-    Read the dynamic-linking facts of an ELF file.
-
-    Parameters
-    ----------
-    path : os.PathLike
-        The file (opened with ``O_NOFOLLOW``).
-
-    Returns
-    -------
-    info : ElfInfo or None
-        None if the file is not ELF, is truncated or cannot be parsed
-        (logged at debug level).
-    """
+    """Read the dynamic-linking facts of an ELF file."""
     try:
         fd = _open_fd(path)
     except OSError as e:
@@ -335,20 +262,6 @@ def scan_elf_files(*, root, path, skip=()):
     The directory is resolved inside `root` and walked without following
     symlinks (:func:`cotainr_lumi.engine.rootfs.walk_in_root`); files that do not
     start with the ELF magic cost one 4-byte read.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the root file system.
-    path : str or os.PathLike
-        The image path of the directory.
-    skip : container of str, optional
-        Host paths (as str) not to read.
-
-    Yields
-    ------
-    info : ElfInfo
-        One per readable ELF regular file.
     """
     for entry in walk_in_root(root=root, path=path):
         if entry.kind != "file":

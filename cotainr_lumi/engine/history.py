@@ -64,20 +64,7 @@ def _move_labels(*, root, entry):
 
 
 def keep_earlier_build(*, root):
-    """
-    Move the records of the build the base image comes from into the history.
-
-    Parameters
-    ----------
-    root : :class:`pathlib.Path`
-        The sandbox.
-
-    Returns
-    -------
-    number : int or None
-        The history entry (``history/N``), None when the base image was not
-        built by cotainr-lumi (no ``provenance.json``).
-    """
+    """Move the records of the build the base image comes from into the history."""
     if not resolve_in_root(root=root, path=imagelayout.PROVENANCE_FILE).is_file():
         return None
     history = resolve_in_root(root=root, path=imagelayout.HISTORY_DIR)

@@ -9,19 +9,6 @@ need of the image's environment (``CONDA_EXE``, ``ROCM_PATH``, the loader
 cache's ``libstdc++`` entries). A build runs it in its sandbox
 (:func:`probe_build`, through ``StageContext.target_env``); a dry run runs the
 same probe in a local base image (:func:`probe_image_facts`).
-
-Functions
----------
-probe_command(*, explicit=None)
-    The command that probes an image.
-parse_probe(*, text)
-    Parse the probe's output into facts.
-discover(*, run, explicit=None, conda_env=False)
-    Ask an image (through `run`) and choose the environment.
-probe_build(*, sandbox, plan, labels)
-    The one probe of a running build (recorded in the image).
-probe_image_facts(*, image, explicit=None, timeout=120)
-    The probe's facts of an image file (dry runs: env, ROCm version, torch).
 """
 
 import json
@@ -156,20 +143,7 @@ def _unescape(value):
 
 
 def parse_probe(*, text):
-    """
-    Parse the output of :data:`PROBE_SCRIPT`.
-
-    Parameters
-    ----------
-    text : str
-        The script's standard output.
-
-    Returns
-    -------
-    facts : dict
-        ``{where: {key: value}}``; ``python`` values are dicts (or None when
-        the interpreter did not answer), ``ldcache`` a list of lines.
-    """
+    """Parse the output of :data:`PROBE_SCRIPT`."""
     facts: dict[str, dict[str, Any]] = {}
     for line in text.splitlines():
         if not line.startswith(_MARK):
@@ -190,19 +164,7 @@ def parse_probe(*, text):
 
 
 def probe_command(*, explicit=None):
-    """
-    The command that probes an image (run inside the container).
-
-    Parameters
-    ----------
-    explicit : str, optional
-        A prefix to check as well.
-
-    Returns
-    -------
-    args : list of str
-        ``env -i ... bash -c SCRIPT probe PREFIX``.
-    """
+    """The command that probes an image (run inside the container)."""
     return [
         *CLEAN_ENV,
         "bash",
@@ -216,47 +178,13 @@ def probe_command(*, explicit=None):
 
 
 def conda_env_prefix(*, plan=None):
-    """
-    Where cotainr's conda env is in the image.
-
-    Parameters
-    ----------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`, optional
-        The plan; its request carries the prefix cotainr's build context
-        gave (the seam's ``conda_prefix``/``conda_env_name``).
-
-    Returns
-    -------
-    prefix : str
-        E.g. ``/opt/cotainr/conda/envs/conda_container_env``.
-    """
+    """Where cotainr's conda env is in the image."""
     given = getattr(getattr(plan, "request", None), "conda_env_prefix", None)
     return given or f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
 
 
 def discover(*, run, explicit=None, conda_env=False):
-    """
-    Ask an image (through `run`) and choose the environment.
-
-    Parameters
-    ----------
-    run : callable
-        ``run(args) -> stdout`` running a command in the container.
-    explicit : str, optional
-        The ``target-env.prefix`` setting.
-    conda_env : bool, default=False
-        Whether cotainr created its conda env (checked at its prefix).
-
-    Returns
-    -------
-    target : TargetEnv
-        The environment.
-
-    Raises
-    ------
-    TargetEnvNotFoundError
-        If none qualifies.
-    """
+    """Ask an image (through `run`) and choose the environment."""
     check = explicit
     if not explicit and conda_env:
         check = conda_env if isinstance(conda_env, str) else conda_env_prefix()
@@ -272,25 +200,6 @@ def probe_build(*, sandbox, plan, labels):
     label ``cotainr-lumi.target-env``. Stages get it through
     :attr:`cotainr_lumi.engine.stage.StageContext.target_env`, which calls
     this once.
-
-    Parameters
-    ----------
-    sandbox : :class:`cotainr_lumi._cotainr.Sandbox`
-        The sandbox, after cotainr's conda step.
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan` or None
-        The plan (its ``target-env`` setting and conda env).
-    labels : dict of str to str
-        The build's labels (the label is added).
-
-    Returns
-    -------
-    target : TargetEnv or TargetEnvNotFoundError
-        The environment, or why there is none.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.StageError`
-        If the container does not start.
     """
     timeout = probe_timeout(plan=plan)
 
@@ -332,31 +241,7 @@ def probe_build(*, sandbox, plan, labels):
 
 
 def probe_image_facts(*, image, explicit=None, timeout=120):
-    """
-    The probe's facts of an image file (dry runs).
-
-    Parameters
-    ----------
-    image : os.PathLike
-        A local ``.sif`` (or sandbox directory).
-    explicit : str, optional
-        A prefix to check as well (the ``target-env.prefix`` setting).
-    timeout : float, default=120
-        Seconds before giving up.
-
-    Returns
-    -------
-    facts : dict or None
-        From :func:`parse_probe`; None when the image cannot be run here (no
-        Apptainer, or a file that is not a SIF image).
-
-    Raises
-    ------
-    subprocess.TimeoutExpired
-        When the probe took longer than `timeout`.
-    subprocess.CalledProcessError
-        When the container did not start or the probe failed (its output).
-    """
+    """The probe's facts of an image file (dry runs)."""
     if apptainer.find_runtime() is None or not (
         os.path.isdir(image) or apptainer.is_sif(image)
     ):

@@ -17,19 +17,7 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 def dotted(path):
-    """
-    A settings path as users write it.
-
-    Parameters
-    ----------
-    path : sequence
-        Keys and 0-based list indices.
-
-    Returns
-    -------
-    text : str
-        E.g. ``pip.steps[2].env.CC`` for ``("pip", "steps", 1, "env", "CC")``.
-    """
+    """A settings path as users write it."""
     text = ""
     for part in path:
         if isinstance(part, int) and not isinstance(part, bool):
@@ -43,53 +31,21 @@ def dotted(path):
 
 
 class Origin:
-    """
-    Settings given in Python (the API): an error names the key.
-
-    Parameters
-    ----------
-    base_dir : os.PathLike, optional
-        The directory relative paths count from (default: the current one).
-    label : str, optional
-        How values from here are labelled where it matters (pip steps).
-    """
+    """Settings given in Python (the API): an error names the key."""
 
     def __init__(self, *, base_dir=None, label=None):
         self.base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
         self.label = label
 
     def error(self, *, path, message):
-        """
-        The error for a problem at `path`.
-
-        Parameters
-        ----------
-        path : tuple
-            ``(stage, key, ...)``; empty for the settings as a whole.
-        message : str
-            What is wrong and what to write instead.
-
-        Returns
-        -------
-        error : :class:`cotainr_lumi.errors.CotainrLumiError`
-            To raise.
-        """
+        """The error for a problem at `path`."""
         if not path:
             return InputError(f"Invalid settings: {message}")
         return InputError(f"Invalid setting {dotted(path)}: {message}")
 
 
 class OptionOrigin(Origin):
-    """
-    Settings from a command line option: an error names the option.
-
-    Parameters
-    ----------
-    option : str
-        The option as given, e.g. ``--set 'prune.strict=yes'``.
-    base_dir : os.PathLike, optional
-        As for :class:`Origin`.
-    """
+    """Settings from a command line option: an error names the option."""
 
     def __init__(self, *, option, base_dir=None):
         super().__init__(base_dir=base_dir)
@@ -102,21 +58,7 @@ class OptionOrigin(Origin):
 
 
 class FileOrigin(Origin):
-    """
-    One stage's settings file (a pip steps file): an error names its line.
-
-    Parameters
-    ----------
-    file : os.PathLike
-        The file (relative paths in it count from its directory).
-    data : object
-        What :func:`cotainr_lumi.engine.yamlfile.read_yaml` read from it.
-    what : str
-        What the file is, e.g. ``"pip steps file"``.
-    describe : callable, optional
-        ``describe(path) -> str`` naming a key path in the file's words
-        (default ``key 'steps[2].env'``).
-    """
+    """One stage's settings file (a pip steps file): an error names its line."""
 
     def __init__(self, *, file, data, what, describe=None):
         super().__init__(base_dir=Path(file).parent, label=str(file))
@@ -137,18 +79,7 @@ class FileOrigin(Origin):
 
 
 class ProfileOrigin(Origin):
-    """
-    The ``settings:`` of a system in a profile file: an error names the line.
-
-    Parameters
-    ----------
-    file : os.PathLike
-        The profile file.
-    system : str
-        The system.
-    data : mapping
-        The system's definition as read from the file.
-    """
+    """The ``settings:`` of a system in a profile file: an error names the line."""
 
     def __init__(self, *, file, system, data):
         super().__init__()

@@ -4,24 +4,6 @@ Run a build plan's stages inside cotainr's build.
 cotainr creates the sandbox, installs the conda env, adds the metadata and
 builds the image; cotainr-lumi's build hook (:mod:`cotainr_lumi.plugin`)
 runs the plan's stages in between with the helpers here.
-
-Classes
--------
-BuildResult
-    What a build produced.
-
-Functions
----------
-run_stage(*, stage, context)
-    Run one stage and record its report and labels in the context.
-check_outputs(reports)
-    Collect the host files stages asked for; refuse to clobber foreign files.
-as_stage_error(error, *, stage)
-    The one clear error to report for an exception raised while building.
-log_resolved_base_image(base)
-    Say so when the base image is a link.
-without_bind_variables()
-    Unset Apptainer/Singularity bind variables for the duration of a build.
 """
 
 import contextlib
@@ -116,11 +98,6 @@ def without_bind_variables():
     A LUMI bindings module left loaded sets ``SINGULARITY_BIND`` to host paths
     (``/var/spool/slurmd`` ...) that the image being built lacks, which makes
     every ``singularity exec`` of the build fail. They are restored after.
-
-    Yields
-    ------
-    removed : dict
-        The variables that were unset.
     """
     removed = {
         name: os.environ.pop(name) for name in BIND_ENV_VARS if name in os.environ
@@ -138,21 +115,7 @@ def without_bind_variables():
 
 
 def run_stage(*, stage, context):
-    """
-    Run one stage and record its report and labels in the context.
-
-    Parameters
-    ----------
-    stage : :class:`cotainr_lumi.engine.stage.Stage`
-        The stage.
-    context : :class:`cotainr_lumi.engine.stage.StageContext`
-        The running build (the report and labels are appended to it).
-
-    Returns
-    -------
-    report : StageReport
-        What the stage did.
-    """
+    """Run one stage and record its report and labels in the context."""
     logger.info("Running stage: %s", stage.name)
     t_stage = time.time()
     report = stage.run(context=context)
@@ -169,24 +132,7 @@ def run_stage(*, stage, context):
 
 
 def check_outputs(reports):
-    """
-    Collect the host files stages asked for; refuse to clobber foreign files.
-
-    Parameters
-    ----------
-    reports : list of StageReport
-        The stage reports.
-
-    Returns
-    -------
-    outputs : dict of :class:`pathlib.Path` to str
-        The files to write with :func:`write_outputs` once the image is built.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.StageError`
-        If a file exists that cotainr-lumi did not write, or cannot be written.
-    """
+    """Collect the host files stages asked for; refuse to clobber foreign files."""
     outputs = {}
     for report in reports:
         wanted = dict(report.outputs)
@@ -221,14 +167,7 @@ def check_outputs(reports):
 
 
 def write_outputs(outputs):
-    """
-    Write host files atomically, one by one (after :func:`check_outputs`).
-
-    Parameters
-    ----------
-    outputs : dict of :class:`pathlib.Path` to str
-        Content by path; a file starting with ``#!`` is made executable.
-    """
+    """Write host files atomically, one by one (after :func:`check_outputs`)."""
     for path, content in outputs.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
@@ -239,22 +178,7 @@ def write_outputs(outputs):
 
 
 def as_stage_error(error, *, stage):
-    """
-    The one clear error to report for an exception raised while building.
-
-    Parameters
-    ----------
-    error : Exception
-        What was raised.
-    stage : str
-        The stage (or cotainr step) that was running.
-
-    Returns
-    -------
-    error : :class:`cotainr_lumi.errors.CotainrLumiError`
-        `error` itself if it already is one, else a
-        :class:`cotainr_lumi.errors.StageError` naming the stage.
-    """
+    """The one clear error to report for an exception raised while building."""
     if isinstance(error, CotainrLumiError):
         return error
     command_error = _cotainr.command_error_from(error)
@@ -286,22 +210,7 @@ def as_stage_error(error, *, stage):
 
 
 def cotainr_failure(error, *, plan):
-    """
-    One line for a failure of cotainr's own steps (sandbox, conda, image).
-
-    Parameters
-    ----------
-    error : Exception
-        What cotainr raised.
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
-        The build (its work directory and image path, for a full disk).
-
-    Returns
-    -------
-    message : str
-        The failure, with what to do when a file system is full or the base
-        image's env scripts did not finish.
-    """
+    """One line for a failure of cotainr's own steps (sandbox, conda, image)."""
     cause = error.__cause__ if error.__cause__ is not None else error
     lines = (getattr(cause, "stderr", None) or "").strip().splitlines()
     detail = " | ".join(lines[-3:]) if lines else f"{type(error).__name__}: {error}"
@@ -329,14 +238,7 @@ def cotainr_failure(error, *, plan):
 
 
 def log_resolved_base_image(base):
-    """
-    Say so when the base image is a link (its target is recorded).
-
-    Parameters
-    ----------
-    base : :class:`cotainr_lumi.engine.plan.BaseImage`
-        The plan's base image.
-    """
+    """Say so when the base image is a link (its target is recorded)."""
     if base.is_local_file and base.resolved != os.path.abspath(base.given):
         logger.info(
             "Base image %s is a link to %s; recording that file (links such "
@@ -348,20 +250,7 @@ def log_resolved_base_image(base):
 
 
 def check_base_image_unchanged(base):
-    """
-    Stop when the base image's link was re-pointed since the plan was made.
-
-    Parameters
-    ----------
-    base : :class:`cotainr_lumi.engine.plan.BaseImage`
-        The plan's base image.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.StageError`
-        If the link now names another file (the image would not be the one
-        recorded).
-    """
+    """Stop when the base image's link was re-pointed since the plan was made."""
     if not base.is_local_file:
         return
     now = os.path.realpath(base.given)

@@ -6,20 +6,6 @@ API); :func:`make_plan` checks it against the system profiles and yields a
 :class:`BuildPlan`: the base image, the stages in order with their settings,
 and whether the build is an extended (cotainr-lumi) build or a stock cotainr
 build. :meth:`BuildPlan.describe` is the ``--dry-run`` output.
-
-Classes
--------
-BuildRequest
-    What the user asked for.
-BuildPlan
-    The resolved plan.
-BaseImage
-    The base image as given and as resolved.
-
-Functions
----------
-make_plan(*, request, systems=None)
-    Resolve a request into a plan.
 """
 
 from dataclasses import dataclass, field
@@ -48,37 +34,7 @@ _URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 @dataclass
 class BuildRequest:
-    """
-    What the user asked for.
-
-    Attributes
-    ----------
-    image_path : os.PathLike
-        The image to build.
-    system : str, optional
-        A system name (exclusive with `base_image`).
-    base_image : str, optional
-        A base image build spec for a build without a system.
-    base_image_override : str, optional
-        Replaces the system's base image (e.g. a user's own copy).
-    conda_env : os.PathLike or list of os.PathLike, optional
-        A conda environment file for cotainr's conda step; several (created
-        from the first, updated with the others in order) where the cotainr
-        in use takes several.
-    settings : dict, optional
-        Stage settings overriding the profile's, per stage name.
-    skip_stages : tuple of str
-        Stages of the system not to run.
-    force : bool
-        Overwrite an existing image.
-    dry_run : bool
-        Only describe the plan.
-    conda_env_prefix : str, optional
-        Where cotainr's conda env is in the image, as cotainr's build context
-        says (default: cotainr's usual place).
-    accept_licenses : bool
-        Accept the Miniforge licence (cotainr's conda step).
-    """
+    """What the user asked for."""
 
     image_path: Any
     system: Optional[str] = None
@@ -95,18 +51,7 @@ class BuildRequest:
 
 @dataclass
 class BaseImage:
-    """
-    The base image as given and as resolved.
-
-    Attributes
-    ----------
-    given : str
-        As written in the profile or on the command line.
-    resolved : str
-        The real path behind symlinks for a local file, else `given`.
-    is_local_file : bool
-        Whether it is a file on this machine.
-    """
+    """The base image as given and as resolved."""
 
     given: str
     resolved: str
@@ -114,19 +59,7 @@ class BaseImage:
 
     @classmethod
     def from_spec(cls, spec):
-        """
-        Resolve a base image spec.
-
-        Parameters
-        ----------
-        spec : str
-            A local path or an Apptainer build spec (``docker://...``).
-
-        Returns
-        -------
-        base_image : BaseImage
-            The resolved base image.
-        """
+        """Resolve a base image spec."""
         spec = str(spec)
         if _URI_RE.match(spec):
             return cls(given=spec, resolved=spec, is_local_file=False)
@@ -138,45 +71,7 @@ class BaseImage:
 
 @dataclass
 class BuildPlan:
-    """
-    The resolved plan.
-
-    Attributes
-    ----------
-    request : BuildRequest
-        The request it was made from.
-    image_path : :class:`pathlib.Path`
-        The absolute image path.
-    system : SystemProfile or None
-        The system (None for a ``--base-image`` build).
-    base_image : BaseImage
-        The base image.
-    conda_envs : tuple of :class:`pathlib.Path`
-        The conda environment files, in order (the first creates the env;
-        :attr:`conda_env` is that one, or None).
-    stages : list of Stage
-        The stages to run, in order.
-    skipped : list of str
-        Stages of the system that will not run, with the reason.
-    extended : bool
-        False when stock cotainr builds the image unchanged.
-    image_exists : bool
-        Whether `image_path` exists now.
-    target_settings : TargetEnvSettings
-        The ``target-env`` settings (profile merged with the build's).
-    base_target : TargetEnv or TargetEnvNotFoundError or None
-        For a dry run: the answer the base image gave (None: not asked).
-    rocm_settings : RocmSettings
-        The ``rocm`` settings: the ROCm versions LUMI's GPU driver supports
-        (profile merged with the build's).
-    base_facts : dict or None
-        For a dry run: what the probe saw in a local base image (its ROCm
-        version, its envs and their torch); None when not asked.
-    base_problem : str or None
-        For a dry run: why the probe of the base image failed or timed out
-        (the dry run then exits non-zero); None when it answered or was not
-        asked.
-    """
+    """The resolved plan."""
 
     request: BuildRequest
     image_path: Path
@@ -205,14 +100,7 @@ class BuildPlan:
 
     @property
     def target_environment(self):
-        """
-        Where Python packages go in this build, in words.
-
-        Returns
-        -------
-        text : str
-            The env and why (see :mod:`cotainr_lumi.engine.targetenv`).
-        """
+        """Where Python packages go in this build, in words."""
         return targetenv.describe_lines(plan=self)[0]
 
     def ask_base_image(self):
@@ -265,14 +153,7 @@ class BuildPlan:
         return workdir.resolve_work_dir(self.build_settings.work_dir)
 
     def check_space(self):
-        """
-        Refuse a build that will not fit in its work directory.
-
-        Returns
-        -------
-        needed, free : int or None, int
-            The estimate and the free bytes.
-        """
+        """Refuse a build that will not fit in its work directory."""
         return workdir.check_space(
             work_dir=self.work_dir,
             base_image=self.base_image.resolved,
@@ -298,14 +179,7 @@ class BuildPlan:
         return lines
 
     def describe(self):
-        """
-        The dry-run description of the plan.
-
-        Returns
-        -------
-        text : str
-            Several lines (credentials in URLs redacted).
-        """
+        """The dry-run description of the plan."""
         lines = ["cotainr-lumi build plan (dry run: nothing is built)"]
         lines += self._describe_inputs()
         lines.append(f"  work dir:   {self.describe_work_dir()}")
@@ -546,26 +420,7 @@ def _make_stages(*, request, system, overrides, stage_names):
 
 
 def make_plan(*, request, systems=None):
-    """
-    Resolve a request into a plan.
-
-    Parameters
-    ----------
-    request : BuildRequest
-        What the user asked for.
-    systems : dict, optional
-        The systems (default: :func:`cotainr_lumi.engine.profiles.load_systems`).
-
-    Returns
-    -------
-    plan : BuildPlan
-        The plan.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.CotainrLumiError`
-        For an unknown system, an invalid profile or invalid inputs.
-    """
+    """Resolve a request into a plan."""
     if (request.system is None) == (request.base_image is None):
         raise InputError(
             "Give exactly one of a system (--system) and a base image (--base-image)."

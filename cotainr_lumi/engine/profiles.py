@@ -59,29 +59,7 @@ _SYSTEM_KEYS = {
 
 @dataclass(frozen=True)
 class SystemProfile:
-    """
-    A resolved system.
-
-    Attributes
-    ----------
-    name : str
-        The system name (``--system``).
-    base_image : str
-        The base image build spec.
-    description : str
-        One line for ``cotainr info``.
-    stages : tuple of str
-        The stage names, in the order they run.
-    settings : dict
-        Settings per stage name (and ``target-env``): the typed values of the
-        keys the profile files give (see :mod:`cotainr_lumi.engine.settings`).
-    rocm_version : str or None
-        The base image's ROCm major.minor, if the profile states it.
-    sources : tuple of str
-        The files that define or change the system.
-    stock : bool
-        True for a system from cotainr's own ``systems.json``.
-    """
+    """A resolved system."""
 
     name: str
     base_image: str
@@ -93,32 +71,12 @@ class SystemProfile:
     stock: bool = False
 
     def stage_settings(self, name):
-        """
-        The settings of one stage.
-
-        Parameters
-        ----------
-        name : str
-            The stage name.
-
-        Returns
-        -------
-        settings : dict
-            A copy (empty when the profile gives none).
-        """
+        """The settings of one stage."""
         return copy.deepcopy(self.settings.get(name, {}))
 
 
 def profile_files():
-    """
-    The profile files read, in order.
-
-    Returns
-    -------
-    files : list of :class:`pathlib.Path`
-        The packaged file, the user file if it exists, then the files of
-        ``COTAINR_LUMI_SYSTEMS`` (which must exist).
-    """
+    """The profile files read, in order."""
     files = [PACKAGED_PROFILE]
     config_home = os.environ.get("XDG_CONFIG_HOME") or os.path.join(
         os.path.expanduser("~"), ".config"
@@ -212,16 +170,6 @@ def merge_mappings(base, over):
     Merge mapping `over` into a copy of `base`.
 
     Nested mappings are merged key by key; other values are replaced.
-
-    Parameters
-    ----------
-    base, over : mapping
-        The mappings.
-
-    Returns
-    -------
-    merged : dict
-        A new mapping (deep copies of the values).
     """
     result = copy.deepcopy(base)
     for key, value in over.items():
@@ -233,27 +181,7 @@ def merge_mappings(base, over):
 
 
 def load_systems(*, files=None, include_stock=True):
-    """
-    Read, merge, resolve and validate all systems.
-
-    Parameters
-    ----------
-    files : list of os.PathLike, optional
-        The profile files, in order (default: :func:`profile_files`).
-    include_stock : bool, default=True
-        Whether to add cotainr's own systems.
-
-    Returns
-    -------
-    systems : dict of str to SystemProfile
-        All systems by name.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.ProfileError`
-        If a file or a system is invalid (the message names file, system and
-        key).
-    """
+    """Read, merge, resolve and validate all systems."""
     files = profile_files() if files is None else [Path(f) for f in files]
     raw = {}
     sources = {}
@@ -362,26 +290,7 @@ def _validate(*, name, merged, sources, where):
 
 
 def get_system(*, name, systems=None):
-    """
-    Look up one system, with a helpful error.
-
-    Parameters
-    ----------
-    name : str
-        The system name.
-    systems : dict, optional
-        The systems (default: :func:`load_systems`).
-
-    Returns
-    -------
-    system : SystemProfile
-        The system.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.UnknownSystemError`
-        If there is no such system (the message lists the available ones).
-    """
+    """Look up one system, with a helpful error."""
     systems = load_systems() if systems is None else systems
     try:
         return systems[name]

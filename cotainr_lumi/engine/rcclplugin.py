@@ -42,19 +42,7 @@ PATTERNS = (f"{PREFIX}*.so*", "libnccl-net*.so*")
 
 
 def load_names(named):
-    """
-    The names RCCL tries for its network plugin, in order.
-
-    Parameters
-    ----------
-    named : str or None
-        The value of ``NCCL_NET_PLUGIN`` (None or empty: not set).
-
-    Returns
-    -------
-    names : list of str
-        File names (looked up by the loader) or paths.
-    """
+    """The names RCCL tries for its network plugin, in order."""
     if not named:
         return [DEFAULT]
     names = [named]
@@ -65,24 +53,7 @@ def load_names(named):
 
 
 def generation(name, *, target=None):
-    """
-    The plugin generation a file name belongs to.
-
-    Parameters
-    ----------
-    name : str
-        The file name.
-    target : str, optional
-        The file name a symbolic link points to.
-
-    Returns
-    -------
-    generation : str
-        ``aws-ofi-nccl`` (its ROCm build, ``librccl-net-ofi.so``),
-        ``aws-ofi-rccl`` (``librccl-net.so``), ``nccl`` (``libnccl-net*``,
-        which RCCL loads only by name) or ``rccl-plugin`` (another
-        ``librccl-net-*`` plugin).
-    """
+    """The plugin generation a file name belongs to."""
     for candidate in (posixpath.basename(target or ""), name):
         if candidate.startswith(f"{PREFIX}-ofi.so"):
             return "aws-ofi-nccl"
@@ -104,25 +75,7 @@ def _search(name, *, files, search_dirs):
 
 
 def resolve(*, named, files, search_dirs):
-    """
-    The plugin file RCCL loads, or None.
-
-    Parameters
-    ----------
-    named : str or None
-        ``NCCL_NET_PLUGIN``.
-    files : dict
-        ``{directory: {file name: link target or None}}``: the plugin files
-        (:data:`PATTERNS`) in each directory looked at.
-    search_dirs : list of str
-        The directories ``dlopen`` searches, in order (``LD_LIBRARY_PATH``,
-        then the loader's).
-
-    Returns
-    -------
-    plugin : dict or None
-        ``{"path", "dir", "name", "generation"}``.
-    """
+    """The plugin file RCCL loads, or None."""
     for name in load_names(named):
         path = _search(name, files=files, search_dirs=search_dirs)
         if path is not None:
@@ -137,21 +90,7 @@ def resolve(*, named, files, search_dirs):
 
 
 def default_name(names):
-    """
-    The ``NCCL_NET_PLUGIN`` value a directory's plugin needs, if any.
-
-    Parameters
-    ----------
-    names : iterable of str
-        The plugin files in the directory.
-
-    Returns
-    -------
-    value : str or None
-        None when RCCL loads the directory's plugin without the variable
-        (``librccl-net.so`` is there) or it has no ``librccl-net-NAME.so``;
-        else ``NAME`` (``ofi`` for aws-ofi-nccl's ROCm build).
-    """
+    """The ``NCCL_NET_PLUGIN`` value a directory's plugin needs, if any."""
     names = set(names)
     if DEFAULT in names:
         return None
@@ -164,19 +103,7 @@ def default_name(names):
 
 
 def advice(*, named, files, search_dirs):
-    """
-    Why RCCL loads no plugin, and how to fix it.
-
-    Parameters
-    ----------
-    named, files, search_dirs
-        As for :func:`resolve` (which found none).
-
-    Returns
-    -------
-    text : str
-        One sentence.
-    """
+    """Why RCCL loads no plugin, and how to fix it."""
     tried = " then ".join(load_names(named))
     searched = set(search_dirs)
     for directory in search_dirs:

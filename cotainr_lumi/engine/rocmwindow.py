@@ -67,19 +67,7 @@ class RocmSettings(StageSettings):
 
 
 def major_minor(version):
-    """
-    The major.minor of a version string.
-
-    Parameters
-    ----------
-    version : str or None
-        E.g. ``"7.0.2-56"`` or ``"6.1.40093-a8dbc0c19"``.
-
-    Returns
-    -------
-    version : tuple of int or None
-        ``(7, 0)``; None when `version` does not start with one.
-    """
+    """The major.minor of a version string."""
     match = _MAJOR_MINOR.match(str(version or ""))
     return (int(match.group(1)), int(match.group(2))) if match else None
 
@@ -90,16 +78,7 @@ def _text(version):
 
 @dataclass(frozen=True)
 class Window:
-    """
-    A supported range of ROCm major.minor versions (both ends included).
-
-    Attributes
-    ----------
-    low, high : tuple of int
-        The ends.
-    source : str
-        Where the range is stated.
-    """
+    """A supported range of ROCm major.minor versions (both ends included)."""
 
     low: tuple[int, int]
     high: tuple[int, int]
@@ -107,21 +86,7 @@ class Window:
 
     @classmethod
     def from_text(cls, text, *, source=""):
-        """
-        The window of ``"LOW-HIGH"``.
-
-        Parameters
-        ----------
-        text : str
-            E.g. ``"6.1-7.0"``.
-        source : str, optional
-            Where it is stated.
-
-        Returns
-        -------
-        window : Window or None
-            None for text that is not a range.
-        """
+        """The window of ``"LOW-HIGH"``."""
         match = _RANGE.match(str(text or ""))
         if not match:
             return None
@@ -144,21 +109,7 @@ class Window:
 
 
 def torch_rocm(torch):
-    """
-    The ROCm major.minor a torch was built for.
-
-    Parameters
-    ----------
-    torch : dict or None
-        ``{"version": "2.10.0+rocm7.0", "hip": "7.0.51831-..."}`` (as the
-        image probe reads ``torch/version.py``).
-
-    Returns
-    -------
-    version : tuple of int or None
-        From ``+rocmX.Y`` of the version, else from ``hip``; None for a torch
-        without ROCm (or no torch).
-    """
+    """The ROCm major.minor a torch was built for."""
     if not torch:
         return None
     match = _TORCH_ROCM.search(str(torch.get("version") or ""))
@@ -168,23 +119,7 @@ def torch_rocm(torch):
 
 
 def problems(*, window, base_rocm, torch):
-    """
-    What is wrong with an image's ROCm versions, in words.
-
-    Parameters
-    ----------
-    window : Window or None
-        The supported range (None: only the agreement is checked).
-    base_rocm : str or None
-        The base image's ROCm version (``.info/version``).
-    torch : dict or None
-        Its torch (see :func:`torch_rocm`); None: not checked.
-
-    Returns
-    -------
-    problems : list of str
-        Empty when nothing is wrong (or nothing is known).
-    """
+    """What is wrong with an image's ROCm versions, in words."""
     found = []
     base = major_minor(base_rocm)
     built_for = torch_rocm(torch)
@@ -212,36 +147,12 @@ def problems(*, window, base_rocm, torch):
 
 
 def settings_of(*, plan):
-    """
-    The ``rocm`` settings of a plan (the defaults when it has none).
-
-    Parameters
-    ----------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan` or None
-        The plan.
-
-    Returns
-    -------
-    settings : RocmSettings
-        The settings.
-    """
+    """The ``rocm`` settings of a plan (the defaults when it has none)."""
     return RocmSettings.held_by(plan, "rocm_settings")
 
 
 def window_of(*, plan):
-    """
-    The supported range of a plan.
-
-    Parameters
-    ----------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan` or None
-        The plan.
-
-    Returns
-    -------
-    window : Window or None
-        None when the profile states none.
-    """
+    """The supported range of a plan."""
     settings = settings_of(plan=plan)
     return Window.from_text(settings.supported, source=settings.source)
 
@@ -258,19 +169,7 @@ def _dry_run_torch(plan):
 
 
 def describe_lines(*, plan):
-    """
-    What the dry run says about the ROCm versions.
-
-    Parameters
-    ----------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
-        The plan (with what a local base image answered, if asked).
-
-    Returns
-    -------
-    lines : list of str
-        The first line is the short answer.
-    """
+    """What the dry run says about the ROCm versions."""
     window = window_of(plan=plan)
     facts = getattr(plan, "base_facts", None) or {}
     base = facts.get("image", {}).get("rocm_version") or None
@@ -334,22 +233,7 @@ def _base_rocm_in_sandbox(*, root, target):
 
 
 def check_build(*, context, phase):
-    """
-    Check a running build; warn, or stop when strict.
-
-    Parameters
-    ----------
-    context : :class:`cotainr_lumi.engine.stage.StageContext`
-        The build (its sandbox, plan, labels).
-    phase : {"start", "end"}
-        ``start``: the base image's ROCm (before the stages); ``end``: torch
-        too (after them), and the labels.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.StageError`
-        When strict and something is wrong.
-    """
+    """Check a running build; warn, or stop when strict."""
     window = window_of(plan=context.plan)
     root = context.sandbox.root
     target = context.known_target_env()

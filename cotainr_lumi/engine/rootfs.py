@@ -6,21 +6,6 @@ Its symlinks are meant for the image: ``/opt/rocm -> /opt/rocm-6.2.4`` points
 to the image's ``/opt/rocm-6.2.4``, not the host's. Everything here resolves
 such links inside the sandbox root, so nothing we read for decisions, write or
 delete can be a host file.
-
-Functions
----------
-resolve_in_root(*, root, path, follow_final=True)
-    Resolve an image path to a host path inside `root`.
-write_file_in_root(*, root, path, content, mode=0o644)
-    Write a regular file at an image path, never through a link.
-image_path_of(*, root, host_path)
-    The image path of a host path that lies inside `root`.
-walk_in_root(*, root, path)
-    Walk a directory tree inside `root` without following symlinks.
-is_inside(*, parent, path)
-    Whether a (resolved) host path lies inside a directory.
-claim_build_dirs(*, root)
-    Make the directories the build writes into real directories, not links.
 """
 
 import errno
@@ -50,25 +35,6 @@ def resolve_in_root(*, root, path, follow_final=True):
     it with `root` as ``/`` (like ``chroot``): absolute symlink targets restart
     at `root`, ``..`` never climbs above `root`, and missing components are
     kept literally. The result therefore always lies inside `root`.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the root file system (e.g. a sandbox directory).
-    path : str or os.PathLike
-        The path as seen inside the image (relative paths count from ``/``).
-    follow_final : bool, default=True
-        Whether a symlink in the last component is followed.
-
-    Returns
-    -------
-    host_path : :class:`pathlib.Path`
-        The host path, inside `root`.
-
-    Raises
-    ------
-    SymlinkLoopError
-        If more than :data:`MAX_SYMLINKS` links are met (a loop).
     """
     root = Path(os.path.abspath(root))
     pending = [p for p in PurePosixPath("/", path).parts[1:]]
@@ -112,26 +78,7 @@ def resolve_in_root(*, root, path, follow_final=True):
 
 
 def image_path_of(*, root, host_path):
-    """
-    The image path of a host path that lies inside `root`.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the root file system.
-    host_path : os.PathLike
-        A host path inside `root` (not resolved through symlinks).
-
-    Returns
-    -------
-    image_path : :class:`pathlib.PurePosixPath`
-        The absolute path inside the image.
-
-    Raises
-    ------
-    ValueError
-        If `host_path` is not inside `root`.
-    """
+    """The image path of a host path that lies inside `root`."""
     rel = Path(os.path.abspath(host_path)).relative_to(os.path.abspath(root))
     return PurePosixPath("/", *rel.parts)
 
@@ -143,22 +90,6 @@ def write_file_in_root(*, root, path, content, mode=0o644):
     Parent directories are resolved inside `root` and created (mode 0755) if
     missing. A symlink at the final component is replaced by the file (the
     link is removed, its target is left alone).
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the root file system.
-    path : str or os.PathLike
-        The absolute path inside the image.
-    content : str or bytes
-        The file content (str is written as UTF-8).
-    mode : int, default=0o644
-        The permission bits of the file.
-
-    Returns
-    -------
-    host_path : :class:`pathlib.Path`
-        The host path of the written file.
     """
     image_path = PurePosixPath("/", path)
     parent = resolve_in_root(root=root, path=image_path.parent)
@@ -175,21 +106,7 @@ def write_file_in_root(*, root, path, content, mode=0o644):
 
 
 class RootEntry:
-    """
-    One entry met by :func:`walk_in_root` (never followed through a link).
-
-    Attributes
-    ----------
-    path : str
-        The host path of the entry (inside the root), as a string.
-    host_path : :class:`pathlib.Path`
-        The same as a Path (made on first use: walks meet many entries).
-    kind : str
-        ``"file"`` (regular file), ``"symlink"``, ``"dir"`` or ``"other"``
-        (FIFO, socket, device).
-    size : int
-        The size from ``lstat`` (of the link itself for a symlink).
-    """
+    """One entry met by :func:`walk_in_root` (never followed through a link)."""
 
     __slots__ = ("path", "kind", "_size")
 
@@ -223,18 +140,6 @@ def is_inside(*, parent, path):
 
     Both paths should already be resolved (e.g. by :func:`resolve_in_root`);
     no symlink is followed here.
-
-    Parameters
-    ----------
-    parent : os.PathLike
-        The directory.
-    path : os.PathLike
-        The path to check.
-
-    Returns
-    -------
-    inside : bool
-        True if `path` is `parent` or below it.
     """
     parent = os.path.abspath(parent)
     path = os.path.abspath(path)
@@ -249,19 +154,6 @@ def walk_in_root(*, root, path):
     on the way to it stays inside `root`); below it, symlinks are reported as
     ``"symlink"`` entries and never followed, so the walk cannot leave the
     start directory. Unreadable directories are logged and skipped.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the root file system.
-    path : str or os.PathLike
-        The image path of the directory to walk.
-
-    Yields
-    ------
-    entry : RootEntry
-        Every entry below the start directory (not the start itself),
-        directories before their contents.
     """
     start = resolve_in_root(root=root, path=path)
     if not start.is_dir() or start.is_symlink():
@@ -313,17 +205,6 @@ def claim_build_dirs(*, root):
     holding a copy of what the link leads to inside `root` (if anything), and
     the records directory (:data:`cotainr_lumi.imagelayout.RECORDS_DIR`)
     keeps no link at all.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the root file system (the sandbox).
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.CotainrLumiError`
-        If a directory above one of them (``/opt``, ``/.singularity.d``) or
-        :data:`cotainr_lumi.imagelayout.LABELS_FILE` is a link.
     """
     root = Path(root)
     for path in (*BUILD_DIRS, imagelayout.LABELS_FILE):

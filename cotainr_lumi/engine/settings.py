@@ -51,16 +51,7 @@ _SCALAR_WORDS = {
 
 
 class SettingError(ValueError):
-    """
-    A value that does not fit its declaration.
-
-    Parameters
-    ----------
-    message : str
-        What is wrong and what to write instead.
-    path : tuple, optional
-        Where below the setting (keys and 0-based list indices).
-    """
+    """A value that does not fit its declaration."""
 
     def __init__(self, message, *, path=()):
         super().__init__(message)
@@ -76,29 +67,7 @@ class SettingError(ValueError):
 
 
 def setting(default, *, doc, check=None, load=None):
-    """
-    Declare one setting (a dataclass field).
-
-    Parameters
-    ----------
-    default : object
-        The value when no source gives one (lists and dicts are copied).
-    doc : str
-        One line: what the setting does.
-    check : callable, optional
-        ``check(value)`` raising :class:`ValueError` (or :class:`SettingError`
-        with a path below the setting) when a converted value breaks a rule;
-        not called for null.
-    load : callable, optional
-        ``load(value, *, origin) -> typed value`` replacing the conversion by
-        type (raising :class:`SettingError`), for values users write in
-        several forms.
-
-    Returns
-    -------
-    field : :class:`dataclasses.Field`
-        The field, for a :class:`StageSettings` dataclass.
-    """
+    """Declare one setting (a dataclass field)."""
     metadata = {"doc": doc, "check": check, "load": load}
     if isinstance(default, (list, dict)):
         return dataclasses.field(
@@ -109,19 +78,7 @@ def setting(default, *, doc, check=None, load=None):
 
 
 def each(check):
-    """
-    A check of every item of a list.
-
-    Parameters
-    ----------
-    check : callable
-        ``check(item)`` raising :class:`ValueError`.
-
-    Returns
-    -------
-    check_items : callable
-        The check of a list; an error points at the item.
-    """
+    """A check of every item of a list."""
 
     def check_items(values):
         for i, value in enumerate(values):
@@ -137,26 +94,7 @@ def each(check):
 
 @dataclass(frozen=True)
 class Declared:
-    """
-    One declared setting.
-
-    Attributes
-    ----------
-    key : str
-        The key users write (``rocm-dedup``).
-    name : str
-        The dataclass field (``rocm_dedup``).
-    type : object
-        The annotation.
-    default : object
-        The default value.
-    doc : str
-        What the setting does.
-    check : callable or None
-        The extra rule.
-    load : callable or None
-        The conversion replacing the type's.
-    """
+    """One declared setting."""
 
     key: str
     name: str
@@ -167,26 +105,7 @@ class Declared:
     load: Optional[Callable] = None
 
     def read(self, value, *, origin):
-        """
-        The typed value of what a source gives.
-
-        Parameters
-        ----------
-        value : object
-            As given.
-        origin : Origin
-            The source (some conversions resolve paths against it).
-
-        Returns
-        -------
-        value : object
-            The typed value.
-
-        Raises
-        ------
-        SettingError
-            If the value does not fit.
-        """
+        """The typed value of what a source gives."""
         if self.load is not None:
             value = self.load(value, origin=origin)
         else:
@@ -248,64 +167,23 @@ class StageSettings:
 
     @classmethod
     def declared(cls):
-        """
-        The declared settings.
-
-        Returns
-        -------
-        declared : dict of str to Declared
-            By the key users write, in declaration order.
-        """
+        """The declared settings."""
         return _declared(cls)
 
     @classmethod
     def complete(cls, partial=None):
-        """
-        The settings with the defaults filled in.
-
-        Parameters
-        ----------
-        partial : mapping, optional
-            Typed values by key (what :func:`load_settings` returns, merged).
-
-        Returns
-        -------
-        settings : StageSettings
-            An instance of `cls`.
-        """
+        """The settings with the defaults filled in."""
         declared = cls.declared()
         return cls(**{declared[k].name: v for k, v in (partial or {}).items()})
 
     @classmethod
     def held_by(cls, holder, attribute):
-        """
-        The settings an object holds, or the defaults.
-
-        Parameters
-        ----------
-        holder : object or None
-            What holds them (a :class:`cotainr_lumi.engine.plan.BuildPlan`).
-        attribute : str
-            The attribute they are held in.
-
-        Returns
-        -------
-        settings : StageSettings
-            ``holder.<attribute>`` when it is an instance of `cls` (a test's
-            stand-in plan may lack it), else ``cls()``.
-        """
+        """The settings an object holds, or the defaults."""
         settings = getattr(holder, attribute, None)
         return settings if isinstance(settings, cls) else cls()
 
     def to_dict(self):
-        """
-        The settings as users write them (keys with ``-``, plain data).
-
-        Returns
-        -------
-        settings : dict
-            JSON-serialisable.
-        """
+        """The settings as users write them (keys with ``-``, plain data)."""
         return {
             spec.key: _plain(getattr(self, spec.name))
             for spec in self.declared().values()
@@ -377,28 +255,7 @@ def _convert_mapping(key_type, value_type, mapping):
 
 
 def convert(*, type_, value):
-    """
-    A value as a declared type.
-
-    Parameters
-    ----------
-    type_ : object
-        The annotation: ``bool``, ``str``, ``int``, ``float``, a class,
-        ``Optional``/``Union`` of those, ``list[T]``, ``dict[str, T]`` or
-        ``Any``.
-    value : object
-        As given.
-
-    Returns
-    -------
-    value : object
-        The value (lists and dicts copied).
-
-    Raises
-    ------
-    SettingError
-        If it does not fit (the path points at the bad item).
-    """
+    """A value as a declared type."""
     origin, args = get_origin(type_), get_args(type_)
     problem = SettingError(f"must be {_words(type_)} (got {value!r})")
     if type_ is Any:
@@ -437,30 +294,7 @@ def unknown_message(name, known, what):
 
 
 def read_declared(*, schema, raw, origin, unknown="setting"):
-    """
-    Typed values of a mapping of declared keys.
-
-    Parameters
-    ----------
-    schema : type
-        A :class:`StageSettings` subclass.
-    raw : object
-        The mapping as given.
-    origin : :class:`cotainr_lumi.engine.origins.Origin`
-        Where it comes from.
-    unknown : str, default="setting"
-        What a key is called in the message for an unknown one.
-
-    Returns
-    -------
-    values : dict
-        Typed values of the keys given.
-
-    Raises
-    ------
-    SettingError
-        For the first unknown key or bad value (its path below `raw`).
-    """
+    """Typed values of a mapping of declared keys."""
     if not isinstance(raw, Mapping):
         raise SettingError(f"must be a mapping of {unknown}s to values (got {raw!r})")
     declared = schema.declared()
@@ -479,31 +313,7 @@ def read_declared(*, schema, raw, origin, unknown="setting"):
 
 
 def load_settings(*, schema, raw, origin, stage):
-    """
-    Read the settings one source gives for one stage.
-
-    Parameters
-    ----------
-    schema : type
-        The stage's :class:`StageSettings` subclass.
-    raw : mapping or None
-        The settings as given (None: none).
-    origin : :class:`cotainr_lumi.engine.origins.Origin`
-        Where they come from.
-    stage : str
-        The stage name (for errors).
-
-    Returns
-    -------
-    settings : dict
-        Typed values of the keys given.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.CotainrLumiError`
-        For an unknown key or a bad value (the first one), worded by
-        `origin`.
-    """
+    """Read the settings one source gives for one stage."""
     if raw is None:
         return {}
     try:

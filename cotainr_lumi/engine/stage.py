@@ -322,58 +322,17 @@ def register_stage(stage_cls):
 
 
 def get_stage_class(name):
-    """
-    Look up a registered stage class.
-
-    Parameters
-    ----------
-    name : str
-        The stage name.
-
-    Returns
-    -------
-    stage_cls : type
-        The stage class.
-
-    Raises
-    ------
-    KeyError
-        If no stage has that name.
-    """
+    """Look up a registered stage class."""
     return _REGISTRY[name]
 
 
 def available_stages():
-    """
-    The names of all registered stages.
-
-    Returns
-    -------
-    names : list of str
-        Sorted stage names.
-    """
+    """The names of all registered stages."""
     return sorted(_REGISTRY)
 
 
 def settings_class_of(name):
-    """
-    The settings declaration of a stage name.
-
-    Parameters
-    ----------
-    name : str
-        A stage name.
-
-    Returns
-    -------
-    schema : type
-        Its :class:`cotainr_lumi.engine.settings.StageSettings` subclass.
-
-    Raises
-    ------
-    KeyError
-        If settings cannot be given for that name.
-    """
+    """The settings declaration of a stage name."""
     if name == targetenv.SETTINGS_NAME:
         return targetenv.TargetEnvSettings
     if name == rocmwindow.SETTINGS_NAME:
@@ -388,11 +347,6 @@ def settings_names():
     The names settings may be given for.
 
     The stages, and the pseudo-stages ``target-env``, ``rocm`` and ``build``.
-
-    Returns
-    -------
-    names : list of str
-        Sorted.
     """
     return sorted(
         [
@@ -405,26 +359,7 @@ def settings_names():
 
 
 def load_stage_settings(*, raw, origin):
-    """
-    Read the settings one source gives for any stages.
-
-    Parameters
-    ----------
-    raw : mapping or None
-        ``{stage name: {key: value}}`` as given.
-    origin : Origin
-        Where they come from.
-
-    Returns
-    -------
-    settings : dict
-        ``{stage name: {key: typed value}}`` of what was given.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.CotainrLumiError`
-        For an unknown stage or key, or a bad value (the first one).
-    """
+    """Read the settings one source gives for any stages."""
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):

@@ -86,53 +86,17 @@ def _check_timeout(value):
 
 
 def settings_of(*, plan):
-    """
-    The ``target-env`` settings of a plan (the defaults when it has none).
-
-    Parameters
-    ----------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan` or None
-        The plan.
-
-    Returns
-    -------
-    settings : TargetEnvSettings
-        The settings.
-    """
+    """The ``target-env`` settings of a plan (the defaults when it has none)."""
     return TargetEnvSettings.held_by(plan, "target_settings")
 
 
 def probe_timeout(*, plan):
-    """
-    The seconds the probe of an image may take (``target-env.probe-timeout``).
-
-    Parameters
-    ----------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan` or None
-        The plan.
-
-    Returns
-    -------
-    seconds : int
-        The setting, else its default.
-    """
+    """The seconds the probe of an image may take (``target-env.probe-timeout``)."""
     return settings_of(plan=plan).probe_timeout
 
 
 def timeout_message(seconds):
-    """
-    What to say when the probe of an image timed out.
-
-    Parameters
-    ----------
-    seconds : float
-        The timeout.
-
-    Returns
-    -------
-    message : str
-        One sentence with how to raise it.
-    """
+    """What to say when the probe of an image timed out."""
     return (
         f"the probe of the base image's Python environment did not finish "
         f"within {seconds:g} s (timed out: an env script or the $WITH_CONDA of "
@@ -164,23 +128,7 @@ class TargetEnvNotFoundError(Exception):
 
 @dataclass(frozen=True)
 class ImageFacts:
-    """
-    What the same probe saw of the image's environment (before ``$WITH_CONDA``).
-
-    Attributes
-    ----------
-    conda_prefix : str
-        ``CONDA_PREFIX`` set by the image's env scripts.
-    conda_exe : str
-        ``CONDA_EXE`` set by them (finds ``etc/profile.d/conda.sh``).
-    rocm_path : str
-        ``ROCM_PATH`` set by them.
-    rocm_version : str
-        The first line of ``$ROCM_PATH/.info/version`` (``/opt/rocm`` without
-        ``ROCM_PATH``), e.g. ``7.0.2-56``; empty when there is none.
-    libstdcxx_cache : tuple of str
-        The ``libstdc++`` lines of ``ldconfig -p`` (the image's loader cache).
-    """
+    """What the same probe saw of the image's environment (before ``$WITH_CONDA``)."""
 
     conda_prefix: str = ""
     conda_exe: str = ""
@@ -190,19 +138,7 @@ class ImageFacts:
 
     @classmethod
     def from_facts(cls, facts):
-        """
-        Read them from the probe's facts.
-
-        Parameters
-        ----------
-        facts : dict
-            From :func:`cotainr_lumi.engine.imageprobe.parse_probe`.
-
-        Returns
-        -------
-        image : ImageFacts
-            The facts.
-        """
+        """Read them from the probe's facts."""
         image = facts.get("image", {})
         return cls(
             conda_prefix=image.get("conda_prefix") or "",
@@ -215,35 +151,7 @@ class ImageFacts:
 
 @dataclass
 class TargetEnv:
-    """
-    The chosen environment and why.
-
-    Attributes
-    ----------
-    prefix : str
-        The environment's ``sys.prefix`` (an image path).
-    python : str
-        Its interpreter (``sys.executable``).
-    version : str
-        The Python version.
-    base_prefix : str
-        Its ``sys.base_prefix`` (the conda env under a venv).
-    site : list of str
-        Its site-packages directories (including inherited ones).
-    source : str
-        ``setting``, ``conda-env``, ``with-conda`` or ``active-env``.
-    reason : str
-        Why it was chosen, in words.
-    with_conda : str or None
-        The base image's ``$WITH_CONDA`` (None when unset).
-    decoys : dict of str to str
-        Other interpreters seen (e.g. ``python`` on PATH) that were not chosen.
-    image : ImageFacts
-        What the same probe saw of the image's environment.
-    torch : dict or None
-        The env's torch as its ``torch/version.py`` says (``dir``,
-        ``version``, ``hip``), None when it has none.
-    """
+    """The chosen environment and why."""
 
     prefix: str
     python: str
@@ -272,15 +180,7 @@ class TargetEnv:
         return prefixes
 
     def activation(self):
-        """
-        Shell code that activates the env for a command (pip, builds).
-
-        Returns
-        -------
-        script : str
-            Runs the base image's ``$WITH_CONDA`` (when the env came from
-            it), then puts the env's ``bin`` first on ``PATH``.
-        """
+        """Shell code that activates the env for a command (pip, builds)."""
         parts = []
         if self.source == "with-conda" and self.with_conda:
             parts.append(f"eval {shlex.quote(self.with_conda)} >/dev/null 2>&1 || true")
@@ -307,19 +207,7 @@ class TargetEnv:
 
     @classmethod
     def from_dict(cls, data):
-        """
-        Read the form :meth:`to_dict` wrote.
-
-        Parameters
-        ----------
-        data : dict
-            The recorded fields.
-
-        Returns
-        -------
-        target : TargetEnv
-            The environment.
-        """
+        """Read the form :meth:`to_dict` wrote."""
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         image = known.pop("image", None) or {}
         image = {k: v for k, v in image.items() if k in ImageFacts.__dataclass_fields__}
@@ -570,28 +458,7 @@ def _from_pythonpath(facts):
 
 
 def choose(*, facts, explicit=None, conda_env=False):
-    """
-    Choose the target environment from the probe's facts.
-
-    Parameters
-    ----------
-    facts : dict
-        From :func:`cotainr_lumi.engine.imageprobe.parse_probe`.
-    explicit : str, optional
-        The ``target-env.prefix`` setting.
-    conda_env : bool, default=False
-        Whether cotainr created its conda env (``--conda-env``).
-
-    Returns
-    -------
-    target : TargetEnv
-        The environment.
-
-    Raises
-    ------
-    TargetEnvNotFoundError
-        If no environment qualifies (the message says how to go on).
-    """
+    """Choose the target environment from the probe's facts."""
     if explicit:
         return _from_setting(facts, explicit)
     if conda_env:
@@ -614,19 +481,7 @@ def choose(*, facts, explicit=None, conda_env=False):
 
 
 def explicit_prefix(*, plan):
-    """
-    The ``target-env.prefix`` setting of a plan (None when not given).
-
-    Parameters
-    ----------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
-        The plan.
-
-    Returns
-    -------
-    prefix : str or None
-        The prefix.
-    """
+    """The ``target-env.prefix`` setting of a plan (None when not given)."""
     return settings_of(plan=plan).prefix or None
 
 
@@ -649,16 +504,6 @@ def describe_lines(*, plan):
 
     For a dry run with a local base image (and Apptainer here) the base image
     is asked now; otherwise the lines say what the build will look for.
-
-    Parameters
-    ----------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
-        The plan.
-
-    Returns
-    -------
-    lines : list of str
-        The first line is the short answer.
     """
     explicit = explicit_prefix(plan=plan)
     if explicit:

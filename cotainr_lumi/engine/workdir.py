@@ -61,24 +61,7 @@ class BuildSettings(StageSettings):
 
 
 def resolve_work_dir(value):
-    """
-    The work directory a setting names, checked.
-
-    Parameters
-    ----------
-    value : str or None
-        The ``build.work-dir`` setting.
-
-    Returns
-    -------
-    work_dir : :class:`pathlib.Path`
-        The directory (``tempfile.gettempdir()`` when `value` is None).
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.InputError`
-        If it is not a writable directory.
-    """
+    """The work directory a setting names, checked."""
     if value is None:
         return Path(tempfile.gettempdir())
     try:
@@ -94,21 +77,7 @@ def resolve_work_dir(value):
 
 
 def estimate_bytes(*, base_image, conda_env):
-    """
-    The space a build needs in its work directory (an estimate).
-
-    Parameters
-    ----------
-    base_image : str
-        The base image's build spec (a local file's size is known).
-    conda_env : os.PathLike or None
-        The conda environment file, if any.
-
-    Returns
-    -------
-    needed : int or None
-        Bytes; None when the base image is not a local file.
-    """
+    """The space a build needs in its work directory (an estimate)."""
     try:
         size = os.stat(base_image).st_size
     except (OSError, ValueError, TypeError):
@@ -124,30 +93,7 @@ def _gib(n):
 
 
 def check_space(*, work_dir, base_image, conda_env, refuse=True):
-    """
-    Refuse a build that will not fit in its work directory.
-
-    Parameters
-    ----------
-    work_dir : :class:`pathlib.Path`
-        The work directory.
-    base_image : str
-        The base image's build spec.
-    conda_env : os.PathLike or None
-        The conda environment file, if any.
-    refuse : bool, default=True
-        Raise when it will not fit (else only warn).
-
-    Returns
-    -------
-    needed, free : int or None, int
-        The estimate and the free bytes.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.InputError`
-        If less is free than the estimate.
-    """
+    """Refuse a build that will not fit in its work directory."""
     free = shutil.disk_usage(work_dir).free
     needed = estimate_bytes(base_image=base_image, conda_env=conda_env)
     if needed is not None and needed > free:
@@ -194,13 +140,6 @@ def remove_leftovers(*, work_dir, image_path):
     Its own directory in `work_dir` (sandbox, Apptainer's files) and its
     partial image next to `image_path`, when they are yours and the process
     that made them is gone; each is named in the log.
-
-    Parameters
-    ----------
-    work_dir : :class:`pathlib.Path`
-        The work directory.
-    image_path : :class:`pathlib.Path`
-        The image being built.
     """
     image_path = Path(image_path)
     found = [
@@ -241,16 +180,6 @@ def work_dir_environment(work_dir):
     holds when the context ends (also when the build failed or was
     interrupted), so nothing of a build is left behind and nothing else in
     `work_dir` is touched.
-
-    Parameters
-    ----------
-    work_dir : :class:`pathlib.Path`
-        The work directory.
-
-    Yields
-    ------
-    build_dir : :class:`pathlib.Path`
-        The build's own directory in it.
     """
     build_dir = Path(
         tempfile.mkdtemp(prefix=f"{BUILD_DIR_PREFIX}{os.getpid()}-", dir=work_dir)

@@ -18,16 +18,7 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 class LineDict(dict):
-    """
-    A mapping from a YAML file, with the line of each key.
-
-    Attributes
-    ----------
-    line : int or None
-        The 1-based line where the mapping starts.
-    lines : dict
-        The 1-based line of each key.
-    """
+    """A mapping from a YAML file, with the line of each key."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -36,16 +27,7 @@ class LineDict(dict):
 
 
 class LineList(list):
-    """
-    A list from a YAML file, with the line of each item.
-
-    Attributes
-    ----------
-    line : int or None
-        The 1-based line where the list starts.
-    lines : list of int
-        The 1-based line of each item.
-    """
+    """A list from a YAML file, with the line of each item."""
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -150,29 +132,7 @@ _Loader.add_constructor("tag:yaml.org,2002:seq", _construct_sequence)
 
 
 def read_yaml(*, path, error):
-    """
-    Read a YAML file.
-
-    Parameters
-    ----------
-    path : os.PathLike
-        The file.
-    error : callable
-        ``error(message) -> Exception`` for a file that cannot be read, is not
-        UTF-8 or not YAML; `message` is a predicate such as ``"is not valid
-        YAML at line 3, column 5: ..."``.
-
-    Returns
-    -------
-    data : object
-        The content (None for an empty file); mappings and lists are
-        :class:`LineDict` and :class:`LineList`.
-
-    Raises
-    ------
-    Exception
-        What `error` returns.
-    """
+    """Read a YAML file."""
     try:
         path = Path(path)
         path.stat()  # a missing file: "cannot be read: No such file ..."
@@ -196,27 +156,7 @@ def read_yaml(*, path, error):
 
 
 def read_yaml_text(*, text, error):
-    """
-    Read YAML text (e.g. the value of an option), with the same bounds.
-
-    Parameters
-    ----------
-    text : str
-        The YAML.
-    error : callable
-        ``error(message) -> Exception`` for text that is not YAML or too
-        complex.
-
-    Returns
-    -------
-    data : object
-        The content, as :func:`read_yaml` returns it.
-
-    Raises
-    ------
-    Exception
-        What `error` returns.
-    """
+    """Read YAML text (e.g. the value of an option), with the same bounds."""
     if len(text) > MAX_BYTES:
         raise error(f"is longer than {MAX_BYTES} characters")
     try:
@@ -231,22 +171,7 @@ def read_yaml_text(*, text, error):
 
 
 def line_of(*, data, path):
-    """
-    The line of the value at `path` in data read by :func:`read_yaml`.
-
-    Parameters
-    ----------
-    data : object
-        What :func:`read_yaml` returned (or a part of it).
-    path : sequence
-        Keys and 0-based list indices leading to the value.
-
-    Returns
-    -------
-    line : int or None
-        The line of the deepest part of `path` that is in `data` (None when
-        `data` did not come from a file).
-    """
+    """The line of the value at `path` in data read by :func:`read_yaml`."""
     line = getattr(data, "line", None)
     for part in path:
         if isinstance(data, LineDict) and isinstance(part, Hashable) and part in data:

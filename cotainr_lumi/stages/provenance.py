@@ -41,21 +41,7 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 def sha256_of_file(*, path, chunk_size=4 * 1024 * 1024):
-    """
-    Stream a file through SHA-256.
-
-    Parameters
-    ----------
-    path : os.PathLike
-        The file.
-    chunk_size : int, default=4 MiB
-        Bytes read at a time (memory use stays at one chunk).
-
-    Returns
-    -------
-    digest : str
-        The hex digest.
-    """
+    """Stream a file through SHA-256."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(chunk_size), b""):

@@ -6,18 +6,6 @@ inside the image (its own ``python``, a clean environment) and turns the facts
 into one row per check: PASS, FAIL or N/A, with the evidence (path, value,
 version). Checks that need LUMI hardware are listed as N/A with what to run
 instead.
-
-Classes
--------
-CheckResult
-    One row of the report.
-VerifyReport
-    All rows, with a summary.
-
-Functions
----------
-verify_image(*, image, expected_env=None)
-    Run every check on an image.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -111,18 +99,7 @@ HARDWARE_CHECKS = (
 
 @dataclass
 class CheckResult:
-    """
-    One row of the report.
-
-    Attributes
-    ----------
-    check : str
-        The check id.
-    status : str
-        ``PASS``, ``FAIL`` or ``N/A``.
-    evidence : str
-        What was found (path, value, version) or what to run instead.
-    """
+    """One row of the report."""
 
     check: str
     status: str
@@ -131,16 +108,7 @@ class CheckResult:
 
 @dataclass
 class VerifyReport:
-    """
-    All rows, with a summary.
-
-    Attributes
-    ----------
-    image : str
-        The image checked.
-    results : list of CheckResult
-        The rows, in order.
-    """
+    """All rows, with a summary."""
 
     image: str
     results: list = field(default_factory=list)
@@ -465,15 +433,7 @@ def _check_is_sif(image):
 
 
 def probe_inputs():
-    """
-    What :mod:`.probe` needs to know of the image layout.
-
-    Returns
-    -------
-    inputs : dict
-        JSON-able: the paths (from :mod:`cotainr_lumi.imagelayout`), the
-        runscripts to look for and the node list to run ``get-master`` on.
-    """
+    """What :mod:`.probe` needs to know of the image layout."""
     return {
         "labels_file": LABELS_FILE,
         "target_env_file": TARGET_ENV_FILE,
@@ -553,32 +513,7 @@ def _check_rocm_driver(report, facts, strict):
 
 
 def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEOUT):
-    """
-    Run every check on an image.
-
-    Parameters
-    ----------
-    image : os.PathLike
-        The ``.sif`` file.
-    expected_env : mapping, optional
-        The LUMI variables and values expected (default: those of the
-        image's system profile, see :mod:`.expectedenv`).
-    strict : bool, default=False
-        WARN rows (e.g. a ROCm outside what LUMI's driver supports) FAIL.
-    timeout : float, default=VERIFY_TIMEOUT
-        The most seconds for all runs in the image together.
-
-    Returns
-    -------
-    report : VerifyReport
-        The rows; a malformed label, record or environment is a FAIL row.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.InputError`
-        If the image does not exist, cannot be run or its runs take longer
-        than `timeout`.
-    """
+    """Run every check on an image."""
     image = Path(image)
     if not image.exists():
         raise InputError(f"The image {image} does not exist.")

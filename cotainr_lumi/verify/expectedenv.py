@@ -7,13 +7,6 @@ lumi-env ``env`` settings of the image's system (its label
 packaged ``systems.yaml`` (the settings of the hand-built images; their
 sources are named there). A profile value ``null`` removes a variable
 from the expected ones.
-
-Functions
----------
-default_lumi_env()
-    The values expected of every image, unless its system says otherwise.
-expected_env(*, system_name)
-    The values expected of an image of one system.
 """
 
 import logging
@@ -43,15 +36,7 @@ def _apply_env_settings(expected, *, system):
 
 
 def default_lumi_env():
-    """
-    The values expected of every image, unless its system says otherwise.
-
-    Returns
-    -------
-    env : dict of str to str
-        The lumi-env ``env`` settings of :data:`DEFAULT_SYSTEM` in the
-        packaged ``systems.yaml`` (user and site files are not read).
-    """
+    """The values expected of every image, unless its system says otherwise."""
     systems = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
     expected = {}
     _apply_env_settings(expected, system=systems[DEFAULT_SYSTEM])
@@ -59,20 +44,7 @@ def default_lumi_env():
 
 
 def expected_env(*, system_name):
-    """
-    The values expected of an image of one system.
-
-    Parameters
-    ----------
-    system_name : str or None
-        The image's system (label ``cotainr-lumi.system``); None, unknown
-        or unreadable profiles: the defaults only.
-
-    Returns
-    -------
-    env : dict of str to str
-        :func:`default_lumi_env` with the system's own settings applied.
-    """
+    """The values expected of an image of one system."""
     expected = default_lumi_env()
     if not system_name:
         return expected

@@ -14,15 +14,6 @@ record whose mode is not ``none``):
   ``MPI4PY_LIBMPI``, binds), or that the build found a pin;
 - ``mpi-osu-bandwidth``: LUMI only, the OSU point-to-point bandwidth
   between two nodes through the host's Cray MPICH, with the job to run.
-
-Functions
----------
-probe_inputs()
-    What :mod:`.mpiprobe` needs to know.
-check_mpi(report, *, image, timeout=600)
-    Probe an image and add the MPI rows.
-mpi_rows(facts)
-    The rows for the probe's facts.
 """
 
 import json
@@ -55,14 +46,7 @@ HARDWARE_CHECK = (
 
 
 def probe_inputs():
-    """
-    What :mod:`.mpiprobe` needs to know.
-
-    Returns
-    -------
-    inputs : dict
-        JSON-able: the records' paths and the lumi-env stage's mpi4py check.
-    """
+    """What :mod:`.mpiprobe` needs to know."""
     return {
         "target_env_file": TARGET_ENV_FILE,
         "mpi_file": MPI_FILE,
@@ -154,19 +138,7 @@ def _binding_row(record):
 
 
 def mpi_rows(facts):
-    """
-    The rows for the probe's facts.
-
-    Parameters
-    ----------
-    facts : dict or None
-        What :mod:`.mpiprobe` printed.
-
-    Returns
-    -------
-    rows : list of (str, str, str)
-        (check, status, evidence); none for an image without MPI.
-    """
+    """The rows for the probe's facts."""
     if not isinstance(facts, dict) or not facts.get("mpi_probe"):
         return []
     record = facts.get("record") if isinstance(facts.get("record"), dict) else None
@@ -195,17 +167,6 @@ def mpi_rows(facts):
 
 
 def check_mpi(report, *, image, timeout=600):
-    """
-    Probe an image and add the MPI rows to a report.
-
-    Parameters
-    ----------
-    report : :class:`.checks.VerifyReport`
-        The report.
-    image : os.PathLike
-        The ``.sif`` file.
-    timeout : float, default=600
-        Seconds before the probe is stopped (``subprocess.TimeoutExpired``).
-    """
+    """Probe an image and add the MPI rows to a report."""
     for check, status, evidence in mpi_rows(_probe(image, timeout=timeout)):
         report.add(check, status, evidence)

@@ -18,13 +18,6 @@ image's own when it has ``libfabric.so.1`` on the loader's path and no host
 
 Rows: ``net-plugin``, ``net-plugin-deps``, ``cray-libfabric`` (host) or
 ``image-libfabric`` (image), ``rccl-tests``.
-
-Functions
----------
-probe_inputs()
-    What the in-image probe needs to look for.
-check_network(*, report, facts, env, check_cray_libfabric)
-    Add the rows.
 """
 
 import logging
@@ -49,15 +42,7 @@ CRAY_PREFIX = "/opt/cray/"
 
 
 def probe_inputs():
-    """
-    What the in-image probe needs to look for (JSON-able).
-
-    Returns
-    -------
-    inputs : dict
-        Plugin patterns and directories, loader directories, rccl-tests
-        directories.
-    """
+    """What the in-image probe needs to look for (JSON-able)."""
     return {
         "plugin_patterns": list(rcclplugin.PATTERNS),
         "plugin_dirs": PLUGIN_DIRS,
@@ -80,42 +65,14 @@ def _ld_library_path(env):
 
 
 def search_dirs(net, env):
-    """
-    Where ``dlopen`` looks for a bare name in the image, in order.
-
-    Parameters
-    ----------
-    net : dict
-        The probe's network facts (``conf_dirs``: /etc/ld.so.conf.d's).
-    env : dict
-        The image's environment (its ``LD_LIBRARY_PATH``).
-
-    Returns
-    -------
-    dirs : list of str
-        ``LD_LIBRARY_PATH``, the loader's cache directories, its defaults.
-    """
+    """Where ``dlopen`` looks for a bare name in the image, in order."""
     dirs = _ld_library_path(env) + list(net.get("conf_dirs") or [])
     dirs += list(network.DEFAULT_LOADER_DIRS)
     return list(dict.fromkeys(os.path.normpath(d) for d in dirs))
 
 
 def loaded_plugin(net, env):
-    """
-    The plugin RCCL loads in the image, with its ``ldd``, or None.
-
-    Parameters
-    ----------
-    net : dict
-        The probe's network facts.
-    env : dict
-        The image's environment.
-
-    Returns
-    -------
-    plugin : dict or None
-        :func:`cotainr_lumi.engine.rcclplugin.resolve`'s answer plus ``ldd``.
-    """
+    """The plugin RCCL loads in the image, with its ``ldd``, or None."""
     plugin = rcclplugin.resolve(
         named=net.get("named"),
         files=net.get("plugin_files") or {},
@@ -253,21 +210,7 @@ def _check_rccl_tests(report, net):
 
 
 def check_network(*, report, facts, env, check_cray_libfabric):
-    """
-    Add the network rows.
-
-    Parameters
-    ----------
-    report : :class:`cotainr_lumi.verify.checks.VerifyReport`
-        The report.
-    facts : dict
-        What the probe saw (its ``network`` part).
-    env : dict
-        The image's environment.
-    check_cray_libfabric : callable
-        ``check_cray_libfabric(report, env, has_plugin=...)``: the row of an
-        image using the host's libfabric.
-    """
+    """Add the network rows."""
     net = facts.get("network") or {}
     source = _libfabric_source(net, env)
     plugin = _check_plugin(report, net, env)

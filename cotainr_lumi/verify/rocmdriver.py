@@ -6,13 +6,6 @@ its system's profile said when it was built), else from the profile of its
 system (label ``cotainr-lumi.system``) or the packaged ``lumi-g-ext``. The
 row ``rocm-driver`` is WARN when the base's ROCm or torch's (``+rocmX.Y``) is
 outside it or the two disagree (FAIL with ``cotainr-lumi verify --strict``).
-
-Functions
----------
-window_for(*, labels)
-    The supported range for an image.
-check_rocm_driver(*, report, facts, strict)
-    Add the row.
 """
 
 import logging
@@ -44,19 +37,7 @@ def _profile_window(name):
 
 
 def window_for(*, labels):
-    """
-    The supported range for an image.
-
-    Parameters
-    ----------
-    labels : dict of str to str
-        The image's labels.
-
-    Returns
-    -------
-    window : :class:`cotainr_lumi.engine.rocmwindow.Window` or None
-        None when neither the image nor a profile states one.
-    """
+    """The supported range for an image."""
     profile = _profile_window(labels.get(LABEL_SYSTEM) or DEFAULT_SYSTEM)
     recorded = rocmwindow.Window.from_text(labels.get(LABEL_ROCM_SUPPORTED))
     if recorded is None:
@@ -70,20 +51,7 @@ def window_for(*, labels):
 
 
 def check_rocm_driver(*, report, facts, strict, warn, fail, passed):
-    """
-    Add the ``rocm-driver`` row.
-
-    Parameters
-    ----------
-    report : :class:`cotainr_lumi.verify.checks.VerifyReport`
-        The report.
-    facts : dict
-        What the probe saw (``rocm``, ``torch``, ``labels``).
-    strict : bool
-        FAIL instead of WARN.
-    warn, fail, passed : str
-        The status words.
-    """
+    """Add the ``rocm-driver`` row."""
     window = window_for(labels=facts.get("labels") or {})
     base = (facts.get("rocm") or {}).get("version_file")
     torch = facts.get("torch") or None

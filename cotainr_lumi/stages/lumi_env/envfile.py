@@ -17,25 +17,6 @@ is skipped when the variable is set in the shell *or* listed in
 host environment, readable by env scripts; unset outside Apptainer). Search
 paths (``PATH``, ``LD_LIBRARY_PATH``) are never replaced: entries are added
 only when missing.
-
-Functions
----------
-validate_name(name)
-    Check an environment variable name.
-validate_value(*, name, value)
-    Check a value and turn it into a string.
-default_assignment(*, name, value)
-    Shell code setting a variable unless it is already set.
-computed_default(*, name, expression)
-    The same for a trusted expression computed at run time.
-private_dir_defaults(*, names, path)
-    The same for a private directory of the user, made or checked at run time.
-forced_assignment(*, name, value)
-    Shell code setting a variable unconditionally.
-path_addition(*, name, entries, position="append")
-    Shell code adding entries to a search path unless present.
-render_env_file(*, header, blocks)
-    Join code blocks into an env file.
 """
 
 from collections.abc import Iterable, Mapping
@@ -99,26 +80,7 @@ class EnvError(ValueError):
 
 
 def validate_name(name):
-    """
-    Check an environment variable name.
-
-    Parameters
-    ----------
-    name : str
-        The name.
-
-    Returns
-    -------
-    name : str
-        The name, unchanged.
-
-    Raises
-    ------
-    EnvError
-        If it is not a POSIX shell identifier (letters, digits, ``_``, not
-        starting with a digit), or is reserved (:data:`RESERVED_NAMES`,
-        :data:`RESERVED_PREFIXES`).
-    """
+    """Check an environment variable name."""
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise EnvError(
             f"{name!r} is not a valid environment variable name: use letters, "
@@ -146,29 +108,7 @@ MAX_VALUE_BYTES = 64 * 1024
 
 
 def validate_value(*, name, value):
-    """
-    Check a value and turn it into a string.
-
-    Parameters
-    ----------
-    name : str
-        The variable name (for messages).
-    value : str, int or float
-        The value; numbers are converted with :func:`str`.
-
-    Returns
-    -------
-    value : str
-        The value as a string.
-
-    Raises
-    ------
-    EnvError
-        For other types (a YAML ``true`` is ambiguous: write ``"1"``), for
-        values containing a NUL character (impossible in an environment) and
-        for values that are not valid UTF-8 (undecodable bytes given on the
-        command line).
-    """
+    """Check a value and turn it into a string."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise EnvError(
             f"the value of {name} must be a string or a number (got "
@@ -194,46 +134,14 @@ def validate_value(*, name, value):
 
 
 def default_assignment(*, name, value):
-    """
-    Shell code setting a variable unless it is already set.
-
-    Parameters
-    ----------
-    name : str
-        A valid name (see :func:`validate_name`).
-    value : str, int or float
-        The value (see :func:`validate_value`).
-
-    Returns
-    -------
-    code : str
-        One line of POSIX sh; the value is a quoted literal.
-    """
+    """Shell code setting a variable unless it is already set."""
     validate_name(name)
     text = validate_value(name=name, value=value)
     return computed_default(name=name, expression=shlex.quote(text))
 
 
 def computed_default(*, name, expression):
-    """
-    Shell code setting a variable to a shell expression unless already set.
-
-    Parameters
-    ----------
-    name : str
-        A valid name (see :func:`validate_name`).
-    expression : str
-        Trusted shell code for the right-hand side of the assignment (a value
-        computed at run time, e.g. ``"/tmp/$(id -un)"``); never user input:
-        use :func:`default_assignment` for values.
-
-    Returns
-    -------
-    code : str
-        POSIX sh (two lines): the assignment runs only when `name` is neither
-        set in the shell nor in the host environment Apptainer hides from
-        env scripts.
-    """
+    """Shell code setting a variable to a shell expression unless already set."""
     validate_name(name)
     return (
         f'if [ -z "${{{name}+x}}" ]; then case "${{__exported_env__:-}}" in '
@@ -251,20 +159,6 @@ def private_dir_defaults(*, names, path):
     the user, not a link and not writable by others; else one message and a
     fresh private directory from ``mktemp -d``. The variables after the first
     take the first one's value when it is set (one message at most).
-
-    Parameters
-    ----------
-    names : sequence of str
-        Valid names (see :func:`validate_name`).
-    path : str
-        Trusted shell code for one double-quoted word, the directory (e.g.
-        ``/tmp/$(id -un)-cache``); never user input.
-
-    Returns
-    -------
-    code : str
-        POSIX sh: the function, one :func:`computed_default` per name, then
-        ``unset -f`` of the function.
     """
     runscripts = importlib.resources.files(__package__) / "runscripts"
     text = (runscripts / "conda-python-distributed").read_text()
@@ -280,47 +174,14 @@ def private_dir_defaults(*, names, path):
 
 
 def forced_assignment(*, name, value):
-    """
-    Shell code setting a variable unconditionally.
-
-    Parameters
-    ----------
-    name : str
-        A valid name (see :func:`validate_name`).
-    value : str, int or float
-        The value (see :func:`validate_value`).
-
-    Returns
-    -------
-    code : str
-        One line of POSIX sh; the value is a quoted literal.
-    """
+    """Shell code setting a variable unconditionally."""
     validate_name(name)
     text = validate_value(name=name, value=value)
     return f"{name}={shlex.quote(text)}; export {name}"
 
 
 def validate_path_entry(*, name, entry):
-    """
-    Check one search path entry.
-
-    Parameters
-    ----------
-    name : str
-        The search path variable (for messages).
-    entry : str
-        An absolute directory path.
-
-    Returns
-    -------
-    entry : str
-        The entry, unchanged.
-
-    Raises
-    ------
-    EnvError
-        If it is not an absolute path or contains ``:``, a newline or NUL.
-    """
+    """Check one search path entry."""
     if not isinstance(entry, str) or not entry.startswith("/"):
         raise EnvError(f"{name} entries must be absolute paths (got {entry!r})")
     if any(c in entry for c in ":\n\0"):
@@ -329,23 +190,7 @@ def validate_path_entry(*, name, entry):
 
 
 def path_addition(*, name, entries, position="append"):
-    """
-    Shell code adding entries to a search path unless present.
-
-    Parameters
-    ----------
-    name : str
-        The variable, e.g. ``PATH`` or ``LD_LIBRARY_PATH``.
-    entries : iterable of str
-        Absolute directories, in the order they should appear.
-    position : {"append", "prepend"}, default="append"
-        Where missing entries go.
-
-    Returns
-    -------
-    code : str
-        POSIX sh (one ``case`` per entry).
-    """
+    """Shell code adding entries to a search path unless present."""
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise EnvError(f"{name!r} is not a valid environment variable name")
     if position not in ("append", "prepend"):
@@ -368,21 +213,7 @@ def path_addition(*, name, entries, position="append"):
 
 
 def render_env_file(*, header, blocks: Iterable[str]):
-    """
-    Join code blocks into an env file.
-
-    Parameters
-    ----------
-    header : str
-        Comment text (each line is prefixed with ``# ``).
-    blocks : iterable of str
-        Shell code blocks, in order.
-
-    Returns
-    -------
-    text : str
-        The file content.
-    """
+    """Join code blocks into an env file."""
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
     lines.append("")
     for block in blocks:
@@ -392,19 +223,7 @@ def render_env_file(*, header, blocks: Iterable[str]):
 
 
 def default_assignments(env: Mapping[str, object]):
-    """
-    Default assignments for a mapping, skipping ``None`` values.
-
-    Parameters
-    ----------
-    env : mapping of str to value
-        Names and values; a ``None`` value means "not set".
-
-    Returns
-    -------
-    code : str
-        One line per variable, in the mapping's order.
-    """
+    """Default assignments for a mapping, skipping ``None`` values."""
     return "\n".join(
         default_assignment(name=name, value=value)
         for name, value in env.items()

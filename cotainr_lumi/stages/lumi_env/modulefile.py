@@ -11,19 +11,6 @@ host commands of ``$CONTAINERROOT/bin`` on ``PATH``.
 Both files start with :data:`MARKER`; the pipeline (which writes a stage's
 ``StageReport.outputs`` once the image is in place) only ever replaces files
 carrying it, so a user's own file of the same name is never overwritten.
-
-Functions
----------
-lua_quote(text)
-    A Lua string literal.
-validate_bind(bind)
-    Check one bind specification.
-var_name_of(name)
-    The ``SIF<NAME>`` suffix for a module name.
-render_lua(*, image, binds, runscripts, name, var, container_root)
-    The Lmod module file.
-render_shell(*, image, binds, runscripts, name, var, container_root)
-    The shell snippet.
 """
 
 from collections.abc import Iterable
@@ -45,21 +32,7 @@ MARKER = OUTPUT_MARKER
 
 
 def lua_quote(text):
-    r"""
-    A Lua string literal.
-
-    Parameters
-    ----------
-    text : str
-        Any text.
-
-    Returns
-    -------
-    literal : str
-        A double quoted Lua string; backslashes, quotes and every control or
-        non-ASCII byte are escaped as ``\\ddd``, so nothing in `text` can end
-        the literal.
-    """
+    r"""A Lua string literal."""
     out = ['"']
     for byte in str(text).encode("utf-8"):
         char = chr(byte)
@@ -74,25 +47,7 @@ def lua_quote(text):
 
 
 def validate_bind(bind):
-    """
-    Check one bind specification (``SRC[:DST[:OPTS]]``).
-
-    Parameters
-    ----------
-    bind : str
-        The bind.
-
-    Returns
-    -------
-    bind : str
-        The bind, unchanged.
-
-    Raises
-    ------
-    ValueError
-        If it does not start with ``/`` or contains ``,``, white space or NUL
-        (which would split or break ``SINGULARITY_BIND``).
-    """
+    """Check one bind specification (``SRC[:DST[:OPTS]]``)."""
     if not isinstance(bind, str) or not bind.startswith("/"):
         raise ValueError(
             f"a bind must be an absolute path SRC[:DST[:OPTS]] (got {bind!r})"
@@ -103,25 +58,7 @@ def validate_bind(bind):
 
 
 def check_image_path(image):
-    """
-    Check that an image path can be written into a module file.
-
-    Parameters
-    ----------
-    image : os.PathLike
-        The image path.
-
-    Returns
-    -------
-    image : str
-        The path as a string.
-
-    Raises
-    ------
-    ValueError
-        If it is not absolute or contains a control character (Lmod cannot
-        pass a newline safely to the shell).
-    """
+    """Check that an image path can be written into a module file."""
     image = str(image)
     if not image.startswith("/") or any(unicodedata.category(c) == "Cc" for c in image):
         raise ValueError(
@@ -141,20 +78,7 @@ def _header(*, image, comment):
 
 
 def var_name_of(name):
-    """
-    The ``SIF<NAME>`` suffix for a module name, as EasyBuild would make it.
-
-    Parameters
-    ----------
-    name : str
-        The module name (e.g. ``pytorch-2.5``).
-
-    Returns
-    -------
-    var : str
-        Upper case letters, digits and ``_`` (e.g. ``PYTORCH_2_5``), starting
-        with a letter.
-    """
+    """The ``SIF<NAME>`` suffix for a module name, as EasyBuild would make it."""
     var = re.sub(r"[^A-Z0-9]+", "_", str(name).upper()).strip("_")
     if not var or not var[0].isalpha():
         var = "IMAGE_" + var if var else "IMAGE"
@@ -162,24 +86,7 @@ def var_name_of(name):
 
 
 def check_var_name(var):
-    """
-    Check a ``SIF<NAME>`` suffix.
-
-    Parameters
-    ----------
-    var : str
-        The suffix.
-
-    Returns
-    -------
-    var : str
-        The suffix, unchanged.
-
-    Raises
-    ------
-    ValueError
-        If it is not upper case letters, digits and ``_`` starting with a letter.
-    """
+    """Check a ``SIF<NAME>`` suffix."""
     if not isinstance(var, str) or not re.fullmatch(r"[A-Z][A-Z0-9_]*", var):
         raise ValueError(
             f"must be upper case letters, digits and '_', starting with a letter "
@@ -208,34 +115,7 @@ def render_lua(
     container_root=None,
     user_software=True,
 ):
-    """
-    The Lmod module file for an image, a drop-in for LUST's EasyBuild modules.
-
-    Parameters
-    ----------
-    image : os.PathLike
-        The absolute path of the ``.sif`` image.
-    binds : iterable of str
-        Bind specifications for ``SINGULARITY_BIND`` (see :func:`validate_bind`).
-    runscripts : str or None, default=RUNSCRIPTS_DIR
-        The runscripts directory in the image (None: not set).
-    name : str, optional
-        The module name (for the help text; default: the image's stem).
-    var : str, optional
-        The suffix of ``SIF<NAME>``, ``RUNSCRIPTS<NAME>`` and ``EBROOT<NAME>``
-        (default: :func:`var_name_of` the name).
-    container_root : os.PathLike, optional
-        The ``CONTAINERROOT`` directory (``bin/``, ``runscripts/``,
-        ``user-software/``); None for a module with only the image.
-    user_software : bool, default=True
-        Mount ``$CONTAINERROOT/user-software`` (or its SquashFS file) at
-        ``/user-software``; False when the image has its own.
-
-    Returns
-    -------
-    text : str
-        Lua code for Lmod.
-    """
+    """The Lmod module file for an image, a drop-in for LUST's EasyBuild modules."""
     image, binds, name, var, root = _checked(
         image=image, binds=binds, name=name, var=var, container_root=container_root
     )
@@ -330,31 +210,7 @@ def render_shell(
     container_root=None,
     user_software=True,
 ):
-    """
-    The POSIX shell snippet for an image (source it: ``. FILE``).
-
-    Parameters
-    ----------
-    image : os.PathLike
-        The absolute path of the ``.sif`` image.
-    binds : iterable of str
-        Bind specifications for ``SINGULARITY_BIND``; added only when missing.
-    runscripts : str or None, default=RUNSCRIPTS_DIR
-        The runscripts directory in the image (None: not set).
-    name : str, optional
-        The module name (default: the image's stem).
-    var : str, optional
-        The suffix of ``SIF<NAME>`` (see :func:`render_lua`).
-    container_root : os.PathLike, optional
-        The ``CONTAINERROOT`` directory (see :func:`render_lua`).
-    user_software : bool, default=True
-        Mount ``/user-software`` (see :func:`render_lua`).
-
-    Returns
-    -------
-    text : str
-        Shell code.
-    """
+    """The POSIX shell snippet for an image (source it: ``. FILE``)."""
     image, binds, name, var, root = _checked(
         image=image, binds=binds, name=name, var=var, container_root=container_root
     )

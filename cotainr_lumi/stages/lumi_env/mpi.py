@@ -49,19 +49,7 @@ RUNTIME_VAR = mpienv.RUNTIME_VAR
 
 
 def check_mode(value):
-    """
-    Check ``lumi-env.mpi``.
-
-    Parameters
-    ----------
-    value : str
-        The value.
-
-    Raises
-    ------
-    ValueError
-        If it is not one of :data:`MODES`.
-    """
+    """Check ``lumi-env.mpi``."""
     if value not in MODES:
         raise ValueError(f"must be one of {', '.join(MODES)} (got {value!r})")
 
@@ -111,19 +99,7 @@ def _bind_parts(bind):
 
 @dataclass(frozen=True)
 class HostBinding:
-    """
-    The host binding, read (see :class:`MpiHostSettings`).
-
-    Attributes
-    ----------
-    libmpi : str
-        The library, as the container sees it.
-    ld_library_path : tuple of str
-        The directories put first on ``LD_LIBRARY_PATH``, in order: the
-        library's own, then the setting's.
-    binds : tuple of str
-        The binds.
-    """
+    """The host binding, read (see :class:`MpiHostSettings`)."""
 
     libmpi: str
     ld_library_path: tuple
@@ -131,19 +107,7 @@ class HostBinding:
 
     @classmethod
     def from_setting(cls, value):
-        """
-        The binding of a ``lumi-env.mpi-host`` value (None without ``libmpi``).
-
-        Parameters
-        ----------
-        value : mapping
-            The setting (checked by :func:`check_host_binding`).
-
-        Returns
-        -------
-        binding : HostBinding or None
-            The binding.
-        """
+        """The binding of a ``lumi-env.mpi-host`` value (None without ``libmpi``)."""
         read = MpiHostSettings.complete(
             read_declared(schema=MpiHostSettings, raw=value or {}, origin=Origin())
         )
@@ -180,17 +144,6 @@ class HostBinding:
 
         A path is checked when the source of its bind exists here (on LUMI:
         ``/opt/cray``); elsewhere nothing can be told.
-
-        Parameters
-        ----------
-        library_only : bool, default=False
-            Check only the library (not the other ``ld-library-path``
-            directories, which the loader skips when missing).
-
-        Returns
-        -------
-        problems : list of str
-            One sentence each: the image path, the host path and its bind.
         """
         problems = []
         paths = [self.libmpi] if library_only else [self.libmpi, *self.ld_library_path]
@@ -208,20 +161,7 @@ class HostBinding:
 
 
 def check_host_binding(value):
-    """
-    Check ``lumi-env.mpi-host``.
-
-    Parameters
-    ----------
-    value : mapping
-        The setting.
-
-    Raises
-    ------
-    SettingError
-        For an unknown key or a bad value (with its path), or a library no
-        bind brings into the container.
-    """
+    """Check ``lumi-env.mpi-host``."""
     read = read_declared(schema=MpiHostSettings, raw=value, origin=Origin())
     binding = HostBinding.from_setting(read)
     if binding is not None and binding.bind_of(binding.libmpi) is None:
@@ -234,29 +174,7 @@ def check_host_binding(value):
 
 
 def resolve_mode(*, requested, scan, binding):
-    """
-    The mode of a build.
-
-    Parameters
-    ----------
-    requested : str
-        ``lumi-env.mpi``.
-    scan : :class:`.mpiscan.MpiScan`
-        What the image has.
-    binding : HostBinding or None
-        The host binding of the system.
-
-    Returns
-    -------
-    mode, reason : str, str
-        ``container``, ``host`` or ``none``, and why in words.
-
-    Raises
-    ------
-    ValueError
-        When the requested mode cannot work (the message says why and what
-        to do).
-    """
+    """The mode of a build."""
     cxi = [lib for lib in scan.mpich if lib.cxi]
     if requested == "none":
         return "none", "lumi-env.mpi is none"
@@ -355,20 +273,6 @@ def check_host_paths(*, binding, error):
 
     Other missing ``ld-library-path`` directories are a warning: the loader
     skips them, and LUMI may lay out its Cray libraries differently later.
-
-    Parameters
-    ----------
-    binding : HostBinding or None
-        The binding.
-    error : callable
-        ``error(message)``: the exception to raise (an ``InputError`` at
-        plan time, a ``StageError`` during the build).
-
-    Raises
-    ------
-    Exception
-        ``error(...)`` with :func:`HostBinding.host_problems`'s first problem
-        and the fix.
     """
     if binding is None:
         return
@@ -408,20 +312,7 @@ print(MARK + json.dumps(out))
 
 
 def parse_load_check(text):
-    """
-    What :data:`LOAD_CHECK` reported.
-
-    Parameters
-    ----------
-    text : str
-        Its output.
-
-    Returns
-    -------
-    loaded : dict
-        ``mpi4py`` (its version), ``library_version`` and ``libmpi`` (the
-        loaded files), or ``error``.
-    """
+    """What :data:`LOAD_CHECK` reported."""
     for line in text.splitlines():
         if line.startswith(LOAD_CHECK_MARK):
             try:
@@ -433,26 +324,7 @@ def parse_load_check(text):
 
 @dataclass
 class MpiPlan:
-    """
-    What the stage does about MPI in one build.
-
-    Attributes
-    ----------
-    requested : str
-        ``lumi-env.mpi``.
-    mode : str
-        ``container``, ``host`` or ``none``.
-    reason : str
-        Why, in words.
-    binding : HostBinding or None
-        The host binding (kept in ``container`` mode too: ``COTAINR_LUMI_MPI=host``
-        switches to it at run time).
-    scan : :class:`.mpiscan.MpiScan`
-        What the image has.
-    loaded : dict or None
-        What mpi4py loaded in the build's container (``library_version``,
-        ``libmpi``, or ``error``).
-    """
+    """What the stage does about MPI in one build."""
 
     requested: str
     mode: str
@@ -503,23 +375,7 @@ class MpiPlan:
         return mpienv.shell_lines(mode=self.mode, binding=self.binding, image=image)
 
     def check_in_sandbox(self, *, sandbox, python, stage):
-        """
-        Run mpi4py once in the build's container (with the env file written).
-
-        Parameters
-        ----------
-        sandbox : :class:`cotainr_lumi._cotainr.Sandbox`
-            The sandbox.
-        python : str
-            The environment's interpreter.
-        stage : str
-            The stage name (for the error).
-
-        Raises
-        ------
-        :class:`cotainr_lumi.errors.StageError`
-            When mpi4py cannot load the image's own MPICH.
-        """
+        """Run mpi4py once in the build's container (with the env file written)."""
         if not self.active or not self.scan.mpi4py or not python:
             return
         try:
@@ -595,33 +451,7 @@ def _scan(*, root, target):
 
 
 def plan_mpi(*, root, target, requested, host_setting, stage):
-    """
-    Find the image's MPI and decide what the build does about it.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The sandbox's root.
-    target : :class:`cotainr_lumi.engine.targetenv.TargetEnv` or None
-        The image's Python environment.
-    requested : str
-        ``lumi-env.mpi``.
-    host_setting : mapping
-        ``lumi-env.mpi-host``.
-    stage : str
-        The stage name (for errors).
-
-    Returns
-    -------
-    plan : MpiPlan
-        The decision and what it is based on.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.StageError`
-        For an image without MPI when ``host``/``container`` is asked, a pin
-        of the MPI library, or host paths missing on this host.
-    """
+    """Find the image's MPI and decide what the build does about it."""
     binding = HostBinding.from_setting(host_setting)
     if requested == "none":
         return MpiPlan(
@@ -656,21 +486,7 @@ def plan_mpi(*, root, target, requested, host_setting, stage):
 
 
 def describe(*, requested, host_setting):
-    """
-    Dry-run lines about MPI.
-
-    Parameters
-    ----------
-    requested : str
-        ``lumi-env.mpi``.
-    host_setting : mapping
-        ``lumi-env.mpi-host``.
-
-    Returns
-    -------
-    lines : list of str
-        What happens, decided once the image's software is installed.
-    """
+    """Dry-run lines about MPI."""
     binding = HostBinding.from_setting(host_setting)
     lines = [
         f"MPI (lumi-env.mpi={requested}): auto is none without an MPICH-ABI "

@@ -132,20 +132,6 @@ def env_file(*, mode, binding, image_library):
     It runs after Apptainer's ``99-base.sh``, where ``APPTAINERENV_`` and
     ``--env`` values are applied: it sees them, and a plain host export in
     ``$__exported_env__``.
-
-    Parameters
-    ----------
-    mode : {"container", "host"}
-        The build's default.
-    binding : :class:`.mpi.HostBinding` or None
-        The host binding (None: ``host`` cannot be asked at run time).
-    image_library : str or None
-        The image's own ``libmpi.so.12`` (for the messages).
-
-    Returns
-    -------
-    code : str
-        POSIX sh.
     """
     own = (
         f"the image's own MPI ({image_library})"
@@ -223,25 +209,7 @@ def _start(*, mode, binding, prefix, srun):
 
 
 def lua_lines(*, mode, binding, image):
-    """
-    Lines appended to the Lmod module file (its binds come with the others).
-
-    Parameters
-    ----------
-    mode : {"container", "host"}
-        The build's default.
-    binding : :class:`.mpi.HostBinding` or None
-        The host binding (None: the profile has none).
-    image : str
-        The image path (for the message).
-
-    Returns
-    -------
-    lines : list of str
-        Lua: comments; in ``container`` mode ``SLURM_MPI_TYPE=pmi2`` (srun's
-        ``--mpi`` default); in ``host`` mode a message on load when the host
-        library is missing.
-    """
+    """Lines appended to the Lmod module file (its binds come with the others)."""
     # pushenv: the value before load comes back on unload.
     srun_default = [
         f"-- {SRUN_HINT['container']}: srun's default while this module is loaded.",
@@ -261,25 +229,7 @@ def lua_lines(*, mode, binding, image):
 
 
 def shell_lines(*, mode, binding, image):
-    """
-    Lines appended to the shell snippet (its binds come with the others).
-
-    Parameters
-    ----------
-    mode : {"container", "host"}
-        The build's default.
-    binding : :class:`.mpi.HostBinding` or None
-        The host binding (None: the profile has none).
-    image : str
-        The image path (for the message).
-
-    Returns
-    -------
-    lines : list of str
-        POSIX sh: comments; in ``container`` mode ``SLURM_MPI_TYPE=pmi2``
-        unless set; in ``host`` mode a message when the host library is
-        missing.
-    """
+    """Lines appended to the shell snippet (its binds come with the others)."""
     srun_default = [
         f"# {SRUN_HINT['container']}: srun's default unless you chose one.",
         f'export {SLURM_MPI_VAR}="${{{SLURM_MPI_VAR}:-pmi2}}"',

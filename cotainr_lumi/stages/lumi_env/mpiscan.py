@@ -58,26 +58,7 @@ MAX_USERS = 50
 
 @dataclass(frozen=True)
 class MpiLibrary:
-    """
-    One MPI library in the image.
-
-    Attributes
-    ----------
-    path : str
-        The image path it is found at (``DIR/libmpi.so.12``).
-    real : str
-        The image path of the file, links resolved.
-    soname : str
-        Its ``DT_SONAME`` (the name looked for when it has none).
-    where : str
-        ``env`` (the Python environment's ``lib/``) or ``system`` (the
-        loader's directories).
-    libfabric : str or None
-        The image path of the ``libfabric.so.1`` it loads, when found.
-    cxi : bool
-        Whether it, or that libfabric, speaks CXI (needs ``libcxi.so.1`` or
-        has the ``cxi`` provider).
-    """
+    """One MPI library in the image."""
 
     path: str
     real: str
@@ -94,22 +75,7 @@ class MpiLibrary:
 
 @dataclass(frozen=True)
 class Pin:
-    """
-    A user whose ``DT_RPATH`` fixes the MPI library it loads.
-
-    Attributes
-    ----------
-    user : str
-        The image path of the user.
-    entry : str
-        The ``DT_RPATH`` entry as written (e.g. ``$ORIGIN/../../..``).
-    library : str
-        The image path it finds the library at.
-    via : str
-        ``its DT_RPATH`` or ``the DT_RPATH of <interpreter>``.
-    distribution : str or None
-        The installed distribution that owns the user (``name version``).
-    """
+    """A user whose ``DT_RPATH`` fixes the MPI library it loads."""
 
     user: str
     entry: str
@@ -120,22 +86,7 @@ class Pin:
 
 @dataclass(frozen=True)
 class MpiUser:
-    """
-    One ELF file that needs an MPI library.
-
-    Attributes
-    ----------
-    path : str
-        Its image path.
-    needs : str
-        The MPI library it needs (``libmpi.so.12`` or ``libmpi.so.40``).
-    rpath, runpath : tuple of str
-        Its ``DT_RPATH`` and ``DT_RUNPATH`` entries.
-    distribution : str or None
-        The installed distribution that owns it (``name version``).
-    preloaded : bool
-        mpi4py 4's extension: mpi4py loads the library first, by path.
-    """
+    """One ELF file that needs an MPI library."""
 
     path: str
     needs: str
@@ -147,21 +98,7 @@ class MpiUser:
 
 @dataclass
 class MpiScan:
-    """
-    What was found.
-
-    Attributes
-    ----------
-    libraries : list of MpiLibrary
-        The MPI libraries, in the order a loader would find them (the env's
-        first: that is where mpi4py looks first).
-    users : list of MpiUser
-        The MPI users in the environment.
-    pins : list of Pin
-        The users whose ``DT_RPATH`` fixes the MPICH-ABI library.
-    mpi4py : dict or None
-        ``{"version", "dir", "abi_aware"}`` when mpi4py is installed.
-    """
+    """What was found."""
 
     libraries: list = field(default_factory=list)
     users: list = field(default_factory=list)
@@ -265,20 +202,7 @@ def _conf_dirs(*, root, conf, seen):
 
 
 def library_dirs(*, root):
-    """
-    The loader's directories in the image.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the image's root.
-
-    Returns
-    -------
-    dirs : list of str
-        Image paths: those of ``/etc/ld.so.conf`` (and its ``include``
-        files), then :data:`STANDARD_DIRS`, each once.
-    """
+    """The loader's directories in the image."""
     dirs = _conf_dirs(root=root, conf="/etc/ld.so.conf", seen=set())
     return list(dict.fromkeys([*dirs, *STANDARD_DIRS]))
 
@@ -432,26 +356,7 @@ def _pins(*, root, user, info, interpreter):
 
 
 def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
-    """
-    Find the MPI of an image.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the image's root (the sandbox).
-    prefixes : sequence of str
-        The Python environment's prefixes (image paths; a venv and its
-        base env), walked for MPI users; empty without an environment.
-    site_dirs : sequence of str, optional
-        Its site-packages directories (mpi4py, the owners of files).
-    python : str, optional
-        Its interpreter (image path), whose ``DT_RPATH`` counts too.
-
-    Returns
-    -------
-    scan : MpiScan
-        The libraries, users, pins and mpi4py.
-    """
+    """Find the MPI of an image."""
     dirs = library_dirs(root=root)
     scan = MpiScan(libraries=_libraries(root=root, prefixes=prefixes, dirs=dirs))
     scan.mpi4py = _mpi4py(root=root, site_dirs=site_dirs)

@@ -68,19 +68,7 @@ LIBFABRIC_SOURCES = ("host", "image")
 
 
 def check_gdr_level(value):
-    """
-    Check an ``NCCL_NET_GDR_LEVEL`` value.
-
-    Parameters
-    ----------
-    value : str or int
-        The value.
-
-    Raises
-    ------
-    ValueError
-        Unless it is one of :data:`GDR_LEVELS` or a number 0-5.
-    """
+    """Check an ``NCCL_NET_GDR_LEVEL`` value."""
     if isinstance(value, bool) or str(value) not in (
         *GDR_LEVELS,
         *map(str, range(6)),
@@ -92,19 +80,7 @@ def check_gdr_level(value):
 
 
 def check_libfabric(value):
-    """
-    Check the ``libfabric`` setting.
-
-    Parameters
-    ----------
-    value : str
-        The value.
-
-    Raises
-    ------
-    ValueError
-        Unless it is one of :data:`LIBFABRIC_SOURCES`.
-    """
+    """Check the ``libfabric`` setting."""
     if value not in LIBFABRIC_SOURCES:
         raise ValueError(
             "must be 'host' (the host's Cray libfabric, /opt/cray bound at run "
@@ -123,29 +99,7 @@ def _plugin_files(host_dir):
 
 
 def find_plugin(*, root, dirs, named=None):
-    """
-    The network plugin RCCL would load from the profile's directories.
-
-    Parameters
-    ----------
-    root : callable
-        ``root(path) -> pathlib.Path``: an image path resolved in the sandbox
-        (:func:`cotainr_lumi.engine.rootfs.resolve_in_root`, bound to the root).
-    dirs : list of str
-        Image directories, in order.
-    named : str, optional
-        ``NCCL_NET_PLUGIN`` as the profile or build sets it.
-
-    Returns
-    -------
-    plugin : dict or None
-        ``{"generation", "dir", "files", "loads", "nccl-net-plugin"}``: the
-        plugin RCCL loads (by its default name or `named`, looked for as
-        RCCL does), else the first it loads with ``NCCL_NET_PLUGIN`` set
-        (``nccl-net-plugin``: that value), else the first directory with any
-        plugin file (``loads`` false: RCCL loads none of them). None when no
-        directory has a plugin file.
-    """
+    """The network plugin RCCL would load from the profile's directories."""
     candidates = {}
     for directory in dirs:
         host_dir = root(directory)
@@ -182,21 +136,7 @@ def _plugin(directory, generation, candidates, *, value, loads=True):
 
 
 def plugin_name_blocks(*, plugin):
-    """
-    Env file blocks for the plugin's name: ``NCCL_NET_PLUGIN`` when needed.
-
-    Parameters
-    ----------
-    plugin : dict
-        From :func:`find_plugin`.
-
-    Returns
-    -------
-    blocks : list of str
-        A default ``NCCL_NET_PLUGIN`` (a value set at run time wins) when
-        RCCL loads the plugin only so; none otherwise. Logs what RCCL will
-        load, or a warning when it loads none of the files.
-    """
+    """Env file blocks for the plugin's name: ``NCCL_NET_PLUGIN`` when needed."""
     value = plugin["nccl-net-plugin"]
     if not plugin["loads"]:
         logger.warning(
@@ -226,22 +166,7 @@ def plugin_name_blocks(*, plugin):
 
 
 def family_hint(*, root, settings):
-    """
-    Why the profile may not fit the base, when its plugin is elsewhere.
-
-    Parameters
-    ----------
-    root : callable
-        See :func:`find_plugin`.
-    settings : LumiEnvSettings
-        The stage's settings (its ``net-plugin-dirs`` found no plugin).
-
-    Returns
-    -------
-    hint : str or None
-        A sentence naming where the plugin is and which systems fit; None
-        when the image has none in any family's place either.
-    """
+    """Why the profile may not fit the base, when its plugin is elsewhere."""
     plugin = find_plugin(root=root, dirs=KNOWN_PLUGIN_DIRS)
     if plugin is None:
         return None
@@ -272,20 +197,7 @@ def is_default_loader_dir(directory):
 
 
 def env_blocks(*, settings):
-    """
-    Env file blocks: the runscript's GDR default, where rccl-tests are.
-
-    Parameters
-    ----------
-    settings : LumiEnvSettings
-        The stage's settings.
-
-    Returns
-    -------
-    blocks : list of str
-        POSIX sh blocks for the env file (defaults: a value set at run time
-        wins).
-    """
+    """Env file blocks: the runscript's GDR default, where rccl-tests are."""
     blocks = []
     gdr = settings.nccl_net_gdr_level
     blocks.append(
@@ -299,25 +211,7 @@ def env_blocks(*, settings):
 
 
 def runtime_record(*, settings, plugin, binds, rccl_tests_found):
-    """
-    The JSON record of the image's network layer (read by verify).
-
-    Parameters
-    ----------
-    settings : LumiEnvSettings
-        The stage's settings.
-    plugin : dict or None
-        From :func:`find_plugin`.
-    binds : list of str
-        The binds the module sets.
-    rccl_tests_found : bool
-        Whether the ``rccl-tests`` directory exists in the image.
-
-    Returns
-    -------
-    record : dict
-        JSON-serialisable.
-    """
+    """The JSON record of the image's network layer (read by verify)."""
     gdr = settings.nccl_net_gdr_level
     return {
         "libfabric": settings.libfabric,
@@ -331,19 +225,7 @@ def runtime_record(*, settings, plugin, binds, rccl_tests_found):
 
 
 def describe_lines(*, settings):
-    """
-    What the plan says about the network layer.
-
-    Parameters
-    ----------
-    settings : LumiEnvSettings
-        The stage's settings.
-
-    Returns
-    -------
-    lines : list of str
-        For the dry run.
-    """
+    """What the plan says about the network layer."""
     gdr = settings.nccl_net_gdr_level
     lines = [
         "RCCL network plugin (librccl-net.so, librccl-net-NAME.so) looked for in "

@@ -21,19 +21,7 @@ USER_SOFTWARE = imagelayout.USER_SOFTWARE_DIR
 
 
 def root_path_problem(value):
-    """
-    Why `value` cannot be a CONTAINERROOT (it goes into ``SINGULARITY_BIND``).
-
-    Parameters
-    ----------
-    value : object
-        The path.
-
-    Returns
-    -------
-    problem : str or None
-        None when it can.
-    """
+    """Why `value` cannot be a CONTAINERROOT (it goes into ``SINGULARITY_BIND``)."""
     if not isinstance(value, str) or not value:
         return f"must be a directory path or null (got {value!r})"
     if any(c in value for c in ",:\0") or any(c.isspace() for c in value):
@@ -42,19 +30,7 @@ def root_path_problem(value):
 
 
 def directory_problem(directory):
-    """
-    Why `directory` cannot hold the module files.
-
-    Parameters
-    ----------
-    directory : :class:`pathlib.Path`
-        The directory (it may not exist yet).
-
-    Returns
-    -------
-    problem : str or None
-        None when it exists and is writable, or can be created.
-    """
+    """Why `directory` cannot hold the module files."""
     if directory.exists():
         if not directory.is_dir():
             return f"{directory} exists and is not a directory"
@@ -113,19 +89,7 @@ def _check_secrets(settings):
 
 
 def expanded(value):
-    """
-    `value` with ``~`` or ``~user`` expanded, or ValueError saying why not.
-
-    Parameters
-    ----------
-    value : str
-        A path.
-
-    Returns
-    -------
-    path : :class:`pathlib.Path`
-        The expanded path.
-    """
+    """`value` with ``~`` or ``~user`` expanded, or ValueError saying why not."""
     try:
         return Path(value).expanduser()
     except RuntimeError as e:  # ~nosuchuser
@@ -142,19 +106,7 @@ def _check_module_dir(value):
 
 
 def module_dir_problem(value):
-    """
-    Why `value` cannot hold the module files (``module use`` / MODULEPATH).
-
-    Parameters
-    ----------
-    value : str
-        The directory.
-
-    Returns
-    -------
-    problem : str or None
-        None when it can.
-    """
+    """Why `value` cannot hold the module files (``module use`` / MODULEPATH)."""
     if ":" in value or any(not c.isprintable() for c in value):
         return (
             f"{value!r} contains ':' or control characters (it goes into "
@@ -187,19 +139,7 @@ def _check_rccl_tests(value):
 
 
 def module_name_problem(value):
-    """
-    Why `value` cannot be the name of a module Lmod loads.
-
-    Parameters
-    ----------
-    value : str
-        The module name (given, or the image's file name without ``.sif``).
-
-    Returns
-    -------
-    problem : str or None
-        None when Lmod can load ``module load NAME``.
-    """
+    """Why `value` cannot be the name of a module Lmod loads."""
     if not value or "/" in value or value.startswith((".", "-")):
         return "must be a file name not starting with '.' or '-', without '/'"
     if value.endswith((".lua", ".sh")):

@@ -303,22 +303,6 @@ class LumiEnvStage(Stage):
 
         The names derived from the image path are checked here, as the given
         ones are when the settings are read.
-
-        Parameters
-        ----------
-        plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
-            The plan.
-
-        Returns
-        -------
-        paths : list of :class:`pathlib.Path`
-            ``NAME.lua``, ``NAME.sh`` and ``NAME.root`` (none without a
-            module file).
-
-        Raises
-        ------
-        :class:`cotainr_lumi.errors.InputError`
-            If a derived name cannot work (Lmod, PATH, SINGULARITY_BIND).
         """
         paths = self._module_paths(image_path=plan.image_path)
         if paths is None:
@@ -348,21 +332,7 @@ class LumiEnvStage(Stage):
         )
 
     def run_hint(self, *, image_path, mpi=None):
-        """
-        The command to run the image on LUMI.
-
-        Parameters
-        ----------
-        image_path : os.PathLike
-            The image.
-        mpi : :class:`.mpi.MpiPlan`, optional
-            The build's MPI decision (its binds and launch hint).
-
-        Returns
-        -------
-        hint : str
-            One or two command lines.
-        """
+        """The command to run the image on LUMI."""
         entry = "conda-python-distributed" if self.settings.runscripts else "python"
         binds = ",".join(self._binds(mpi=mpi))
         bind_opt = f"-B {shlex.quote(binds)} " if binds else ""

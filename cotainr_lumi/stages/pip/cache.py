@@ -55,21 +55,7 @@ def _files(top):
 
 
 def import_cache(*, host_dir, sandbox_dir):
-    """
-    Fill the sandbox cache directory from the host cache.
-
-    Parameters
-    ----------
-    host_dir : os.PathLike
-        The host cache (created if missing).
-    sandbox_dir : os.PathLike
-        The host path of the cache directory inside the sandbox (created).
-
-    Returns
-    -------
-    stats : dict
-        ``files``, ``bytes`` and ``linked`` (hard links made).
-    """
+    """Fill the sandbox cache directory from the host cache."""
     host_dir, sandbox_dir = Path(host_dir), Path(sandbox_dir)
     host_dir.mkdir(parents=True, exist_ok=True)
     sandbox_dir.mkdir(parents=True, exist_ok=True)
@@ -84,22 +70,7 @@ def import_cache(*, host_dir, sandbox_dir):
 
 
 def export_cache(*, sandbox_dir, host_dir):
-    """
-    Move new cache entries back to the host and remove the sandbox copy.
-
-    Parameters
-    ----------
-    sandbox_dir : os.PathLike
-        The host path of the cache directory inside the sandbox.
-    host_dir : os.PathLike
-        The host cache.
-
-    Returns
-    -------
-    stats : dict
-        ``new`` (files added to or replaced in the host cache) and ``files``
-        (files in the sandbox cache).
-    """
+    """Move new cache entries back to the host and remove the sandbox copy."""
     sandbox_dir, host_dir = Path(sandbox_dir), Path(host_dir)
     stats = {"files": 0, "new": 0}
     if not sandbox_dir.is_dir():

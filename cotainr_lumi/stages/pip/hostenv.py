@@ -26,16 +26,7 @@ IGNORED_WHEN_MISSING = ("PIP_FIND_LINKS",)
 
 @dataclass
 class HostPipVariables:
-    """
-    What the host's pip variables mean inside the container.
-
-    Attributes
-    ----------
-    warnings : list of str
-        One message per variable with entries missing in the container.
-    overrides : dict of str to str
-        Values to give pip instead of the host's (missing entries dropped).
-    """
+    """What the host's pip variables mean inside the container."""
 
     warnings: list = field(default_factory=list)
     overrides: dict = field(default_factory=dict)
@@ -49,21 +40,7 @@ def _exists_in_root(*, root, path):
 
 
 def host_pip_variables(*, root, environ):
-    """
-    Check the host's path-valued pip variables against the sandbox.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the sandbox.
-    environ : mapping of str to str
-        The environment the container inherits (usually ``os.environ``).
-
-    Returns
-    -------
-    result : HostPipVariables
-        The warnings to log once and the values to give pip.
-    """
+    """Check the host's path-valued pip variables against the sandbox."""
     result = HostPipVariables()
     for name in PATH_PIP_VARIABLES:
         value = environ.get(name)

@@ -36,19 +36,7 @@ _NOT_FOUND_RE = re.compile(
 
 @dataclass
 class Conflict:
-    """
-    A protected distribution a step wanted to change.
-
-    Attributes
-    ----------
-    name : str
-        The distribution name as installed.
-    installed : str
-        The installed version.
-    wanted : list of str
-        The requirements that wanted another version, as pip reported them
-        (e.g. ``torch==2.12.0`` or ``foo 1.0 depends on torch<2``).
-    """
+    """A protected distribution a step wanted to change."""
 
     name: str
     installed: str
@@ -64,24 +52,7 @@ class Conflict:
 
 
 def parse_pip_list(*, text):
-    """
-    Installed distributions from ``pip list --format json`` output.
-
-    Parameters
-    ----------
-    text : str
-        The command's stdout (the JSON is its last non-empty line).
-
-    Returns
-    -------
-    installed : dict of str to (str, str)
-        Canonical name -> (name as installed, version).
-
-    Raises
-    ------
-    ValueError
-        If no JSON list is found.
-    """
+    """Installed distributions from ``pip list --format json`` output."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
     for line in reversed(lines):
         line = line.strip()
@@ -94,21 +65,7 @@ def parse_pip_list(*, text):
 
 
 def constraints_text(*, installed, allowed):
-    """
-    The constraints file pinning every installed distribution.
-
-    Parameters
-    ----------
-    installed : dict
-        From :func:`parse_pip_list`.
-    allowed : collection of str
-        Canonical names that are not pinned.
-
-    Returns
-    -------
-    text : str
-        One ``name==version`` line per protected distribution.
-    """
+    """The constraints file pinning every installed distribution."""
     lines = [
         "# Installed before this step; pinned by cotainr-lumi so that the step",
         "# cannot upgrade, downgrade or remove them (see allow-changes).",
@@ -148,20 +105,6 @@ def explain_conflicts(*, output, installed, allowed):
     requested (constraint) torch==2.13.0+cpu`` against ``The user requested
     torch==2.12.0`` or ``foo 1.0 depends on torch<2``) and "Could not find a
     version that satisfies the requirement X" for a protected X.
-
-    Parameters
-    ----------
-    output : str
-        pip's output (stdout and stderr).
-    installed : dict
-        The distributions installed before the step (:func:`parse_pip_list`).
-    allowed : collection of str
-        Canonical names the step may change.
-
-    Returns
-    -------
-    conflicts : list of Conflict
-        Empty when the failure is not about protected distributions.
     """
     pinned = set()
     wanted: dict[str, list[str]] = {}
@@ -213,21 +156,7 @@ def _note_cause(line, *, pinned, wanted):
 
 
 def changed_distributions(*, before, after, allowed):
-    """
-    Protected distributions upgraded, downgraded or removed by a step.
-
-    Parameters
-    ----------
-    before, after : dict
-        :func:`parse_pip_list` results before and after the step.
-    allowed : collection of str
-        Canonical names the step may change.
-
-    Returns
-    -------
-    changes : list of (str, str, str or None)
-        ``(name, version before, version after or None if removed)``.
-    """
+    """Protected distributions upgraded, downgraded or removed by a step."""
     changes = []
     for key, (name, version) in sorted(before.items()):
         if key in allowed:
@@ -241,20 +170,7 @@ def changed_distributions(*, before, after, allowed):
 
 
 def describe_changes(*, before, after):
-    """
-    Added and changed distributions of a step, for its report.
-
-    Parameters
-    ----------
-    before, after : dict
-        :func:`parse_pip_list` results.
-
-    Returns
-    -------
-    summary : dict
-        ``{"added": {name: version}, "changed": {name: [old, new]},
-        "removed": [name]}``.
-    """
+    """Added and changed distributions of a step, for its report."""
     added = {n: v for k, (n, v) in after.items() if k not in before}
     changed = {
         n: [v, after[k][1]]

@@ -73,29 +73,7 @@ MAX_INCLUDE_DEPTH = 100
 
 @dataclass
 class ReqLine:
-    """
-    One logical line that references something local.
-
-    Attributes
-    ----------
-    start, end : int
-        0-based indexes of its first and last physical line.
-    kind : str
-        ``requirements``/``constraints`` (an included file), ``find-links``,
-        ``path`` (a wheel, sdist or project directory), ``file-url`` (a
-        ``file:`` URL) or ``image-path`` (an absolute path that does not exist
-        on this machine, looked up inside the image).
-    target : :class:`pathlib.Path`
-        The host path referenced (for ``image-path``: the image path).
-    option : str
-        For option lines, the option as written (``-r``, ``--find-links``).
-    prefix, suffix : str
-        The text around the reference (extras, markers, options), kept as is.
-    original : str
-        The reference as written.
-    include : ReqFile or None
-        The scanned included file (``requirements``/``constraints``).
-    """
+    """One logical line that references something local."""
 
     start: int
     end: int
@@ -110,20 +88,7 @@ class ReqLine:
 
 @dataclass
 class ReqFile:
-    """
-    A scanned requirements or constraints file.
-
-    Attributes
-    ----------
-    path : :class:`pathlib.Path` or None
-        The host file (None for a step's inline ``packages``).
-    display : str
-        How messages name it.
-    lines : list of str
-        The physical lines.
-    refs : list of ReqLine
-        The lines that reference local things.
-    """
+    """A scanned requirements or constraints file."""
 
     path: Path | None
     display: str
@@ -145,18 +110,7 @@ class ReqFile:
 
 @dataclass
 class StepScan:
-    """
-    The scanned inputs of one step.
-
-    Attributes
-    ----------
-    step : :class:`cotainr_lumi.stages.pip.steps.PipStep`
-        The step.
-    files : list of ReqFile
-        Its top-level requirement files (inline packages last).
-    moving_refs : list of str
-        VCS requirements that do not pin a revision (where, URL and why).
-    """
+    """The scanned inputs of one step."""
 
     step: object
     files: list[ReqFile]
@@ -165,18 +119,7 @@ class StepScan:
 
 @dataclass
 class StagedStep:
-    """
-    What :func:`stage_step` put into the sandbox.
-
-    Attributes
-    ----------
-    requirement_files : list of str
-        Image paths of the step's top-level (rewritten) requirement files.
-    kept_files : dict of str to str
-        Image path of every kept requirement/constraint file -> its source.
-    staged : dict of str to str
-        Image path of every staged wheel/sdist/directory -> its host path.
-    """
+    """What :func:`stage_step` put into the sandbox."""
 
     requirement_files: list[str] = field(default_factory=list)
     kept_files: dict[str, str] = field(default_factory=dict)
@@ -211,20 +154,7 @@ def _looks_like_path(name):
 
 
 def moving_vcs_ref(url):
-    """
-    Why a VCS requirement URL does not pin one revision (None if it does).
-
-    Parameters
-    ----------
-    url : str
-        A requirement URL, e.g. ``git+https://github.com/ROCm/apex.git@master``.
-
-    Returns
-    -------
-    reason : str or None
-        None for a non-VCS URL, a full commit hash or a version tag
-        (``v1.2.3``, ``2.6.3``); else what moves (no ref, or a branch name).
-    """
+    """Why a VCS requirement URL does not pin one revision (None if it does)."""
     if not url.lower().startswith(_VCS_SCHEMES):
         return None
     try:
@@ -540,24 +470,7 @@ def _file_url_path(url, *, where):
 
 
 def scan_step(*, step):
-    """
-    Scan a step's requirement files (recursively) and check their references.
-
-    Parameters
-    ----------
-    step : :class:`cotainr_lumi.stages.pip.steps.PipStep`
-        The step.
-
-    Returns
-    -------
-    scan : StepScan
-        The scanned files.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.InputError`
-        For a missing or unsupportable reference (names file and line).
-    """
+    """Scan a step's requirement files (recursively) and check their references."""
     scanner = _FileScanner()
     files = []
     for path in step.requirements:
@@ -582,19 +495,7 @@ def scan_step(*, step):
 
 
 def local_inputs(*, scan):
-    """
-    The host files and directories a scanned step stages, for plans.
-
-    Parameters
-    ----------
-    scan : StepScan
-        The scanned step.
-
-    Returns
-    -------
-    paths : list of str
-        Host paths (and ``image:PATH`` for paths looked up in the image).
-    """
+    """The host files and directories a scanned step stages, for plans."""
     result = []
     for top in scan.files:
         for rf in top.walk():
@@ -737,30 +638,7 @@ class _Stager:
 
 
 def stage_step(*, scan, root, keep_dir, staging_dir):
-    """
-    Stage a scanned step into the sandbox.
-
-    Parameters
-    ----------
-    scan : StepScan
-        From :func:`scan_step`.
-    root : os.PathLike
-        The host path of the sandbox.
-    keep_dir : str
-        Image directory for the rewritten requirement files (kept).
-    staging_dir : str
-        Image directory for staged wheels/sdists/directories (temporary).
-
-    Returns
-    -------
-    staged : StagedStep
-        The image paths to pass to pip and what they came from.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.StageError`
-        If an absolute path exists neither on this machine nor in the image.
-    """
+    """Stage a scanned step into the sandbox."""
     stager = _Stager(root=root, keep_dir=keep_dir, staging_dir=staging_dir)
     for rf in scan.files:
         stager.result.requirement_files.append(stager.stage_file(rf))

@@ -81,28 +81,7 @@ def _package_component(package, *, before):
 def cyclonedx_json(
     *, image_name, packages, base_packages, target_prefix, base_image=None
 ):
-    """
-    The CycloneDX JSON SBOM of the target env.
-
-    Parameters
-    ----------
-    image_name : str
-        The image (the ``container`` component).
-    packages : list of dict
-        ``pip list --format=json`` of the env after the build.
-    base_packages : list of dict or None
-        The same before the pip steps (None: no steps ran; every package is
-        the base's).
-    target_prefix : str
-        The env's prefix (a property of the image component).
-    base_image : str, optional
-        The base image (a property of the image component).
-
-    Returns
-    -------
-    text : str
-        The JSON document.
-    """
+    """The CycloneDX JSON SBOM of the target env."""
     before = None if base_packages is None else _normalised(base_packages)
     bom = Bom()
     image = _image_component(
@@ -127,22 +106,7 @@ def cyclonedx_json(
 
 
 def update_aif_sbom(*, root, packages):
-    """
-    Replace the ``pip`` list of the base's ``/.sbom.json`` (AI Factory format).
-
-    Parameters
-    ----------
-    root : :class:`pathlib.Path`
-        The sandbox.
-    packages : list of dict
-        ``pip list --format=json`` of the env after the build.
-
-    Returns
-    -------
-    updated : bool
-        False when the image has no such SBOM (or one in another format,
-        which is left alone).
-    """
+    """Replace the ``pip`` list of the base's ``/.sbom.json`` (AI Factory format)."""
     path = resolve_in_root(root=root, path=imagelayout.AIF_SBOM_FILE)
     if not path.is_file():
         return False
@@ -173,21 +137,7 @@ def update_aif_sbom(*, root, packages):
 def write_sboms(
     *, root, image_name, packages, base_packages, target_prefix, base_image=None
 ):
-    """
-    Write both SBOMs.
-
-    Parameters
-    ----------
-    root : :class:`pathlib.Path`
-        The sandbox.
-    image_name, packages, base_packages, target_prefix, base_image
-        See :func:`cyclonedx_json`.
-
-    Returns
-    -------
-    written : dict
-        ``{"cyclonedx": path, "aif": path or None, "added": [names]}``.
-    """
+    """Write both SBOMs."""
     write_file_in_root(
         root=root,
         path=imagelayout.CYCLONEDX_SBOM_FILE,

@@ -84,37 +84,7 @@ _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 @dataclass
 class PipStep:
-    """
-    One step, read.
-
-    Attributes
-    ----------
-    number : int
-        1-based position (in the stage, once the stage has all steps).
-    source : str
-        Where the step was defined (a steps file and step number, or the
-        requirements file given with ``--pip-requirements``).
-    name : str or None
-        A label for logs.
-    requirements : list of :class:`pathlib.Path`
-        Absolute host paths of the step's requirement files.
-    packages : list of str
-        Inline requirement lines.
-    base_dir : :class:`pathlib.Path`
-        The directory relative paths in `packages` are resolved against.
-    no_build_isolation : bool
-        Pass ``--no-build-isolation``.
-    env : dict of str to str
-        Environment variables for the step (e.g. ``PYTORCH_ROCM_ARCH``).
-    pip_args : list of str
-        Extra ``pip install`` arguments.
-    index_url : str or None
-        ``--index-url``.
-    extra_index_urls : list of str
-        ``--extra-index-url`` values.
-    allow_changes : frozenset of str
-        Canonical names of installed distributions this step may change.
-    """
+    """One step, read."""
 
     number: int
     source: str
@@ -136,31 +106,12 @@ class PipStep:
         return f"step {self.number}{name} ({self.source})"
 
     def allowing(self, names):
-        """
-        The step, also allowed to change `names`.
-
-        Parameters
-        ----------
-        names : iterable of str
-            Package names.
-
-        Returns
-        -------
-        step : PipStep
-            A copy.
-        """
+        """The step, also allowed to change `names`."""
         allowed = {canonicalize_name(n) for n in names}
         return dataclasses.replace(self, allow_changes=self.allow_changes | allowed)
 
     def to_dict(self):
-        """
-        The step in the steps format (absolute paths; for records: redacted).
-
-        Returns
-        -------
-        step : dict
-            JSON-serialisable.
-        """
+        """The step in the steps format (absolute paths; for records: redacted)."""
         return {
             "name": self.name,
             "requirements": [str(p) for p in self.requirements],
@@ -177,14 +128,7 @@ class PipStep:
 
 
 def default_cache_dir():
-    """
-    The default host pip cache directory.
-
-    Returns
-    -------
-    path : :class:`pathlib.Path`
-        ``${XDG_CACHE_HOME:-~/.cache}/cotainr-lumi/pip``.
-    """
+    """The default host pip cache directory."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
         os.path.expanduser("~"), ".cache"
     )
@@ -344,28 +288,7 @@ def _load_step(raw, *, number, origin, label):
 
 
 def load_steps(value, *, origin):
-    """
-    Read the ``steps`` setting into :class:`PipStep` objects.
-
-    Parameters
-    ----------
-    value : list or None
-        The steps as given: file names, mappings (:class:`StepSettings`) or
-        :class:`PipStep` objects (already read).
-    origin : :class:`cotainr_lumi.engine.origins.Origin`
-        Where they come from: relative paths count from its ``base_dir``, and
-        its ``label`` (default ``pip settings``) names their source.
-
-    Returns
-    -------
-    steps : list of PipStep
-        Numbered from 1 in this list.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.engine.settings.SettingError`
-        For the first bad step (its path points at the step and key).
-    """
+    """Read the ``steps`` setting into :class:`PipStep` objects."""
     if value is None:
         return []
     if not isinstance(value, list):
@@ -432,27 +355,7 @@ def _as_mapping(*, steps):
 
 
 def load_steps_file(*, path):
-    """
-    Read a steps file into typed stage settings.
-
-    Parameters
-    ----------
-    path : os.PathLike
-        The YAML steps file (the stage settings format, or just the list of
-        steps).
-
-    Returns
-    -------
-    settings : dict
-        Typed pip settings of the keys the file gives; the file's
-        ``allow-changes`` is folded into its steps.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.InputError`
-        If the file cannot be read or is invalid (the message names the
-        file, the line, the step and the key).
-    """
+    """Read a steps file into typed stage settings."""
     path = Path(os.path.abspath(os.path.expanduser(path)))
     data = read_yaml(
         path=path,
@@ -480,27 +383,7 @@ def load_steps_file(*, path):
 
 
 def steps_from_inputs(*, inputs):
-    """
-    Typed stage settings from command line inputs, in command line order.
-
-    Parameters
-    ----------
-    inputs : list of (str, str)
-        ``("requirements", FILE)`` for ``--pip-requirements`` and
-        ``("steps", FILE)`` for ``--pip-steps``; relative paths count from
-        the current directory.
-
-    Returns
-    -------
-    settings : dict
-        ``{"steps": [PipStep, ...]}`` plus ``cache``/``cache-dir`` from
-        steps files.
-
-    Raises
-    ------
-    :class:`cotainr_lumi.errors.InputError`
-        For a missing requirements file or a bad steps file.
-    """
+    """Typed stage settings from command line inputs, in command line order."""
     settings: dict[str, Any] = {"steps": []}
     for kind, value in inputs:
         path = Path(os.path.abspath(os.path.expanduser(value)))

@@ -58,19 +58,7 @@ _LDCONFIG_LINE = re.compile(
 
 
 def version_sort_key(version):
-    """
-    Sort ``GLIBCXX_3.4.9`` before ``GLIBCXX_3.4.30``.
-
-    Parameters
-    ----------
-    version : str
-        A symbol version name.
-
-    Returns
-    -------
-    key : tuple
-        Text parts and numbers, comparable.
-    """
+    """Sort ``GLIBCXX_3.4.9`` before ``GLIBCXX_3.4.30``."""
     return tuple(
         (0, int(part), "") if part.isdigit() else (1, 0, part)
         for part in re.split(r"(\d+)", version)
@@ -79,19 +67,7 @@ def version_sort_key(version):
 
 
 def parse_ldconfig(*, text):
-    """
-    Parse ``ldconfig -p`` output.
-
-    Parameters
-    ----------
-    text : str
-        The output (lines like ``libstdc++.so.6 (libc6,x86-64) => /usr/lib64/libstdc++.so.6``).
-
-    Returns
-    -------
-    entries : list of (str, str, str)
-        ``(name, flags, path)`` in cache order.
-    """
+    """Parse ``ldconfig -p`` output."""
     entries = []
     for line in text.splitlines():
         match = _LDCONFIG_LINE.match(line)
@@ -102,20 +78,7 @@ def parse_ldconfig(*, text):
 
 @dataclass
 class SystemLib:
-    """
-    A library of the base image.
-
-    Attributes
-    ----------
-    image_path : str
-        Where the loader finds it in the image.
-    host_path : str
-        Its host path inside the sandbox (links resolved inside the root).
-    info : :class:`cotainr_lumi.engine.elfinfo.ElfInfo`
-        Its ELF facts.
-    how : str
-        ``"ld.so.cache"`` or ``"standard directory"``.
-    """
+    """A library of the base image."""
 
     image_path: str
     host_path: str
@@ -130,22 +93,6 @@ def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
     Candidates come from the image's loader cache (``ldconfig -p`` output run
     in the container) and then the standard directories; each is resolved
     inside `root` and must be an ELF file with SONAME ``libstdc++.so.6``.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the sandbox.
-    ldconfig_text : str, optional
-        ``ldconfig -p`` output from inside the container.
-    exclude : os.PathLike, optional
-        A host directory whose libraries do not count (the environment).
-    like : :class:`cotainr_lumi.engine.elfinfo.ElfInfo`, optional
-        Only libraries of this ELF class and machine count.
-
-    Returns
-    -------
-    lib : SystemLib or None
-        The first matching library.
     """
     candidates = [
         (path, "ld.so.cache")
@@ -180,32 +127,7 @@ def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
 
 @dataclass
 class LibstdcxxCheck:
-    """
-    The outcome of the safety check.
-
-    Attributes
-    ----------
-    env_prefix : str
-        The environment's image path.
-    status : str
-        ``"absent"`` (no libstdc++ in the env), ``"safe"``, ``"unsafe"``
-        (some object needs a version the system lacks) or ``"unsupported"``
-        (the layout makes removal unsafe, e.g. ``lib`` links out of the env).
-    reason : str
-        Why, in words.
-    candidates : list of :class:`pathlib.Path`
-        Host paths of the env's ``lib/libstdc++.so*`` entries.
-    lib_dir : :class:`pathlib.Path` or None
-        The host path of ``<env>/lib``.
-    system : SystemLib or None
-        The base image's libstdc++.
-    missing : dict of str to list of str
-        Image path of an object -> versions the system lacks.
-    objects_checked : int
-        ELF objects read.
-    requirers : int
-        Objects that need ``libstdc++.so.6``.
-    """
+    """The outcome of the safety check."""
 
     env_prefix: str
     status: str
@@ -353,23 +275,7 @@ def _explain(check, *, needs):
 
 
 def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
-    """
-    Check whether removing the env's libstdc++ is safe.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the sandbox.
-    env_prefix : str
-        The environment's image path (``sys.prefix`` in the container).
-    ldconfig_text : str, optional
-        ``ldconfig -p`` output from inside the container.
-
-    Returns
-    -------
-    check : LibstdcxxCheck
-        The outcome; nothing is changed.
-    """
+    """Check whether removing the env's libstdc++ is safe."""
     env_prefix = str(PurePosixPath("/", env_prefix))
     ended, env_host, lib_host = _env_lib_dir(root=root, env_prefix=env_prefix)
     if ended is not None:
@@ -405,21 +311,7 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
 
 
 def format_missing(*, check, limit=20):
-    """
-    The refusal text: objects and the versions they miss.
-
-    Parameters
-    ----------
-    check : LibstdcxxCheck
-        An ``"unsafe"`` check.
-    limit : int, default=20
-        The most objects listed.
-
-    Returns
-    -------
-    text : str
-        One line per object.
-    """
+    """The refusal text: objects and the versions they miss."""
     lines = []
     for image_path in sorted(check.missing)[:limit]:
         lines.append(f"  {image_path}: needs {', '.join(check.missing[image_path])}")
@@ -435,20 +327,6 @@ def remove_libstdcxx(*, check, root, manifest):
     Only the entries of ``check.candidates`` are removed, each after checking
     again that it lies directly in the environment's ``lib`` directory; a
     symlink is removed itself, never its target.
-
-    Parameters
-    ----------
-    check : LibstdcxxCheck
-        A check with status ``"safe"``.
-    root : os.PathLike
-        The host path of the sandbox.
-    manifest : :class:`cotainr_lumi.stages.prune.manifest.PruneManifest`
-        Gets one entry per removed path.
-
-    Returns
-    -------
-    removed : int
-        The bytes freed.
     """
     if check.status != "safe":
         raise ValueError(f"refusing to remove libstdc++: check status {check.status}")

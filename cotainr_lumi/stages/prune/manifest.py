@@ -27,19 +27,7 @@ MANIFEST_FORMAT = 1
 
 
 def format_bytes(*, size):
-    """
-    A byte count for humans.
-
-    Parameters
-    ----------
-    size : int
-        Bytes.
-
-    Returns
-    -------
-    text : str
-        E.g. ``"512 B"``, ``"3.2 MiB"``, ``"10.7 GiB"``.
-    """
+    """A byte count for humans."""
     value = float(size)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":
@@ -50,26 +38,7 @@ def format_bytes(*, size):
 
 @dataclass
 class ManifestEntry:
-    """
-    One pruned path.
-
-    Attributes
-    ----------
-    path : str
-        The image path.
-    action : str
-        ``"removed"`` or ``"symlinked"``.
-    size : int
-        The bytes freed (a directory: the sum of its files).
-    reason : str
-        Why it was safe.
-    kind : str
-        ``"file"``, ``"symlink"`` or ``"dir"`` (what was there before).
-    target : str or None
-        The link target for ``"symlinked"`` (relative to the link).
-    group : str
-        The pruning it belongs to (``"libstdcxx"`` or ``"rocm-dedup"``).
-    """
+    """One pruned path."""
 
     path: str
     action: str
@@ -82,21 +51,7 @@ class ManifestEntry:
 
 @dataclass
 class PruneManifest:
-    """
-    All entries and skipped decisions of one build.
-
-    Attributes
-    ----------
-    entries : list of ManifestEntry
-        What was removed or linked.
-    skipped : list of dict
-        Decisions not to prune: ``{"group", "what", "reason"}``.
-    settings : dict
-        The stage settings used.
-    facts : dict
-        What the decisions were based on (env prefix, ROCm versions, the
-        system libstdc++ ...).
-    """
+    """All entries and skipped decisions of one build."""
 
     entries: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
@@ -104,29 +59,11 @@ class PruneManifest:
     facts: dict = field(default_factory=dict)
 
     def add(self, entry):
-        """
-        Record a pruned path.
-
-        Parameters
-        ----------
-        entry : ManifestEntry
-            The entry.
-        """
+        """Record a pruned path."""
         self.entries.append(entry)
 
     def skip(self, *, group, what, reason):
-        """
-        Record a decision not to prune.
-
-        Parameters
-        ----------
-        group : str
-            ``"libstdcxx"`` or ``"rocm-dedup"``.
-        what : str
-            The path or package concerned.
-        reason : str
-            Why it was left alone.
-        """
+        """Record a decision not to prune."""
         self.skipped.append({"group": group, "what": str(what), "reason": reason})
 
     @property
@@ -135,21 +72,7 @@ class PruneManifest:
         return sum(entry.size for entry in self.entries)
 
     def count(self, *, action=None, group=None):
-        """
-        The number of entries with an action and/or group.
-
-        Parameters
-        ----------
-        action : str, optional
-            Only entries with this action.
-        group : str, optional
-            Only entries of this group.
-
-        Returns
-        -------
-        n : int
-            The count.
-        """
+        """The number of entries with an action and/or group."""
         return sum(
             1
             for e in self.entries
@@ -158,14 +81,7 @@ class PruneManifest:
         )
 
     def summary(self):
-        """
-        One line for the build log.
-
-        Returns
-        -------
-        text : str
-            E.g. ``"removed 3, symlinked 12 (10.7 GiB saved); skipped 1"``.
-        """
+        """One line for the build log."""
         parts = []
         removed = self.count(action="removed")
         linked = self.count(action="symlinked")
@@ -180,15 +96,7 @@ class PruneManifest:
         return text
 
     def to_dict(self):
-        """
-        The JSON-serialisable manifest.
-
-        Returns
-        -------
-        data : dict
-            With ``format``, ``bytes-saved``, ``entries``, ``skipped``,
-            ``settings`` and ``facts``.
-        """
+        """The JSON-serialisable manifest."""
         return {
             "format": MANIFEST_FORMAT,
             "bytes-saved": self.bytes_saved,
@@ -201,19 +109,7 @@ class PruneManifest:
         }
 
     def write(self, *, root):
-        """
-        Write the manifest into the image at ``PRUNE_MANIFEST_FILE``.
-
-        Parameters
-        ----------
-        root : os.PathLike
-            The host path of the sandbox.
-
-        Returns
-        -------
-        host_path : :class:`pathlib.Path`
-            Where it was written.
-        """
+        """Write the manifest into the image at ``PRUNE_MANIFEST_FILE``."""
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
         return write_file_in_root(
             root=root, path=PRUNE_MANIFEST_FILE, content=text + "\n"

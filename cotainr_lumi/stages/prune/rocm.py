@@ -48,19 +48,7 @@ _MAJOR_MINOR = re.compile(r"^\s*(\d+)\.(\d+)")
 
 
 def major_minor(*, version):
-    """
-    ``"6.1"`` from ``"6.1.40091-a8dbc0c19"`` or ``"6.1.3-122"``.
-
-    Parameters
-    ----------
-    version : str or None
-        A version string.
-
-    Returns
-    -------
-    major_minor : str or None
-        None if it does not start with ``N.N``.
-    """
+    """``"6.1"`` from ``"6.1.40091-a8dbc0c19"`` or ``"6.1.3-122"``."""
     if not version:
         return None
     match = _MAJOR_MINOR.match(str(version))
@@ -68,21 +56,7 @@ def major_minor(*, version):
 
 
 def base_rocm_version(*, root, rocm_path):
-    """
-    The base image's ROCm version from ``$ROCM_PATH/.info/version``.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the sandbox.
-    rocm_path : str
-        The image's ``ROCM_PATH`` (e.g. ``/opt/rocm``).
-
-    Returns
-    -------
-    version : str or None
-        The first line (e.g. ``"6.1.3-122"``), None if absent.
-    """
+    """The base image's ROCm version from ``$ROCM_PATH/.info/version``."""
     try:
         host = resolve_in_root(root=root, path=f"{rocm_path}/.info/version")
     except OSError:
@@ -103,16 +77,6 @@ def hip_version_of_package(*, version_file):
 
     Accepts ``hip = '6.1.40091-a8dbc0c19'`` and the annotated form
     ``hip: Optional[str] = '...'`` that torch writes.
-
-    Parameters
-    ----------
-    version_file : os.PathLike
-        The host path of ``version.py`` (a symlink is not followed).
-
-    Returns
-    -------
-    hip : str or None
-        None if the file is missing, unparsable or has no string ``hip``.
     """
     try:
         fd = os.open(version_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -138,20 +102,7 @@ def hip_version_of_package(*, version_file):
 
 @dataclass
 class RocmDir:
-    """
-    A ROCm library directory of the base image.
-
-    Attributes
-    ----------
-    image_path : str
-        As named (e.g. ``/opt/rocm/lib``).
-    host_path : :class:`pathlib.Path`
-        Resolved inside the sandbox.
-    real_image_path : str
-        The image path after resolving links (``/opt/rocm-6.1.3/lib``).
-    names : frozenset of str
-        Its entry names.
-    """
+    """A ROCm library directory of the base image."""
 
     image_path: str
     host_path: Path
@@ -160,21 +111,7 @@ class RocmDir:
 
 
 def rocm_dirs_of(*, root, rocm_path):
-    """
-    The ROCm library directories that exist in the image.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the sandbox.
-    rocm_path : str
-        The image's ``ROCM_PATH``.
-
-    Returns
-    -------
-    dirs : list of RocmDir
-        ``$ROCM_PATH/lib`` and :data:`AMDGPU_LIB_DIR`, when present.
-    """
+    """The ROCm library directories that exist in the image."""
     found = []
     for image_path in (f"{rocm_path.rstrip('/')}/lib", AMDGPU_LIB_DIR):
         try:
@@ -199,19 +136,7 @@ def rocm_dirs_of(*, root, rocm_path):
 
 
 def rocm_names(*, rocm_dirs):
-    """
-    The entry names of the ROCm library directories.
-
-    Parameters
-    ----------
-    rocm_dirs : list of RocmDir
-        The directories.
-
-    Returns
-    -------
-    names : frozenset of str
-        The union of their names.
-    """
+    """The entry names of the ROCm library directories."""
     names = set()
     for d in rocm_dirs:
         names |= d.names
@@ -220,22 +145,7 @@ def rocm_names(*, rocm_dirs):
 
 @dataclass
 class BundleDir:
-    """
-    A package directory that bundles ROCm libraries.
-
-    Attributes
-    ----------
-    package : str
-        The package (top-level directory name in site-packages).
-    package_dir : :class:`pathlib.Path`
-        Its host path.
-    host_path : :class:`pathlib.Path`
-        The host path of the bundle directory (e.g. ``.../torch/lib``).
-    image_path : str
-        Its image path (links resolved).
-    overlap : list of str
-        Entry names that a ROCm directory has too.
-    """
+    """A package directory that bundles ROCm libraries."""
 
     package: str
     package_dir: Path
@@ -253,21 +163,7 @@ def _resolve_or_none(*, root, path):
 
 
 def looping_paths(*, root, paths):
-    """
-    The image paths among `paths` that are symlink loops.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the sandbox.
-    paths : list of str
-        Image paths (e.g. the site-packages directories).
-
-    Returns
-    -------
-    loops : list of str
-        Those that cannot be resolved (too many levels of symbolic links).
-    """
+    """The image paths among `paths` that are symlink loops."""
     return [p for p in paths if _resolve_or_none(root=root, path=p) is None]
 
 
@@ -288,20 +184,6 @@ def find_bundle_dirs(*, root, site_dirs, rocm_dirs):
 
     Looked at: ``<site-packages>/<package>/lib`` (torch's layout) and
     auditwheel's ``<site-packages>/<package>.libs``; links are not followed.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the sandbox.
-    site_dirs : list of str
-        Image paths of the site-packages directories.
-    rocm_dirs : list of RocmDir
-        The base image's ROCm directories.
-
-    Returns
-    -------
-    bundles : list of BundleDir
-        Those with at least one overlapping name.
     """
     names = rocm_names(rocm_dirs=rocm_dirs)
     bundles = []
@@ -340,21 +222,7 @@ def find_bundle_dirs(*, root, site_dirs, rocm_dirs):
 
 
 def find_rocm_sdk_packages(*, root, site_dirs):
-    """
-    ``_rocm_sdk_*`` packages (the newer ROCm wheel layout).
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the sandbox.
-    site_dirs : list of str
-        Image paths of the site-packages directories.
-
-    Returns
-    -------
-    packages : list of str
-        Image paths of the package directories.
-    """
+    """``_rocm_sdk_*`` packages (the newer ROCm wheel layout)."""
     found = []
     for site in site_dirs:
         site_host = _resolve_or_none(root=root, path=site)
@@ -368,28 +236,7 @@ def find_rocm_sdk_packages(*, root, site_dirs):
 
 @dataclass
 class DedupAction:
-    """
-    One planned replacement of a bundled entry by a link into ROCm.
-
-    Attributes
-    ----------
-    host_path : :class:`pathlib.Path`
-        The bundled entry.
-    image_path : str
-        Its image path.
-    kind : str
-        ``"file"`` or ``"dir"``.
-    size : int
-        Bytes it holds (a directory: the sum of its regular files).
-    target : str
-        The relative link target.
-    rocm_image_path : str
-        What the link points at, as an image path.
-    reason : str
-        Why it is safe.
-    backup : :class:`pathlib.Path` or None
-        Where the original is kept between apply and commit/rollback.
-    """
+    """One planned replacement of a bundled entry by a link into ROCm."""
 
     host_path: Path
     image_path: str
@@ -421,16 +268,7 @@ def _tree_size(host_path):
 
 @dataclass
 class DedupPlan:
-    """
-    The replacements for one bundle directory, and what is left alone.
-
-    Attributes
-    ----------
-    actions : list of DedupAction
-        The replacements.
-    left_alone : list of (str, str)
-        ``(image path, reason)`` of overlapping entries kept.
-    """
+    """The replacements for one bundle directory, and what is left alone."""
 
     actions: list = field(default_factory=list)
     left_alone: list = field(default_factory=list)
@@ -445,20 +283,6 @@ def plan_dedup(*, root, bundle, rocm_dirs):
     an ELF file of the same class, machine and SONAME; a non-ELF file when
     ROCm's entry is a non-ELF file. Links in the bundle are left alone (they
     point at bundled files, which are replaced themselves).
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the sandbox.
-    bundle : BundleDir
-        The bundle directory.
-    rocm_dirs : list of RocmDir
-        The ROCm directories, in priority order.
-
-    Returns
-    -------
-    plan : DedupPlan
-        Nothing is changed.
     """
     plan = DedupPlan()
     for name in bundle.overlap:
@@ -536,11 +360,6 @@ def apply_actions(*, actions):
 
     Each original is renamed to ``.cotainr-lumi-prune-backup.<name>`` in the
     same directory (an atomic rename, no copy), then the link is created.
-
-    Parameters
-    ----------
-    actions : list of DedupAction
-        The planned replacements; their ``backup`` is set.
     """
     done = []
     try:
@@ -558,14 +377,7 @@ def apply_actions(*, actions):
 
 
 def commit(*, actions):
-    """
-    Delete the backups of applied actions.
-
-    Parameters
-    ----------
-    actions : list of DedupAction
-        Applied actions.
-    """
+    """Delete the backups of applied actions."""
     for action in actions:
         if action.backup is not None:
             _remove(action.backup)
@@ -573,14 +385,7 @@ def commit(*, actions):
 
 
 def rollback(*, actions):
-    """
-    Restore the originals of applied actions.
-
-    Parameters
-    ----------
-    actions : list of DedupAction
-        Applied actions (others are ignored).
-    """
+    """Restore the originals of applied actions."""
     for action in reversed(actions):
         if action.backup is None:
             continue
@@ -599,24 +404,7 @@ def _remove(path):
 
 
 def elf_objects_below(*, root, bundle, actions):
-    """
-    Image paths of the ELF objects to check after de-duplication.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the sandbox.
-    bundle : BundleDir
-        The bundle directory.
-    actions : list of DedupAction
-        The applied actions (their links count as objects if ELF).
-
-    Returns
-    -------
-    paths : list of str
-        Sorted image paths: every ELF regular file below the package
-        directory (backups excluded) and every new link to an ELF file.
-    """
+    """Image paths of the ELF objects to check after de-duplication."""
     paths = set()
     package_image = str(image_path_of(root=root, host_path=bundle.package_dir))
     for entry in walk_in_root(root=root, path=package_image):
@@ -656,24 +444,7 @@ echo COTAINR_LUMI_VERIFY_DONE
 
 
 def parse_verify_output(*, text):
-    """
-    Parse the output of :data:`VERIFY_SCRIPT`.
-
-    Parameters
-    ----------
-    text : str
-        Its stdout.
-
-    Returns
-    -------
-    failures : set of (str, str)
-        ``(object, missing library)`` pairs.
-
-    Raises
-    ------
-    RuntimeError
-        If the script did not finish (no completion marker).
-    """
+    """Parse the output of :data:`VERIFY_SCRIPT`."""
     if "COTAINR_LUMI_VERIFY_DONE" not in text:
         raise RuntimeError("the library check in the container did not complete")
     failures = set()
@@ -686,39 +457,12 @@ def parse_verify_output(*, text):
 
 
 def is_backup_free(*, bundle):
-    """
-    Whether a bundle directory holds no leftover backups.
-
-    Parameters
-    ----------
-    bundle : BundleDir
-        The bundle directory.
-
-    Returns
-    -------
-    clean : bool
-        True if no entry starts with :data:`BACKUP_PREFIX`.
-    """
+    """Whether a bundle directory holds no leftover backups."""
     return not any(n.startswith(BACKUP_PREFIX) for n in os.listdir(bundle.host_path))
 
 
 def link_stays_inside(*, root, action):
-    """
-    Whether an action's link resolves to its ROCm entry inside the sandbox.
-
-    Parameters
-    ----------
-    root : os.PathLike
-        The host path of the sandbox.
-    action : DedupAction
-        The action.
-
-    Returns
-    -------
-    ok : bool
-        True if resolving the link's image path in `root` ends at the ROCm
-        entry's resolved path.
-    """
+    """Whether an action's link resolves to its ROCm entry inside the sandbox."""
     via_link = resolve_in_root(root=root, path=action.image_path)
     direct = resolve_in_root(root=root, path=action.rocm_image_path)
     return via_link == direct and is_inside(parent=root, path=via_link)
