@@ -43,49 +43,6 @@ def plan(
     """
     Resolve a build into a plan without building.
 
-    Parameters are those of :func:`build` (without the logging ones).
-
-    Returns
-    -------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
-        The plan; ``plan.describe()`` is the ``--dry-run`` text.
-    """
-    _cotainr.check_cotainr_version()
-    return make_plan(
-        request=BuildRequest(
-            image_path=image_path,
-            system=system,
-            base_image=base_image,
-            base_image_override=base_image_override,
-            conda_env=conda_env,
-            settings=dict(settings or {}),
-            skip_stages=tuple(skip_stages),
-            force=force,
-            dry_run=False,
-            accept_licenses=accept_licenses,
-        )
-    )
-
-
-def build(
-    *,
-    image_path,
-    system=None,
-    base_image=None,
-    base_image_override=None,
-    conda_env=None,
-    settings=None,
-    skip_stages=(),
-    force=False,
-    dry_run=False,
-    accept_licenses=False,
-    verbosity=0,
-    log_to_file=False,
-    setup_logging=False,
-):
-    """
-    Build an image and return what was built.
-
     Parameters
     ----------
     image_path : os.PathLike
@@ -105,10 +62,46 @@ def build(
         Stages of the system not to run.
     force : bool, default=False
         Replace an existing image (only once the new one is built).
-    dry_run : bool, default=False
-        Only resolve the plan; ``result.plan_text`` describes it.
     accept_licenses : bool, default=False
         Accept the Miniforge licence (needed with `conda_env`).
+
+    Returns
+    -------
+    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+        The plan; ``plan.describe()`` is the ``--dry-run`` text.
+
+    Raises
+    ------
+    :class:`cotainr_lumi.errors.CotainrLumiError`
+        Bad input: an unknown system (:class:`~cotainr_lumi.errors.UnknownSystemError`
+        lists the available ones), an invalid profile or invalid inputs.
+    """
+    _cotainr.check_cotainr_version()
+    request = BuildRequest(
+        image_path=image_path,
+        system=system,
+        base_image=base_image,
+        base_image_override=base_image_override,
+        conda_env=conda_env,
+        settings=dict(settings or {}),
+        skip_stages=tuple(skip_stages),
+        force=force,
+        dry_run=False,
+        accept_licenses=accept_licenses,
+    )
+    return make_plan(request=request)
+
+
+def build(
+    *, dry_run=False, verbosity=0, log_to_file=False, setup_logging=False, **request
+):
+    """
+    Build an image and return what was built.
+
+    Parameters
+    ----------
+    dry_run : bool, default=False
+        Only resolve the plan; ``result.plan_text`` describes it.
     verbosity : int, default=0
         cotainr's verbosity (-1 to 5) for subprocess output.
     log_to_file : bool or os.PathLike, default=False
@@ -116,6 +109,8 @@ def build(
     setup_logging : bool, default=False
         Attach cotainr's console handlers to the ``cotainr`` logger (a
         library leaves logging to the caller by default).
+    **request
+        What to build: the keyword arguments of :func:`plan`.
 
     Returns
     -------
@@ -124,28 +119,13 @@ def build(
 
     Raises
     ------
-    :class:`cotainr_lumi.errors.UnknownSystemError`
-        Unknown system (the message lists the available ones).
-    :class:`cotainr_lumi.errors.ProfileError`
-        An invalid profile file.
-    :class:`cotainr_lumi.errors.InputError`
-        Invalid inputs.
-    :class:`cotainr_lumi.errors.ImageExistsError`
-        The image exists and `force` is False.
-    :class:`cotainr_lumi.errors.StageError`
-        A step of the build failed (no image is written).
+    :class:`cotainr_lumi.errors.CotainrLumiError`
+        As :func:`plan` raises, and :class:`~cotainr_lumi.errors.ImageExistsError`
+        (the image exists and `force` is False) or
+        :class:`~cotainr_lumi.errors.StageError` (a step of the build failed;
+        no image is written).
     """
-    build_plan = plan(
-        image_path=image_path,
-        system=system,
-        base_image=base_image,
-        base_image_override=base_image_override,
-        conda_env=conda_env,
-        settings=settings,
-        skip_stages=skip_stages,
-        force=force,
-        accept_licenses=accept_licenses,
-    )
+    build_plan = plan(**request)
     log_settings = _cotainr.make_log_settings(
         verbosity=verbosity, log_to_file=log_to_file, no_color=True
     )
@@ -154,19 +134,19 @@ def build(
     return _build_from_plan(
         build_plan=build_plan,
         dry_run=dry_run,
-        force=force,
+        force=request.get("force", False),
         build_args={
-            "system": system,
-            "base_image": base_image,
-            "conda_env": conda_env,
-            "accept_licenses": accept_licenses,
+            "system": request.get("system"),
+            "base_image": request.get("base_image"),
+            "conda_env": request.get("conda_env"),
+            "accept_licenses": request.get("accept_licenses", False),
             "verbosity": verbosity,
             "log_to_file": log_to_file,
         },
         options={
-            "base_image_override": base_image_override,
-            "set_settings": set_options(settings),
-            "skip_stages": list(skip_stages) or None,
+            "base_image_override": request.get("base_image_override"),
+            "set_settings": set_options(request.get("settings")),
+            "skip_stages": list(request.get("skip_stages", ())) or None,
         },
     )
 
