@@ -56,8 +56,7 @@ def plan(
     conda_env : os.PathLike, optional
         A conda environment file for cotainr's conda step.
     settings : dict, optional
-        Stage settings overriding the profile's, per stage name, in the
-        profile's format: ``{"provenance": {"hash-base-image": False}}``.
+        Settings over the profile's: ``{"provenance": {"hash-base-image": False}}``.
     skip_stages : sequence of str, default=()
         Stages of the system not to run.
     force : bool, default=False
@@ -73,8 +72,7 @@ def plan(
     Raises
     ------
     :class:`cotainr_lumi.errors.CotainrLumiError`
-        Bad input: an unknown system (:class:`~cotainr_lumi.errors.UnknownSystemError`
-        lists the available ones), an invalid profile or invalid inputs.
+        Bad input (an unknown system, an invalid profile or inputs).
     """
     _cotainr.check_cotainr_version()
     request = BuildRequest(
