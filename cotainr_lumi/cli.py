@@ -165,14 +165,6 @@ class CotainrLumiCLI:
         except _cotainr.BuildInterruptedError as e:
             sys.stderr.write(f"cotainr: error: {e}\n")
             raise SystemExit(128 + e.signum) from None
-        if self.name == "build":
-            from .plugin import HOOK
-
-            problem = HOOK.last and HOOK.last.plan.base_problem
-            if problem:  # a dry run whose probe of the base failed (plan printed)
-                _fail(
-                    InputError(f"the dry run could not ask the base image: {problem}")
-                )
         if self.name == "info":
             # cotainr lists the systems it could read; a broken profile
             # file is an error of the command.

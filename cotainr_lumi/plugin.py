@@ -29,7 +29,7 @@ from .engine.plan import make_plan
 from .engine.profiles import load_systems
 from .engine.stage import StageContext
 from .engine.workdir import remove_leftovers, work_dir_environment
-from .errors import CotainrLumiError
+from .errors import CotainrLumiError, InputError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -140,7 +140,12 @@ class LumiHook:
             build = LumiBuild(plan=plan)
             if context.dry_run:
                 plan.ask_base_image()
-                self.last = build  # its plan's base_problem: the dry run's status
+                self.last = build
+                if plan.base_problem:  # the plan, then a non-zero exit (as stated)
+                    print(plan.describe())
+                    raise InputError(
+                        f"the dry run could not ask the base image: {plan.base_problem}"
+                    )
                 return plan.describe().splitlines()
             plan.check_space()
         except CotainrLumiError as e:

@@ -371,16 +371,17 @@ def test_a_missing_cotainr_is_one_message(tmp_path, argv):
         (PermissionError(13, "Permission denied"), "failed (Permission denied)"),
     ],
 )
+@pytest.mark.parametrize("command", ["cotainr-lumi", "cotainr"])
 def test_a_dry_run_whose_probe_failed_prints_the_plan_and_exits_non_zero(
-    tmp_path, mocker, test_profile, capsys, failure, words
+    tmp_path, mocker, test_profile, capsys, failure, words, command
 ):
     mocker.patch(
         "cotainr_lumi.engine.imageprobe.probe_image_facts", side_effect=failure
     )
-    argv = ["cotainr-lumi", "build", str(tmp_path / "x.sif"), "--system=lumi-test"]
+    argv = [command, "build", str(tmp_path / "x.sif"), "--system=lumi-test"]
     mocker.patch.object(sys, "argv", [*argv, "--dry-run"])
     with pytest.raises(SystemExit) as info:
-        cli.main()
+        (cli.main if command == "cotainr-lumi" else stock_cli.main)()
     assert info.value.code == 2
     captured = capsys.readouterr()
     assert "cotainr-lumi build plan (dry run" in captured.out and words in captured.out
