@@ -250,10 +250,10 @@ def hanging():
     return pids
 
 
-def run(*args, env=None, timeout=600, **kwargs):
+def run(*args, env=None, timeout=600, command=COMMAND, **kwargs):
     """Run `cotainr-lumi ARGS`; the finished process (text output)."""
     return subprocess.run(
-        [COMMAND, *map(str, args)],
+        [command, *map(str, args)],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
@@ -344,7 +344,10 @@ def test_a_signal_on_verify_stops_the_container(odd, signum):
         ("exit", "the probe of the base image failed (exit status 3, no message)"),
     ],
 )
-def test_a_dry_run_whose_probe_failed_exits_non_zero(odd, tmp_path, name, words):
+@pytest.mark.parametrize("command", ["cotainr-lumi", "cotainr"])
+def test_a_dry_run_whose_probe_failed_exits_non_zero(
+    odd, tmp_path, name, words, command
+):
     images, profile = odd
     proc = run(
         "build",
@@ -355,6 +358,7 @@ def test_a_dry_run_whose_probe_failed_exits_non_zero(odd, tmp_path, name, words)
         "target-env.probe-timeout=10",
         env={"COTAINR_LUMI_SYSTEMS": str(profile)},
         timeout=300,
+        command=str(Path(COMMAND).with_name(command)),
     )
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "cotainr-lumi build plan (dry run" in proc.stdout and words in proc.stdout
