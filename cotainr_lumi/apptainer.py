@@ -8,8 +8,10 @@ module is the one place that spells an ``exec`` command line.
 """
 
 import contextlib
+import functools
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -49,6 +51,51 @@ def is_sif(path):
     """Whether a file is a SIF image (by its magic, without Apptainer)."""
     with open(path, "rb") as f:
         return f.read(32 + len(SIF_MAGIC))[32:] == SIF_MAGIC
+
+
+#: What Apptainer writes into an image's copy when it makes a sandbox of it.
+SANDBOX_METADATA = (
+    "/.singularity.d",
+    "/.singularity.d/labels.json",
+    "/.singularity.d/Singularity",
+    "/.singularity.d/bootstrap_history",
+)
+
+
+def links_in_image(*, image, paths):
+    """
+    The `paths` that are symbolic links in a local image, read without running it.
+
+    ``{path: link target}`` for a directory or a SIF; None when the SIF cannot
+    be read here (that needs ``sif list`` of Apptainer/Singularity and
+    ``unsquashfs``).
+    """
+    if os.path.isdir(image):
+        found = {p: os.path.join(image, p.lstrip("/")) for p in paths}
+        return {p: os.readlink(h) for p, h in found.items() if os.path.islink(h)}
+    if not is_sif(image):
+        return {}
+    runtime, unsquashfs = find_runtime(), shutil.which("unsquashfs")
+    if not (runtime and unsquashfs):
+        return None
+    run = functools.partial(
+        subprocess.run, capture_output=True, text=True, timeout=120, check=True
+    )
+    system = re.search(
+        r"(\d+)-\d+\s*\|\s*FS\b.*System", run([runtime, "sif", "list", image]).stdout
+    )
+    if system is None:
+        return None
+    names = [p.lstrip("/") for p in paths]
+    listing = run([unsquashfs, "-o", system[1], "-lls", "-d", "", image, *names])
+    links = {}
+    for line in listing.stdout.splitlines():
+        fields = line.split(None, 5)
+        if line.startswith("l") and len(fields) == 6:
+            path, _, target = fields[5].partition(" -> ")
+            if "/" + path.lstrip("/") in paths:
+                links["/" + path.lstrip("/")] = target
+    return links
 
 
 def exec_command(*, runtime, image, args, clean_env=True, env=None):

@@ -137,6 +137,7 @@ class LumiHook:
             plan = make_plan(request=request)
             if not plan.extended:
                 return None
+            plan.check_base_links()
             build = LumiBuild(plan=plan)
             if context.dry_run:
                 plan.ask_base_image()

@@ -139,3 +139,21 @@ def test_env_deadline_hint_names_the_env_scripts():
     assert "/.singularity.d/env scripts of the base image b.sif" in hint
     assert "60 s" in hint and "apptainer build --sandbox" in hint
     assert apptainer.env_deadline_hint("FATAL: no such file", image="x") == ""
+
+
+def test_links_in_a_directory_image_are_read_without_following_them(tmp_path):
+    (tmp_path / ".singularity.d").mkdir()
+    (tmp_path / ".singularity.d/labels.json").symlink_to("/home/someone/.bashrc")
+    (tmp_path / ".singularity.d/Singularity").write_text("bootstrap: x\n")
+    assert apptainer.links_in_image(
+        image=str(tmp_path), paths=apptainer.SANDBOX_METADATA
+    ) == {"/.singularity.d/labels.json": "/home/someone/.bashrc"}
+    (tmp_path / "plain").write_bytes(b"not a SIF")  # Apptainer makes no sandbox
+    assert apptainer.links_in_image(image=str(tmp_path / "plain"), paths=["/x"]) == {}
+
+
+def test_a_sif_without_unsquashfs_is_unknown(tmp_path, monkeypatch):
+    sif = tmp_path / "x.sif"
+    sif.write_bytes(b"#!/usr/bin/env run-singularity\n".ljust(32) + b"SIF_MAGIC")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert apptainer.links_in_image(image=str(sif), paths=["/x"]) is None

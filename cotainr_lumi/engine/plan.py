@@ -103,6 +103,32 @@ class BuildPlan:
         """Where Python packages go in this build, in words."""
         return targetenv.describe_lines(plan=self)[0]
 
+    def check_base_links(self):
+        """Refuse a local base image whose metadata Apptainer writes is a link."""
+        image = self.base_image.resolved
+        if not (self.base_image.is_local_file or os.path.isdir(image)):
+            return
+        try:
+            links = apptainer.links_in_image(
+                image=image, paths=apptainer.SANDBOX_METADATA
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            links = None
+            logger.debug("Listing the base image failed: %s", e)
+        if links is None:
+            logger.warning(
+                "Could not read the base image %s without running it (no "
+                "unsquashfs?); its /.singularity.d is not checked for links.",
+                image,
+            )
+        for path, target in (links or {}).items():
+            raise InputError(
+                f"The base image's {path} is a symbolic link (to {target}); "
+                "Apptainer writes there when it makes the build's sandbox, and a "
+                "link can lead out of the image (to a host file). Use a base "
+                f"image where {path} is not a link."
+            )
+
     def ask_base_image(self):
         """
         For a dry run: ask a local base image for its target env now.
