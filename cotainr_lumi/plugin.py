@@ -12,6 +12,7 @@ adds the metadata and builds the image; the hook runs the plan's stages
 import contextlib
 import logging
 import os
+import sys
 
 from . import _cotainr, buildoptions, imagelayout
 from .engine import history, rocmwindow, rootfs
@@ -29,7 +30,7 @@ from .engine.plan import make_plan
 from .engine.profiles import load_systems
 from .engine.stage import StageContext
 from .engine.workdir import remove_leftovers, work_dir_environment
-from .errors import CotainrLumiError, InputError
+from .errors import CotainrLumiError, InputError, redact
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -202,6 +203,10 @@ class LumiHook:
             ) from error
         build.reports = list(stage_context.reports)
         build.labels = dict(stage_context.labels)
+        # cotainr records the command line next (cotainr.command): without
+        # credentials; finalize gives the caller its own sys.argv back.
+        build.environment.callback(setattr, sys, "argv", sys.argv)
+        sys.argv = [redact(arg) for arg in sys.argv]
         return dict(build.labels)
 
     def finalize(self, *, context, error):

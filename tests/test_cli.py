@@ -94,6 +94,19 @@ def test_lumi_system_runs_extended_pipeline_via_stock_command(
     assert labels["cotainr-lumi.stages"] == "provenance"
 
 
+def test_the_recorded_command_line_holds_no_credentials(
+    tmp_path, fake_singularity, mocker, test_profile, labels_of
+):
+    # A path that reads as a URL with a password stands in for any argument.
+    image = tmp_path / "https:" / "user:s3cret@example.org" / "x.sif"
+    image.parent.mkdir(parents=True)
+    argument = str(image).replace("https:/", "https://")
+    run_cli(mocker, ["build", argument, "--system=lumi-test"])
+    command = labels_of(image)["cotainr.command"]
+    assert "user:***@example.org" in command and "s3cret" not in command
+    assert sys.argv[2] == argument  # the caller's own argv, given back
+
+
 def test_dry_run_prints_plan_and_builds_nothing(
     tmp_path, fake_singularity, mocker, test_profile, capsys
 ):

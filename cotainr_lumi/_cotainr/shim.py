@@ -21,7 +21,6 @@ import signal
 import sys
 import types
 
-from ..errors import redact
 from ..imagelayout import ENV_SCRIPTS_DIR, LABELS_FILE
 from .hookapi import BuildContext, BuildInterruptedError, PluginError
 
@@ -342,12 +341,7 @@ def _add_metadata(original):
                     )
                 labels[str(key)] = str(value)
         _write_labels(Path(self.sandbox_dir), labels)
-        argv = sys.argv  # cotainr records the command line: no credentials in it
-        sys.argv = [redact(arg) for arg in argv]
-        try:
-            result = original(self, *args, **kwargs)
-        finally:
-            sys.argv = argv
+        result = original(self, *args, **kwargs)
         active["customized"] = True
         return result
 
