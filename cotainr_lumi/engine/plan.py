@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from .. import _cotainr, apptainer
 from ..errors import InputError, quoted, redact
+from ..imagelayout import ENV_SCRIPTS_DIR
 from . import imageprobe, rocmwindow, targetenv, workdir
 from .origins import Origin
 from .profiles import SystemProfile, get_system, load_systems, merge_mappings
@@ -108,10 +109,11 @@ class BuildPlan:
         image = self.base_image.resolved
         if not (self.base_image.is_local_file or os.path.isdir(image)):
             return
+        paths = apptainer.SANDBOX_METADATA
+        if self.conda_env is not None:  # cotainr's conda step appends there
+            paths += (ENV_SCRIPTS_DIR, f"{ENV_SCRIPTS_DIR}/92-cotainr-env.sh")
         try:
-            links = apptainer.links_in_image(
-                image=image, paths=apptainer.SANDBOX_METADATA
-            )
+            links = apptainer.links_in_image(image=image, paths=paths)
         except (OSError, subprocess.SubprocessError) as e:
             links = None
             logger.debug("Listing the base image failed: %s", e)
@@ -124,8 +126,8 @@ class BuildPlan:
         for path, target in (links or {}).items():
             raise InputError(
                 f"The base image's {path} is a symbolic link (to {target}); "
-                "Apptainer writes there when it makes the build's sandbox, and a "
-                "link can lead out of the image (to a host file). Use a base "
+                "the build writes there before any cotainr-lumi stage runs, and "
+                "a link can lead out of the image (to a host file). Use a base "
                 f"image where {path} is not a link."
             )
 
