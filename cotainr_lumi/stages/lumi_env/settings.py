@@ -4,13 +4,13 @@ from dataclasses import dataclass
 import logging
 import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from ... import imagelayout
 from ...engine.settings import SettingError, StageSettings, each, setting
 from ...errors import SECRET_NAME_RE, InputError, redact
 from .envfile import validate_name, validate_path_entry, validate_value
-from .modulefile import check_var_name, validate_bind
+from .modulefile import check_var_name, validate_bind, var_name_of
 from .mpi import check_host_binding, check_mode
 from .network import check_gdr_level, check_libfabric
 
@@ -157,6 +157,17 @@ def _check_module_name(value):
         raise ValueError(f"{problem} (got {value!r})")
 
 
+class ModuleNames(NamedTuple):
+    """What the module is called and sets up (paths None with module-file: false)."""
+
+    name: str
+    var: str  # the suffix of SIF<VAR>, RUNSCRIPTS<VAR>, EBROOT<VAR>
+    user_venv: str
+    lua: Optional[Path]
+    shell: Optional[Path]
+    root: Optional[Path]  # CONTAINERROOT on the host
+
+
 @dataclass(frozen=True)
 class LumiEnvSettings(StageSettings):
     """The settings of the lumi-env stage."""
@@ -263,3 +274,21 @@ class LumiEnvSettings(StageSettings):
 
     def __post_init__(self):
         _check_secrets(self)
+
+    def names(self, *, image_path):
+        """The :class:`ModuleNames` of an image, as set or derived from its path."""
+        image_path = Path(image_path)
+        name = self.module_name or image_path.stem
+        var = self.module_var_name or var_name_of(name)
+        venv = self.user_venv or f"{USER_SOFTWARE}/venv/{var.lower()}"
+        if not self.module_file:
+            return ModuleNames(name, var, venv, None, None, None)
+        folder = image_path.parent
+        if self.module_dir:
+            folder = Path(self.module_dir).expanduser().resolve()
+        root = image_path.parent.resolve() / f"{name}.root"
+        if self.container_root:
+            root = Path(self.container_root).expanduser().resolve()
+        return ModuleNames(
+            name, var, venv, folder / f"{name}.lua", folder / f"{name}.sh", root
+        )

@@ -54,7 +54,6 @@ from .modulefile import (
     check_image_path,
     render_lua,
     render_shell,
-    var_name_of,
 )
 from .mpi import HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
@@ -265,38 +264,6 @@ class LumiEnvStage(Stage):
         """The variables set as defaults (``None`` values dropped)."""
         return {k: v for k, v in self.settings.env.items() if v is not None}
 
-    def _module_paths(self, *, image_path):
-        """(lua, shell) paths next to the image, or None when disabled."""
-        if not self.settings.module_file:
-            return None
-        image_path = Path(image_path)
-        directory = self.settings.module_dir
-        directory = (
-            Path(directory).expanduser().resolve() if directory else image_path.parent
-        )
-        name = self.settings.module_name or image_path.stem
-        return directory / f"{name}.lua", directory / f"{name}.sh"
-
-    def _module_name(self, *, image_path):
-        return self.settings.module_name or Path(image_path).stem
-
-    def _var_name(self, *, image_path):
-        """The suffix of SIF<NAME>, RUNSCRIPTS<NAME>, EBROOT<NAME>."""
-        return self.settings.module_var_name or var_name_of(
-            self._module_name(image_path=image_path)
-        )
-
-    def _container_root(self, *, image_path):
-        """CONTAINERROOT on the host (None without a module file)."""
-        if not self.settings.module_file:
-            return None
-        root = self.settings.container_root
-        if root:
-            return Path(root).expanduser().resolve()
-        image_path = Path(image_path)
-        name = self._module_name(image_path=image_path)
-        return image_path.parent.resolve() / f"{name}.root"
-
     def planned_outputs(self, *, plan):
         """
         The module file, shell snippet and CONTAINERROOT this build writes.
@@ -304,11 +271,10 @@ class LumiEnvStage(Stage):
         The names derived from the image path are checked here, as the given
         ones are when the settings are read.
         """
-        paths = self._module_paths(image_path=plan.image_path)
-        if paths is None:
+        names = self.settings.names(image_path=plan.image_path)
+        if names.lua is None:
             return []
-        root = self._container_root(image_path=plan.image_path)
-        name = self._module_name(image_path=plan.image_path)
+        name, root = names.name, names.root
         fix = (
             "Rename the image, or set the name or place with --set "
             "lumi-env.module-name=NAME, --module-dir DIR or --set "
@@ -318,18 +284,12 @@ class LumiEnvStage(Stage):
         if problem:
             raise InputError(f"lumi-env: the module name {name!r} {problem}. {fix}")
         for what, problem in (
-            ("module directory", module_dir_problem(str(paths[0].parent))),
+            ("module directory", module_dir_problem(str(names.lua.parent))),
             ("CONTAINERROOT", root_path_problem(str(root))),
         ):
             if problem:
                 raise InputError(f"lumi-env: the {what} {problem}. {fix}")
-        return [*paths, root]
-
-    def _user_venv(self, *, image_path):
-        """The user venv's path in the container."""
-        return self.settings.user_venv or (
-            f"{USER_SOFTWARE}/venv/{self._var_name(image_path=image_path).lower()}"
-        )
+        return [names.lua, names.shell, root]
 
     def run_hint(self, *, image_path, mpi=None):
         """The command to run the image on LUMI."""
@@ -337,12 +297,11 @@ class LumiEnvStage(Stage):
         binds = ",".join(self._binds(mpi=mpi))
         bind_opt = f"-B {shlex.quote(binds)} " if binds else ""
         lines = ["Run the image on LUMI with:"]
-        paths = self._module_paths(image_path=image_path)
-        if paths is not None:
-            lua = paths[0]
+        names = self.settings.names(image_path=image_path)
+        if names.lua is not None:
             lines.append(
-                f"  module use {shlex.quote(str(lua.parent))}; "
-                f"module load {shlex.quote(self._module_name(image_path=image_path))}; "
+                f"  module use {shlex.quote(str(names.lua.parent))}; "
+                f"module load {shlex.quote(names.name)}; "
                 f'srun singularity exec "$SIF" {entry} your_script.py'
             )
             lines.append("or, without the module:")
@@ -393,19 +352,17 @@ class LumiEnvStage(Stage):
         lines += describe_mpi(
             requested=self.settings.mpi, host_setting=self.settings.mpi_host
         )
-        paths = self._module_paths(image_path=plan.image_path)
-        if paths is not None:
-            lines.append(f"module file {paths[0]}, shell snippet {paths[1]}")
-            image_path = plan.image_path
-            var = self._var_name(image_path=image_path)
+        names = self.settings.names(image_path=plan.image_path)
+        if names.lua is not None:
+            lines.append(f"module file {names.lua}, shell snippet {names.shell}")
+            var = names.var
             lines.append(
-                f"  SIF, SIF{var}, CONTAINERROOT="
-                f"{self._container_root(image_path=image_path)} (bin/: start-shell, "
+                f"  SIF, SIF{var}, CONTAINERROOT={names.root} (bin/: start-shell, "
                 "make-squashfs, unmake-squashfs; runscripts/; user-software/ "
                 f"mounted at {USER_SOFTWARE}), RUNSCRIPTS, EBROOT{var}"
             )
             lines.append(
-                f"  user venv {self._user_venv(image_path=image_path)} "
+                f"  user venv {names.user_venv} "
                 "(source /runscripts/init-conda-venv; active when present)"
             )
         else:
@@ -664,7 +621,8 @@ class LumiEnvStage(Stage):
 
     def _module_outputs(self, *, image_path, user_venv, user_software, mpi=None):
         """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
-        paths = self._module_paths(image_path=image_path)
+        names = self.settings.names(image_path=image_path)
+        paths = (names.lua, names.shell) if names.lua is not None else None
         if paths is not None:
             try:
                 check_image_path(image_path)
@@ -673,13 +631,13 @@ class LumiEnvStage(Stage):
                 paths = None
         if paths is None:
             return None, None, {}
-        container_root = self._container_root(image_path=image_path)
+        container_root = names.root
         common = dict(
             image=image_path,
             binds=self._binds(mpi=mpi),
             runscripts=RUNSCRIPTS_DIR if self.settings.runscripts else None,
-            name=self._module_name(image_path=image_path),
-            var=self._var_name(image_path=image_path),
+            name=names.name,
+            var=names.var,
             container_root=container_root,
             user_software=user_software,
         )
@@ -707,7 +665,7 @@ class LumiEnvStage(Stage):
         env_prefix = None
         if self.settings.with_conda:
             env_prefix = self._write_with_conda(root=root, target=target)
-        user_venv = self._user_venv(image_path=image_path)
+        user_venv = self.settings.names(image_path=image_path).user_venv
         user_software = not self._image_has_user_software(root=root)
         blocks, found = self._env_file_blocks(
             root=root, target=target, user_venv=user_venv
