@@ -5,6 +5,7 @@ import logging
 
 from .engine.origins import OptionOrigin
 from .engine.plan import CANONICAL_STAGE_ORDER, BuildRequest
+from .engine.profiles import merge_mappings
 from .engine.stage import available_stages, get_stage_class, load_stage_settings
 from .engine.yamlfile import read_yaml_text
 from .errors import InputError, quoted
@@ -23,9 +24,6 @@ OPTION_HELP = {
     "work_dir": "put the sandbox and Apptainer's temporary files in DIR (a "
     "file system with room for the unpacked image; on LUMI not /tmp, which "
     "is in memory on compute nodes)",
-    "strict": "stop the build (instead of warning) when the base image's ROCm or "
-    "torch's is outside the versions LUMI's GPU driver supports (the system's "
-    "rocm.supported) or they disagree; the same as --set rocm.strict=true",
 }
 
 #: Options added here that are not stage options.
@@ -34,7 +32,6 @@ BUILD_OPTIONS = (
     "set_settings",
     "skip_stages",
     "work_dir",
-    "strict",
 )
 
 
@@ -67,9 +64,6 @@ def add_options(*, parser):
         action="append",
         metavar="STAGE",
         help=help_text("skip_stages"),
-    )
-    parser.add_argument(
-        "--strict", action="store_true", default=None, help=help_text("strict")
     )
     for name in stages_in_pipeline_order():
         get_stage_class(name).add_arguments(parser=parser)
@@ -116,13 +110,13 @@ def stage_settings(*, set_settings, stage_args):
                     f"--set {quoted(text)}: expected STAGE={{KEY: VALUE, ...}} "
                     "or STAGE.KEY=VALUE"
                 )
-            settings.setdefault(name, {}).update(value)
+            settings[name] = merge_mappings(settings.get(name, {}), value)
             continue
         stage, key, value = parse_set_option(text)
         loaded = load_stage_settings(
             raw={stage: {key: value}}, origin=OptionOrigin(option=f"--set {text!r}")
         )
-        settings.setdefault(stage, {}).update(loaded[stage])
+        settings[stage] = merge_mappings(settings.get(stage, {}), loaded[stage])
     return settings
 
 
@@ -138,8 +132,6 @@ def request_from_options(*, context, conda_env):
             "--lumi-system goes with --base-image (build as that system on "
             "another base image); with --system, leave it out."
         )
-    if options.pop("strict", None):
-        set_settings = ["rocm.strict=true", *set_settings]
     settings = stage_settings(
         set_settings=set_settings, stage_args=argparse.Namespace(**options)
     )

@@ -76,10 +76,12 @@ def test_env_name_with_trailing_newline_is_rejected_by_set(
     one_error(err, "not a valid environment variable name")
 
 
-def test_env_name_with_trailing_newline_is_rejected_by_unset_env(
+def test_env_name_with_trailing_newline_is_rejected_by_a_null_env_setting(
     mocker, capsys, tmp_path, env_profile
 ):
-    code, err = dry_run(mocker, capsys, tmp_path, "--unset-env", "X\n")
+    code, err = dry_run(
+        mocker, capsys, tmp_path, "--set", 'lumi-env.env={"X\\n": null}'
+    )
     assert code != 0
     one_error(err, "not a valid environment variable name")
 
@@ -127,10 +129,10 @@ def test_bad_stage_option_names_the_stage_options(
 ):
     (tmp_path / "afile").write_text("x")
     code, err = dry_run(
-        mocker, capsys, tmp_path, "--module-dir", str(tmp_path / "afile")
+        mocker, capsys, tmp_path, "--set", f"lumi-env.module-dir={tmp_path / 'afile'}"
     )
     assert code != 0
-    one_error(err, "lumi-env.module-dir (the lumi-env options)", "not a directory")
+    one_error(err, "lumi-env.module-dir", "not a directory")
 
 
 def test_bad_profile_setting_names_the_file_and_line(

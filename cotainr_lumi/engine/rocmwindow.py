@@ -12,7 +12,7 @@ it, and against each other:
 
 - ``--dry-run`` says it in the plan (asking a local base image);
 - a build warns when it starts (the base) and after its stages (torch), and
-  stops with ``--strict`` or ``strict: true``; the answer is kept in labels
+  stops with ``strict: true`` (``--set rocm.strict=true``); the answer is kept in labels
   (``cotainr-lumi.rocm.*``);
 - ``cotainr-lumi verify`` has a ``rocm-driver`` row.
 """
@@ -252,7 +252,7 @@ def check_build(*, context, phase):
         raise StageError(
             "; ".join(found)
             + ". The build stops because the profile or --strict asks for it "
-            "(strict: true); drop --strict to build with a warning.",
+            "(strict: true); with --set rocm.strict=false it builds with a warning.",
             stage=SETTINGS_NAME,
         )
     for problem in found:

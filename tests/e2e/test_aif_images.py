@@ -109,8 +109,7 @@ def first(work, build_times):
             f"--system={SYSTEM}",
             "--pip-requirements",
             "first.txt",
-            "--module-dir",
-            work / "modules",
+            f"--set=lumi-env.module-dir={work / 'modules'}",
         )
     )
     build_times["aif: first cotainr build"] = time.time() - t0
@@ -152,7 +151,7 @@ def second(work, first, build_times):
                 "--system=aif-e2e-again",
                 "--pip-steps",
                 "steps.yml",
-                "--no-module-file",
+                "--set=lumi-env.module-file=false",
             )
         )
         build_times["aif: second cotainr build (on the first)"] = time.time() - t0
@@ -192,8 +191,8 @@ def test_dry_run_finds_the_venv_by_rule_5_and_checks_the_rocm(work, e2e_facts):
 def test_a_rocm_outside_the_window_warns_and_strict_stops(work):
     work, _base = work
     # The same base against a window that ends before ROCm 7: a warning in
-    # the dry run; with --strict one error and a non-zero exit.
-    window = ("--set=rocm.supported=6.1-6.4", "--no-module-file")
+    # the dry run; with rocm.strict one error and a non-zero exit.
+    window = ("--set=rocm.supported=6.1-6.4", "--set=lumi-env.module-file=false")
     out = ok(
         cotainr(work, work / "dry.sif", f"--system={SYSTEM}", "--dry-run", *window)
     )
@@ -204,12 +203,18 @@ def test_a_rocm_outside_the_window_warns_and_strict_stops(work):
             work / "dry.sif",
             f"--system={SYSTEM}",
             "--dry-run",
-            "--strict",
+            "--set=rocm.strict=true",
             *window,
         )
     )
     assert "ERROR (strict): " in out and "the build would stop here (strict)" in out
-    proc = cotainr(work, work / "strict.sif", f"--system={SYSTEM}", "--strict", *window)
+    proc = cotainr(
+        work,
+        work / "strict.sif",
+        f"--system={SYSTEM}",
+        "--set=rocm.strict=true",
+        *window,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in output, output[-3000:]
     assert output.count("cotainr: error:") == 1, output[-3000:]

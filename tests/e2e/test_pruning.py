@@ -124,7 +124,7 @@ def built(tmp_path_factory, rocm_torch_base_image, apptainer_path):
             str(image),
             "--system=prune-e2e",
             "--dry-run",
-            "--prune-strict",
+            "--set=prune.strict=true",
         ],
         **run,
     )
@@ -254,7 +254,7 @@ def test_newer_libstdcxx_refuses_with_the_list(
         "/usr/lib/x86_64-linux-gnu/libstdc++.so.6" in text
         or "/lib/x86_64-linux-gnu/libstdc++.so.6" in text
     )
-    assert "--keep-libstdcxx" in text and "newer" in text
+    assert "--set prune.libstdcxx=false" in text and "newer" in text
     assert not image.exists()
     assert not list(tmp_path.glob(".refused.sif.partial-*"))
 

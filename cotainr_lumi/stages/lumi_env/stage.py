@@ -196,7 +196,7 @@ class LumiEnvStage(Stage):
 
     @classmethod
     def add_arguments(cls, *, parser):
-        """Add ``--env``, ``--unset-env``, ``--module-dir``, ``--no-module-file``."""
+        """Add ``--env`` (the rest of lumi-env is ``--set lumi-env.KEY=VALUE``)."""
         parser.add_argument(
             "--env",
             dest="lumi_env_set",
@@ -206,57 +206,24 @@ class LumiEnvStage(Stage):
             help="lumi-env: set a default environment variable in the image "
             "(overridable at run time; repeatable)",
         )
-        parser.add_argument(
-            "--unset-env",
-            dest="lumi_env_unset",
-            action="append",
-            default=[],
-            metavar="NAME",
-            help="lumi-env: drop a variable the system profile would set (repeatable)",
-        )
-        parser.add_argument(
-            "--module-dir",
-            dest="lumi_env_module_dir",
-            default=None,
-            metavar="DIR",
-            help="lumi-env: where to write the Lmod module file and shell "
-            "snippet (default: next to the image)",
-        )
-        parser.add_argument(
-            "--no-module-file",
-            dest="lumi_env_no_module_file",
-            action="store_true",
-            default=None,
-            help="lumi-env: do not write a module file and shell snippet",
-        )
 
     @classmethod
     def settings_from_args(cls, *, args):
-        """Turn ``--env``/``--unset-env``/``--module-dir``/``--no-module-file`` into settings."""
-        overrides = {}
+        """Turn ``--env`` into settings."""
         env = {}
         for text in getattr(args, "lumi_env_set", None) or []:
             name, sep, value = text.partition("=")
             if not sep:
                 raise InputError(
-                    f"--env {text!r}: expected NAME=VALUE (use --unset-env NAME "
-                    "to drop a profile default)"
+                    f"--env {text!r}: expected NAME=VALUE (to drop a profile "
+                    "default: --set 'lumi-env.env={NAME: null}')"
                 )
             try:
                 validate_name(name)
             except EnvError as e:
                 raise InputError(f"--env {text!r}: {e}") from None
             env[name] = value
-        for name in getattr(args, "lumi_env_unset", None) or []:
-            env[name] = None
-        if env:
-            overrides["env"] = env
-        module_dir = getattr(args, "lumi_env_module_dir", None)
-        if module_dir is not None:
-            overrides["module-dir"] = module_dir
-        if getattr(args, "lumi_env_no_module_file", None):
-            overrides["module-file"] = False
-        return overrides
+        return {"env": env} if env else {}
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -277,8 +244,8 @@ class LumiEnvStage(Stage):
         name, root = names.name, names.root
         fix = (
             "Rename the image, or set the name or place with --set "
-            "lumi-env.module-name=NAME, --module-dir DIR or --set "
-            "lumi-env.container-root=DIR (or --no-module-file)."
+            "lumi-env.module-name=NAME, lumi-env.module-dir=DIR or "
+            "lumi-env.container-root=DIR (or --set lumi-env.module-file=false)."
         )
         problem = module_name_problem(name)
         if problem:

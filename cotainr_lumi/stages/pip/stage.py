@@ -167,7 +167,7 @@ class PipStage(Stage):
 
     @classmethod
     def add_arguments(cls, *, parser):
-        """Add ``--pip-requirements``, ``--pip-steps`` and ``--no-pip-cache``."""
+        """Add ``--pip-requirements`` and ``--pip-steps``."""
         parser.add_argument(
             "--pip-requirements",
             dest="pip_inputs",
@@ -196,16 +196,6 @@ class PipStage(Stage):
                 "the file (repeatable)"
             ),
         )
-        parser.add_argument(
-            "--no-pip-cache",
-            dest="pip_no_cache",
-            action="store_true",
-            default=None,
-            help=(
-                "pip: do not use the host pip cache "
-                "(${XDG_CACHE_HOME:-~/.cache}/cotainr-lumi/pip) for the pip steps"
-            ),
-        )
 
     @classmethod
     def settings_from_args(cls, *, args):
@@ -214,8 +204,6 @@ class PipStage(Stage):
         inputs = getattr(args, "pip_inputs", None)
         if inputs:
             overrides.update(steps_from_inputs(inputs=inputs))
-        if getattr(args, "pip_no_cache", None):
-            overrides["cache"] = False
         return overrides
 
     # -- the plan ----------------------------------------------------------

@@ -69,7 +69,7 @@ FORBIDDEN_PIP_ARGS = {
     "--root": "packages must go into the image's Python environment",
     "--user": "packages must go into the image's Python environment",
     "--cache-dir": "use the stage settings 'cache'/'cache-dir'",
-    "--no-cache-dir": "use the stage setting 'cache: false' (or --no-pip-cache)",
+    "--no-cache-dir": "use --set pip.cache=false (the stage setting 'cache: false')",
     "--no-build-isolation": "use the step key 'no-build-isolation: true'",
     "-i": "use the step key 'index-url'",
     "--index-url": "use the step key 'index-url'",

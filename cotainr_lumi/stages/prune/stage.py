@@ -3,18 +3,18 @@ The prune stage: remove what the base image provides, when provably safe.
 
 Two prunings, each switchable per profile and per build:
 
-``libstdcxx`` (``--keep-libstdcxx`` turns it off)
+``libstdcxx`` (``--set prune.libstdcxx=false`` turns it off)
     Remove the environment's ``lib/libstdc++.so*`` when the base image's
     ``libstdc++.so.6`` defines every symbol version any ELF object of the
     environment needs from it; otherwise stop the build with the list
     (see :mod:`cotainr_lumi.stages.prune.libstdcxx`).
-``rocm-dedup`` (``--no-rocm-dedup`` turns it off)
+``rocm-dedup`` (``--set prune.rocm-dedup=false`` turns it off)
     Replace the ROCm libraries that torch (or another package) bundles in its
     ``lib`` directory by relative links into the base image's ROCm, when the
     package's ROCm major.minor matches the base image's and the SONAMEs
     match; then check with the image's loader that everything resolves, and
     roll back otherwise (see :mod:`cotainr_lumi.stages.prune.rocm`).
-``strict`` (``--prune-strict``)
+``strict`` (``--set prune.strict=true``)
     Fail instead of warning when a pruning is skipped (ROCm version
     mismatch or unknown, unresolved libraries, unsupported layout).
 
@@ -117,46 +117,6 @@ class PruneStage(Stage):
     name = "prune"
     settings_class = PruneSettings
 
-    @classmethod
-    def add_arguments(cls, *, parser):
-        """Add --keep-libstdcxx, --no-rocm-dedup and --prune-strict."""
-        parser.add_argument(
-            "--keep-libstdcxx",
-            dest="prune_keep_libstdcxx",
-            action="store_const",
-            const=True,
-            default=None,
-            help="prune: keep the environment's own libstdc++ (libstdcxx=false)",
-        )
-        parser.add_argument(
-            "--no-rocm-dedup",
-            dest="prune_no_rocm_dedup",
-            action="store_const",
-            const=True,
-            default=None,
-            help="prune: keep the ROCm libraries bundled in torch/lib (rocm-dedup=false)",
-        )
-        parser.add_argument(
-            "--prune-strict",
-            dest="prune_strict",
-            action="store_const",
-            const=True,
-            default=None,
-            help="prune: fail instead of warning when a pruning has to be skipped (strict=true)",
-        )
-
-    @classmethod
-    def settings_from_args(cls, *, args):
-        """Turn the prune options into setting overrides."""
-        overrides = {}
-        if getattr(args, "prune_keep_libstdcxx", None):
-            overrides["libstdcxx"] = False
-        if getattr(args, "prune_no_rocm_dedup", None):
-            overrides["rocm-dedup"] = False
-        if getattr(args, "prune_strict", None):
-            overrides["strict"] = True
-        return overrides
-
     def enabled(self, *, plan):
         """Run when at least one pruning is on."""
         return bool(self.settings.libstdcxx or self.settings.rocm_dedup)
@@ -173,7 +133,7 @@ class PruneStage(Stage):
                 "libstdc++.so.6 (found through the image's ld.so.cache, then /usr/lib64, "
                 "/usr/lib/x86_64-linux-gnu, ...) defines every GLIBCXX_*/CXXABI_* version "
                 "that any ELF object of the env needs; otherwise the build stops with "
-                "the list (keep it with --keep-libstdcxx)"
+                "the list (keep it with --set prune.libstdcxx=false)"
             )
         else:
             lines.append("libstdc++: kept (libstdcxx: false)")
@@ -256,7 +216,7 @@ class PruneStage(Stage):
             manifest.skip(
                 group="libstdcxx",
                 what=f"{target.prefix}/lib/{LIBSTDCXX_GLOB}",
-                reason="kept on request (libstdcxx: false / --keep-libstdcxx)",
+                reason="kept on request (libstdcxx: false)",
             )
         if self.settings.rocm_dedup:
             self._dedup_rocm(context, target, manifest, warnings)
@@ -264,15 +224,15 @@ class PruneStage(Stage):
             manifest.skip(
                 group="rocm-dedup",
                 what="bundled ROCm libraries",
-                reason="kept on request (rocm-dedup: false / --no-rocm-dedup)",
+                reason="kept on request (rocm-dedup: false)",
             )
 
     def _skip_or_fail(self, manifest, warnings, *, group, what, reason):
         """Record a skipped pruning: a warning, or a failure in strict mode."""
         if self.settings.strict:
             raise StageError(
-                f"{reason}. This build is strict (strict: true / --prune-strict); "
-                "drop --prune-strict to skip this pruning with a warning instead.",
+                f"{reason}. This build is strict (prune.strict: true); with "
+                "--set prune.strict=false it skips this pruning with a warning.",
                 stage=self.name,
             )
         manifest.skip(group=group, what=what, reason=reason)
@@ -313,7 +273,7 @@ class PruneStage(Stage):
             raise StageError(
                 f"removing the environment's libstdc++ ({prefix}/lib/{LIBSTDCXX_GLOB}) "
                 f"is not safe: {check.reason}:\n{format_missing(check=check)}\n"
-                "Ways out: keep the environment's libstdc++ (--keep-libstdcxx, "
+                "Ways out: keep the environment's libstdc++ (--set prune.libstdcxx=false, "
                 "--set prune.libstdcxx=false, or `libstdcxx: false` under "
                 "settings: prune: in the system profile), or use a base image whose "
                 f"{system} is newer (--base-image IMAGE --lumi-system NAME).",
@@ -471,7 +431,7 @@ class PruneStage(Stage):
             details = e.error_lines() if isinstance(e, _cotainr.CommandError) else None
             raise StageError(
                 f"checking the de-duplicated ROCm libraries failed ({e}); the "
-                "bundled libraries were restored. Use --no-rocm-dedup to skip this step.",
+                "bundled libraries were restored. Use --set prune.rocm-dedup=false to skip this step.",
                 stage=self.name,
                 details=details,
             ) from e

@@ -347,23 +347,11 @@ def test_module_dir_must_be_able_to_hold_files(tmp_path):
 
 
 def test_cli_options_become_settings():
-    args = SimpleNamespace(
-        lumi_env_set=["A=1", "B=x=y", "C="],
-        lumi_env_unset=["NCCL_SOCKET_IFNAME"],
-        lumi_env_module_dir="/m",
-        lumi_env_no_module_file=True,
-    )
+    args = SimpleNamespace(lumi_env_set=["A=1", "B=x=y", "C="])
     assert LumiEnvStage.settings_from_args(args=args) == {
-        "env": {"A": "1", "B": "x=y", "C": "", "NCCL_SOCKET_IFNAME": None},
-        "module-dir": "/m",
-        "module-file": False,
+        "env": {"A": "1", "B": "x=y", "C": ""}
     }
-    none_given = SimpleNamespace(
-        lumi_env_set=[],
-        lumi_env_unset=[],
-        lumi_env_module_dir=None,
-        lumi_env_no_module_file=None,
-    )
+    none_given = SimpleNamespace(lumi_env_set=[])
     assert LumiEnvStage.settings_from_args(args=none_given) == {}
     for bad in (["NOEQUALS"], ["PATH=/x"], ["1X=2"]):
         with pytest.raises(InputError, match="--env"):

@@ -120,11 +120,9 @@ def test_cli_options_become_settings_in_order(inputs):
             "torch.txt",
             "--pip-steps",
             "steps.yml",
-            "--no-pip-cache",
         ]
     )
     settings = PipStage.settings_from_args(args=args)
-    assert settings["cache"] is False
     stage = PipStage(settings=settings)
     assert [s.source for s in stage.steps] == [
         "torch.txt",

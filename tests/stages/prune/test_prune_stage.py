@@ -5,7 +5,6 @@ commands the stage runs in the container (the probe and the loader check) are
 answered by the fake. The real container runs are in tests/e2e/test_pruning.py.
 """
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -237,7 +236,7 @@ def test_unsafe_libstdcxx_stops_the_build(root, kit):
         PruneStage().run(context=context_for(FakeSandbox(root)))
     text = str(info.value)
     assert f"{ENV}/lib/libnew.so: needs CXXABI_1.3.13, GLIBCXX_3.4.30" in text
-    assert "--keep-libstdcxx" in text and "libstdcxx: false" in text and "newer" in text
+    assert "--set prune.libstdcxx=false" in text and "newer" in text
     assert (root / ENV.lstrip("/") / "lib/libstdc++.so.6.0.30").is_file()
     assert not (root / MANIFEST_PATH.lstrip("/")).exists()
 
@@ -275,16 +274,7 @@ def test_no_python_in_image(root):
         )
 
 
-def test_cli_options_and_settings():
-    parser = argparse.ArgumentParser()
-    PruneStage.add_arguments(parser=parser)
-    assert PruneStage.settings_from_args(args=parser.parse_args([])) == {}
-    args = parser.parse_args(["--keep-libstdcxx", "--no-rocm-dedup", "--prune-strict"])
-    assert PruneStage.settings_from_args(args=args) == {
-        "libstdcxx": False,
-        "rocm-dedup": False,
-        "strict": True,
-    }
+def test_settings():
     stage = PruneStage(settings={"libstdcxx": True, "strict": False})
     assert stage.settings == PruneSettings(libstdcxx=True, strict=False)
     with pytest.raises(InputError) as info:
