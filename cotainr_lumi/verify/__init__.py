@@ -4,7 +4,7 @@
 :mod:`.checks` runs :mod:`.probe` inside the image (through
 :mod:`cotainr_lumi.apptainer`) and turns what it reports into PASS/FAIL/N/A rows;
 :mod:`.expectedenv` reads the LUMI env values expected from the system
-profiles; :mod:`.mpi` adds the MPI rows (:mod:`.mpiprobe` runs in the image).
+profiles; :mod:`.mpi` adds the MPI rows. One run in the image per verify.
 """
 
 from .checks import VerifyReport, verify_image

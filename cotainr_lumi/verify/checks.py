@@ -14,7 +14,6 @@ import logging
 import os
 from pathlib import Path
 import subprocess
-import time
 
 from .. import apptainer
 from ..errors import InputError
@@ -37,6 +36,7 @@ from ..imagelayout import (
 from . import netplugin, rocmdriver
 from .expectedenv import expected_env as profile_env
 from .mpi import ACCEPTANCE_JOB, check_mpi
+from .mpi import probe_inputs as mpi_probe_inputs
 from .status import FAIL, NA, PASS, WARN
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -445,6 +445,7 @@ def probe_inputs():
         "runscripts": list(REQUIRED_RUNSCRIPTS),
         "sample_nodelist": SAMPLE_NODELIST,
         "runtime_file": RUNTIME_FILE,
+        "mpi": mpi_probe_inputs(),
         **netplugin.probe_inputs(),
     }
 
@@ -518,7 +519,6 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
     if not image.exists():
         raise InputError(f"The image {image} does not exist.")
     _check_is_sif(image)
-    deadline = time.monotonic() + timeout
     report = VerifyReport(image=str(image))
     try:
         facts = _probe(image, timeout=timeout)
@@ -536,13 +536,7 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
         ]
         for row, check, *args in checks:
             _guarded(report, row, check, *args)
-        _guarded(
-            report,
-            "mpi-host-binding",
-            check_mpi,
-            image=image,
-            timeout=deadline - time.monotonic(),
-        )
+        _guarded(report, "mpi-host-binding", check_mpi, facts.get("mpi"))
     except subprocess.TimeoutExpired:
         raise InputError(
             f"Cannot inspect {image}: running its python did not finish within "

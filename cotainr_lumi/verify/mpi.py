@@ -1,9 +1,9 @@
 """
 The MPI rows of ``cotainr-lumi verify``.
 
-:mod:`.mpiprobe` runs in the image (a second, short run): which
+verify's probe (:mod:`.probe`) finds in the image which
 ``libmpi.so.12`` mpi4py loads there and whether its dependencies resolve,
-and the lumi-env stage's MPI record (``/opt/cotainr-lumi/mpi.json``: the
+and reads the lumi-env stage's MPI record (``/opt/cotainr-lumi/mpi.json``: the
 mode and the host binding). The rows, for images with MPI (mpi4py or a
 record whose mode is not ``none``):
 
@@ -16,12 +16,10 @@ record whose mode is not ``none``):
   between two nodes through the host's Cray MPICH, with the job to run.
 """
 
-import json
 import logging
 from pathlib import Path
 
-from .. import apptainer
-from ..imagelayout import MPI_FILE, TARGET_ENV_FILE
+from ..imagelayout import MPI_FILE
 from ..stages.lumi_env.mpi import LOAD_CHECK, LOAD_CHECK_MARK, parse_load_check
 from .status import FAIL, NA, PASS
 
@@ -46,30 +44,12 @@ HARDWARE_CHECK = (
 
 
 def probe_inputs():
-    """What :mod:`.mpiprobe` needs to know."""
+    """What :mod:`.probe` needs to know for the MPI facts."""
     return {
-        "target_env_file": TARGET_ENV_FILE,
         "mpi_file": MPI_FILE,
         "load_check": LOAD_CHECK,
         "load_check_mark": LOAD_CHECK_MARK,
     }
-
-
-def _probe(image, *, timeout):
-    """Run :mod:`.mpiprobe` in the image; its facts (None when it fails)."""
-    source = Path(__file__).with_name("mpiprobe.py").read_text()
-    proc = apptainer.python_in_image(
-        image=image, source=source, args=[json.dumps(probe_inputs())], timeout=timeout
-    )
-    lines = (proc.stdout or "").strip().splitlines()
-    try:
-        facts = json.loads(lines[-1]) if lines else None
-    except (ValueError, RecursionError):
-        facts = None
-    if proc.returncode != 0 or not isinstance(facts, dict):
-        logger.debug("The MPI probe failed: %s", (proc.stderr or "")[-500:])
-        return None
-    return facts
 
 
 def _loaded_row(facts, record):
@@ -138,8 +118,8 @@ def _binding_row(record):
 
 
 def mpi_rows(facts):
-    """The rows for the probe's facts."""
-    if not isinstance(facts, dict) or not facts.get("mpi_probe"):
+    """The rows for the probe's MPI facts."""
+    if not isinstance(facts, dict) or not isinstance(facts.get("check"), dict):
         return []
     record = facts.get("record") if isinstance(facts.get("record"), dict) else None
     loaded = parse_load_check(facts["check"]["out"])
@@ -166,7 +146,7 @@ def mpi_rows(facts):
     return rows
 
 
-def check_mpi(report, *, image, timeout=600):
-    """Probe an image and add the MPI rows to a report."""
-    for check, status, evidence in mpi_rows(_probe(image, timeout=timeout)):
+def check_mpi(report, facts):
+    """Add the MPI rows of the probe's MPI facts to a report."""
+    for check, status, evidence in mpi_rows(facts):
         report.add(check, status, evidence)

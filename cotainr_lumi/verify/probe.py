@@ -337,5 +337,21 @@ if with_conda is not None:
     facts["with_conda"] = run(
         ["bash", "-c", '$WITH_CONDA && python -c "import sys; print(sys.prefix)"']
     )
+
+
+def mpi_facts():
+    """The lumi-env stage's MPI record; which libmpi mpi4py loads, ldd of it."""
+    given = INPUTS["mpi"]
+    check = run([sys.executable, "-c", given["load_check"]])
+    found = {"record": records.get(given["mpi_file"]), "check": check, "ldd": {}}
+    for line in check["out"].splitlines():
+        if line.startswith(given["load_check_mark"]):
+            loaded = json.loads(line[len(given["load_check_mark"]) :])
+            for library in loaded.get("libmpi") or []:
+                found["ldd"][library] = run(["ldd", library])
+    return found
+
+
+facts["mpi"] = guarded("mpi", mpi_facts)
 facts["problems"] = PROBLEMS
 print(json.dumps(facts))

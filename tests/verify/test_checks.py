@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from verifyprobe import run_probe
 
 from cotainr_lumi.errors import InputError
 from cotainr_lumi.verify import checks as verify
@@ -573,34 +574,6 @@ def test_probe_finds_the_plugin_and_rccl_tests_it_is_told_about(tmp_path):
 # -- Odd images never end in a traceback (issue 29) ---------------------------
 
 
-def run_probe(tmp_path, **files):
-    """Run the probe with a real python on `files` (name -> content); its facts."""
-    paths = {}
-    for name, content in files.items():
-        paths[name] = tmp_path / f"{name}.json"
-        paths[name].write_text(content)
-    inputs = {
-        **verify.probe_inputs(),
-        "labels_file": str(paths.get("labels", tmp_path / "absent")),
-        "target_env_file": str(paths.get("target", tmp_path / "absent")),
-        "runtime_file": str(paths.get("runtime", tmp_path / "absent")),
-        "prune_manifest_file": str(paths.get("manifest", tmp_path / "absent")),
-        "records": {
-            str(paths.get("manifest", tmp_path / "absent")): "object",
-            str(paths.get("packages", tmp_path / "absent")): "array",
-        },
-    }
-    source = PROBE.read_text()
-    out = subprocess.run(
-        [sys.executable, "-c", source, source, json.dumps(inputs)],
-        capture_output=True,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k != "COTAINR_LUMI_VERIFY_REEXEC"},
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout), paths
-
-
 NESTED = "[" * 100000 + "]" * 100000
 
 
@@ -707,16 +680,14 @@ def test_a_python_that_prints_no_facts_is_one_input_error(tmp_path, mocker, stdo
         verify.verify_image(image=image)
 
 
-def test_one_timeout_for_all_runs_in_the_image_and_one_message(tmp_path, mocker):
+def test_one_run_in_the_image_with_one_timeout_and_one_message(tmp_path, mocker):
     image = tmp_path / "x.sif"
     image.write_bytes(SIF_HEADER)
     timeouts = []
 
     def run(*, image, args, timeout, **kwargs):
         timeouts.append(timeout)
-        if len(timeouts) == 2:  # the MPI probe: the whole source on its command line
-            raise subprocess.TimeoutExpired(cmd=["apptainer", *args], timeout=timeout)
-        return subprocess.CompletedProcess([], 0, stdout=json.dumps(GOOD), stderr="")
+        raise subprocess.TimeoutExpired(cmd=["apptainer", *args], timeout=timeout)
 
     mocker.patch("cotainr_lumi.apptainer.exec_in_image", side_effect=run)
     with pytest.raises(InputError) as info:
@@ -724,4 +695,13 @@ def test_one_timeout_for_all_runs_in_the_image_and_one_message(tmp_path, mocker)
     message = str(info.value)
     assert "did not finish within 30 s" in message and "--timeout" in message
     assert len(message) < 400 and info.value.__cause__ is None
-    assert timeouts[0] == 30 and 0 < timeouts[1] <= 30
+    assert timeouts == [30]  # the MPI facts come from the same, one run
+    mocker.patch(
+        "cotainr_lumi.apptainer.exec_in_image",
+        side_effect=lambda **kw: (
+            timeouts.append(kw["timeout"])
+            or subprocess.CompletedProcess([], 0, stdout=json.dumps(GOOD), stderr="")
+        ),
+    )
+    verify.verify_image(image=image, timeout=30)
+    assert timeouts == [30, 30]

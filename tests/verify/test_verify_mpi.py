@@ -1,8 +1,7 @@
-"""Tests of verify's MPI rows (verify/mpi.py) and of verify/mpiprobe.py.
+"""Tests of verify's MPI rows (verify/mpi.py) and of the MPI part of its probe.
 
-The probe runs here with this machine's python; a fake interpreter stands in
-for the image's (it answers the mpi4py check). The real image is checked in
-tests/e2e/test_mpi_image.py.
+The probe runs here with this machine's python; a stand-in check answers for
+the image's mpi4py. The real image is checked in tests/e2e/test_mpi_image.py.
 """
 
 import copy
@@ -10,6 +9,8 @@ import json
 from pathlib import Path
 import subprocess
 import sys
+
+from verifyprobe import run_probe
 
 from cotainr_lumi.stages.lumi_env.mpi import LOAD_CHECK_MARK
 from cotainr_lumi.verify import mpi as verify_mpi
@@ -37,7 +38,6 @@ RECORD = {
     "pins": [],
 }
 FACTS = {
-    "mpi_probe": True,
     "record": RECORD,
     "check": check_output(
         mpi4py="4.1.2", library_version="MPICH Version: 5.0.2", libmpi=[LIB]
@@ -108,8 +108,7 @@ def test_mpi4py_without_a_library_of_its_own_is_not_a_failure():
     assert status == "N/A" and "only with the host binding" in text
 
 
-def test_the_probe_runs_the_check_with_the_target_python_and_ldd(tmp_path):
-    fake = tmp_path / "python"
+def test_the_probe_runs_the_check_and_ldd_in_the_one_verify_run(tmp_path):
     libc = subprocess.run(
         [
             sys.executable,
@@ -120,25 +119,15 @@ def test_the_probe_runs_the_check_with_the_target_python_and_ldd(tmp_path):
         text=True,
     ).stdout.strip()
     real = next(p for p in Path("/lib/x86_64-linux-gnu").glob(libc + "*"))
-    fake.write_text(
-        f"#!/bin/sh\nprintf '%s\\n' '{LOAD_CHECK_MARK}{{\"libmpi\": [\"{real}\"]}}'\n"
-    )
-    fake.chmod(0o755)
-    (tmp_path / "target.json").write_text(json.dumps({"python": str(fake)}))
-    inputs = dict(
+    # The check as the image's mpi4py would answer it: this library loaded.
+    answer = LOAD_CHECK_MARK + json.dumps({"libmpi": [str(real)]})
+    mpi_inputs = dict(
         verify_mpi.probe_inputs(),
-        target_env_file=str(tmp_path / "target.json"),
         mpi_file=str(tmp_path / "missing.json"),
+        load_check=f"print({answer!r})",
     )
-    source = Path(verify_mpi.__file__).with_name("mpiprobe.py").read_text()
-    proc = subprocess.run(
-        [sys.executable, "-c", source, json.dumps(inputs)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    facts = json.loads(proc.stdout)
-    assert facts["python"] == str(fake) and facts["record"] is None
-    assert facts["ldd"][str(real)]["rc"] == 0
-    status, _ = rows(facts)["mpi4py-libmpi"]
+    facts, _ = run_probe(tmp_path, mpi=mpi_inputs)
+    assert facts["mpi"]["record"] is None
+    assert facts["mpi"]["ldd"][str(real)]["rc"] == 0
+    status, _ = rows(facts["mpi"])["mpi4py-libmpi"]
     assert status == "FAIL"  # libc is not an MPICH-ABI library
