@@ -151,7 +151,6 @@ IMAGE_PATH_ROOTS = (
 #: says when).
 PENDING_LAYOUT = {
     "stages.lumi_env.stage": {"label", "path"},
-    "stages.pip.stage": {"label", "path"},
     "stages.prune.stage": {"label"},
 }
 

@@ -30,56 +30,27 @@ log and the plan show ``***`` (:func:`cotainr_lumi.errors.redact`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import json
-import logging
-import os
 from pathlib import Path
 import shlex
-import shutil
-import time
 
-from ... import _cotainr, imagelayout
-from ...engine.rootfs import resolve_in_root, write_file_in_root
-from ...engine.stage import Stage, StageReport, register_stage
-from ...errors import SECRET_NAME_RE, StageError, redact, redact_env
-from .cache import export_cache, import_cache
-from .hostenv import host_pip_variables
-from .protect import (
-    changed_distributions,
-    constraints_text,
-    describe_changes,
-    explain_conflicts,
-    parse_pip_list,
+from ...engine.stage import Stage, register_stage
+from ...errors import redact_env
+from .install import (
+    CACHE_DIR,
+    PACKAGES_FILE,
+    PIP_DIR,
+    STEPS_FILE,
+    WORK_DIR,
+    PipRun,
+    _redacted_logs,
+    _secrets,
+    pip_command,
 )
-from .requirements import local_inputs, scan_step, stage_step
-from .sbom import write_sboms
+from .requirements import local_inputs, scan_step
 from .steps import PipSettings, default_cache_dir, steps_from_inputs
 
-logger = logging.getLogger(f"cotainr.{__name__}")
-
-#: Kept in the image: rewritten requirement files, steps and package list.
-PIP_DIR = "/opt/cotainr-lumi/pip"
-#: The package list after the stage.
-PACKAGES_FILE = f"{PIP_DIR}/packages.json"
-#: The steps as run.
-STEPS_FILE = f"{PIP_DIR}/steps.json"
-#: Temporary (removed before the image is built): staged files and the cache.
-WORK_DIR = "/opt/cotainr-lumi/.pip-work"
-#: The host pip cache while the steps run.
-CACHE_DIR = f"{WORK_DIR}/cache"
-
-#: Host pip variables that would send packages elsewhere than the active env.
-UNSET_PIP_VARIABLES = (
-    "PIP_TARGET",
-    "PIP_PREFIX",
-    "PIP_ROOT",
-    "PIP_USER",
-    "PIP_REQUIRE_VIRTUALENV",
-    "PIP_REQUIRE_VENV",
-    "PIP_EDITABLE",
-)
+__all__ = ["PACKAGES_FILE", "WORK_DIR", "PipStage"]
 
 
 class _InputAction(argparse.Action):
@@ -89,59 +60,6 @@ class _InputAction(argparse.Action):
         items = list(getattr(namespace, self.dest, None) or [])
         items.append((self.const, values))
         setattr(namespace, self.dest, items)
-
-
-def _timed(function, **kwargs):
-    """``function(**kwargs)`` (a dict), with the ``seconds`` it took added."""
-    t0 = time.time()
-    result = function(**kwargs)
-    result["seconds"] = round(time.time() - t0, 2)
-    return result
-
-
-def _torch_words(installed):
-    """' (torch VERSION)' when torch is installed."""
-    torch = installed.get("torch")
-    return f" (torch {torch[1]})" if torch else ""
-
-
-def _secrets(steps):
-    """The values of the steps' secret variables (hidden in logs and errors)."""
-    return [v for s in steps for k, v in s.env.items() if SECRET_NAME_RE.search(k)]
-
-
-@contextlib.contextmanager
-def _redacted_logs(*, values):
-    """Every log record made meanwhile (pip's output too) :func:`redact`-ed."""
-    make = logging.getLogRecordFactory()
-
-    def redacted(*args, **kwargs):
-        record = make(*args, **kwargs)
-        record.msg, record.args = redact(record.getMessage(), values=values), ()
-        return record
-
-    logging.setLogRecordFactory(redacted)
-    try:
-        yield
-    finally:
-        logging.setLogRecordFactory(make)
-
-
-def _pip_error_lines(output, *, limit=60):
-    """Pip's own error output without warnings (the last `limit` lines)."""
-    keep = [
-        ln
-        for ln in output.splitlines()
-        if ln.strip()
-        and not ln.lstrip().startswith(("WARNING:", "DEPRECATION:", "Looking in"))
-    ]
-    first_error = next(
-        (i for i, ln in enumerate(keep) if ln.lstrip().lower().startswith("error")),
-        None,
-    )
-    if first_error is not None:
-        keep = keep[max(0, first_error - 20) :]
-    return "\n".join(keep[-limit:])
 
 
 @register_stage
@@ -206,35 +124,6 @@ class PipStage(Stage):
             overrides.update(steps_from_inputs(inputs=inputs))
         return overrides
 
-    # -- the plan ----------------------------------------------------------
-
-    def _pip_command(
-        self, *, step, requirement_files, constraints, cache_dir, python="python"
-    ):
-        cmd = [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "--no-input",
-            "--disable-pip-version-check",
-            "--progress-bar",
-            "off",
-        ]
-        cmd += ["--cache-dir", cache_dir] if cache_dir else ["--no-cache-dir"]
-        if step.no_build_isolation:
-            cmd.append("--no-build-isolation")
-        if step.index_url:
-            cmd += ["--index-url", step.index_url]
-        for url in step.extra_index_urls:
-            cmd += ["--extra-index-url", url]
-        cmd += step.pip_args
-        if constraints:
-            cmd += ["-c", constraints]
-        for path in requirement_files:
-            cmd += ["-r", path]
-        return cmd
-
     def describe(self, *, plan):
         """The steps, their pip commands, protection and cache."""
         lines = [
@@ -261,7 +150,7 @@ class PipStage(Stage):
                 f"{keep}/{rf.path.name if rf.path else 'packages.txt'}"
                 for rf in scan.files
             ]
-            cmd = self._pip_command(
+            cmd = pip_command(
                 step=step,
                 requirement_files=files,
                 constraints=f"{keep}/protected-constraints.txt",
@@ -287,397 +176,7 @@ class PipStage(Stage):
         lines.append(f"records: {PIP_DIR}/stepN/, {STEPS_FILE}, {PACKAGES_FILE}")
         return lines
 
-    # -- running -----------------------------------------------------------
-
-    #: Host pip variables replaced for the pip commands (see hostenv).
-    _pip_env: dict = {}
-
-    def _run(self, sandbox, args, *, env=None):
-        env = {**self._pip_env, **(env or {})} or None
-        return sandbox.run(args, env=env)
-
-    def _in_target(self, command):
-        """A ``bash -c`` command running `command` (a list) in the target env."""
-        script = f"{self._target.activation()}; exec {shlex.join(command)}"
-        return ["bash", "-c", script]
-
-    def _pip_list(self, sandbox):
-        proc = self._run(
-            sandbox,
-            self._in_target(
-                [
-                    self._target.python,
-                    "-m",
-                    "pip",
-                    "list",
-                    "--format",
-                    "json",
-                    "--disable-pip-version-check",
-                ]
-            ),
-        )
-        try:
-            return parse_pip_list(text=proc.stdout), proc.stdout
-        except ValueError as e:
-            raise StageError(
-                f"cannot read the installed packages: {e}", stage=self.name
-            ) from e
-
-    def _check_pip(self, context, *, required=True):
-        """The build's target env and the version of its pip (which must work)."""
-        if required:
-            target = context.require_target_env(stage=self.name)
-        else:
-            target = context.target_env
-        if target is None:
-            raise StageError("no Python environment in the image", stage=self.name)
-        self._target = target
-        try:
-            proc = self._run(
-                context.sandbox,
-                self._in_target([target.python, "-m", "pip", "--version"]),
-            )
-        except _cotainr.CommandError as e:
-            raise StageError(
-                f"the target environment {target.prefix} ({target.reason}) has no "
-                f"working `python -m pip` ({target.python}). Install pip into it "
-                "in the base image, or give a conda env (--conda-env).",
-                stage=self.name,
-                details=e.error_lines(),
-            ) from e
-        info = {
-            "prefix": target.prefix,
-            "executable": target.python,
-            "version": target.version,
-            "source": target.source,
-            "reason": target.reason,
-        }
-        for line in proc.stdout.splitlines():
-            if line.startswith("pip "):
-                info["pip"] = line.split()[1]
-        return info
-
-    def _host_pip_warnings(self, root):
-        host = host_pip_variables(root=root, environ=os.environ)
-        for message in host.warnings:
-            logger.warning("%s", message)
-        self._pip_env = host.overrides
-        for path in (
-            Path(os.path.expanduser("~/.config/pip/pip.conf")),
-            Path(os.path.expanduser("~/.pip/pip.conf")),
-        ):
-            if path.is_file():
-                logger.info(
-                    "Your pip config %s is not used inside the container (no home "
-                    "directory there); PIP_* variables are. Put index URLs etc. "
-                    "into the pip steps.",
-                    path,
-                )
-                break
-
-    @contextlib.contextmanager
-    def _work_dir(self, *, root):
-        """A fresh :data:`WORK_DIR`, with the host pip cache in it when on."""
-        work = resolve_in_root(root=root, path=WORK_DIR)
-        if work.exists():
-            shutil.rmtree(work)
-        work.mkdir(parents=True)
-        stats = {}
-        try:
-            if self.settings.cache:
-                stats["import"] = _timed(
-                    import_cache,
-                    host_dir=self.cache_dir,
-                    sandbox_dir=resolve_in_root(root=root, path=CACHE_DIR),
-                )
-                logger.info(
-                    "pip cache %s: %d files linked/copied into the sandbox",
-                    self.cache_dir,
-                    stats["import"]["files"],
-                )
-            yield stats
-        finally:
-            if self.settings.cache:
-                stats["export"] = _timed(
-                    export_cache,
-                    sandbox_dir=resolve_in_root(root=root, path=CACHE_DIR),
-                    host_dir=self.cache_dir,
-                )
-            shutil.rmtree(work, ignore_errors=True)
-
     def run(self, *, context):
         """Run the pip steps in order (no secret in a record or log line)."""
         with _redacted_logs(values=_secrets(self.steps)):
-            return self._run_steps(context)
-
-    def _run_steps(self, context):
-        """Run the pip steps in order."""
-        sandbox = context.sandbox
-        if not self.steps:
-            return self._record_packages_only(context)
-        for scan in self.scans:
-            for moving in scan.moving_refs:
-                logger.warning("Not pinned: %s", moving)
-        info = self._check_pip(context)
-        logger.info(
-            "pip steps install into %s (python %s at %s, pip %s)",
-            info.get("prefix"),
-            info.get("version"),
-            info.get("executable"),
-            info.get("pip"),
-        )
-        self._host_pip_warnings(sandbox.root)
-        cache_dir = CACHE_DIR if self.settings.cache else None
-        with self._work_dir(root=sandbox.root) as cache_stats:
-            records = [
-                self._run_step(
-                    sandbox=sandbox, step=step, scan=scan, cache_dir=cache_dir
-                )
-                for step, scan in zip(self.steps, self.scans)
-            ]
-        installed = self._record_packages(sandbox)
-        sboms = self._write_sboms(context, base=self._base_packages)
-        steps_record = {
-            "target": info,
-            "steps": records,
-            "cache": {
-                "dir": str(self.cache_dir) if self.settings.cache else None,
-                **cache_stats,
-            },
-            "sbom": sboms,
-        }
-        write_file_in_root(
-            root=sandbox.root,
-            path=STEPS_FILE,
-            content=json.dumps(steps_record, indent=2, sort_keys=True) + "\n",
-        )
-        summary = (
-            f"{len(self.steps)} step(s) into {info.get('prefix')}; "
-            f"{len(installed)} distributions{_torch_words(installed)}"
-        )
-        return StageReport(
-            name=self.name,
-            summary=summary,
-            details=steps_record,
-            labels={
-                "cotainr-lumi.pip.packages": PACKAGES_FILE,
-                "cotainr-lumi.pip.steps": STEPS_FILE,
-                imagelayout.LABEL_SBOM: imagelayout.CYCLONEDX_SBOM_FILE,
-            },
-        )
-
-    def _record_packages(self, sandbox):
-        """Write the package list into the image; return the installed map."""
-        installed, raw = self._pip_list(sandbox)
-        packages = json.loads(raw.strip().splitlines()[-1])
-        write_file_in_root(
-            root=sandbox.root,
-            path=PACKAGES_FILE,
-            content=json.dumps(packages, indent=2, sort_keys=True) + "\n",
-        )
-        return installed
-
-    #: The env's packages before the first step (pip list form), for the SBOM.
-    _base_packages = None
-
-    def _write_sboms(self, context, *, base):
-        """The SBOMs of the env (CycloneDX, and the base's own /.sbom.json)."""
-        root = context.sandbox.root
-        packages = json.loads(
-            resolve_in_root(root=root, path=PACKAGES_FILE).read_text()
-        )
-        written = write_sboms(
-            root=root,
-            image_name=Path(getattr(context.plan, "image_path", None) or "image").name,
-            packages=packages,
-            base_packages=base,
-            target_prefix=self._target.prefix,
-            base_image=getattr(
-                getattr(context.plan, "base_image", None), "given", None
-            ),
-        )
-        logger.info(
-            "SBOM: %s%s; added by this build: %s",
-            written["cyclonedx"],
-            f" and {written['aif']}" if written["aif"] else "",
-            ", ".join(written["added"]) or "nothing",
-        )
-        return written
-
-    def _record_packages_only(self, context):
-        """No steps: keep the environment's package list (if pip can list it)."""
-        sandbox = context.sandbox
-        try:
-            info = self._check_pip(context, required=False)
-            installed = self._record_packages(sandbox)
-            sboms = self._write_sboms(context, base=None)
-        except (StageError, _cotainr.CommandError) as e:
-            logger.warning(
-                "No pip steps and no package list: %s",
-                str(e).splitlines()[0] if str(e) else type(e).__name__,
-            )
-            return StageReport(
-                name=self.name,
-                summary="no pip steps; no package list (no Python env with pip in the image)",
-            )
-        summary = (
-            f"no pip steps; package list of {info.get('prefix')}: "
-            f"{len(installed)} distributions{_torch_words(installed)}"
-        )
-        return StageReport(
-            name=self.name,
-            summary=summary,
-            details={"target": info, "steps": [], "sbom": sboms},
-            labels={
-                "cotainr-lumi.pip.packages": PACKAGES_FILE,
-                imagelayout.LABEL_SBOM: imagelayout.CYCLONEDX_SBOM_FILE,
-            },
-        )
-
-    @staticmethod
-    @contextlib.contextmanager
-    def _private_wheel_cache(*, root, step, cache_dir):
-        """Hide pip's wheel cache from steps whose builds depend on the image."""
-        if not cache_dir or not (step.no_build_isolation or step.env):
-            yield
-            return
-        wheels = resolve_in_root(root=root, path=f"{cache_dir}/wheels")
-        aside = resolve_in_root(root=root, path=f"{cache_dir}/.wheels-aside")
-        if wheels.exists():
-            os.replace(wheels, aside)
-        try:
-            yield
-        finally:
-            shutil.rmtree(wheels, ignore_errors=True)
-            if aside.exists():
-                os.replace(aside, wheels)
-
-    def _install_error(self, error, *, step, before, staged):
-        """The StageError for a failed ``pip install`` (conflicts explained)."""
-        output = redact(f"{error.stdout}\n{error.stderr}", values=_secrets([step]))
-        conflicts = explain_conflicts(
-            output=output, installed=before, allowed=step.allow_changes
-        )
-        if conflicts:
-            names = ", ".join(c.name for c in conflicts)
-            message = (
-                f"{step.title} would change protected package(s) {names}:\n"
-                + "\n".join(f"  {c.describe()}" for c in conflicts)
-                + "\nPackages installed before a step are not upgraded, "
-                "downgraded or removed. Fix the requirement, or let this step "
-                f"change them with 'allow-changes: [{names}]' in the step."
-            )
-        else:
-            message = (
-                f"pip install failed in {step.title} (exit status {error.returncode})."
-            )
-        files = "\n".join(f"  {k} <- {v}" for k, v in staged.kept_files.items())
-        return StageError(
-            message,
-            stage=self.name,
-            details=(
-                "pip's error output:\n"
-                + _pip_error_lines(output)
-                + f"\nRequirement files (in the image <- from):\n{files}"
-            ),
-        )
-
-    def _check_protected(self, *, step, before, after):
-        """Fail when a step changed what it was not allowed to."""
-        changes = changed_distributions(
-            before=before, after=after, allowed=step.allow_changes
-        )
-        if changes:
-            text = "\n".join(
-                f"  {name} {old} -> {new if new else 'removed'}"
-                for name, old, new in changes
-            )
-            names = ", ".join(name for name, _, _ in changes)
-            raise StageError(
-                f"{step.title} changed protected package(s) {names} despite the "
-                f"constraints:\n{text}\nAdd 'allow-changes: [{names}]' to the step "
-                "if this is intended.",
-                stage=self.name,
-            )
-
-    def _install(self, *, sandbox, step, staged, constraints, cache_dir, before):
-        """Run the step's ``pip install`` in the target env; return it redacted."""
-        cmd = self._pip_command(
-            step=step,
-            requirement_files=staged.requirement_files,
-            constraints=constraints,
-            cache_dir=cache_dir,
-            python=self._target.python,
-        )
-        script = (
-            f"{self._target.activation()}; unset {' '.join(UNSET_PIP_VARIABLES)}; "
-            f"exec {shlex.join(cmd)}"
-        )
-        shown = [redact(arg) for arg in cmd]
-        logger.info("Running: %s", shlex.join(shown))
-        try:
-            with self._private_wheel_cache(
-                root=sandbox.root, step=step, cache_dir=cache_dir
-            ):
-                self._run(sandbox, ["bash", "-c", script], env=step.env or None)
-        except _cotainr.CommandError as e:
-            raise self._install_error(e, step=step, before=before, staged=staged) from e
-        return shown
-
-    def _run_step(self, *, sandbox, step, scan, cache_dir):
-        """Stage, pin, install and check one step; return its record."""
-        root = sandbox.root
-        logger.info("pip %s", step.title)
-        t0 = time.time()
-        keep_dir = f"{PIP_DIR}/step{step.number}"
-        staging_dir = f"{WORK_DIR}/staging/step{step.number}"
-        staged = stage_step(
-            scan=scan, root=root, keep_dir=keep_dir, staging_dir=staging_dir
-        )
-        before, _ = self._pip_list(sandbox)
-        if step.number == 1:
-            self._base_packages = [
-                {"name": name, "version": version} for name, version in before.values()
-            ]
-        constraints = f"{keep_dir}/protected-constraints.txt"
-        write_file_in_root(
-            root=root,
-            path=constraints,
-            content=constraints_text(installed=before, allowed=step.allow_changes),
-        )
-        try:
-            cmd = self._install(
-                sandbox=sandbox,
-                step=step,
-                staged=staged,
-                constraints=constraints,
-                cache_dir=cache_dir,
-                before=before,
-            )
-        finally:  # pip has read them: the image keeps them without credentials
-            for path in staged.kept_files:
-                text = resolve_in_root(root=root, path=path).read_text()
-                write_file_in_root(root=root, path=path, content=redact(text))
-        after, _ = self._pip_list(sandbox)
-        self._check_protected(step=step, before=before, after=after)
-        shutil.rmtree(resolve_in_root(root=root, path=staging_dir), ignore_errors=True)
-        diff = describe_changes(before=before, after=after)
-        logger.info(
-            "Finished pip %s in %.1f s: %d added, %d changed",
-            step.title,
-            time.time() - t0,
-            len(diff["added"]),
-            len(diff["changed"]),
-        )
-        return {
-            "number": step.number,
-            "name": step.name,
-            "source": step.source,
-            "command": cmd,
-            "env": redact_env(step.env),
-            "requirement-files": staged.kept_files,
-            "staged": staged.staged,
-            "allow-changes": sorted(step.allow_changes),
-            "seconds": round(time.time() - t0, 1),
-            **diff,
-        }
+            return PipRun(stage=self, context=context).run()

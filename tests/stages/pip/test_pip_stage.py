@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 import shlex
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 from targetenv_fakes import is_probe, probe_stdout
@@ -17,6 +18,10 @@ from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.stages.pip.stage import PACKAGES_FILE, WORK_DIR, PipStage
 
 PREFIX = "/opt/cotainr/conda/envs/conda_container_env"
+#: What the stage reads of the build's plan (its image and base image names).
+PLAN = SimpleNamespace(
+    image_path=Path("x.sif"), base_image=SimpleNamespace(given="docker://debian")
+)
 
 
 class FakeSandbox:
@@ -223,7 +228,7 @@ def test_no_steps_and_no_pip_warns_and_goes_on(tmp_path, mocker, caplog):
     stage = PipStage(settings={"cache": False})
     sandbox = _sandbox_without_python(tmp_path, mocker)
     with caplog.at_level("WARNING", logger="cotainr.cotainr_lumi"):
-        report = stage.run(context=StageContext(sandbox=sandbox, plan=None))
+        report = stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
     assert "No pip steps and no package list" in caplog.text
     assert report.labels == {}
     assert not sandbox.host(PACKAGES_FILE).exists()
@@ -268,7 +273,7 @@ def test_run_installs_steps_in_order_with_exact_commands(inputs, tmp_path):
             sandbox.installed["ext"] = "0.1"
 
     sandbox.on_install = on_install
-    report = stage.run(context=StageContext(sandbox=sandbox, plan=None))
+    report = stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
 
     (cmd1, env1), (cmd2, env2) = sandbox.installs()
     assert cmd1 == [
@@ -383,7 +388,7 @@ def test_protection_conflict_names_package_version_and_requirement(inputs, tmp_p
 
     sandbox.on_install = on_install
     with pytest.raises(StageError) as info:
-        stage.run(context=StageContext(sandbox=sandbox, plan=None))
+        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
     text = str(info.value)
     assert (
         "step 1 (pip settings, step 1) would change protected package(s) torch" in text
@@ -417,7 +422,7 @@ def test_other_pip_failure_shows_step_source_and_pip_errors(inputs, tmp_path):
 
     sandbox.on_install = on_install
     with pytest.raises(StageError) as info:
-        stage.run(context=StageContext(sandbox=sandbox, plan=None))
+        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
     text = str(info.value)
     assert "pip install failed in step 1 (pip settings, step 1) (exit status 1)" in text
     assert "No module named 'torch'" in text
@@ -438,7 +443,7 @@ def test_changes_that_slip_through_are_caught(inputs, tmp_path):
     with pytest.raises(
         StageError, match=r"changed protected package\(s\) torch despite"
     ) as info:
-        stage.run(context=StageContext(sandbox=sandbox, plan=None))
+        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
     assert "torch 2.13.0+cpu -> 2.12.0" in str(info.value)
     assert "numpy" not in str(info.value).split("constraints:")[1].split("Add")[0]
 
@@ -447,7 +452,7 @@ def test_no_python_in_the_container(inputs, tmp_path, mocker):
     stage = PipStage(settings={"steps": ["torch.txt"]})
     sandbox = _sandbox_without_python(tmp_path, mocker)
     with pytest.raises(StageError, match="could not start the container"):
-        stage.run(context=StageContext(sandbox=sandbox, plan=None))
+        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
 
 
 def test_system_python_only_is_refused_before_installing(inputs, tmp_path):
@@ -457,7 +462,7 @@ def test_system_python_only_is_refused_before_installing(inputs, tmp_path):
         args, 0, stdout=probe_stdout(None), stderr=""
     )
     with pytest.raises(StageError) as info:
-        stage.run(context=StageContext(sandbox=sandbox, plan=None))
+        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
     text = str(info.value)
     assert "no Python environment to install into" in text
     assert "/usr/bin/python3 (prefix /usr), a system Python" in text
@@ -477,7 +482,7 @@ def test_host_find_links_missing_in_the_container_is_said_once_and_left_out(
     stage = _stage_from_cli(
         ["--pip-requirements", "torch.txt", "--pip-steps", "steps.yml"]
     )
-    stage.run(context=StageContext(sandbox=sandbox, plan=None))
+    stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
     installs = sandbox.installs()
     assert len(installs) == 2
     for _, env in installs:
@@ -503,7 +508,7 @@ def test_host_pip_variables_that_exist_in_the_container_are_untouched(
     monkeypatch.setenv("PIP_FIND_LINKS", "/wheels")
     caplog.set_level("WARNING", logger="cotainr")
     stage = _stage_from_cli(["--pip-requirements", "torch.txt"])
-    stage.run(context=StageContext(sandbox=sandbox, plan=None))
+    stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
     assert all("PIP_FIND_LINKS" not in env for _, env in sandbox.installs())
     assert "PIP_FIND_LINKS" not in caplog.text
 
@@ -604,7 +609,7 @@ def test_a_failing_step_shows_no_credentials(inputs, tmp_path):
 
     sandbox.on_install = on_install
     with pytest.raises(StageError) as info:
-        stage.run(context=StageContext(sandbox=sandbox, plan=None))
+        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
     text = str(info.value)
     assert "ERROR: 403 for https://user:***@pypi.example.org/simple (HF_TOKEN=***)" in (
         text
