@@ -145,14 +145,6 @@ IMAGE_PATH_ROOTS = (
     "/.singularity.d",
     "/user-software",
 )
-#: Modules that still spell their own labels, image paths or `exec` command
-#: line: files other work was changing when imagelayout.py and apptainer.py
-#: were made. Remove a module once it takes them from there (the test below
-#: says when).
-PENDING_LAYOUT = {
-    "stages.lumi_env.stage": {"label", "path"},
-    "stages.prune.stage": {"label"},
-}
 
 
 def _layout_spellings(path):
@@ -187,20 +179,10 @@ SPELLINGS = {
 
 @pytest.mark.parametrize("module", sorted(SPELLINGS))
 def test_labels_paths_and_exec_are_spelled_in_one_place(module):
-    pending = PENDING_LAYOUT.get(module, set())
-    found = [s for s in SPELLINGS[module] if s[0] not in pending]
+    found = list(SPELLINGS[module])
     assert found == [], (
         f"{module} spells {found}: take label names and image paths from "
         "cotainr_lumi.imagelayout, the exec command line from cotainr_lumi.apptainer"
-    )
-
-
-@pytest.mark.parametrize("module", sorted(PENDING_LAYOUT))
-def test_pending_layout_exceptions_are_still_needed(module):
-    kinds = {kind for kind, _line, _text in SPELLINGS[module]}
-    assert PENDING_LAYOUT[module] <= kinds, (
-        f"{module} no longer spells {PENDING_LAYOUT[module] - kinds}: remove it "
-        "from PENDING_LAYOUT"
     )
 
 

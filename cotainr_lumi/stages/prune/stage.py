@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import functools
 import logging
 
+from ... import imagelayout
 from ...engine.settings import StageSettings, setting
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import StageError
@@ -156,7 +157,7 @@ class PruneStage(Stage):
             details=details,
             labels={
                 MANIFEST_LABEL: MANIFEST_PATH,
-                "cotainr-lumi.prune.bytes-saved": str(manifest.bytes_saved),
+                imagelayout.LABEL_PRUNE_BYTES_SAVED: str(manifest.bytes_saved),
             },
         )
 

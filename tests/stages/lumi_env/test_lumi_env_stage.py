@@ -17,15 +17,16 @@ from cotainr_lumi.engine.plan import BuildRequest, make_plan
 from cotainr_lumi.engine.stage import StageContext, get_stage_class
 from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.errors import InputError, StageError
-from cotainr_lumi.stages.lumi_env.modulefile import MARKER
-from cotainr_lumi.stages.lumi_env.stage import (
+from cotainr_lumi.stages.lumi_env.hostfiles import HOST_COMMANDS
+from cotainr_lumi.stages.lumi_env.imagefiles import (
     BASE_WITH_CONDA_MARK,
     ENV_FILE,
-    HOST_COMMANDS,
     RUNSCRIPTS,
     WITH_CONDA_FILE,
-    LumiEnvStage,
+    ImageFiles,
 )
+from cotainr_lumi.stages.lumi_env.modulefile import MARKER
+from cotainr_lumi.stages.lumi_env.stage import LumiEnvStage
 
 LUMI_SETTINGS = {
     "env": {
@@ -465,7 +466,7 @@ def _write_fake_conda(tmp_path):
 def test_with_conda_chains_to_the_base_images_command(tmp_path):
     env, base_value = _write_fake_conda(tmp_path)
     root = make_root(tmp_path, venv=False)
-    stage = LumiEnvStage(settings={})
+    stage = ImageFiles(LumiEnvStage(settings={}).settings)
     target = SimpleNamespace(with_conda=base_value)
     chained = stage._base_with_conda(root=root, target=target)
     assert chained == base_value
@@ -506,7 +507,7 @@ def test_a_multi_line_base_with_conda_is_chained_as_it_is_even_on_a_rebuild(tmp_
     env, activate = _write_fake_conda(tmp_path)
     base_value = f"{activate}\nexport CHAINED='a\\b'"
     root = make_root(tmp_path, venv=False)
-    stage = LumiEnvStage(settings={})
+    stage = ImageFiles(LumiEnvStage(settings={}).settings)
     script, _ = stage._with_conda_script(
         root=root,
         target=TargetEnv(prefix=str(env), python=f"{env}/bin/python"),
