@@ -18,8 +18,6 @@ Example
 import logging
 import time
 
-import yaml
-
 from . import _cotainr
 from .engine.pipeline import BuildResult
 from .engine.plan import BuildRequest, make_plan
@@ -134,22 +132,15 @@ def build(
         dry_run=dry_run,
         force=request.get("force", False),
         build_args={
-            "system": request.get("system"),
-            "base_image": request.get("base_image"),
             "conda_env": request.get("conda_env"),
             "accept_licenses": request.get("accept_licenses", False),
             "verbosity": verbosity,
             "log_to_file": log_to_file,
         },
-        options={
-            "base_image_override": request.get("base_image_override"),
-            "set_settings": set_options(request.get("settings")),
-            "skip_stages": list(request.get("skip_stages", ())) or None,
-        },
     )
 
 
-def _build_from_plan(*, build_plan, dry_run, force, build_args, options):
+def _build_from_plan(*, build_plan, dry_run, force, build_args):
     """The result of a dry run, or of the build a checked plan describes."""
     result = BuildResult(
         image_path=build_plan.image_path,
@@ -169,49 +160,27 @@ def _build_from_plan(*, build_plan, dry_run, force, build_args, options):
             "(force=True) to replace it, or choose another path."
         )
     t_start = time.time()
-    stage = _run_build(image_path=build_plan.image_path, options=options, **build_args)
+    stage = _run_build(build_plan=build_plan, **build_args)
     result.labels = dict(stage.labels)
     result.reports = list(stage.reports)
     result.duration = time.time() - t_start
     return result
 
 
-def set_options(settings):
-    """
-    The ``--set`` options that give `settings`.
-
-    Parameters
-    ----------
-    settings : dict or None
-        ``{stage: {key: value}}``.
-
-    Returns
-    -------
-    options : list of str or None
-        ``STAGE={KEY: VALUE, ...}`` in YAML flow style.
-    """
-    options = []
-    for stage, values in (settings or {}).items():
-        text = yaml.safe_dump(
-            [dict(values)], default_flow_style=True, sort_keys=False, width=2**31
-        )
-        options.append(f"{stage}={text.strip()[1:-1]}")
-    return options or None
-
-
-def _run_build(*, image_path, options, **build_args):
-    """Run cotainr's build with the hook; return cotainr-lumi's build."""
+def _run_build(*, build_plan, **build_args):
+    """Run cotainr's build of the plan with the hook; return cotainr-lumi's build."""
     from .plugin import HOOK
 
-    base_override = options.pop("base_image_override", None)
-    if base_override:
-        options["lumi_system"] = build_args.pop("system")
-        build_args["base_image"] = base_override
     try:
-        build = _cotainr.build_command()(
-            image_path=image_path, no_color=True, force=True, **build_args, **options
-        )
-        build.execute()
+        with HOOK.planned(build_plan):
+            build = _cotainr.build_command()(
+                image_path=build_plan.image_path,
+                base_image=build_plan.base_image.given,
+                no_color=True,
+                force=True,
+                **build_args,
+            )
+            build.execute()
     except _cotainr.PluginError as e:
         cause = e.__cause__
         if isinstance(cause, CotainrLumiError):

@@ -104,6 +104,16 @@ class LumiHook:
 
     def __init__(self):
         self.last = None
+        self._handed = None  # a plan the Python API made (see :meth:`planned`)
+
+    @contextlib.contextmanager
+    def planned(self, plan):
+        """Meanwhile, :meth:`prepare` takes `plan` instead of making one."""
+        self._handed = plan
+        try:
+            yield
+        finally:
+            self._handed = None
 
     def add_arguments(self, *, parser):
         """
@@ -132,10 +142,11 @@ class LumiHook:
         """
         self.last = None
         try:
-            request = buildoptions.request_from_options(
-                context=context, conda_env=list(context.conda_env_files) or None
+            plan = self._handed or make_plan(
+                request=buildoptions.request_from_options(
+                    context=context, conda_env=list(context.conda_env_files) or None
+                )
             )
-            plan = make_plan(request=request)
             if not plan.extended:
                 return None
             plan.check_base_links()

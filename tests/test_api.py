@@ -98,3 +98,26 @@ def test_several_conda_env_files_where_cotainr_takes_several(
         cotainr_lumi.plan(
             image_path=tmp_path / "a.sif", system="lumi-test", conda_env=files
         )
+
+
+def test_the_build_runs_the_plan_the_api_made(
+    tmp_path, fake_singularity, test_profile, mocker
+):
+    from cotainr_lumi import api, plugin
+    from cotainr_lumi.engine.plan import make_plan
+
+    made = []
+    counted = mocker.Mock(
+        side_effect=lambda **kw: made.append(make_plan(**kw)) or made[-1]
+    )
+    mocker.patch.object(api, "make_plan", counted)
+    mocker.patch.object(plugin, "make_plan", counted)
+    result = cotainr_lumi.build(
+        image_path=tmp_path / "a.sif",
+        system="lumi-test",
+        settings={"provenance": {"hash-base-image": False}},
+    )
+    assert len(made) == 1  # planned once: cotainr's build hook takes that plan
+    assert plugin.HOOK.last.plan is made[0]
+    assert result.labels["cotainr-lumi.system"] == "lumi-test"
+    assert plugin.HOOK._handed is None  # handed back after the build
