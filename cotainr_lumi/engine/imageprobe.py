@@ -25,8 +25,6 @@ from .targetenv import (
     SETTINGS_NAME,
     TargetEnvNotFoundError,
     choose,
-    explicit_prefix,
-    probe_timeout,
     timeout_message,
 )
 
@@ -179,7 +177,7 @@ def probe_command(*, explicit=None):
 
 def conda_env_prefix(*, plan=None):
     """Where cotainr's conda env is in the image."""
-    given = getattr(getattr(plan, "request", None), "conda_env_prefix", None)
+    given = plan.request.conda_env_prefix
     return given or f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
 
 
@@ -201,7 +199,7 @@ def probe_build(*, sandbox, plan, labels):
     :attr:`cotainr_lumi.engine.stage.StageContext.target_env`, which calls
     this once.
     """
-    timeout = probe_timeout(plan=plan)
+    timeout = plan.target_settings.probe_timeout
 
     def run(args):
         try:
@@ -218,11 +216,9 @@ def probe_build(*, sandbox, plan, labels):
     try:
         target = discover(
             run=run,
-            explicit=explicit_prefix(plan=plan),
+            explicit=plan.target_settings.prefix or None,
             conda_env=(
-                conda_env_prefix(plan=plan)
-                if getattr(plan, "conda_env", None) is not None
-                else False
+                conda_env_prefix(plan=plan) if plan.conda_env is not None else False
             ),
         )
     except TargetEnvNotFoundError as e:

@@ -143,8 +143,8 @@ class BuildPlan:
             return
         if not self.base_image.is_local_file:
             return
-        explicit = targetenv.explicit_prefix(plan=self)
-        timeout = targetenv.probe_timeout(plan=self)
+        explicit = self.target_settings.prefix or None
+        timeout = self.target_settings.probe_timeout
         try:
             self.base_facts = imageprobe.probe_image_facts(
                 image=self.base_image.resolved, explicit=explicit, timeout=timeout

@@ -146,24 +146,19 @@ def problems(*, window, base_rocm, torch):
     return found
 
 
-def settings_of(*, plan):
-    """The ``rocm`` settings of a plan (the defaults when it has none)."""
-    return RocmSettings.held_by(plan, "rocm_settings")
-
-
 def window_of(*, plan):
     """The supported range of a plan."""
-    settings = settings_of(plan=plan)
+    settings = plan.rocm_settings
     return Window.from_text(settings.supported, source=settings.source)
 
 
 def _dry_run_torch(plan):
     """The torch a dry run saw in the target env of the base image (or None)."""
-    target = getattr(plan, "base_target", None)
+    target = plan.base_target
     torch = getattr(target, "torch", None)
     if torch:
         return torch
-    facts = getattr(plan, "base_facts", None) or {}
+    facts = plan.base_facts or {}
     explicit = facts.get("explicit", {}).get("python")
     return explicit.get("torch") if isinstance(explicit, dict) else None
 
@@ -171,9 +166,9 @@ def _dry_run_torch(plan):
 def describe_lines(*, plan):
     """What the dry run says about the ROCm versions."""
     window = window_of(plan=plan)
-    facts = getattr(plan, "base_facts", None) or {}
+    facts = plan.base_facts or {}
     base = facts.get("image", {}).get("rocm_version") or None
-    profile = getattr(getattr(plan, "system", None), "rocm_version", None)
+    profile = plan.system.rocm_version if plan.system is not None else None
     torch = _dry_run_torch(plan)
     if base:
         first = f"base image ROCm {base}"
@@ -187,7 +182,7 @@ def describe_lines(*, plan):
     first += f"; {window.words()}" if window else "; no supported range stated"
     lines = [first]
     found = problems(window=window, base_rocm=base, torch=torch)
-    strict = settings_of(plan=plan).strict
+    strict = plan.rocm_settings.strict
     for problem in found:
         lines.append(("ERROR (strict): " if strict else "WARNING: ") + problem)
     if found and strict:
@@ -248,7 +243,7 @@ def check_build(*, context, phase):
             if p not in problems(window=window, base_rocm=base, torch=None)
         ]
         _add_labels(context=context, window=window, base=base, torch=torch)
-    if found and settings_of(plan=context.plan).strict:
+    if found and context.plan.rocm_settings.strict:
         raise StageError(
             "; ".join(found)
             + ". The build stops because the profile or --strict asks for it "

@@ -176,12 +176,6 @@ class StageSettings:
         declared = cls.declared()
         return cls(**{declared[k].name: v for k, v in (partial or {}).items()})
 
-    @classmethod
-    def held_by(cls, holder, attribute):
-        """The settings an object holds, or the defaults."""
-        settings = getattr(holder, attribute, None)
-        return settings if isinstance(settings, cls) else cls()
-
     def to_dict(self):
         """The settings as users write them (keys with ``-``, plain data)."""
         return {

@@ -85,16 +85,6 @@ def _check_timeout(value):
         raise ValueError(f"must be between 1 and 86400 seconds (got {value!r})")
 
 
-def settings_of(*, plan):
-    """The ``target-env`` settings of a plan (the defaults when it has none)."""
-    return TargetEnvSettings.held_by(plan, "target_settings")
-
-
-def probe_timeout(*, plan):
-    """The seconds the probe of an image may take (``target-env.probe-timeout``)."""
-    return settings_of(plan=plan).probe_timeout
-
-
 def timeout_message(seconds):
     """What to say when the probe of an image timed out."""
     return (
@@ -480,11 +470,6 @@ def choose(*, facts, explicit=None, conda_env=False):
     raise TargetEnvNotFoundError(_not_found_message(facts))
 
 
-def explicit_prefix(*, plan):
-    """The ``target-env.prefix`` setting of a plan (None when not given)."""
-    return settings_of(plan=plan).prefix or None
-
-
 #: What a build looks for when it cannot ask the base image now.
 LOOKS_FOR = (
     "found in the base image when the build starts, first match wins: "
@@ -505,7 +490,7 @@ def describe_lines(*, plan):
     For a dry run with a local base image (and Apptainer here) the base image
     is asked now; otherwise the lines say what the build will look for.
     """
-    explicit = explicit_prefix(plan=plan)
+    explicit = plan.target_settings.prefix
     if explicit:
         return [f"{explicit} ({_SOURCE_WORDS['setting']}; checked at build start)"]
     if plan.conda_env is not None:
@@ -513,7 +498,7 @@ def describe_lines(*, plan):
             f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME} "
             f"({_SOURCE_WORDS['conda-env']} {plan.conda_env.name})"
         ]
-    answer = getattr(plan, "base_target", None)
+    answer = plan.base_target
     if isinstance(answer, TargetEnv):
         lines = [answer.describe()]
         lines += [f"not the target: {d}" for d in answer.decoys.values()]

@@ -4,10 +4,10 @@ import json
 import subprocess
 import sys
 
+from planfakes import stand_in_plan
 import pytest
 
 from cotainr_lumi._cotainr import CommandError
-from cotainr_lumi.engine import targetenv
 from cotainr_lumi.engine.imageprobe import PROBE_SCRIPT, TARGET_ENV_FILE, parse_probe
 from cotainr_lumi.engine.plan import BuildRequest, make_plan
 from cotainr_lumi.engine.stage import StageContext
@@ -261,7 +261,7 @@ def test_one_probe_per_build_fills_the_context(tmp_path):
         **{"image.virtual_env": {"python": py(VENV, base_prefix=ENV)}},
     )
     sandbox = ProbeSandbox(tmp_path, text)
-    context = StageContext(sandbox=sandbox, plan=None)
+    context = StageContext(sandbox=sandbox, plan=stand_in_plan())
     target = context.target_env
     assert isinstance(target, TargetEnv) and target.prefix == VENV
     assert context.require_target_env(stage="pip") is target
@@ -278,7 +278,7 @@ def test_one_probe_per_build_fills_the_context(tmp_path):
 def test_an_image_without_an_env_is_said_once_by_the_stage_that_needs_one(tmp_path):
     text = facts_text(image={"path_python": "/usr/bin/python3"})
     sandbox = ProbeSandbox(tmp_path, text)
-    context = StageContext(sandbox=sandbox, plan=None)
+    context = StageContext(sandbox=sandbox, plan=stand_in_plan())
     assert context.target_env is None
     with pytest.raises(
         StageError, match="no Python environment to install into"
@@ -290,7 +290,7 @@ def test_an_image_without_an_env_is_said_once_by_the_stage_that_needs_one(tmp_pa
 
 
 def test_a_container_that_does_not_start_fails_the_probe(tmp_path):
-    context = StageContext(sandbox=ProbeSandbox(tmp_path, None), plan=None)
+    context = StageContext(sandbox=ProbeSandbox(tmp_path, None), plan=stand_in_plan())
     with pytest.raises(StageError, match="could not start the container") as info:
         context.target_env  # noqa: B018
     assert info.value.stage == "target-env" and "FATAL" in str(info.value)
@@ -350,7 +350,7 @@ def test_setting_from_a_site_profile(tmp_path, monkeypatch):
     plan = make_plan(
         request=BuildRequest(image_path=tmp_path / "o.sif", system="lumi-pt")
     )
-    assert targetenv.explicit_prefix(plan=plan) == ENV
+    assert plan.target_settings.prefix == ENV
 
 
 # -- Today's LUMI images: an env only on PATH/PYTHONPATH (issue 19) ------------

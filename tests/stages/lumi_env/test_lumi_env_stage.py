@@ -8,6 +8,7 @@ from pathlib import Path
 import subprocess
 from types import SimpleNamespace
 
+from planfakes import stand_in_plan
 import pytest
 from targetenv_fakes import is_probe, probe_stdout
 
@@ -96,7 +97,7 @@ def run_stage(tmp_path, settings, **root_kw):
     sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
     stage = LumiEnvStage(settings=settings)
     assert LumiEnvStage(settings=stage.settings.to_dict()).settings == stage.settings
-    plan = SimpleNamespace(image_path=tmp_path / "out" / "torch.sif")
+    plan = stand_in_plan(image_path=tmp_path / "out" / "torch.sif")
     report = stage.run(context=StageContext(sandbox=sandbox, plan=plan))
     return root, report, sandbox
 
@@ -238,7 +239,7 @@ def test_conda_environment_is_activated_with_conda_sh(tmp_path):
     stage = LumiEnvStage(settings={})
     stage.run(
         context=StageContext(
-            sandbox=sandbox, plan=SimpleNamespace(image_path=tmp_path / "a.sif")
+            sandbox=sandbox, plan=stand_in_plan(image_path=tmp_path / "a.sif")
         )
     )
     text = (root / WITH_CONDA_FILE.lstrip("/")).read_text()
@@ -303,7 +304,7 @@ def test_broken_env_file_fails_the_stage(tmp_path):
     with pytest.raises(StageError, match="does not start"):
         LumiEnvStage(settings={}).run(
             context=StageContext(
-                sandbox=sandbox, plan=SimpleNamespace(image_path=tmp_path / "a.sif")
+                sandbox=sandbox, plan=stand_in_plan(image_path=tmp_path / "a.sif")
             )
         )
 
@@ -431,7 +432,7 @@ def test_base_image_runscripts_are_replaced_with_a_note(tmp_path, caplog):
     (root / "runscripts/my-own").write_text("#!/bin/bash\nmine\n")
     sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
     stage = LumiEnvStage(settings=LUMI_SETTINGS)
-    plan = SimpleNamespace(image_path=tmp_path / "out" / "torch.sif")
+    plan = stand_in_plan(image_path=tmp_path / "out" / "torch.sif")
     with caplog.at_level("INFO", logger="cotainr.cotainr_lumi"):
         stage.run(context=StageContext(sandbox=sandbox, plan=plan))
     replaced = [r for r in caplog.messages if r.startswith("Replacing")]

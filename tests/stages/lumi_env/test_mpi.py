@@ -13,6 +13,7 @@ import subprocess
 from types import SimpleNamespace
 
 import elfbuild
+from planfakes import stand_in_plan
 import pytest
 from targetenv_fakes import is_probe, probe_stdout
 
@@ -431,7 +432,7 @@ def run_stage(tmp_path, root, settings, loaded=None):
     }
     sandbox = MpiSandbox(root, loaded=loaded)
     stage = LumiEnvStage(settings={"module-dir": str(tmp_path / "mod"), **settings})
-    plan = SimpleNamespace(image_path=tmp_path / "out" / "mpi.sif")
+    plan = stand_in_plan(image_path=tmp_path / "out" / "mpi.sif")
     return stage.run(context=StageContext(sandbox=sandbox, plan=plan)), sandbox
 
 

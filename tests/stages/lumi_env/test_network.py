@@ -1,8 +1,8 @@
 """The network layer of an image family (stages/lumi_env/network.py) in the stage."""
 
 import json
-from types import SimpleNamespace
 
+from planfakes import stand_in_plan
 import pytest
 from test_lumi_env_stage import FakeSandbox, make_root, source_env
 
@@ -27,7 +27,7 @@ def run_stage(tmp_path, settings, *, aif=False, ofi=True):
     if aif:
         add_aif_plugin(root)
     sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
-    plan = SimpleNamespace(image_path=tmp_path / "out" / "torch.sif")
+    plan = stand_in_plan(image_path=tmp_path / "out" / "torch.sif")
     stage = LumiEnvStage(settings=settings)
     return root, stage.run(context=StageContext(sandbox=sandbox, plan=plan)), sandbox
 

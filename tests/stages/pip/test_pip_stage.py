@@ -6,8 +6,8 @@ import logging
 from pathlib import Path
 import shlex
 import subprocess
-from types import SimpleNamespace
 
+from planfakes import stand_in_plan
 import pytest
 from targetenv_fakes import is_probe, probe_stdout
 
@@ -18,10 +18,7 @@ from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.stages.pip.stage import PACKAGES_FILE, WORK_DIR, PipStage
 
 PREFIX = "/opt/cotainr/conda/envs/conda_container_env"
-#: What the stage reads of the build's plan (its image and base image names).
-PLAN = SimpleNamespace(
-    image_path=Path("x.sif"), base_image=SimpleNamespace(given="docker://debian")
-)
+PLAN = stand_in_plan(image_path=Path("x.sif"))
 
 
 class FakeSandbox:

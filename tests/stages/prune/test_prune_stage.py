@@ -13,6 +13,7 @@ import subprocess
 from types import SimpleNamespace
 
 import elfbuild
+from planfakes import stand_in_plan
 import pytest
 from targetenv_fakes import is_probe, probe_stdout
 from test_libstdcxx import DEB_DIR, install_lib
@@ -75,7 +76,7 @@ class FakeSandbox:
 
 
 def context_for(sandbox, rocm_version="6.1"):
-    plan = SimpleNamespace(
+    plan = stand_in_plan(
         system=SimpleNamespace(rocm_version=rocm_version, name="lumi-test")
     )
     return StageContext(sandbox=sandbox, plan=plan)
@@ -249,7 +250,7 @@ def test_switches_keep_everything(root):
     assert not any(p.is_symlink() for p in torch_lib(root).iterdir())
     assert report.details["entries"] == [] and len(report.details["skipped"]) == 2
     assert not PruneStage(settings={"libstdcxx": False, "rocm-dedup": False}).enabled(
-        plan=None
+        plan=stand_in_plan()
     )
 
 
