@@ -378,7 +378,7 @@ def _check_outputs_apart(plan):
                 raise InputError(
                     f"{what} {path} and {other_what} {other} would land on each "
                     "other. Choose another image name, or move the module files "
-                    "(--module-dir, --set lumi-env.module-name=NAME)."
+                    "(--set lumi-env.module-dir=DIR or lumi-env.module-name=NAME)."
                 )
 
 

@@ -246,8 +246,8 @@ def check_build(*, context, phase):
     if found and context.plan.rocm_settings.strict:
         raise StageError(
             "; ".join(found)
-            + ". The build stops because the profile or --strict asks for it "
-            "(strict: true); with --set rocm.strict=false it builds with a warning.",
+            + ". The build stops because the profile or --set asks for it "
+            "(rocm.strict: true); with --set rocm.strict=false it builds with a warning.",
             stage=SETTINGS_NAME,
         )
     for problem in found:

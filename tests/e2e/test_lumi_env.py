@@ -137,7 +137,7 @@ def test_defaults_overrides_and_hostile_value(built, apptainer_exec):
     assert env["FI_MR_CACHE_MONITOR"] == "userfaultfd"
     assert env["FI_CXI_DEFAULT_CQ_SIZE"] == "131072"
     assert env["PYTORCH_ROCM_ARCH"] == "gfx90a"
-    assert env["RCCL_DEBUG"] is None  # --unset-env
+    assert env["RCCL_DEBUG"] is None  # lumi-env.env={RCCL_DEBUG: null}
     assert env["NCCL_NET_GDR_LEVEL"] is None  # null in the profile
     assert env["EXTRA_SETTING"] == "from the command line"
     assert env["HOSTILE"] == hostile

@@ -222,7 +222,7 @@ def test_libstdcxx_kept_with_reason_passes(mocker, tmp_path):
             {
                 "group": "libstdcxx",
                 "what": "/opt/env/lib",
-                "reason": "libstdcxx pruning is off (--keep-libstdcxx)",
+                "reason": "kept on request (libstdcxx: false)",
             }
         ],
     }
