@@ -130,17 +130,16 @@ def build(
     return _build_from_plan(
         build_plan=build_plan,
         dry_run=dry_run,
-        force=request.get("force", False),
         build_args={
-            "conda_env": request.get("conda_env"),
-            "accept_licenses": request.get("accept_licenses", False),
+            "conda_env": build_plan.request.conda_env,
+            "accept_licenses": build_plan.request.accept_licenses,
             "verbosity": verbosity,
             "log_to_file": log_to_file,
         },
     )
 
 
-def _build_from_plan(*, build_plan, dry_run, force, build_args):
+def _build_from_plan(*, build_plan, dry_run, build_args):
     """The result of a dry run, or of the build a checked plan describes."""
     result = BuildResult(
         image_path=build_plan.image_path,
@@ -154,7 +153,7 @@ def _build_from_plan(*, build_plan, dry_run, force, build_args):
         result.dry_run = True
         return result
     result.plan_text = build_plan.describe()
-    if build_plan.image_exists and not force:
+    if build_plan.image_exists and not build_plan.request.force:
         raise ImageExistsError(
             f"The image {build_plan.image_path} already exists. Pass --force "
             "(force=True) to replace it, or choose another path."

@@ -123,7 +123,8 @@ class BuildPlan:
                 "unsquashfs?); its /.singularity.d is not checked for links.",
                 image,
             )
-        for path, target in (links or {}).items():
+        if links:
+            path, target = next(iter(links.items()))
             raise InputError(
                 f"The base image's {path} is a symbolic link (to {target}); "
                 "the build writes there before any cotainr-lumi stage runs, and "
