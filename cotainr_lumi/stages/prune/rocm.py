@@ -1,30 +1,20 @@
 """
-De-duplicate the ROCm libraries Python packages bundle (``torch/lib``).
+Replace the ROCm libraries packages bundle (``torch/lib``) by relative links
+into the base image's ``$ROCM_PATH/lib`` or ``/opt/amdgpu/lib64``.
 
-ROCm wheels of PyTorch bundle several GB of ROCm libraries (RCCL, rocBLAS,
-hipBLASLt, MIOpen ...). The base image has the same libraries under
-``$ROCM_PATH/lib`` and ``/opt/amdgpu/lib64``, and its RCCL is the one that
-uses the image's network plugin. An entry of a package's ``lib`` directory
-whose name also exists there is replaced by a relative symlink into the ROCm
-directory, so ``$ORIGIN`` RUNPATH lookups keep working without
-``LD_LIBRARY_PATH`` and the loaded library is the base image's. This is done
-only when the package's ROCm major.minor matches the base image's and, for
-ELF files, the SONAMEs match; the stage then checks inside the container that
-everything still resolves and rolls back otherwise.
-
-Originals are first renamed to backups in the same directory and deleted only
-on :func:`commit`, so :func:`rollback` restores them exactly.
+Originals are renamed to backups in the same directory and deleted only on
+:func:`commit`, so :func:`rollback` restores them exactly.
 """
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass, field
 import logging
 import os
 from pathlib import Path
 import re
 import shutil
+import stat
 
 from ...engine.elfinfo import read_elf_info
 from ...engine.rootfs import (
@@ -45,6 +35,7 @@ BACKUP_PREFIX = ".cotainr-lumi-prune-backup."
 ROCM_SDK_PREFIX = "_rocm_sdk"
 
 _MAJOR_MINOR = re.compile(r"^\s*(\d+)\.(\d+)")
+_HIP = re.compile(r"^hip\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)['\"]", re.M)
 
 
 def major_minor(*, version):
@@ -59,45 +50,24 @@ def base_rocm_version(*, root, rocm_path):
     """The base image's ROCm version from ``$ROCM_PATH/.info/version``."""
     try:
         host = resolve_in_root(root=root, path=f"{rocm_path}/.info/version")
-    except OSError:
-        return None
-    if not host.is_file() or host.is_symlink():
-        return None
-    try:
+        if not host.is_file() or host.is_symlink():
+            return None
         with open(host, encoding="utf-8", errors="replace") as f:
-            line = f.readline(200).strip()
+            return f.readline(200).strip() or None
     except OSError:
         return None
-    return line or None
 
 
 def hip_version_of_package(*, version_file):
-    """
-    ``hip`` from a package's ``version.py``, read as text, never imported.
-
-    Accepts ``hip = '6.1.40091-a8dbc0c19'`` and the annotated form
-    ``hip: Optional[str] = '...'`` that torch writes.
-    """
+    """``hip`` from a package's ``version.py`` (``hip: str = '6.1...'`` too), never imported."""
     try:
         fd = os.open(version_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as f:
-            source = f.read(1024 * 1024)
-        tree = ast.parse(source)
-    except (OSError, SyntaxError, ValueError):
+            text = f.read(1024 * 1024).decode("utf-8", "replace")
+    except OSError:
         return None
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets = [node.target]
-        else:
-            continue
-        if any(isinstance(t, ast.Name) and t.id == "hip" for t in targets):
-            value = node.value
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                return value.value
-            return None
-    return None
+    match = _HIP.search(text)
+    return match[1] if match else None
 
 
 @dataclass
@@ -133,14 +103,6 @@ def rocm_dirs_of(*, root, rocm_path):
             )
         )
     return found
-
-
-def rocm_names(*, rocm_dirs):
-    """The entry names of the ROCm library directories."""
-    names = set()
-    for d in rocm_dirs:
-        names |= d.names
-    return frozenset(names)
 
 
 @dataclass
@@ -179,13 +141,8 @@ def _real_subdirs(directory):
 
 
 def find_bundle_dirs(*, root, site_dirs, rocm_dirs):
-    """
-    Package directories holding entries that ROCm also has.
-
-    Looked at: ``<site-packages>/<package>/lib`` (torch's layout) and
-    auditwheel's ``<site-packages>/<package>.libs``; links are not followed.
-    """
-    names = rocm_names(rocm_dirs=rocm_dirs)
+    """``<package>/lib`` and auditwheel's ``<package>.libs`` holding entries ROCm also has."""
+    names = frozenset().union(*(d.names for d in rocm_dirs))
     bundles = []
     seen = set()
     for site in site_dirs:
@@ -252,17 +209,10 @@ class DedupAction:
 def _tree_size(host_path):
     """The sum of the sizes of the regular files below a directory (no links followed)."""
     total = 0
-    stack = [str(host_path)]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as it:
-                for entry in it:
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-                    elif entry.is_file(follow_symlinks=False):
-                        total += entry.stat(follow_symlinks=False).st_size
-        except OSError:
-            continue
+    for top, _dirs, files in os.walk(host_path):
+        for name in files:
+            st = os.lstat(os.path.join(top, name))
+            total += st.st_size if stat.S_ISREG(st.st_mode) else 0
     return total
 
 
@@ -275,15 +225,7 @@ class DedupPlan:
 
 
 def plan_dedup(*, root, bundle, rocm_dirs):
-    """
-    The replacements for one bundle directory, and what is left alone.
-
-    For every overlapping name: a directory is replaced when ROCm's entry is a
-    directory; an ELF file when ROCm's entry resolves (inside the sandbox) to
-    an ELF file of the same class, machine and SONAME; a non-ELF file when
-    ROCm's entry is a non-ELF file. Links in the bundle are left alone (they
-    point at bundled files, which are replaced themselves).
-    """
+    """The replacements for one bundle directory (like for like, same SONAME), and what is left alone."""
     plan = DedupPlan()
     for name in bundle.overlap:
         found = _plan_entry(root=root, bundle=bundle, name=name, rocm_dirs=rocm_dirs)
@@ -355,12 +297,7 @@ def _file_verdict(*, ours_info, theirs, theirs_image):
 
 
 def apply_actions(*, actions):
-    """
-    Replace entries by links, keeping backups.
-
-    Each original is renamed to ``.cotainr-lumi-prune-backup.<name>`` in the
-    same directory (an atomic rename, no copy), then the link is created.
-    """
+    """Replace entries by links, renaming each original to a backup beside it."""
     done = []
     try:
         for action in actions:
@@ -454,11 +391,6 @@ def parse_verify_output(*, text):
             missing = detail.strip().split(" ", 1)[0]
             failures.add((obj, missing))
     return failures
-
-
-def is_backup_free(*, bundle):
-    """Whether a bundle directory holds no leftover backups."""
-    return not any(n.startswith(BACKUP_PREFIX) for n in os.listdir(bundle.host_path))
 
 
 def link_stays_inside(*, root, action):
