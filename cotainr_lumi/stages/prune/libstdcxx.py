@@ -1,15 +1,7 @@
 """
-Decide whether an environment's own libstdc++ can go, and remove it.
-
-Conda environments ship their own ``lib/libstdc++.so*``. The hand-built LUMI
-images delete it so that the base image's system libstdc++ is used; that is
-safe only when the system library defines every symbol version
-(``GLIBCXX_*``, ``CXXABI_*`` ...) some ELF object of the environment needs
-from ``libstdc++.so.6``. :func:`check_libstdcxx` proves that by reading the
-version needs of every ELF object in the environment and the version
-definitions of the system library found the way the loader would find it
-(the image's ``ld.so.cache`` via ``ldconfig -p``, then the standard
-directories), all inside the sandbox root.
+Remove an environment's own libstdc++ when the base image's (found as the
+loader would, inside the sandbox) defines every symbol version the
+environment's ELF objects need from it.
 """
 
 from __future__ import annotations
@@ -87,13 +79,7 @@ class SystemLib:
 
 
 def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
-    """
-    Find the base image's libstdc++ inside the sandbox.
-
-    Candidates come from the image's loader cache (``ldconfig -p`` output run
-    in the container) and then the standard directories; each is resolved
-    inside `root` and must be an ELF file with SONAME ``libstdc++.so.6``.
-    """
+    """The base image's ``libstdc++.so.6``: its loader cache first, then the standard directories."""
     candidates = [
         (path, "ld.so.cache")
         for name, _flags, path in parse_ldconfig(text=ldconfig_text)
@@ -155,18 +141,6 @@ def _env_candidates(lib_dir):
     return sorted(found)
 
 
-def _looping(*, env_prefix, path):
-    """The check of an environment whose `path` is a symlink loop."""
-    return LibstdcxxCheck(
-        env_prefix=env_prefix,
-        status="unsupported",
-        reason=(
-            f"{path} is a symlink loop (too many levels of symbolic links), so "
-            "its libstdc++ is left alone"
-        ),
-    )
-
-
 def _env_lib_dir(*, root, env_prefix):
     """Find the env's ``lib`` directory in the sandbox."""
 
@@ -176,10 +150,17 @@ def _env_lib_dir(*, root, env_prefix):
         )
         return check, None, None
 
+    def looping(path):
+        return end(
+            "unsupported",
+            f"{path} is a symlink loop (too many levels of symbolic links), so "
+            "its libstdc++ is left alone",
+        )
+
     try:
         env_host = resolve_in_root(root=root, path=env_prefix)
     except SymlinkLoopError:
-        return _looping(env_prefix=env_prefix, path=env_prefix), None, None
+        return looping(env_prefix)
     real_prefix = str(image_path_of(root=root, host_path=env_host))
     if real_prefix in SYSTEM_PREFIXES:
         return end(
@@ -196,7 +177,7 @@ def _env_lib_dir(*, root, env_prefix):
     try:
         lib_host = resolve_in_root(root=root, path=lib_image)
     except SymlinkLoopError:
-        return _looping(env_prefix=env_prefix, path=lib_image), None, None
+        return looping(lib_image)
     if not lib_host.is_dir():
         return end("absent", f"{lib_image} does not exist")
     if lib_host == env_host or not is_inside(parent=env_host, path=lib_host):
@@ -321,13 +302,7 @@ def format_missing(*, check, limit=20):
 
 
 def remove_libstdcxx(*, check, root, manifest):
-    """
-    Remove the env's libstdc++ files found by a safe check.
-
-    Only the entries of ``check.candidates`` are removed, each after checking
-    again that it lies directly in the environment's ``lib`` directory; a
-    symlink is removed itself, never its target.
-    """
+    """Remove the candidates of a safe check (links themselves, never their targets)."""
     if check.status != "safe":
         raise ValueError(f"refusing to remove libstdc++: check status {check.status}")
     env_host = resolve_in_root(root=root, path=check.env_prefix)

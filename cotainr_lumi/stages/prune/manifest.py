@@ -1,12 +1,4 @@
-"""
-The prune manifest: what the prune stage removed or linked, and why.
-
-The manifest is a JSON file inside the image
-(:data:`cotainr_lumi.imagelayout.PRUNE_MANIFEST_FILE`) that the label
-:data:`cotainr_lumi.imagelayout.LABEL_PRUNE_MANIFEST` points at. Every entry records an image path, the
-action taken, the bytes it freed and the reason; decisions not to prune are
-recorded as well.
-"""
+"""The prune manifest: what the prune stage removed or linked, what it kept, and why."""
 
 from __future__ import annotations
 
@@ -15,25 +7,22 @@ import json
 import logging
 
 from ...engine.rootfs import write_file_in_root
-from ...imagelayout import LABEL_PRUNE_MANIFEST, PRUNE_MANIFEST_FILE
+from ...imagelayout import PRUNE_MANIFEST_FILE
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-# The names prune/stage.py imports, until it takes them from imagelayout.
-MANIFEST_PATH = PRUNE_MANIFEST_FILE
-MANIFEST_LABEL = LABEL_PRUNE_MANIFEST
 #: The version of the manifest format.
 MANIFEST_FORMAT = 1
 
 
 def format_bytes(*, size):
     """A byte count for humans."""
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"  # pragma: no cover
+    if size < 1024:
+        return f"{int(size)} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}"
 
 
 @dataclass

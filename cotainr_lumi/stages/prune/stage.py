@@ -1,25 +1,6 @@
 """
-The prune stage: remove what the base image provides, when provably safe.
-
-Two prunings, each switchable per profile and per build:
-
-``libstdcxx`` (``--set prune.libstdcxx=false`` turns it off)
-    Remove the environment's ``lib/libstdc++.so*`` when the base image's
-    ``libstdc++.so.6`` defines every symbol version any ELF object of the
-    environment needs from it; otherwise stop the build with the list
-    (see :mod:`cotainr_lumi.stages.prune.libstdcxx`).
-``rocm-dedup`` (``--set prune.rocm-dedup=false`` turns it off)
-    Replace the ROCm libraries that torch (or another package) bundles in its
-    ``lib`` directory by relative links into the base image's ROCm, when the
-    package's ROCm major.minor matches the base image's and the SONAMEs
-    match; then check with the image's loader that everything resolves, and
-    roll back otherwise (see :mod:`cotainr_lumi.stages.prune.rocm`).
-``strict`` (``--set prune.strict=true``)
-    Fail instead of warning when a pruning is skipped (ROCm version
-    mismatch or unknown, unresolved libraries, unsupported layout).
-
-Everything is recorded in ``/opt/cotainr-lumi/prune-manifest.json`` in the
-image, which the label ``cotainr-lumi.prune.manifest`` points at.
+The prune stage: remove the env's libstdc++ and link bundled ROCm libraries
+into the base image's, each only when provably safe, recorded in a manifest.
 """
 
 from __future__ import annotations
@@ -28,7 +9,11 @@ from dataclasses import dataclass
 import functools
 import logging
 
-from ... import imagelayout
+from ...imagelayout import (
+    LABEL_PRUNE_BYTES_SAVED,
+    LABEL_PRUNE_MANIFEST,
+    PRUNE_MANIFEST_FILE,
+)
 from ...engine.settings import StageSettings, setting
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import StageError
@@ -39,15 +24,8 @@ from .libstdcxx import (
     format_missing,
     remove_libstdcxx,
 )
-from .manifest import (
-    MANIFEST_LABEL,
-    MANIFEST_PATH,
-    PruneManifest,
-    format_bytes,
-)
-from .rocm import (
-    AMDGPU_LIB_DIR,
-)
+from .manifest import PruneManifest, format_bytes
+from .rocm import AMDGPU_LIB_DIR
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -114,15 +92,11 @@ class PruneStage(Stage):
             )
         else:
             lines.append("ROCm: bundled libraries kept (rocm-dedup: false)")
-        lines.append(f"manifest: {MANIFEST_PATH} (label {MANIFEST_LABEL})")
+        lines.append(f"manifest: {PRUNE_MANIFEST_FILE} (label {LABEL_PRUNE_MANIFEST})")
         return lines
-
-    # -- run ---------------------------------------------------------------
 
     def run(self, *, context):
         """Prune what is safe in the build's target env and write the manifest."""
-        # The build's one probe of the image: its env, ROCM_PATH and the
-        # loader cache's libstdc++ entries.
         target = context.target_env
         manifest = PruneManifest(
             settings=self.settings.to_dict(),
@@ -148,7 +122,7 @@ class PruneStage(Stage):
             self._prune(context, target, manifest, warnings)
         manifest.write(root=context.sandbox.root)
         summary = manifest.summary()
-        logger.info("Prune summary: %s; manifest %s", summary, MANIFEST_PATH)
+        logger.info("Prune summary: %s; manifest %s", summary, PRUNE_MANIFEST_FILE)
         details = manifest.to_dict()
         details["warnings"] = warnings
         return StageReport(
@@ -156,8 +130,8 @@ class PruneStage(Stage):
             summary=summary,
             details=details,
             labels={
-                MANIFEST_LABEL: MANIFEST_PATH,
-                imagelayout.LABEL_PRUNE_BYTES_SAVED: str(manifest.bytes_saved),
+                LABEL_PRUNE_MANIFEST: PRUNE_MANIFEST_FILE,
+                LABEL_PRUNE_BYTES_SAVED: str(manifest.bytes_saved),
             },
         )
 

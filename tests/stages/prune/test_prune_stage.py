@@ -24,7 +24,8 @@ from cotainr_lumi.engine.plan import BuildRequest, make_plan
 from cotainr_lumi.engine.profiles import load_systems
 from cotainr_lumi.engine.stage import StageContext, get_stage_class
 from cotainr_lumi.errors import InputError, ProfileError, StageError
-from cotainr_lumi.stages.prune.manifest import MANIFEST_LABEL, MANIFEST_PATH
+from cotainr_lumi.imagelayout import LABEL_PRUNE_MANIFEST as MANIFEST_LABEL
+from cotainr_lumi.imagelayout import PRUNE_MANIFEST_FILE as MANIFEST_PATH
 from cotainr_lumi.stages.prune.rocm import VERIFY_SCRIPT
 from cotainr_lumi.stages.prune.stage import PruneSettings, PruneStage
 
