@@ -1,12 +1,4 @@
-"""
-Check a built image against the hand-built LUMI PyTorch image.
-
-``cotainr-lumi verify IMAGE.sif`` runs :mod:`cotainr_lumi.verify.probe`
-inside the image (its own ``python``, a clean environment) and turns the facts
-into one row per check: PASS, FAIL or N/A, with the evidence (path, value,
-version). Checks that need LUMI hardware are listed as N/A with what to run
-instead.
-"""
+"""Check a built image against the hand-built LUMI PyTorch image."""
 
 from dataclasses import asdict, dataclass, field
 import json
@@ -40,11 +32,6 @@ from .mpi import probe_inputs as mpi_probe_inputs
 from .status import FAIL, NA, PASS, WARN
 
 logger = logging.getLogger(f"cotainr.{__name__}")
-
-#: Where the LUMI base images expect the host's Cray libfabric (AMD's
-#: common/Dockerfile.aws-ofi-rccl, sfantao/lumi-containers): ``/opt/cray`` is
-#: removed from the images and bound from the host.
-CRAY_LIBFABRIC_PREFIX = "/opt/cray/libfabric/"
 
 #: Labels every cotainr-lumi image carries (provenance stage).
 REQUIRED_LABELS = (
@@ -226,53 +213,13 @@ def _check_rocm(report, facts):
     )
 
 
-def _check_network(report, facts):
-    """RCCL's network plugin, its libraries, libfabric (host's or image's), rccl-tests."""
-    netplugin.check_network(
-        report=report,
-        facts=facts,
-        env=facts["env"],
-        check_cray_libfabric=_check_cray_libfabric,
-    )
-
-
-def _check_cray_libfabric(report, env, *, has_plugin):
-    """The plugin loads the host's Cray libfabric, bound at /opt/cray."""
-    if not has_plugin:
-        report.add("cray-libfabric", NA, "no aws-ofi-rccl plugin in the image")
-        return
-    entries = [
-        p
-        for p in (env.get("LD_LIBRARY_PATH") or "").split(":")
-        if os.path.normpath(p).startswith(CRAY_LIBFABRIC_PREFIX)
-    ]
-    if entries:
-        report.add(
-            "cray-libfabric",
-            PASS,
-            f"LD_LIBRARY_PATH has {entries[0]} (the host's, bound with /opt/cray "
-            "at run time; check the version exists on LUMI: ls /opt/cray/libfabric)",
-        )
-    else:
-        report.add(
-            "cray-libfabric",
-            FAIL,
-            f"no {CRAY_LIBFABRIC_PREFIX}<version>/lib64 on LD_LIBRARY_PATH: "
-            "aws-ofi-rccl cannot load the host's libfabric and RCCL falls back "
-            "to TCP sockets; build on a LUMI ROCm base image (they set it) or "
-            "add it with the lumi-env `ld-library-path` setting",
-        )
-
-
-def _check_lumi_env(report, facts, expected_env):
+def _check_lumi_env(report, facts, *, expected_env):
     expected = expected_env or profile_env(
         system_name=facts["labels"].get(LABEL_SYSTEM)
     )
     env = facts["env"]
     for name, value in expected.items():
         found = env.get(name)
-        if found is None and name not in env:
-            found = None
         status = PASS if found == value else FAIL
         report.add(f"env:{name}", status, f"{name}={found!r} (expected {value!r})")
 
@@ -330,15 +277,15 @@ def _check_target_env(report, facts):
 
 def _check_torch(report, facts):
     torch = facts.get("torch")
-    if torch is None:
-        report.add("torch-rocm-duplicates", NA, "torch is not installed in the image")
-        report.add("torch-rccl", NA, "torch is not installed in the image")
-        return
-    if not torch.get("hip"):
-        report.add(
-            "torch-rocm-duplicates", NA, f"{torch['dir']} is not a ROCm build of torch"
-        )
-        report.add("torch-rccl", NA, f"{torch['dir']} is not a ROCm build of torch")
+    if torch is None or not torch.get("hip"):
+        for row in ("torch-rocm-duplicates", "torch-rccl"):
+            report.add(
+                row,
+                NA,
+                "torch is not installed in the image"
+                if torch is None
+                else f"{torch['dir']} is not a ROCm build of torch",
+            )
         return
     rocm_names = set(facts["rocm"]["lib_names"])
     rocm_real = facts["rocm"]["realpath"]
@@ -366,7 +313,11 @@ def _check_torch(report, facts):
     if not ldd:
         report.add("torch-rccl", NA, "no torch/lib/libtorch_hip.so to resolve")
         return
-    rccl = [ln.strip() for ln in ldd["out"].splitlines() if "librccl" in ln]
+    rccl = [
+        f"{name} => {path or 'not found'}"
+        for name, path in ldd["deps"].items()
+        if "librccl" in name
+    ]
     real = torch.get("rccl_realpath") or ""
     if real and real.startswith(rocm_real.rstrip("/") + "/"):
         report.add("torch-rccl", PASS, f"{rccl[0]} (real path {real})")
@@ -492,10 +443,10 @@ def _check_records(report, facts):
 MALFORMED = (AttributeError, LookupError, TypeError, ValueError, RecursionError)
 
 
-def _guarded(report, row, check, *args, **kwargs):
+def _guarded(report, row, check, facts, **kwargs):
     """Run a check; facts it cannot read are its first row, FAIL."""
     try:
-        check(report, *args, **kwargs)
+        check(report, facts, **kwargs)
     except MALFORMED as e:
         logger.debug("Check %s failed on the facts", row, exc_info=True)
         report.add(
@@ -504,13 +455,6 @@ def _guarded(report, row, check, *args, **kwargs):
             f"cannot check: the image's records are malformed "
             f"({type(e).__name__}: {e})",
         )
-
-
-def _check_rocm_driver(report, facts, strict):
-    """The ROCm window row (:mod:`.rocmdriver`)."""
-    rocmdriver.check_rocm_driver(
-        report=report, facts=facts, strict=strict, warn=WARN, fail=FAIL, passed=PASS
-    )
 
 
 def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEOUT):
@@ -523,20 +467,20 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
     try:
         facts = _probe(image, timeout=timeout)
         checks = [
-            ("records", _check_records, facts),
-            ("provenance-labels", _check_labels, facts),
-            ("rocm-layout", _check_rocm, facts),
-            ("net-plugin", _check_network, facts),
-            ("env", _check_lumi_env, facts, dict(expected_env or {})),
-            ("target-env", _check_target_env, facts),
-            ("env-libstdcxx", _check_libstdcxx, facts),
-            ("torch-rocm-duplicates", _check_torch, facts),
-            ("rocm-driver", _check_rocm_driver, facts, strict),
-            ("runscripts", _check_runtime, facts),
+            ("records", _check_records, {}),
+            ("provenance-labels", _check_labels, {}),
+            ("rocm-layout", _check_rocm, {}),
+            ("net-plugin", netplugin.check_network, {}),
+            ("env", _check_lumi_env, {"expected_env": dict(expected_env or {})}),
+            ("target-env", _check_target_env, {}),
+            ("env-libstdcxx", _check_libstdcxx, {}),
+            ("torch-rocm-duplicates", _check_torch, {}),
+            ("rocm-driver", rocmdriver.check_rocm_driver, {"strict": strict}),
+            ("runscripts", _check_runtime, {}),
+            ("mpi-host-binding", check_mpi, {}),
         ]
-        for row, check, *args in checks:
-            _guarded(report, row, check, *args)
-        _guarded(report, "mpi-host-binding", check_mpi, facts.get("mpi"))
+        for row, check, kwargs in checks:
+            _guarded(report, row, check, facts, **kwargs)
     except subprocess.TimeoutExpired:
         raise InputError(
             f"Cannot inspect {image}: running its python did not finish within "

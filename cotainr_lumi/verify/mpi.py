@@ -1,20 +1,4 @@
-"""
-The MPI rows of ``cotainr-lumi verify``.
-
-verify's probe (:mod:`.probe`) finds in the image which
-``libmpi.so.12`` mpi4py loads there and whether its dependencies resolve,
-and reads the lumi-env stage's MPI record (``/opt/cotainr-lumi/mpi.json``: the
-mode and the host binding). The rows, for images with MPI (mpi4py or a
-record whose mode is not ``none``):
-
-- ``mpi4py-libmpi``: the library mpi4py loads (``Get_library_version``) and
-  ``ldd`` of it;
-- ``mpi-host-binding``: the image's default and what LUMI's Cray MPICH
-  replaces at run time (library, ``LD_LIBRARY_PATH`` order,
-  ``MPI4PY_LIBMPI``, binds), or that the build found a pin;
-- ``mpi-osu-bandwidth``: LUMI only, the OSU point-to-point bandwidth
-  between two nodes through the host's Cray MPICH, with the job to run.
-"""
+"""The MPI rows of ``cotainr-lumi verify``."""
 
 import logging
 from pathlib import Path
@@ -67,10 +51,10 @@ def _loaded_row(facts, record):
     libraries = loaded.get("libmpi") or []
     version = loaded.get("library_version", "")
     unresolved = [
-        f"{lib}: {ln.strip()}"
+        f"{lib}: {name} => not found"
         for lib in libraries
-        for ln in facts["ldd"].get(lib, {}).get("out", "").splitlines()
-        if "not found" in ln
+        for name, path in (facts["ldd"].get(lib, {}).get("deps") or {}).items()
+        if path is None
     ]
     if unresolved:
         return (
@@ -147,6 +131,6 @@ def mpi_rows(facts):
 
 
 def check_mpi(report, facts):
-    """Add the MPI rows of the probe's MPI facts to a report."""
-    for check, status, evidence in mpi_rows(facts):
+    """Add the MPI rows of the probe's facts to a report."""
+    for check, status, evidence in mpi_rows(facts.get("mpi")):
         report.add(check, status, evidence)

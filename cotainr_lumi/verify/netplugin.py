@@ -1,23 +1,9 @@
 """
-The network layer of an image, checked: RCCL's plugin, its libraries, rccl-tests.
+The network rows of ``cotainr-lumi verify``.
 
-The plugin is the file RCCL itself would load
-(:mod:`cotainr_lumi.engine.rcclplugin`: ``librccl-net.so``, or what
-``NCCL_NET_PLUGIN`` names, looked up as ``dlopen`` does), of either
-generation: aws-ofi-rccl (``librccl-net.so``, the 2024 LUMI images in
-``/opt/aws-ofi-rccl``, the 2025 LUMI AI Factory images in ``/usr/lib``) or
-its successor aws-ofi-nccl built for ROCm (``librccl-net-ofi.so``, the ROCm 7
-LUMI AI Factory images). A plugin RCCL would not load (another name, a
-directory off the loader's path, NCCL's ``libnccl-net*.so``) is a FAIL that
-says what to set. Where the libfabric the plugin uses must come from (the
-host's Cray libfabric, or the image's own) is what the image's profile said,
-recorded by the lumi-env stage in :data:`cotainr_lumi.imagelayout.RUNTIME_FILE`
-(images without the record, such as a LUMI AI Factory image as shipped: the
-image's own when it has ``libfabric.so.1`` on the loader's path and no host
-``/opt/cray`` on ``LD_LIBRARY_PATH``, else the host's, as the 2024 images).
-
-Rows: ``net-plugin``, ``net-plugin-deps``, ``cray-libfabric`` (host) or
-``image-libfabric`` (image), ``rccl-tests``.
+The plugin RCCL itself would load (:mod:`cotainr_lumi.engine.rcclplugin`),
+its libraries, the libfabric it uses (the host's Cray one or the image's own,
+as the runtime record or, without one, ``LD_LIBRARY_PATH`` says), rccl-tests.
 """
 
 import logging
@@ -39,6 +25,9 @@ RCCL_TESTS_DIRS = ["/opt/rccltests", "/usr/libexec/rccl-tests"]
 HOST_PROVIDED = ("libfabric.so", "libcxi.so", "libjansson.so", "libjson-c.so")
 #: LD_LIBRARY_PATH entries of the host's Cray libraries.
 CRAY_PREFIX = "/opt/cray/"
+#: Where the LUMI base images expect the host's Cray libfabric (``/opt/cray``
+#: is removed from the images and bound from the host).
+CRAY_LIBFABRIC_PREFIX = "/opt/cray/libfabric/"
 
 
 def probe_inputs():
@@ -191,6 +180,33 @@ def _check_image_libfabric(report, net, plugin, env):
         )
 
 
+def _check_cray_libfabric(report, env, *, has_plugin):
+    if not has_plugin:
+        report.add("cray-libfabric", NA, "no aws-ofi-rccl plugin in the image")
+        return
+    entries = [
+        p
+        for p in _ld_library_path(env)
+        if os.path.normpath(p).startswith(CRAY_LIBFABRIC_PREFIX)
+    ]
+    if entries:
+        report.add(
+            "cray-libfabric",
+            PASS,
+            f"LD_LIBRARY_PATH has {entries[0]} (the host's, bound with /opt/cray "
+            "at run time; check the version exists on LUMI: ls /opt/cray/libfabric)",
+        )
+    else:
+        report.add(
+            "cray-libfabric",
+            FAIL,
+            f"no {CRAY_LIBFABRIC_PREFIX}<version>/lib64 on LD_LIBRARY_PATH: "
+            "aws-ofi-rccl cannot load the host's libfabric and RCCL falls back "
+            "to TCP sockets; build on a LUMI ROCm base image (they set it) or "
+            "add it with the lumi-env `ld-library-path` setting",
+        )
+
+
 def _check_rccl_tests(report, net):
     tests = net.get("rccl_tests")
     where = ", ".join(net.get("rccl_tests_dirs") or [])
@@ -209,14 +225,14 @@ def _check_rccl_tests(report, net):
         )
 
 
-def check_network(*, report, facts, env, check_cray_libfabric):
+def check_network(report, facts):
     """Add the network rows."""
-    net = facts.get("network") or {}
+    net, env = facts.get("network") or {}, facts["env"]
     source = _libfabric_source(net, env)
     plugin = _check_plugin(report, net, env)
     _check_deps(report, plugin, source=source)
     if source == "host":
-        check_cray_libfabric(report, env, has_plugin=plugin is not None)
+        _check_cray_libfabric(report, env, has_plugin=plugin is not None)
     else:
         _check_image_libfabric(report, net, plugin, env)
     _check_rccl_tests(report, net)

@@ -1,19 +1,16 @@
 """
-Facts gathered inside an image for ``cotainr-lumi verify``.
+Facts gathered inside an image for ``cotainr-lumi verify``, printed as JSON.
 
-This file is run by the image's own ``python`` (``python -c <this source>
-<this source> <inputs>``): it must use the standard library only and print
-one JSON document. It does not import torch (that would need a GPU stack); it
-reads files and runs the image's ``ldd`` and runscripts. What it needs to know
-of cotainr-lumi's image layout comes as its second argument, a JSON mapping
-(:func:`cotainr_lumi.verify.checks.probe_inputs`): this file spells none of
-those paths itself.
+Run by the image's own ``python`` (``python -c <this source> <this source>
+<inputs>``), so standard library only; the image layout comes in the inputs
+(:func:`cotainr_lumi.verify.checks.probe_inputs`).
 """
 
 import glob
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -30,6 +27,18 @@ def run(args, **kwargs):
         return {"rc": p.returncode, "out": p.stdout[-4000:], "err": p.stderr[-2000:]}
     except Exception as e:  # noqa: BLE001 - report anything
         return {"rc": None, "out": "", "err": f"{type(e).__name__}: {e}"}
+
+
+def ldd(path):
+    """The image's ``ldd`` of `path`: {soname: resolved path or None}."""
+    result = run(["ldd", path])
+    deps = {}
+    for line in result["out"].splitlines():
+        name, sep, rest = line.strip().partition("=>")
+        if sep:
+            target = rest.split("(")[0].strip()
+            deps[name.strip()] = None if target in ("", "not found") else target
+    return {"rc": result["rc"], "deps": deps, "err": result["err"][-500:]}
 
 
 def read(path, limit=200000):
@@ -161,46 +170,28 @@ if spec is not None and spec.submodule_search_locations:
     tdir = list(spec.submodule_search_locations)[0]
     lib = os.path.join(tdir, "lib")
     version_py = read(os.path.join(tdir, "version.py")) or ""
-    hip = None
-    version = None
-    for line in version_py.splitlines():
-        if line.startswith("hip") and "=" in line:
-            value = line.split("=", 1)[1].strip().strip("'\"")
-            hip = None if value in ("None", "") else value
-        if line.startswith("__version__") and "=" in line:
-            version = line.split("=", 1)[1].strip().strip("'\"") or None
+    found = dict(
+        re.findall(
+            r"^(__version__|hip)\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)", version_py, re.M
+        )
+    )
     entries = [entry(p) for p in sorted(glob.glob(os.path.join(lib, "*")))]
-    torch = {"dir": tdir, "hip": hip, "lib": entries, "version": version}
+    torch = {
+        "dir": tdir,
+        "hip": found.get("hip") or None,
+        "lib": entries,
+        "version": found.get("__version__") or None,
+    }
     hip_lib = os.path.join(lib, "libtorch_hip.so")
     if os.path.exists(hip_lib):
-        ldd = run(["ldd", hip_lib])
-        torch["ldd_torch_hip"] = ldd
-        for line in ldd["out"].splitlines():
-            if "librccl" in line and "=>" in line:
-                target = line.split("=>", 1)[1].split("(")[0].strip()
-                if target.startswith("/"):
-                    torch["rccl_realpath"] = os.path.realpath(target)
+        torch["ldd_torch_hip"] = ldd(hip_lib)
+        for name, target in torch["ldd_torch_hip"]["deps"].items():
+            if name.startswith("librccl") and target and target.startswith("/"):
+                torch["rccl_realpath"] = os.path.realpath(target)
 facts["torch"] = torch
 
 
 # -- The network layer: RCCL's plugin, its libraries, rccl-tests (issue 19) ----
-
-
-def ldd(path):
-    """The image's ``ldd`` of `path`: {soname: resolved path or None}."""
-    result = run(["ldd", path])
-    deps = {}
-    for line in result["out"].splitlines():
-        name, sep, rest = line.strip().partition("=>")
-        if sep:
-            target = rest.split("(")[0].strip()
-            deps[name.strip()] = None if target in ("", "not found") else target
-    return {"rc": result["rc"], "deps": deps, "err": result["err"][-500:]}
-
-
-def read_runtime():
-    """The image's record of its network layer (None: none or malformed)."""
-    return load(INPUTS["runtime_file"])
 
 
 def plugin_dirs(runtime, ld_path, named, conf):
@@ -287,7 +278,7 @@ def rccl_tests(runtime):
 
 def network_facts():
     """Where the plugin, its libraries and rccl-tests are in the image."""
-    runtime = read_runtime()
+    runtime = load(INPUTS["runtime_file"])
     ld_path = [p for p in (os.environ.get("LD_LIBRARY_PATH") or "").split(":") if p]
     named = os.environ.get("NCCL_NET_PLUGIN") or None
     conf = conf_dirs()
@@ -348,7 +339,7 @@ def mpi_facts():
         if line.startswith(given["load_check_mark"]):
             loaded = json.loads(line[len(given["load_check_mark"]) :])
             for library in loaded.get("libmpi") or []:
-                found["ldd"][library] = run(["ldd", library])
+                found["ldd"][library] = ldd(library)
     return found
 
 

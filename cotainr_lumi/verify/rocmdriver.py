@@ -1,12 +1,4 @@
-"""
-The image's ROCm against the versions LUMI's GPU driver supports.
-
-The range comes from the image's label ``cotainr-lumi.rocm.supported`` (what
-its system's profile said when it was built), else from the profile of its
-system (label ``cotainr-lumi.system``) or the packaged ``lumi-g-ext``. The
-row ``rocm-driver`` is WARN when the base's ROCm or torch's (``+rocmX.Y``) is
-outside it or the two disagree (FAIL with ``cotainr-lumi verify --strict``).
-"""
+"""The ``rocm-driver`` row: the image's ROCm against the range LUMI's GPU driver supports."""
 
 import logging
 
@@ -14,6 +6,7 @@ from ..engine import rocmwindow
 from ..engine.profiles import PACKAGED_PROFILE, load_systems
 from ..errors import CotainrLumiError
 from ..imagelayout import LABEL_ROCM_SUPPORTED, LABEL_SYSTEM
+from .status import FAIL, PASS, WARN
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -50,18 +43,18 @@ def window_for(*, labels):
     return recorded
 
 
-def check_rocm_driver(*, report, facts, strict, warn, fail, passed):
+def check_rocm_driver(report, facts, *, strict):
     """Add the ``rocm-driver`` row."""
     window = window_for(labels=facts.get("labels") or {})
     base = (facts.get("rocm") or {}).get("version_file")
     torch = facts.get("torch") or None
     found = rocmwindow.problems(window=window, base_rocm=base, torch=torch)
     if found:
-        report.add("rocm-driver", fail if strict else warn, "; ".join(found))
+        report.add("rocm-driver", FAIL if strict else WARN, "; ".join(found))
         return
     parts = [f"base ROCm {base or 'unknown'}"]
     built_for = rocmwindow.torch_rocm(torch)
     if built_for is not None:
         parts.append(f"torch for ROCm {built_for[0]}.{built_for[1]}")
     words = window.words() if window else "no supported range stated"
-    report.add("rocm-driver", passed, f"{', '.join(parts)}; {words}")
+    report.add("rocm-driver", PASS, f"{', '.join(parts)}; {words}")

@@ -93,7 +93,7 @@ GOOD = {
         "rccl_realpath": "/opt/rocm-6.1.3/lib/librccl.so.1",
         "ldd_torch_hip": {
             "rc": 0,
-            "out": "\tlibrccl.so.1 => /opt/rocm-6.1.3/lib/librccl.so.1 (0x0)\n",
+            "deps": {"librccl.so.1": "/opt/rocm-6.1.3/lib/librccl.so.1"},
             "err": "",
         },
     },

@@ -42,7 +42,7 @@ FACTS = {
     "check": check_output(
         mpi4py="4.1.2", library_version="MPICH Version: 5.0.2", libmpi=[LIB]
     ),
-    "ldd": {LIB: {"rc": 0, "out": "\tlibfabric.so.1 => /opt/env/lib/mpich/x\n"}},
+    "ldd": {LIB: {"rc": 0, "deps": {"libfabric.so.1": "/opt/env/lib/mpich/x"}}},
 }
 
 
@@ -75,7 +75,7 @@ def test_an_image_without_mpi_gets_none():
 
 def test_unresolved_dependencies_and_another_abi_fail():
     facts = copy.deepcopy(FACTS)
-    facts["ldd"][LIB]["out"] = "\tlibucp.so.0 => not found\n"
+    facts["ldd"][LIB]["deps"] = {"libucp.so.0": None}
     status, text = rows(facts)["mpi4py-libmpi"]
     assert status == "FAIL" and "libucp.so.0 => not found" in text
     facts = copy.deepcopy(FACTS)

@@ -1,7 +1,8 @@
 """
-Remove an environment's own libstdc++ when the base image's (found as the
-loader would, inside the sandbox) defines every symbol version the
-environment's ELF objects need from it.
+Remove an environment's own libstdc++ when that is safe.
+
+Safe: the base image's (found as the loader would, inside the sandbox)
+defines every symbol version the environment's ELF objects need from it.
 """
 
 from __future__ import annotations

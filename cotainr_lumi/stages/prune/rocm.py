@@ -1,9 +1,9 @@
 """
-Replace the ROCm libraries packages bundle (``torch/lib``) by relative links
-into the base image's ``$ROCM_PATH/lib`` or ``/opt/amdgpu/lib64``.
+De-duplicate the ROCm libraries packages bundle (``torch/lib``).
 
-Originals are renamed to backups in the same directory and deleted only on
-:func:`commit`, so :func:`rollback` restores them exactly.
+Bundled entries become relative links into the base image's
+``$ROCM_PATH/lib`` or ``/opt/amdgpu/lib64``; originals are renamed to backups
+beside them, deleted on :func:`commit` and restored by :func:`rollback`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""
-The prune stage: remove the env's libstdc++ and link bundled ROCm libraries
-into the base image's, each only when provably safe, recorded in a manifest.
-"""
+"""The prune stage: remove what the base image provides, when provably safe."""
 
 from __future__ import annotations
 
@@ -9,14 +6,14 @@ from dataclasses import dataclass
 import functools
 import logging
 
+from ...engine.settings import StageSettings, setting
+from ...engine.stage import Stage, StageReport, register_stage
+from ...errors import StageError
 from ...imagelayout import (
     LABEL_PRUNE_BYTES_SAVED,
     LABEL_PRUNE_MANIFEST,
     PRUNE_MANIFEST_FILE,
 )
-from ...engine.settings import StageSettings, setting
-from ...engine.stage import Stage, StageReport, register_stage
-from ...errors import StageError
 from .dedup import RocmDedup
 from .libstdcxx import (
     LIBSTDCXX_GLOB,
