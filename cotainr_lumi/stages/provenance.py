@@ -1,15 +1,8 @@
 """
 The provenance stage: record how the image was built.
 
-Labels (``apptainer inspect --labels``):
-
-- ``cotainr-lumi.version``, ``cotainr-lumi.cotainr-version``
-- ``cotainr-lumi.system``
-- ``cotainr-lumi.base-image`` (as given), ``cotainr-lumi.base-image.resolved``
-  (the real path behind symlinks: LUMI's ``sif-images/`` links change without
-  notice) and ``cotainr-lumi.base-image.sha256`` (for a local file)
-- ``cotainr-lumi.stages`` (the stages run, in order)
-- ``cotainr-lumi.provenance`` (the JSON record inside the image)
+Labels ``cotainr-lumi.*`` (versions, system, stages, the base image as given,
+resolved behind symlinks and its sha256) and a JSON record in the image.
 """
 
 from dataclasses import dataclass

@@ -1,12 +1,8 @@
 """
 The LUMI env values ``cotainr-lumi verify`` expects in an image.
 
-They come from the system profiles, the one place they are written: the
-lumi-env ``env`` settings of the image's system (its label
-``cotainr-lumi.system``) over those of :data:`DEFAULT_SYSTEM` in the
-packaged ``systems.yaml`` (the settings of the hand-built images; their
-sources are named there). A profile value ``null`` removes a variable
-from the expected ones.
+The lumi-env ``env`` settings of the image's system over those of
+:data:`DEFAULT_SYSTEM` in the packaged profile; ``null`` removes a variable.
 """
 
 import logging

@@ -16,13 +16,12 @@ import re
 import shutil
 import stat
 
-from ...engine.elfinfo import read_elf_info
+from ...engine.elfinfo import read_elf_info, scan_elf_files
 from ...engine.rootfs import (
     SymlinkLoopError,
     image_path_of,
     is_inside,
     resolve_in_root,
-    walk_in_root,
 )
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -342,18 +341,13 @@ def _remove(path):
 
 def elf_objects_below(*, root, bundle, actions):
     """Image paths of the ELF objects to check after de-duplication."""
-    paths = set()
     package_image = str(image_path_of(root=root, host_path=bundle.package_dir))
-    for entry in walk_in_root(root=root, path=package_image):
-        if entry.kind != "file" or entry.host_path.name.startswith(BACKUP_PREFIX):
-            continue
-        if any(part.startswith(BACKUP_PREFIX) for part in entry.host_path.parts):
-            continue
-        if read_elf_info(path=entry.host_path) is not None:
-            paths.add(str(image_path_of(root=root, host_path=entry.host_path)))
-    for action in actions:
-        if action.kind == "file" and action.is_elf:
-            paths.add(action.image_path)
+    paths = {
+        str(image_path_of(root=root, host_path=info.path))
+        for info in scan_elf_files(root=root, path=package_image)
+        if f"/{BACKUP_PREFIX}" not in info.path
+    }
+    paths.update(a.image_path for a in actions if a.kind == "file" and a.is_elf)
     return sorted(paths)
 
 
