@@ -224,23 +224,21 @@ def _check_lumi_env(report, facts, *, expected_env):
         report.add(f"env:{name}", status, f"{name}={found!r} (expected {value!r})")
 
 
-def _libstdcxx_kept_reason(facts):
-    """Why the prune stage kept the env's libstdc++ (None if it did not say)."""
-    manifest = facts.get("prune_manifest")
-    if not isinstance(manifest, dict):
-        return None
-    for decision in manifest.get("skipped") or []:
-        if isinstance(decision, dict) and decision.get("group") == "libstdcxx":
-            return decision.get("reason") or "reason recorded in the manifest"
-    return None
-
-
 def _check_libstdcxx(report, facts):
     present = facts["env_libstdcxx"]
     if not present:
         report.add("env-libstdcxx", PASS, f"no libstdc++ in {facts['prefix']}/lib")
         return
-    reason = _libstdcxx_kept_reason(facts)
+    manifest = facts.get("prune_manifest")
+    skipped = (manifest.get("skipped") or []) if isinstance(manifest, dict) else []
+    reason = next(
+        (
+            d.get("reason") or "reason recorded in the manifest"
+            for d in skipped
+            if isinstance(d, dict) and d.get("group") == "libstdcxx"
+        ),
+        None,
+    )
     if reason:
         report.add("env-libstdcxx", PASS, f"kept {present[0]}: {reason}")
     else:

@@ -8,7 +8,6 @@ defines every symbol version the environment's ELF objects need from it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-import fnmatch
 import logging
 import os
 from pathlib import PurePosixPath
@@ -129,17 +128,9 @@ class LibstdcxxCheck:
 
 def _env_candidates(lib_dir):
     """The ``libstdc++.so*`` files and links directly in `lib_dir`."""
-    found = []
-    try:
-        with os.scandir(lib_dir) as it:
-            for entry in it:
-                if not fnmatch.fnmatchcase(entry.name, LIBSTDCXX_GLOB):
-                    continue
-                if entry.is_symlink() or entry.is_file(follow_symlinks=False):
-                    found.append(lib_dir / entry.name)
-    except OSError:
-        return []
-    return sorted(found)
+    return sorted(
+        p for p in lib_dir.glob(LIBSTDCXX_GLOB) if p.is_symlink() or p.is_file()
+    )
 
 
 def _env_lib_dir(*, root, env_prefix):

@@ -152,28 +152,27 @@ def find_bundle_dirs(*, root, site_dirs, rocm_dirs):
         for name, pkg_dir in _real_subdirs(site_host):
             if name.startswith(ROCM_SDK_PREFIX):
                 continue
-            if name.endswith(".libs"):
-                candidates = [(name[: -len(".libs")], pkg_dir, pkg_dir)]
-            else:
-                lib = pkg_dir / "lib"
-                if not lib.is_dir() or lib.is_symlink():
-                    continue
-                candidates = [(name, pkg_dir, lib)]
-            for package, package_dir, lib_dir in candidates:
-                try:
-                    overlap = sorted(set(os.listdir(lib_dir)) & names)
-                except OSError:
-                    continue
-                if overlap:
-                    bundles.append(
-                        BundleDir(
-                            package=package,
-                            package_dir=package_dir,
-                            host_path=lib_dir,
-                            image_path=str(image_path_of(root=root, host_path=lib_dir)),
-                            overlap=overlap,
-                        )
+            package, lib_dir = (
+                (name[: -len(".libs")], pkg_dir)
+                if name.endswith(".libs")
+                else (name, pkg_dir / "lib")
+            )
+            if not lib_dir.is_dir() or lib_dir.is_symlink():
+                continue
+            try:
+                overlap = sorted(set(os.listdir(lib_dir)) & names)
+            except OSError:
+                continue
+            if overlap:
+                bundles.append(
+                    BundleDir(
+                        package=package,
+                        package_dir=pkg_dir,
+                        host_path=lib_dir,
+                        image_path=str(image_path_of(root=root, host_path=lib_dir)),
+                        overlap=overlap,
                     )
+                )
     return bundles
 
 
