@@ -14,7 +14,6 @@ from ...imagelayout import (
     LABEL_PRUNE_MANIFEST,
     PRUNE_MANIFEST_FILE,
 )
-from .dedup import RocmDedup
 from .libstdcxx import (
     LIBSTDCXX_GLOB,
     check_libstdcxx,
@@ -22,7 +21,7 @@ from .libstdcxx import (
     remove_libstdcxx,
 )
 from .manifest import PruneManifest, format_bytes
-from .rocm import AMDGPU_LIB_DIR
+from .rocm import AMDGPU_LIB_DIR, RocmDedup
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
