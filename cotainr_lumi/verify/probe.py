@@ -194,29 +194,14 @@ facts["torch"] = torch
 # -- The network layer: RCCL's plugin, its libraries, rccl-tests (issue 19) ----
 
 
-def plugin_dirs(runtime, ld_path, named, conf):
-    """Where to look: the record's, /opt/aws-ofi-*, LD_LIBRARY_PATH, the loader's."""
-    dirs = (
-        list(runtime.get("net-plugin-dirs") or []) if isinstance(runtime, dict) else []
-    )
-    dirs += INPUTS["plugin_dirs"]
-    for opt in sorted(glob.glob("/opt/aws-ofi-*")):
-        dirs += [opt, f"{opt}/lib", f"{opt}/lib64"]
-    if named and "/" in named:
-        dirs.append(os.path.dirname(named))
-    dirs += ld_path + conf + INPUTS["loader_dirs"]
-    return list(dict.fromkeys(os.path.normpath(d) for d in dirs if d))
-
-
 def conf_dirs():
     """The directories /etc/ld.so.conf.d names (the loader's cache has them)."""
-    dirs = []
-    for path in sorted(glob.glob("/etc/ld.so.conf.d/*.conf")):
-        for line in (read(path) or "").splitlines():
-            line = line.split("#")[0].strip()
-            if line.startswith("/"):
-                dirs.append(os.path.normpath(line))
-    return list(dict.fromkeys(dirs))
+    lines = [
+        line.split("#")[0].strip()
+        for path in sorted(glob.glob("/etc/ld.so.conf.d/*.conf"))
+        for line in (read(path) or "").splitlines()
+    ]
+    return list(dict.fromkeys(os.path.normpath(ln) for ln in lines if ln[:1] == "/"))
 
 
 def plugin_files(dirs, named):
@@ -265,33 +250,40 @@ def plugin_ldd(files, named, limit=8):
     return result
 
 
-def rccl_tests(runtime):
-    """(rccl-tests found or None, the directories looked at)."""
-    tests_dirs = [runtime.get("rccl-tests")] if isinstance(runtime, dict) else []
-    tests_dirs = [d for d in tests_dirs if d] or INPUTS["rccl_tests_dirs"]
-    for d in tests_dirs:
-        if os.path.isdir(d):
-            perf = os.path.join(d, "all_reduce_perf")
-            return {"dir": d, "all_reduce_perf": os.access(perf, os.X_OK)}, tests_dirs
-    return None, tests_dirs
-
-
 def network_facts():
-    """Where the plugin, its libraries and rccl-tests are in the image."""
+    """Where the plugin, its libraries, libfabric and rccl-tests are in the image."""
     runtime = load(INPUTS["runtime_file"])
+    record = runtime if isinstance(runtime, dict) else {}
     ld_path = [p for p in (os.environ.get("LD_LIBRARY_PATH") or "").split(":") if p]
     named = os.environ.get("NCCL_NET_PLUGIN") or None
     conf = conf_dirs()
-    dirs = plugin_dirs(runtime, ld_path, named, conf)
+    # Where the loader looks for a bare name, after the plugin's own places.
+    loader = ld_path + conf + INPUTS["loader_dirs"]
+    dirs = list(record.get("net-plugin-dirs") or []) + INPUTS["plugin_dirs"]
+    for opt in sorted(glob.glob("/opt/aws-ofi-*")):
+        dirs += [opt, f"{opt}/lib", f"{opt}/lib64"]
+    if named and "/" in named:
+        dirs.append(os.path.dirname(named))
+    dirs = list(dict.fromkeys(os.path.normpath(d) for d in dirs + loader if d))
     files = plugin_files(dirs, named)
     libfabric = sorted(
         {
             os.path.realpath(p)
-            for d in INPUTS["loader_dirs"] + ld_path
+            for d in loader
             for p in glob.glob(os.path.join(d, "libfabric.so.1"))
         }
     )
-    tests, tests_dirs = rccl_tests(runtime)
+    tests_dirs = INPUTS["rccl_tests_dirs"]
+    if record.get("rccl-tests"):
+        tests_dirs = [record["rccl-tests"]]
+    tests = next(
+        (
+            {"dir": d, "all_reduce_perf": os.access(f"{d}/all_reduce_perf", os.X_OK)}
+            for d in tests_dirs
+            if os.path.isdir(d)
+        ),
+        None,
+    )
     return {
         "runtime": runtime,
         "searched": dirs,
