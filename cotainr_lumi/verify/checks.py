@@ -25,7 +25,8 @@ from ..imagelayout import (
     RUNTIME_FILE,
     TARGET_ENV_FILE,
 )
-from . import netplugin, rocmdriver
+from . import netplugin
+from .expectedenv import check_rocm_driver
 from .expectedenv import expected_env as profile_env
 from .mpi import ACCEPTANCE_JOB, check_mpi
 from .mpi import probe_inputs as mpi_probe_inputs
@@ -473,7 +474,7 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
             ("target-env", _check_target_env, {}),
             ("env-libstdcxx", _check_libstdcxx, {}),
             ("torch-rocm-duplicates", _check_torch, {}),
-            ("rocm-driver", rocmdriver.check_rocm_driver, {"strict": strict}),
+            ("rocm-driver", check_rocm_driver, {"strict": strict}),
             ("runscripts", _check_runtime, {}),
             ("mpi-host-binding", check_mpi, {}),
         ]

@@ -1,19 +1,23 @@
 """
-The LUMI env values ``cotainr-lumi verify`` expects in an image.
+What ``cotainr-lumi verify`` expects of an image, from the system profiles.
 
-The lumi-env ``env`` settings of the image's system over those of
-:data:`DEFAULT_SYSTEM` in the packaged profile; ``null`` removes a variable.
+The LUMI env values: the lumi-env ``env`` settings of the image's system over
+those of :data:`DEFAULT_SYSTEM` (``null`` removes a variable). The ROCm range
+LUMI's GPU driver supports: the image's label, else its system's profile.
 """
 
 import logging
 
+from ..engine import rocmwindow
 from ..engine.profiles import PACKAGED_PROFILE, load_systems
 from ..errors import CotainrLumiError
+from ..imagelayout import LABEL_ROCM_SUPPORTED, LABEL_SYSTEM
+from .status import FAIL, PASS, WARN
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The system of the packaged profile whose lumi-env settings are expected
-#: of every image.
+#: The system of the packaged profile whose lumi-env settings and ROCm range
+#: are expected of every image that names none.
 DEFAULT_SYSTEM = "lumi-g-ext"
 #: The stage whose settings hold the env values.
 LUMI_ENV_STAGE = "lumi-env"
@@ -52,3 +56,49 @@ def expected_env(*, system_name):
     if system is not None:
         _apply_env_settings(expected, system=system)
     return expected
+
+
+def _profile_window(name):
+    try:
+        systems = load_systems(include_stock=False)
+    except CotainrLumiError as e:
+        logger.debug("Profiles unreadable: %s", e)
+        systems = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
+    system = systems.get(name) or systems.get(DEFAULT_SYSTEM)
+    if system is None:
+        return None
+    settings = rocmwindow.RocmSettings.complete(
+        system.stage_settings(rocmwindow.SETTINGS_NAME)
+    )
+    return rocmwindow.Window.from_text(settings.supported, source=settings.source)
+
+
+def window_for(*, labels):
+    """The supported range for an image."""
+    profile = _profile_window(labels.get(LABEL_SYSTEM) or DEFAULT_SYSTEM)
+    recorded = rocmwindow.Window.from_text(labels.get(LABEL_ROCM_SUPPORTED))
+    if recorded is None:
+        return profile
+    if profile is not None and (profile.low, profile.high) == (
+        recorded.low,
+        recorded.high,
+    ):
+        return profile  # the same range, with its source
+    return recorded
+
+
+def check_rocm_driver(report, facts, *, strict):
+    """Add the ``rocm-driver`` row."""
+    window = window_for(labels=facts.get("labels") or {})
+    base = (facts.get("rocm") or {}).get("version_file")
+    torch = facts.get("torch") or None
+    found = rocmwindow.problems(window=window, base_rocm=base, torch=torch)
+    if found:
+        report.add("rocm-driver", FAIL if strict else WARN, "; ".join(found))
+        return
+    parts = [f"base ROCm {base or 'unknown'}"]
+    built_for = rocmwindow.torch_rocm(torch)
+    if built_for is not None:
+        parts.append(f"torch for ROCm {built_for[0]}.{built_for[1]}")
+    words = window.words() if window else "no supported range stated"
+    report.add("rocm-driver", PASS, f"{', '.join(parts)}; {words}")

@@ -60,13 +60,17 @@ def search_dirs(net, env):
     return list(dict.fromkeys(os.path.normpath(d) for d in dirs))
 
 
+def _lookup(net, env):
+    return {
+        "named": net.get("named"),
+        "files": net.get("plugin_files") or {},
+        "search_dirs": search_dirs(net, env),
+    }
+
+
 def loaded_plugin(net, env):
     """The plugin RCCL loads in the image, with its ``ldd``, or None."""
-    plugin = rcclplugin.resolve(
-        named=net.get("named"),
-        files=net.get("plugin_files") or {},
-        search_dirs=search_dirs(net, env),
-    )
+    plugin = rcclplugin.resolve(**_lookup(net, env))
     if plugin is not None:
         plugin["ldd"] = (net.get("ldd") or {}).get(plugin["path"])
     return plugin
@@ -75,11 +79,7 @@ def loaded_plugin(net, env):
 def _check_plugin(report, net, env):
     plugin = loaded_plugin(net, env)
     if plugin is None:
-        why = rcclplugin.advice(
-            named=net.get("named"),
-            files=net.get("plugin_files") or {},
-            search_dirs=search_dirs(net, env),
-        )
+        why = rcclplugin.advice(**_lookup(net, env))
         report.add(
             "net-plugin",
             FAIL,

@@ -60,20 +60,11 @@ class PruneManifest:
         """The bytes freed by all entries."""
         return sum(entry.size for entry in self.entries)
 
-    def count(self, *, action=None, group=None):
-        """The number of entries with an action and/or group."""
-        return sum(
-            1
-            for e in self.entries
-            if (action is None or e.action == action)
-            and (group is None or e.group == group)
-        )
-
     def summary(self):
         """One line for the build log."""
         parts = []
-        removed = self.count(action="removed")
-        linked = self.count(action="symlinked")
+        removed = sum(e.action == "removed" for e in self.entries)
+        linked = sum(e.action == "symlinked" for e in self.entries)
         if removed:
             parts.append(f"removed {removed}")
         if linked:

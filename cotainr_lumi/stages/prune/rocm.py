@@ -126,11 +126,6 @@ def _resolve_or_none(*, root, path):
         return None
 
 
-def looping_paths(*, root, paths):
-    """The image paths among `paths` that are symlink loops."""
-    return [p for p in paths if _resolve_or_none(root=root, path=p) is None]
-
-
 def _real_subdirs(directory):
     """Sub-directories of `directory` that are not symlinks, by name."""
     try:
@@ -442,7 +437,9 @@ class RocmDedup:
     def _site_dirs(self, root, target):
         """The env's site-packages directories, without symlink loops."""
         site_dirs = list(target.site)
-        for site in looping_paths(root=root, paths=site_dirs):
+        for site in [
+            p for p in target.site if _resolve_or_none(root=root, path=p) is None
+        ]:
             site_dirs.remove(site)
             self.skip_or_fail(
                 group="rocm-dedup",
