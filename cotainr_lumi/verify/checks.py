@@ -107,6 +107,10 @@ class VerifyReport:
         evidence = evidence[:MAX_EVIDENCE]
         self.results.append(CheckResult(check=check, status=status, evidence=evidence))
 
+    def pass_if(self, check, ok, passed, failed):
+        """A PASS row with `passed` when `ok`, else a FAIL row with `failed`."""
+        self.add(check, PASS if ok else FAIL, passed if ok else failed)
+
     @property
     def failed(self):
         """The ids of the failed checks."""
@@ -160,57 +164,48 @@ def _on_path_list(value, wanted):
 def _check_labels(report, facts):
     labels = facts["labels"]
     missing = [k for k in REQUIRED_LABELS if not labels.get(k)]
-    if missing:
-        report.add("provenance-labels", FAIL, f"missing labels: {', '.join(missing)}")
-    else:
-        report.add(
-            "provenance-labels",
-            PASS,
-            f"system={labels[LABEL_SYSTEM]} "
-            f"base={labels[LABEL_BASE_IMAGE_RESOLVED]} "
-            f"stages={labels[LABEL_STAGES]}",
-        )
+    report.pass_if(
+        "provenance-labels",
+        not missing,
+        f"system={labels.get(LABEL_SYSTEM)} "
+        f"base={labels.get(LABEL_BASE_IMAGE_RESOLVED)} "
+        f"stages={labels.get(LABEL_STAGES)}",
+        f"missing labels: {', '.join(missing)}",
+    )
     pkg = labels.get(LABEL_PIP_PACKAGES)
     size = facts.get("files", {}).get(PIP_PACKAGES_FILE)
-    if pkg and size:
-        report.add("package-list", PASS, f"{pkg} ({size} bytes)")
-    else:
-        report.add(
-            "package-list",
-            FAIL,
-            f"no package list (label {LABEL_PIP_PACKAGES} -> "
-            f"{PIP_PACKAGES_FILE}); build with the pip stage",
-        )
+    report.pass_if(
+        "package-list",
+        pkg and size,
+        f"{pkg} ({size} bytes)",
+        f"no package list (label {LABEL_PIP_PACKAGES} -> "
+        f"{PIP_PACKAGES_FILE}); build with the pip stage",
+    )
 
 
 def _check_rocm(report, facts):
     env = facts["env"]
     rocm = facts["rocm"]
     opt_rocm = rocm["opt_rocm"]
-    if env.get("ROCM_PATH") and rocm["exists"] and opt_rocm["kind"] == "dir":
-        link = f" -> {opt_rocm['link']}" if opt_rocm["link"] else ""
-        report.add(
-            "rocm-layout",
-            PASS,
-            f"ROCM_PATH={env['ROCM_PATH']}, /opt/rocm{link}, version "
-            f"{rocm['version_file'] or 'unknown'}",
-        )
-    else:
-        report.add(
-            "rocm-layout",
-            FAIL,
-            f"ROCM_PATH={env.get('ROCM_PATH')!r}, /opt/rocm is {opt_rocm['kind']}",
-        )
+    link = f" -> {opt_rocm['link']}" if opt_rocm["link"] else ""
+    report.pass_if(
+        "rocm-layout",
+        env.get("ROCM_PATH") and rocm["exists"] and opt_rocm["kind"] == "dir",
+        f"ROCM_PATH={env.get('ROCM_PATH')}, /opt/rocm{link}, version "
+        f"{rocm['version_file'] or 'unknown'}",
+        f"ROCM_PATH={env.get('ROCM_PATH')!r}, /opt/rocm is {opt_rocm['kind']}",
+    )
     rocm_path = env.get("ROCM_PATH") or "/opt/rocm"
     problems = []
     if not _on_path_list(env.get("PATH"), os.path.join(rocm_path, "bin")):
         problems.append(f"{rocm_path}/bin not on PATH")
     if not _on_path_list(env.get("LD_LIBRARY_PATH"), os.path.join(rocm_path, "lib")):
         problems.append(f"{rocm_path}/lib not on LD_LIBRARY_PATH")
-    report.add(
+    report.pass_if(
         "rocm-env",
-        FAIL if problems else PASS,
-        "; ".join(problems) or f"PATH and LD_LIBRARY_PATH include {rocm_path}",
+        not problems,
+        f"PATH and LD_LIBRARY_PATH include {rocm_path}",
+        "; ".join(problems),
     )
 
 
@@ -240,14 +235,12 @@ def _check_libstdcxx(report, facts):
         ),
         None,
     )
-    if reason:
-        report.add("env-libstdcxx", PASS, f"kept {present[0]}: {reason}")
-    else:
-        report.add(
-            "env-libstdcxx",
-            FAIL,
-            f"{', '.join(present)} present and the prune manifest gives no reason",
-        )
+    report.pass_if(
+        "env-libstdcxx",
+        reason,
+        f"kept {present[0]}: {reason}",
+        f"{', '.join(present)} present and the prune manifest gives no reason",
+    )
 
 
 def _check_target_env(report, facts):
@@ -259,16 +252,11 @@ def _check_target_env(report, facts):
             f"no {TARGET_ENV_FILE} (not built by this cotainr-lumi); "
             f"inspected the `python` on PATH ({facts['python']})",
         )
-    elif target.get("prefix") == facts["prefix"]:
-        report.add(
-            "target-env",
-            PASS,
-            f"{facts['prefix']} ({facts['python']}): {target.get('reason', '')}",
-        )
     else:
-        report.add(
+        report.pass_if(
             "target-env",
-            FAIL,
+            target.get("prefix") == facts["prefix"],
+            f"{facts['prefix']} ({facts['python']}): {target.get('reason', '')}",
             f"the build installed into {target.get('prefix')} but its interpreter "
             f"{target.get('python')} reports sys.prefix {facts['prefix']}",
         )
@@ -294,20 +282,14 @@ def _check_torch(report, facts):
         if e["name"] in rocm_names
         and not (e["link"] and str(e.get("target", "")).startswith(rocm_real))
     ]
-    if dups:
-        report.add(
-            "torch-rocm-duplicates",
-            FAIL,
-            f"{len(dups)} torch/lib entries duplicate the base's ROCm: "
-            f"{', '.join(sorted(dups)[:6])}{' ...' if len(dups) > 6 else ''}",
-        )
-    else:
-        linked = sum(1 for e in torch["lib"] if e["name"] in rocm_names)
-        report.add(
-            "torch-rocm-duplicates",
-            PASS,
-            f"torch {torch['hip']}: no duplicates ({linked} entries link into {rocm_real})",
-        )
+    linked = sum(1 for e in torch["lib"] if e["name"] in rocm_names)
+    report.pass_if(
+        "torch-rocm-duplicates",
+        not dups,
+        f"torch {torch['hip']}: no duplicates ({linked} entries link into {rocm_real})",
+        f"{len(dups)} torch/lib entries duplicate the base's ROCm: "
+        f"{', '.join(sorted(dups)[:6])}{' ...' if len(dups) > 6 else ''}",
+    )
     ldd = torch.get("ldd_torch_hip")
     if not ldd:
         report.add("torch-rccl", NA, "no torch/lib/libtorch_hip.so to resolve")
@@ -318,16 +300,14 @@ def _check_torch(report, facts):
         if "librccl" in name
     ]
     real = torch.get("rccl_realpath") or ""
-    if real and real.startswith(rocm_real.rstrip("/") + "/"):
-        report.add("torch-rccl", PASS, f"{rccl[0]} (real path {real})")
-    else:
-        report.add(
-            "torch-rccl",
-            FAIL,
-            (f"{rccl[0]} (real path {real or 'unknown'}, not in {rocm_real})")
-            if rccl
-            else "librccl not resolved",
-        )
+    report.pass_if(
+        "torch-rccl",
+        real and real.startswith(rocm_real.rstrip("/") + "/"),
+        f"{rccl[0] if rccl else ''} (real path {real})",
+        f"{rccl[0]} (real path {real or 'unknown'}, not in {rocm_real})"
+        if rccl
+        else "librccl not resolved",
+    )
 
 
 def _check_runtime(report, facts):
@@ -350,16 +330,11 @@ def _check_runtime(report, facts):
     with_conda = facts.get("with_conda")
     if with_conda is None:
         report.add("with-conda", FAIL, "WITH_CONDA is not set in the image")
-    elif with_conda["rc"] == 0 and with_conda["out"].strip() == facts["prefix"]:
-        report.add(
-            "with-conda",
-            PASS,
-            f"$WITH_CONDA={facts['env']['WITH_CONDA']!r} -> {with_conda['out'].strip()}",
-        )
     else:
-        report.add(
+        report.pass_if(
             "with-conda",
-            FAIL,
+            with_conda["rc"] == 0 and with_conda["out"].strip() == facts["prefix"],
+            f"$WITH_CONDA={facts['env'].get('WITH_CONDA')!r} -> {with_conda['out'].strip()}",
             f"$WITH_CONDA failed (rc={with_conda['rc']}): {with_conda['err'].strip()[-200:]}",
         )
 
@@ -428,14 +403,12 @@ def _probe(image, *, timeout):
 def _check_records(report, facts):
     """The ``records`` row: labels.json and the records verify reads."""
     problems = facts.get("problems") or {}
-    if problems:
-        report.add(
-            "records",
-            FAIL,
-            "; ".join(f"{where}: {why}" for where, why in problems.items()),
-        )
-    else:
-        report.add("records", PASS, f"no malformed {LABELS_FILE} or record")
+    report.pass_if(
+        "records",
+        not problems,
+        f"no malformed {LABELS_FILE} or record",
+        "; ".join(f"{where}: {why}" for where, why in problems.items()),
+    )
 
 
 #: Errors of a check given malformed facts: a FAIL row, never a traceback.

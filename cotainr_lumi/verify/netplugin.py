@@ -189,22 +189,17 @@ def _check_cray_libfabric(report, env, *, has_plugin):
         for p in _ld_library_path(env)
         if os.path.normpath(p).startswith(CRAY_LIBFABRIC_PREFIX)
     ]
-    if entries:
-        report.add(
-            "cray-libfabric",
-            PASS,
-            f"LD_LIBRARY_PATH has {entries[0]} (the host's, bound with /opt/cray "
-            "at run time; check the version exists on LUMI: ls /opt/cray/libfabric)",
-        )
-    else:
-        report.add(
-            "cray-libfabric",
-            FAIL,
-            f"no {CRAY_LIBFABRIC_PREFIX}<version>/lib64 on LD_LIBRARY_PATH: "
-            "aws-ofi-rccl cannot load the host's libfabric and RCCL falls back "
-            "to TCP sockets; build on a LUMI ROCm base image (they set it) or "
-            "add it with the lumi-env `ld-library-path` setting",
-        )
+    report.pass_if(
+        "cray-libfabric",
+        entries,
+        f"LD_LIBRARY_PATH has {entries[0] if entries else ''} (the host's, bound "
+        "with /opt/cray at run time; check the version exists on LUMI: "
+        "ls /opt/cray/libfabric)",
+        f"no {CRAY_LIBFABRIC_PREFIX}<version>/lib64 on LD_LIBRARY_PATH: "
+        "aws-ofi-rccl cannot load the host's libfabric and RCCL falls back "
+        "to TCP sockets; build on a LUMI ROCm base image (they set it) or "
+        "add it with the lumi-env `ld-library-path` setting",
+    )
 
 
 def _check_rccl_tests(report, net):
@@ -217,11 +212,12 @@ def _check_rccl_tests(report, net):
             f"no rccl-tests in the image ({where}); the acceptance job "
             "(examples/slurm/acceptance.sbatch) needs all_reduce_perf",
         )
-    elif tests.get("all_reduce_perf"):
-        report.add("rccl-tests", PASS, f"{tests['dir']}/all_reduce_perf")
     else:
-        report.add(
-            "rccl-tests", FAIL, f"{tests['dir']} has no executable all_reduce_perf"
+        report.pass_if(
+            "rccl-tests",
+            tests.get("all_reduce_perf"),
+            f"{tests['dir']}/all_reduce_perf",
+            f"{tests['dir']} has no executable all_reduce_perf",
         )
 
 
