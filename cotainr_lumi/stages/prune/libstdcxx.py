@@ -60,12 +60,8 @@ def version_sort_key(version):
 
 def parse_ldconfig(*, text):
     """Parse ``ldconfig -p`` output."""
-    entries = []
-    for line in text.splitlines():
-        match = _LDCONFIG_LINE.match(line)
-        if match:
-            entries.append((match["name"], match["flags"], match["path"]))
-    return entries
+    matches = (_LDCONFIG_LINE.match(line) for line in text.splitlines())
+    return [(m["name"], m["flags"], m["path"]) for m in matches if m]
 
 
 @dataclass
@@ -210,9 +206,10 @@ def _missing_versions(*, root, needs, system):
     for host_path, (info, versions) in needs.items():
         if system is not None and not info.compatible_with(system.info):
             continue  # another architecture: never loads the system library
-        lacking = versions - system.info.version_defs if system else set(versions)
         if system is None:
-            lacking = set(lacking) or {LIBSTDCXX_SONAME}
+            lacking = set(versions) or {LIBSTDCXX_SONAME}
+        else:
+            lacking = versions - system.info.version_defs
         if lacking:
             image = str(image_path_of(root=root, host_path=host_path))
             missing[image] = sorted(lacking, key=version_sort_key)
