@@ -46,6 +46,7 @@ class PruneManifest:
     skipped: list = field(default_factory=list)
     settings: dict = field(default_factory=dict)
     facts: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
 
     def add(self, entry):
         """Record a pruned path."""
@@ -54,6 +55,11 @@ class PruneManifest:
     def skip(self, *, group, what, reason):
         """Record a decision not to prune."""
         self.skipped.append({"group": group, "what": str(what), "reason": reason})
+
+    def warn(self, *, group, what, reason):
+        """Record a decision not to prune that the build log must show."""
+        self.skip(group=group, what=what, reason=reason)
+        self.warnings.append(reason)
 
     @property
     def bytes_saved(self):

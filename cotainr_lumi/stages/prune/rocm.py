@@ -429,9 +429,9 @@ class RocmDedup:
     or the stage's error when it is strict).
     """
 
-    def __init__(self, *, context, target, manifest, warnings, skip_or_fail):
+    def __init__(self, *, context, target, manifest, skip_or_fail):
         self.context, self.root = context, context.sandbox.root
-        self.target, self.manifest, self.warnings = target, manifest, warnings
+        self.target, self.manifest = target, manifest
         self.skip_or_fail = skip_or_fail
 
     def _site_dirs(self, root, target):
@@ -461,8 +461,7 @@ class RocmDedup:
             "package rather than from torch/lib; they are left in place (not "
             "de-duplicated), so torch uses the wheel's ROCm, not the base image's"
         )
-        self.manifest.skip(group="rocm-dedup", what=", ".join(sdk), reason=reason)
-        self.warnings.append(reason)
+        self.manifest.warn(group="rocm-dedup", what=", ".join(sdk), reason=reason)
         logger.warning("Prune: %s.", reason)
 
     def _base_rocm(self, rocm_path):

@@ -102,11 +102,9 @@ class PruneStage(Stage):
                 "site-packages": list(target.site) if target is not None else [],
             },
         )
-        warnings = []
         if target is None:
             self._skip_or_fail(
                 manifest,
-                warnings,
                 group="all",
                 what="environment",
                 reason=(
@@ -115,12 +113,12 @@ class PruneStage(Stage):
                 ),
             )
         else:
-            self._prune(context, target, manifest, warnings)
+            self._prune(context, target, manifest)
         manifest.write(root=context.sandbox.root)
         summary = manifest.summary()
         logger.info("Prune summary: %s; manifest %s", summary, PRUNE_MANIFEST_FILE)
         details = manifest.to_dict()
-        details["warnings"] = warnings
+        details["warnings"] = manifest.warnings
         return StageReport(
             name=self.name,
             summary=summary,
@@ -131,13 +129,13 @@ class PruneStage(Stage):
             },
         )
 
-    def _prune(self, context, target, manifest, warnings):
+    def _prune(self, context, target, manifest):
         """The prunings the settings ask for, in the target env."""
         if self.settings.libstdcxx:
             ldconfig_text = "\n".join(target.image.libstdcxx_cache)
             for env_prefix in target.env_prefixes:
                 self._prune_libstdcxx(
-                    context.sandbox.root, env_prefix, ldconfig_text, manifest, warnings
+                    context.sandbox.root, env_prefix, ldconfig_text, manifest
                 )
         else:
             manifest.skip(
@@ -150,8 +148,7 @@ class PruneStage(Stage):
                 context=context,
                 target=target,
                 manifest=manifest,
-                warnings=warnings,
-                skip_or_fail=functools.partial(self._skip_or_fail, manifest, warnings),
+                skip_or_fail=functools.partial(self._skip_or_fail, manifest),
             ).run()
         else:
             manifest.skip(
@@ -160,7 +157,7 @@ class PruneStage(Stage):
                 reason="kept on request (rocm-dedup: false)",
             )
 
-    def _skip_or_fail(self, manifest, warnings, *, group, what, reason):
+    def _skip_or_fail(self, manifest, *, group, what, reason):
         """Record a skipped pruning: a warning, or a failure in strict mode."""
         if self.settings.strict:
             raise StageError(
@@ -168,11 +165,10 @@ class PruneStage(Stage):
                 "--set prune.strict=false it skips this pruning with a warning.",
                 stage=self.name,
             )
-        manifest.skip(group=group, what=what, reason=reason)
-        warnings.append(reason)
+        manifest.warn(group=group, what=what, reason=reason)
         logger.warning("Prune: %s; not pruned.", reason)
 
-    def _prune_libstdcxx(self, root, prefix, ldconfig_text, manifest, warnings):
+    def _prune_libstdcxx(self, root, prefix, ldconfig_text, manifest):
         """The libstdc++ pruning."""
         check = check_libstdcxx(
             root=root, env_prefix=prefix, ldconfig_text=ldconfig_text
@@ -195,7 +191,6 @@ class PruneStage(Stage):
         if check.status == "unsupported":
             self._skip_or_fail(
                 manifest,
-                warnings,
                 group="libstdcxx",
                 what=f"{prefix}/lib",
                 reason=check.reason,
