@@ -173,9 +173,10 @@ class PruneStage(Stage):
         check = check_libstdcxx(
             root=root, env_prefix=prefix, ldconfig_text=ldconfig_text
         )
+        what = f"{prefix}/lib"
         if check.status == "absent" and "libstdcxx" in manifest.facts:
             # Another prefix of the env (a venv's base) already reported.
-            manifest.skip(group="libstdcxx", what=f"{prefix}/lib", reason=check.reason)
+            manifest.skip(group="libstdcxx", what=what, reason=check.reason)
             return
         manifest.facts["libstdcxx"] = {
             "status": check.status,
@@ -186,14 +187,11 @@ class PruneStage(Stage):
         }
         if check.status == "absent":
             logger.info("Prune: libstdc++: nothing to do (%s)", check.reason)
-            manifest.skip(group="libstdcxx", what=f"{prefix}/lib", reason=check.reason)
+            manifest.skip(group="libstdcxx", what=what, reason=check.reason)
             return
         if check.status == "unsupported":
             self._skip_or_fail(
-                manifest,
-                group="libstdcxx",
-                what=f"{prefix}/lib",
-                reason=check.reason,
+                manifest, group="libstdcxx", what=what, reason=check.reason
             )
             return
         if check.status == "unsafe":
