@@ -110,24 +110,18 @@ def mpi_rows(facts):
     has_mpi4py = "No module named 'mpi4py'" not in loaded.get("error", "")
     if not has_mpi4py and (record is None or record.get("mode") in (None, "none")):
         return []
-    rows = [("mpi4py-libmpi", *_loaded_row(facts, record))]
     if record is None:
-        rows.append(
-            (
-                "mpi-host-binding",
-                NA,
-                f"no {MPI_FILE}: built without cotainr-lumi's MPI support",
-            )
-        )
+        binding = (NA, f"no {MPI_FILE}: built without cotainr-lumi's MPI support")
     elif record.get("mode") == "none":
-        rows.append(
-            ("mpi-host-binding", NA, f"lumi-env mpi: none ({record.get('reason')})")
-        )
+        binding = (NA, f"lumi-env mpi: none ({record.get('reason')})")
     else:
-        rows.append(("mpi-host-binding", *_binding_row(record)))
+        binding = _binding_row(record)
     check, what, instead = HARDWARE_CHECK
-    rows.append((check, NA, f"needs LUMI hardware: {what}; run: {instead}"))
-    return rows
+    return [
+        ("mpi4py-libmpi", *_loaded_row(facts, record)),
+        ("mpi-host-binding", *binding),
+        (check, NA, f"needs LUMI hardware: {what}; run: {instead}"),
+    ]
 
 
 def check_mpi(report, facts):
