@@ -225,14 +225,7 @@ def plugin_files(dirs, named):
 
 
 def plugin_ldd(files, named, limit=8):
-    """
-    ``ldd`` of each file RCCL could load: {path: ldd}.
-
-    Which one it loads is decided outside (engine/rcclplugin.py). RCCL opens
-    ``librccl-net.so``, ``librccl-net-NAME.so`` or what NCCL_NET_PLUGIN names,
-    never a versioned name; a file seen under two spellings of a directory
-    (/lib and /usr/lib on a merged /usr) is read once.
-    """
+    """``ldd`` of each file RCCL could open (never a versioned name), each real file once."""
     named_base = os.path.basename(named) if named else None
     done, result = {}, {}
     for d, names in files.items():

@@ -422,12 +422,7 @@ def _bundle_kept_reason(bundle, *, hip, base_mm, source, rocm_path):
 
 
 class RocmDedup:
-    """
-    One de-duplication in the build's target env.
-
-    `skip_or_fail(group=, what=, reason=)` records a skipped step (a warning,
-    or the stage's error when it is strict).
-    """
+    """One de-duplication in the build's target env; `skip_or_fail` is the stage's."""
 
     def __init__(self, *, context, target, manifest, skip_or_fail):
         self.context, self.root = context, context.sandbox.root
