@@ -19,9 +19,9 @@ import logging
 import time
 
 from . import _cotainr
-from .engine.pipeline import BuildResult
-from .engine.plan import BuildRequest, make_plan
 from .errors import CotainrLumiError, ImageExistsError, StageError
+from .pipeline.plan import BuildRequest, make_plan
+from .pipeline.run import BuildResult
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -64,7 +64,7 @@ def plan(
 
     Returns
     -------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+    plan : :class:`cotainr_lumi.pipeline.plan.BuildPlan`
         The plan; ``plan.describe()`` is the ``--dry-run`` text.
 
     Raises
@@ -110,7 +110,7 @@ def build(
 
     Returns
     -------
-    result : :class:`cotainr_lumi.engine.pipeline.BuildResult`
+    result : :class:`cotainr_lumi.pipeline.run.BuildResult`
         Image path, labels and per-stage reports.
 
     Raises

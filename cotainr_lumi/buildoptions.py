@@ -3,12 +3,13 @@
 import argparse
 import logging
 
+from . import stages as builtin
 from .engine.origins import OptionOrigin
-from .engine.plan import CANONICAL_STAGE_ORDER, BuildRequest
-from .engine.profiles import merge_mappings
-from .engine.stage import available_stages, get_stage_class, load_stage_settings
+from .engine.settings import load_sections
 from .engine.yamlfile import read_yaml_text
 from .errors import InputError, quoted
+from .pipeline.plan import BuildRequest
+from .pipeline.profiles import merge_mappings, sections
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -40,13 +41,6 @@ def help_text(arg):
     return OPTION_HELP[arg]
 
 
-def stages_in_pipeline_order():
-    """Registered stage names, the built-in ones in pipeline order first."""
-    names = available_stages()
-    order = {name: i for i, name in enumerate(CANONICAL_STAGE_ORDER)}
-    return sorted(names, key=lambda n: (order.get(n, len(order)), n))
-
-
 def add_options(*, parser):
     """Add the cotainr-lumi options to a ``build`` parser."""
     parser.add_argument("--lumi-system", metavar="NAME", help=help_text("lumi_system"))
@@ -65,8 +59,8 @@ def add_options(*, parser):
         metavar="STAGE",
         help=help_text("skip_stages"),
     )
-    for name in stages_in_pipeline_order():
-        get_stage_class(name).add_arguments(parser=parser)
+    for stage in builtin.PIPELINE:
+        stage.add_arguments(parser=parser)
 
 
 def parse_set_option(text):
@@ -92,14 +86,14 @@ def parse_set_option(text):
 def stage_settings(*, set_settings, stage_args):
     """Collect stage setting overrides from ``--set`` and the stage options."""
     settings = {}
-    for name in available_stages():
-        overrides = get_stage_class(name).settings_from_args(args=stage_args)
+    for stage in builtin.PIPELINE:
+        overrides = stage.settings_from_args(args=stage_args)
         if overrides:
-            loaded = load_stage_settings(
-                raw={name: overrides},
-                origin=OptionOrigin(option=f"the {name} options"),
+            settings |= load_sections(
+                sections=sections(),
+                raw={stage.name: overrides},
+                origin=OptionOrigin(option=f"the {stage.name} options"),
             )
-            settings.setdefault(name, {}).update(loaded[name])
     for text in set_settings:
         name, sep, raw = text.partition("=")
         if sep and name and "." not in name:
@@ -113,8 +107,10 @@ def stage_settings(*, set_settings, stage_args):
             settings[name] = merge_mappings(settings.get(name, {}), value)
             continue
         stage, key, value = parse_set_option(text)
-        loaded = load_stage_settings(
-            raw={stage: {key: value}}, origin=OptionOrigin(option=f"--set {text!r}")
+        loaded = load_sections(
+            sections=sections(),
+            raw={stage: {key: value}},
+            origin=OptionOrigin(option=f"--set {text!r}"),
         )
         settings[stage] = merge_mappings(settings.get(stage, {}), loaded[stage])
     return settings

@@ -314,3 +314,25 @@ def load_settings(*, schema, raw, origin, stage):
         return read_declared(schema=schema, raw=raw, origin=origin)
     except SettingError as e:
         raise origin.error(path=(stage, *e.path), message=e.message) from None
+
+
+def load_sections(*, sections, raw, origin):
+    """Read the settings tree one source gives: section name -> settings."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise origin.error(
+            path=(),
+            message="must map stage names to their settings, e.g. "
+            f"{{'prune': {{'strict': True}}}} (got {raw!r})",
+        )
+    loaded = {}
+    for name, values in raw.items():
+        if name not in sections:
+            raise origin.error(
+                path=(name,), message=unknown_message(name, sorted(sections), "stage")
+            )
+        loaded[name] = load_settings(
+            schema=sections[name], raw=values, origin=origin, stage=name
+        )
+    return loaded

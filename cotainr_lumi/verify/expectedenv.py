@@ -11,8 +11,8 @@ from the expected ones.
 
 import logging
 
-from ..engine.profiles import PACKAGED_PROFILE, load_systems
 from ..errors import CotainrLumiError
+from ..pipeline.profiles import PACKAGED_PROFILE, load_systems
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 

@@ -11,9 +11,9 @@ outside it or the two disagree (FAIL with ``cotainr-lumi verify --strict``).
 import logging
 
 from ..engine import rocmwindow
-from ..engine.profiles import PACKAGED_PROFILE, load_systems
 from ..errors import CotainrLumiError
 from ..imagelayout import LABEL_ROCM_SUPPORTED, LABEL_SYSTEM
+from ..pipeline.profiles import PACKAGED_PROFILE, load_systems
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 

@@ -9,7 +9,6 @@ import pytest
 
 from cotainr_lumi._cotainr import CommandError
 from cotainr_lumi.engine.imageprobe import PROBE_SCRIPT, TARGET_ENV_FILE, parse_probe
-from cotainr_lumi.engine.plan import BuildRequest, make_plan
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.engine.targetenv import (
     ImageFacts,
@@ -18,6 +17,7 @@ from cotainr_lumi.engine.targetenv import (
     choose,
 )
 from cotainr_lumi.errors import InputError, StageError
+from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
 
 M = "COTAINR_LUMI_TARGET_ENV"
 ENV = "/opt/miniconda3/envs/pytorch"

@@ -30,7 +30,7 @@ import logging
 
 from ... import imagelayout
 from ...engine.settings import StageSettings, setting
-from ...engine.stage import Stage, StageReport, register_stage
+from ...engine.stage import Stage, StageReport
 from ...errors import StageError
 from .dedup import RocmDedup
 from .libstdcxx import (
@@ -67,7 +67,6 @@ class PruneSettings(StageSettings):
     )
 
 
-@register_stage
 class PruneStage(Stage):
     """Remove the env's libstdc++ and de-duplicate bundled ROCm libraries, when safe."""
 

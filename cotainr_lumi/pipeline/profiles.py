@@ -35,10 +35,12 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from .. import stages as builtin
+from ..engine import rocmwindow, targetenv, workdir
+from ..engine.origins import ProfileOrigin
+from ..engine.settings import load_sections
+from ..engine.yamlfile import line_of, read_yaml
 from ..errors import ProfileError, UnknownSystemError
-from .origins import ProfileOrigin
-from .stage import available_stages, load_stage_settings
-from .yamlfile import line_of, read_yaml
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -46,6 +48,23 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 PACKAGED_PROFILE = Path(__file__).parent.parent / "systems.yaml"
 #: The environment variable naming site/user profile files.
 PROFILES_ENV_VAR = "COTAINR_LUMI_SYSTEMS"
+
+
+#: The sections of the settings tree that are not stages.
+ENGINE_SECTIONS = {
+    targetenv.SETTINGS_NAME: targetenv.TargetEnvSettings,
+    rocmwindow.SETTINGS_NAME: rocmwindow.RocmSettings,
+    workdir.SETTINGS_NAME: workdir.BuildSettings,
+}
+
+
+def sections():
+    """The one settings tree: section name -> settings class."""
+    return {
+        **ENGINE_SECTIONS,
+        **{stage.name: stage.settings_class for stage in builtin.PIPELINE},
+    }
+
 
 _SYSTEM_KEYS = {
     "extends",
@@ -158,7 +177,8 @@ def _read_system(*, path, name, raw, systems):
         )
     system = dict(raw)
     if "settings" in raw:
-        system["settings"] = load_stage_settings(
+        system["settings"] = load_sections(
+            sections=sections(),
             raw=raw["settings"],
             origin=ProfileOrigin(file=path, system=name, data=raw),
         )
@@ -267,7 +287,7 @@ def _validate(*, name, merged, sources, where):
     stages = merged.get("stages") or []
     if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):
         raise ProfileError("must be a list of stage names", key="stages", **where)
-    known = available_stages()
+    known = sorted(stage.name for stage in builtin.PIPELINE)
     for stage_name in stages:
         if stage_name not in known:
             raise ProfileError(

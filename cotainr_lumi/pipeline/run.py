@@ -16,8 +16,8 @@ import time
 from typing import Optional
 
 from .. import _cotainr, apptainer
+from ..engine.stage import OUTPUT_MARKER, StageReport
 from ..errors import CotainrLumiError, StageError
-from .stage import OUTPUT_MARKER, StageReport
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
