@@ -1,30 +1,14 @@
 """
-Stage settings: declared once, read by one loader.
+Settings: declared once, read by one loader.
 
-A stage declares its settings as a frozen dataclass deriving from
-:class:`StageSettings`, one field per setting made with :func:`setting`::
-
-    @dataclass(frozen=True)
-    class PruneSettings(StageSettings):
-        libstdcxx: bool = setting(True, doc="remove the env's libstdc++ when safe")
-        strict: bool = setting(False, doc="fail instead of skipping a pruning")
-
-The field name is the key users write, with ``-`` for ``_`` (``rocm_dedup``
-is ``rocm-dedup``); the annotation is its type (``bool``, ``str``, ``int``,
-``Optional[...]``, ``list[...]``, ``dict[str, ...]``, ``Any``); ``check`` adds
-a rule on the value and ``load`` replaces the conversion from what users
-write (the pip steps become ``PipStep`` objects).
-
-:func:`cotainr_lumi.engine.stage.load_stage_settings` is the one loader (it
-looks stages up in the registry there, and uses :func:`load_settings` for
-each). It reads what one source gives
-(a system profile, ``--set``, a pip steps file, the Python API), checks it
-against the declarations and returns the settings typed, only the keys given,
-so that sources merge (profile files in order, then the build's);
+A settings section is a frozen dataclass deriving from :class:`StageSettings`,
+one field per setting made with :func:`setting`; the key users write is the
+field name with ``-`` for ``_``, the annotation its type; ``check`` adds a
+rule on the value and ``load`` replaces the conversion. :func:`load_sections`
+reads what one source gives (a profile, ``--set``, the Python API) into typed
+values of only the keys given, so that sources merge;
 :meth:`StageSettings.complete` fills in the defaults. The first problem is one
-error, worded by the source's :class:`cotainr_lumi.engine.origins.Origin`:
-the file and line for a file, the option for an option, the key for the
-Python API.
+error, worded by the source's :class:`cotainr_lumi.engine.origins.Origin`.
 """
 
 from collections.abc import Mapping

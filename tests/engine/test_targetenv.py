@@ -8,7 +8,7 @@ from planfakes import stand_in_plan
 import pytest
 
 from cotainr_lumi._cotainr import CommandError
-from cotainr_lumi.engine.imageprobe import PROBE_SCRIPT, TARGET_ENV_FILE, parse_probe
+from cotainr_lumi.engine.imageprobe import PROBE_SCRIPT, parse_probe
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.engine.targetenv import (
     ImageFacts,
@@ -17,6 +17,7 @@ from cotainr_lumi.engine.targetenv import (
     choose,
 )
 from cotainr_lumi.errors import InputError, StageError
+from cotainr_lumi.imagelayout import TARGET_ENV_FILE
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
 
 M = "COTAINR_LUMI_TARGET_ENV"
