@@ -82,7 +82,6 @@ def plan(
         settings=dict(settings or {}),
         skip_stages=tuple(skip_stages),
         force=force,
-        dry_run=False,
         accept_licenses=accept_licenses,
     )
     return make_plan(request=request)
@@ -147,7 +146,6 @@ def _build_from_plan(*, build_plan, dry_run, build_args):
         base_image=build_plan.base_image.given,
     )
     if dry_run:
-        build_plan.request.dry_run = True
         build_plan.ask_base_image()
         result.plan_text = build_plan.describe()
         result.dry_run = True

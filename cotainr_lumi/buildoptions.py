@@ -142,6 +142,5 @@ def request_from_options(*, context, conda_env):
         settings=settings,
         skip_stages=tuple(skip_stages),
         force=False,
-        dry_run=context.dry_run,
         accept_licenses=False,
     )

@@ -166,8 +166,7 @@ def probe_build(*, sandbox, plan, labels):
     timeout = plan.target_settings.probe_timeout
     explicit = plan.target_settings.prefix or None
     conda_env = plan.conda_env is not None and (
-        plan.request.conda_env_prefix
-        or f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
+        f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
     )
     try:
         command = probe_command(explicit=explicit or conda_env or None)

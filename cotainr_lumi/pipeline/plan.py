@@ -1,12 +1,4 @@
-"""
-Build requests and the resolved build plan.
-
-A :class:`BuildRequest` is what the user asked for (command line or Python
-API); :func:`make_plan` checks it against the system profiles and yields a
-:class:`BuildPlan`: the base image, the stages in order with their settings,
-and whether the build is an extended (cotainr-lumi) build or a stock cotainr
-build. :meth:`BuildPlan.describe` is the ``--dry-run`` output.
-"""
+"""A build request resolved against the profiles into a plan (``--dry-run`` shows it)."""
 
 from dataclasses import dataclass, field
 import logging
@@ -51,9 +43,7 @@ class BuildRequest:
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     skip_stages: tuple[str, ...] = ()
     force: bool = False
-    dry_run: bool = False
     accept_licenses: bool = False
-    conda_env_prefix: Optional[str] = None
 
 
 @dataclass
@@ -89,14 +79,10 @@ class BuildPlan:
     skipped: list[str]
     extended: bool
     image_exists: bool
-    target_settings: targetenv.TargetEnvSettings = field(
-        default_factory=targetenv.TargetEnvSettings
-    )
-    build_settings: workdir.BuildSettings = field(default_factory=workdir.BuildSettings)
+    target_settings: targetenv.TargetEnvSettings
+    build_settings: workdir.BuildSettings
+    rocm_settings: rocmwindow.RocmSettings
     base_target: Any = None
-    rocm_settings: rocmwindow.RocmSettings = field(
-        default_factory=rocmwindow.RocmSettings
-    )
     base_facts: Any = None
     base_problem: Optional[str] = None
 
@@ -196,29 +182,21 @@ class BuildPlan:
             refuse=self.build_settings.check_space,
         )
 
-    def describe_work_dir(self):
-        """One line: the work directory, the estimate and the free space."""
+    def describe(self):
+        """The dry-run description of the plan."""
+        lines = ["cotainr-lumi build plan (dry run: nothing is built)"]
+        lines += self._describe_inputs()
         needed, free = self.check_space()
         estimate = f"needs about {needed / 1024**3:.1f} GiB, " if needed else ""
-        return f"{self.work_dir} ({estimate}{free / 1024**3:.1f} GiB free)"
-
-    def _describe_base_answers(self):
-        """The plan's lines on the target env and the ROCm versions."""
-        lines = []
+        lines.append(
+            f"  work dir:   {self.work_dir} ({estimate}{free / 1024**3:.1f} GiB free)"
+        )
         for title, answer in (
             ("target env", targetenv.describe_lines(plan=self)),
             ("rocm", rocmwindow.describe_lines(plan=self)),
         ):
             lines.append(f"  {title + ':':<11} {answer[0]}")
             lines += [f"              {line}" for line in answer[1:]]
-        return lines
-
-    def describe(self):
-        """The dry-run description of the plan."""
-        lines = ["cotainr-lumi build plan (dry run: nothing is built)"]
-        lines += self._describe_inputs()
-        lines.append(f"  work dir:   {self.describe_work_dir()}")
-        lines += self._describe_base_answers()
         mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
         lines.append(f"  pipeline:   {mode}")
         lines += self._describe_steps()
@@ -258,27 +236,26 @@ class BuildPlan:
 
     def _describe_steps(self):
         """The plan's numbered steps: cotainr's and the stages', in order."""
-        step = 1
-        lines = [f"  {step}. cotainr: create the sandbox from the base image"]
+        steps = [("cotainr: create the sandbox from the base image", [])]
         if self.conda_env is not None:
-            step += 1
-            lines.append(
-                f"  {step}. cotainr: install the conda env {self.conda_env.name}"
+            steps.append(
+                (
+                    f"cotainr: install the conda env {self.conda_env.name}",
+                    [f"then update it with {f.name}" for f in self.conda_envs[1:]],
+                )
             )
-            lines += [
-                f"       then update it with {file.name}"
-                for file in self.conda_envs[1:]
-            ]
-        for stage in self.stages:
-            step += 1
-            lines.append(f"  {step}. {stage.name}")
-            for detail in stage.describe(plan=self):
-                lines.append(f"       {detail}")
-        step += 1
-        lines.append(
-            f"  {step}. cotainr: add metadata labels and build the SIF "
-            "(written next to the target, moved into place on success)"
+        steps += [(stage.name, stage.describe(plan=self)) for stage in self.stages]
+        steps.append(
+            (
+                "cotainr: add metadata labels and build the SIF (written next to "
+                "the target, moved into place on success)",
+                [],
+            )
         )
+        lines = []
+        for number, (title, details) in enumerate(steps, 1):
+            lines.append(f"  {number}. {title}")
+            lines += [f"       {detail}" for detail in details]
         return lines
 
 

@@ -313,7 +313,7 @@ def test_setting_in_plan_and_dry_run_text(tmp_path, monkeypatch):
     assert plan.target_settings.prefix == ENV
     text = plan.describe()
     assert f"target env: {ENV} (named explicitly (target-env.prefix)" in text
-    plan = _plan(tmp_path, settings={"pip": {}}, dry_run=True)
+    plan = _plan(tmp_path, settings={"pip": {}})
     plan.ask_base_image()
     assert plan.base_target is None
     assert "the env its $WITH_CONDA activates" in plan.describe()
