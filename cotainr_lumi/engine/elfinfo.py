@@ -1,16 +1,9 @@
 """
 Read the dynamic-linking facts of ELF files with pyelftools.
 
-Only what the loader needs is read: the ELF header, the section headers, the
-dynamic section (``DT_SONAME``, ``DT_NEEDED``, ``DT_RPATH``/``DT_RUNPATH``)
-and the GNU version sections (``.gnu.version_r``: versions an object needs
-from each library; ``.gnu.version_d``: versions a library defines). Symbol
-tables, relocations and debug information are never parsed, and files that
-do not start with the ELF magic are skipped after reading 4 bytes.
-
-Files are opened with ``O_NOFOLLOW``: a symlink is never read through (the
-callers find files with :func:`cotainr_lumi.engine.rootfs.walk_in_root` or resolve
-them with :func:`cotainr_lumi.engine.rootfs.resolve_in_root` first).
+Only the headers, the dynamic section and the GNU version sections are read
+(never symbol tables or debug information); a file without the ELF magic
+costs a 4-byte read, and a symlink is never read through (``O_NOFOLLOW``).
 """
 
 from __future__ import annotations
@@ -256,13 +249,7 @@ def _read_dynamic(dynamic, *, needed, rpath, runpath):
 
 
 def scan_elf_files(*, root, path, skip=()):
-    """
-    Read every ELF regular file below an image directory.
-
-    The directory is resolved inside `root` and walked without following
-    symlinks (:func:`cotainr_lumi.engine.rootfs.walk_in_root`); files that do not
-    start with the ELF magic cost one 4-byte read.
-    """
+    """Read every ELF regular file below an image directory (links not followed)."""
     for entry in walk_in_root(root=root, path=path):
         if entry.kind != "file":
             continue

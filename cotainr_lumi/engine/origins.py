@@ -1,11 +1,4 @@
-"""
-Where settings come from, and how an error names it.
-
-The one settings loader (:mod:`cotainr_lumi.engine.settings`) reads settings
-from several sources; each is an :class:`Origin`, which words the error for a
-bad value: the key for the Python API, the option for a command line option,
-the file and line for a file.
-"""
+"""Where settings come from: each source's :class:`Origin` words its errors."""
 
 import logging
 from pathlib import Path

@@ -1,20 +1,11 @@
 """
 The ROCm versions LUMI's GPU driver supports, and an image checked against them.
 
-A container brings its own ROCm user-space libraries but runs on the host's
-GPU kernel driver; a ROCm outside the versions that driver supports fails at
-run time. A system profile states the supported range as the settings of
-the pseudo-stage ``rocm`` (``supported: "6.1-7.0"``, with the ``source``
-that states it, see ``cotainr_lumi/systems.yaml``). The base image's ROCm
-(``$ROCM_PATH/.info/version``) and the ROCm torch was built for (its
-``+rocmX.Y`` local version, else ``torch.version.hip``) are checked against
-it, and against each other:
-
-- ``--dry-run`` says it in the plan (asking a local base image);
-- a build warns when it starts (the base) and after its stages (torch), and
-  stops with ``strict: true`` (``--set rocm.strict=true``); the answer is kept in labels
-  (``cotainr-lumi.rocm.*``);
-- ``cotainr-lumi verify`` has a ``rocm-driver`` row.
+A profile states the supported range in the settings section ``rocm``
+(``supported: "6.1-7.0"`` with its ``source``). The base image's ROCm and the
+ROCm torch was built for are checked against it and each other: the dry run
+says it, a build warns at its start and end (stops with ``rocm.strict``) and
+keeps the answer in labels, and ``cotainr-lumi verify`` has a row.
 """
 
 from dataclasses import dataclass

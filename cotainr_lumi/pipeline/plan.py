@@ -1,4 +1,4 @@
-"""A build request resolved against the profiles into a plan (``--dry-run`` shows it)."""
+"""A build request resolved against the profiles into a plan (shown by --dry-run)."""
 
 from dataclasses import dataclass, field
 import logging
