@@ -126,40 +126,32 @@ def build(
     )
     if setup_logging:
         _cotainr.setup_cli_logging(log_settings=log_settings)
-    return _build_from_plan(
-        build_plan=build_plan,
-        dry_run=dry_run,
-        build_args={
-            "conda_env": build_plan.request.conda_env,
-            "accept_licenses": build_plan.request.accept_licenses,
-            "verbosity": verbosity,
-            "log_to_file": log_to_file,
-        },
-    )
-
-
-def _build_from_plan(*, build_plan, dry_run, build_args):
-    """The result of a dry run, or of the build a checked plan describes."""
     result = BuildResult(
         image_path=build_plan.image_path,
         system=build_plan.system.name if build_plan.system else None,
         base_image=build_plan.base_image.given,
+        dry_run=dry_run,
     )
     if dry_run:
         build_plan.ask_base_image()
-        result.plan_text = build_plan.describe()
-        result.dry_run = True
-        return result
     result.plan_text = build_plan.describe()
+    if dry_run:
+        return result
     if build_plan.image_exists and not build_plan.request.force:
         raise ImageExistsError(
             f"The image {build_plan.image_path} already exists. Pass --force "
             "(force=True) to replace it, or choose another path."
         )
     t_start = time.time()
-    stage = _run_build(build_plan=build_plan, **build_args)
-    result.labels = dict(stage.labels)
-    result.reports = list(stage.reports)
+    lumi_build = _run_build(
+        build_plan=build_plan,
+        conda_env=build_plan.request.conda_env,
+        accept_licenses=build_plan.request.accept_licenses,
+        verbosity=verbosity,
+        log_to_file=log_to_file,
+    )
+    result.labels = dict(lumi_build.labels)
+    result.reports = list(lumi_build.reports)
     result.duration = time.time() - t_start
     return result
 

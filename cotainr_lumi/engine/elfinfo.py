@@ -63,11 +63,6 @@ def _open_fd(path):
     return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
 
 
-def _open_nofollow(path):
-    """Open a file (``O_NOFOLLOW``) as a binary stream."""
-    return os.fdopen(_open_fd(path), "rb")
-
-
 def is_elf(*, path):
     r"""Whether a regular file starts with the ELF magic."""
     try:

@@ -104,28 +104,6 @@ class Declared:
         return value
 
 
-@functools.cache
-def _declared(cls):
-    hints = get_type_hints(cls)
-    declared = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        else:
-            default = f.default_factory()
-        spec = Declared(
-            key=f.name.replace("_", "-"),
-            name=f.name,
-            type=hints[f.name],
-            default=default,
-            doc=f.metadata.get("doc", ""),
-            check=f.metadata.get("check"),
-            load=f.metadata.get("load"),
-        )
-        declared[spec.key] = spec
-    return declared
-
-
 def _plain(value):
     """`value` as JSON-serialisable data (objects with ``to_dict`` too)."""
     if hasattr(value, "to_dict"):
@@ -142,17 +120,27 @@ def _plain(value):
 
 @dataclass(frozen=True)
 class StageSettings:
-    """
-    Base class of a stage's settings declaration.
-
-    Subclasses are frozen dataclasses whose fields are made with
-    :func:`setting`.
-    """
+    """Base class of a settings section: frozen, its fields made with :func:`setting`."""
 
     @classmethod
+    @functools.cache
     def declared(cls):
-        """The declared settings."""
-        return _declared(cls)
+        """The declared settings, by key."""
+        hints = get_type_hints(cls)
+        return {
+            f.name.replace("_", "-"): Declared(
+                key=f.name.replace("_", "-"),
+                name=f.name,
+                type=hints[f.name],
+                default=f.default_factory()
+                if f.default is dataclasses.MISSING
+                else f.default,
+                doc=f.metadata.get("doc", ""),
+                check=f.metadata.get("check"),
+                load=f.metadata.get("load"),
+            )
+            for f in dataclasses.fields(cls)
+        }
 
     @classmethod
     def complete(cls, partial=None):

@@ -123,9 +123,7 @@ def check_outputs(reports):
     """Collect the host files stages asked for; refuse to clobber foreign files."""
     outputs = {}
     for report in reports:
-        wanted = dict(report.outputs)
-        wanted.update((report.details or {}).get("outputs") or {})
-        for path, content in wanted.items():
+        for path, content in report.outputs.items():
             path = Path(path)
             if OUTPUT_MARKER not in content:
                 raise StageError(
