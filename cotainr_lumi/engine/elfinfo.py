@@ -63,20 +63,6 @@ def _open_fd(path):
     return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
 
 
-def is_elf(*, path):
-    r"""Whether a regular file starts with the ELF magic."""
-    try:
-        fd = _open_fd(path)
-    except OSError:
-        return False
-    try:
-        return os.read(fd, 4) == ELF_MAGIC
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
 def read_elf_info(*, path):
     """Read the dynamic-linking facts of an ELF file."""
     try:
@@ -256,4 +242,4 @@ def scan_elf_files(*, root, path, skip=()):
             yield info
 
 
-__all__ = ["ELF_MAGIC", "ElfInfo", "is_elf", "read_elf_info", "scan_elf_files"]
+__all__ = ["ELF_MAGIC", "ElfInfo", "read_elf_info", "scan_elf_files"]

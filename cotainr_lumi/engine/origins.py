@@ -40,8 +40,8 @@ class Origin:
 class OptionOrigin(Origin):
     """Settings from a command line option: an error names the option."""
 
-    def __init__(self, *, option, base_dir=None):
-        super().__init__(base_dir=base_dir)
+    def __init__(self, *, option):
+        super().__init__()
         self.option = option
 
     def error(self, *, path, message):

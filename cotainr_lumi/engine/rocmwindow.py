@@ -20,7 +20,7 @@ from .settings import StageSettings, setting
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The pseudo-stage name of the settings (``--set rocm.strict=true``).
+#: The settings section of the ROCm check (``--set rocm.strict=true``).
 SETTINGS_NAME = "rocm"
 
 _MAJOR_MINOR = re.compile(r"^\s*(\d+)\.(\d+)")
@@ -39,7 +39,7 @@ def _check_range(value):
 
 @dataclass(frozen=True)
 class RocmSettings(StageSettings):
-    """The settings of the pseudo-stage ``rocm``."""
+    """The settings section ``rocm``."""
 
     supported: Optional[str] = setting(
         None,
@@ -181,20 +181,11 @@ def describe_lines(*, plan):
     return lines
 
 
-def _read_line(root, path):
-    try:
-        text = resolve_in_root(root=root, path=path).read_text(errors="replace")
-    except OSError:
-        return None
-    return text.splitlines()[0].strip() if text.strip() else None
-
-
 def _torch_in_sandbox(*, root, target):
     """The torch of the target env, read from ``torch/version.py`` in the sandbox."""
     if target is None:
         return None
     for site in target.site:
-        text = None
         try:
             path = resolve_in_root(root=root, path=f"{site}/torch/version.py")
             text = path.read_text(errors="replace")[:20000]
@@ -215,7 +206,12 @@ def _torch_in_sandbox(*, root, target):
 
 def _base_rocm_in_sandbox(*, root, target):
     rocm_path = (target.image.rocm_path if target is not None else "") or "/opt/rocm"
-    return _read_line(root, f"{rocm_path}/.info/version")
+    try:
+        path = resolve_in_root(root=root, path=f"{rocm_path}/.info/version")
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    return text.splitlines()[0].strip() if text.strip() else None
 
 
 def check_build(*, context, phase):

@@ -447,12 +447,7 @@ LOOKS_FOR = (
 
 
 def describe_lines(*, plan):
-    """
-    What the plan says about the target environment.
-
-    For a dry run with a local base image (and Apptainer here) the base image
-    is asked now; otherwise the lines say what the build will look for.
-    """
+    """The plan's lines on the target env (asked, or what the build looks for)."""
     explicit = plan.target_settings.prefix
     if explicit:
         return [f"{explicit} ({_SOURCE_WORDS['setting']}; checked at build start)"]

@@ -58,10 +58,8 @@ class BaseImage:
     def from_spec(cls, spec):
         """Resolve a base image spec."""
         spec = str(spec)
-        if _URI_RE.match(spec):
-            return cls(given=spec, resolved=spec, is_local_file=False)
         path = Path(spec).expanduser()
-        if path.is_file():
+        if not _URI_RE.match(spec) and path.is_file():
             return cls(given=spec, resolved=os.path.realpath(path), is_local_file=True)
         return cls(given=spec, resolved=spec, is_local_file=False)
 
@@ -125,13 +123,7 @@ class BuildPlan:
             )
 
     def ask_base_image(self):
-        """
-        For a dry run: ask a local base image for its target env now.
-
-        Sets :attr:`base_facts` (once, for a local base image) and, unless the
-        env is given (setting, ``--conda-env``), :attr:`base_target`; when the
-        probe failed or timed out, :attr:`base_problem` (the dry run's status).
-        """
+        """For a dry run: probe a local base image once (facts, target, problem)."""
         if self.base_target is not None or self.base_facts is not None:
             return
         if not self.base_image.is_local_file:
