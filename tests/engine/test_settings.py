@@ -48,7 +48,7 @@ class DemoStage(Stage):
         raise AssertionError("not run")
 
 
-def load_stage_settings(*, raw, origin):
+def load_tree(*, raw, origin):
     """The one loader over the settings tree, with the demo stage in it."""
     tree = {**sections(), DemoStage.name: DemoSettings}
     return load_sections(sections=tree, raw=raw, origin=origin)
@@ -135,15 +135,15 @@ def test_one_loader_one_error_per_problem():
 def test_errors_name_the_option():
     origin = OptionOrigin(option="--set 'x=y'")
     with pytest.raises(InputError) as info:
-        load_stage_settings(raw={"test-settings-demo": {"jobs": "4"}}, origin=origin)
+        load_tree(raw={"test-settings-demo": {"jobs": "4"}}, origin=origin)
     assert str(info.value) == (
         "Invalid setting test-settings-demo.jobs (--set 'x=y'): "
         "must be an integer (got '4')"
     )
     with pytest.raises(InputError, match=r"test-settings-dmeo \(--set 'x=y'\): "):
-        load_stage_settings(raw={"test-settings-dmeo": {}}, origin=origin)
+        load_tree(raw={"test-settings-dmeo": {}}, origin=origin)
     with pytest.raises(InputError, match="Invalid settings: must map stage names"):
-        load_stage_settings(raw=["x"], origin=Origin())
+        load_tree(raw=["x"], origin=Origin())
 
 
 def test_errors_name_the_file_and_line(tmp_path):
@@ -156,7 +156,7 @@ def test_errors_name_the_file_and_line(tmp_path):
     definition = data["systems"]["s"]
     origin = ProfileOrigin(file=path, system="s", data=definition)
     with pytest.raises(ProfileError) as info:
-        load_stage_settings(raw=definition["settings"], origin=origin)
+        load_tree(raw=definition["settings"], origin=origin)
     assert str(info.value) == (
         f"Invalid system profile (file {path}, line 7, system 's', key "
         "'settings.test-settings-demo.jobs'): must be an integer (got 'many')"
