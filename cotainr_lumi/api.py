@@ -137,34 +137,31 @@ def build(
     result.plan_text = build_plan.describe()
     if dry_run:
         return result
+    return _run_build(
+        build_plan=build_plan,
+        result=result,
+        verbosity=verbosity,
+        log_to_file=log_to_file,
+    )
+
+
+def _run_build(*, build_plan, result, **build_args):
+    """Run cotainr's build of the plan with the hook; fill in `result`."""
+    from .plugin import HOOK
+
     if build_plan.image_exists and not build_plan.request.force:
         raise ImageExistsError(
             f"The image {build_plan.image_path} already exists. Pass --force "
             "(force=True) to replace it, or choose another path."
         )
     t_start = time.time()
-    lumi_build = _run_build(
-        build_plan=build_plan,
-        conda_env=build_plan.request.conda_env,
-        accept_licenses=build_plan.request.accept_licenses,
-        verbosity=verbosity,
-        log_to_file=log_to_file,
-    )
-    result.labels = dict(lumi_build.labels)
-    result.reports = list(lumi_build.reports)
-    result.duration = time.time() - t_start
-    return result
-
-
-def _run_build(*, build_plan, **build_args):
-    """Run cotainr's build of the plan with the hook; return cotainr-lumi's build."""
-    from .plugin import HOOK
-
     try:
         with HOOK.planned(build_plan):
             build = _cotainr.build_command()(
                 image_path=build_plan.image_path,
                 base_image=build_plan.base_image.given,
+                conda_env=build_plan.request.conda_env,
+                accept_licenses=build_plan.request.accept_licenses,
                 no_color=True,
                 force=True,
                 **build_args,
@@ -177,4 +174,7 @@ def _run_build(*, build_plan, **build_args):
         raise StageError(str(e), stage="cotainr") from e
     if HOOK.last is None:  # pragma: no cover - plan() found an extended build
         raise StageError("the cotainr-lumi hook did not run", stage="cotainr")
-    return HOOK.last
+    result.labels = dict(HOOK.last.labels)
+    result.reports = list(HOOK.last.reports)
+    result.duration = time.time() - t_start
+    return result
