@@ -23,10 +23,9 @@ from .errors import (
 )
 
 try:
-    from . import stages  # noqa: F401  (the built-in stages register themselves)
     from .api import build, plan
-    from .engine.pipeline import BuildResult
-    from .engine.stage import Stage, StageContext, StageReport, register_stage
+    from .engine.stage import Stage, StageContext, StageReport
+    from .pipeline.run import BuildResult
 except UnsupportedCotainrError as missing:  # no cotainr: the command says so
     _MISSING_COTAINR = missing
 
@@ -52,5 +51,4 @@ __all__ = [
     "Stage",
     "StageContext",
     "StageReport",
-    "register_stage",
 ]

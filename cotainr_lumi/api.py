@@ -19,9 +19,9 @@ import logging
 import time
 
 from . import _cotainr
-from .engine.pipeline import BuildResult
-from .engine.plan import BuildRequest, make_plan
 from .errors import CotainrLumiError, ImageExistsError, StageError
+from .pipeline.plan import BuildRequest, make_plan
+from .pipeline.run import BuildResult
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -64,7 +64,7 @@ def plan(
 
     Returns
     -------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+    plan : :class:`cotainr_lumi.pipeline.plan.BuildPlan`
         The plan; ``plan.describe()`` is the ``--dry-run`` text.
 
     Raises
@@ -82,7 +82,6 @@ def plan(
         settings=dict(settings or {}),
         skip_stages=tuple(skip_stages),
         force=force,
-        dry_run=False,
         accept_licenses=accept_licenses,
     )
     return make_plan(request=request)
@@ -110,7 +109,7 @@ def build(
 
     Returns
     -------
-    result : :class:`cotainr_lumi.engine.pipeline.BuildResult`
+    result : :class:`cotainr_lumi.pipeline.run.BuildResult`
         Image path, labels and per-stage reports.
 
     Raises
@@ -127,54 +126,42 @@ def build(
     )
     if setup_logging:
         _cotainr.setup_cli_logging(log_settings=log_settings)
-    return _build_from_plan(
-        build_plan=build_plan,
-        dry_run=dry_run,
-        build_args={
-            "conda_env": build_plan.request.conda_env,
-            "accept_licenses": build_plan.request.accept_licenses,
-            "verbosity": verbosity,
-            "log_to_file": log_to_file,
-        },
-    )
-
-
-def _build_from_plan(*, build_plan, dry_run, build_args):
-    """The result of a dry run, or of the build a checked plan describes."""
     result = BuildResult(
         image_path=build_plan.image_path,
         system=build_plan.system.name if build_plan.system else None,
         base_image=build_plan.base_image.given,
+        dry_run=dry_run,
     )
     if dry_run:
-        build_plan.request.dry_run = True
         build_plan.ask_base_image()
-        result.plan_text = build_plan.describe()
-        result.dry_run = True
-        return result
     result.plan_text = build_plan.describe()
+    if dry_run:
+        return result
+    return _run_build(
+        build_plan=build_plan,
+        result=result,
+        verbosity=verbosity,
+        log_to_file=log_to_file,
+    )
+
+
+def _run_build(*, build_plan, result, **build_args):
+    """Run cotainr's build of the plan with the hook; fill in `result`."""
+    from .plugin import HOOK
+
     if build_plan.image_exists and not build_plan.request.force:
         raise ImageExistsError(
             f"The image {build_plan.image_path} already exists. Pass --force "
             "(force=True) to replace it, or choose another path."
         )
     t_start = time.time()
-    stage = _run_build(build_plan=build_plan, **build_args)
-    result.labels = dict(stage.labels)
-    result.reports = list(stage.reports)
-    result.duration = time.time() - t_start
-    return result
-
-
-def _run_build(*, build_plan, **build_args):
-    """Run cotainr's build of the plan with the hook; return cotainr-lumi's build."""
-    from .plugin import HOOK
-
     try:
         with HOOK.planned(build_plan):
             build = _cotainr.build_command()(
                 image_path=build_plan.image_path,
                 base_image=build_plan.base_image.given,
+                conda_env=build_plan.request.conda_env,
+                accept_licenses=build_plan.request.accept_licenses,
                 no_color=True,
                 force=True,
                 **build_args,
@@ -187,4 +174,7 @@ def _run_build(*, build_plan, **build_args):
         raise StageError(str(e), stage="cotainr") from e
     if HOOK.last is None:  # pragma: no cover - plan() found an extended build
         raise StageError("the cotainr-lumi hook did not run", stage="cotainr")
-    return HOOK.last
+    result.labels = dict(HOOK.last.labels)
+    result.reports = list(HOOK.last.reports)
+    result.duration = time.time() - t_start
+    return result

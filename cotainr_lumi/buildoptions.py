@@ -3,77 +3,57 @@
 import argparse
 import logging
 
+from . import stages as builtin
 from .engine.origins import OptionOrigin
-from .engine.plan import CANONICAL_STAGE_ORDER, BuildRequest
-from .engine.profiles import merge_mappings
-from .engine.stage import available_stages, get_stage_class, load_stage_settings
+from .engine.settings import load_sections
 from .engine.yamlfile import read_yaml_text
 from .errors import InputError, quoted
+from .pipeline.plan import BuildRequest
+from .pipeline.profiles import merge_mappings, sections
 
 logger = logging.getLogger(f"cotainr.{__name__}")
-
-#: The help of the options, formatted as cotainr formats its own.
-OPTION_HELP = {
-    "lumi_system": "with --base-image: build as the cotainr-lumi system NAME "
-    "does, on this base image (e.g. an image you built with NAME, to add "
-    "packages to it)",
-    "set_settings": "override a stage setting of the system profile, as "
-    "STAGE.KEY=VALUE with VALUE in YAML, or a whole stage's settings as "
-    "STAGE=MAPPING (repeatable)",
-    "skip_stages": "do not run this stage of the system (repeatable)",
-    "work_dir": "put the sandbox and Apptainer's temporary files in DIR (a "
-    "file system with room for the unpacked image; on LUMI not /tmp, which "
-    "is in memory on compute nodes)",
-}
-
-#: Options added here that are not stage options.
-BUILD_OPTIONS = (
-    "lumi_system",
-    "set_settings",
-    "skip_stages",
-    "work_dir",
-)
-
-
-def help_text(arg):
-    """The help text of an option, from :data:`OPTION_HELP`."""
-    return OPTION_HELP[arg]
-
-
-def stages_in_pipeline_order():
-    """Registered stage names, the built-in ones in pipeline order first."""
-    names = available_stages()
-    order = {name: i for i, name in enumerate(CANONICAL_STAGE_ORDER)}
-    return sorted(names, key=lambda n: (order.get(n, len(order)), n))
 
 
 def add_options(*, parser):
     """Add the cotainr-lumi options to a ``build`` parser."""
-    parser.add_argument("--lumi-system", metavar="NAME", help=help_text("lumi_system"))
+    parser.add_argument(
+        "--lumi-system",
+        metavar="NAME",
+        help="with --base-image: build as the cotainr-lumi system NAME does, on "
+        "this base image (e.g. an image you built with NAME, to add packages to it)",
+    )
     parser.add_argument(
         "--set",
         dest="set_settings",
         action="append",
         metavar="STAGE.KEY=VALUE",
-        help=help_text("set_settings"),
+        help="override a stage setting of the system profile, as STAGE.KEY=VALUE "
+        "with VALUE in YAML, or a whole stage's settings as STAGE=MAPPING "
+        "(repeatable)",
     )
-    parser.add_argument("--work-dir", metavar="DIR", help=help_text("work_dir"))
+    parser.add_argument(
+        "--work-dir",
+        metavar="DIR",
+        help="put the sandbox and Apptainer's temporary files in DIR (a file "
+        "system with room for the unpacked image; on LUMI not /tmp, which is in "
+        "memory on compute nodes)",
+    )
     parser.add_argument(
         "--skip-stage",
         dest="skip_stages",
         action="append",
         metavar="STAGE",
-        help=help_text("skip_stages"),
+        help="do not run this stage of the system (repeatable)",
     )
-    for name in stages_in_pipeline_order():
-        get_stage_class(name).add_arguments(parser=parser)
+    for stage in builtin.PIPELINE:
+        stage.add_arguments(parser=parser)
 
 
-def parse_set_option(text):
-    """Parse ``STAGE.KEY=VALUE`` (VALUE as YAML)."""
+def _parse_set(text):
+    """``STAGE.KEY=VALUE`` or ``STAGE=MAPPING`` (YAML): (stage, key or "", value)."""
     name, sep, raw_value = text.partition("=")
     stage, dot, key = name.partition(".")
-    if not sep or not dot or not stage or not key:
+    if not sep or not stage or (dot and not key):
         raise InputError(
             f"--set {quoted(text)}: expected STAGE.KEY=VALUE, e.g. "
             "--set provenance.hash-base-image=false"
@@ -86,37 +66,34 @@ def parse_set_option(text):
         )
 
     value = read_yaml_text(text=raw_value, error=error) if raw_value.strip() else ""
+    if not dot and not isinstance(value, dict):
+        raise InputError(
+            f"--set {quoted(text)}: expected STAGE={{KEY: VALUE, ...}} "
+            "or STAGE.KEY=VALUE"
+        )
     return stage, key, value
 
 
 def stage_settings(*, set_settings, stage_args):
-    """Collect stage setting overrides from ``--set`` and the stage options."""
+    """The settings the stage options and ``--set`` give, in that order."""
     settings = {}
-    for name in available_stages():
-        overrides = get_stage_class(name).settings_from_args(args=stage_args)
+    for stage in builtin.PIPELINE:
+        overrides = stage.settings_from_args(args=stage_args)
         if overrides:
-            loaded = load_stage_settings(
-                raw={name: overrides},
-                origin=OptionOrigin(option=f"the {name} options"),
+            settings |= load_sections(
+                sections=sections(),
+                raw={stage.name: overrides},
+                origin=OptionOrigin(option=f"the {stage.name} options"),
             )
-            settings.setdefault(name, {}).update(loaded[name])
     for text in set_settings:
-        name, sep, raw = text.partition("=")
-        if sep and name and "." not in name:
-            # STAGE={...}: a whole stage's settings ({} runs it with defaults).
-            value = parse_set_option(f"{name}.settings={raw}")[2]
-            if not isinstance(value, dict):
-                raise InputError(
-                    f"--set {quoted(text)}: expected STAGE={{KEY: VALUE, ...}} "
-                    "or STAGE.KEY=VALUE"
-                )
-            settings[name] = merge_mappings(settings.get(name, {}), value)
-            continue
-        stage, key, value = parse_set_option(text)
-        loaded = load_stage_settings(
-            raw={stage: {key: value}}, origin=OptionOrigin(option=f"--set {text!r}")
-        )
-        settings[stage] = merge_mappings(settings.get(stage, {}), loaded[stage])
+        stage, key, value = _parse_set(text)
+        if key:  # checked now, to name the option; STAGE={...} when planned
+            value = load_sections(
+                sections=sections(),
+                raw={stage: {key: value}},
+                origin=OptionOrigin(option=f"--set {text!r}"),
+            )[stage]
+        settings[stage] = merge_mappings(settings.get(stage, {}), value)
     return settings
 
 
@@ -146,6 +123,5 @@ def request_from_options(*, context, conda_env):
         settings=settings,
         skip_stages=tuple(skip_stages),
         force=False,
-        dry_run=context.dry_run,
         accept_licenses=False,
     )

@@ -20,7 +20,7 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 COTAINR_MISSING = None
 try:
     from . import _cotainr
-    from .engine.profiles import load_systems
+    from .pipeline.profiles import load_systems
 except UnsupportedCotainrError as e:
     COTAINR_MISSING = e
 

@@ -16,7 +16,12 @@ import sys
 
 from . import _cotainr, buildoptions, imagelayout
 from .engine import history, rocmwindow, rootfs
-from .engine.pipeline import (
+from .engine.stage import StageContext
+from .engine.workdir import remove_leftovers, work_dir_environment
+from .errors import CotainrLumiError, InputError, redact
+from .pipeline.plan import make_plan
+from .pipeline.profiles import load_systems
+from .pipeline.run import (
     as_stage_error,
     check_base_image_unchanged,
     check_outputs,
@@ -26,11 +31,6 @@ from .engine.pipeline import (
     without_bind_variables,
     write_outputs,
 )
-from .engine.plan import make_plan
-from .engine.profiles import load_systems
-from .engine.stage import StageContext
-from .engine.workdir import remove_leftovers, work_dir_environment
-from .errors import CotainrLumiError, InputError, redact
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -72,7 +72,7 @@ class LumiBuild:
 
     Attributes
     ----------
-    plan : :class:`cotainr_lumi.engine.plan.BuildPlan`
+    plan : :class:`cotainr_lumi.pipeline.plan.BuildPlan`
         The plan.
     labels : dict of str to str
         The labels the stages added.

@@ -14,7 +14,6 @@ def stand_in_plan(**fields):
         base_image=SimpleNamespace(given="docker://debian"),
         system=None,
         conda_env=None,
-        request=SimpleNamespace(conda_env_prefix=None),
         target_settings=TargetEnvSettings(),
         rocm_settings=RocmSettings(),
         base_target=None,

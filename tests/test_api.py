@@ -104,7 +104,7 @@ def test_the_build_runs_the_plan_the_api_made(
     tmp_path, fake_singularity, test_profile, mocker
 ):
     from cotainr_lumi import api, plugin
-    from cotainr_lumi.engine.plan import make_plan
+    from cotainr_lumi.pipeline.plan import make_plan
 
     made = []
     counted = mocker.Mock(

@@ -1,7 +1,7 @@
 """The package layout keeps its promises (docs/architecture.md).
 
-Imports run downward only (front ends -> stages -> engine -> _cotainr ->
-leaves), a stage's folder imports nothing from another stage's folder, only
+Imports run downward only (front ends -> pipeline -> stages -> engine ->
+_cotainr -> leaves), a stage's folder imports nothing from another stage's folder, only
 ``_cotainr`` imports cotainr, label names and image paths are spelled only in
 ``imagelayout.py`` and an ``apptainer exec`` command line only in
 ``apptainer.py``.
@@ -26,13 +26,14 @@ LAYERS = {
     "_cotainr": 1,
     "engine": 2,
     "stages": 3,
-    "verify": 4,
-    "api": 4,
-    "buildoptions": 4,
-    "plugin": 4,
-    "cli": 5,
-    "__init__": 6,
-    "__main__": 6,
+    "pipeline": 4,
+    "verify": 5,
+    "api": 5,
+    "buildoptions": 5,
+    "plugin": 5,
+    "cli": 6,
+    "__init__": 7,
+    "__main__": 7,
 }
 # No exception: cotainr's entry point is the package-level plugin module, so
 # no import runs back up from _cotainr.
@@ -96,6 +97,7 @@ def test_the_layout_is_found():
     names = {name for name, _ in IMPORTS}
     assert {"engine.stage", "stages.pip.stage", "stages.prune.stage"} <= names
     assert "stages.lumi_env.stage" in names and "_cotainr" in names
+    assert {"pipeline.plan", "pipeline.profiles", "pipeline.run"} <= names
 
 
 @pytest.mark.parametrize("module,imports", IMPORTS, ids=[n for n, _ in IMPORTS])

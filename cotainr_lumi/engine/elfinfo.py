@@ -1,16 +1,9 @@
 """
 Read the dynamic-linking facts of ELF files with pyelftools.
 
-Only what the loader needs is read: the ELF header, the section headers, the
-dynamic section (``DT_SONAME``, ``DT_NEEDED``, ``DT_RPATH``/``DT_RUNPATH``)
-and the GNU version sections (``.gnu.version_r``: versions an object needs
-from each library; ``.gnu.version_d``: versions a library defines). Symbol
-tables, relocations and debug information are never parsed, and files that
-do not start with the ELF magic are skipped after reading 4 bytes.
-
-Files are opened with ``O_NOFOLLOW``: a symlink is never read through (the
-callers find files with :func:`cotainr_lumi.engine.rootfs.walk_in_root` or resolve
-them with :func:`cotainr_lumi.engine.rootfs.resolve_in_root` first).
+Only the headers, the dynamic section and the GNU version sections are read
+(never symbol tables or debug information); a file without the ELF magic
+costs a 4-byte read, and a symlink is never read through (``O_NOFOLLOW``).
 """
 
 from __future__ import annotations
@@ -68,25 +61,6 @@ class ElfInfo:
 def _open_fd(path):
     """Open a file read-only without following a symlink in its last component."""
     return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-
-
-def _open_nofollow(path):
-    """Open a file (``O_NOFOLLOW``) as a binary stream."""
-    return os.fdopen(_open_fd(path), "rb")
-
-
-def is_elf(*, path):
-    r"""Whether a regular file starts with the ELF magic."""
-    try:
-        fd = _open_fd(path)
-    except OSError:
-        return False
-    try:
-        return os.read(fd, 4) == ELF_MAGIC
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def read_elf_info(*, path):
@@ -256,13 +230,7 @@ def _read_dynamic(dynamic, *, needed, rpath, runpath):
 
 
 def scan_elf_files(*, root, path, skip=()):
-    """
-    Read every ELF regular file below an image directory.
-
-    The directory is resolved inside `root` and walked without following
-    symlinks (:func:`cotainr_lumi.engine.rootfs.walk_in_root`); files that do not
-    start with the ELF magic cost one 4-byte read.
-    """
+    """Read every ELF regular file below an image directory (links not followed)."""
     for entry in walk_in_root(root=root, path=path):
         if entry.kind != "file":
             continue
@@ -274,4 +242,4 @@ def scan_elf_files(*, root, path, skip=()):
             yield info
 
 
-__all__ = ["ELF_MAGIC", "ElfInfo", "is_elf", "read_elf_info", "scan_elf_files"]
+__all__ = ["ELF_MAGIC", "ElfInfo", "read_elf_info", "scan_elf_files"]

@@ -1,17 +1,11 @@
 """
 Building on an image cotainr-lumi built: its records are kept, not mixed in.
 
-An image built by cotainr-lumi can be the base of the next build (pip steps
-only: the pip stage protects what is installed, so nothing already there is
-downloaded or replaced unless a step allows it). Before the stages write
-this build's records, the base's (``target-env.json``, ``provenance.json``,
-the prune manifest, ``pip/``, ``runtime.json``, the CycloneDX SBOM) move to
-:data:`cotainr_lumi.imagelayout.HISTORY_DIR` ``/N`` (``1`` the oldest), so
-that nothing of the earlier build (say its ``pip/step2/``) passes for this
-one's, and the label ``cotainr-lumi.history`` says how many builds the image
-stands on. The base's ``cotainr-lumi.*`` labels move to
-``history/N/labels.json`` too: the image's labels describe this build. ``with-conda.sh`` stays: the base's ``$WITH_CONDA`` runs it, and
-this build chains to it.
+Before the stages write this build's records, the base's records and its
+``cotainr-lumi.*`` labels move to :data:`cotainr_lumi.imagelayout.HISTORY_DIR`
+``/N`` (``1`` the oldest), so that nothing of the earlier build passes for
+this one's; the label ``cotainr-lumi.history`` counts them. ``with-conda.sh``
+stays: the base's ``$WITH_CONDA`` runs it, and this build chains to it.
 """
 
 import json

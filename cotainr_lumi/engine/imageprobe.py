@@ -1,14 +1,11 @@
 """
-The one probe of the image: run in the container, once per build.
+The one probe of the image, run in the container once per build.
 
-:data:`PROBE_SCRIPT` asks the image what a user's job would see: in a clean
-environment, after its ``/.singularity.d/env`` scripts, then after
-``eval "$WITH_CONDA"``. Its facts feed the choice of the target environment
-(:func:`cotainr_lumi.engine.targetenv.choose`) and carry what other stages
-need of the image's environment (``CONDA_EXE``, ``ROCM_PATH``, the loader
-cache's ``libstdc++`` entries). A build runs it in its sandbox
-(:func:`probe_build`, through ``StageContext.target_env``); a dry run runs the
-same probe in a local base image (:func:`probe_image_facts`).
+:data:`PROBE_SCRIPT` asks the image what a user's job would see (a clean
+environment, its ``/.singularity.d/env`` scripts, then ``eval "$WITH_CONDA"``);
+its facts feed :func:`cotainr_lumi.engine.targetenv.choose` and carry what
+other stages need (``CONDA_EXE``, ``ROCM_PATH``, the loader cache's
+``libstdc++``). A dry run runs it in a local base image.
 """
 
 import json
@@ -30,21 +27,10 @@ from .targetenv import (
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: Where the answer is recorded in the image (read by ``cotainr-lumi verify``).
-TARGET_ENV_FILE = imagelayout.TARGET_ENV_FILE
-
 _MARK = "COTAINR_LUMI_TARGET_ENV "
-#: Facts the probe reports once per item.
-_LIST_FACTS = ("ldcache",)
 
-#: Runs in a clean environment inside the container: sources the image's env
-#: scripts, reports the environment (with what other stages need of it:
-#: CONDA_EXE, ROCM_PATH, the loader cache's libstdc++ entries), evaluates
-#: $WITH_CONDA in a subshell and reports again. $1: an explicit prefix to check
-#: (may be empty). Every fact is one line "MARK <where> <key> <value>" (the key
-#: "ldcache" once per entry; a backslash or newline in a value is escaped as
-#: ``\\`` or ``\n``, so a multi-line $WITH_CONDA survives); interpreters are
-#: asked for their sys.prefix/sys.executable as JSON.
+#: Each fact is one line "MARK <where> <key> <value>" ("ldcache" once per
+#: entry); $1: an explicit prefix to check (may be empty).
 PROBE_SCRIPT = r"""
 for f in /.singularity.d/env/*.sh; do
     [ -r "$f" ] && . "$f" >/dev/null 2>&1
@@ -154,7 +140,7 @@ def parse_probe(*, text):
                 value = json.loads(value) if value.strip() else None
             except ValueError:
                 value = None
-        if key in _LIST_FACTS:
+        if key == "ldcache":
             facts.setdefault(where, {}).setdefault(key, []).append(value)
         else:
             facts.setdefault(where, {})[key] = value
@@ -175,51 +161,27 @@ def probe_command(*, explicit=None):
     ]
 
 
-def conda_env_prefix(*, plan=None):
-    """Where cotainr's conda env is in the image."""
-    given = plan.request.conda_env_prefix
-    return given or f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
-
-
-def discover(*, run, explicit=None, conda_env=False):
-    """Ask an image (through `run`) and choose the environment."""
-    check = explicit
-    if not explicit and conda_env:
-        check = conda_env if isinstance(conda_env, str) else conda_env_prefix()
-    facts = parse_probe(text=run(probe_command(explicit=check)))
-    return choose(facts=facts, explicit=explicit, conda_env=conda_env)
-
-
 def probe_build(*, sandbox, plan, labels):
-    """
-    The one probe of a running build (one command in the container).
-
-    Records the answer in the image (:data:`TARGET_ENV_FILE`) and in the
-    label ``cotainr-lumi.target-env``. Stages get it through
-    :attr:`cotainr_lumi.engine.stage.StageContext.target_env`, which calls
-    this once.
-    """
+    """The build's one probe; the answer is recorded in the image and a label."""
     timeout = plan.target_settings.probe_timeout
-
-    def run(args):
-        try:
-            return sandbox.run(args, timeout=timeout).stdout or ""
-        except _cotainr.CommandTimeoutError:
-            raise StageError(timeout_message(timeout), stage=SETTINGS_NAME) from None
-        except _cotainr.CommandError as e:
-            raise StageError(
-                "could not start the container to find its Python environment",
-                stage=SETTINGS_NAME,
-                details=e.error_lines(),
-            ) from e
-
+    explicit = plan.target_settings.prefix or None
+    conda_env = plan.conda_env is not None and (
+        f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
+    )
     try:
-        target = discover(
-            run=run,
-            explicit=plan.target_settings.prefix or None,
-            conda_env=(
-                conda_env_prefix(plan=plan) if plan.conda_env is not None else False
-            ),
+        command = probe_command(explicit=explicit or conda_env or None)
+        output = sandbox.run(command, timeout=timeout).stdout or ""
+    except _cotainr.CommandTimeoutError:
+        raise StageError(timeout_message(timeout), stage=SETTINGS_NAME) from None
+    except _cotainr.CommandError as e:
+        raise StageError(
+            "could not start the container to find its Python environment",
+            stage=SETTINGS_NAME,
+            details=e.error_lines(),
+        ) from e
+    try:
+        target = choose(
+            facts=parse_probe(text=output), explicit=explicit, conda_env=conda_env
         )
     except TargetEnvNotFoundError as e:
         logger.info("No target Python environment: %s", e)
@@ -229,7 +191,7 @@ def probe_build(*, sandbox, plan, labels):
         logger.info("Not the target: %s", decoy)
     write_file_in_root(
         root=sandbox.root,
-        path=TARGET_ENV_FILE,
+        path=imagelayout.TARGET_ENV_FILE,
         content=json.dumps(target.to_dict(), indent=2, sort_keys=True) + "\n",
     )
     labels[imagelayout.LABEL_TARGET_ENV] = target.prefix

@@ -1,11 +1,4 @@
-"""
-Where settings come from, and how an error names it.
-
-The one settings loader (:mod:`cotainr_lumi.engine.settings`) reads settings
-from several sources; each is an :class:`Origin`, which words the error for a
-bad value: the key for the Python API, the option for a command line option,
-the file and line for a file.
-"""
+"""Where settings come from: each source's :class:`Origin` words its errors."""
 
 import logging
 from pathlib import Path
@@ -47,8 +40,8 @@ class Origin:
 class OptionOrigin(Origin):
     """Settings from a command line option: an error names the option."""
 
-    def __init__(self, *, option, base_dir=None):
-        super().__init__(base_dir=base_dir)
+    def __init__(self, *, option):
+        super().__init__()
         self.option = option
 
     def error(self, *, path, message):

@@ -1,30 +1,15 @@
 """
 Which network plugin RCCL loads, decided as RCCL's own plugin loader does.
 
-RCCL (ROCm/rccl ``src/plugin/plugin_open.cc``, plugin prefix ``librccl-net``)
-opens with ``dlopen``, for its NET plugin:
-
-- without ``NCCL_NET_PLUGIN``: ``librccl-net.so``;
-- with ``NCCL_NET_PLUGIN=NAME``: ``NAME`` itself, then, when ``NAME`` has no
-  ``/`` and is not a ``lib*.so`` name, ``librccl-net-NAME.so``.
-
-It never looks for NCCL's names (``libnccl-net*.so``) unless
-``NCCL_NET_PLUGIN`` names such a file. The plugin generations on LUMI, by file
-name:
-
-- aws-ofi-rccl (ROCm/aws-ofi-rccl; the 2024 LUMI images in
-  ``/opt/aws-ofi-rccl``, the 2025 LUMI AI Factory images in ``/usr/lib``):
-  ``librccl-net.so``;
-- aws-ofi-nccl built ``--with-rocm`` (its successor; the ROCm 7 LUMI AI
-  Factory images): ``librccl-net-ofi.so``, loaded with ``NCCL_NET_PLUGIN=ofi``
-  or through a ``librccl-net.so`` link to it;
-- ``libnccl-net*.so``: aws-ofi-nccl's name for NCCL (its CUDA build).
-
-Names without ``/`` are looked up as ``dlopen`` does: in ``LD_LIBRARY_PATH``,
-then in the loader's directories. The functions here take what is in those
-directories and decide; they do no I/O, so the lumi-env stage (reading the
-sandbox) and ``cotainr-lumi verify`` (reading the image through its probe)
-decide alike.
+RCCL (``src/plugin/plugin_open.cc``) dlopens, without ``NCCL_NET_PLUGIN``,
+``librccl-net.so``; with ``NCCL_NET_PLUGIN=NAME``, ``NAME``, then (for a
+``NAME`` without ``/`` that is no ``lib*.so`` name) ``librccl-net-NAME.so``;
+never ``libnccl-net*.so`` unless named. On LUMI: aws-ofi-rccl is
+``librccl-net.so``; aws-ofi-nccl built ``--with-rocm`` (ROCm 7 images) is
+``librccl-net-ofi.so`` (``NCCL_NET_PLUGIN=ofi`` or a ``librccl-net.so`` link);
+``libnccl-net*.so`` is its CUDA build. Names without ``/`` are looked up in
+``LD_LIBRARY_PATH``, then the loader's directories. The functions take what is
+there and do no I/O, so the lumi-env stage and ``verify`` decide alike.
 """
 
 import fnmatch

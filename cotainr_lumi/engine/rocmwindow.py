@@ -1,20 +1,11 @@
 """
 The ROCm versions LUMI's GPU driver supports, and an image checked against them.
 
-A container brings its own ROCm user-space libraries but runs on the host's
-GPU kernel driver; a ROCm outside the versions that driver supports fails at
-run time. A system profile states the supported range as the settings of
-the pseudo-stage ``rocm`` (``supported: "6.1-7.0"``, with the ``source``
-that states it, see ``cotainr_lumi/systems.yaml``). The base image's ROCm
-(``$ROCM_PATH/.info/version``) and the ROCm torch was built for (its
-``+rocmX.Y`` local version, else ``torch.version.hip``) are checked against
-it, and against each other:
-
-- ``--dry-run`` says it in the plan (asking a local base image);
-- a build warns when it starts (the base) and after its stages (torch), and
-  stops with ``strict: true`` (``--set rocm.strict=true``); the answer is kept in labels
-  (``cotainr-lumi.rocm.*``);
-- ``cotainr-lumi verify`` has a ``rocm-driver`` row.
+A profile states the supported range in the settings section ``rocm``
+(``supported: "6.1-7.0"`` with its ``source``). The base image's ROCm and the
+ROCm torch was built for are checked against it and each other: the dry run
+says it, a build warns at its start and end (stops with ``rocm.strict``) and
+keeps the answer in labels, and ``cotainr-lumi verify`` has a row.
 """
 
 from dataclasses import dataclass
@@ -29,7 +20,7 @@ from .settings import StageSettings, setting
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The pseudo-stage name of the settings (``--set rocm.strict=true``).
+#: The settings section of the ROCm check (``--set rocm.strict=true``).
 SETTINGS_NAME = "rocm"
 
 _MAJOR_MINOR = re.compile(r"^\s*(\d+)\.(\d+)")
@@ -48,7 +39,7 @@ def _check_range(value):
 
 @dataclass(frozen=True)
 class RocmSettings(StageSettings):
-    """The settings of the pseudo-stage ``rocm``."""
+    """The settings section ``rocm``."""
 
     supported: Optional[str] = setting(
         None,
@@ -190,20 +181,11 @@ def describe_lines(*, plan):
     return lines
 
 
-def _read_line(root, path):
-    try:
-        text = resolve_in_root(root=root, path=path).read_text(errors="replace")
-    except OSError:
-        return None
-    return text.splitlines()[0].strip() if text.strip() else None
-
-
 def _torch_in_sandbox(*, root, target):
     """The torch of the target env, read from ``torch/version.py`` in the sandbox."""
     if target is None:
         return None
     for site in target.site:
-        text = None
         try:
             path = resolve_in_root(root=root, path=f"{site}/torch/version.py")
             text = path.read_text(errors="replace")[:20000]
@@ -224,7 +206,12 @@ def _torch_in_sandbox(*, root, target):
 
 def _base_rocm_in_sandbox(*, root, target):
     rocm_path = (target.image.rocm_path if target is not None else "") or "/opt/rocm"
-    return _read_line(root, f"{rocm_path}/.info/version")
+    try:
+        path = resolve_in_root(root=root, path=f"{rocm_path}/.info/version")
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    return text.splitlines()[0].strip() if text.strip() else None
 
 
 def check_build(*, context, phase):

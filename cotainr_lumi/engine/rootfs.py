@@ -1,11 +1,8 @@
 """
-Path handling confined to a container root file system.
+Paths of an image's root file system on the host, links resolved inside it.
 
-A sandbox is a directory on the host holding the image's root file system.
-Its symlinks are meant for the image: ``/opt/rocm -> /opt/rocm-6.2.4`` points
-to the image's ``/opt/rocm-6.2.4``, not the host's. Everything here resolves
-such links inside the sandbox root, so nothing we read for decisions, write or
-delete can be a host file.
+A sandbox's links are meant for the image (``/opt/rocm -> /opt/rocm-6.2.4``),
+so nothing read for decisions, written or deleted here can be a host file.
 """
 
 import errno
@@ -28,13 +25,10 @@ class SymlinkLoopError(OSError):
 
 
 def resolve_in_root(*, root, path, follow_final=True):
-    """
-    Resolve an image path to a host path inside `root`.
+    """The host path of an image path, resolved as under ``chroot root``.
 
-    The path is resolved component by component as the kernel would resolve
-    it with `root` as ``/`` (like ``chroot``): absolute symlink targets restart
-    at `root`, ``..`` never climbs above `root`, and missing components are
-    kept literally. The result therefore always lies inside `root`.
+    Absolute link targets restart at `root`, ``..`` never climbs above it and
+    missing components are kept, so the result always lies inside `root`.
     """
     root = Path(os.path.abspath(root))
     pending = [p for p in PurePosixPath("/", path).parts[1:]]
@@ -84,13 +78,7 @@ def image_path_of(*, root, host_path):
 
 
 def write_file_in_root(*, root, path, content, mode=0o644):
-    """
-    Write a regular file at an image path, never through a link.
-
-    Parent directories are resolved inside `root` and created (mode 0755) if
-    missing. A symlink at the final component is replaced by the file (the
-    link is removed, its target is left alone).
-    """
+    """Write a regular file at an image path (a link there is replaced)."""
     image_path = PurePosixPath("/", path)
     parent = resolve_in_root(root=root, path=image_path.parent)
     parent.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -135,26 +123,14 @@ class RootEntry:
 
 
 def is_inside(*, parent, path):
-    """
-    Whether a host path lies inside (or is) a host directory, lexically.
-
-    Both paths should already be resolved (e.g. by :func:`resolve_in_root`);
-    no symlink is followed here.
-    """
+    """Whether a resolved host path lies inside (or is) a directory, lexically."""
     parent = os.path.abspath(parent)
     path = os.path.abspath(path)
     return os.path.commonpath([parent, path]) == parent
 
 
 def walk_in_root(*, root, path):
-    """
-    Walk a directory tree inside a root, never following a symlink.
-
-    The start directory is resolved with :func:`resolve_in_root` (so a link
-    on the way to it stays inside `root`); below it, symlinks are reported as
-    ``"symlink"`` entries and never followed, so the walk cannot leave the
-    start directory. Unreadable directories are logged and skipped.
-    """
+    """Walk a tree inside `root`; links below the start are reported, never followed."""
     start = resolve_in_root(root=root, path=path)
     if not start.is_dir() or start.is_symlink():
         return
@@ -168,8 +144,6 @@ def walk_in_root(*, root, path):
             logger.warning("Cannot read directory %s: %s", directory, e.strerror)
             continue
         for entry in entries:
-            # The kinds come from the directory entries' d_type (no stat call
-            # on file systems that report it): walks meet many files.
             try:
                 if entry.is_symlink():
                     kind = "symlink"
@@ -197,14 +171,10 @@ def claim_build_dirs(*, root):
     """
     Make the directories the build writes into real directories, not links.
 
-    The build writes inside `root`, but the container follows links at run
-    time, where host directories are mounted (``/tmp``, ``$HOME``): with a
-    base image's ``/opt/cotainr-lumi -> /tmp/x``, pip would read another
-    user's files in the host's ``/tmp/x`` instead of those the build wrote.
-    So each of :data:`BUILD_DIRS` that is a link becomes a real directory
-    holding a copy of what the link leads to inside `root` (if anything), and
-    the records directory (:data:`cotainr_lumi.imagelayout.RECORDS_DIR`)
-    keeps no link at all.
+    At run time the container follows links to mounted host directories
+    (``/opt/cotainr-lumi -> /tmp/x``), so each of :data:`BUILD_DIRS` that is
+    a link becomes a directory holding a copy of its target inside `root`,
+    and the records directory keeps no link at all.
     """
     root = Path(root)
     for path in (*BUILD_DIRS, imagelayout.LABELS_FILE):

@@ -1,30 +1,14 @@
 """
-Stage settings: declared once, read by one loader.
+Settings: declared once, read by one loader.
 
-A stage declares its settings as a frozen dataclass deriving from
-:class:`StageSettings`, one field per setting made with :func:`setting`::
-
-    @dataclass(frozen=True)
-    class PruneSettings(StageSettings):
-        libstdcxx: bool = setting(True, doc="remove the env's libstdc++ when safe")
-        strict: bool = setting(False, doc="fail instead of skipping a pruning")
-
-The field name is the key users write, with ``-`` for ``_`` (``rocm_dedup``
-is ``rocm-dedup``); the annotation is its type (``bool``, ``str``, ``int``,
-``Optional[...]``, ``list[...]``, ``dict[str, ...]``, ``Any``); ``check`` adds
-a rule on the value and ``load`` replaces the conversion from what users
-write (the pip steps become ``PipStep`` objects).
-
-:func:`cotainr_lumi.engine.stage.load_stage_settings` is the one loader (it
-looks stages up in the registry there, and uses :func:`load_settings` for
-each). It reads what one source gives
-(a system profile, ``--set``, a pip steps file, the Python API), checks it
-against the declarations and returns the settings typed, only the keys given,
-so that sources merge (profile files in order, then the build's);
+A settings section is a frozen dataclass deriving from :class:`StageSettings`,
+one field per setting made with :func:`setting`; the key users write is the
+field name with ``-`` for ``_``, the annotation its type; ``check`` adds a
+rule on the value and ``load`` replaces the conversion. :func:`load_sections`
+reads what one source gives (a profile, ``--set``, the Python API) into typed
+values of only the keys given, so that sources merge;
 :meth:`StageSettings.complete` fills in the defaults. The first problem is one
-error, worded by the source's :class:`cotainr_lumi.engine.origins.Origin`:
-the file and line for a file, the option for an option, the key for the
-Python API.
+error, worded by the source's :class:`cotainr_lumi.engine.origins.Origin`.
 """
 
 from collections.abc import Mapping
@@ -120,28 +104,6 @@ class Declared:
         return value
 
 
-@functools.cache
-def _declared(cls):
-    hints = get_type_hints(cls)
-    declared = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        else:
-            default = f.default_factory()
-        spec = Declared(
-            key=f.name.replace("_", "-"),
-            name=f.name,
-            type=hints[f.name],
-            default=default,
-            doc=f.metadata.get("doc", ""),
-            check=f.metadata.get("check"),
-            load=f.metadata.get("load"),
-        )
-        declared[spec.key] = spec
-    return declared
-
-
 def _plain(value):
     """`value` as JSON-serialisable data (objects with ``to_dict`` too)."""
     if hasattr(value, "to_dict"):
@@ -158,17 +120,27 @@ def _plain(value):
 
 @dataclass(frozen=True)
 class StageSettings:
-    """
-    Base class of a stage's settings declaration.
-
-    Subclasses are frozen dataclasses whose fields are made with
-    :func:`setting`.
-    """
+    """Base class of a settings section: frozen, its fields made with :func:`setting`."""
 
     @classmethod
+    @functools.cache
     def declared(cls):
-        """The declared settings."""
-        return _declared(cls)
+        """The declared settings, by key."""
+        hints = get_type_hints(cls)
+        return {
+            f.name.replace("_", "-"): Declared(
+                key=f.name.replace("_", "-"),
+                name=f.name,
+                type=hints[f.name],
+                default=f.default_factory()
+                if f.default is dataclasses.MISSING
+                else f.default,
+                doc=f.metadata.get("doc", ""),
+                check=f.metadata.get("check"),
+                load=f.metadata.get("load"),
+            )
+            for f in dataclasses.fields(cls)
+        }
 
     @classmethod
     def complete(cls, partial=None):
@@ -314,3 +286,25 @@ def load_settings(*, schema, raw, origin, stage):
         return read_declared(schema=schema, raw=raw, origin=origin)
     except SettingError as e:
         raise origin.error(path=(stage, *e.path), message=e.message) from None
+
+
+def load_sections(*, sections, raw, origin):
+    """Read the settings tree one source gives: section name -> settings."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise origin.error(
+            path=(),
+            message="must map stage names to their settings, e.g. "
+            f"{{'prune': {{'strict': True}}}} (got {raw!r})",
+        )
+    loaded = {}
+    for name, values in raw.items():
+        if name not in sections:
+            raise origin.error(
+                path=(name,), message=unknown_message(name, sorted(sections), "stage")
+            )
+        loaded[name] = load_settings(
+            schema=sections[name], raw=values, origin=origin, stage=name
+        )
+    return loaded

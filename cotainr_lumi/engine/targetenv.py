@@ -1,45 +1,17 @@
 """
-The one discovery of the Python environment a build installs into.
+The one choice of the Python environment a build installs into.
 
-Every stage that needs "the image's Python" (pip installs into it, prune
-looks for torch and libstdc++ in it, lumi-env makes ``$WITH_CONDA`` activate
-it, verify inspects it) reads ``context.target_env``
-(:class:`cotainr_lumi.engine.stage.StageContext`): one probe of the image per
-build (:mod:`cotainr_lumi.engine.imageprobe`: one command in the container,
-which also reports what other stages need of the image's environment,
-:class:`ImageFacts`) and the rules below, in :func:`choose`. A dry run asks a
-local base image with the same probe. The answer is written into the image,
-so that ``cotainr-lumi verify`` later reads the same answer.
-
-Order of precedence (the first that applies wins):
-
-1. ``setting``: the explicit setting ``target-env.prefix`` (``--set
-   target-env.prefix=/opt/miniconda3/envs/pytorch``, or ``target-env:
-   {prefix: ...}`` under ``settings:`` of a system profile);
-2. ``conda-env``: the conda env cotainr creates from ``--conda-env``;
-3. ``with-conda``: the env the base image's ``$WITH_CONDA`` activates (the
-   LUMI EasyBuild PyTorch images up to 20240209:
-   ``source /opt/miniconda3/bin/activate pytorch``);
-4. ``active-env``: a venv or conda env active in the image's environment
-   (``VIRTUAL_ENV`` / ``CONDA_PREFIX`` set by its env files: the 2025
-   refresh, ``/user-software/venv`` images, cotainr's own conda env);
-5. ``path-env``: the first ``python`` on the image's ``PATH``, when its own
-   ``sys.prefix`` is a venv or a conda env (not conda's base env) outside
-   ``/usr`` (the LUMI AI Factory images: ``/opt/venv``, exposed only through
-   ``PATH`` and ``PYTHONPATH``, no ``VIRTUAL_ENV``);
-6. ``pythonpath-env``: the venv or conda env whose
-   ``<prefix>/lib/pythonX.Y/site-packages`` is first on the image's
-   ``PYTHONPATH`` (an env exposed only that way);
-7. none: a stage that must install refuses with one clear error. A system
-   Python (``/usr/bin/python3``) is never a target, and rules 5 and 6 never
-   take conda's base env (a decoy on ``PATH`` in older images).
-
-The base image is asked the way a user's job would ask it: inside the
-container, in a clean environment (no host variables), after its
-``/.singularity.d/env`` scripts, then ``eval "$WITH_CONDA"``. An env is
-identified by the ``sys.prefix`` and ``sys.executable`` of its own
-interpreter (``<prefix>/bin/python``), never by whatever ``python`` comes
-first on ``PATH``.
+One probe of the image per build (:mod:`.imageprobe`) gives the facts;
+:func:`choose` applies the rules, the first that applies wins: 1. the setting
+``target-env.prefix``; 2. the conda env cotainr creates from ``--conda-env``;
+3. the env the base image's ``$WITH_CONDA`` activates; 4. a venv or conda env
+active in the image's environment (``VIRTUAL_ENV``/``CONDA_PREFIX``); 5. the
+venv or conda env of the first ``python`` on its ``PATH``; 6. the venv or
+conda env whose site-packages is first on its ``PYTHONPATH``; else none (a
+stage that must install refuses). A system Python (under ``/usr``) is never a
+target, nor is conda's base env under rules 5 and 6. An env is identified by
+its own interpreter's ``sys.prefix``, never by whatever ``python`` is first
+on ``PATH``.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -53,7 +25,7 @@ from .settings import StageSettings, setting
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The pseudo-stage name of the explicit setting (``target-env.prefix``).
+#: The settings section of the target env.
 SETTINGS_NAME = "target-env"
 #: Prefixes of system Pythons: never a target.
 SYSTEM_PREFIXES = ("/usr", "/usr/local", "/")
@@ -97,7 +69,7 @@ def timeout_message(seconds):
 
 @dataclass(frozen=True)
 class TargetEnvSettings(StageSettings):
-    """The settings of the pseudo-stage ``target-env``."""
+    """The settings section ``target-env``."""
 
     prefix: Optional[str] = setting(
         None,
@@ -247,9 +219,8 @@ def _decoys(facts, chosen_prefix):
 
 
 def _under_usr(prefix):
-    """Whether `prefix` is ``/usr`` or below it (a system location)."""
-    path = os.path.normpath(prefix or "/")
-    return _is_system_prefix(path) or path == "/usr" or path.startswith("/usr/")
+    """Whether `prefix` is a system prefix or below ``/usr``."""
+    return _is_system_prefix(prefix) or os.path.normpath(prefix).startswith("/usr/")
 
 
 def _kind(info):
@@ -415,36 +386,24 @@ def _from_with_conda(facts, *, before):
     return _make_target(facts, info, source="with-conda", reason=reason)
 
 
-def _installable(info):
-    """Whether an interpreter's env may be a target of rules 5 and 6."""
-    return info is not None and _kind(info) in ("venv", "conda-env")
-
-
-def _from_path(facts):
-    """Rule 5: the venv or conda env of the first python on PATH (None: none)."""
-    path_py = facts.get("image", {}).get("path_python")
-    info = _python(facts, "image.path_python")
-    if not path_py or not _installable(info):
-        return None
-    reason = (
-        f"the first python on the base image's PATH, {path_py}, is "
-        f"{_KIND_WORDS[_kind(info)]} with its own sys.prefix {info['prefix']} "
-        "(no VIRTUAL_ENV/CONDA_PREFIX or $WITH_CONDA names it)"
-    )
-    return _make_target(facts, info, source="path-env", reason=reason)
-
-
-def _from_pythonpath(facts):
-    """Rule 6: the env of the first site-packages on PYTHONPATH (None: none)."""
-    prefix = facts.get("image", {}).get("pythonpath_prefix")
-    info = _python(facts, "image.pythonpath_env")
-    if not prefix or not _installable(info):
-        return None
-    reason = (
-        f"the base image's PYTHONPATH starts with the site-packages of {prefix}, "
-        f"{_KIND_WORDS[_kind(info)]} with its own interpreter {info['executable']}"
-    )
-    return _make_target(facts, info, source="pythonpath-env", reason=reason)
+#: Rules 5 and 6: (source, the fact naming the place, its interpreter, reason).
+_PLACE_RULES = (
+    (
+        "path-env",
+        "path_python",
+        "image.path_python",
+        "the first python on the base image's PATH, {place}, is {kind} with its "
+        "own sys.prefix {prefix} (no VIRTUAL_ENV/CONDA_PREFIX or $WITH_CONDA "
+        "names it)",
+    ),
+    (
+        "pythonpath-env",
+        "pythonpath_prefix",
+        "image.pythonpath_env",
+        "the base image's PYTHONPATH starts with the site-packages of {place}, "
+        "{kind} with its own interpreter {executable}",
+    ),
+)
 
 
 def choose(*, facts, explicit=None, conda_env=False):
@@ -464,9 +423,13 @@ def choose(*, facts, explicit=None, conda_env=False):
             f"({_env_words(var, facts, 'image')})"
         )
         return _make_target(facts, info, source="active-env", reason=reason)
-    target = _from_path(facts) or _from_pythonpath(facts)
-    if target is not None:
-        return target
+    image = facts.get("image", {})
+    for source, place, where, reason in _PLACE_RULES:
+        info = _python(facts, where)
+        if image.get(place) and info and _kind(info) in ("venv", "conda-env"):
+            kind = _KIND_WORDS[_kind(info)]
+            reason = reason.format(place=image[place], kind=kind, **info)
+            return _make_target(facts, info, source=source, reason=reason)
     raise TargetEnvNotFoundError(_not_found_message(facts))
 
 
@@ -484,12 +447,7 @@ LOOKS_FOR = (
 
 
 def describe_lines(*, plan):
-    """
-    What the plan says about the target environment.
-
-    For a dry run with a local base image (and Apptainer here) the base image
-    is asked now; otherwise the lines say what the build will look for.
-    """
+    """The plan's lines on the target env (asked, or what the build looks for)."""
     explicit = plan.target_settings.prefix
     if explicit:
         return [f"{explicit} ({_SOURCE_WORDS['setting']}; checked at build start)"]

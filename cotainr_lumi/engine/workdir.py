@@ -1,13 +1,9 @@
 """
 Where a build works: the sandbox and Apptainer's temporary files.
 
-cotainr unpacks the base image into a sandbox under ``$TMPDIR`` and
-Apptainer writes its temporary files under ``$APPTAINER_TMPDIR``. On LUMI's
-compute nodes ``/tmp`` is in memory, so a 5-10 GB image can fill it (and the
-node's RAM; DeiC-HPC/cotainr#51, #170). The pseudo-stage ``build`` (setting
-``work-dir``, option ``--work-dir``, also in a site profile) moves both to a
-chosen file system, and before building the space a build needs is estimated
-and checked against what is free there.
+On LUMI's compute nodes ``/tmp`` is in memory, so the settings section
+``build`` (``work-dir``, ``--work-dir``) moves both to a chosen file system,
+whose free space is checked against an estimate first.
 """
 
 import contextlib
@@ -24,7 +20,7 @@ from .settings import StageSettings, setting
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The pseudo-stage name of the build settings (``build.work-dir``).
+#: The settings section of the build (``build.work-dir``).
 SETTINGS_NAME = "build"
 #: The variables that place temporary files (Python's, Apptainer's, Singularity's).
 TMP_VARIABLES = ("TMPDIR", "APPTAINER_TMPDIR", "SINGULARITY_TMPDIR")
@@ -45,7 +41,7 @@ def _check_work_dir(value):
 
 @dataclass(frozen=True)
 class BuildSettings(StageSettings):
-    """The settings of the pseudo-stage ``build``."""
+    """The settings section ``build``."""
 
     work_dir: Optional[str] = setting(
         None,
@@ -134,13 +130,7 @@ def _dead(pid_text):
 
 
 def remove_leftovers(*, work_dir, image_path):
-    """
-    Remove what a killed earlier build (SIGKILL, a node crash) left behind.
-
-    Its own directory in `work_dir` (sandbox, Apptainer's files) and its
-    partial image next to `image_path`, when they are yours and the process
-    that made them is gone; each is named in the log.
-    """
+    """Remove the work and partial image files of your killed earlier builds."""
     image_path = Path(image_path)
     found = [
         (path, path.name[len(BUILD_DIR_PREFIX) :].split("-", 1)[0])
@@ -173,14 +163,7 @@ def remove_leftovers(*, work_dir, image_path):
 
 @contextlib.contextmanager
 def work_dir_environment(work_dir):
-    """
-    Point cotainr's and Apptainer's temporary files at a directory of the build.
-
-    The build gets its own new directory in `work_dir`, removed with all it
-    holds when the context ends (also when the build failed or was
-    interrupted), so nothing of a build is left behind and nothing else in
-    `work_dir` is touched.
-    """
+    """Point temporary files at a new directory in `work_dir`, removed at the end."""
     build_dir = Path(
         tempfile.mkdtemp(prefix=f"{BUILD_DIR_PREFIX}{os.getpid()}-", dir=work_dir)
     )

@@ -1,11 +1,8 @@
 """
 The one reader of the YAML files users write, with line numbers.
 
-Profiles, pip steps files and conda environment files are read here: one
-set of messages for a file that cannot be read, is not UTF-8 or is not YAML.
-Mappings and lists come back as :class:`LineDict` and :class:`LineList`,
-which remember the line of each key and item, so that a later check can
-name the line of a bad value (:func:`line_of`).
+Mappings and lists come back as :class:`LineDict` and :class:`LineList`, which
+remember the line of each key and item (:func:`line_of`).
 """
 
 from collections.abc import Hashable

@@ -1,12 +1,9 @@
-"""
-The built-in stages of cotainr-lumi.
+"""The built-in stages of cotainr-lumi and the fixed pipeline they form."""
 
-Importing this package imports every module in it; each module registers its
-stage(s) with :func:`cotainr_lumi.engine.stage.register_stage`.
-"""
+from .lumi_env.stage import LumiEnvStage
+from .pip.stage import PipStage
+from .provenance import ProvenanceStage
+from .prune.stage import PruneStage
 
-import importlib
-import pkgutil
-
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_module}")
+#: The stages, in the order they run.
+PIPELINE = (PipStage, PruneStage, LumiEnvStage, ProvenanceStage)

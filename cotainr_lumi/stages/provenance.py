@@ -16,7 +16,7 @@ from .. import _cotainr
 from .._version import __version__
 from ..engine.rootfs import write_file_in_root
 from ..engine.settings import StageSettings, setting
-from ..engine.stage import Stage, StageReport, register_stage
+from ..engine.stage import Stage, StageReport
 from ..errors import redact
 from ..imagelayout import (
     LABEL_BASE_IMAGE,
@@ -51,7 +51,6 @@ class ProvenanceSettings(StageSettings):
     )
 
 
-@register_stage
 class ProvenanceStage(Stage):
     """Record how the image was built (labels and a JSON record)."""
 

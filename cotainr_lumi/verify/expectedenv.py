@@ -9,9 +9,9 @@ LUMI's GPU driver supports: the image's label, else its system's profile.
 import logging
 
 from ..engine import rocmwindow
-from ..engine.profiles import PACKAGED_PROFILE, load_systems
 from ..errors import CotainrLumiError
 from ..imagelayout import LABEL_ROCM_SUPPORTED, LABEL_SYSTEM
+from ..pipeline.profiles import PACKAGED_PROFILE, load_systems
 from .status import FAIL, PASS, WARN
 
 logger = logging.getLogger(f"cotainr.{__name__}")

@@ -32,8 +32,9 @@ import pytest
 import yaml
 
 import cotainr_lumi
+from cotainr_lumi import stages
 from cotainr_lumi.engine.settings import StageSettings, setting
-from cotainr_lumi.engine.stage import Stage, StageReport, register_stage
+from cotainr_lumi.engine.stage import Stage, StageReport
 from cotainr_lumi.errors import StageError
 
 pytestmark = pytest.mark.e2e
@@ -49,7 +50,6 @@ class PruneFixtureSettings(StageSettings):
     hip: str = setting("6.1.40093-fixture", doc="torch.version.hip of the fixture")
 
 
-@register_stage
 class PruneFixtureStage(Stage):
     """Test-only stage: create prune fixture content in the env (e2e tests)."""
 
@@ -244,6 +244,7 @@ def test_newer_libstdcxx_refuses_with_the_list(
         },
     )
     monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(profile))
+    monkeypatch.setattr(stages, "PIPELINE", (*stages.PIPELINE, PruneFixtureStage))
     image = tmp_path / "refused.sif"
     with pytest.raises(StageError) as info:
         cotainr_lumi.build(image_path=image, system="prune-e2e-b", force=True)
@@ -281,6 +282,7 @@ def test_rocm_version_mismatch_is_left_alone(
         },
     )
     monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(profile))
+    monkeypatch.setattr(stages, "PIPELINE", (*stages.PIPELINE, PruneFixtureStage))
     image = tmp_path / "mismatch.sif"
     caplog.set_level(logging.WARNING, logger="cotainr")
     result = cotainr_lumi.build(image_path=image, system="prune-e2e-d", force=True)

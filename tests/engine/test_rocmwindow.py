@@ -4,12 +4,12 @@ import pytest
 
 from cotainr_lumi import buildoptions
 from cotainr_lumi.engine import rocmwindow
-from cotainr_lumi.engine.plan import BuildRequest, make_plan
-from cotainr_lumi.engine.profiles import PACKAGED_PROFILE, load_systems
 from cotainr_lumi.engine.rocmwindow import Window, major_minor, problems, torch_rocm
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.errors import InputError, StageError
+from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
+from cotainr_lumi.pipeline.profiles import PACKAGED_PROFILE, load_systems
 from tests.hookcontext import hook_context
 
 LUST = "https://lumi-supercomputer.github.io/LUMI-training-materials/User-Updates/Update-202601/"

@@ -16,12 +16,14 @@ from cotainr_lumi.engine.settings import (
     SettingError,
     StageSettings,
     convert,
+    load_sections,
     load_settings,
     setting,
 )
-from cotainr_lumi.engine.stage import Stage, load_stage_settings, register_stage
+from cotainr_lumi.engine.stage import Stage
 from cotainr_lumi.engine.yamlfile import read_yaml
 from cotainr_lumi.errors import InputError, ProfileError
+from cotainr_lumi.pipeline.profiles import sections
 
 
 def _no_dots(value):
@@ -38,13 +40,18 @@ class DemoSettings(StageSettings):
     jobs: int = setting(1, doc="parallel jobs")
 
 
-@register_stage
 class DemoStage(Stage):
     name = "test-settings-demo"
     settings_class = DemoSettings
 
     def run(self, *, context):
         raise AssertionError("not run")
+
+
+def load_tree(*, raw, origin):
+    """The one loader over the settings tree, with the demo stage in it."""
+    tree = {**sections(), DemoStage.name: DemoSettings}
+    return load_sections(sections=tree, raw=raw, origin=origin)
 
 
 def test_declaration_gives_keys_types_defaults_and_docs():
@@ -128,15 +135,15 @@ def test_one_loader_one_error_per_problem():
 def test_errors_name_the_option():
     origin = OptionOrigin(option="--set 'x=y'")
     with pytest.raises(InputError) as info:
-        load_stage_settings(raw={"test-settings-demo": {"jobs": "4"}}, origin=origin)
+        load_tree(raw={"test-settings-demo": {"jobs": "4"}}, origin=origin)
     assert str(info.value) == (
         "Invalid setting test-settings-demo.jobs (--set 'x=y'): "
         "must be an integer (got '4')"
     )
     with pytest.raises(InputError, match=r"test-settings-dmeo \(--set 'x=y'\): "):
-        load_stage_settings(raw={"test-settings-dmeo": {}}, origin=origin)
+        load_tree(raw={"test-settings-dmeo": {}}, origin=origin)
     with pytest.raises(InputError, match="Invalid settings: must map stage names"):
-        load_stage_settings(raw=["x"], origin=Origin())
+        load_tree(raw=["x"], origin=Origin())
 
 
 def test_errors_name_the_file_and_line(tmp_path):
@@ -149,7 +156,7 @@ def test_errors_name_the_file_and_line(tmp_path):
     definition = data["systems"]["s"]
     origin = ProfileOrigin(file=path, system="s", data=definition)
     with pytest.raises(ProfileError) as info:
-        load_stage_settings(raw=definition["settings"], origin=origin)
+        load_tree(raw=definition["settings"], origin=origin)
     assert str(info.value) == (
         f"Invalid system profile (file {path}, line 7, system 's', key "
         "'settings.test-settings-demo.jobs'): must be an integer (got 'many')"
@@ -180,11 +187,16 @@ def test_a_stage_reads_its_settings_once():
 
 
 def test_every_stage_declares_its_settings_with_docs():
-    from cotainr_lumi.engine.stage import settings_class_of, settings_names
-
-    assert {"pip", "prune", "lumi-env", "provenance", "target-env"} <= set(
-        settings_names()
-    )
-    for name in settings_names():
-        for key, spec in settings_class_of(name).declared().items():
+    tree = sections()
+    assert {
+        "pip",
+        "prune",
+        "lumi-env",
+        "provenance",
+        "target-env",
+        "rocm",
+        "build",
+    } <= set(tree)
+    for name, schema in tree.items():
+        for key, spec in schema.declared().items():
             assert spec.doc, f"{name}.{key} has no doc"

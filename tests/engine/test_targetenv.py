@@ -8,8 +8,7 @@ from planfakes import stand_in_plan
 import pytest
 
 from cotainr_lumi._cotainr import CommandError
-from cotainr_lumi.engine.imageprobe import PROBE_SCRIPT, TARGET_ENV_FILE, parse_probe
-from cotainr_lumi.engine.plan import BuildRequest, make_plan
+from cotainr_lumi.engine.imageprobe import PROBE_SCRIPT, parse_probe
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.engine.targetenv import (
     ImageFacts,
@@ -18,6 +17,8 @@ from cotainr_lumi.engine.targetenv import (
     choose,
 )
 from cotainr_lumi.errors import InputError, StageError
+from cotainr_lumi.imagelayout import TARGET_ENV_FILE
+from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
 
 M = "COTAINR_LUMI_TARGET_ENV"
 ENV = "/opt/miniconda3/envs/pytorch"
@@ -312,7 +313,7 @@ def test_setting_in_plan_and_dry_run_text(tmp_path, monkeypatch):
     assert plan.target_settings.prefix == ENV
     text = plan.describe()
     assert f"target env: {ENV} (named explicitly (target-env.prefix)" in text
-    plan = _plan(tmp_path, settings={"pip": {}}, dry_run=True)
+    plan = _plan(tmp_path, settings={"pip": {}})
     plan.ask_base_image()
     assert plan.base_target is None
     assert "the env its $WITH_CONDA activates" in plan.describe()

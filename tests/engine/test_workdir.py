@@ -67,7 +67,7 @@ def test_environment_points_temporary_files_there_and_is_restored(
 
 def test_work_dir_option_reaches_the_plan(tmp_path, test_profile):
     from cotainr_lumi import buildoptions
-    from cotainr_lumi.engine.plan import make_plan
+    from cotainr_lumi.pipeline.plan import make_plan
 
     request = buildoptions.request_from_options(
         context=hook_context(

@@ -4,8 +4,8 @@ import os
 from types import SimpleNamespace
 
 from cotainr_lumi import _cotainr, _version, build
-from cotainr_lumi.engine.plan import BuildRequest, make_plan
 from cotainr_lumi.engine.stage import StageContext
+from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
 from cotainr_lumi.stages.provenance import sha256_of_file
 
 

@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from cotainr_lumi.engine.profiles import PACKAGED_PROFILE
+from cotainr_lumi.pipeline.profiles import PACKAGED_PROFILE
 from cotainr_lumi.verify.expectedenv import (
     DEFAULT_SYSTEM,
     default_lumi_env,

@@ -34,7 +34,7 @@ import shlex
 
 from ... import _cotainr, imagelayout
 from ...engine.rootfs import write_file_in_root
-from ...engine.stage import Stage, StageReport, register_stage
+from ...engine.stage import Stage, StageReport
 from ...errors import InputError, StageError
 from ...imagelayout import LABEL_MPI, LABEL_MPI_RECORD, MPI_ENV_FILE, MPI_FILE
 from . import network
@@ -67,7 +67,6 @@ __all__ = ["LumiEnvStage"]
 logger = logging.getLogger(f"cotainr.{__name__}")
 
 
-@register_stage
 class LumiEnvStage(Stage):
     """Inject LUMI runtime settings, runscripts and bind information."""
 

@@ -34,7 +34,7 @@ import dataclasses
 from pathlib import Path
 import shlex
 
-from ...engine.stage import Stage, register_stage
+from ...engine.stage import Stage
 from ...errors import redact_env
 from .install import (
     CACHE_DIR,
@@ -62,7 +62,6 @@ class _InputAction(argparse.Action):
         setattr(namespace, self.dest, items)
 
 
-@register_stage
 class PipStage(Stage):
     """Ordered pip steps that cannot clobber installed packages."""
 

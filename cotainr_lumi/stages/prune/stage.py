@@ -7,7 +7,7 @@ import functools
 import logging
 
 from ...engine.settings import StageSettings, setting
-from ...engine.stage import Stage, StageReport, register_stage
+from ...engine.stage import Stage, StageReport
 from ...errors import StageError
 from ...imagelayout import (
     LABEL_PRUNE_BYTES_SAVED,
@@ -41,7 +41,6 @@ class PruneSettings(StageSettings):
     )
 
 
-@register_stage
 class PruneStage(Stage):
     """Remove the env's libstdc++ and de-duplicate bundled ROCm libraries, when safe."""
 

@@ -14,10 +14,11 @@ from targetenv_fakes import is_probe, probe_stdout
 
 import cotainr_lumi
 from cotainr_lumi import _cotainr
-from cotainr_lumi.engine.plan import BuildRequest, make_plan
-from cotainr_lumi.engine.stage import StageContext, get_stage_class
+from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.errors import InputError, StageError
+from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
+from cotainr_lumi.stages import PIPELINE
 from cotainr_lumi.stages.lumi_env.hostfiles import HOST_COMMANDS
 from cotainr_lumi.stages.lumi_env.imagefiles import (
     BASE_WITH_CONDA_MARK,
@@ -416,7 +417,7 @@ def test_api_build_and_dry_run_plan(tmp_path, fake_singularity, lumi_env_profile
 
 
 def test_stage_is_registered():
-    assert get_stage_class("lumi-env") is LumiEnvStage
+    assert LumiEnvStage in PIPELINE
     assert (
         Path(cotainr_lumi.__file__)
         .parent.joinpath("stages", "lumi_env", "runscripts", "get-master")

@@ -6,9 +6,9 @@ from planfakes import stand_in_plan
 import pytest
 from test_lumi_env_stage import FakeSandbox, make_root, source_env
 
-from cotainr_lumi.engine.profiles import PACKAGED_PROFILE, load_systems
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.imagelayout import RUNTIME_FILE
+from cotainr_lumi.pipeline.profiles import PACKAGED_PROFILE, load_systems
 from cotainr_lumi.stages.lumi_env import network
 from cotainr_lumi.stages.lumi_env.settings import LumiEnvSettings
 from cotainr_lumi.stages.lumi_env.stage import LumiEnvStage

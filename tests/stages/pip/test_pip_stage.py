@@ -12,9 +12,9 @@ import pytest
 from targetenv_fakes import is_probe, probe_stdout
 
 from cotainr_lumi import _cotainr
-from cotainr_lumi.engine.plan import BuildRequest, make_plan
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.errors import InputError, StageError
+from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
 from cotainr_lumi.stages.pip.stage import PACKAGES_FILE, WORK_DIR, PipStage
 
 PREFIX = "/opt/cotainr/conda/envs/conda_container_env"

@@ -20,12 +20,13 @@ from test_libstdcxx import DEB_DIR, install_lib
 from test_rocm import make_rocm
 
 from cotainr_lumi import _cotainr
-from cotainr_lumi.engine.plan import BuildRequest, make_plan
-from cotainr_lumi.engine.profiles import load_systems
-from cotainr_lumi.engine.stage import StageContext, get_stage_class
+from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.errors import InputError, ProfileError, StageError
 from cotainr_lumi.imagelayout import LABEL_PRUNE_MANIFEST as MANIFEST_LABEL
 from cotainr_lumi.imagelayout import PRUNE_MANIFEST_FILE as MANIFEST_PATH
+from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
+from cotainr_lumi.pipeline.profiles import load_systems
+from cotainr_lumi.stages import PIPELINE
 from cotainr_lumi.stages.prune.rocm import VERIFY_SCRIPT
 from cotainr_lumi.stages.prune.stage import PruneSettings, PruneStage
 
@@ -287,7 +288,7 @@ def test_settings():
     )
     with pytest.raises(InputError, match="prune.libstdcxx: must be true or false"):
         PruneStage(settings={"libstdcxx": "yes"})
-    assert get_stage_class("prune") is PruneStage
+    assert PruneStage in PIPELINE
 
 
 def test_profile_settings_and_dry_run_description(tmp_path, monkeypatch):

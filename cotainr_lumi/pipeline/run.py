@@ -1,10 +1,4 @@
-"""
-Run a build plan's stages inside cotainr's build.
-
-cotainr creates the sandbox, installs the conda env, adds the metadata and
-builds the image; cotainr-lumi's build hook (:mod:`cotainr_lumi.plugin`)
-runs the plan's stages in between with the helpers here.
-"""
+"""Helpers of the build hook that runs a plan's stages inside cotainr's build."""
 
 import contextlib
 from dataclasses import dataclass, field
@@ -16,8 +10,8 @@ import time
 from typing import Optional
 
 from .. import _cotainr, apptainer
+from ..engine.stage import OUTPUT_MARKER, StageReport
 from ..errors import CotainrLumiError, StageError
-from .stage import OUTPUT_MARKER, StageReport
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -92,13 +86,7 @@ class BuildResult:
 
 @contextlib.contextmanager
 def without_bind_variables():
-    """
-    Unset Apptainer/Singularity bind variables for the duration of a build.
-
-    A LUMI bindings module left loaded sets ``SINGULARITY_BIND`` to host paths
-    (``/var/spool/slurmd`` ...) that the image being built lacks, which makes
-    every ``singularity exec`` of the build fail. They are restored after.
-    """
+    """Unset the bind variables (a LUMI bindings module's) during a build."""
     removed = {
         name: os.environ.pop(name) for name in BIND_ENV_VARS if name in os.environ
     }
@@ -135,9 +123,7 @@ def check_outputs(reports):
     """Collect the host files stages asked for; refuse to clobber foreign files."""
     outputs = {}
     for report in reports:
-        wanted = dict(report.outputs)
-        wanted.update((report.details or {}).get("outputs") or {})
-        for path, content in wanted.items():
+        for path, content in report.outputs.items():
             path = Path(path)
             if OUTPUT_MARKER not in content:
                 raise StageError(

@@ -1,12 +1,4 @@
-"""
-Build requests and the resolved build plan.
-
-A :class:`BuildRequest` is what the user asked for (command line or Python
-API); :func:`make_plan` checks it against the system profiles and yields a
-:class:`BuildPlan`: the base image, the stages in order with their settings,
-and whether the build is an extended (cotainr-lumi) build or a stock cotainr
-build. :meth:`BuildPlan.describe` is the ``--dry-run`` output.
-"""
+"""A build request resolved against the profiles into a plan (shown by --dry-run)."""
 
 from dataclasses import dataclass, field
 import logging
@@ -17,18 +9,24 @@ import subprocess
 from typing import Any, Optional
 
 from .. import _cotainr, apptainer
+from .. import stages as builtin
+from ..engine import imageprobe, rocmwindow, targetenv, workdir
+from ..engine.origins import Origin
+from ..engine.settings import load_sections
+from ..engine.stage import Stage
+from ..engine.yamlfile import read_yaml
 from ..errors import InputError, quoted, redact
 from ..imagelayout import ENV_SCRIPTS_DIR
-from . import imageprobe, rocmwindow, targetenv, workdir
-from .origins import Origin
-from .profiles import SystemProfile, get_system, load_systems, merge_mappings
-from .stage import Stage, get_stage_class, load_stage_settings
-from .yamlfile import read_yaml
+from .profiles import (
+    ENGINE_SECTIONS,
+    SystemProfile,
+    get_system,
+    load_systems,
+    merge_mappings,
+    sections,
+)
 
 logger = logging.getLogger(f"cotainr.{__name__}")
-
-#: The order stages take when a --base-image build asks for some of them.
-CANONICAL_STAGE_ORDER = ("pip", "prune", "lumi-env", "provenance")
 
 _URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -45,9 +43,7 @@ class BuildRequest:
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     skip_stages: tuple[str, ...] = ()
     force: bool = False
-    dry_run: bool = False
     accept_licenses: bool = False
-    conda_env_prefix: Optional[str] = None
 
 
 @dataclass
@@ -62,10 +58,8 @@ class BaseImage:
     def from_spec(cls, spec):
         """Resolve a base image spec."""
         spec = str(spec)
-        if _URI_RE.match(spec):
-            return cls(given=spec, resolved=spec, is_local_file=False)
         path = Path(spec).expanduser()
-        if path.is_file():
+        if not _URI_RE.match(spec) and path.is_file():
             return cls(given=spec, resolved=os.path.realpath(path), is_local_file=True)
         return cls(given=spec, resolved=spec, is_local_file=False)
 
@@ -83,14 +77,10 @@ class BuildPlan:
     skipped: list[str]
     extended: bool
     image_exists: bool
-    target_settings: targetenv.TargetEnvSettings = field(
-        default_factory=targetenv.TargetEnvSettings
-    )
-    build_settings: workdir.BuildSettings = field(default_factory=workdir.BuildSettings)
+    target_settings: targetenv.TargetEnvSettings
+    build_settings: workdir.BuildSettings
+    rocm_settings: rocmwindow.RocmSettings
     base_target: Any = None
-    rocm_settings: rocmwindow.RocmSettings = field(
-        default_factory=rocmwindow.RocmSettings
-    )
     base_facts: Any = None
     base_problem: Optional[str] = None
 
@@ -133,13 +123,7 @@ class BuildPlan:
             )
 
     def ask_base_image(self):
-        """
-        For a dry run: ask a local base image for its target env now.
-
-        Sets :attr:`base_facts` (once, for a local base image) and, unless the
-        env is given (setting, ``--conda-env``), :attr:`base_target`; when the
-        probe failed or timed out, :attr:`base_problem` (the dry run's status).
-        """
+        """For a dry run: probe a local base image once (facts, target, problem)."""
         if self.base_target is not None or self.base_facts is not None:
             return
         if not self.base_image.is_local_file:
@@ -190,29 +174,21 @@ class BuildPlan:
             refuse=self.build_settings.check_space,
         )
 
-    def describe_work_dir(self):
-        """One line: the work directory, the estimate and the free space."""
+    def describe(self):
+        """The dry-run description of the plan."""
+        lines = ["cotainr-lumi build plan (dry run: nothing is built)"]
+        lines += self._describe_inputs()
         needed, free = self.check_space()
         estimate = f"needs about {needed / 1024**3:.1f} GiB, " if needed else ""
-        return f"{self.work_dir} ({estimate}{free / 1024**3:.1f} GiB free)"
-
-    def _describe_base_answers(self):
-        """The plan's lines on the target env and the ROCm versions."""
-        lines = []
+        lines.append(
+            f"  work dir:   {self.work_dir} ({estimate}{free / 1024**3:.1f} GiB free)"
+        )
         for title, answer in (
             ("target env", targetenv.describe_lines(plan=self)),
             ("rocm", rocmwindow.describe_lines(plan=self)),
         ):
             lines.append(f"  {title + ':':<11} {answer[0]}")
             lines += [f"              {line}" for line in answer[1:]]
-        return lines
-
-    def describe(self):
-        """The dry-run description of the plan."""
-        lines = ["cotainr-lumi build plan (dry run: nothing is built)"]
-        lines += self._describe_inputs()
-        lines.append(f"  work dir:   {self.describe_work_dir()}")
-        lines += self._describe_base_answers()
         mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
         lines.append(f"  pipeline:   {mode}")
         lines += self._describe_steps()
@@ -252,44 +228,27 @@ class BuildPlan:
 
     def _describe_steps(self):
         """The plan's numbered steps: cotainr's and the stages', in order."""
-        step = 1
-        lines = [f"  {step}. cotainr: create the sandbox from the base image"]
+        steps = [("cotainr: create the sandbox from the base image", [])]
         if self.conda_env is not None:
-            step += 1
-            lines.append(
-                f"  {step}. cotainr: install the conda env {self.conda_env.name}"
+            steps.append(
+                (
+                    f"cotainr: install the conda env {self.conda_env.name}",
+                    [f"then update it with {f.name}" for f in self.conda_envs[1:]],
+                )
             )
-            lines += [
-                f"       then update it with {file.name}"
-                for file in self.conda_envs[1:]
-            ]
-        for stage in self.stages:
-            step += 1
-            lines.append(f"  {step}. {stage.name}")
-            for detail in stage.describe(plan=self):
-                lines.append(f"       {detail}")
-        step += 1
-        lines.append(
-            f"  {step}. cotainr: add metadata labels and build the SIF "
-            "(written next to the target, moved into place on success)"
+        steps += [(stage.name, stage.describe(plan=self)) for stage in self.stages]
+        steps.append(
+            (
+                "cotainr: add metadata labels and build the SIF (written next to "
+                "the target, moved into place on success)",
+                [],
+            )
         )
+        lines = []
+        for number, (title, details) in enumerate(steps, 1):
+            lines.append(f"  {number}. {title}")
+            lines += [f"       {detail}" for detail in details]
         return lines
-
-
-def _check_conda_env_file(path):
-    """Fail early on a conda environment file conda could not read."""
-    data = read_yaml(
-        path=path,
-        error=lambda message: InputError(
-            f"The conda environment file {path} {message}."
-        ),
-    )
-    if not isinstance(data, dict):
-        raise InputError(
-            f"The conda environment file {path} must be a YAML mapping with "
-            "'dependencies' (and optionally 'name' and 'channels'), got "
-            f"{type(data).__name__}."
-        )
 
 
 def _absolute(path, *, what):
@@ -319,6 +278,26 @@ def _image_path(request):
     return image_path
 
 
+def _conda_env_file(path):
+    """One conda environment file, absolute, checked readable by conda."""
+    conda_env = _absolute(path, what="conda environment file")
+    if not conda_env.is_file():
+        raise InputError(f"The conda environment file {conda_env} does not exist.")
+    data = read_yaml(
+        path=conda_env,
+        error=lambda message: InputError(
+            f"The conda environment file {conda_env} {message}."
+        ),
+    )
+    if not isinstance(data, dict):
+        raise InputError(
+            f"The conda environment file {conda_env} must be a YAML mapping with "
+            "'dependencies' (and optionally 'name' and 'channels'), got "
+            f"{type(data).__name__}."
+        )
+    return conda_env
+
+
 def _conda_envs(request):
     """The absolute conda environment files, each checked (may be empty)."""
     given = request.conda_env
@@ -326,45 +305,14 @@ def _conda_envs(request):
         return ()
     if isinstance(given, (str, os.PathLike)):
         given = [given]
-    files = []
-    for path in given:
-        conda_env = _absolute(path, what="conda environment file")
-        if not conda_env.is_file():
-            raise InputError(f"The conda environment file {conda_env} does not exist.")
-        _check_conda_env_file(conda_env)
-        files.append(conda_env)
+    files = tuple(_conda_env_file(path) for path in given)
     if len(files) > 1 and not _cotainr.takes_several_conda_envs():
         raise InputError(
             f"cotainr {_cotainr.cotainr_version()} takes one conda environment "
             f"file; got {len(files)}. Put the packages that must be installed "
             "after others in pip steps (--pip-requirements or --pip-steps)."
         )
-    return tuple(files)
-
-
-def _resolve_system(*, request, systems, target_settings):
-    """The system (None for --base-image), base image and target-env settings."""
-    if request.system is None:
-        return None, request.base_image, target_settings
-    systems = load_systems() if systems is None else systems
-    system = get_system(name=request.system, systems=systems)
-    target_settings = merge_mappings(
-        system.stage_settings(targetenv.SETTINGS_NAME), target_settings
-    )
-    return system, request.base_image_override or system.base_image, target_settings
-
-
-def _pseudo_stage_settings(*, system, rocm, build):
-    """The ``rocm`` and ``build`` settings: the profile's, then the build's."""
-
-    def merged(name, overrides):
-        profile = system.stage_settings(name) if system else {}
-        return merge_mappings(profile, overrides)
-
-    return (
-        rocmwindow.RocmSettings.complete(merged(rocmwindow.SETTINGS_NAME, rocm)),
-        workdir.BuildSettings.complete(merged(workdir.SETTINGS_NAME, build)),
-    )
+    return files
 
 
 def _check_outputs_apart(plan):
@@ -383,69 +331,38 @@ def _check_outputs_apart(plan):
                 )
 
 
-def _drop_disabled_stages(plan):
-    """Move the stages their settings disable from the stages to the skipped."""
-    stages, plan.stages = plan.stages, []
-    for stage in stages:
-        if stage.enabled(plan=plan):
-            plan.stages.append(stage)
-        else:
-            plan.skipped.append(f"{stage.name} (disabled by its settings)")
-
-
-def _requested_stages(overrides):
-    """The stages a build without a profile runs: those given settings."""
-    names = [s for s in CANONICAL_STAGE_ORDER if s in overrides]
-    if "provenance" not in names:
-        names.append("provenance")
-    return names
-
-
-def _stage_names(*, request, system, overrides, target_settings):
+def _stage_names(*, request, system, overrides):
     """The stages of the build in order, and whether it is extended."""
-    if system is None:
-        if request.base_image_override:
-            raise InputError(
-                "--base-image-override only applies to --system builds; "
-                "use --base-image alone."
-            )
-        extended = bool(overrides) or bool(target_settings)
-        return (_requested_stages(overrides) if extended else []), extended
-    extended = not system.stock or bool(overrides) or bool(target_settings)
-    if system.stock and overrides:
-        return _requested_stages(overrides), extended
-    return list(system.stages), extended
-
-
-def _check_stage_names(*, request, overrides, stage_names):
-    """Settings and skips name only stages the build runs."""
-    unknown = [name for name in overrides if name not in stage_names]
+    if system is None and request.base_image_override:
+        raise InputError(
+            "--base-image-override only applies to --system builds; "
+            "use --base-image alone."
+        )
+    given = [name for name in overrides if name not in ENGINE_SECTIONS]
+    stock = system is None or system.stock
+    extended = not stock or bool(given or overrides.get(targetenv.SETTINGS_NAME))
+    if stock and (given or (system is None and extended)):
+        names = [
+            stage.name
+            for stage in builtin.PIPELINE
+            if stage.name in given or stage.name == "provenance"
+        ]
+    else:
+        names = list(system.stages) if system is not None else []
+    unknown = sorted(name for name in given if name not in names)
     if unknown:
         raise InputError(
-            f"Settings were given for stage(s) {', '.join(sorted(unknown))}, "
+            f"Settings were given for stage(s) {', '.join(unknown)}, "
             f"which this build does not run (its stages: "
-            f"{', '.join(stage_names) or 'none'})."
+            f"{', '.join(names) or 'none'})."
         )
     for name in request.skip_stages:
-        if name not in stage_names:
+        if name not in names:
             raise InputError(
                 f"Cannot skip stage {name!r}: this build's stages are "
-                f"{', '.join(stage_names) or 'none'}."
+                f"{', '.join(names) or 'none'}."
             )
-
-
-def _make_stages(*, request, system, overrides, stage_names):
-    """The stages with their settings (the profile's merged with the build's)."""
-    stages, skipped = [], []
-    for name in stage_names:
-        if name in request.skip_stages:
-            skipped.append(f"{name} (skipped on request)")
-            continue
-        stage_cls = get_stage_class(name)
-        profile_settings = system.stage_settings(name) if system is not None else {}
-        settings = merge_mappings(profile_settings, overrides.get(name, {}))
-        stages.append(stage_cls(settings=stage_cls.settings_class.complete(settings)))
-    return stages, skipped
+    return names, extended
 
 
 def make_plan(*, request, systems=None):
@@ -456,41 +373,46 @@ def make_plan(*, request, systems=None):
         )
     image_path = _image_path(request)
     conda_envs = _conda_envs(request)
-    overrides = load_stage_settings(raw=request.settings, origin=Origin())
-    rocm_overrides = overrides.pop(rocmwindow.SETTINGS_NAME, {})
-    build_overrides = overrides.pop(workdir.SETTINGS_NAME, {})
-    system, base_spec, target_settings = _resolve_system(
-        request=request,
-        systems=systems,
-        target_settings=overrides.pop(targetenv.SETTINGS_NAME, {}),
-    )
-    rocm_settings, build_settings = _pseudo_stage_settings(
-        system=system, rocm=rocm_overrides, build=build_overrides
-    )
-    stage_names, extended = _stage_names(
-        request=request,
-        system=system,
-        overrides=overrides,
-        target_settings=target_settings,
-    )
-    _check_stage_names(request=request, overrides=overrides, stage_names=stage_names)
-    stages, skipped = _make_stages(
-        request=request, system=system, overrides=overrides, stage_names=stage_names
-    )
+    tree = sections()
+    overrides = load_sections(sections=tree, raw=request.settings, origin=Origin())
+    system = None
+    if request.system is not None:
+        systems = load_systems() if systems is None else systems
+        system = get_system(name=request.system, systems=systems)
+    names, extended = _stage_names(request=request, system=system, overrides=overrides)
+
+    def settings(name):
+        profile = system.stage_settings(name) if system is not None else {}
+        return tree[name].complete(merge_mappings(profile, overrides.get(name, {})))
+
+    classes = {stage.name: stage for stage in builtin.PIPELINE}
     plan = BuildPlan(
         request=request,
         image_path=image_path,
         system=system,
-        base_image=BaseImage.from_spec(base_spec),
+        base_image=BaseImage.from_spec(
+            request.base_image
+            if system is None
+            else request.base_image_override or system.base_image
+        ),
         conda_envs=conda_envs,
-        stages=stages,
-        skipped=skipped,
+        stages=[],
+        skipped=[
+            f"{n} (skipped on request)" for n in names if n in request.skip_stages
+        ],
         extended=extended,
         image_exists=image_path.exists(),
-        target_settings=targetenv.TargetEnvSettings.complete(target_settings),
-        rocm_settings=rocm_settings,
-        build_settings=build_settings,
+        target_settings=settings(targetenv.SETTINGS_NAME),
+        rocm_settings=settings(rocmwindow.SETTINGS_NAME),
+        build_settings=settings(workdir.SETTINGS_NAME),
     )
-    _drop_disabled_stages(plan)
+    for name in names:
+        if name in request.skip_stages:
+            continue
+        stage = classes[name](settings=settings(name))
+        if stage.enabled(plan=plan):
+            plan.stages.append(stage)
+        else:
+            plan.skipped.append(f"{name} (disabled by its settings)")
     _check_outputs_apart(plan)
     return plan

@@ -5,15 +5,14 @@ import subprocess
 
 import pytest
 
-from cotainr_lumi import api
+from cotainr_lumi import api, stages
 from cotainr_lumi.engine.settings import StageSettings, setting
-from cotainr_lumi.engine.stage import Stage, StageReport, register_stage
+from cotainr_lumi.engine.stage import Stage, StageReport
 from cotainr_lumi.errors import ImageExistsError, StageError
 
 RUN_ORDER = []
 
 
-@register_stage
 class RecordA(Stage):
     name = "test-record-a"
 
@@ -23,7 +22,6 @@ class RecordA(Stage):
         return StageReport(name=self.name, summary="did a", labels={"test.a": "1"})
 
 
-@register_stage
 class RecordB(Stage):
     name = "test-record-b"
 
@@ -37,12 +35,18 @@ class RecordB(Stage):
         )
 
 
-@register_stage
 class Failing(Stage):
     name = "test-failing"
 
     def run(self, *, context):
         raise StageError("deliberate failure", stage=self.name)
+
+
+@pytest.fixture(autouse=True)
+def test_stages(monkeypatch):
+    """The pipeline with this module's stages after the built-in ones."""
+    test_only = (RecordA, RecordB, Failing, Buggy, WritesOutputs)
+    monkeypatch.setattr(stages, "PIPELINE", (*stages.PIPELINE, *test_only))
 
 
 @pytest.fixture
@@ -205,7 +209,6 @@ def test_base_image_link_re_pointed_during_the_build_stops_it(
     assert not (tmp_path / "out.sif").exists()
 
 
-@register_stage
 class Buggy(Stage):
     name = "test-buggy"
 
@@ -236,7 +239,6 @@ class WritesOutputsSettings(StageSettings):
     target: str = setting("", doc="the host file to write")
 
 
-@register_stage
 class WritesOutputs(Stage):
     name = "test-outputs"
     settings_class = WritesOutputsSettings

@@ -1,7 +1,7 @@
 import pytest
 
-from cotainr_lumi.engine import profiles
 from cotainr_lumi.errors import ProfileError, UnknownSystemError
+from cotainr_lumi.pipeline import profiles
 
 
 def write(path, text):

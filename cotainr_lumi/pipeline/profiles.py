@@ -1,31 +1,14 @@
 """
 System profiles: the systems cotainr-lumi builds for, defined as data.
 
-Profiles are YAML files. They are read in this order, later files adding
-systems or overriding keys of earlier ones (mappings are merged key by key,
-other values replaced):
-
-1. ``systems.yaml`` shipped in this package (``lumi-g-ext`` and its ROCm
-   variants);
-2. the user file ``$XDG_CONFIG_HOME/cotainr-lumi/systems.yaml`` (default
-   ``~/.config/cotainr-lumi/systems.yaml``);
-3. every file in the colon-separated ``COTAINR_LUMI_SYSTEMS`` (site files,
-   e.g. set by a LUMI module), in order.
-
-The systems of cotainr's own ``systems.json`` stay available as *stock*
-systems (built by stock cotainr) unless a profile defines the same name.
-
-File format::
-
-    systems:
-      my-system:
-        extends: lumi-g-ext          # optional: start from another system
-        description: One line for 'cotainr info'
-        base-image: /path/to/base.sif
-        rocm-version: "6.2"          # the base image's ROCm major.minor
-        stages: [pip, prune, lumi-env, provenance]
-        settings:                    # per stage name
-          provenance: {hash-base-image: true}
+Profiles are YAML files read in order, later ones adding systems or merging
+over keys of earlier ones: the package's ``systems.yaml``, the user's
+``$XDG_CONFIG_HOME/cotainr-lumi/systems.yaml``, then each file of
+``COTAINR_LUMI_SYSTEMS`` (colon-separated). cotainr's own systems stay
+available as *stock* systems unless a profile defines the same name. A system
+has ``extends``, ``description``, ``base-image``, ``rocm-version``, ``stages``
+(of the pipeline, in order) and ``settings`` (a section per stage or engine
+section).
 """
 
 import copy
@@ -35,10 +18,12 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from .. import stages as builtin
+from ..engine import rocmwindow, targetenv, workdir
+from ..engine.origins import ProfileOrigin
+from ..engine.settings import load_sections
+from ..engine.yamlfile import line_of, read_yaml
 from ..errors import ProfileError, UnknownSystemError
-from .origins import ProfileOrigin
-from .stage import available_stages, load_stage_settings
-from .yamlfile import line_of, read_yaml
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -46,6 +31,23 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 PACKAGED_PROFILE = Path(__file__).parent.parent / "systems.yaml"
 #: The environment variable naming site/user profile files.
 PROFILES_ENV_VAR = "COTAINR_LUMI_SYSTEMS"
+
+
+#: The sections of the settings tree that are not stages.
+ENGINE_SECTIONS = {
+    targetenv.SETTINGS_NAME: targetenv.TargetEnvSettings,
+    rocmwindow.SETTINGS_NAME: rocmwindow.RocmSettings,
+    workdir.SETTINGS_NAME: workdir.BuildSettings,
+}
+
+
+def sections():
+    """The one settings tree: section name -> settings class."""
+    return {
+        **ENGINE_SECTIONS,
+        **{stage.name: stage.settings_class for stage in builtin.PIPELINE},
+    }
+
 
 _SYSTEM_KEYS = {
     "extends",
@@ -158,7 +160,8 @@ def _read_system(*, path, name, raw, systems):
         )
     system = dict(raw)
     if "settings" in raw:
-        system["settings"] = load_stage_settings(
+        system["settings"] = load_sections(
+            sections=sections(),
             raw=raw["settings"],
             origin=ProfileOrigin(file=path, system=name, data=raw),
         )
@@ -166,11 +169,7 @@ def _read_system(*, path, name, raw, systems):
 
 
 def merge_mappings(base, over):
-    """
-    Merge mapping `over` into a copy of `base`.
-
-    Nested mappings are merged key by key; other values are replaced.
-    """
+    """A copy of `base` with `over` merged in (nested mappings key by key)."""
     result = copy.deepcopy(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(result.get(key), dict):
@@ -267,7 +266,7 @@ def _validate(*, name, merged, sources, where):
     stages = merged.get("stages") or []
     if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):
         raise ProfileError("must be a list of stage names", key="stages", **where)
-    known = available_stages()
+    known = sorted(stage.name for stage in builtin.PIPELINE)
     for stage_name in stages:
         if stage_name not in known:
             raise ProfileError(

@@ -1,4 +1,4 @@
-"""The build plan (cotainr_lumi/engine/plan.py)."""
+"""The build plan (cotainr_lumi/pipeline/plan.py)."""
 
 import pytest
 
