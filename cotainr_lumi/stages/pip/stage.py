@@ -47,7 +47,7 @@ from .install import (
     _secrets,
     pip_command,
 )
-from .requirements import local_inputs, scan_step
+from .requirements import scan_step
 from .steps import PipSettings, default_cache_dir, steps_from_inputs
 
 __all__ = ["PACKAGES_FILE", "WORK_DIR", "PipStage"]
@@ -165,7 +165,7 @@ class PipStage(Stage):
                 lines.append(f"  requirements: {path}")
             for pkg in step.packages:
                 lines.append(f"  package: {pkg}")
-            for item in local_inputs(scan=scan):
+            for item in scan.local_inputs:
                 lines.append(f"  stages: {item}")
             protected = "everything installed before it"
             if step.allow_changes:
