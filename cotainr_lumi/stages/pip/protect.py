@@ -22,6 +22,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from ...errors import StageError
+
 logger = logging.getLogger(f"cotainr.{__name__}")
 
 _CAUSE_RE = re.compile(
@@ -52,15 +54,14 @@ class Conflict:
 
 
 def parse_pip_list(*, text):
-    """Installed distributions from ``pip list --format json`` output."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    for line in reversed(lines):
-        line = line.strip()
-        if line.startswith("["):
+    """(installed by canonical name, the list) from ``pip list --format json``."""
+    for line in reversed(text.splitlines()):
+        if line.strip().startswith("["):
             data = json.loads(line)
-            return {
+            names = {
                 canonicalize_name(d["name"]): (d["name"], d["version"]) for d in data
             }
+            return names, data
     raise ValueError(f"no package list in pip's output: {text[-500:]!r}")
 
 
@@ -155,18 +156,26 @@ def _note_cause(line, *, pinned, wanted):
     wanted.setdefault(name, []).append(text)
 
 
-def changed_distributions(*, before, after, allowed):
-    """Protected distributions upgraded, downgraded or removed by a step."""
-    changes = []
-    for key, (name, version) in sorted(before.items()):
-        if key in allowed:
-            continue
-        new = after.get(key)
-        if new is None:
-            changes.append((name, version, None))
-        elif new[1] != version:
-            changes.append((name, version, new[1]))
-    return changes
+def check_protected(*, step, before, after):
+    """Fail when a step upgraded, downgraded or removed a protected distribution."""
+    new = {key: version for key, (_, version) in after.items()}
+    changes = [
+        (name, version, new.get(key))
+        for key, (name, version) in sorted(before.items())
+        if key not in step.allow_changes and new.get(key) != version
+    ]
+    if changes:
+        text = "\n".join(
+            f"  {name} {old} -> {new if new else 'removed'}"
+            for name, old, new in changes
+        )
+        names = ", ".join(name for name, _, _ in changes)
+        raise StageError(
+            f"{step.title} changed protected package(s) {names} despite the "
+            f"constraints:\n{text}\nAdd 'allow-changes: [{names}]' to the step "
+            "if this is intended.",
+            stage="pip",
+        )
 
 
 def describe_changes(*, before, after):
