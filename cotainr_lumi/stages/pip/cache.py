@@ -1,16 +1,11 @@
 """
 A host pip cache reused across builds, never left in the image.
 
-cotainr runs commands in the sandbox without bind mounts, so the host cache
-cannot be mounted. Instead, before the pip steps its files are hard-linked
-(copied when the sandbox is on another file system) into a directory inside
-the sandbox that pip uses as ``--cache-dir``; after the steps, also when they
-fail, new or replaced files are linked (or copied) back into the host cache
-and the sandbox directory is removed.
-
-pip writes cache entries to a temporary file and renames it into place, so a
-hard-linked host file is never modified through the sandbox; several builds
-can share the host cache at the same time.
+The sandbox has no bind mounts: the host cache's files are hard-linked (or
+copied) into the sandbox directory pip uses as ``--cache-dir``, and new or
+replaced ones linked back afterwards, also after a failure. pip replaces
+cache entries by renaming, so a linked host file is never modified in place
+and builds can share the host cache.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """
 Protection of installed distributions against later pip steps.
 
-Before a step, every installed distribution (from ``pip list --format
-json``) is pinned ``name==version`` in a constraints file passed to ``pip
-install -c``, except the names the step may change (``allow-changes``). A
-plain ``torch`` dependency of a later package is then satisfied by the
-installed torch (``torch==2.13.0+cpu`` matches exactly that local version),
-and a requirement for another version makes pip's resolver fail. That failure
-is explained from pip's output (:func:`explain_conflicts`), and after the
-step :func:`changed_distributions` double-checks the package lists.
+Before a step every installed distribution is pinned ``name==version`` in a
+constraints file (``pip install -c``) except those in ``allow-changes``; pip's
+resolver then keeps e.g. the installed ROCm torch, and its conflict output is
+explained. After the step the package lists are checked again.
 """
 
 from __future__ import annotations
@@ -99,14 +95,7 @@ def _req_name(text):
 
 
 def explain_conflicts(*, output, installed, allowed):
-    """
-    The protected distributions pip's resolver error is about.
-
-    Understands pip's "The conflict is caused by:" block (``The user
-    requested (constraint) torch==2.13.0+cpu`` against ``The user requested
-    torch==2.12.0`` or ``foo 1.0 depends on torch<2``) and "Could not find a
-    version that satisfies the requirement X" for a protected X.
-    """
+    """The protected distributions pip's resolver error is about (as Conflicts)."""
     pinned = set()
     wanted: dict[str, list[str]] = {}
     in_block = False

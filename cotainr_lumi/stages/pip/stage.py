@@ -1,30 +1,14 @@
 """
 The pip stage: ordered pip steps after cotainr's conda step.
 
-Each step is one ``pip install`` run inside the container by the interpreter
-of the target environment (:mod:`cotainr_lumi.engine.targetenv`: cotainr's
-conda env, the env the base image's ``$WITH_CONDA`` activates, or its active
-venv/conda env), with that env activated. Steps run in order, so a package that needs
-torch at build time (apex, DeepSpeed ops, flash-attention, ...) can be built
-with ``no-build-isolation`` against the torch a previous step installed.
-
-Every distribution installed before a step is pinned for that step (see
-:mod:`cotainr_lumi.stages.pip.protect`): a later step cannot replace the ROCm torch
-unless it lists torch in ``allow-changes``. Requirement files and their
-local references are staged into the sandbox (:mod:`cotainr_lumi.stages.pip.requirements`),
-a host pip cache is reused (:mod:`cotainr_lumi.stages.pip.cache`).
-
-In the image:
-
-- ``/opt/cotainr-lumi/pip/stepN/`` the requirement files as used (rewritten)
-  and ``protected-constraints.txt`` (what was pinned);
-- ``/opt/cotainr-lumi/pip/steps.json`` the steps and their pip commands;
-- ``/opt/cotainr-lumi/pip/packages.json`` ``pip list --format json`` after
-  the stage (label ``cotainr-lumi.pip.packages``).
-
-Credentials in URLs and the values of a step's secret ``env`` (names as
-:data:`cotainr_lumi.errors.SECRET_NAME_RE`) reach pip only: these records, the
-log and the plan show ``***`` (:func:`cotainr_lumi.errors.redact`).
+Each step is one ``pip install`` by the target environment's interpreter
+(:mod:`cotainr_lumi.engine.targetenv`), with that env activated, so a package
+built with ``no-build-isolation`` builds against what earlier steps installed.
+Everything installed before a step is pinned for it (:mod:`.protect`) unless
+the step lists it in ``allow-changes``. The image keeps the rewritten
+requirement files and ``protected-constraints.txt`` in
+``/opt/cotainr-lumi/pip/stepN/``, ``steps.json`` and ``packages.json``;
+credentials and secret ``env`` values reach pip only (records show ``***``).
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
 """
 The input of the ``pip`` stage: ordered pip steps, as settings or a file.
 
-The stage settings *are* the input format. In a system profile
-(``settings: {pip: {...}}``), in the Python API
-(``settings={"pip": {...}}``) and in a steps file (``--pip-steps FILE``)
-they read::
-
-    steps:
-      - requirements: torch.txt            # a file or a list of files
-      - name: DeepSpeed with fused ops     # optional, shown in logs
-        packages: ["deepspeed==0.16.4"]    # requirement lines, inline
-        no-build-isolation: true           # build against the installed torch
-        env: {DS_BUILD_FUSED_ADAM: 1, PYTORCH_ROCM_ARCH: gfx90a}
-        pip-args: [--verbose]
-        index-url: https://pypi.org/simple
-        extra-index-urls: [https://download.pytorch.org/whl/rocm6.2]
-        allow-changes: [numpy]             # may change these installed packages
-      - more-requirements.txt              # shorthand for {requirements: FILE}
-    allow-changes: [pip, setuptools, wheel]  # for every step (the default)
-    cache: true                            # reuse a host pip download cache
-    cache-dir: null                        # default ~/.cache/cotainr-lumi/pip
-
-Relative paths in a steps file are relative to that file; elsewhere they are
-relative to the current directory when the build starts. ``--pip-requirements
-FILE`` adds the step ``{requirements: FILE}``.
-
-Every form is read once, by the settings loader
-(:mod:`cotainr_lumi.engine.settings`), into :class:`PipStep` objects: the
-declarations below say what a step and the stage settings accept.
+The stage settings are the input format, the same in a system profile, the
+Python API and a steps file (``--pip-steps FILE``, paths relative to it;
+elsewhere relative to the current directory). The settings loader
+(:mod:`cotainr_lumi.engine.settings`) reads every form into :class:`PipStep`
+objects; the keys are declared, with their docs, in :class:`StepSettings` and
+:class:`PipSettings`. A step given as a string is ``{requirements: FILE}``.
 """
 
 from collections.abc import Mapping
@@ -55,19 +34,16 @@ from ...errors import InputError, redact, redact_env
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
+_INTO_ENV = "packages must go into the image's Python environment"
+_EDITABLE = "editable installs cannot work in an image; install a copy instead"
 #: pip options a step may not pass in ``pip-args``, with the reason.
 FORBIDDEN_PIP_ARGS = {
     "-r": "list requirement files under 'requirements' (their local references are staged)",
     "--requirement": "list requirement files under 'requirements'",
     "-c": "put '-c FILE' in a requirements file (local files there are staged)",
     "--constraint": "put '-c FILE' in a requirements file",
-    "-e": "editable installs cannot work in an image; install a copy instead",
-    "--editable": "editable installs cannot work in an image; install a copy instead",
-    "-t": "packages must go into the image's Python environment",
-    "--target": "packages must go into the image's Python environment",
-    "--prefix": "packages must go into the image's Python environment",
-    "--root": "packages must go into the image's Python environment",
-    "--user": "packages must go into the image's Python environment",
+    **dict.fromkeys(("-e", "--editable"), _EDITABLE),
+    **dict.fromkeys(("-t", "--target", "--prefix", "--root", "--user"), _INTO_ENV),
     "--cache-dir": "use the stage settings 'cache'/'cache-dir'",
     "--no-cache-dir": "use --set pip.cache=false (the stage setting 'cache: false')",
     "--no-build-isolation": "use the step key 'no-build-isolation: true'",
@@ -177,22 +153,15 @@ def _check_env(env):
             ) from None
 
 
-def _find_links_value(pip_args, i):
-    arg = pip_args[i]
-    if "=" in arg:
-        return arg.split("=", 1)[1]
-    return pip_args[i + 1] if i + 1 < len(pip_args) else ""
-
-
 def _check_pip_args(pip_args):
-    for i, arg in enumerate(pip_args):
-        option = arg.split("=", 1)[0]
+    for arg, after in zip(pip_args, [*pip_args[1:], ""]):
+        option, equals, value = arg.partition("=")
         if option in FORBIDDEN_PIP_ARGS:
             raise ValueError(
                 f"{arg!r} is not allowed here: {FORBIDDEN_PIP_ARGS[option]}"
             )
         if option in ("-f", "--find-links"):
-            value = _find_links_value(pip_args, i)
+            value = value if equals else after
             if not _URL_RE.match(value) or value.startswith("file:"):
                 raise ValueError(
                     f"{arg!r} with a local path is not allowed here: put "
