@@ -19,7 +19,7 @@ import tempfile
 logger = logging.getLogger(f"cotainr.{__name__}")
 
 
-def _place(src, dst):
+def link_or_copy(src, dst):
     """Put file `src` at `dst` atomically: a hard link if possible, else a copy."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=".cotainr-lumi-")
@@ -60,7 +60,7 @@ def import_cache(*, host_dir, sandbox_dir):
             continue
         stats["files"] += 1
         stats["bytes"] += path.stat().st_size
-        stats["linked"] += _place(path, sandbox_dir / rel)
+        stats["linked"] += link_or_copy(path, sandbox_dir / rel)
     return stats
 
 
@@ -80,7 +80,7 @@ def export_cache(*, sandbox_dir, host_dir):
             except OSError:
                 pass
             try:
-                _place(path, target)
+                link_or_copy(path, target)
                 stats["new"] += 1
             except OSError as e:
                 logger.warning("Could not keep pip cache entry %s: %s", rel, e)

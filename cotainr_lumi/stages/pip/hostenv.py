@@ -18,9 +18,6 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: Host pip variables holding paths (which may not exist in the container).
 PATH_PIP_VARIABLES = ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_REQUIREMENT", "PIP_CERT")
-#: Of those, the ones whose missing entries pip ignores (with a warning each
-#: time): they are left out of the pip commands.
-IGNORED_WHEN_MISSING = ("PIP_FIND_LINKS",)
 PIP_CONFIG_FILES = ("~/.config/pip/pip.conf", "~/.pip/pip.conf")
 
 
@@ -49,7 +46,7 @@ def host_pip_overrides(*, root, environ):
             f"{name}={environ[name]} is set on this machine and passes into the "
             f"container, where {', '.join(missing)} does not exist"
         )
-        if name in IGNORED_WHEN_MISSING:
+        if name == "PIP_FIND_LINKS":  # pip ignores a missing entry, warning each time
             overrides[name] = " ".join(p for p in entries if p not in missing)
             logger.warning(
                 "%s: pip would ignore it with a warning at every package, so it "

@@ -98,16 +98,8 @@ def _pip_error_lines(output, *, limit=60):
 
 def pip_command(*, step, requirement_files, constraints, cache_dir, python="python"):
     """The ``pip install`` command line of a step."""
-    cmd = [
-        python,
-        "-m",
-        "pip",
-        "install",
-        "--no-input",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-    ]
+    cmd = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
+    cmd += ["--progress-bar", "off"]
     cmd += ["--cache-dir", cache_dir] if cache_dir else ["--no-cache-dir"]
     if step.no_build_isolation:
         cmd.append("--no-build-isolation")
@@ -224,12 +216,9 @@ class PipRun:
                 details=e.error_lines(),
             ) from e
         info = {
-            "prefix": target.prefix,
-            "executable": target.python,
-            "version": target.version,
-            "source": target.source,
-            "reason": target.reason,
+            k: getattr(target, k) for k in ("prefix", "version", "source", "reason")
         }
+        info["executable"] = target.python
         for line in proc.stdout.splitlines():
             if line.startswith("pip "):
                 info["pip"] = line.split()[1]

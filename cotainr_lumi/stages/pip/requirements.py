@@ -25,6 +25,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...errors import InputError, StageError
+from .cache import link_or_copy
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -470,13 +471,8 @@ class _Stager:
             _check_tree_to_stage(src, root=self.root)
             host.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(src, host, symlinks=True)
-        else:
-            host.parent.mkdir(parents=True, exist_ok=True)
-            real = os.path.realpath(src)  # os.link() would link a symlink itself
-            try:
-                os.link(real, host)
-            except OSError:
-                shutil.copy2(real, host)
+        else:  # os.link() would link a symlink itself
+            link_or_copy(os.path.realpath(src), host)
         self.staged[src] = image_path
         self.result.staged[image_path] = str(src)
         return image_path

@@ -102,11 +102,8 @@ class PipStage(Stage):
     @classmethod
     def settings_from_args(cls, *, args):
         """The pip settings given on the command line."""
-        overrides = {}
         inputs = getattr(args, "pip_inputs", None)
-        if inputs:
-            overrides.update(steps_from_inputs(inputs=inputs))
-        return overrides
+        return steps_from_inputs(inputs=inputs) if inputs else {}
 
     def describe(self, *, plan):
         """The steps, their pip commands, protection and cache."""
@@ -145,18 +142,14 @@ class PipStage(Stage):
                 f"{k}={shlex.quote(v)}" for k, v in redact_env(step.env).items()
             )
             lines.append(f"  {env + ' ' if env else ''}{shlex.join(cmd)}")
-            for path in step.requirements:
-                lines.append(f"  requirements: {path}")
-            for pkg in step.packages:
-                lines.append(f"  package: {pkg}")
-            for item in scan.local_inputs:
-                lines.append(f"  stages: {item}")
+            lines += [f"  requirements: {path}" for path in step.requirements]
+            lines += [f"  package: {pkg}" for pkg in step.packages]
+            lines += [f"  stages: {item}" for item in scan.local_inputs]
             protected = "everything installed before it"
             if step.allow_changes:
                 protected += f" except {', '.join(sorted(step.allow_changes))}"
             lines.append(f"  protects: {protected}")
-            for moving in scan.moving_refs:
-                lines.append(f"  not pinned: {moving}")
+            lines += [f"  not pinned: {moving}" for moving in scan.moving_refs]
         lines.append(f"records: {PIP_DIR}/stepN/, {STEPS_FILE}, {PACKAGES_FILE}")
         return lines
 
