@@ -13,7 +13,6 @@ credentials and secret ``env`` values reach pip only (records show ``***``).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 import shlex
@@ -35,15 +34,6 @@ from .requirements import scan_step
 from .steps import PipSettings, default_cache_dir, steps_from_inputs
 
 __all__ = ["PACKAGES_FILE", "WORK_DIR", "PipStage"]
-
-
-class _InputAction(argparse.Action):
-    """Append (kind, value) to one list, keeping command line order."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        items = list(getattr(namespace, self.dest, None) or [])
-        items.append((self.const, values))
-        setattr(namespace, self.dest, items)
 
 
 @register_stage
@@ -69,14 +59,13 @@ class PipStage(Stage):
 
     @classmethod
     def add_arguments(cls, *, parser):
-        """Add ``--pip-requirements`` and ``--pip-steps``."""
+        """Add ``--pip-requirements`` and ``--pip-steps`` (one list, in order)."""
         parser.add_argument(
             "--pip-requirements",
             dest="pip_inputs",
-            action=_InputAction,
-            const="requirements",
+            action="append",
+            type=lambda value: ("requirements", value),
             metavar="FILE",
-            default=None,
             help=(
                 "pip: install this requirements file as one step after the "
                 "conda env (repeatable: one step per file, in order, mixed with "
@@ -87,10 +76,9 @@ class PipStage(Stage):
         parser.add_argument(
             "--pip-steps",
             dest="pip_inputs",
-            action=_InputAction,
-            const="steps",
+            action="append",
+            type=lambda value: ("steps", value),
             metavar="FILE",
-            default=None,
             help=(
                 "pip: a YAML file of pip steps with per-step settings "
                 "(no-build-isolation, env, pip-args, index-url, "
