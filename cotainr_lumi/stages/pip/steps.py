@@ -11,7 +11,7 @@ objects; the keys are declared, with their docs, in :class:`StepSettings` and
 
 from collections.abc import Mapping
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import functools
 import logging
 import os
@@ -25,6 +25,7 @@ from ...engine.origins import FileOrigin
 from ...engine.settings import (
     SettingError,
     StageSettings,
+    convert,
     load_settings,
     read_declared,
     setting,
@@ -58,51 +59,6 @@ _PACKAGE_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-@dataclass
-class PipStep:
-    """One step, read."""
-
-    number: int
-    source: str
-    name: Optional[str] = None
-    requirements: list[Path] = field(default_factory=list)
-    packages: list[str] = field(default_factory=list)
-    base_dir: Path = field(default_factory=Path.cwd)
-    no_build_isolation: bool = False
-    env: dict[str, str] = field(default_factory=dict)
-    pip_args: list[str] = field(default_factory=list)
-    index_url: Optional[str] = None
-    extra_index_urls: list[str] = field(default_factory=list)
-    allow_changes: frozenset[str] = frozenset()
-
-    @property
-    def title(self):
-        """A short description: number, name and source."""
-        name = f" '{self.name}'" if self.name else ""
-        return f"step {self.number}{name} ({self.source})"
-
-    def allowing(self, names):
-        """The step, also allowed to change `names`."""
-        allowed = {canonicalize_name(n) for n in names}
-        return dataclasses.replace(self, allow_changes=self.allow_changes | allowed)
-
-    def to_dict(self):
-        """The step in the steps format (absolute paths; for records: redacted)."""
-        return {
-            "name": self.name,
-            "requirements": [str(p) for p in self.requirements],
-            "packages": [redact(p) for p in self.packages],
-            "no-build-isolation": self.no_build_isolation,
-            "env": redact_env(self.env),
-            "pip-args": [redact(a) for a in self.pip_args],
-            "index-url": self.index_url and redact(self.index_url),
-            "extra-index-urls": [redact(u) for u in self.extra_index_urls],
-            "allow-changes": sorted(self.allow_changes),
-            "source": self.source,
-            "base-dir": str(self.base_dir),
-        }
-
-
 def default_cache_dir():
     """The default host pip cache directory."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
@@ -121,12 +77,12 @@ def _absolute(path, base):
 def _check_package_names(names):
     for name in names:
         if not _PACKAGE_NAME_RE.fullmatch(name):
-            raise ValueError(f"{name!r} is not a package name")
+            raise SettingError(f"{name!r} is not a package name")
 
 
 def _check_non_empty(value):
     if not value.strip():
-        raise ValueError("must be a non-empty string")
+        raise SettingError("must be a non-empty string")
 
 
 def _check_packages(lines):
@@ -171,16 +127,35 @@ def _check_pip_args(pip_args):
 
 
 def _load_requirements(value, *, origin):
-    """One file name or a list of them, as a list."""
+    """One file name or a list of them, as absolute paths."""
     if isinstance(value, str) and value.strip():
-        return [value]
-    if (
+        value = [value]
+    if not (
         isinstance(value, list)
         and value
         and all(isinstance(v, str) and v.strip() for v in value)
     ):
-        return list(value)
-    raise SettingError(f"must be a file name or a list of them (got {value!r})")
+        raise SettingError(f"must be a file name or a list of them (got {value!r})")
+    return [_absolute(v, origin.base_dir) for v in value]
+
+
+def _load_env(value, *, origin):
+    env = convert(type_=dict[str, Any], value=value)
+    _check_env(env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def _load_allowed(value, *, origin):
+    names = convert(type_=list[str], value=value)
+    _check_package_names(names)
+    return frozenset(canonicalize_name(n) for n in names)
+
+
+def _load_base_dir(value, *, origin):
+    value = convert(type_=Optional[str], value=value)
+    if value is not None:
+        _check_non_empty(value)
+        return _absolute(value, origin.base_dir)
 
 
 @dataclass(frozen=True)
@@ -188,7 +163,7 @@ class StepSettings(StageSettings):
     """The keys of one step as users write them."""
 
     name: Optional[str] = setting(None, doc="a label for logs", check=_check_non_empty)
-    requirements: list[str] = setting(
+    requirements: list[Path] = setting(
         [], doc="requirements files (one or a list)", load=_load_requirements
     )
     packages: list[str] = setting(
@@ -197,8 +172,8 @@ class StepSettings(StageSettings):
     no_build_isolation: bool = setting(
         False, doc="build against the installed packages (pip --no-build-isolation)"
     )
-    env: dict[str, Any] = setting(
-        {}, doc="environment variables of the step", check=_check_env
+    env: dict[str, str] = setting(
+        {}, doc="environment variables of the step", load=_load_env
     )
     pip_args: list[str] = setting(
         [], doc="more pip install arguments", check=_check_pip_args
@@ -207,17 +182,49 @@ class StepSettings(StageSettings):
         None, doc="pip --index-url", check=_check_non_empty
     )
     extra_index_urls: list[str] = setting([], doc="pip --extra-index-url values")
-    allow_changes: list[str] = setting(
-        [],
-        doc="installed packages this step may change",
-        check=_check_package_names,
+    allow_changes: frozenset[str] = setting(
+        frozenset(), doc="installed packages this step may change", load=_load_allowed
     )
     source: Optional[str] = setting(
         None, doc="where the step is defined (for messages)", check=_check_non_empty
     )
-    base_dir: Optional[str] = setting(
-        None, doc="the directory relative paths count from", check=_check_non_empty
+    base_dir: Optional[Path] = setting(
+        None, doc="the directory relative paths count from", load=_load_base_dir
     )
+
+
+@dataclass(frozen=True)
+class PipStep(StepSettings):
+    """One step, read: the keys with paths absolute, and its number."""
+
+    number: int = 1
+
+    @property
+    def title(self):
+        """A short description: number, name and source."""
+        name = f" '{self.name}'" if self.name else ""
+        return f"step {self.number}{name} ({self.source})"
+
+    def allowing(self, names):
+        """The step, also allowed to change `names`."""
+        allowed = {canonicalize_name(n) for n in names}
+        return dataclasses.replace(self, allow_changes=self.allow_changes | allowed)
+
+    def to_dict(self):
+        """The step in the steps format (absolute paths; for records: redacted)."""
+        return {
+            "name": self.name,
+            "requirements": [str(p) for p in self.requirements],
+            "packages": [redact(p) for p in self.packages],
+            "no-build-isolation": self.no_build_isolation,
+            "env": redact_env(self.env),
+            "pip-args": [redact(a) for a in self.pip_args],
+            "index-url": self.index_url and redact(self.index_url),
+            "extra-index-urls": [redact(u) for u in self.extra_index_urls],
+            "allow-changes": sorted(self.allow_changes),
+            "source": self.source,
+            "base-dir": str(self.base_dir),
+        }
 
 
 def _load_step(raw, *, number, origin, label):
@@ -238,22 +245,9 @@ def _load_step(raw, *, number, origin, label):
         raise SettingError(
             "a step needs 'requirements' (files) and/or 'packages' (lines)"
         )
-    step = StepSettings.complete(given)
-    base = origin.base_dir
-    return PipStep(
-        number=number,
-        source=step.source or f"{label}, step {number}",
-        name=step.name,
-        requirements=[_absolute(r, base) for r in step.requirements],
-        packages=list(step.packages),
-        base_dir=_absolute(step.base_dir, base) if step.base_dir else Path(base),
-        no_build_isolation=step.no_build_isolation,
-        env={k: str(v) for k, v in step.env.items()},
-        pip_args=list(step.pip_args),
-        index_url=step.index_url,
-        extra_index_urls=list(step.extra_index_urls),
-        allow_changes=frozenset(canonicalize_name(n) for n in step.allow_changes),
-    )
+    given["source"] = given.get("source") or f"{label}, step {number}"
+    given["base-dir"] = given.get("base-dir") or Path(origin.base_dir)
+    return PipStep.complete({**given, "number": number})
 
 
 def load_steps(value, *, origin):
