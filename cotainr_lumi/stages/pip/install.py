@@ -39,13 +39,8 @@ CACHE_DIR = f"{WORK_DIR}/cache"
 
 #: Host pip variables that would send packages elsewhere than the active env.
 UNSET_PIP_VARIABLES = (
-    "PIP_TARGET",
-    "PIP_PREFIX",
-    "PIP_ROOT",
-    "PIP_USER",
-    "PIP_REQUIRE_VIRTUALENV",
-    "PIP_REQUIRE_VENV",
-    "PIP_EDITABLE",
+    "PIP_TARGET PIP_PREFIX PIP_ROOT PIP_USER PIP_REQUIRE_VIRTUALENV PIP_REQUIRE_VENV "
+    "PIP_EDITABLE"
 )
 
 
@@ -279,19 +274,14 @@ class PipRun:
             imagelayout.LABEL_SBOM: imagelayout.CYCLONEDX_SBOM_FILE,
         }
         installed, packages = self._pip_list()
-        write_file_in_root(
-            root=self.sandbox.root,
-            path=PACKAGES_FILE,
-            content=json.dumps(packages, indent=2, sort_keys=True) + "\n",
-        )
+        records = {PACKAGES_FILE: packages}
         details["sbom"] = self._write_sboms(packages)
         if self.steps:
             labels[imagelayout.LABEL_PIP_STEPS] = STEPS_FILE
-            write_file_in_root(
-                root=self.sandbox.root,
-                path=STEPS_FILE,
-                content=json.dumps(details, indent=2, sort_keys=True) + "\n",
-            )
+            records[STEPS_FILE] = details
+        for path, data in records.items():
+            text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+            write_file_in_root(root=self.sandbox.root, path=path, content=text)
         torch = installed.get("torch")
         summary += f"{len(installed)} distributions"
         summary += f" (torch {torch[1]})" if torch else ""
@@ -354,8 +344,7 @@ class PipRun:
         root = self.sandbox.root
         try:
             with private_wheel_cache(root=root, step=step, cache_dir=cache_dir):
-                unset = f"unset {' '.join(UNSET_PIP_VARIABLES)}; "
-                self._run(cmd, env=step.env, script=unset)
+                self._run(cmd, env=step.env, script=f"unset {UNSET_PIP_VARIABLES}; ")
         except _cotainr.CommandError as e:
             raise install_error(e, step=step, before=before, staged=staged) from e
         finally:  # pip has read them: the image keeps them without credentials

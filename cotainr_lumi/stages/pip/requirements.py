@@ -88,15 +88,6 @@ class StepScan:
     local_inputs: list[str]  # host paths and image:PATH, for plans
 
 
-@dataclass
-class StagedStep:
-    """What :func:`stage_step` put into the sandbox."""
-
-    requirement_files: list[str] = field(default_factory=list)
-    kept_files: dict[str, str] = field(default_factory=dict)
-    staged: dict[str, str] = field(default_factory=dict)
-
-
 def _logical_lines(lines):
     """Yield (start, end, text) for each logical line (comments removed)."""
     start = None
@@ -425,18 +416,22 @@ def _check_tree_to_stage(src, *, root):
             )
 
 
-class _Stager:
+class StagedStep:
+    """A scanned step staged into the sandbox (paths in the image <- on the host)."""
+
     def __init__(self, *, root, keep_dir, staging_dir):
         self.root = Path(root)
         self.keep_dir = PurePosixPath(keep_dir)
         self.staging_dir = PurePosixPath(staging_dir)
-        self.kept: dict[ReqFile, str] = {}
-        self.staged: dict[Path, str] = {}
-        self.result = StagedStep()
+        self.requirement_files: list[str] = []
+        self.kept_files: dict[str, str] = {}
+        self.staged: dict[str, str] = {}
+        self._kept: dict[ReqFile, str] = {}
+        self._staged: dict[Path, str] = {}
 
-    def kept_name(self, rf):
+    def _kept_name(self, rf):
         stem = rf.path.name if rf.path is not None else "packages.txt"
-        used = {PurePosixPath(p).name for p in self.kept.values()}
+        used = {PurePosixPath(p).name for p in self.kept_files}
         name, n = stem, 1
         while name in used:
             n += 1
@@ -444,28 +439,26 @@ class _Stager:
             name = f"{base}-{n}.{ext}" if dot and base else f"{stem}-{n}"
         return str(self.keep_dir / name)
 
-    def stage_file(self, rf):
-        if rf in self.kept:
-            return self.kept[rf]
-        image_path = self.kept[rf] = self.kept_name(rf)
-        self.result.kept_files[image_path] = rf.display
+    def _stage_file(self, rf):
+        if rf in self._kept:
+            return self._kept[rf]
+        image_path = self._kept[rf] = self._kept_name(rf)
+        self.kept_files[image_path] = rf.display
         lines = list(rf.lines)
         for ref in rf.refs:
-            new = self.rewrite(ref)
+            new = self._rewrite(ref)
             if new is None:
                 continue
-            newline = "\n" if lines[ref.end].endswith("\n") else ""
-            lines[ref.start] = new + newline
-            for i in range(ref.start + 1, ref.end + 1):
-                lines[i] = "\n"
+            lines[ref.start] = new + ("\n" if lines[ref.end].endswith("\n") else "")
+            lines[ref.start + 1 : ref.end + 1] = ["\n"] * (ref.end - ref.start)
         write_file_in_root(root=self.root, path=image_path, content="".join(lines))
         return image_path
 
-    def stage_path(self, src):
+    def _stage_path(self, src):
         """Hard-link or copy a file, copy a directory (builds write into those)."""
-        if src in self.staged:
-            return self.staged[src]
-        image_path = str(self.staging_dir / str(len(self.staged) + 1) / src.name)
+        if src in self._staged:
+            return self._staged[src]
+        image_path = str(self.staging_dir / str(len(self._staged) + 1) / src.name)
         host = resolve_in_root(root=self.root, path=image_path)
         if src.is_dir():
             _check_tree_to_stage(src, root=self.root)
@@ -473,11 +466,11 @@ class _Stager:
             shutil.copytree(src, host, symlinks=True)
         else:  # os.link() would link a symlink itself
             link_or_copy(os.path.realpath(src), host)
-        self.staged[src] = image_path
-        self.result.staged[image_path] = str(src)
+        self._staged[src] = image_path
+        self.staged[image_path] = str(src)
         return image_path
 
-    def rewrite(self, ref):
+    def _rewrite(self, ref):
         if ref.kind == "image-path":
             if not resolve_in_root(root=self.root, path=ref.target).exists():
                 raise StageError(
@@ -487,9 +480,9 @@ class _Stager:
                 )
             return None
         if ref.include is not None:
-            staged = shlex.quote(self.stage_file(ref.include))
+            staged = shlex.quote(self._stage_file(ref.include))
         else:
-            staged = self.stage_path(ref.target)
+            staged = self._stage_path(ref.target)
             if ref.kind == "file-url":
                 staged = PurePosixPath(staged).as_uri()
             elif ref.prefix.startswith("-"):
@@ -500,7 +493,6 @@ class _Stager:
 
 def stage_step(*, scan, root, keep_dir, staging_dir):
     """Stage a scanned step into the sandbox."""
-    stager = _Stager(root=root, keep_dir=keep_dir, staging_dir=staging_dir)
-    for rf in scan.files:
-        stager.result.requirement_files.append(stager.stage_file(rf))
-    return stager.result
+    staged = StagedStep(root=root, keep_dir=keep_dir, staging_dir=staging_dir)
+    staged.requirement_files = [staged._stage_file(rf) for rf in scan.files]
+    return staged
