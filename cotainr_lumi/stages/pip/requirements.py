@@ -79,31 +79,16 @@ class ReqFile:
     refs: list[ReqLine] = field(default_factory=list)
 
 
-@dataclass
-class StepScan:
-    """The scanned inputs of one step."""
-
-    files: list[ReqFile]
-    moving_refs: list[str]
-    local_inputs: list[str]  # host paths and image:PATH, for plans
-
-
 def _logical_lines(lines):
     """Yield (start, end, text) for each logical line (comments removed)."""
-    start = None
-    parts = []
+    start, parts = 0, []
     for i, line in enumerate(lines):
-        if start is None:
-            start = i
-        stripped = line.rstrip("\n")
-        if stripped.endswith("\\") and not _COMMENT_RE.search(stripped[:-1]):
-            parts.append(stripped[:-1])
-            continue
-        parts.append(stripped)
-        yield start, i, _COMMENT_RE.sub("", "".join(parts)).strip()
-        start, parts = None, []
-    if parts:
-        yield start, len(lines) - 1, _COMMENT_RE.sub("", "".join(parts)).strip()
+        line = line.rstrip("\n")
+        continued = line.endswith("\\") and not _COMMENT_RE.search(line[:-1])
+        parts.append(line[:-1] if continued else line)
+        if not continued or i == len(lines) - 1:
+            yield start, i, _COMMENT_RE.sub("", "".join(parts)).strip()
+            start, parts = i + 1, []
 
 
 def _looks_like_path(name):
@@ -214,14 +199,15 @@ def _requirement(text, *, where):
         raise _error(where, f"invalid requirement {text!r}: {e}") from e
 
 
-class _Scanner:
-    """Read requirement files, each once, following includes and detecting cycles."""
+class StepScan:
+    """A step's requirement files, scanned (each once) with what they include."""
 
     def __init__(self):
+        self.files: list[ReqFile] = []
+        self.moving_refs: list[str] = []  # VCS references without a fixed revision
+        self.local_inputs: list[str] = []  # host paths and image:PATH, for plans
         self.cache: dict[Path, ReqFile] = {}
         self.active: list[Path] = []
-        self.moving_refs: list[str] = []
-        self.local_inputs: list[str] = []
 
     def scan_path(self, path, *, where):
         """Read and scan one file (and what it includes)."""
@@ -370,27 +356,26 @@ class _Scanner:
 
 def scan_step(*, step):
     """Scan a step's requirement files (recursively) and check their references."""
-    scanner = _Scanner()
-    files = []
+    scan = StepScan()
     for path in step.requirements:
         if not path.is_file():
             raise InputError(
                 f"{step.title}: the requirements file {path} does not exist."
             )
-        files.append(scanner.scan_path(path, where=step.title))
+        scan.files.append(scan.scan_path(path, where=step.title))
     if step.packages:
         rf = ReqFile(
             path=None,
             display=f"{step.title}, packages",
             lines=[p.strip() + "\n" for p in step.packages],
         )
-        scanner.scan_lines(
+        scan.scan_lines(
             rf,
             base=step.base_dir,
             where=lambda i, s: f"{step.title}, packages[{i + 1}]",
         )
-        files.append(rf)
-    return StepScan(files, scanner.moving_refs, scanner.local_inputs)
+        scan.files.append(rf)
+    return scan
 
 
 def _check_tree_to_stage(src, *, root):
