@@ -96,53 +96,34 @@ def _req_name(text):
 
 def explain_conflicts(*, output, installed, allowed):
     """The protected distributions pip's resolver error is about (as Conflicts)."""
-    pinned = set()
-    wanted: dict[str, list[str]] = {}
-    in_block = False
+    pinned, wanted, in_block = set(), {}, False
     for line in output.splitlines():
         if "The conflict is caused by:" in line:
             in_block = True
-            continue
-        if in_block:
-            if line.strip():
-                _note_cause(line, pinned=pinned, wanted=wanted)
-            else:
-                in_block = False
-            continue
-        m = _NOT_FOUND_RE.search(line)
-        if m:
+        elif in_block and not line.strip():
+            in_block = False
+        elif in_block:
+            m = _CAUSE_RE.match(line)
+            if m and m.group("constraint"):
+                pinned.add(_req_name(m.group("ureq")))
+            elif m and m.group("ureq"):
+                wanted.setdefault(_req_name(m.group("ureq")), []).append(
+                    m.group("ureq")
+                )
+            elif m:
+                req = m.group("dreq")
+                text = f"{m.group('pkg')} {m.group('ver')} depends on {req}"
+                wanted.setdefault(_req_name(req), []).append(text)
+        elif m := _NOT_FOUND_RE.search(line):
             name = _req_name(m.group("req"))
-            if name in installed and name not in allowed:
-                pinned.add(name)
-                origin = f" (from {m.group('from')})" if m.group("from") else ""
-                wanted.setdefault(name, []).append(m.group("req").strip() + origin)
-    conflicts = []
-    for name in sorted(pinned):
-        if name not in installed or name in allowed:
-            continue
-        dist_name, version = installed[name]
-        items = list(dict.fromkeys(wanted.get(name, [])))
-        conflicts.append(Conflict(name=dist_name, installed=version, wanted=items))
-    return conflicts
-
-
-def _note_cause(line, *, pinned, wanted):
-    """Note one line of pip's "The conflict is caused by:" block."""
-    m = _CAUSE_RE.match(line)
-    if not m:
-        return
-    if m.group("ureq") is not None:
-        req = m.group("ureq")
-        name = _req_name(req)
-        if m.group("constraint"):
             pinned.add(name)
-            return
-        text = req
-    else:
-        req = m.group("dreq")
-        name = _req_name(req)
-        text = f"{m.group('pkg')} {m.group('ver')} depends on {req}"
-    wanted.setdefault(name, []).append(text)
+            origin = f" (from {m.group('from')})" if m.group("from") else ""
+            wanted.setdefault(name, []).append(m.group("req").strip() + origin)
+    names = sorted(n for n in pinned if n in installed and n not in allowed)
+    return [
+        Conflict(*installed[n], wanted=list(dict.fromkeys(wanted.get(n, []))))
+        for n in names
+    ]
 
 
 def check_protected(*, step, before, after):
