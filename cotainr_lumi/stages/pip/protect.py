@@ -16,12 +16,13 @@ import re
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import VERSION_PATTERN
 
 from ...errors import StageError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
+_PEP440_RE = re.compile(rf"\s*{VERSION_PATTERN}\s*", re.VERBOSE | re.IGNORECASE)
 _CAUSE_RE = re.compile(
     r"^\s*(?:The user requested (?P<constraint>\(constraint\) )?(?P<ureq>.+?)"
     r"|(?P<pkg>\S+) (?P<ver>\S+) depends on (?P<dreq>.+?))\s*$"
@@ -71,18 +72,15 @@ def constraints_text(*, installed, allowed):
         name, version = installed[key]
         if key in allowed:
             lines.append(f"# {name}=={version}  (allow-changes)")
-            continue
-        try:
-            Version(version)
-        except InvalidVersion:
+        elif _PEP440_RE.fullmatch(version):
+            lines.append(f"{name}=={version}")
+        else:
             logger.warning(
                 "Not protecting %s: its version %r is not a PEP 440 version.",
                 name,
                 version,
             )
             lines.append(f"# {name} {version}  (not a PEP 440 version: not pinned)")
-            continue
-        lines.append(f"{name}=={version}")
     return "\n".join(lines) + "\n"
 
 
