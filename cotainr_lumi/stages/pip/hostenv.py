@@ -33,13 +33,11 @@ def host_pip_overrides(*, root, environ):
     overrides = {}
     for name in PATH_PIP_VARIABLES:
         entries = environ.get(name, "").split()
-        missing = list(
-            dict.fromkeys(
-                p
-                for p in entries
-                if p.startswith("/") and not _exists_in_root(root=root, path=p)
-            )
-        )
+        missing = [
+            p
+            for p in dict.fromkeys(entries)
+            if p.startswith("/") and not _exists_in_root(root=root, path=p)
+        ]
         if not missing:
             continue
         where = (
