@@ -275,7 +275,14 @@ class PipRun:
         }
         installed, packages = self._pip_list()
         records = {PACKAGES_FILE: packages}
-        details["sbom"] = self._write_sboms(packages)
+        details["sbom"] = write_sboms(
+            root=self.sandbox.root,
+            image_name=Path(self.context.plan.image_path).name,
+            packages=packages,
+            base_packages=self._base_packages,
+            target_prefix=self._target.prefix,
+            base_image=self.context.plan.base_image.given,
+        )
         if self.steps:
             labels[imagelayout.LABEL_PIP_STEPS] = STEPS_FILE
             records[STEPS_FILE] = details
@@ -310,24 +317,6 @@ class PipRun:
         record = {"target": info, "steps": records, "cache": {"dir": cache}}
         record["cache"].update(cache_stats)
         return info, record
-
-    def _write_sboms(self, packages):
-        """The SBOMs of the env (CycloneDX, and the base's own /.sbom.json)."""
-        written = write_sboms(
-            root=self.sandbox.root,
-            image_name=Path(self.context.plan.image_path).name,
-            packages=packages,
-            base_packages=self._base_packages,
-            target_prefix=self._target.prefix,
-            base_image=self.context.plan.base_image.given,
-        )
-        logger.info(
-            "SBOM: %s%s; added by this build: %s",
-            written["cyclonedx"],
-            f" and {written['aif']}" if written["aif"] else "",
-            ", ".join(written["added"]) or "nothing",
-        )
-        return written
 
     def _install(self, *, step, staged, constraints, before):
         """Run the step's ``pip install`` in the target env; return it redacted."""

@@ -121,7 +121,7 @@ def update_aif_sbom(*, root, packages):
 def write_sboms(
     *, root, image_name, packages, base_packages, target_prefix, base_image=None
 ):
-    """Write both SBOMs."""
+    """Write both SBOMs; say what they hold."""
     write_file_in_root(
         root=root,
         path=imagelayout.CYCLONEDX_SBOM_FILE,
@@ -136,8 +136,12 @@ def write_sboms(
     )
     aif = update_aif_sbom(root=root, packages=packages)
     origins = _origins(packages, base_packages)
-    return {
-        "cyclonedx": imagelayout.CYCLONEDX_SBOM_FILE,
-        "aif": imagelayout.AIF_SBOM_FILE if aif else None,
-        "added": sorted(p["name"] for p, o in zip(packages, origins) if o == "build"),
-    }
+    added = sorted(p["name"] for p, o in zip(packages, origins) if o == "build")
+    aif = imagelayout.AIF_SBOM_FILE if aif else None
+    logger.info(
+        "SBOM: %s%s; added by this build: %s",
+        imagelayout.CYCLONEDX_SBOM_FILE,
+        f" and {aif}" if aif else "",
+        ", ".join(added) or "nothing",
+    )
+    return {"cyclonedx": imagelayout.CYCLONEDX_SBOM_FILE, "aif": aif, "added": added}
