@@ -134,7 +134,7 @@ def _file_url_path(url, *, where):
             f"{url}: only absolute file: URLs (file:///path) can be used; "
             "write a relative path without file: instead",
         )
-    return str(unquote(parts.path))
+    return unquote(parts.path)
 
 
 def _split_option(tokens):
