@@ -1,16 +1,11 @@
 """
 A host pip cache reused across builds, never left in the image.
 
-cotainr runs commands in the sandbox without bind mounts, so the host cache
-cannot be mounted. Instead, before the pip steps its files are hard-linked
-(copied when the sandbox is on another file system) into a directory inside
-the sandbox that pip uses as ``--cache-dir``; after the steps, also when they
-fail, new or replaced files are linked (or copied) back into the host cache
-and the sandbox directory is removed.
-
-pip writes cache entries to a temporary file and renames it into place, so a
-hard-linked host file is never modified through the sandbox; several builds
-can share the host cache at the same time.
+The sandbox has no bind mounts: the host cache's files are hard-linked (or
+copied) into the sandbox directory pip uses as ``--cache-dir``, and new or
+replaced ones linked back afterwards, also after a failure. pip replaces
+cache entries by renaming, so a linked host file is never modified in place
+and builds can share the host cache.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ import tempfile
 logger = logging.getLogger(f"cotainr.{__name__}")
 
 
-def _place(src, dst):
+def link_or_copy(src, dst):
     """Put file `src` at `dst` atomically: a hard link if possible, else a copy."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=".cotainr-lumi-")
@@ -65,7 +60,7 @@ def import_cache(*, host_dir, sandbox_dir):
             continue
         stats["files"] += 1
         stats["bytes"] += path.stat().st_size
-        stats["linked"] += _place(path, sandbox_dir / rel)
+        stats["linked"] += link_or_copy(path, sandbox_dir / rel)
     return stats
 
 
@@ -85,7 +80,7 @@ def export_cache(*, sandbox_dir, host_dir):
             except OSError:
                 pass
             try:
-                _place(path, target)
+                link_or_copy(path, target)
                 stats["new"] += 1
             except OSError as e:
                 logger.warning("Could not keep pip cache entry %s: %s", rel, e)

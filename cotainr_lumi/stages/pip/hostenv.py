@@ -1,17 +1,16 @@
 """
-Host pip variables that pass into the container.
+Host pip settings that pass into the container, or do not.
 
-Apptainer passes the host environment into the container, ``PIP_*``
-variables included. Those holding host paths may point nowhere there:
-pip then warns "Location '...' is ignored" for every ``--find-links`` entry
-that does not exist, at every package it looks up and in every isolated
-build (many times per build), or fails on a missing constraints file or
-certificate bundle. This module says so once, and leaves the find-links
-entries pip would ignore anyway out of the pip commands.
+Apptainer passes ``PIP_*`` variables into the container, where the host paths
+in them may not exist: pip then warns at every package for a missing
+``--find-links`` entry (so those are left out), or fails on a missing
+constraints file or certificate bundle. A host pip config file is not read
+there at all.
 """
 
-from dataclasses import dataclass, field
 import logging
+import os
+from pathlib import Path
 
 from ...engine.rootfs import SymlinkLoopError, resolve_in_root
 
@@ -19,17 +18,7 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: Host pip variables holding paths (which may not exist in the container).
 PATH_PIP_VARIABLES = ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_REQUIREMENT", "PIP_CERT")
-#: Of those, the ones whose missing entries pip ignores (with a warning each
-#: time): they are left out of the pip commands.
-IGNORED_WHEN_MISSING = ("PIP_FIND_LINKS",)
-
-
-@dataclass
-class HostPipVariables:
-    """What the host's pip variables mean inside the container."""
-
-    warnings: list = field(default_factory=list)
-    overrides: dict = field(default_factory=dict)
+PIP_CONFIG_FILES = ("~/.config/pip/pip.conf", "~/.pip/pip.conf")
 
 
 def _exists_in_root(*, root, path):
@@ -39,39 +28,48 @@ def _exists_in_root(*, root, path):
         return False
 
 
-def host_pip_variables(*, root, environ):
-    """Check the host's path-valued pip variables against the sandbox."""
-    result = HostPipVariables()
+def host_pip_overrides(*, root, environ):
+    """The host pip variables to replace in the container; warn about the rest."""
+    overrides = {}
     for name in PATH_PIP_VARIABLES:
-        value = environ.get(name)
-        if not value:
-            continue
-        entries = value.split()
-        missing = list(
-            dict.fromkeys(
-                p
-                for p in entries
-                if p.startswith("/") and not _exists_in_root(root=root, path=p)
-            )
-        )
+        entries = environ.get(name, "").split()
+        missing = [
+            p
+            for p in dict.fromkeys(entries)
+            if p.startswith("/") and not _exists_in_root(root=root, path=p)
+        ]
         if not missing:
             continue
-        if name in IGNORED_WHEN_MISSING:
-            kept = [p for p in entries if p not in missing]
-            result.overrides[name] = " ".join(kept)
-            result.warnings.append(
-                f"{name}={value} is set on this machine and passes into the "
-                f"container, where {', '.join(missing)} does not exist: pip would "
-                "ignore it with a warning at every package, so it is left out of "
-                f"{name} for the pip steps. Unset {name}, or put the files into "
-                "the steps (requirements files can reference local files and "
-                "--find-links directories)."
+        where = (
+            f"{name}={environ[name]} is set on this machine and passes into the "
+            f"container, where {', '.join(missing)} does not exist"
+        )
+        if name == "PIP_FIND_LINKS":  # pip ignores a missing entry, warning each time
+            overrides[name] = " ".join(p for p in entries if p not in missing)
+            logger.warning(
+                "%s: pip would ignore it with a warning at every package, so it "
+                "is left out of %s for the pip steps. Unset %s, or put the files "
+                "into the steps (requirements files can reference local files "
+                "and --find-links directories).",
+                where,
+                name,
+                name,
             )
         else:
-            result.warnings.append(
-                f"{name}={value} is set on this machine and passes into the "
-                f"container, where {', '.join(missing)} does not exist (pip fails "
-                "on it). Unset it or put the files into the steps (requirements "
-                "files can reference local files)."
+            logger.warning(
+                "%s (pip fails on it). Unset it or put the files into the steps "
+                "(requirements files can reference local files).",
+                where,
             )
-    return result
+    config = next(
+        (p for p in map(os.path.expanduser, PIP_CONFIG_FILES) if Path(p).is_file()),
+        None,
+    )
+    if config:
+        logger.info(
+            "Your pip config %s is not used inside the container (no home "
+            "directory there); PIP_* variables are. Put index URLs etc. "
+            "into the pip steps.",
+            config,
+        )
+    return overrides

@@ -16,9 +16,9 @@ from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import StageReport
 from ...errors import SECRET_NAME_RE, StageError, redact, redact_env
 from .cache import export_cache, import_cache
-from .hostenv import host_pip_variables
+from .hostenv import host_pip_overrides
 from .protect import (
-    changed_distributions,
+    check_protected,
     constraints_text,
     describe_changes,
     explain_conflicts,
@@ -39,13 +39,8 @@ CACHE_DIR = f"{WORK_DIR}/cache"
 
 #: Host pip variables that would send packages elsewhere than the active env.
 UNSET_PIP_VARIABLES = (
-    "PIP_TARGET",
-    "PIP_PREFIX",
-    "PIP_ROOT",
-    "PIP_USER",
-    "PIP_REQUIRE_VIRTUALENV",
-    "PIP_REQUIRE_VENV",
-    "PIP_EDITABLE",
+    "PIP_TARGET PIP_PREFIX PIP_ROOT PIP_USER PIP_REQUIRE_VIRTUALENV PIP_REQUIRE_VENV "
+    "PIP_EDITABLE"
 )
 
 
@@ -55,12 +50,6 @@ def _timed(function, **kwargs):
     result = function(**kwargs)
     result["seconds"] = round(time.time() - t0, 2)
     return result
-
-
-def _torch_words(installed):
-    """' (torch VERSION)' when torch is installed."""
-    torch = installed.get("torch")
-    return f" (torch {torch[1]})" if torch else ""
 
 
 def _secrets(steps):
@@ -104,16 +93,8 @@ def _pip_error_lines(output, *, limit=60):
 
 def pip_command(*, step, requirement_files, constraints, cache_dir, python="python"):
     """The ``pip install`` command line of a step."""
-    cmd = [
-        python,
-        "-m",
-        "pip",
-        "install",
-        "--no-input",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-    ]
+    cmd = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
+    cmd += ["--progress-bar", "off"]
     cmd += ["--cache-dir", cache_dir] if cache_dir else ["--no-cache-dir"]
     if step.no_build_isolation:
         cmd.append("--no-build-isolation")
@@ -178,77 +159,41 @@ def install_error(error, *, step, before, staged):
     )
 
 
-def check_protected(*, step, before, after):
-    """Fail when a step changed what it was not allowed to."""
-    changes = changed_distributions(
-        before=before, after=after, allowed=step.allow_changes
-    )
-    if changes:
-        text = "\n".join(
-            f"  {name} {old} -> {new if new else 'removed'}"
-            for name, old, new in changes
-        )
-        names = ", ".join(name for name, _, _ in changes)
-        raise StageError(
-            f"{step.title} changed protected package(s) {names} despite the "
-            f"constraints:\n{text}\nAdd 'allow-changes: [{names}]' to the step "
-            "if this is intended.",
-            stage="pip",
-        )
-
-
-def host_pip_overrides(root):
-    """The host pip variables to replace in the container; say what is not used."""
-    host = host_pip_variables(root=root, environ=os.environ)
-    for message in host.warnings:
-        logger.warning("%s", message)
-    for path in (
-        Path(os.path.expanduser("~/.config/pip/pip.conf")),
-        Path(os.path.expanduser("~/.pip/pip.conf")),
-    ):
-        if path.is_file():
-            logger.info(
-                "Your pip config %s is not used inside the container (no home "
-                "directory there); PIP_* variables are. Put index URLs etc. "
-                "into the pip steps.",
-                path,
-            )
-            break
-    return host.overrides
-
-
 class PipRun:
     """One run of a pip stage's steps in a sandbox (the target env, pip's env)."""
 
     def __init__(self, *, stage, context):
         self.settings, self.steps, self.scans = stage.settings, stage.steps, stage.scans
         self.cache_dir, self.context = stage.cache_dir, context
+        self.sandbox = context.sandbox
         self._pip_env = {}  # host pip variables replaced (see hostenv)
         self._target = None
         self._base_packages = None  # before the first step (pip list form)
 
-    def _run(self, sandbox, args, *, env=None):
+    def _run(self, command, *, env=None, script=""):
+        """Run `command` (a list) in the target env, after `script`."""
+        activate = f"{self._target.activation()}; {script}"
         env = {**self._pip_env, **(env or {})} or None
-        return sandbox.run(args, env=env)
+        return self.sandbox.run(
+            ["bash", "-c", f"{activate}exec {shlex.join(command)}"], env=env
+        )
 
-    def _in_target(self, command):
-        """A ``bash -c`` command running `command` (a list) in the target env."""
-        script = f"{self._target.activation()}; exec {shlex.join(command)}"
-        return ["bash", "-c", script]
-
-    def _pip_list(self, sandbox):
-        pip_list = ["-m", "pip", "list", "--format", "json"]
-        command = [self._target.python, *pip_list, "--disable-pip-version-check"]
-        proc = self._run(sandbox, self._in_target(command))
+    def _pip_list(self):
+        """(installed by canonical name, pip's list) of the target env."""
+        proc = self._run(
+            [self._target.python, "-m", "pip", "list", "--format", "json"]
+            + ["--disable-pip-version-check"]
+        )
         try:
-            return parse_pip_list(text=proc.stdout), proc.stdout
+            return parse_pip_list(text=proc.stdout)
         except ValueError as e:
             raise StageError(
                 f"cannot read the installed packages: {e}", stage="pip"
             ) from e
 
-    def _check_pip(self, context, *, required=True):
+    def _check_pip(self, *, required=True):
         """The build's target env and the version of its pip (which must work)."""
+        context = self.context
         target = (
             context.require_target_env(stage="pip") if required else context.target_env
         )
@@ -256,10 +201,7 @@ class PipRun:
             raise StageError("no Python environment in the image", stage="pip")
         self._target = target
         try:
-            proc = self._run(
-                context.sandbox,
-                self._in_target([target.python, "-m", "pip", "--version"]),
-            )
+            proc = self._run([target.python, "-m", "pip", "--version"])
         except _cotainr.CommandError as e:
             raise StageError(
                 f"the target environment {target.prefix} ({target.reason}) has no "
@@ -269,31 +211,28 @@ class PipRun:
                 details=e.error_lines(),
             ) from e
         info = {
-            "prefix": target.prefix,
-            "executable": target.python,
-            "version": target.version,
-            "source": target.source,
-            "reason": target.reason,
+            k: getattr(target, k) for k in ("prefix", "version", "source", "reason")
         }
+        info["executable"] = target.python
         for line in proc.stdout.splitlines():
             if line.startswith("pip "):
                 info["pip"] = line.split()[1]
         return info
 
     @contextlib.contextmanager
-    def _work_dir(self, *, root):
+    def _work_dir(self):
         """A fresh :data:`WORK_DIR`, with the host pip cache in it when on."""
+        root = self.sandbox.root
         work = resolve_in_root(root=root, path=WORK_DIR)
         if work.exists():
             shutil.rmtree(work)
         work.mkdir(parents=True)
+        cache = resolve_in_root(root=root, path=CACHE_DIR)
         stats = {}
         try:
             if self.settings.cache:
                 stats["import"] = _timed(
-                    import_cache,
-                    host_dir=self.cache_dir,
-                    sandbox_dir=resolve_in_root(root=root, path=CACHE_DIR),
+                    import_cache, host_dir=self.cache_dir, sandbox_dir=cache
                 )
                 logger.info(
                     "pip cache %s: %d files linked/copied into the sandbox",
@@ -304,108 +243,20 @@ class PipRun:
         finally:
             if self.settings.cache:
                 stats["export"] = _timed(
-                    export_cache,
-                    sandbox_dir=resolve_in_root(root=root, path=CACHE_DIR),
-                    host_dir=self.cache_dir,
+                    export_cache, sandbox_dir=cache, host_dir=self.cache_dir
                 )
             shutil.rmtree(work, ignore_errors=True)
 
     def run(self):
-        """Run the pip steps in order."""
-        context, sandbox = self.context, self.context.sandbox
-        if not self.steps:
-            return self._record_packages_only(context)
-        for scan in self.scans:
-            for moving in scan.moving_refs:
-                logger.warning("Not pinned: %s", moving)
-        info = self._check_pip(context)
-        logger.info(
-            "pip steps install into %s (python %s at %s, pip %s)",
-            info.get("prefix"),
-            info.get("version"),
-            info.get("executable"),
-            info.get("pip"),
-        )
-        self._pip_env = host_pip_overrides(sandbox.root)
-        cache_dir = CACHE_DIR if self.settings.cache else None
-        with self._work_dir(root=sandbox.root) as cache_stats:
-            records = [
-                self._run_step(
-                    sandbox=sandbox, step=step, scan=scan, cache_dir=cache_dir
-                )
-                for step, scan in zip(self.steps, self.scans)
-            ]
-        installed = self._record_packages(sandbox)
-        sboms = self._write_sboms(context, base=self._base_packages)
-        steps_record = {
-            "target": info,
-            "steps": records,
-            "cache": {
-                "dir": str(self.cache_dir) if self.settings.cache else None,
-                **cache_stats,
-            },
-            "sbom": sboms,
-        }
-        write_file_in_root(
-            root=sandbox.root,
-            path=STEPS_FILE,
-            content=json.dumps(steps_record, indent=2, sort_keys=True) + "\n",
-        )
-        summary = (
-            f"{len(self.steps)} step(s) into {info.get('prefix')}; "
-            f"{len(installed)} distributions{_torch_words(installed)}"
-        )
-        return StageReport(
-            name="pip",
-            summary=summary,
-            details=steps_record,
-            labels={
-                imagelayout.LABEL_PIP_PACKAGES: PACKAGES_FILE,
-                imagelayout.LABEL_PIP_STEPS: STEPS_FILE,
-                imagelayout.LABEL_SBOM: imagelayout.CYCLONEDX_SBOM_FILE,
-            },
-        )
-
-    def _record_packages(self, sandbox):
-        """Write the package list into the image; return the installed map."""
-        installed, raw = self._pip_list(sandbox)
-        packages = json.loads(raw.strip().splitlines()[-1])
-        write_file_in_root(
-            root=sandbox.root,
-            path=PACKAGES_FILE,
-            content=json.dumps(packages, indent=2, sort_keys=True) + "\n",
-        )
-        return installed
-
-    def _write_sboms(self, context, *, base):
-        """The SBOMs of the env (CycloneDX, and the base's own /.sbom.json)."""
-        root = context.sandbox.root
-        packages = json.loads(
-            resolve_in_root(root=root, path=PACKAGES_FILE).read_text()
-        )
-        written = write_sboms(
-            root=root,
-            image_name=Path(context.plan.image_path).name,
-            packages=packages,
-            base_packages=base,
-            target_prefix=self._target.prefix,
-            base_image=context.plan.base_image.given,
-        )
-        logger.info(
-            "SBOM: %s%s; added by this build: %s",
-            written["cyclonedx"],
-            f" and {written['aif']}" if written["aif"] else "",
-            ", ".join(written["added"]) or "nothing",
-        )
-        return written
-
-    def _record_packages_only(self, context):
-        """No steps: keep the environment's package list (if pip can list it)."""
-        sandbox = context.sandbox
-        try:
-            info = self._check_pip(context, required=False)
-            installed = self._record_packages(sandbox)
-            sboms = self._write_sboms(context, base=None)
+        """Run the pip steps in order; record the packages and SBOMs."""
+        if self.steps:
+            info, record = self._run_steps()
+            summary = f"{len(self.steps)} step(s) into {info.get('prefix')}; "
+            return self._report(record, summary=summary)
+        try:  # no steps: keep the env's package list (if pip can list it)
+            info = self._check_pip(required=False)
+            summary = f"no pip steps; package list of {info.get('prefix')}: "
+            return self._report({"target": info, "steps": []}, summary=summary)
         except (StageError, _cotainr.CommandError) as e:
             logger.warning(
                 "No pip steps and no package list: %s",
@@ -415,22 +266,61 @@ class PipRun:
                 name="pip",
                 summary="no pip steps; no package list (no Python env with pip in the image)",
             )
-        summary = (
-            f"no pip steps; package list of {info.get('prefix')}: "
-            f"{len(installed)} distributions{_torch_words(installed)}"
-        )
-        return StageReport(
-            name="pip",
-            summary=summary,
-            details={"target": info, "steps": [], "sbom": sboms},
-            labels={
-                imagelayout.LABEL_PIP_PACKAGES: PACKAGES_FILE,
-                imagelayout.LABEL_SBOM: imagelayout.CYCLONEDX_SBOM_FILE,
-            },
-        )
 
-    def _install(self, *, sandbox, step, staged, constraints, cache_dir, before):
+    def _report(self, details, *, summary):
+        """Write the package list, the SBOMs and the steps record; the report."""
+        labels = {
+            imagelayout.LABEL_PIP_PACKAGES: PACKAGES_FILE,
+            imagelayout.LABEL_SBOM: imagelayout.CYCLONEDX_SBOM_FILE,
+        }
+        installed, packages = self._pip_list()
+        records = {PACKAGES_FILE: packages}
+        details["sbom"] = write_sboms(
+            root=self.sandbox.root,
+            image_name=Path(self.context.plan.image_path).name,
+            packages=packages,
+            base_packages=self._base_packages,
+            target_prefix=self._target.prefix,
+            base_image=self.context.plan.base_image.given,
+        )
+        if self.steps:
+            labels[imagelayout.LABEL_PIP_STEPS] = STEPS_FILE
+            records[STEPS_FILE] = details
+        for path, data in records.items():
+            text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+            write_file_in_root(root=self.sandbox.root, path=path, content=text)
+        torch = installed.get("torch")
+        summary += f"{len(installed)} distributions"
+        summary += f" (torch {torch[1]})" if torch else ""
+        return StageReport(name="pip", summary=summary, details=details, labels=labels)
+
+    def _run_steps(self):
+        """Check pip, run every step; (target info, the steps record)."""
+        for scan in self.scans:
+            for moving in scan.moving_refs:
+                logger.warning("Not pinned: %s", moving)
+        info = self._check_pip()
+        logger.info(
+            "pip steps install into %s (python %s at %s, pip %s)",
+            info.get("prefix"),
+            info.get("version"),
+            info.get("executable"),
+            info.get("pip"),
+        )
+        self._pip_env = host_pip_overrides(root=self.sandbox.root, environ=os.environ)
+        with self._work_dir() as cache_stats:
+            records = [
+                self._run_step(step=step, scan=scan)
+                for step, scan in zip(self.steps, self.scans)
+            ]
+        cache = str(self.cache_dir) if self.settings.cache else None
+        record = {"target": info, "steps": records, "cache": {"dir": cache}}
+        record["cache"].update(cache_stats)
+        return info, record
+
+    def _install(self, *, step, staged, constraints, before):
         """Run the step's ``pip install`` in the target env; return it redacted."""
+        cache_dir = CACHE_DIR if self.settings.cache else None
         cmd = pip_command(
             step=step,
             requirement_files=staged.requirement_files,
@@ -438,22 +328,23 @@ class PipRun:
             cache_dir=cache_dir,
             python=self._target.python,
         )
-        script = (
-            f"{self._target.activation()}; unset {' '.join(UNSET_PIP_VARIABLES)}; "
-            f"exec {shlex.join(cmd)}"
-        )
         shown = [redact(arg) for arg in cmd]
         logger.info("Running: %s", shlex.join(shown))
+        root = self.sandbox.root
         try:
-            with private_wheel_cache(root=sandbox.root, step=step, cache_dir=cache_dir):
-                self._run(sandbox, ["bash", "-c", script], env=step.env or None)
+            with private_wheel_cache(root=root, step=step, cache_dir=cache_dir):
+                self._run(cmd, env=step.env, script=f"unset {UNSET_PIP_VARIABLES}; ")
         except _cotainr.CommandError as e:
             raise install_error(e, step=step, before=before, staged=staged) from e
+        finally:  # pip has read them: the image keeps them without credentials
+            for path in staged.kept_files:
+                text = resolve_in_root(root=root, path=path).read_text()
+                write_file_in_root(root=root, path=path, content=redact(text))
         return shown
 
-    def _run_step(self, *, sandbox, step, scan, cache_dir):
+    def _run_step(self, *, step, scan):
         """Stage, pin, install and check one step; return its record."""
-        root = sandbox.root
+        root = self.sandbox.root
         logger.info("pip %s", step.title)
         t0 = time.time()
         keep_dir = f"{PIP_DIR}/step{step.number}"
@@ -461,31 +352,19 @@ class PipRun:
         staged = stage_step(
             scan=scan, root=root, keep_dir=keep_dir, staging_dir=staging_dir
         )
-        before, _ = self._pip_list(sandbox)
+        before, packages = self._pip_list()
         if step.number == 1:
-            self._base_packages = [
-                {"name": name, "version": version} for name, version in before.values()
-            ]
+            self._base_packages = packages
         constraints = f"{keep_dir}/protected-constraints.txt"
         write_file_in_root(
             root=root,
             path=constraints,
             content=constraints_text(installed=before, allowed=step.allow_changes),
         )
-        try:
-            cmd = self._install(
-                sandbox=sandbox,
-                step=step,
-                staged=staged,
-                constraints=constraints,
-                cache_dir=cache_dir,
-                before=before,
-            )
-        finally:  # pip has read them: the image keeps them without credentials
-            for path in staged.kept_files:
-                text = resolve_in_root(root=root, path=path).read_text()
-                write_file_in_root(root=root, path=path, content=redact(text))
-        after, _ = self._pip_list(sandbox)
+        cmd = self._install(
+            step=step, staged=staged, constraints=constraints, before=before
+        )
+        after, _ = self._pip_list()
         check_protected(step=step, before=before, after=after)
         shutil.rmtree(resolve_in_root(root=root, path=staging_dir), ignore_errors=True)
         diff = describe_changes(before=before, after=after)

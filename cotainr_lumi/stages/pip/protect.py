@@ -1,14 +1,10 @@
 """
 Protection of installed distributions against later pip steps.
 
-Before a step, every installed distribution (from ``pip list --format
-json``) is pinned ``name==version`` in a constraints file passed to ``pip
-install -c``, except the names the step may change (``allow-changes``). A
-plain ``torch`` dependency of a later package is then satisfied by the
-installed torch (``torch==2.13.0+cpu`` matches exactly that local version),
-and a requirement for another version makes pip's resolver fail. That failure
-is explained from pip's output (:func:`explain_conflicts`), and after the
-step :func:`changed_distributions` double-checks the package lists.
+Before a step every installed distribution is pinned ``name==version`` in a
+constraints file (``pip install -c``) except those in ``allow-changes``; pip's
+resolver then keeps e.g. the installed ROCm torch, and its conflict output is
+explained. After the step the package lists are checked again.
 """
 
 from __future__ import annotations
@@ -20,10 +16,13 @@ import re
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import VERSION_PATTERN
+
+from ...errors import StageError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
+_PEP440_RE = re.compile(rf"\s*{VERSION_PATTERN}\s*", re.VERBOSE | re.IGNORECASE)
 _CAUSE_RE = re.compile(
     r"^\s*(?:The user requested (?P<constraint>\(constraint\) )?(?P<ureq>.+?)"
     r"|(?P<pkg>\S+) (?P<ver>\S+) depends on (?P<dreq>.+?))\s*$"
@@ -52,15 +51,14 @@ class Conflict:
 
 
 def parse_pip_list(*, text):
-    """Installed distributions from ``pip list --format json`` output."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    for line in reversed(lines):
-        line = line.strip()
-        if line.startswith("["):
+    """(installed by canonical name, the list) from ``pip list --format json``."""
+    for line in reversed(text.splitlines()):
+        if line.strip().startswith("["):
             data = json.loads(line)
-            return {
+            names = {
                 canonicalize_name(d["name"]): (d["name"], d["version"]) for d in data
             }
+            return names, data
     raise ValueError(f"no package list in pip's output: {text[-500:]!r}")
 
 
@@ -74,18 +72,15 @@ def constraints_text(*, installed, allowed):
         name, version = installed[key]
         if key in allowed:
             lines.append(f"# {name}=={version}  (allow-changes)")
-            continue
-        try:
-            Version(version)
-        except InvalidVersion:
+        elif _PEP440_RE.fullmatch(version):
+            lines.append(f"{name}=={version}")
+        else:
             logger.warning(
                 "Not protecting %s: its version %r is not a PEP 440 version.",
                 name,
                 version,
             )
             lines.append(f"# {name} {version}  (not a PEP 440 version: not pinned)")
-            continue
-        lines.append(f"{name}=={version}")
     return "\n".join(lines) + "\n"
 
 
@@ -98,75 +93,57 @@ def _req_name(text):
 
 
 def explain_conflicts(*, output, installed, allowed):
-    """
-    The protected distributions pip's resolver error is about.
-
-    Understands pip's "The conflict is caused by:" block (``The user
-    requested (constraint) torch==2.13.0+cpu`` against ``The user requested
-    torch==2.12.0`` or ``foo 1.0 depends on torch<2``) and "Could not find a
-    version that satisfies the requirement X" for a protected X.
-    """
-    pinned = set()
-    wanted: dict[str, list[str]] = {}
-    in_block = False
+    """The protected distributions pip's resolver error is about (as Conflicts)."""
+    pinned, wanted, in_block = set(), {}, False
     for line in output.splitlines():
         if "The conflict is caused by:" in line:
             in_block = True
-            continue
-        if in_block:
-            if line.strip():
-                _note_cause(line, pinned=pinned, wanted=wanted)
-            else:
-                in_block = False
-            continue
-        m = _NOT_FOUND_RE.search(line)
-        if m:
+        elif in_block and not line.strip():
+            in_block = False
+        elif in_block:
+            m = _CAUSE_RE.match(line)
+            if m and m.group("constraint"):
+                pinned.add(_req_name(m.group("ureq")))
+            elif m and m.group("ureq"):
+                wanted.setdefault(_req_name(m.group("ureq")), []).append(
+                    m.group("ureq")
+                )
+            elif m:
+                req = m.group("dreq")
+                text = f"{m.group('pkg')} {m.group('ver')} depends on {req}"
+                wanted.setdefault(_req_name(req), []).append(text)
+        elif m := _NOT_FOUND_RE.search(line):
             name = _req_name(m.group("req"))
-            if name in installed and name not in allowed:
-                pinned.add(name)
-                origin = f" (from {m.group('from')})" if m.group("from") else ""
-                wanted.setdefault(name, []).append(m.group("req").strip() + origin)
-    conflicts = []
-    for name in sorted(pinned):
-        if name not in installed or name in allowed:
-            continue
-        dist_name, version = installed[name]
-        items = list(dict.fromkeys(wanted.get(name, [])))
-        conflicts.append(Conflict(name=dist_name, installed=version, wanted=items))
-    return conflicts
-
-
-def _note_cause(line, *, pinned, wanted):
-    """Note one line of pip's "The conflict is caused by:" block."""
-    m = _CAUSE_RE.match(line)
-    if not m:
-        return
-    if m.group("ureq") is not None:
-        req = m.group("ureq")
-        name = _req_name(req)
-        if m.group("constraint"):
             pinned.add(name)
-            return
-        text = req
-    else:
-        req = m.group("dreq")
-        name = _req_name(req)
-        text = f"{m.group('pkg')} {m.group('ver')} depends on {req}"
-    wanted.setdefault(name, []).append(text)
+            origin = f" (from {m.group('from')})" if m.group("from") else ""
+            wanted.setdefault(name, []).append(m.group("req").strip() + origin)
+    names = sorted(n for n in pinned if n in installed and n not in allowed)
+    return [
+        Conflict(*installed[n], wanted=list(dict.fromkeys(wanted.get(n, []))))
+        for n in names
+    ]
 
 
-def changed_distributions(*, before, after, allowed):
-    """Protected distributions upgraded, downgraded or removed by a step."""
-    changes = []
-    for key, (name, version) in sorted(before.items()):
-        if key in allowed:
-            continue
-        new = after.get(key)
-        if new is None:
-            changes.append((name, version, None))
-        elif new[1] != version:
-            changes.append((name, version, new[1]))
-    return changes
+def check_protected(*, step, before, after):
+    """Fail when a step upgraded, downgraded or removed a protected distribution."""
+    new = {key: version for key, (_, version) in after.items()}
+    changes = [
+        (name, version, new.get(key))
+        for key, (name, version) in sorted(before.items())
+        if key not in step.allow_changes and new.get(key) != version
+    ]
+    if changes:
+        text = "\n".join(
+            f"  {name} {old} -> {new if new else 'removed'}"
+            for name, old, new in changes
+        )
+        names = ", ".join(name for name, _, _ in changes)
+        raise StageError(
+            f"{step.title} changed protected package(s) {names} despite the "
+            f"constraints:\n{text}\nAdd 'allow-changes: [{names}]' to the step "
+            "if this is intended.",
+            stage="pip",
+        )
 
 
 def describe_changes(*, before, after):

@@ -1,19 +1,13 @@
 """
-The image's SBOMs: what the target env holds and what this build added.
+The image's SBOMs, written after the pip steps from the env's ``pip list``.
 
-Two records, both written after the pip steps from the env's ``pip list``:
-
-- a CycloneDX JSON SBOM of the target env's Python packages
-  (:data:`cotainr_lumi.imagelayout.CYCLONEDX_SBOM_FILE`, label
-  ``cotainr-lumi.sbom``), made with ``cyclonedx-python-lib``: one ``library``
-  component per distribution with its ``pkg:pypi`` purl and the property
-  ``cotainr-lumi:origin`` (``base``: in the base image as it is, ``build``:
-  installed or changed by this build's pip steps); the image is the
-  ``container`` component the packages belong to;
-- the LUMI AI Factory images' own SBOM ``/.sbom.json`` (``{"apt": [...],
-  "pip": [pip list --format=json]}``, written by their recipes), kept in its
-  format with its ``pip`` list replaced by the env's new one; ``apt`` is
-  left as it is (a build adds no apt packages). Images without one get none.
+- CycloneDX JSON (:data:`cotainr_lumi.imagelayout.CYCLONEDX_SBOM_FILE`): the
+  image is the ``container`` component; each distribution a ``library`` with
+  its ``pkg:pypi`` purl and :data:`ORIGIN_PROPERTY` ``base`` (as in the base
+  image) or ``build`` (installed or changed by this build);
+- the LUMI AI Factory images' own ``/.sbom.json`` (``{"apt": [...], "pip":
+  [...]}``), kept in its format with its ``pip`` list replaced, if the base
+  image has one.
 """
 
 import json
@@ -39,66 +33,56 @@ SCHEMA_VERSION = SchemaVersion.V1_6
 ORIGIN_PROPERTY = "cotainr-lumi:origin"
 
 
-def _origin(package, base_packages):
-    if base_packages is None:
-        return "base"
-    key = canonicalize_name(package["name"])
-    return "base" if base_packages.get(key) == package["version"] else "build"
-
-
-def _normalised(packages):
-    return {canonicalize_name(p["name"]): p["version"] for p in packages or []}
-
-
-def _image_component(*, image_name, target_prefix, base_image):
-    """The image: the ``container`` component the packages belong to."""
-    properties = [Property(name="cotainr-lumi:target-env", value=target_prefix)]
-    if base_image:
-        properties.append(
-            Property(name="cotainr-lumi:base-image", value=str(base_image))
-        )
-    return Component(
-        name=image_name,
-        type=ComponentType.CONTAINER,
-        bom_ref=f"image:{image_name}",
-        properties=properties,
-    )
-
-
-def _package_component(package, *, before):
-    """One distribution: a ``library`` component with its purl and origin."""
-    purl = PackageURL(type="pypi", name=package["name"], version=package["version"])
-    return Component(
-        name=package["name"],
-        version=package["version"],
-        type=ComponentType.LIBRARY,
-        purl=purl,
-        bom_ref=purl.to_string(),
-        properties=[Property(name=ORIGIN_PROPERTY, value=_origin(package, before))],
-    )
+def _origins(packages, base_packages):
+    """'base' or 'build' for each package (all 'base' without a base list)."""
+    base = {canonicalize_name(p["name"]): p["version"] for p in base_packages or []}
+    return [
+        "build"
+        if base_packages is not None
+        and base.get(canonicalize_name(p["name"])) != p["version"]
+        else "base"
+        for p in packages
+    ]
 
 
 def cyclonedx_json(
     *, image_name, packages, base_packages, target_prefix, base_image=None
 ):
     """The CycloneDX JSON SBOM of the target env."""
-    before = None if base_packages is None else _normalised(base_packages)
-    bom = Bom()
-    image = _image_component(
-        image_name=image_name, target_prefix=target_prefix, base_image=base_image
+    properties = [Property(name="cotainr-lumi:target-env", value=target_prefix)]
+    if base_image:
+        properties.append(
+            Property(name="cotainr-lumi:base-image", value=str(base_image))
+        )
+    image = Component(
+        name=image_name,
+        type=ComponentType.CONTAINER,
+        bom_ref=f"image:{image_name}",
+        properties=properties,
     )
+    bom = Bom()
     bom.metadata.component = image
     bom.metadata.tools.components.add(
         Component(
             name="cotainr-lumi", version=__version__, type=ComponentType.APPLICATION
         )
     )
-    components = [
-        _package_component(package, before=before)
-        for package in sorted(packages, key=lambda p: p["name"].lower())
-    ]
-    for component in components:
-        bom.components.add(component)
+    packages = sorted(packages, key=lambda p: p["name"].lower())
+    components = []
+    for package, origin in zip(packages, _origins(packages, base_packages)):
+        name, version = package["name"], package["version"]
+        purl = PackageURL(type="pypi", name=name, version=version)
+        components.append(
+            Component(
+                name=name,
+                version=version,
+                type=ComponentType.LIBRARY,
+                purl=purl,
+                bom_ref=purl.to_string(),
+                properties=[Property(name=ORIGIN_PROPERTY, value=origin)],
+            )
+        )
+        bom.components.add(components[-1])
     bom.register_dependency(image, components)
     return make_outputter(bom, OutputFormat.JSON, SCHEMA_VERSION).output_as_string(
         indent=2
@@ -137,7 +121,7 @@ def update_aif_sbom(*, root, packages):
 def write_sboms(
     *, root, image_name, packages, base_packages, target_prefix, base_image=None
 ):
-    """Write both SBOMs."""
+    """Write both SBOMs; say what they hold."""
     write_file_in_root(
         root=root,
         path=imagelayout.CYCLONEDX_SBOM_FILE,
@@ -151,10 +135,13 @@ def write_sboms(
         mode=0o644,
     )
     aif = update_aif_sbom(root=root, packages=packages)
-    before = None if base_packages is None else _normalised(base_packages)
-    added = sorted(p["name"] for p in packages if _origin(p, before) == "build")
-    return {
-        "cyclonedx": imagelayout.CYCLONEDX_SBOM_FILE,
-        "aif": imagelayout.AIF_SBOM_FILE if aif else None,
-        "added": added,
-    }
+    origins = _origins(packages, base_packages)
+    added = sorted(p["name"] for p, o in zip(packages, origins) if o == "build")
+    aif = imagelayout.AIF_SBOM_FILE if aif else None
+    logger.info(
+        "SBOM: %s%s; added by this build: %s",
+        imagelayout.CYCLONEDX_SBOM_FILE,
+        f" and {aif}" if aif else "",
+        ", ".join(added) or "nothing",
+    )
+    return {"cyclonedx": imagelayout.CYCLONEDX_SBOM_FILE, "aif": aif, "added": added}

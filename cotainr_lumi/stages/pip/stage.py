@@ -1,35 +1,18 @@
 """
 The pip stage: ordered pip steps after cotainr's conda step.
 
-Each step is one ``pip install`` run inside the container by the interpreter
-of the target environment (:mod:`cotainr_lumi.engine.targetenv`: cotainr's
-conda env, the env the base image's ``$WITH_CONDA`` activates, or its active
-venv/conda env), with that env activated. Steps run in order, so a package that needs
-torch at build time (apex, DeepSpeed ops, flash-attention, ...) can be built
-with ``no-build-isolation`` against the torch a previous step installed.
-
-Every distribution installed before a step is pinned for that step (see
-:mod:`cotainr_lumi.stages.pip.protect`): a later step cannot replace the ROCm torch
-unless it lists torch in ``allow-changes``. Requirement files and their
-local references are staged into the sandbox (:mod:`cotainr_lumi.stages.pip.requirements`),
-a host pip cache is reused (:mod:`cotainr_lumi.stages.pip.cache`).
-
-In the image:
-
-- ``/opt/cotainr-lumi/pip/stepN/`` the requirement files as used (rewritten)
-  and ``protected-constraints.txt`` (what was pinned);
-- ``/opt/cotainr-lumi/pip/steps.json`` the steps and their pip commands;
-- ``/opt/cotainr-lumi/pip/packages.json`` ``pip list --format json`` after
-  the stage (label ``cotainr-lumi.pip.packages``).
-
-Credentials in URLs and the values of a step's secret ``env`` (names as
-:data:`cotainr_lumi.errors.SECRET_NAME_RE`) reach pip only: these records, the
-log and the plan show ``***`` (:func:`cotainr_lumi.errors.redact`).
+Each step is one ``pip install`` by the target environment's interpreter
+(:mod:`cotainr_lumi.engine.targetenv`), with that env activated, so a package
+built with ``no-build-isolation`` builds against what earlier steps installed.
+Everything installed before a step is pinned for it (:mod:`.protect`) unless
+the step lists it in ``allow-changes``. The image keeps the rewritten
+requirement files and ``protected-constraints.txt`` in
+``/opt/cotainr-lumi/pip/stepN/``, ``steps.json`` and ``packages.json``;
+credentials and secret ``env`` values reach pip only (records show ``***``).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 import shlex
@@ -47,19 +30,10 @@ from .install import (
     _secrets,
     pip_command,
 )
-from .requirements import local_inputs, scan_step
+from .requirements import scan_step
 from .steps import PipSettings, default_cache_dir, steps_from_inputs
 
 __all__ = ["PACKAGES_FILE", "WORK_DIR", "PipStage"]
-
-
-class _InputAction(argparse.Action):
-    """Append (kind, value) to one list, keeping command line order."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        items = list(getattr(namespace, self.dest, None) or [])
-        items.append((self.const, values))
-        setattr(namespace, self.dest, items)
 
 
 class PipStage(Stage):
@@ -84,14 +58,13 @@ class PipStage(Stage):
 
     @classmethod
     def add_arguments(cls, *, parser):
-        """Add ``--pip-requirements`` and ``--pip-steps``."""
+        """Add ``--pip-requirements`` and ``--pip-steps`` (one list, in order)."""
         parser.add_argument(
             "--pip-requirements",
             dest="pip_inputs",
-            action=_InputAction,
-            const="requirements",
+            action="append",
+            type=lambda value: ("requirements", value),
             metavar="FILE",
-            default=None,
             help=(
                 "pip: install this requirements file as one step after the "
                 "conda env (repeatable: one step per file, in order, mixed with "
@@ -102,10 +75,9 @@ class PipStage(Stage):
         parser.add_argument(
             "--pip-steps",
             dest="pip_inputs",
-            action=_InputAction,
-            const="steps",
+            action="append",
+            type=lambda value: ("steps", value),
             metavar="FILE",
-            default=None,
             help=(
                 "pip: a YAML file of pip steps with per-step settings "
                 "(no-build-isolation, env, pip-args, index-url, "
@@ -117,11 +89,8 @@ class PipStage(Stage):
     @classmethod
     def settings_from_args(cls, *, args):
         """The pip settings given on the command line."""
-        overrides = {}
         inputs = getattr(args, "pip_inputs", None)
-        if inputs:
-            overrides.update(steps_from_inputs(inputs=inputs))
-        return overrides
+        return steps_from_inputs(inputs=inputs) if inputs else {}
 
     def describe(self, *, plan):
         """The steps, their pip commands, protection and cache."""
@@ -160,18 +129,14 @@ class PipStage(Stage):
                 f"{k}={shlex.quote(v)}" for k, v in redact_env(step.env).items()
             )
             lines.append(f"  {env + ' ' if env else ''}{shlex.join(cmd)}")
-            for path in step.requirements:
-                lines.append(f"  requirements: {path}")
-            for pkg in step.packages:
-                lines.append(f"  package: {pkg}")
-            for item in local_inputs(scan=scan):
-                lines.append(f"  stages: {item}")
+            lines += [f"  requirements: {path}" for path in step.requirements]
+            lines += [f"  package: {pkg}" for pkg in step.packages]
+            lines += [f"  stages: {item}" for item in scan.local_inputs]
             protected = "everything installed before it"
             if step.allow_changes:
                 protected += f" except {', '.join(sorted(step.allow_changes))}"
             lines.append(f"  protects: {protected}")
-            for moving in scan.moving_refs:
-                lines.append(f"  not pinned: {moving}")
+            lines += [f"  not pinned: {moving}" for moving in scan.moving_refs]
         lines.append(f"records: {PIP_DIR}/stepN/, {STEPS_FILE}, {PACKAGES_FILE}")
         return lines
 

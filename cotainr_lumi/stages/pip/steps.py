@@ -1,38 +1,17 @@
 """
 The input of the ``pip`` stage: ordered pip steps, as settings or a file.
 
-The stage settings *are* the input format. In a system profile
-(``settings: {pip: {...}}``), in the Python API
-(``settings={"pip": {...}}``) and in a steps file (``--pip-steps FILE``)
-they read::
-
-    steps:
-      - requirements: torch.txt            # a file or a list of files
-      - name: DeepSpeed with fused ops     # optional, shown in logs
-        packages: ["deepspeed==0.16.4"]    # requirement lines, inline
-        no-build-isolation: true           # build against the installed torch
-        env: {DS_BUILD_FUSED_ADAM: 1, PYTORCH_ROCM_ARCH: gfx90a}
-        pip-args: [--verbose]
-        index-url: https://pypi.org/simple
-        extra-index-urls: [https://download.pytorch.org/whl/rocm6.2]
-        allow-changes: [numpy]             # may change these installed packages
-      - more-requirements.txt              # shorthand for {requirements: FILE}
-    allow-changes: [pip, setuptools, wheel]  # for every step (the default)
-    cache: true                            # reuse a host pip download cache
-    cache-dir: null                        # default ~/.cache/cotainr-lumi/pip
-
-Relative paths in a steps file are relative to that file; elsewhere they are
-relative to the current directory when the build starts. ``--pip-requirements
-FILE`` adds the step ``{requirements: FILE}``.
-
-Every form is read once, by the settings loader
-(:mod:`cotainr_lumi.engine.settings`), into :class:`PipStep` objects: the
-declarations below say what a step and the stage settings accept.
+The stage settings are the input format, the same in a system profile, the
+Python API and a steps file (``--pip-steps FILE``, paths relative to it;
+elsewhere relative to the current directory). The settings loader
+(:mod:`cotainr_lumi.engine.settings`) reads every form into :class:`PipStep`
+objects; the keys are declared, with their docs, in :class:`StepSettings` and
+:class:`PipSettings`. A step given as a string is ``{requirements: FILE}``.
 """
 
 from collections.abc import Mapping
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import functools
 import logging
 import os
@@ -46,6 +25,7 @@ from ...engine.origins import FileOrigin
 from ...engine.settings import (
     SettingError,
     StageSettings,
+    convert,
     load_settings,
     read_declared,
     setting,
@@ -55,19 +35,16 @@ from ...errors import InputError, redact, redact_env
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
+_INTO_ENV = "packages must go into the image's Python environment"
+_EDITABLE = "editable installs cannot work in an image; install a copy instead"
 #: pip options a step may not pass in ``pip-args``, with the reason.
 FORBIDDEN_PIP_ARGS = {
     "-r": "list requirement files under 'requirements' (their local references are staged)",
     "--requirement": "list requirement files under 'requirements'",
     "-c": "put '-c FILE' in a requirements file (local files there are staged)",
     "--constraint": "put '-c FILE' in a requirements file",
-    "-e": "editable installs cannot work in an image; install a copy instead",
-    "--editable": "editable installs cannot work in an image; install a copy instead",
-    "-t": "packages must go into the image's Python environment",
-    "--target": "packages must go into the image's Python environment",
-    "--prefix": "packages must go into the image's Python environment",
-    "--root": "packages must go into the image's Python environment",
-    "--user": "packages must go into the image's Python environment",
+    **dict.fromkeys(("-e", "--editable"), _EDITABLE),
+    **dict.fromkeys(("-t", "--target", "--prefix", "--root", "--user"), _INTO_ENV),
     "--cache-dir": "use the stage settings 'cache'/'cache-dir'",
     "--no-cache-dir": "use --set pip.cache=false (the stage setting 'cache: false')",
     "--no-build-isolation": "use the step key 'no-build-isolation: true'",
@@ -82,22 +59,145 @@ _PACKAGE_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-@dataclass
-class PipStep:
-    """One step, read."""
+def default_cache_dir():
+    """The default host pip cache directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache"
+    )
+    return Path(base) / "cotainr-lumi" / "pip"
 
-    number: int
-    source: str
-    name: Optional[str] = None
-    requirements: list[Path] = field(default_factory=list)
-    packages: list[str] = field(default_factory=list)
-    base_dir: Path = field(default_factory=Path.cwd)
-    no_build_isolation: bool = False
-    env: dict[str, str] = field(default_factory=dict)
-    pip_args: list[str] = field(default_factory=list)
-    index_url: Optional[str] = None
-    extra_index_urls: list[str] = field(default_factory=list)
-    allow_changes: frozenset[str] = frozenset()
+
+def _absolute(path, base):
+    return Path(os.path.abspath(os.path.join(base, os.path.expanduser(str(path)))))
+
+
+# -- the rules of the keys ----------------------------------------------------
+
+
+def _check_package_names(names):
+    for name in names:
+        if not _PACKAGE_NAME_RE.fullmatch(name):
+            raise SettingError(f"{name!r} is not a package name")
+
+
+def _check_non_empty(value):
+    if not value.strip():
+        raise SettingError("must be a non-empty string")
+
+
+def _check_packages(lines):
+    if not lines:
+        raise ValueError(
+            "must be a non-empty list of requirement lines such as 'deepspeed==0.16.4'"
+        )
+
+
+def _check_env(env):
+    for name, value in env.items():
+        if not _ENV_NAME_RE.fullmatch(name):
+            raise SettingError(f"{name!r} is not a variable name", path=(name,))
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise SettingError(
+                f'must be a string or a number (got {value!r}); quote it, e.g. "1"',
+                path=(name,),
+            )
+        try:
+            str(value).encode("utf-8")
+        except UnicodeEncodeError:
+            raise SettingError(
+                f"is not valid UTF-8 ({value!r}); give it as UTF-8 text", path=(name,)
+            ) from None
+
+
+def _check_pip_args(pip_args):
+    for arg, after in zip(pip_args, [*pip_args[1:], ""]):
+        option, equals, value = arg.partition("=")
+        if option in FORBIDDEN_PIP_ARGS:
+            raise ValueError(
+                f"{arg!r} is not allowed here: {FORBIDDEN_PIP_ARGS[option]}"
+            )
+        if option in ("-f", "--find-links"):
+            value = value if equals else after
+            if not _URL_RE.match(value) or value.startswith("file:"):
+                raise ValueError(
+                    f"{arg!r} with a local path is not allowed here: put "
+                    "'--find-links DIR' in a requirements file, where local "
+                    "directories are staged into the container"
+                )
+
+
+def _load_requirements(value, *, origin):
+    """One file name or a list of them, as absolute paths."""
+    if isinstance(value, str) and value.strip():
+        value = [value]
+    if not (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, str) and v.strip() for v in value)
+    ):
+        raise SettingError(f"must be a file name or a list of them (got {value!r})")
+    return [_absolute(v, origin.base_dir) for v in value]
+
+
+def _load_env(value, *, origin):
+    env = convert(type_=dict[str, Any], value=value)
+    _check_env(env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def _load_allowed(value, *, origin):
+    names = convert(type_=list[str], value=value)
+    _check_package_names(names)
+    return frozenset(canonicalize_name(n) for n in names)
+
+
+def _load_base_dir(value, *, origin):
+    value = convert(type_=Optional[str], value=value)
+    if value is not None:
+        _check_non_empty(value)
+        return _absolute(value, origin.base_dir)
+
+
+@dataclass(frozen=True)
+class StepSettings(StageSettings):
+    """The keys of one step as users write them."""
+
+    name: Optional[str] = setting(None, doc="a label for logs", check=_check_non_empty)
+    requirements: list[Path] = setting(
+        [], doc="requirements files (one or a list)", load=_load_requirements
+    )
+    packages: list[str] = setting(
+        [], doc="requirement lines, inline", check=_check_packages
+    )
+    no_build_isolation: bool = setting(
+        False, doc="build against the installed packages (pip --no-build-isolation)"
+    )
+    env: dict[str, str] = setting(
+        {}, doc="environment variables of the step", load=_load_env
+    )
+    pip_args: list[str] = setting(
+        [], doc="more pip install arguments", check=_check_pip_args
+    )
+    index_url: Optional[str] = setting(
+        None, doc="pip --index-url", check=_check_non_empty
+    )
+    extra_index_urls: list[str] = setting([], doc="pip --extra-index-url values")
+    allow_changes: frozenset[str] = setting(
+        frozenset(), doc="installed packages this step may change", load=_load_allowed
+    )
+    source: Optional[str] = setting(
+        None, doc="where the step is defined (for messages)", check=_check_non_empty
+    )
+    base_dir: Optional[Path] = setting(
+        None, doc="the directory relative paths count from", load=_load_base_dir
+    )
+
+
+@dataclass(frozen=True)
+class PipStep(StepSettings):
+    """One step, read: the keys with paths absolute, and its number."""
+
+    number: int = 1
 
     @property
     def title(self):
@@ -127,130 +227,6 @@ class PipStep:
         }
 
 
-def default_cache_dir():
-    """The default host pip cache directory."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".cache"
-    )
-    return Path(base) / "cotainr-lumi" / "pip"
-
-
-def _absolute(path, base):
-    return Path(os.path.abspath(os.path.join(base, os.path.expanduser(str(path)))))
-
-
-# -- the rules of the keys ----------------------------------------------------
-
-
-def _check_package_names(names):
-    for name in names:
-        if not _PACKAGE_NAME_RE.fullmatch(name):
-            raise ValueError(f"{name!r} is not a package name")
-
-
-def _check_non_empty(value):
-    if not value.strip():
-        raise ValueError("must be a non-empty string")
-
-
-def _check_packages(lines):
-    if not lines:
-        raise ValueError(
-            "must be a non-empty list of requirement lines such as 'deepspeed==0.16.4'"
-        )
-
-
-def _check_env(env):
-    for name, value in env.items():
-        if not _ENV_NAME_RE.fullmatch(name):
-            raise SettingError(f"{name!r} is not a variable name", path=(name,))
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise SettingError(
-                f'must be a string or a number (got {value!r}); quote it, e.g. "1"',
-                path=(name,),
-            )
-        try:
-            str(value).encode("utf-8")
-        except UnicodeEncodeError:
-            raise SettingError(
-                f"is not valid UTF-8 ({value!r}); give it as UTF-8 text", path=(name,)
-            ) from None
-
-
-def _find_links_value(pip_args, i):
-    arg = pip_args[i]
-    if "=" in arg:
-        return arg.split("=", 1)[1]
-    return pip_args[i + 1] if i + 1 < len(pip_args) else ""
-
-
-def _check_pip_args(pip_args):
-    for i, arg in enumerate(pip_args):
-        option = arg.split("=", 1)[0]
-        if option in FORBIDDEN_PIP_ARGS:
-            raise ValueError(
-                f"{arg!r} is not allowed here: {FORBIDDEN_PIP_ARGS[option]}"
-            )
-        if option in ("-f", "--find-links"):
-            value = _find_links_value(pip_args, i)
-            if not _URL_RE.match(value) or value.startswith("file:"):
-                raise ValueError(
-                    f"{arg!r} with a local path is not allowed here: put "
-                    "'--find-links DIR' in a requirements file, where local "
-                    "directories are staged into the container"
-                )
-
-
-def _load_requirements(value, *, origin):
-    """One file name or a list of them, as a list."""
-    if isinstance(value, str) and value.strip():
-        return [value]
-    if (
-        isinstance(value, list)
-        and value
-        and all(isinstance(v, str) and v.strip() for v in value)
-    ):
-        return list(value)
-    raise SettingError(f"must be a file name or a list of them (got {value!r})")
-
-
-@dataclass(frozen=True)
-class StepSettings(StageSettings):
-    """The keys of one step as users write them."""
-
-    name: Optional[str] = setting(None, doc="a label for logs", check=_check_non_empty)
-    requirements: list[str] = setting(
-        [], doc="requirements files (one or a list)", load=_load_requirements
-    )
-    packages: list[str] = setting(
-        [], doc="requirement lines, inline", check=_check_packages
-    )
-    no_build_isolation: bool = setting(
-        False, doc="build against the installed packages (pip --no-build-isolation)"
-    )
-    env: dict[str, Any] = setting(
-        {}, doc="environment variables of the step", check=_check_env
-    )
-    pip_args: list[str] = setting(
-        [], doc="more pip install arguments", check=_check_pip_args
-    )
-    index_url: Optional[str] = setting(
-        None, doc="pip --index-url", check=_check_non_empty
-    )
-    extra_index_urls: list[str] = setting([], doc="pip --extra-index-url values")
-    allow_changes: list[str] = setting(
-        [],
-        doc="installed packages this step may change",
-        check=_check_package_names,
-    )
-    source: Optional[str] = setting(
-        None, doc="where the step is defined (for messages)", check=_check_non_empty
-    )
-    base_dir: Optional[str] = setting(
-        None, doc="the directory relative paths count from", check=_check_non_empty
-    )
-
-
 def _load_step(raw, *, number, origin, label):
     """One step as users write it (or a PipStep) as a PipStep."""
     if isinstance(raw, PipStep):
@@ -269,22 +245,9 @@ def _load_step(raw, *, number, origin, label):
         raise SettingError(
             "a step needs 'requirements' (files) and/or 'packages' (lines)"
         )
-    step = StepSettings.complete(given)
-    base = origin.base_dir
-    return PipStep(
-        number=number,
-        source=step.source or f"{label}, step {number}",
-        name=step.name,
-        requirements=[_absolute(r, base) for r in step.requirements],
-        packages=list(step.packages),
-        base_dir=_absolute(step.base_dir, base) if step.base_dir else Path(base),
-        no_build_isolation=step.no_build_isolation,
-        env={k: str(v) for k, v in step.env.items()},
-        pip_args=list(step.pip_args),
-        index_url=step.index_url,
-        extra_index_urls=list(step.extra_index_urls),
-        allow_changes=frozenset(canonicalize_name(n) for n in step.allow_changes),
-    )
+    given["source"] = given.get("source") or f"{label}, step {number}"
+    given["base-dir"] = given.get("base-dir") or Path(origin.base_dir)
+    return PipStep.complete({**given, "number": number})
 
 
 def load_steps(value, *, origin):

@@ -13,18 +13,22 @@ import sys
 from pkgfixtures import make_wheel
 import pytest
 
+from cotainr_lumi.errors import StageError
 from cotainr_lumi.stages.pip.protect import (
-    changed_distributions,
+    check_protected,
     constraints_text,
     describe_changes,
     explain_conflicts,
     parse_pip_list,
 )
+from cotainr_lumi.stages.pip.steps import PipStep
 
-INSTALLED = parse_pip_list(
-    text='WARNING: noise\n[{"name": "torch", "version": "2.13.0+cpu"}, '
-    '{"name": "NumPy", "version": "1.26.4"}, {"name": "pip", "version": "23.0.1"}]\n'
-)
+PIP_LIST = [
+    {"name": "torch", "version": "2.13.0+cpu"},
+    {"name": "NumPy", "version": "1.26.4"},
+    {"name": "pip", "version": "23.0.1"},
+]
+INSTALLED, LISTED = parse_pip_list(text=f"WARNING: noise\n{json.dumps(PIP_LIST)}\n")
 
 
 def test_parse_pip_list_uses_canonical_names():
@@ -33,6 +37,7 @@ def test_parse_pip_list_uses_canonical_names():
         "numpy": ("NumPy", "1.26.4"),
         "pip": ("pip", "23.0.1"),
     }
+    assert LISTED == PIP_LIST
     with pytest.raises(ValueError, match="no package list"):
         parse_pip_list(text="ERROR: boom\n")
 
@@ -57,10 +62,15 @@ def test_changed_distributions_and_summary():
         "pip": ("pip", "24.0"),
         "sympy": ("sympy", "1.14.0"),
     }
-    assert changed_distributions(before=before, after=after, allowed={"pip"}) == [
-        ("NumPy", "1.26.4", None),
-        ("torch", "2.13.0+cpu", "2.12.0"),
-    ]
+    step = PipStep(number=1, source="s.yml", allow_changes=frozenset({"pip"}))
+    with pytest.raises(StageError) as info:
+        check_protected(step=step, before=before, after=after)
+    assert str(info.value).endswith(
+        "step 1 (s.yml) changed protected package(s) NumPy, torch despite the "
+        "constraints:\n  NumPy 1.26.4 -> removed\n  torch 2.13.0+cpu -> 2.12.0\n"
+        "Add 'allow-changes: [NumPy, torch]' to the step if this is intended."
+    )
+    check_protected(step=step, before=before, after=before)
     assert describe_changes(before=before, after=after) == {
         "added": {"sympy": "1.14.0"},
         "changed": {"torch": ["2.13.0+cpu", "2.12.0"], "pip": ["23.0.1", "24.0"]},

@@ -10,7 +10,6 @@ import pytest
 
 from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.stages.pip.requirements import (
-    local_inputs,
     moving_vcs_ref,
     scan_step,
     stage_step,
@@ -66,7 +65,7 @@ def test_scan_and_stage_rewrites_every_local_reference(tmp_path, project):
         "--extra-index-url https://download.pytorch.org/whl/rocm6.2\n"
     )
     scan = scan_step(step=_step(tmp_path, requirements=[req]))
-    inputs = local_inputs(scan=scan)
+    inputs = scan.local_inputs
     assert str(project / "wheels" / "demo-1.0-py3-none-any.whl") in inputs
     assert str(project / "proj") in inputs
 
@@ -186,7 +185,7 @@ def test_absolute_path_missing_on_host_is_looked_up_in_the_image(tmp_path):
     req = tmp_path / "r.txt"
     req.write_text("/opt/wheels/apex-1.0-cp311-cp311-linux_x86_64.whl\n")
     scan = scan_step(step=_step(tmp_path, requirements=[req]))
-    assert local_inputs(scan=scan) == [
+    assert scan.local_inputs == [
         "image:/opt/wheels/apex-1.0-cp311-cp311-linux_x86_64.whl"
     ]
     root = tmp_path / "sandbox"
