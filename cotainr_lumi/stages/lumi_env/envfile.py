@@ -1,22 +1,10 @@
 """
-Generation of container env files with validated names and inert values.
+The image's env files: POSIX sh that Apptainer sources at container start.
 
-An env file is a POSIX shell script in the image's ``/.singularity.d/env/``
-that Apptainer sources at container start (with its embedded shell
-interpreter, so only POSIX sh is used). Every value written here is a single
-quoted literal (:func:`shlex.quote`): no value can expand, substitute or run
-anything, whatever it contains (``$(...)``, backticks, quotes, newlines).
-
-Settings are *defaults*: a variable the user already set (a host ``export``,
-``APPTAINERENV_NAME``/``SINGULARITYENV_NAME``, ``--env``) wins, even when set
-to the empty string. Apptainer evaluates env scripts with the host
-environment cleared (a host variable is restored afterwards only if no env
-script set it) and injects ``APPTAINERENV_*`` after the scripts, so a default
-is skipped when the variable is set in the shell *or* listed in
-``$__exported_env__`` (Apptainer's newline separated, escaped copy of the
-host environment, readable by env scripts; unset outside Apptainer). Search
-paths (``PATH``, ``LD_LIBRARY_PATH``) are never replaced: entries are added
-only when missing.
+Every value is a single quoted literal (:func:`shlex.quote`). Settings are
+defaults: a variable already set in the shell, or listed in Apptainer's
+``$__exported_env__`` (the host environment, hidden from env scripts), wins.
+Search paths only get missing entries added.
 """
 
 from collections.abc import Iterable, Mapping
@@ -24,6 +12,7 @@ import importlib.resources
 import logging
 import re
 import shlex
+import unicodedata
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -35,34 +24,9 @@ PATH_VARIABLES = frozenset({"PATH", "LD_LIBRARY_PATH"})
 
 #: Names an env file must not set: shell and session state, and the search
 #: paths (see :data:`PATH_VARIABLES`).
-RESERVED_NAMES = frozenset(
-    {
-        "_",
-        "BASH_ENV",
-        "CDPATH",
-        "ENV",
-        "EUID",
-        "HOME",
-        "HOSTNAME",
-        "IFS",
-        "LOGNAME",
-        "OLDPWD",
-        "OPTARG",
-        "OPTIND",
-        "PPID",
-        "PROMPT_COMMAND",
-        "PS1",
-        "PS2",
-        "PS3",
-        "PS4",
-        "PWD",
-        "SHELL",
-        "SHELLOPTS",
-        "SHLVL",
-        "UID",
-        "USER",
-    }
-    | PATH_VARIABLES
+RESERVED_NAMES = PATH_VARIABLES | frozenset(
+    "_ BASH_ENV CDPATH ENV EUID HOME HOSTNAME IFS LOGNAME OLDPWD OPTARG OPTIND "
+    "PPID PROMPT_COMMAND PS1 PS2 PS3 PS4 PWD SHELL SHELLOPTS SHLVL UID USER".split()
 )
 
 #: Name prefixes that configure the container runtime itself.
@@ -77,6 +41,29 @@ RESERVED_PREFIXES = (
 
 class EnvError(ValueError):
     """An environment variable name or value cannot be used."""
+
+
+def text_problem(value, *, what, forbid=",:", spaces=False, absolute=True, use=""):
+    """Why `value` cannot be `what`, a path or name in a list (None when it can)."""
+    rule = [repr(c) for c in forbid] + ([] if spaces else ["white space"])
+    if (
+        isinstance(value, str)
+        and value
+        and (value.startswith("/") or not absolute)
+        and not any(c in forbid or unicodedata.category(c) == "Cc" for c in value)
+        and (spaces or not any(c.isspace() for c in value))
+    ):
+        return None
+    kind = "an absolute path" if absolute else "non-empty text"
+    return (
+        f"{what} must be {kind} without {', '.join(rule)} or control characters"
+        f"{f' (it goes into {use})' if use else ''} (got {value!r})"
+    )
+
+
+def printable(text):
+    """`text` for a comment: control characters (a CR ends a Lua comment) as ``?``."""
+    return "".join(c if c.isprintable() else "?" for c in str(text))
 
 
 def validate_name(name):
@@ -180,13 +167,17 @@ def forced_assignment(*, name, value):
     return f"{name}={shlex.quote(text)}; export {name}"
 
 
+def check_text(value, **rule):
+    """`value`, or EnvError saying why :func:`text_problem` refuses it."""
+    problem = text_problem(value, **rule)
+    if problem:
+        raise EnvError(problem)
+    return value
+
+
 def validate_path_entry(*, name, entry):
     """Check one search path entry."""
-    if not isinstance(entry, str) or not entry.startswith("/"):
-        raise EnvError(f"{name} entries must be absolute paths (got {entry!r})")
-    if any(c in entry for c in ":\n\0"):
-        raise EnvError(f"{name} entry {entry!r} contains ':', a newline or NUL")
-    return entry
+    return check_text(entry, what=f"a {name} entry", forbid=":", spaces=True)
 
 
 def path_addition(*, name, entries, position="append"):

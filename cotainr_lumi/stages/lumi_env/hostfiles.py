@@ -7,18 +7,13 @@ import shlex
 from ..._version import __version__
 from ...engine.rootfs import resolve_in_root
 from .imagefiles import RUNSCRIPTS, RUNSCRIPTS_DIR, runscript_text
-from .modulefile import MARKER, check_image_path, render_lua, render_shell
+from .modulefile import MARKER, check_image_path, module_ops, render_lua, render_shell
 from .settings import USER_SOFTWARE
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The host commands in ``$CONTAINERROOT/bin`` (``cotainr_lumi/.../hostscripts/``).
 HOST_COMMANDS = ("make-squashfs", "unmake-squashfs", "start-shell")
-
-
-def _lines(lines):
-    """`lines` as text, each ended by a newline ("" for none)."""
-    return "".join(f"{line}\n" for line in lines)
 
 
 def _host_copy(text, *, what):
@@ -50,7 +45,7 @@ def module_outputs(*, settings, image_path, binds, user_venv, user_software, mpi
     if paths is None:
         return None, None, {}
     container_root = names.root
-    common = dict(
+    ops = module_ops(
         image=image_path,
         binds=binds,
         runscripts=RUNSCRIPTS_DIR if settings.runscripts else None,
@@ -58,12 +53,8 @@ def module_outputs(*, settings, image_path, binds, user_venv, user_software, mpi
         var=names.var,
         container_root=container_root,
         user_software=user_software,
-    )
-    image = str(image_path)
-    outputs = {
-        str(paths[0]): render_lua(**common) + _lines(mpi.lua_lines(image=image)),
-        str(paths[1]): render_shell(**common) + _lines(mpi.shell_lines(image=image)),
-    }
+    ) + mpi.module_ops(image=str(image_path))
+    outputs = {str(paths[0]): render_lua(ops), str(paths[1]): render_shell(ops)}
     outputs.update(
         _container_root_files(
             settings=settings,

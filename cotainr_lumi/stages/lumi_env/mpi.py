@@ -362,17 +362,11 @@ class MpiPlan:
         """The binds the module file adds (none in ``none`` mode)."""
         return list(self.binding.binds) if self.active and self.binding else []
 
-    def lua_lines(self, *, image):
-        """Lua lines appended to the module file."""
+    def module_ops(self, *, image):
+        """The module file's MPI operations (none in ``none`` mode)."""
         if not self.active:
             return []
-        return mpienv.lua_lines(mode=self.mode, binding=self.binding, image=image)
-
-    def shell_lines(self, *, image):
-        """Shell lines appended to the shell snippet."""
-        if not self.active:
-            return []
-        return mpienv.shell_lines(mode=self.mode, binding=self.binding, image=image)
+        return mpienv.module_ops(mode=self.mode, binding=self.binding, image=image)
 
     def check_in_sandbox(self, *, sandbox, python, stage):
         """Run mpi4py once in the build's container (with the env file written)."""

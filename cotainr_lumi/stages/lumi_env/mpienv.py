@@ -22,9 +22,9 @@ which ``libmpi.so.12`` the image's MPI users load:
 
 import logging
 import shlex
+import textwrap
 
-from .envfile import computed_default, validate_path_entry
-from .modulefile import lua_quote
+from .envfile import computed_default, printable, validate_path_entry
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -142,7 +142,7 @@ def env_file(*, mode, binding, image_library):
         f"# cotainr-lumi MPI settings (lumi-env stage, mpi={mode}): which",
         "# libmpi.so.12 the image's MPI users (mpi4py, ...) load.",
         f"# {RUNTIME_VAR}=host: LUMI's Cray MPICH, bound in by the module file;",
-        f"# {RUNTIME_VAR}=container (or none): {_printable(own)}.",
+        f"# {RUNTIME_VAR}=container (or none): {printable(own)}.",
         f"_cl_default={shlex.quote(mode)}",
         computed_default(name=RUNTIME_VAR, expression="$_cl_default"),
         _READ_MODE,
@@ -170,74 +170,35 @@ def env_file(*, mode, binding, image_library):
     return "\n".join(lines) + "\n"
 
 
-def _printable(text):
-    """`text` for a comment: control characters (a CR ends a Lua comment) as ``?``."""
-    return "".join(c if c.isprintable() else "?" for c in text)
-
-
-def _comment(*, mode, binding, prefix):
-    """The comment lines describing the binding."""
-    lines = [
-        f"{prefix} MPI (lumi-env mpi={mode}): these binds bring LUMI's Cray MPICH into the",
-        f"{prefix} container; there {binding.libmpi}",
-        f"{prefix} replaces the image's libmpi.so.12 when {RUNTIME_VAR}=host"
-        + (" (the image's default)" if mode == "host" else ""),
-        f"{prefix} (LD_LIBRARY_PATH first: {':'.join(binding.ld_library_path)};",
-        f"{prefix} MPI4PY_LIBMPI). export {RUNTIME_VAR}=container keeps the image's MPICH.",
-        f"{prefix} Launch: {SRUN_HINT['host']}; image's MPICH: {SRUN_HINT['container']}.",
-    ]
-    return [_printable(line) for line in lines]
-
-
-def _missing_text(*, binding, image, host_path):
-    return (
-        f"cotainr-lumi: {host_path} (LUMI's Cray MPICH for {image}) is not on this "
-        "system, so MPI in the container falls back to the image's own MPICH. "
-        f"Rebuild with an updated lumi-env.mpi-host, or export {RUNTIME_VAR}=container."
-    )
-
-
-def _start(*, mode, binding, prefix, srun):
-    """The lines both outputs begin with, and the host library to check for."""
-    lines = (
-        [] if binding is None else _comment(mode=mode, binding=binding, prefix=prefix)
-    )
-    if mode == "container":
-        lines += srun
-    host = mode == "host" and binding is not None
-    return lines, binding.host_path(binding.libmpi) if host else None
-
-
-def lua_lines(*, mode, binding, image):
-    """Lines appended to the Lmod module file (its binds come with the others)."""
-    # pushenv: the value before load comes back on unload.
-    srun_default = [
-        f"-- {SRUN_HINT['container']}: srun's default while this module is loaded.",
-        f'pushenv("{SLURM_MPI_VAR}", "pmi2")',
-    ]
-    lines, host_path = _start(
-        mode=mode, binding=binding, prefix="--", srun=srun_default
-    )
-    if host_path:
-        text = _missing_text(binding=binding, image=image, host_path=host_path)
-        lines += [
-            f'if (mode() == "load") and not isFile({lua_quote(host_path)}) then',
-            f"    LmodMessage({lua_quote(text)})",
-            "end",
-        ]
-    return lines
-
-
-def shell_lines(*, mode, binding, image):
-    """Lines appended to the shell snippet (its binds come with the others)."""
-    srun_default = [
-        f"# {SRUN_HINT['container']}: srun's default unless you chose one.",
-        f'export {SLURM_MPI_VAR}="${{{SLURM_MPI_VAR}:-pmi2}}"',
-    ]
-    lines, host_path = _start(mode=mode, binding=binding, prefix="#", srun=srun_default)
-    if host_path:
-        text = _missing_text(binding=binding, image=image, host_path=host_path)
-        lines.append(
-            f"[ -f {shlex.quote(host_path)} ] || printf '%s\\n' {shlex.quote(text)} >&2"
+def module_ops(*, mode, binding, image):
+    """The module file's MPI operations (its binds come with the others)."""
+    ops = []
+    if binding is not None:
+        text = (
+            f"MPI (lumi-env mpi={mode}): these binds bring LUMI's Cray MPICH into "
+            f"the container; there {binding.libmpi} replaces the image's "
+            f"libmpi.so.12 when {RUNTIME_VAR}=host"
+            + (" (the image's default)" if mode == "host" else "")
+            + f" (LD_LIBRARY_PATH first: {':'.join(binding.ld_library_path)}; "
+            f"MPI4PY_LIBMPI). export {RUNTIME_VAR}=container keeps the image's "
+            f"MPICH. Launch: {SRUN_HINT['host']}; image's MPICH: "
+            f"{SRUN_HINT['container']}."
         )
-    return lines
+        ops += [("comment", line) for line in textwrap.wrap(text, 76)]
+    if mode == "container":
+        ops += [
+            ("comment", f"{SRUN_HINT['container']}: srun's default here."),
+            ("pushenv", SLURM_MPI_VAR, "pmi2"),
+        ]
+    host_path = (
+        binding.host_path(binding.libmpi) if binding and mode == "host" else None
+    )
+    if host_path:
+        text = (
+            f"cotainr-lumi: {host_path} (LUMI's Cray MPICH for {image}) is not on "
+            "this system, so MPI in the container falls back to the image's own "
+            f"MPICH. Rebuild with an updated lumi-env.mpi-host, or export "
+            f"{RUNTIME_VAR}=container."
+        )
+        ops.append(("warn_missing", host_path, text))
+    return ops

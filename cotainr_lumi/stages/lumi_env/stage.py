@@ -38,11 +38,7 @@ from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import InputError, StageError
 from ...imagelayout import LABEL_MPI, LABEL_MPI_RECORD, MPI_ENV_FILE, MPI_FILE
 from . import network
-from .envfile import (
-    EnvError,
-    render_env_file,
-    validate_name,
-)
+from .envfile import EnvError, render_env_file, text_problem, validate_name
 from .hostfiles import image_has_user_software, module_outputs
 from .imagefiles import (
     ENV_FILE,
@@ -55,11 +51,11 @@ from .imagefiles import (
 from .mpi import HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
 from .settings import (
+    CONTAINER_ROOT,
+    MODULE_DIR,
     USER_SOFTWARE,
     LumiEnvSettings,
-    module_dir_problem,
     module_name_problem,
-    root_path_problem,
 )
 
 __all__ = ["LumiEnvStage"]
@@ -137,15 +133,13 @@ class LumiEnvStage(Stage):
             "lumi-env.module-name=NAME, lumi-env.module-dir=DIR or "
             "lumi-env.container-root=DIR (or --set lumi-env.module-file=false)."
         )
-        problem = module_name_problem(name)
-        if problem:
-            raise InputError(f"lumi-env: the module name {name!r} {problem}. {fix}")
-        for what, problem in (
-            ("module directory", module_dir_problem(str(names.lua.parent))),
-            ("CONTAINERROOT", root_path_problem(str(root))),
+        for problem in (
+            module_name_problem(name),
+            text_problem(str(names.lua.parent), **MODULE_DIR),
+            text_problem(str(root), **CONTAINER_ROOT),
         ):
             if problem:
-                raise InputError(f"lumi-env: the {what} {problem}. {fix}")
+                raise InputError(f"lumi-env: {problem}. {fix}")
         return [names.lua, names.shell, root]
 
     def run_hint(self, *, image_path, mpi=None):

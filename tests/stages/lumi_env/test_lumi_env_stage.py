@@ -160,7 +160,8 @@ def test_stage_writes_env_file_runscripts_and_reports_outputs(tmp_path):
         assert text.startswith("#!/bin/bash\n") and MARKER in text
         assert f"default_sif={tmp_path / 'out/torch.sif'}" in text
     lua = outputs[str(tmp_path / "out/torch.lua")]
-    assert 'setenv("SIFTORCH", ' in lua and 'setenv("EBROOTTORCH", root)' in lua
+    assert 'setenv("SIFTORCH", ' in lua
+    assert f'setenv("EBROOTTORCH", "{croot}")' in lua
     env_file = (root / ENV_FILE.lstrip("/")).read_text()
     assert "COTAINR_LUMI_USER_VENV" in env_file
     assert str(tmp_path / "out/torch.sif") in outputs[str(tmp_path / "out/torch.lua")]
@@ -276,8 +277,8 @@ def test_container_root_var_name_and_user_venv_settings(tmp_path):
         },
     )
     lua = report.outputs[str(tmp_path / "out/torch.lua")]
-    assert 'setenv("SIFPYTORCH"' in lua and 'setenv("EBROOTPYTORCH", root)' in lua
-    assert f'local root = "{tmp_path / "croot"}"' in lua
+    assert 'setenv("SIFPYTORCH"' in lua
+    assert f'setenv("EBROOTPYTORCH", "{tmp_path / "croot"}")' in lua
     assert str(tmp_path / "croot/bin/start-shell") in report.outputs
     assert report.details["user-venv"] == "/user-software/venv/pytorch"
 

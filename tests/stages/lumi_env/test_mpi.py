@@ -21,6 +21,7 @@ from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.errors import CotainrLumiError, InputError, StageError
 from cotainr_lumi.imagelayout import MPI_ENV_FILE, MPI_FILE
 from cotainr_lumi.stages.lumi_env import mpienv
+from cotainr_lumi.stages.lumi_env.modulefile import render_lua, render_shell
 from cotainr_lumi.stages.lumi_env.mpi import (
     HostBinding,
     plan_mpi,
@@ -515,7 +516,7 @@ def test_a_pin_is_a_warning_when_the_image_keeps_its_mpich(tmp_path, libs, caplo
     lua = report.outputs[str(tmp_path / "mod/mpi.lua")]
     assert 'pushenv("SLURM_MPI_TYPE", "pmi2")' in lua
     shell = report.outputs[str(tmp_path / "mod/mpi.sh")]
-    assert 'export SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmi2}"' in shell
+    assert "|| SLURM_MPI_TYPE=pmi2; export SLURM_MPI_TYPE" in shell
 
 
 def test_host_mode_leaves_srun_at_lumis_default(tmp_path, libs):
@@ -584,8 +585,11 @@ def test_plan_mpi_none_needs_no_image(tmp_path):
 
 def test_the_images_own_mpich_without_a_host_binding_still_sets_srun_pmi2():
     # The AI Factory profiles carry no host binding; srun still needs PMI-2.
-    lua = mpienv.lua_lines(mode="container", binding=None, image="/x.sif")
-    assert lua[-1] == 'pushenv("SLURM_MPI_TYPE", "pmi2")'
-    shell = mpienv.shell_lines(mode="container", binding=None, image="/x.sif")
-    assert shell[-1] == 'export SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmi2}"'
-    assert mpienv.lua_lines(mode="host", binding=None, image="/x.sif") == []
+    ops = mpienv.module_ops(mode="container", binding=None, image="/x.sif")
+    assert render_lua(ops).splitlines()[-1] == 'pushenv("SLURM_MPI_TYPE", "pmi2")'
+    shell = render_shell(ops).splitlines()[-1]
+    assert (
+        shell
+        == '[ -n "${SLURM_MPI_TYPE-}" ] || SLURM_MPI_TYPE=pmi2; export SLURM_MPI_TYPE'
+    )
+    assert mpienv.module_ops(mode="host", binding=None, image="/x.sif") == []
