@@ -1,26 +1,12 @@
 """
-MPI in the image: which ``libmpi.so.12`` its MPI users run on.
+MPI in the image: which ``libmpi.so.12`` its MPI users run on (``docs/mpi.md``).
 
-Two ways to run MPI from an image on LUMI (see ``docs/mpi.md``):
-
-- ``container``: the image's own MPICH (the AI Factory images' MPICH speaks
-  CXI; the ``mpich`` wheel from PyPI only TCP and shared memory). Launched
-  with ``srun --mpi=pmi2``.
-- ``host``: the *hybrid* model of HPE's "Enabling Message Passing Interface
-  Containers on the LUMI Supercomputer" (arXiv 2407.19928): the image's MPI
-  users are built against an MPICH-ABI ``libmpi.so.12`` and, at run time,
-  LUMI's Cray MPICH (its ``lib-abi-mpich`` library) replaces it. The module
-  file binds the host's libraries in (``mpi-host.binds``); the image's env
-  file puts the library's directory and ``mpi-host.ld-library-path`` first
-  on ``LD_LIBRARY_PATH`` and sets ``MPI4PY_LIBMPI`` (mpi4py 4 finds the
-  env's own ``lib/libmpi.so.12`` before ``LD_LIBRARY_PATH``). Launched with
-  plain ``srun`` (LUMI's default ``--mpi=cray_shasta``).
-
-``lumi-env.mpi`` chooses: ``auto`` (the default) is ``none`` without an
-MPICH-ABI MPI in the image, ``container`` when the image's MPICH speaks CXI,
-``host`` otherwise. The choice is the image's default; ``COTAINR_LUMI_MPI``
-at run time overrides it. :mod:`.mpiscan` finds the image's MPI,
-:mod:`.mpienv` writes the shell and Lua code.
+``container``: the image's own MPICH (``srun --mpi=pmi2``). ``host``: the
+hybrid model of HPE's arXiv 2407.19928: at run time LUMI's Cray MPICH
+(``lib-abi-mpich``, bound in by the module file) replaces the image's
+MPICH-ABI library (plain ``srun``). ``auto`` is ``none`` without an MPICH-ABI
+MPI, ``container`` when the image's MPICH speaks CXI, else ``host``;
+``COTAINR_LUMI_MPI`` overrides the image's default at run time.
 """
 
 from dataclasses import dataclass, field
@@ -32,7 +18,6 @@ from typing import Optional
 
 from ... import _cotainr
 from ...engine.origins import Origin
-from ...engine.rootfs import write_file_in_root
 from ...engine.settings import SettingError, StageSettings, each, read_declared, setting
 from ...errors import StageError
 from . import mpienv
@@ -44,7 +29,6 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The values of ``lumi-env.mpi``.
 MODES = ("auto", "container", "host", "none")
-#: The run-time switch (``COTAINR_LUMI_MPI=container|host|none``).
 RUNTIME_VAR = mpienv.RUNTIME_VAR
 
 
@@ -64,10 +48,6 @@ def _check_libmpi(value):
         )
 
 
-def _check_entry(entry):
-    validate_path_entry(name="LD_LIBRARY_PATH", entry=entry)
-
-
 @dataclass(frozen=True)
 class MpiHostSettings(StageSettings):
     """The keys of ``lumi-env.mpi-host``: the host binding of a base family."""
@@ -81,7 +61,7 @@ class MpiHostSettings(StageSettings):
     ld_library_path: list[str] = setting(
         [],
         doc="then these directories, in order (Cray PMI, the host libfabric, ...)",
-        check=each(_check_entry),
+        check=each(lambda e: validate_path_entry(name="LD_LIBRARY_PATH", entry=e)),
     )
     binds: list[str] = setting(
         [],
@@ -89,12 +69,6 @@ class MpiHostSettings(StageSettings):
         "directories and the host libraries they need (libjansson, libcxi)",
         check=each(validate_bind),
     )
-
-
-def _bind_parts(bind):
-    """(source, destination) of a bind ``SRC[:DST[:OPTS]]``."""
-    parts = bind.split(":")
-    return parts[0], (parts[1] if len(parts) > 1 and parts[1] else parts[0])
 
 
 @dataclass(frozen=True)
@@ -119,22 +93,26 @@ class HostBinding:
             libmpi=read.libmpi, ld_library_path=tuple(order), binds=tuple(read.binds)
         )
 
+    def _cover(self, path):
+        """(bind, source, destination) of the deepest bind bringing `path` in."""
+        covers = []
+        for bind in self.binds:
+            src, _, rest = bind.partition(":")
+            dst = rest.partition(":")[0] or src
+            dst = dst.rstrip("/") or "/"
+            if path == dst or path.startswith(dst + "/"):
+                covers.append((bind, src, dst))
+        return max(covers, key=lambda c: len(c[2]), default=(None, None, None))
+
     def bind_of(self, path):
         """The bind that brings an image path into the container (or None)."""
-        best, best_len = None, -1
-        for bind in self.binds:
-            _, dst = _bind_parts(bind)
-            dst = dst.rstrip("/") or "/"
-            if (path == dst or path.startswith(dst + "/")) and len(dst) > best_len:
-                best, best_len = bind, len(dst)
-        return best
+        return self._cover(path)[0]
 
     def host_path(self, path):
         """The host path behind an image path (None when no bind covers it)."""
-        bind = self.bind_of(path)
+        bind, src, dst = self._cover(path)
         if bind is None:
             return None
-        src, dst = _bind_parts(bind)
         rest = path[len(dst.rstrip("/")) :]
         return src.rstrip("/") + rest if rest else src
 
@@ -145,15 +123,12 @@ class HostBinding:
         A path is checked when the source of its bind exists here (on LUMI:
         ``/opt/cray``); elsewhere nothing can be told.
         """
-        problems = []
         paths = [self.libmpi] if library_only else [self.libmpi, *self.ld_library_path]
+        problems = []
         for path in dict.fromkeys(paths):
-            bind = self.bind_of(path)
-            if bind is None:
-                continue
-            src, _ = _bind_parts(bind)
+            bind, src, _ = self._cover(path)
             host = self.host_path(path)
-            if os.path.exists(src) and not os.path.exists(host):
+            if bind and os.path.exists(src) and not os.path.exists(host):
                 problems.append(
                     f"{path} is {host} on this host (bind {bind}), which does not exist"
                 )
@@ -162,8 +137,7 @@ class HostBinding:
 
 def check_host_binding(value):
     """Check ``lumi-env.mpi-host``."""
-    read = read_declared(schema=MpiHostSettings, raw=value, origin=Origin())
-    binding = HostBinding.from_setting(read)
+    binding = HostBinding.from_setting(value)
     if binding is not None and binding.bind_of(binding.libmpi) is None:
         raise SettingError(
             f"{binding.libmpi} is not below any of the binds "
@@ -231,35 +205,19 @@ def _pin_text(pins):
     )
 
 
-def _pin_message(*, setting, pins):
-    return (
-        f"MPI users run on the host's MPICH here (lumi-env.mpi: {setting}), but "
-        f"{_pin_text(pins)}. Install it from pip without an RPATH (mpi4py's "
-        "wheel, not conda's mpi4py, which pins conda's MPICH); for a package you "
-        "build, link with a RUNPATH instead (env: {LDFLAGS: -Wl,--enable-new-dtags} "
-        "in its pip step) or without -Wl,-rpath; or keep the image's MPICH: "
-        "--set lumi-env.mpi=container"
-    )
-
-
-def _host_message(*, binding, problems):
-    return (
-        f"lumi-env.mpi-host: {problems[0]}"
-        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-        + ": the Cray MPICH this binding names is not installed here (ls "
-        "/opt/cray/pe/mpich). Update lumi-env.mpi-host (libmpi, ld-library-path) "
-        "in your system profile or with --set 'lumi-env.mpi-host={libmpi: ...}', "
-        "or keep the image's MPICH: --set lumi-env.mpi=container"
-    )
-
-
-def _check_pins(*, mode, setting, pins, error):
+def _check_pins(*, mode, setting, pins, stage):
     """Stop a ``host`` build on a pin; a warning in ``container`` mode."""
-    if not pins:
-        return
-    if mode == "host":
-        raise error(_pin_message(setting=setting, pins=pins))
-    if mode == "container":
+    if pins and mode == "host":
+        raise StageError(
+            f"MPI users run on the host's MPICH here (lumi-env.mpi: {setting}), but "
+            f"{_pin_text(pins)}. Install it from pip without an RPATH (mpi4py's "
+            "wheel, not conda's mpi4py, which pins conda's MPICH); for a package you "
+            "build, link with a RUNPATH instead (env: {LDFLAGS: -Wl,--enable-new-dtags} "
+            "in its pip step) or without -Wl,-rpath; or keep the image's MPICH: "
+            "--set lumi-env.mpi=container",
+            stage=stage,
+        )
+    if pins and mode == "container":
         logger.warning(
             "MPI: %s; fine with the image's MPICH (the default here), but "
             "COTAINR_LUMI_MPI=host would not reach it",
@@ -278,7 +236,14 @@ def check_host_paths(*, binding, error):
         return
     problems = binding.host_problems(library_only=True)
     if problems:
-        raise error(_host_message(binding=binding, problems=problems))
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise error(
+            f"lumi-env.mpi-host: {problems[0]}{more}: the Cray MPICH this binding "
+            "names is not installed here (ls /opt/cray/pe/mpich). Update "
+            "lumi-env.mpi-host (libmpi, ld-library-path) in your system profile or "
+            "with --set 'lumi-env.mpi-host={libmpi: ...}', or keep the image's "
+            "MPICH: --set lumi-env.mpi=container"
+        )
     for problem in binding.host_problems():
         logger.warning("lumi-env.mpi-host: %s (skipped by the loader)", problem)
 
@@ -352,12 +317,6 @@ class MpiPlan:
             mode=self.mode, binding=self.binding, image_library=self.image_library
         )
 
-    def write_env_file(self, *, root, path):
-        """Write the MPI env file into the image (nothing in ``none`` mode)."""
-        content = self.env_file()
-        if content is not None:
-            write_file_in_root(root=root, path=path, content=content)
-
     def binds(self):
         """The binds the module file adds (none in ``none`` mode)."""
         return list(self.binding.binds) if self.active and self.binding else []
@@ -423,45 +382,29 @@ class MpiPlan:
         if self.loaded and "libmpi" in self.loaded:
             text += f"; mpi4py loads {', '.join(self.loaded['libmpi'])} here"
         if self.binding is not None:
-            which = (
-                "replaces it"
-                if self.mode == "host"
-                else "replaces it with COTAINR_LUMI_MPI=host"
-            )
-            text += f"; on LUMI {self.binding.libmpi} {which}"
+            which = "" if self.mode == "host" else f" with {RUNTIME_VAR}=host"
+            text += f"; on LUMI {self.binding.libmpi} replaces it{which}"
         return text
-
-
-def _scan(*, root, target):
-    """:func:`.mpiscan.scan_mpi` of the target environment (None: none)."""
-    if target is None:
-        return scan_mpi(root=root, prefixes=[])
-    return scan_mpi(
-        root=root,
-        prefixes=target.env_prefixes,
-        site_dirs=target.site,
-        python=target.python,
-    )
 
 
 def plan_mpi(*, root, target, requested, host_setting, stage):
     """Find the image's MPI and decide what the build does about it."""
     binding = HostBinding.from_setting(host_setting)
     if requested == "none":
-        return MpiPlan(
-            requested=requested,
-            mode="none",
-            reason="lumi-env.mpi is none",
-            binding=binding,
-            scan=MpiScan(),
-        )
+        reason = "lumi-env.mpi is none"
+        return MpiPlan(requested, "none", reason, binding, MpiScan())
 
     def stage_error(message):
         return StageError(message, stage=stage)
 
     if requested == "host":
         check_host_paths(binding=binding, error=stage_error)
-    scan = _scan(root=root, target=target)
+    scan = scan_mpi(
+        root=root,
+        prefixes=target.env_prefixes if target else [],
+        site_dirs=target.site if target else (),
+        python=target.python if target else None,
+    )
     try:
         mode, reason = resolve_mode(requested=requested, scan=scan, binding=binding)
     except ValueError as e:
@@ -472,11 +415,9 @@ def plan_mpi(*, root, target, requested, host_setting, stage):
         mode=mode,
         setting=mode if requested == mode else f"{requested} -> {mode}",
         pins=scan.pins,
-        error=stage_error,
+        stage=stage,
     )
-    return MpiPlan(
-        requested=requested, mode=mode, reason=reason, binding=binding, scan=scan
-    )
+    return MpiPlan(requested, mode, reason, binding, scan)
 
 
 def describe(*, requested, host_setting):
@@ -496,18 +437,3 @@ def describe(*, requested, host_setting):
         for problem in binding.host_problems():
             lines.append(f"  problem: {problem}")
     return lines
-
-
-__all__ = [
-    "MODES",
-    "HostBinding",
-    "MpiHostSettings",
-    "LOAD_CHECK",
-    "MpiPlan",
-    "check_host_binding",
-    "check_mode",
-    "describe",
-    "parse_load_check",
-    "plan_mpi",
-    "resolve_mode",
-]

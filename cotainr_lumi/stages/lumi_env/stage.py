@@ -254,7 +254,8 @@ class LumiEnvStage(Stage):
         )
         if self.settings.runscripts:
             files.write_runscripts(root=root)
-        mpi.write_env_file(root=root, path=MPI_ENV_FILE)
+        if mpi.active:
+            write_file_in_root(root=root, path=MPI_ENV_FILE, content=mpi.env_file())
         runtime = files.write_runtime_record(root=root, binds=self._binds(mpi=mpi))
         self._check_in_sandbox(sandbox=sandbox)
         self._check_mpi(context=context, mpi=mpi)
