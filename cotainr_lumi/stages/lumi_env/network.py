@@ -1,37 +1,26 @@
 """
 The network layer of an image: RCCL's network plugin, libfabric, rccl-tests.
 
-LUMI's image families put these in different places (see the profiles in
-``cotainr_lumi/systems.yaml``):
-
-- LUMI ROCm base images and LUST's EasyBuild PyTorch images (2024): the
-  aws-ofi-rccl plugin ``/opt/aws-ofi-rccl/librccl-net.so*``, built against the
-  host's Cray libfabric (``/opt/cray`` and ``libcxi`` are bound from the host),
-  rccl-tests in ``/opt/rccltests``; the hand-built runscript forces
-  ``NCCL_NET_GDR_LEVEL=3``.
-- LUMI AI Factory images (lumi-ai-factory/laifs-container-recipes): libfabric
-  with CXI, libcxi and xpmem inside the image (``/usr/lib/x86_64-linux-gnu``),
-  the aws-ofi-rccl 1.4 plugin (2025 releases, ``/usr/lib/librccl-net.so``)
-  or its successor aws-ofi-nccl built for ROCm (``librccl-net-ofi.so``,
-  ROCm 7 releases) in the image's library directories, rccl-tests in
-  ``/usr/libexec/rccl-tests``;
-  forcing ``NCCL_NET_GDR_LEVEL`` can hang multi-node jobs (laifs issues #28,
-  #30; LUMI-AI-Guide #94, PR #97).
-
-The lumi-env stage finds the plugin in the directories the profile names,
-adds a directory to ``LD_LIBRARY_PATH`` only when the loader would not search
-it anyway, sets ``NCCL_NET_PLUGIN`` (a default) when RCCL would not load the
-plugin by its default name (:mod:`cotainr_lumi.engine.rcclplugin`), and
-writes what it found into the image
-(:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`), where ``cotainr-lumi
-verify`` reads which libfabric the plugin must use.
+LUMI's image families keep these in different places (see the profiles in
+``cotainr_lumi/systems.yaml``): the ROCm base and EasyBuild images have
+aws-ofi-rccl in ``/opt/aws-ofi-rccl`` built against the host's Cray
+libfabric; the AI Factory images have their own libfabric with CXI and the
+plugin in the loader's directories (forcing ``NCCL_NET_GDR_LEVEL`` can hang
+their multi-node jobs). The stage finds the plugin in the profile's
+directories, puts it on ``LD_LIBRARY_PATH`` when the loader would not search
+there, names it in ``NCCL_NET_PLUGIN`` when RCCL would not load it by default
+(:mod:`cotainr_lumi.engine.rcclplugin`), and records what it found
+(:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`) for ``cotainr-lumi verify``.
 """
 
+import json
 import logging
 import shlex
 
+from ... import imagelayout
 from ...engine import rcclplugin
-from .envfile import default_assignments
+from ...engine.rootfs import resolve_in_root, write_file_in_root
+from .envfile import default_assignments, path_addition
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -191,9 +180,31 @@ def family_hint(*, root, settings):
     )
 
 
-def is_default_loader_dir(directory):
-    """Whether the loader searches `directory` without LD_LIBRARY_PATH."""
-    return directory.rstrip("/") in DEFAULT_LOADER_DIRS
+def _profile_plugin(*, settings, root):
+    """RCCL's network plugin in the profile's directories (None: none)."""
+    return find_plugin(
+        root=lambda path: resolve_in_root(root=root, path=path),
+        dirs=settings.net_plugin_dirs,
+        named=settings.env.get("NCCL_NET_PLUGIN"),
+    )
+
+
+def plugin_blocks(*, settings, root, found):
+    """Env file blocks for the plugin: its directory, its name; `found` gets it."""
+    plugin = _profile_plugin(settings=settings, root=root)
+    if plugin is None:
+        hint = family_hint(
+            root=lambda path: resolve_in_root(root=root, path=path),
+            settings=settings,
+        )
+        if hint:
+            logger.warning("The system may not fit this base image: %s.", hint)
+        return []
+    found[plugin["generation"]] = plugin["dir"]
+    blocks = []
+    if plugin["dir"].rstrip("/") not in DEFAULT_LOADER_DIRS:
+        blocks.append(path_addition(name="LD_LIBRARY_PATH", entries=[plugin["dir"]]))
+    return blocks + plugin_name_blocks(plugin=plugin)
 
 
 def env_blocks(*, settings):
@@ -210,18 +221,32 @@ def env_blocks(*, settings):
     return blocks
 
 
-def runtime_record(*, settings, plugin, binds, rccl_tests_found):
-    """The JSON record of the image's network layer (read by verify)."""
+def write_runtime_record(*, settings, root, binds):
+    """Record the network layer for verify; return the record."""
+    tests = settings.rccl_tests
+    found = bool(tests and resolve_in_root(root=root, path=tests).is_dir())
+    if tests and not found:
+        logger.warning(
+            "The profile says rccl-tests are in %s, but the image has no such "
+            "directory.",
+            tests,
+        )
     gdr = settings.nccl_net_gdr_level
-    return {
+    record = {
         "libfabric": settings.libfabric,
         "net-plugin-dirs": list(settings.net_plugin_dirs),
-        "net-plugin": plugin,
+        "net-plugin": _profile_plugin(settings=settings, root=root),
         "nccl-net-gdr-level": None if gdr is None else str(gdr),
-        "rccl-tests": settings.rccl_tests,
-        "rccl-tests-found": rccl_tests_found,
+        "rccl-tests": tests,
+        "rccl-tests-found": found,
         "binds": list(binds),
     }
+    write_file_in_root(
+        root=root,
+        path=imagelayout.RUNTIME_FILE,
+        content=json.dumps(record, indent=2, sort_keys=True) + "\n",
+    )
+    return record
 
 
 def describe_lines(*, settings):

@@ -37,7 +37,7 @@ from ...engine.rootfs import write_file_in_root
 from ...engine.stage import Stage, StageReport, register_stage
 from ...errors import InputError, StageError
 from ...imagelayout import LABEL_MPI, LABEL_MPI_RECORD, MPI_ENV_FILE, MPI_FILE
-from . import network
+from . import imagefiles, network
 from .envfile import EnvError, render_env_file, text_problem, validate_name
 from .hostfiles import image_has_user_software, module_outputs
 from .imagefiles import (
@@ -46,7 +46,6 @@ from .imagefiles import (
     RUNSCRIPTS,
     RUNSCRIPTS_DIR,
     WITH_CONDA_VALUE,
-    ImageFiles,
 )
 from .mpi import HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
@@ -234,14 +233,13 @@ class LumiEnvStage(Stage):
         # The build's one probe of the image (never `python` on PATH).
         target = context.target_env if self.settings.with_conda else None
         mpi = self._plan_mpi(context=context)
-        files = ImageFiles(self.settings)
         env_prefix = None
         if self.settings.with_conda:
-            env_prefix = files.write_with_conda(root=root, target=target)
+            env_prefix = imagefiles.write_with_conda(root=root, target=target)
         user_venv = self.settings.names(image_path=image_path).user_venv
         user_software = not image_has_user_software(root=root)
-        blocks, found = files.env_file_blocks(
-            root=root, target=target, user_venv=user_venv
+        blocks, found = imagefiles.env_file_blocks(
+            settings=self.settings, root=root, target=target, user_venv=user_venv
         )
         header = (
             "cotainr-lumi LUMI runtime settings (lumi-env stage).\n"
@@ -253,10 +251,12 @@ class LumiEnvStage(Stage):
             content=render_env_file(header=header, blocks=blocks),
         )
         if self.settings.runscripts:
-            files.write_runscripts(root=root)
+            imagefiles.write_runscripts(root=root)
         if mpi.active:
             write_file_in_root(root=root, path=MPI_ENV_FILE, content=mpi.env_file())
-        runtime = files.write_runtime_record(root=root, binds=self._binds(mpi=mpi))
+        runtime = network.write_runtime_record(
+            settings=self.settings, root=root, binds=self._binds(mpi=mpi)
+        )
         self._check_in_sandbox(sandbox=sandbox)
         self._check_mpi(context=context, mpi=mpi)
         paths, container_root, outputs = module_outputs(
