@@ -1,30 +1,21 @@
 """
-The MPI parts of the env file, the module file and the shell snippet.
+The MPI env file and module file operations.
 
-The env file (POSIX sh, sourced by Apptainer at container start) decides
-which ``libmpi.so.12`` the image's MPI users load:
-
-- the mode is ``COTAINR_LUMI_MPI``: set in the container
-  (``APPTAINERENV_``/``SINGULARITYENV_COTAINR_LUMI_MPI``, ``--env``), else
-  exported on the host (Apptainer hides host variables from env scripts;
-  they are read from its ``$__exported_env__``), else the build's default;
-- ``host``: when the host library is in the container (bound by the module
-  file), the binding's directories are moved to the front of
-  ``LD_LIBRARY_PATH``, in order, and ``MPI4PY_LIBMPI`` names the library
-  (mpi4py 4 looks in its env's ``lib/`` before ``LD_LIBRARY_PATH``; a value
-  you export wins). Without it, one line on stderr says so and the image's
-  own MPI stays;
-- ``container`` or ``none``: nothing changes.
-
-``COTAINR_LUMI_MPI_ACTIVE`` says what was applied (``host``, ``container``,
-``none``). Every literal is quoted with :func:`shlex.quote`.
+The env file decides at container start which ``libmpi.so.12`` the image's
+MPI users load: the mode is ``COTAINR_LUMI_MPI`` (set in the container, else
+a host export found in ``$__exported_env__``, else the build's default). In
+``host`` mode, when the host library is in the container, the binding's
+directories go first on ``LD_LIBRARY_PATH`` and ``MPI4PY_LIBMPI`` names it
+(mpi4py 4 looks in its env's ``lib/`` first); otherwise one line on stderr
+says so and the image's MPI stays. ``COTAINR_LUMI_MPI_ACTIVE`` says what was
+applied.
 """
 
 import logging
 import shlex
 import textwrap
 
-from .envfile import computed_default, printable, validate_path_entry
+from .envfile import computed_default, printable
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -99,14 +90,10 @@ def _host_case(*, binding, own):
             ),
             f"    {ACTIVE_VAR}=container ;;",
         ]
-    entries = [
-        validate_path_entry(name="LD_LIBRARY_PATH", entry=e)
-        for e in binding.ld_library_path
-    ]
     return [
         "host)",
         f'    if [ -f "${HOST_LIBMPI_VAR}" ]; then',
-        f"        _cl_new={shlex.quote(':'.join(entries))}",
+        f"        _cl_new={shlex.quote(':'.join(binding.ld_library_path))}",
         *("        " + line for line in _MOVE_TO_FRONT.splitlines()),
         "        "
         + computed_default(name="MPI4PY_LIBMPI", expression=f'"${HOST_LIBMPI_VAR}"'),
