@@ -163,8 +163,7 @@ def private_dir_defaults(*, names, path):
 def forced_assignment(*, name, value):
     """Shell code setting a variable unconditionally."""
     validate_name(name)
-    text = validate_value(name=name, value=value)
-    return f"{name}={shlex.quote(text)}; export {name}"
+    return sh_op("setenv", name, validate_value(name=name, value=value))
 
 
 def check_text(value, **rule):
@@ -184,23 +183,30 @@ def path_addition(*, name, entries, position="append"):
     """Shell code adding entries to a search path unless present."""
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise EnvError(f"{name!r} is not a valid environment variable name")
-    if position not in ("append", "prepend"):
-        raise ValueError(f"position must be 'append' or 'prepend', not {position!r}")
     entries = [validate_path_entry(name=name, entry=e) for e in entries]
     if position == "prepend":
-        entries = list(reversed(entries))
-    lines = []
-    for entry in entries:
-        quoted = shlex.quote(entry)
-        if position == "append":
-            new = f'"${{{name}:+${name}:}}"{quoted}'
-        else:
-            new = f'{quoted}"${{{name}:+:${name}}}"'
-        lines.append(
-            f'case ":${{{name}-}}:" in *:{quoted}:*) ;; '
-            f"*) {name}={new}; export {name} ;; esac"
-        )
-    return "\n".join(lines)
+        entries.reverse()
+    return "\n".join(sh_op(f"{position}_path", name, e, ":") for e in entries)
+
+
+#: POSIX sh for the operations of :func:`.modulefile.module_ops`.
+SH_OPS = {
+    "setenv": "{0}={1}; export {0}",
+    "pushenv": '[ -n "${{{0}-}}" ] || {0}={1}; export {0}',
+    "prepend_path": 'case "{2}${{{0}-}}{2}" in *{2}{1}{2}*) ;; '
+    '*) {0}={1}"${{{0}:+{2}${0}}}" ;; esac; export {0}',
+    "append_path": 'case "{2}${{{0}-}}{2}" in *{2}{1}{2}*) ;; '
+    '*) {0}="${{{0}:+${0}{2}}}"{1} ;; esac; export {0}',
+    "warn_missing": "[ -f {0} ] || printf '%s\\n' {1} >&2",
+    "file": "[ -f {0} ]",
+    "dir": "[ -d {0} ]",
+}
+
+
+def sh_op(kind, *args):
+    """One operation in POSIX sh, every argument quoted (None: not in sh)."""
+    template = SH_OPS.get(kind)
+    return template and template.format(*map(shlex.quote, args))
 
 
 def render_env_file(*, header, blocks: Iterable[str]):

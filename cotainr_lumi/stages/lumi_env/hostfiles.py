@@ -7,7 +7,7 @@ import shlex
 from ..._version import __version__
 from ...engine.rootfs import resolve_in_root
 from .imagefiles import RUNSCRIPTS, RUNSCRIPTS_DIR, runscript_text
-from .modulefile import MARKER, check_image_path, module_ops, render_lua, render_shell
+from .modulefile import MARKER, check_image_path, module_ops, render
 from .settings import USER_SOFTWARE
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -54,7 +54,10 @@ def module_outputs(*, settings, image_path, binds, user_venv, user_software, mpi
         container_root=container_root,
         user_software=user_software,
     ) + mpi.module_ops(image=str(image_path))
-    outputs = {str(paths[0]): render_lua(ops), str(paths[1]): render_shell(ops)}
+    outputs = {
+        str(paths[0]): render(ops, language="lua"),
+        str(paths[1]): render(ops, language="sh"),
+    }
     outputs.update(
         _container_root_files(
             settings=settings,

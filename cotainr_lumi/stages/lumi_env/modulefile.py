@@ -11,12 +11,11 @@ pipeline never replaces a user's own file of the same name.
 import logging
 from pathlib import Path
 import re
-import shlex
 
 from ..._version import __version__
 from ...engine.stage import OUTPUT_MARKER
 from ...imagelayout import RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
-from .envfile import check_text, printable
+from .envfile import check_text, printable, sh_op
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -153,9 +152,7 @@ def module_ops(
     return ops + [_bind(b) for b in binds]
 
 
-# Lmod drops a final "/" from path entries: a "//" keeps one.
-_LUA = {
-    "comment": "-- {0}",
+LUA_OPS = {
     "help": "help({0})",
     "whatis": "whatis({0})",
     "setenv": "setenv({0}, {1})",
@@ -166,61 +163,39 @@ _LUA = {
     "file": "isFile({0})",
     "dir": "isDir({0})",
 }
-_SH = {
-    "comment": "# {0}",
-    "setenv": "{0}={1}; export {0}",
-    "pushenv": '[ -n "${{{0}-}}" ] || {0}={1}; export {0}',
-    "prepend_path": 'case "{2}${{{0}-}}{2}" in *{2}{1}{2}*) ;; '
-    '*) {0}={1}"${{{0}:+{2}${0}}}" ;; esac; export {0}',
-    "append_path": 'case "{2}${{{0}-}}{2}" in *{2}{1}{2}*) ;; '
-    '*) {0}="${{{0}:+${0}{2}}}"{1} ;; esac; export {0}',
-    "warn_missing": "[ -f {0} ] || printf '%s\\n' {1} >&2",
-    "file": "[ -f {0} ]",
-    "dir": "[ -d {0} ]",
+
+
+def lua_op(kind, *args):
+    """One operation in Lmod's Lua, every argument quoted."""
+    if kind.endswith("_path") and args[1].endswith("/"):
+        # Lmod drops a final "/" from path entries: "//" keeps one.
+        args = (args[0], args[1] + "/", *args[2:])
+    return LUA_OPS[kind].format(*map(lua_quote, args))
+
+
+#: Per language: an operation, a comment, if, else-if, end of if.
+_LANGUAGES = {
+    "lua": (lua_op, "--", "if {} then", "elseif {} then", "end"),
+    "sh": (sh_op, "#", "if {}; then", "elif {}; then", "fi"),
 }
 
 
-def _lua_arg(kind, index, value):
-    if kind.endswith("_path") and index == 1 and value.endswith("/"):
-        value += "/"
-    return lua_quote(value)
-
-
-def _render(ops, *, lua, indent=""):
+def _lines(ops, *, language, indent=""):
+    op, comment, first, other, end = _LANGUAGES[language]
     lines = []
     for kind, *args in ops:
         if kind == "if":
             for i, (test, path, then) in enumerate(args[0]):
-                word = ("if", "elseif")[i > 0] if lua else ("if", "elif")[i > 0]
-                cond = (_LUA if lua else _SH)[test].format(
-                    lua_quote(path) if lua else shlex.quote(path)
-                )
-                lines.append(
-                    f"{indent}{word} {cond} then"
-                    if lua
-                    else f"{indent}{word} {cond}; then"
-                )
-                lines += _render(then, lua=lua, indent=indent + "    ")
-            lines.append(f"{indent}{'end' if lua else 'fi'}")
-            continue
-        template = (_LUA if lua else _SH).get(kind)
-        if template is None:
-            continue
-        if kind == "comment":
-            quoted = [printable(args[0])]
-        elif lua:
-            quoted = [_lua_arg(kind, i, a) for i, a in enumerate(args)]
-        else:
-            quoted = [shlex.quote(a) for a in args]
-        lines.append(indent + template.format(*quoted))
+                lines.append(indent + (other if i else first).format(op(test, path)))
+                lines += _lines(then, language=language, indent=indent + "    ")
+            lines.append(indent + end)
+        elif kind == "comment":
+            lines.append(f"{indent}{comment} {printable(args[0])}")
+        elif (line := op(kind, *args)) is not None:
+            lines.append(indent + line)
     return lines
 
 
-def render_lua(ops):
-    """The Lmod module file of `ops`."""
-    return "\n".join(_render(ops, lua=True)) + "\n"
-
-
-def render_shell(ops):
-    """The POSIX shell snippet of `ops` (source it: ``. FILE``)."""
-    return "\n".join(_render(ops, lua=False)) + "\n"
+def render(ops, *, language):
+    """The module file (``lua``) or shell snippet (``sh``, to source) of `ops`."""
+    return "\n".join(_lines(ops, language=language)) + "\n"

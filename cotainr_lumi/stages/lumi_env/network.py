@@ -58,10 +58,7 @@ LIBFABRIC_SOURCES = ("host", "image")
 
 def check_gdr_level(value):
     """Check an ``NCCL_NET_GDR_LEVEL`` value."""
-    if isinstance(value, bool) or str(value) not in (
-        *GDR_LEVELS,
-        *map(str, range(6)),
-    ):
+    if isinstance(value, bool) or str(value) not in GDR_LEVELS + tuple("012345"):
         raise ValueError(
             f"must be one of {', '.join(GDR_LEVELS)} or a number 0-5, or null to "
             f"leave it to RCCL (got {value!r})"
@@ -154,57 +151,44 @@ def plugin_name_blocks(*, plugin):
     ]
 
 
-def family_hint(*, root, settings):
-    """Why the profile may not fit the base, when its plugin is elsewhere."""
-    plugin = find_plugin(root=root, dirs=KNOWN_PLUGIN_DIRS)
-    if plugin is None:
-        return None
-    own_libfabric = plugin["dir"] not in (
-        "/opt/aws-ofi-rccl",
-        "/opt/aws-ofi-rccl/lib",
-        "/opt/aws-ofi-rccl/lib64",
-    )
-    fits = (
-        "a LUMI AI Factory image (its own libfabric/CXI): build with "
-        "--system=lumi-aif-torch or lumi-aif-full"
-        if own_libfabric
-        else "a LUMI ROCm base or EasyBuild image: build with --system=lumi-g-ext "
-        "or lumi-g-ext-pytorch"
-    )
-    return (
-        f"the profile looks for RCCL's network plugin in "
-        f"{', '.join(settings.net_plugin_dirs) or 'no directory'}, but the image "
-        f"has {plugin['generation']} in {plugin['dir']}: it looks like {fits} "
-        "(or set lumi-env.net-plugin-dirs, libfabric and binds), else the "
-        "image gets another family's runtime settings"
-    )
-
-
-def _profile_plugin(*, settings, root):
-    """RCCL's network plugin in the profile's directories (None: none)."""
-    return find_plugin(
-        root=lambda path: resolve_in_root(root=root, path=path),
-        dirs=settings.net_plugin_dirs,
-        named=settings.env.get("NCCL_NET_PLUGIN"),
-    )
-
-
 def plugin_blocks(*, settings, root, found):
     """Env file blocks for the plugin: its directory, its name; `found` gets it."""
     plugin = _profile_plugin(settings=settings, root=root)
     if plugin is None:
-        hint = family_hint(
-            root=lambda path: resolve_in_root(root=root, path=path),
-            settings=settings,
-        )
-        if hint:
-            logger.warning("The system may not fit this base image: %s.", hint)
+        other = _profile_plugin(settings=settings, root=root, dirs=KNOWN_PLUGIN_DIRS)
+        if other is not None:
+            fits = (
+                "a LUMI ROCm base or EasyBuild image: build with --system=lumi-g-ext "
+                "or lumi-g-ext-pytorch"
+                if other["dir"].startswith("/opt/aws-ofi-rccl")
+                else "a LUMI AI Factory image (its own libfabric/CXI): build with "
+                "--system=lumi-aif-torch or lumi-aif-full"
+            )
+            logger.warning(
+                "The system may not fit this base image: the profile looks for "
+                "RCCL's network plugin in %s, but the image has %s in %s: it looks "
+                "like %s (or set lumi-env.net-plugin-dirs, libfabric and binds), "
+                "else the image gets another family's runtime settings.",
+                ", ".join(settings.net_plugin_dirs) or "no directory",
+                other["generation"],
+                other["dir"],
+                fits,
+            )
         return []
     found[plugin["generation"]] = plugin["dir"]
     blocks = []
     if plugin["dir"].rstrip("/") not in DEFAULT_LOADER_DIRS:
         blocks.append(path_addition(name="LD_LIBRARY_PATH", entries=[plugin["dir"]]))
     return blocks + plugin_name_blocks(plugin=plugin)
+
+
+def _profile_plugin(*, settings, root, dirs=None):
+    """RCCL's network plugin in the profile's directories (None: none)."""
+    return find_plugin(
+        root=lambda path: resolve_in_root(root=root, path=path),
+        dirs=settings.net_plugin_dirs if dirs is None else dirs,
+        named=None if dirs else settings.env.get("NCCL_NET_PLUGIN"),
+    )
 
 
 def env_blocks(*, settings):

@@ -21,7 +21,7 @@ from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.errors import CotainrLumiError, InputError, StageError
 from cotainr_lumi.imagelayout import MPI_ENV_FILE, MPI_FILE
 from cotainr_lumi.stages.lumi_env import mpienv
-from cotainr_lumi.stages.lumi_env.modulefile import render_lua, render_shell
+from cotainr_lumi.stages.lumi_env.modulefile import render
 from cotainr_lumi.stages.lumi_env.mpi import (
     HostBinding,
     plan_mpi,
@@ -586,8 +586,11 @@ def test_plan_mpi_none_needs_no_image(tmp_path):
 def test_the_images_own_mpich_without_a_host_binding_still_sets_srun_pmi2():
     # The AI Factory profiles carry no host binding; srun still needs PMI-2.
     ops = mpienv.module_ops(mode="container", binding=None, image="/x.sif")
-    assert render_lua(ops).splitlines()[-1] == 'pushenv("SLURM_MPI_TYPE", "pmi2")'
-    shell = render_shell(ops).splitlines()[-1]
+    assert (
+        render(ops, language="lua").splitlines()[-1]
+        == 'pushenv("SLURM_MPI_TYPE", "pmi2")'
+    )
+    shell = render(ops, language="sh").splitlines()[-1]
     assert (
         shell
         == '[ -n "${SLURM_MPI_TYPE-}" ] || SLURM_MPI_TYPE=pmi2; export SLURM_MPI_TYPE'
