@@ -30,12 +30,8 @@ RESERVED_NAMES = PATH_VARIABLES | frozenset(
 )
 
 #: Name prefixes that configure the container runtime itself.
-RESERVED_PREFIXES = (
-    "APPTAINER_",
-    "APPTAINERENV_",
-    "SINGULARITY_",
-    "SINGULARITYENV_",
-    "BASH_FUNC_",
+RESERVED_PREFIXES = tuple(
+    "APPTAINER_ APPTAINERENV_ SINGULARITY_ SINGULARITYENV_ BASH_FUNC_".split()
 )
 
 
@@ -137,16 +133,8 @@ def computed_default(*, name, expression):
 
 
 def private_dir_defaults(*, names, path):
-    """
-    Shell code setting variables, unless set, to a private directory of the user.
-
-    The directory is made (mode 700) or checked at run time by the shell
-    function ``cotainr_lumi_private_dir`` of the ``conda-python-distributed``
-    runscript (copied from there, so there is one): used only when owned by
-    the user, not a link and not writable by others; else one message and a
-    fresh private directory from ``mktemp -d``. The variables after the first
-    take the first one's value when it is set (one message at most).
-    """
+    """Shell code setting variables, unless set, to a private directory of the user."""
+    # The runscript's cotainr_lumi_private_dir makes or checks the directory.
     runscripts = importlib.resources.files(__package__) / "runscripts"
     text = (runscripts / "conda-python-distributed").read_text()
     function = re.search(r"^cotainr_lumi_private_dir\(\) \{$.*?^\}$", text, re.M | re.S)

@@ -103,13 +103,8 @@ if [ -n "${COTAINR_LUMI_USER_VENV-}" ] && [ -x "${COTAINR_LUMI_USER_VENV}/bin/py
 
 
 def base_with_conda(*, root, target):
-    """
-    The base image's own ``$WITH_CONDA`` command (None when it had none).
-
-    A base built by cotainr-lumi has ours (``. with-conda.sh``): then the
-    command that file chained to is kept, so rebuilding never makes the
-    script source itself.
-    """
+    """The base image's own ``$WITH_CONDA`` command (None when it had none)."""
+    # Ours (a base built by cotainr-lumi): the command it chained to.
     value = target.with_conda if target is not None else None
     if not value or not value.strip():
         return None

@@ -117,12 +117,7 @@ class HostBinding:
         return src.rstrip("/") + rest if rest else src
 
     def host_problems(self, *, library_only=False):
-        """
-        What of the binding is missing on this (build) host.
-
-        A path is checked when the source of its bind exists here (on LUMI:
-        ``/opt/cray``); elsewhere nothing can be told.
-        """
+        """What of the binding is missing here (where its bind's source exists)."""
         paths = [self.libmpi] if library_only else [self.libmpi, *self.ld_library_path]
         problems = []
         for path in dict.fromkeys(paths):
@@ -226,12 +221,7 @@ def _check_pins(*, mode, setting, pins, stage):
 
 
 def check_host_paths(*, binding, error):
-    """
-    Stop when the host library is missing on this (LUMI) host.
-
-    Other missing ``ld-library-path`` directories are a warning: the loader
-    skips them, and LUMI may lay out its Cray libraries differently later.
-    """
+    """Stop when the host library is missing here; warn about other directories."""
     if binding is None:
         return
     problems = binding.host_problems(library_only=True)

@@ -113,13 +113,7 @@ def _host_case(*, binding, own):
 
 
 def env_file(*, mode, binding, image_library):
-    """
-    The MPI env file (:data:`cotainr_lumi.imagelayout.MPI_ENV_FILE`).
-
-    It runs after Apptainer's ``99-base.sh``, where ``APPTAINERENV_`` and
-    ``--env`` values are applied: it sees them, and a plain host export in
-    ``$__exported_env__``.
-    """
+    """The MPI env file (after Apptainer's ``99-base.sh``, so it sees ``--env``)."""
     own = (
         f"the image's own MPI ({image_library})"
         if image_library

@@ -88,7 +88,7 @@ def find_plugin(*, root, dirs, named=None):
     """The network plugin RCCL would load from the profile's directories."""
     candidates = {}
     for directory in dirs:
-        host_dir = root(directory)
+        host_dir = resolve_in_root(root=root, path=directory)
         files = _plugin_files(host_dir) if host_dir.is_dir() else {}
         if files:
             candidates.setdefault(directory, files)
@@ -185,7 +185,7 @@ def plugin_blocks(*, settings, root, found):
 def _profile_plugin(*, settings, root, dirs=None):
     """RCCL's network plugin in the profile's directories (None: none)."""
     return find_plugin(
-        root=lambda path: resolve_in_root(root=root, path=path),
+        root=root,
         dirs=settings.net_plugin_dirs if dirs is None else dirs,
         named=None if dirs else settings.env.get("NCCL_NET_PLUGIN"),
     )

@@ -99,12 +99,7 @@ class LumiEnvStage(Stage):
         return {k: v for k, v in self.settings.env.items() if v is not None}
 
     def planned_outputs(self, *, plan):
-        """
-        The module file, shell snippet and CONTAINERROOT this build writes.
-
-        The names derived from the image path are checked here, as the given
-        ones are when the settings are read.
-        """
+        """The module file, shell snippet and CONTAINERROOT; derived names checked."""
         names = self.settings.names(image_path=plan.image_path)
         if names.lua is None:
             return []
