@@ -8,14 +8,18 @@ operations (:func:`module_ops`); both start with :data:`MARKER`, so the
 pipeline never replaces a user's own file of the same name.
 """
 
+import importlib.resources
 import logging
 from pathlib import Path
 import re
+import shlex
 
 from ..._version import __version__
+from ...engine.rootfs import resolve_in_root
 from ...engine.stage import OUTPUT_MARKER
 from ...imagelayout import RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
 from .envfile import check_text, printable, sh_op
+from .imagefiles import RUNSCRIPTS, runscript_text
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -110,10 +114,7 @@ def module_ops(
     ops = [
         ("comment", f"File {MARKER} {__version__} for {image}."),
         ("comment", "Rewritten when the image is rebuilt; copy it before editing."),
-        (
-            "comment",
-            f'Use: module load {name}, or . {name}.sh; then srun singularity exec "$SIF" ...',
-        ),
+        ("comment", f"Use: module load {name}, or source {name}.sh."),
         ("help", _help_text(image=image, var=var, root=root)),
         ("whatis", f"Name: {name}"),
         ("whatis", f"Description: cotainr-lumi container image {image}"),
@@ -123,28 +124,23 @@ def module_ops(
     if runscripts:
         ops.append(("prepend_path", "SINGULARITYENV_PREPEND_PATH", runscripts, ":"))
     if root:
+        sub = {n: f"{root}/{n}" for n in ("bin", "runscripts", "user-software")}
         ops += [
             ("setenv", "CONTAINERROOT", root),
             ("setenv", f"EBROOT{var}", root),
-            ("prepend_path", "PATH", f"{root}/bin", ":"),
+            ("prepend_path", "PATH", sub["bin"], ":"),
         ]
         if runscripts:
             ops += [
-                ("setenv", v, f"{root}/runscripts")
+                ("setenv", v, sub["runscripts"])
                 for v in ("RUNSCRIPTS", f"RUNSCRIPTS{var}")
             ]
         if user_software:
-            squashfs, directory = (
-                f"{root}/user-software.squashfs",
-                f"{root}/user-software",
-            )
+            home = sub["user-software"]
+            squashfs = _bind(f"{home}.squashfs:{USER_SOFTWARE_DIR}:image-src=/")
             branches = [
-                (
-                    "file",
-                    squashfs,
-                    [_bind(f"{squashfs}:{USER_SOFTWARE_DIR}:image-src=/")],
-                ),
-                ("dir", directory, [_bind(f"{directory}:{USER_SOFTWARE_DIR}")]),
+                ("file", f"{home}.squashfs", [squashfs]),
+                ("dir", home, [_bind(f"{home}:{USER_SOFTWARE_DIR}")]),
             ]
             ops.append(("if", branches))
     elif runscripts:
@@ -199,3 +195,97 @@ def _lines(ops, *, language, indent=""):
 def render(ops, *, language):
     """The module file (``lua``) or shell snippet (``sh``, to source) of `ops`."""
     return "\n".join(_lines(ops, language=language)) + "\n"
+
+
+#: The host commands in ``$CONTAINERROOT/bin`` (``cotainr_lumi/.../hostscripts/``).
+HOST_COMMANDS = ("make-squashfs", "unmake-squashfs", "start-shell")
+
+
+def _host_copy(text, *, what):
+    """`text` (a script) with the output marker after its first line."""
+    first, _, rest = text.partition("\n")
+    return f"{first}\n# {what}, {MARKER} {__version__}.\n{rest}"
+
+
+def _host_command_text(name, *, image, root):
+    """A host command of ``$CONTAINERROOT/bin`` for this image."""
+    body = (importlib.resources.files(__package__) / "hostscripts" / name).read_text()
+    return (
+        f"#!/bin/bash\n# {name}: {MARKER} {__version__} for {image}.\n"
+        f"default_sif={shlex.quote(str(image))}\n"
+        f"default_root={shlex.quote(str(root))}\n{body}"
+    )
+
+
+def module_outputs(*, settings, image_path, binds, user_venv, user_software, mpi):
+    """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
+    names = settings.names(image_path=image_path)
+    if names.lua is None:
+        return None, None, {}
+    try:
+        check_image_path(image_path)
+    except ValueError as e:
+        logger.warning("Not writing a module file: %s", e)
+        return None, None, {}
+    paths = (names.lua, names.shell)
+    container_root = names.root
+    ops = module_ops(
+        image=image_path,
+        binds=binds,
+        runscripts=RUNSCRIPTS_DIR if settings.runscripts else None,
+        name=names.name,
+        var=names.var,
+        container_root=container_root,
+        user_software=user_software,
+    ) + mpi.module_ops(image=str(image_path))
+    outputs = {
+        str(paths[0]): render(ops, language="lua"),
+        str(paths[1]): render(ops, language="sh"),
+    }
+    outputs.update(
+        _container_root_files(
+            settings=settings,
+            root=container_root,
+            image_path=image_path,
+            user_venv=user_venv,
+        )
+    )
+    return paths, container_root, outputs
+
+
+def _container_root_files(*, settings, root, image_path, user_venv):
+    """CONTAINERROOT's files: host commands, runscripts, user-software."""
+    files = {
+        str(root / "bin" / name): _host_command_text(name, image=image_path, root=root)
+        for name in HOST_COMMANDS
+    }
+    if settings.runscripts:
+        for name in RUNSCRIPTS:
+            files[str(root / "runscripts" / name)] = _host_copy(
+                runscript_text(name),
+                what=f"Host copy of {RUNSCRIPTS_DIR}/{name} (edit a copy)",
+            )
+    files[str(root / "user-software" / "README.cotainr-lumi")] = (
+        f"{MARKER} {__version__} for {image_path}.\n"
+        f"This directory is mounted at {USER_SOFTWARE_DIR} by the module.\n"
+        f"In the container, `source /runscripts/init-conda-venv` creates and\n"
+        f"activates the venv {user_venv} on top of the image's Python\n"
+        "environment; `pip install` then installs here. `make-squashfs` packs\n"
+        "this directory into ../user-software.squashfs (reload the module).\n"
+    )
+    return files
+
+
+def image_has_user_software(*, root):
+    """Whether the image itself has content in /user-software."""
+    path = resolve_in_root(root=root, path=USER_SOFTWARE_DIR)
+    if path.is_dir() and any(path.iterdir()):
+        logger.warning(
+            "The image has its own %s (e.g. the base image's venv); the "
+            "module will not mount $CONTAINERROOT/user-software over it, so "
+            "the user-software workflow (init-conda-venv, make-squashfs) is "
+            "off for this image. Install more packages with a pip step instead.",
+            USER_SOFTWARE_DIR,
+        )
+        return True
+    return False

@@ -21,7 +21,6 @@ from ...errors import InputError, StageError
 from ...imagelayout import LABEL_MPI, LABEL_MPI_RECORD, MPI_ENV_FILE, MPI_FILE
 from . import imagefiles, network
 from .envfile import EnvError, render_env_file, text_problem, validate_name
-from .hostfiles import image_has_user_software, module_outputs
 from .imagefiles import (
     ENV_FILE,
     ROCM_ROOT,
@@ -29,6 +28,7 @@ from .imagefiles import (
     RUNSCRIPTS_DIR,
     WITH_CONDA_VALUE,
 )
+from .modulefile import image_has_user_software, module_outputs
 from .mpi import HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
 from .settings import (

@@ -19,14 +19,13 @@ from cotainr_lumi.engine.stage import StageContext, get_stage_class
 from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.stages.lumi_env import imagefiles
-from cotainr_lumi.stages.lumi_env.hostfiles import HOST_COMMANDS
 from cotainr_lumi.stages.lumi_env.imagefiles import (
     BASE_WITH_CONDA_MARK,
     ENV_FILE,
     RUNSCRIPTS,
     WITH_CONDA_FILE,
 )
-from cotainr_lumi.stages.lumi_env.modulefile import MARKER
+from cotainr_lumi.stages.lumi_env.modulefile import HOST_COMMANDS, MARKER
 from cotainr_lumi.stages.lumi_env.stage import LumiEnvStage
 
 LUMI_SETTINGS = {
