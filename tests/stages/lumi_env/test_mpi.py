@@ -20,10 +20,11 @@ from targetenv_fakes import is_probe, probe_stdout
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.errors import CotainrLumiError, InputError, StageError
 from cotainr_lumi.imagelayout import MPI_ENV_FILE, MPI_FILE
-from cotainr_lumi.stages.lumi_env import mpienv
 from cotainr_lumi.stages.lumi_env.modulefile import render
 from cotainr_lumi.stages.lumi_env.mpi import (
     HostBinding,
+    mpi_env_file,
+    mpi_module_ops,
     plan_mpi,
     resolve_mode,
 )
@@ -352,7 +353,7 @@ def source(text, tmp_path, env=None):
 
 
 def test_env_file_swaps_in_the_host_library(tmp_path, host_lib):
-    text = mpienv.env_file(
+    text = mpi_env_file(
         mode="host", binding=host_lib, image_library="/opt/env/lib/libmpi.so.12"
     )
     env, err = source(text, tmp_path)
@@ -379,7 +380,7 @@ def test_env_file_swaps_in_the_host_library(tmp_path, host_lib):
 
 def test_env_file_without_the_bound_library_says_so_once(tmp_path, host_lib):
     Path(host_lib.libmpi).unlink()
-    text = mpienv.env_file(
+    text = mpi_env_file(
         mode="host", binding=host_lib, image_library="/opt/env/lib/libmpi.so.12"
     )
     env, err = source(text, tmp_path)
@@ -394,7 +395,7 @@ def test_env_file_without_the_bound_library_says_so_once(tmp_path, host_lib):
 
 
 def test_container_default_can_be_switched_to_host_at_run_time(tmp_path, host_lib):
-    text = mpienv.env_file(
+    text = mpi_env_file(
         mode="container", binding=host_lib, image_library="/usr/lib/libmpi.so.12"
     )
     env, _ = source(text, tmp_path)
@@ -585,7 +586,7 @@ def test_plan_mpi_none_needs_no_image(tmp_path):
 
 def test_the_images_own_mpich_without_a_host_binding_still_sets_srun_pmi2():
     # The AI Factory profiles carry no host binding; srun still needs PMI-2.
-    ops = mpienv.module_ops(mode="container", binding=None, image="/x.sif")
+    ops = mpi_module_ops(mode="container", binding=None, image="/x.sif")
     assert (
         render(ops, language="lua").splitlines()[-1]
         == 'pushenv("SLURM_MPI_TYPE", "pmi2")'
@@ -595,4 +596,4 @@ def test_the_images_own_mpich_without_a_host_binding_still_sets_srun_pmi2():
         shell
         == '[ -n "${SLURM_MPI_TYPE-}" ] || SLURM_MPI_TYPE=pmi2; export SLURM_MPI_TYPE'
     )
-    assert mpienv.module_ops(mode="host", binding=None, image="/x.sif") == []
+    assert mpi_module_ops(mode="host", binding=None, image="/x.sif") == []
