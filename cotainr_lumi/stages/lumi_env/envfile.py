@@ -9,12 +9,9 @@ Search paths only get missing entries added.
 
 from collections.abc import Iterable, Mapping
 import importlib.resources
-import logging
 import re
 import shlex
 import unicodedata
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 # Matched with fullmatch: "$" would also match before a trailing newline.
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

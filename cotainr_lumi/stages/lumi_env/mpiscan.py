@@ -11,7 +11,6 @@ before ``LD_LIBRARY_PATH``, so no run-time setting can swap that library.
 
 from dataclasses import asdict, dataclass, field
 import glob
-import logging
 import os
 from pathlib import PurePosixPath
 import re
@@ -19,8 +18,6 @@ import re
 from ...engine.elfinfo import read_elf_info, scan_elf_files
 from ...engine.rootfs import SymlinkLoopError, image_path_of, resolve_in_root
 from .network import DEFAULT_LOADER_DIRS
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The MPICH ABI library (MPICH >= 3.1, Cray MPICH's lib-abi-mpich, Intel MPI).
 MPICH_ABI = "libmpi.so.12"
@@ -126,7 +123,7 @@ def _conf_dirs(*, root, conf, seen):
     for line in lines:
         line = line.split("#", 1)[0].strip()
         if line.startswith("include"):
-            pattern = line.split(None, 1)[1] if len(line.split(None, 1)) > 1 else ""
+            pattern = line[len("include") :].strip()
             if not pattern.startswith("/"):
                 pattern = str(PurePosixPath(conf).parent / pattern)
             parent = _resolve(root=root, path=str(PurePosixPath(pattern).parent))
@@ -167,9 +164,7 @@ def _expand(entry, *, origin):
 def _real_image_path(*, root, path):
     """The image path of `path` with its links resolved."""
     host = _resolve(root=root, path=path)
-    if host is None:
-        return path
-    return str(image_path_of(root=root, host_path=host))
+    return path if host is None else str(image_path_of(root=root, host_path=host))
 
 
 def _speaks_cxi(*, root, library_path, info, dirs):
@@ -187,11 +182,8 @@ def _speaks_cxi(*, root, library_path, info, dirs):
     host = _resolve(root=root, path=fabric)
     fabric_info = read_elf_info(path=host) if host is not None else None
     providers = _resolve(root=root, path=f"{PurePosixPath(fabric).parent}/libfabric")
-    has_provider = bool(
-        providers is not None and glob.glob(str(providers / "libcxi-fi*.so"))
-    )
-    cxi = has_provider or bool(fabric_info and LIBCXI in fabric_info.needed)
-    return fabric, cxi
+    has_provider = providers is not None and glob.glob(str(providers / "libcxi-fi*.so"))
+    return fabric, bool(has_provider or (fabric_info and LIBCXI in fabric_info.needed))
 
 
 def _libraries(*, root, prefixes, dirs):
@@ -211,19 +203,8 @@ def _libraries(*, root, prefixes, dirs):
             info = read_elf_info(path=_resolve(root=root, path=real))
             if info is None:
                 continue
-            fabric, cxi = _speaks_cxi(
-                root=root, library_path=real, info=info, dirs=dirs
-            )
-            found.append(
-                MpiLibrary(
-                    path=path,
-                    real=real,
-                    soname=info.soname or name,
-                    where=where,
-                    libfabric=fabric,
-                    cxi=cxi,
-                )
-            )
+            cxi = _speaks_cxi(root=root, library_path=real, info=info, dirs=dirs)
+            found.append(MpiLibrary(path, real, info.soname or name, where, *cxi))
     return found
 
 

@@ -1,7 +1,6 @@
 """The settings of the lumi-env stage, declared once."""
 
 from dataclasses import dataclass
-import logging
 import os
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Union
@@ -13,8 +12,6 @@ from .envfile import text_problem, validate_name, validate_path_entry, validate_
 from .modulefile import check_var_name, validate_bind, var_name_of
 from .mpi import check_host_binding, check_mode
 from .network import check_gdr_level, check_libfabric
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: Where the module mounts ``$CONTAINERROOT/user-software``.
 USER_SOFTWARE = imagelayout.USER_SOFTWARE_DIR

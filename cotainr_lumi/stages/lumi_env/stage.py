@@ -10,7 +10,6 @@ SIF cannot hold.
 """
 
 import json
-import logging
 from pathlib import Path
 import shlex
 
@@ -40,8 +39,6 @@ from .settings import (
 )
 
 __all__ = ["LumiEnvStage"]
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 @register_stage
