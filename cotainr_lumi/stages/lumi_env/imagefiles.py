@@ -17,9 +17,7 @@ from .envfile import (
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The env file in the image (after cotainr's 92-cotainr-env.sh).
 ENV_FILE = imagelayout.LUMI_ENV_FILE
-#: Where the runscripts go in the image.
 RUNSCRIPTS_DIR = imagelayout.RUNSCRIPTS_DIR
 #: The runscripts shipped in ``cotainr_lumi/runscripts/``.
 RUNSCRIPTS = (
@@ -29,21 +27,16 @@ RUNSCRIPTS = (
     "init-conda-venv",
     "init-user-venv",
 )
-#: The script ``$WITH_CONDA`` sources.
 WITH_CONDA_FILE = imagelayout.WITH_CONDA_FILE
 #: The value of ``WITH_CONDA`` (works as ``$WITH_CONDA`` and ``eval``).
 WITH_CONDA_VALUE = f". {WITH_CONDA_FILE}"
 #: The comment above the base image's own ``$WITH_CONDA`` in with-conda.sh.
 BASE_WITH_CONDA_MARK = "# The base image's $WITH_CONDA, kept (run first):"
 
-#: ROCm directories added to the search paths when present in the image.
 ROCM_ROOT = "/opt/rocm"
 
-#: The MIOpen cache directory, computed at run time (the one value of the env
-#: file that is not a literal). Node-local /tmp, per user, made private (see
-#: envfile.private_dir_defaults). Host variables such as $USER or $SLURM_NODEID
-#: are hidden from Apptainer env scripts, so the user name comes from `id`;
-#: its output is not evaluated (double quotes).
+#: The MIOpen cache on node-local /tmp, per user, computed at run time ($USER
+#: is hidden from Apptainer env scripts; the output of `id` is not evaluated).
 MIOPEN_CACHE_PATH = "/tmp/$(id -un 2>/dev/null || id -u)-miopen-cache"
 
 
@@ -52,12 +45,8 @@ def runscript_text(name):
     return (importlib.resources.files(__package__) / "runscripts" / name).read_text()
 
 
-#: The user venv's site-packages ahead of PYTHONPATH (POSIX sh, inside the
-#: activation's ``if``). An image env exposed through PYTHONPATH (the LUMI AI
-#: Factory images' /opt/venv) comes before every venv's own site-packages in
-#: sys.path, so a package the user installs again (a newer transformers) would
-#: stay hidden behind the image's copy. Only when PYTHONPATH is set: without
-#: it the venv's site-packages already come first.
+#: The user venv's site-packages ahead of an image env on PYTHONPATH (the AI
+#: Factory images' /opt/venv), which would hide the user's newer packages.
 _USER_VENV_SITE_FIRST = """\
     if [ -n "${PYTHONPATH-}" ]; then
         for _cl_site in "${COTAINR_LUMI_USER_VENV}"/lib/python*/site-packages; do

@@ -94,15 +94,9 @@ def _say(*parts):
 def _host_case(*, binding, own):
     """The ``host)`` branch of the mode's ``case``."""
     if binding is None:
-        return [
-            "host)",
-            "    "
-            + _say(
-                f"cotainr-lumi: {RUNTIME_VAR}=host, but this image has no host MPI "
-                f"binding (lumi-env.mpi-host); using {own}."
-            ),
-            f"    {ACTIVE_VAR}=container ;;",
-        ]
+        say = f"{RUNTIME_VAR}=host, but this image has no host MPI binding"
+        say = _say(f"cotainr-lumi: {say} (lumi-env.mpi-host); using {own}.")
+        return ["host)", f"    {say}", f"    {ACTIVE_VAR}=container ;;"]
     return [
         "host)",
         f'    if [ -f "${HOST_LIBMPI_VAR}" ]; then',
@@ -554,11 +548,6 @@ def plan_mpi(*, root, target, requested, host_setting, stage):
         reason = "lumi-env.mpi is none"
         return MpiPlan(requested, "none", reason, binding, MpiScan())
 
-    def stage_error(message):
-        return StageError(message, stage=stage)
-
-    if requested == "host":
-        check_host_paths(binding=binding, error=stage_error)
     scan = scan_mpi(
         root=root,
         prefixes=target.env_prefixes if target else [],
@@ -569,8 +558,8 @@ def plan_mpi(*, root, target, requested, host_setting, stage):
         mode, reason = resolve_mode(requested=requested, scan=scan, binding=binding)
     except ValueError as e:
         raise StageError(str(e), stage=stage) from None
-    if mode == "host" and requested != "host":
-        check_host_paths(binding=binding, error=stage_error)
+    if mode == "host":
+        check_host_paths(binding=binding, error=lambda m: StageError(m, stage=stage))
     _check_pins(
         mode=mode,
         setting=mode if requested == mode else f"{requested} -> {mode}",
