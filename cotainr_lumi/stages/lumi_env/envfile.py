@@ -115,7 +115,6 @@ def validate_value(*, name, value):
 
 def default_assignment(*, name, value):
     """Shell code setting a variable unless it is already set."""
-    validate_name(name)
     text = validate_value(name=name, value=value)
     return computed_default(name=name, expression=shlex.quote(text))
 
@@ -197,10 +196,7 @@ def sh_op(kind, *args):
 def render_env_file(*, header, blocks: Iterable[str]):
     """Join code blocks into an env file."""
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
-    lines.append("")
-    for block in blocks:
-        if block:
-            lines.append(block.rstrip("\n"))
+    lines += [""] + [block.rstrip("\n") for block in blocks if block]
     return "\n".join(lines) + "\n"
 
 

@@ -20,12 +20,9 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 ENV_FILE = imagelayout.LUMI_ENV_FILE
 RUNSCRIPTS_DIR = imagelayout.RUNSCRIPTS_DIR
 #: The runscripts shipped in ``cotainr_lumi/runscripts/``.
-RUNSCRIPTS = (
-    "conda-python-simple",
-    "conda-python-distributed",
-    "get-master",
-    "init-conda-venv",
-    "init-user-venv",
+RUNSCRIPTS = tuple(
+    "conda-python-simple conda-python-distributed get-master init-conda-venv "
+    "init-user-venv".split()
 )
 WITH_CONDA_FILE = imagelayout.WITH_CONDA_FILE
 #: The value of ``WITH_CONDA`` (works as ``$WITH_CONDA`` and ``eval``).

@@ -28,17 +28,14 @@ MARKER = OUTPUT_MARKER
 
 def lua_quote(text):
     """A Lua string literal."""
-    out = ['"']
-    for byte in str(text).encode("utf-8"):
-        char = chr(byte)
-        if char in ('"', "\\"):
-            out.append("\\" + char)
-        elif 0x20 <= byte < 0x7F:
-            out.append(char)
-        else:
-            out.append(f"\\{byte:03d}")
-    out.append('"')
-    return "".join(out)
+    return (
+        '"'
+        + "".join(
+            chr(b) if 0x20 <= b < 0x7F and b not in b'"\\' else f"\\{b:03d}"
+            for b in str(text).encode("utf-8")
+        )
+        + '"'
+    )
 
 
 def validate_bind(bind):

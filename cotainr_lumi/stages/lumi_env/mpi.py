@@ -26,7 +26,7 @@ from ... import _cotainr
 from ...engine.origins import Origin
 from ...engine.settings import SettingError, StageSettings, each, read_declared, setting
 from ...errors import StageError
-from .envfile import computed_default, printable, validate_path_entry
+from .envfile import computed_default, printable, sh_op, validate_path_entry
 from .modulefile import validate_bind
 from .mpiscan import MPICH_ABI, MpiScan, scan_mpi
 
@@ -136,20 +136,14 @@ def mpi_env_file(*, mode, binding, image_library):
         _READ_MODE,
     ]
     if binding is not None:
-        lines.append(
-            f"{HOST_LIBMPI_VAR}={shlex.quote(binding.libmpi)}; export {HOST_LIBMPI_VAR}"
-        )
+        lines.append(sh_op("setenv", HOST_LIBMPI_VAR, binding.libmpi))
+    other = f" is not host, container or none; using {own}."
     lines += [
         'case "$_cl_mpi" in',
         *_host_case(binding=binding, own=own),
         f"container | none) {ACTIVE_VAR}=$_cl_mpi ;;",
         "*)",
-        "    "
-        + _say(
-            f"cotainr-lumi: {RUNTIME_VAR}=",
-            "$_cl_mpi",
-            f" is not host, container or none; using {own}.",
-        ),
+        "    " + _say(f"cotainr-lumi: {RUNTIME_VAR}=", "$_cl_mpi", other),
         f"    {ACTIVE_VAR}=container ;;",
         "esac",
         f"export {ACTIVE_VAR}",

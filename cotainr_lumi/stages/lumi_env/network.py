@@ -34,12 +34,15 @@ DEFAULT_LOADER_DIRS = (
     "/lib/x86_64-linux-gnu",
     "/usr/lib/x86_64-linux-gnu",
 )
-#: Where the image families keep the plugin (see the profiles): looked at
-#: when the profile's directories have none, to say which family the base is.
-KNOWN_PLUGIN_DIRS = (
+#: Where the ROCm base and EasyBuild images keep the plugin.
+AWS_OFI_RCCL_DIRS = (
     "/opt/aws-ofi-rccl",
     "/opt/aws-ofi-rccl/lib",
     "/opt/aws-ofi-rccl/lib64",
+)
+#: Where the image families keep it: looked at when the profile's directories
+#: have none, to say which family the base is.
+KNOWN_PLUGIN_DIRS = AWS_OFI_RCCL_DIRS + (
     "/opt/aws-ofi-nccl/lib",
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib",
@@ -160,7 +163,7 @@ def plugin_blocks(*, settings, root, found):
             fits = (
                 "a LUMI ROCm base or EasyBuild image: build with --system=lumi-g-ext "
                 "or lumi-g-ext-pytorch"
-                if other["dir"].startswith("/opt/aws-ofi-rccl")
+                if other["dir"] in AWS_OFI_RCCL_DIRS
                 else "a LUMI AI Factory image (its own libfabric/CXI): build with "
                 "--system=lumi-aif-torch or lumi-aif-full"
             )
@@ -193,13 +196,12 @@ def _profile_plugin(*, settings, root, dirs=None):
 
 def env_blocks(*, settings):
     """Env file blocks: the runscript's GDR default, where rccl-tests are."""
-    blocks = []
     gdr = settings.nccl_net_gdr_level
-    blocks.append(
+    blocks = [
         "# NCCL_NET_GDR_LEVEL for conda-python-distributed when you set none "
         "(empty: leave it to RCCL).\n"
         + default_assignments({GDR_VARIABLE: "" if gdr is None else str(gdr)})
-    )
+    ]
     if settings.rccl_tests:
         blocks.append(default_assignments({RCCL_TESTS_VARIABLE: settings.rccl_tests}))
     return blocks

@@ -11,7 +11,7 @@ from ...errors import SECRET_NAME_RE, InputError, redact
 from .envfile import text_problem, validate_name, validate_path_entry, validate_value
 from .modulefile import check_var_name, validate_bind, var_name_of
 from .mpi import check_host_binding, check_mode
-from .network import check_gdr_level, check_libfabric
+from .network import AWS_OFI_RCCL_DIRS, check_gdr_level, check_libfabric
 
 #: Where the module mounts ``$CONTAINERROOT/user-software``.
 USER_SOFTWARE = imagelayout.USER_SOFTWARE_DIR
@@ -228,7 +228,7 @@ class LumiEnvSettings(StageSettings):
         check=check_libfabric,
     )
     net_plugin_dirs: list[str] = setting(
-        ["/opt/aws-ofi-rccl", "/opt/aws-ofi-rccl/lib", "/opt/aws-ofi-rccl/lib64"],
+        list(AWS_OFI_RCCL_DIRS),
         doc="where RCCL's network plugin (librccl-net.so, librccl-net-NAME.so) "
         "may be, first match wins",
         check=_entries("net-plugin-dirs"),

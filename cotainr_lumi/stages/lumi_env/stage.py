@@ -38,8 +38,6 @@ from .settings import (
     module_name_problem,
 )
 
-__all__ = ["LumiEnvStage"]
-
 
 @register_stage
 class LumiEnvStage(Stage):
@@ -89,7 +87,6 @@ class LumiEnvStage(Stage):
             env[name] = value
         return {"env": env} if env else {}
 
-    # ------------------------------------------------------------------ helpers
     @property
     def env(self):
         """The variables set as defaults (``None`` values dropped)."""
@@ -136,7 +133,6 @@ class LumiEnvStage(Stage):
             lines.append(f"MPI ({mpi.mode}): launch ranks with {mpi.launch_hint()}")
         return "\n".join(lines)
 
-    # ------------------------------------------------------------------ plan
     def describe(self, *, plan):
         """Describe the env file, runscripts, binds and module file."""
         lines = [f"env file {ENV_FILE} (defaults, overridable at run time):"]
@@ -192,7 +188,6 @@ class LumiEnvStage(Stage):
             lines.append("no module file (module-file: false)")
         return lines
 
-    # ------------------------------------------------------------------ run
     def run(self, *, context):
         """Write the env file, runscripts and with-conda.sh; report the outputs."""
         root = context.sandbox.root
