@@ -42,9 +42,13 @@ def runscript_text(name):
     return (importlib.resources.files(__package__) / "runscripts" / name).read_text()
 
 
-#: The user venv's site-packages ahead of an image env on PYTHONPATH (the AI
-#: Factory images' /opt/venv), which would hide the user's newer packages.
-_USER_VENV_SITE_FIRST = """\
+_IF_USER_VENV = """\
+if [ -n "${COTAINR_LUMI_USER_VENV-}" ] && [ -x "${COTAINR_LUMI_USER_VENV}/bin/python" ]; then
+"""
+#: Then VIRTUAL_ENV, and the venv's site-packages ahead of an image env on
+#: PYTHONPATH (the AI Factory images' /opt/venv), which would hide them.
+_USER_VENV_REST = """\
+    VIRTUAL_ENV=$COTAINR_LUMI_USER_VENV; export VIRTUAL_ENV
     if [ -n "${PYTHONPATH-}" ]; then
         for _cl_site in "${COTAINR_LUMI_USER_VENV}"/lib/python*/site-packages; do
             case ":${PYTHONPATH}:" in
@@ -54,37 +58,30 @@ _USER_VENV_SITE_FIRST = """\
         done
         unset _cl_site
     fi
-"""
+fi"""
 
 #: The user venv's activation, after the image's env (POSIX sh).
 _USER_VENV_BLOCK = (
-    """\
-# The user venv in /user-software (LUST's layout; the module mounts
-# $CONTAINERROOT/user-software there): active when present.
-if [ -n "${COTAINR_LUMI_USER_VENV-}" ] && [ -x "${COTAINR_LUMI_USER_VENV}/bin/python" ]; then
+    "# The user venv in /user-software (LUST's layout; the module mounts\n"
+    "# $CONTAINERROOT/user-software there): active when present.\n"
+    + _IF_USER_VENV
+    + """\
     case ":${PATH-}:" in
         *:"${COTAINR_LUMI_USER_VENV}/bin":*) ;;
         *) PATH="${COTAINR_LUMI_USER_VENV}/bin${PATH:+:$PATH}"; export PATH ;;
     esac
-    VIRTUAL_ENV=$COTAINR_LUMI_USER_VENV; export VIRTUAL_ENV
 """
-    + _USER_VENV_SITE_FIRST
-    + "fi"
+    + _USER_VENV_REST
 )
 
-#: Appended to with-conda.sh: the user venv comes first again after the
-#: image's env was (re)activated.
+#: Appended to with-conda.sh: the user venv first again after the image's env.
 _WITH_CONDA_USER_VENV = (
-    """\
-# Then the user venv in /user-software, when present (source
-# /runscripts/init-conda-venv creates it).
-if [ -n "${COTAINR_LUMI_USER_VENV-}" ] && [ -x "${COTAINR_LUMI_USER_VENV}/bin/python" ]; then
-    VIRTUAL_ENV=$COTAINR_LUMI_USER_VENV
-    PATH="$VIRTUAL_ENV/bin${PATH:+:$PATH}"
-    export VIRTUAL_ENV PATH
-"""
-    + _USER_VENV_SITE_FIRST
-    + "fi\n"
+    "# Then the user venv in /user-software, when present (source\n"
+    "# /runscripts/init-conda-venv creates it).\n"
+    + _IF_USER_VENV
+    + '    PATH="$COTAINR_LUMI_USER_VENV/bin${PATH:+:$PATH}"; export PATH\n'
+    + _USER_VENV_REST
+    + "\n"
 )
 
 
@@ -186,10 +183,9 @@ def _rocm_blocks(*, root, found):
 
 def env_file_blocks(*, settings, root, target, user_venv):
     """The blocks of the env file, and the search paths found in the image."""
-    env = {k: v for k, v in settings.env.items() if v is not None}
     blocks = [
         "# Profile and build settings (defaults: a variable already set wins).",
-        default_assignments(env),
+        default_assignments(settings.env),
     ]
     if settings.miopen_cache:
         blocks += [

@@ -215,19 +215,15 @@ def _distributions(*, root, site_dirs):
         host_site = _resolve(root=root, path=site)
         if host_site is None or not host_site.is_dir():
             continue
-        for record in glob.glob(str(host_site / "*.dist-info" / "RECORD")):
-            dist = os.path.basename(os.path.dirname(record))[: -len(".dist-info")]
-            name, _, version = dist.partition("-")
+        for record in sorted(host_site.glob("*.dist-info/RECORD")):
+            name, _, version = record.parent.name[: -len(".dist-info")].partition("-")
             try:
-                with open(record, errors="replace") as f:
-                    lines = f.read().splitlines()
+                lines = record.read_text(errors="replace").splitlines()
             except OSError:
                 continue
-            for line in lines:
-                rel = line.split(",", 1)[0]
-                if rel:
-                    image = os.path.normpath(os.path.join(site, rel))
-                    owners.setdefault(image, f"{name} {version}".strip())
+            for rel in filter(None, (line.split(",", 1)[0] for line in lines)):
+                image = os.path.normpath(os.path.join(site, rel))
+                owners.setdefault(image, f"{name} {version}".strip())
     return owners
 
 
