@@ -30,19 +30,14 @@ CONTAINER_ROOT = dict(what="CONTAINERROOT", absolute=False, use="SINGULARITY_BIN
 
 def directory_problem(directory):
     """Why `directory` cannot hold the module files."""
-    if directory.exists():
-        if not directory.is_dir():
-            return f"{directory} exists and is not a directory"
-        if not os.access(directory, os.W_OK | os.X_OK):
-            return f"{directory} is not writable"
-        return None
-    ancestor = directory.parent
+    ancestor = directory
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
+    why = f"cannot create {directory}: " if ancestor != directory else ""
     if not ancestor.is_dir():
-        return f"cannot create {directory}: {ancestor} is not a directory"
+        return f"{why}{ancestor} {'is' if why else 'exists and is'} not a directory"
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"cannot create {directory}: {ancestor} is not writable"
+        return f"{why}{ancestor} is not writable"
     return None
 
 
@@ -53,9 +48,7 @@ def module_name_problem(value):
     if problem is None and value.startswith((".", "-")):
         return f"{what} must not start with '.' or '-' (got {value!r})"
     if problem is None and value.endswith((".lua", ".sh")):
-        return (
-            f"{what} must not end in .lua or .sh (the module files get those suffixes)"
-        )
+        return f"{what} must not end in .lua or .sh, the module files' (got {value!r})"
     return problem
 
 
