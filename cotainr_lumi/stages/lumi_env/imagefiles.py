@@ -130,11 +130,9 @@ def _activation(*, root, target):
 def with_conda_script(*, root, target, base_with_conda=None):
     """The content of with-conda.sh for the target env, and its prefix (or None)."""
     lines = [
-        "# with-conda.sh: activate the image's Python environment. Installed by",
-        "# cotainr-lumi; WITH_CONDA is '. /opt/cotainr-lumi/with-conda.sh', so",
-        "# `$WITH_CONDA; python ...` (as in the LUMI EasyBuild modules) works. A",
-        "# no-op when the environment is already active (the image's env files",
-        "# activate it at container start).",
+        "# with-conda.sh (cotainr-lumi): `$WITH_CONDA; python ...` activates the",
+        "# image's Python environment, as with the LUMI EasyBuild modules (a no-op",
+        "# when it is active, as the image's env files make it at start).",
     ]
     if base_with_conda:
         # Chain to the base image's command: it keeps activating the same

@@ -186,7 +186,6 @@ def mpi_module_ops(*, mode, binding, image):
     return ops
 
 
-#: The values of ``lumi-env.mpi``.
 MODES = ("auto", "container", "host", "none")
 
 
@@ -398,9 +397,8 @@ def check_host_paths(*, binding, error):
 
 #: The mark of :data:`LOAD_CHECK`'s line.
 LOAD_CHECK_MARK = "COTAINR_LUMI_MPI_CHECK "
-#: Run in the container by the image's Python: which MPI library mpi4py loads
-#: (without MPI_Init: Get_library_version may be called before it). Also run
-#: by ``cotainr-lumi verify`` (verify/mpi.py). One line: the mark, then JSON.
+#: Which MPI library mpi4py loads (no MPI_Init needed), run in the container at
+#: build time and by ``cotainr-lumi verify``: one line, the mark, then JSON.
 LOAD_CHECK = (
     f"MARK = {LOAD_CHECK_MARK!r}\n"
     + r"""

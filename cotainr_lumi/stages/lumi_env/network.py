@@ -56,7 +56,10 @@ RCCL_TESTS_VARIABLE = "COTAINR_LUMI_RCCL_TESTS"
 #: Values NCCL/RCCL take for NCCL_NET_GDR_LEVEL (names, or the numbers 0-5).
 GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
 #: Where the plugin's libfabric comes from.
-LIBFABRIC_SOURCES = ("host", "image")
+LIBFABRIC_SOURCES = {
+    "host": "the host's Cray libfabric (/opt/cray bound at run time)",
+    "image": "the image's own libfabric with CXI (no host /opt/cray or libcxi)",
+}
 
 
 def check_gdr_level(value):
@@ -71,11 +74,8 @@ def check_gdr_level(value):
 def check_libfabric(value):
     """Check the ``libfabric`` setting."""
     if value not in LIBFABRIC_SOURCES:
-        raise ValueError(
-            "must be 'host' (the host's Cray libfabric, /opt/cray bound at run "
-            "time) or 'image' (the image's own libfabric with CXI) "
-            f"(got {value!r})"
-        )
+        each = " or ".join(f"{k!r} ({v})" for k, v in LIBFABRIC_SOURCES.items())
+        raise ValueError(f"must be {each} (got {value!r})")
 
 
 def _plugin_files(host_dir):
@@ -126,26 +126,21 @@ def _plugin(directory, generation, candidates, *, value, loads=True):
 
 def plugin_name_blocks(*, plugin):
     """Env file blocks for the plugin's name: ``NCCL_NET_PLUGIN`` when needed."""
-    value = plugin["nccl-net-plugin"]
+    value, directory = plugin["nccl-net-plugin"], plugin["dir"]
     if not plugin["loads"]:
+        files = {directory: dict.fromkeys(plugin["files"])}
+        advice = rcclplugin.advice(named=None, files=files, search_dirs=[directory])
         logger.warning(
-            "RCCL will load no network plugin from %s: %s.",
-            plugin["dir"],
-            rcclplugin.advice(
-                named=None,
-                files={plugin["dir"]: dict.fromkeys(plugin["files"])},
-                search_dirs=[plugin["dir"]],
-            ),
+            "RCCL will load no network plugin from %s: %s.", directory, advice
         )
         return []
     if value is None:
         return []
+    name = f"{directory}/{rcclplugin.PREFIX}-{value}.so"
     logger.info(
-        "RCCL loads %s/%s-%s.so only when named: NCCL_NET_PLUGIN=%s is set in "
-        "the image (a value you set at run time wins).",
-        plugin["dir"],
-        rcclplugin.PREFIX,
-        value,
+        "RCCL loads %s only when named: NCCL_NET_PLUGIN=%s is set in the image "
+        "(a value you set at run time wins).",
+        name,
         value,
     )
     return [
@@ -242,12 +237,7 @@ def describe_lines(*, settings):
         "RCCL network plugin (librccl-net.so, librccl-net-NAME.so) looked for in "
         + ", ".join(settings.net_plugin_dirs or ["(nowhere)"])
         + "; added to LD_LIBRARY_PATH unless the loader searches it anyway",
-        f"libfabric: the {settings.libfabric}'s"
-        + (
-            " (the host's Cray libfabric: /opt/cray bound at run time)"
-            if settings.libfabric == "host"
-            else " own (no host /opt/cray or libcxi needed)"
-        ),
+        f"libfabric: {LIBFABRIC_SOURCES[settings.libfabric]}",
         "conda-python-distributed: "
         + (
             f"NCCL_NET_GDR_LEVEL={shlex.quote(str(gdr))} unless you set it"

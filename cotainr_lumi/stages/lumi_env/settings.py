@@ -13,7 +13,6 @@ from .modulefile import check_var_name, validate_bind, var_name_of
 from .mpi import check_host_binding, check_mode
 from .network import AWS_OFI_RCCL_DIRS, check_gdr_level, check_libfabric
 
-#: Where the module mounts ``$CONTAINERROOT/user-software``.
 USER_SOFTWARE = imagelayout.USER_SOFTWARE_DIR
 
 

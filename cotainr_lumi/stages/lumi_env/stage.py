@@ -49,8 +49,7 @@ class LumiEnvStage(Stage):
     def __init__(self, *, settings=None):
         super().__init__(settings=settings)
         if self.settings.mpi == "host":
-            # Asked for explicitly: a host library missing on this (LUMI)
-            # host stops the plan, before anything is built.
+            # Asked for: a host library missing here stops the plan.
             check_host_paths(
                 binding=HostBinding.from_setting(self.settings.mpi_host),
                 error=InputError,
@@ -172,21 +171,17 @@ class LumiEnvStage(Stage):
             requested=self.settings.mpi, host_setting=self.settings.mpi_host
         )
         names = self.settings.names(image_path=plan.image_path)
-        if names.lua is not None:
-            lines.append(f"module file {names.lua}, shell snippet {names.shell}")
-            var = names.var
-            lines.append(
-                f"  SIF, SIF{var}, CONTAINERROOT={names.root} (bin/: start-shell, "
-                "make-squashfs, unmake-squashfs; runscripts/; user-software/ "
-                f"mounted at {USER_SOFTWARE}), RUNSCRIPTS, EBROOT{var}"
-            )
-            lines.append(
-                f"  user venv {names.user_venv} "
-                "(source /runscripts/init-conda-venv; active when present)"
-            )
-        else:
-            lines.append("no module file (module-file: false)")
-        return lines
+        if names.lua is None:
+            return [*lines, "no module file (module-file: false)"]
+        return [
+            *lines,
+            f"module file {names.lua}, shell snippet {names.shell}",
+            f"  SIF, SIF{names.var}, CONTAINERROOT={names.root} (bin/: start-shell, "
+            "make-squashfs, unmake-squashfs; runscripts/; user-software/ "
+            f"mounted at {USER_SOFTWARE}), RUNSCRIPTS, EBROOT{names.var}",
+            f"  user venv {names.user_venv} "
+            "(source /runscripts/init-conda-venv; active when present)",
+        ]
 
     def run(self, *, context):
         """Write the env file, runscripts and with-conda.sh; report the outputs."""
