@@ -160,7 +160,7 @@ def check_text(value, **rule):
 
 def validate_path_entry(*, name, entry):
     """Check one search path entry."""
-    return check_text(entry, what=f"a {name} entry", forbid=":", spaces=True)
+    return check_text(entry, what=f"{name} entry", forbid=":", spaces=True)
 
 
 def path_addition(*, name, entries, position="append"):

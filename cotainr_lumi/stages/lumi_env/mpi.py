@@ -246,9 +246,7 @@ class HostBinding:
             return None
         own = str(PurePosixPath(read.libmpi).parent)
         order = list(dict.fromkeys([own, *read.ld_library_path]))
-        return cls(
-            libmpi=read.libmpi, ld_library_path=tuple(order), binds=tuple(read.binds)
-        )
+        return cls(read.libmpi, tuple(order), tuple(read.binds))
 
     def _cover(self, path):
         """(bind, source, destination) of the deepest bind bringing `path` in."""

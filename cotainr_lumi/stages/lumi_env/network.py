@@ -57,8 +57,8 @@ RCCL_TESTS_VARIABLE = "COTAINR_LUMI_RCCL_TESTS"
 GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
 #: Where the plugin's libfabric comes from.
 LIBFABRIC_SOURCES = {
-    "host": "the host's Cray libfabric (/opt/cray bound at run time)",
-    "image": "the image's own libfabric with CXI (no host /opt/cray or libcxi)",
+    "host": "the host's Cray libfabric, /opt/cray bound at run time",
+    "image": "the image's own libfabric with CXI, no host /opt/cray or libcxi",
 }
 
 
