@@ -1,31 +1,17 @@
 """
-Generation of container env files with validated names and inert values.
+The image's env files: POSIX sh that Apptainer sources at container start.
 
-An env file is a POSIX shell script in the image's ``/.singularity.d/env/``
-that Apptainer sources at container start (with its embedded shell
-interpreter, so only POSIX sh is used). Every value written here is a single
-quoted literal (:func:`shlex.quote`): no value can expand, substitute or run
-anything, whatever it contains (``$(...)``, backticks, quotes, newlines).
-
-Settings are *defaults*: a variable the user already set (a host ``export``,
-``APPTAINERENV_NAME``/``SINGULARITYENV_NAME``, ``--env``) wins, even when set
-to the empty string. Apptainer evaluates env scripts with the host
-environment cleared (a host variable is restored afterwards only if no env
-script set it) and injects ``APPTAINERENV_*`` after the scripts, so a default
-is skipped when the variable is set in the shell *or* listed in
-``$__exported_env__`` (Apptainer's newline separated, escaped copy of the
-host environment, readable by env scripts; unset outside Apptainer). Search
-paths (``PATH``, ``LD_LIBRARY_PATH``) are never replaced: entries are added
-only when missing.
+Every value is a single quoted literal (:func:`shlex.quote`). Settings are
+defaults: a variable already set in the shell, or listed in Apptainer's
+``$__exported_env__`` (the host environment, hidden from env scripts), wins.
+Search paths only get missing entries added.
 """
 
 from collections.abc import Iterable, Mapping
 import importlib.resources
-import logging
 import re
 import shlex
-
-logger = logging.getLogger(f"cotainr.{__name__}")
+import unicodedata
 
 # Matched with fullmatch: "$" would also match before a trailing newline.
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -35,48 +21,42 @@ PATH_VARIABLES = frozenset({"PATH", "LD_LIBRARY_PATH"})
 
 #: Names an env file must not set: shell and session state, and the search
 #: paths (see :data:`PATH_VARIABLES`).
-RESERVED_NAMES = frozenset(
-    {
-        "_",
-        "BASH_ENV",
-        "CDPATH",
-        "ENV",
-        "EUID",
-        "HOME",
-        "HOSTNAME",
-        "IFS",
-        "LOGNAME",
-        "OLDPWD",
-        "OPTARG",
-        "OPTIND",
-        "PPID",
-        "PROMPT_COMMAND",
-        "PS1",
-        "PS2",
-        "PS3",
-        "PS4",
-        "PWD",
-        "SHELL",
-        "SHELLOPTS",
-        "SHLVL",
-        "UID",
-        "USER",
-    }
-    | PATH_VARIABLES
+RESERVED_NAMES = PATH_VARIABLES | frozenset(
+    "_ BASH_ENV CDPATH ENV EUID HOME HOSTNAME IFS LOGNAME OLDPWD OPTARG OPTIND "
+    "PPID PROMPT_COMMAND PS1 PS2 PS3 PS4 PWD SHELL SHELLOPTS SHLVL UID USER".split()
 )
 
 #: Name prefixes that configure the container runtime itself.
-RESERVED_PREFIXES = (
-    "APPTAINER_",
-    "APPTAINERENV_",
-    "SINGULARITY_",
-    "SINGULARITYENV_",
-    "BASH_FUNC_",
+RESERVED_PREFIXES = tuple(
+    "APPTAINER_ APPTAINERENV_ SINGULARITY_ SINGULARITYENV_ BASH_FUNC_".split()
 )
 
 
 class EnvError(ValueError):
     """An environment variable name or value cannot be used."""
+
+
+def text_problem(value, *, what, forbid=",:", spaces=False, absolute=True, use=""):
+    """Why `value` cannot be `what`, a path or name in a list (None when it can)."""
+    rule = [repr(c) for c in forbid] + ([] if spaces else ["white space"])
+    if (
+        isinstance(value, str)
+        and value
+        and (value.startswith("/") or not absolute)
+        and not any(c in forbid or unicodedata.category(c) == "Cc" for c in value)
+        and (spaces or not any(c.isspace() for c in value))
+    ):
+        return None
+    kind = "an absolute path" if absolute else "non-empty text"
+    return (
+        f"{what} must be {kind} without {', '.join(rule)} or control characters"
+        f"{f' (it goes into {use})' if use else ''} (got {value!r})"
+    )
+
+
+def printable(text):
+    """`text` for a comment: control characters (a CR ends a Lua comment) as ``?``."""
+    return "".join(c if c.isprintable() else "?" for c in str(text))
 
 
 def validate_name(name):
@@ -135,7 +115,6 @@ def validate_value(*, name, value):
 
 def default_assignment(*, name, value):
     """Shell code setting a variable unless it is already set."""
-    validate_name(name)
     text = validate_value(name=name, value=value)
     return computed_default(name=name, expression=shlex.quote(text))
 
@@ -150,16 +129,8 @@ def computed_default(*, name, expression):
 
 
 def private_dir_defaults(*, names, path):
-    """
-    Shell code setting variables, unless set, to a private directory of the user.
-
-    The directory is made (mode 700) or checked at run time by the shell
-    function ``cotainr_lumi_private_dir`` of the ``conda-python-distributed``
-    runscript (copied from there, so there is one): used only when owned by
-    the user, not a link and not writable by others; else one message and a
-    fresh private directory from ``mktemp -d``. The variables after the first
-    take the first one's value when it is set (one message at most).
-    """
+    """Shell code setting variables, unless set, to a private directory of the user."""
+    # The runscript's cotainr_lumi_private_dir makes or checks the directory.
     runscripts = importlib.resources.files(__package__) / "runscripts"
     text = (runscripts / "conda-python-distributed").read_text()
     function = re.search(r"^cotainr_lumi_private_dir\(\) \{$.*?^\}$", text, re.M | re.S)
@@ -176,49 +147,56 @@ def private_dir_defaults(*, names, path):
 def forced_assignment(*, name, value):
     """Shell code setting a variable unconditionally."""
     validate_name(name)
-    text = validate_value(name=name, value=value)
-    return f"{name}={shlex.quote(text)}; export {name}"
+    return sh_op("setenv", name, validate_value(name=name, value=value))
+
+
+def check_text(value, **rule):
+    """`value`, or EnvError saying why :func:`text_problem` refuses it."""
+    problem = text_problem(value, **rule)
+    if problem:
+        raise EnvError(problem)
+    return value
 
 
 def validate_path_entry(*, name, entry):
     """Check one search path entry."""
-    if not isinstance(entry, str) or not entry.startswith("/"):
-        raise EnvError(f"{name} entries must be absolute paths (got {entry!r})")
-    if any(c in entry for c in ":\n\0"):
-        raise EnvError(f"{name} entry {entry!r} contains ':', a newline or NUL")
-    return entry
+    return check_text(entry, what=f"{name} entry", forbid=":", spaces=True)
 
 
 def path_addition(*, name, entries, position="append"):
     """Shell code adding entries to a search path unless present."""
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise EnvError(f"{name!r} is not a valid environment variable name")
-    if position not in ("append", "prepend"):
-        raise ValueError(f"position must be 'append' or 'prepend', not {position!r}")
     entries = [validate_path_entry(name=name, entry=e) for e in entries]
     if position == "prepend":
-        entries = list(reversed(entries))
-    lines = []
-    for entry in entries:
-        quoted = shlex.quote(entry)
-        if position == "append":
-            new = f'"${{{name}:+${name}:}}"{quoted}'
-        else:
-            new = f'{quoted}"${{{name}:+:${name}}}"'
-        lines.append(
-            f'case ":${{{name}-}}:" in *:{quoted}:*) ;; '
-            f"*) {name}={new}; export {name} ;; esac"
-        )
-    return "\n".join(lines)
+        entries.reverse()
+    return "\n".join(sh_op(f"{position}_path", name, e, ":") for e in entries)
+
+
+#: POSIX sh for the operations of :func:`.modulefile.module_ops`.
+SH_OPS = {
+    "setenv": "{0}={1}; export {0}",
+    "pushenv": '[ -n "${{{0}-}}" ] || {0}={1}; export {0}',
+    "prepend_path": 'case "{2}${{{0}-}}{2}" in *{2}{1}{2}*) ;; '
+    '*) {0}={1}"${{{0}:+{2}${0}}}" ;; esac; export {0}',
+    "append_path": 'case "{2}${{{0}-}}{2}" in *{2}{1}{2}*) ;; '
+    '*) {0}="${{{0}:+${0}{2}}}"{1} ;; esac; export {0}',
+    "warn_missing": "[ -f {0} ] || printf '%s\\n' {1} >&2",
+    "file": "[ -f {0} ]",
+    "dir": "[ -d {0} ]",
+}
+
+
+def sh_op(kind, *args):
+    """One operation in POSIX sh, every argument quoted (None: not in sh)."""
+    template = SH_OPS.get(kind)
+    return template and template.format(*map(shlex.quote, args))
 
 
 def render_env_file(*, header, blocks: Iterable[str]):
     """Join code blocks into an env file."""
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
-    lines.append("")
-    for block in blocks:
-        if block:
-            lines.append(block.rstrip("\n"))
+    lines += [""] + [block.rstrip("\n") for block in blocks if block]
     return "\n".join(lines) + "\n"
 
 

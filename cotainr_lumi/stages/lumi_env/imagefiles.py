@@ -1,7 +1,6 @@
 """What the lumi-env stage writes into the image: env file, with-conda.sh, runscripts."""
 
 import importlib.resources
-import json
 import logging
 from pathlib import PurePosixPath
 import shlex
@@ -18,33 +17,23 @@ from .envfile import (
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The env file in the image (after cotainr's 92-cotainr-env.sh).
 ENV_FILE = imagelayout.LUMI_ENV_FILE
-#: Where the runscripts go in the image.
 RUNSCRIPTS_DIR = imagelayout.RUNSCRIPTS_DIR
 #: The runscripts shipped in ``cotainr_lumi/runscripts/``.
-RUNSCRIPTS = (
-    "conda-python-simple",
-    "conda-python-distributed",
-    "get-master",
-    "init-conda-venv",
-    "init-user-venv",
+RUNSCRIPTS = tuple(
+    "conda-python-simple conda-python-distributed get-master init-conda-venv "
+    "init-user-venv".split()
 )
-#: The script ``$WITH_CONDA`` sources.
 WITH_CONDA_FILE = imagelayout.WITH_CONDA_FILE
 #: The value of ``WITH_CONDA`` (works as ``$WITH_CONDA`` and ``eval``).
 WITH_CONDA_VALUE = f". {WITH_CONDA_FILE}"
 #: The comment above the base image's own ``$WITH_CONDA`` in with-conda.sh.
 BASE_WITH_CONDA_MARK = "# The base image's $WITH_CONDA, kept (run first):"
 
-#: ROCm directories added to the search paths when present in the image.
 ROCM_ROOT = "/opt/rocm"
 
-#: The MIOpen cache directory, computed at run time (the one value of the env
-#: file that is not a literal). Node-local /tmp, per user, made private (see
-#: envfile.private_dir_defaults). Host variables such as $USER or $SLURM_NODEID
-#: are hidden from Apptainer env scripts, so the user name comes from `id`;
-#: its output is not evaluated (double quotes).
+#: The MIOpen cache on node-local /tmp, per user, computed at run time ($USER
+#: is hidden from Apptainer env scripts; the output of `id` is not evaluated).
 MIOPEN_CACHE_PATH = "/tmp/$(id -un 2>/dev/null || id -u)-miopen-cache"
 
 
@@ -53,13 +42,13 @@ def runscript_text(name):
     return (importlib.resources.files(__package__) / "runscripts" / name).read_text()
 
 
-#: The user venv's site-packages ahead of PYTHONPATH (POSIX sh, inside the
-#: activation's ``if``). An image env exposed through PYTHONPATH (the LUMI AI
-#: Factory images' /opt/venv) comes before every venv's own site-packages in
-#: sys.path, so a package the user installs again (a newer transformers) would
-#: stay hidden behind the image's copy. Only when PYTHONPATH is set: without
-#: it the venv's site-packages already come first.
-_USER_VENV_SITE_FIRST = """\
+_IF_USER_VENV = """\
+if [ -n "${COTAINR_LUMI_USER_VENV-}" ] && [ -x "${COTAINR_LUMI_USER_VENV}/bin/python" ]; then
+"""
+#: Then VIRTUAL_ENV, and the venv's site-packages ahead of an image env on
+#: PYTHONPATH (the AI Factory images' /opt/venv), which would hide them.
+_USER_VENV_REST = """\
+    VIRTUAL_ENV=$COTAINR_LUMI_USER_VENV; export VIRTUAL_ENV
     if [ -n "${PYTHONPATH-}" ]; then
         for _cl_site in "${COTAINR_LUMI_USER_VENV}"/lib/python*/site-packages; do
             case ":${PYTHONPATH}:" in
@@ -69,290 +58,187 @@ _USER_VENV_SITE_FIRST = """\
         done
         unset _cl_site
     fi
-"""
+fi"""
 
 #: The user venv's activation, after the image's env (POSIX sh).
 _USER_VENV_BLOCK = (
-    """\
-# The user venv in /user-software (LUST's layout; the module mounts
-# $CONTAINERROOT/user-software there): active when present.
-if [ -n "${COTAINR_LUMI_USER_VENV-}" ] && [ -x "${COTAINR_LUMI_USER_VENV}/bin/python" ]; then
+    "# The user venv in /user-software (LUST's layout; the module mounts\n"
+    "# $CONTAINERROOT/user-software there): active when present.\n"
+    + _IF_USER_VENV
+    + """\
     case ":${PATH-}:" in
         *:"${COTAINR_LUMI_USER_VENV}/bin":*) ;;
         *) PATH="${COTAINR_LUMI_USER_VENV}/bin${PATH:+:$PATH}"; export PATH ;;
     esac
-    VIRTUAL_ENV=$COTAINR_LUMI_USER_VENV; export VIRTUAL_ENV
 """
-    + _USER_VENV_SITE_FIRST
-    + "fi"
+    + _USER_VENV_REST
 )
 
-#: Appended to with-conda.sh: the user venv comes first again after the
-#: image's env was (re)activated.
+#: Appended to with-conda.sh: the user venv first again after the image's env.
 _WITH_CONDA_USER_VENV = (
-    """\
-# Then the user venv in /user-software, when present (source
-# /runscripts/init-conda-venv creates it).
-if [ -n "${COTAINR_LUMI_USER_VENV-}" ] && [ -x "${COTAINR_LUMI_USER_VENV}/bin/python" ]; then
-    VIRTUAL_ENV=$COTAINR_LUMI_USER_VENV
-    PATH="$VIRTUAL_ENV/bin${PATH:+:$PATH}"
-    export VIRTUAL_ENV PATH
-"""
-    + _USER_VENV_SITE_FIRST
-    + "fi\n"
+    "# Then the user venv in /user-software, when present (source\n"
+    "# /runscripts/init-conda-venv creates it).\n"
+    + _IF_USER_VENV
+    + '    PATH="$COTAINR_LUMI_USER_VENV/bin${PATH:+:$PATH}"; export PATH\n'
+    + _USER_VENV_REST
+    + "\n"
 )
 
 
-class ImageFiles:
-    """The lumi-env files of one build, from the stage's settings."""
-
-    def __init__(self, settings):
-        self.settings = settings
-
-    @property
-    def env(self):
-        """The variables set as defaults (``None`` values dropped)."""
-        return {k: v for k, v in self.settings.env.items() if v is not None}
-
-    @staticmethod
-    def _base_with_conda(*, root, target):
-        """
-        The base image's own ``$WITH_CONDA`` command (None when it had none).
-
-        A base built by cotainr-lumi has ours (``. with-conda.sh``): then the
-        command that file chained to is kept, so rebuilding never makes the
-        script source itself.
-        """
-        value = target.with_conda if target is not None else None
-        if not value or not value.strip():
-            return None
-        if value.strip() != WITH_CONDA_VALUE:
-            return value
-        existing = resolve_in_root(root=root, path=WITH_CONDA_FILE)
-        try:
-            lines = existing.read_text(errors="replace").splitlines()
-        except OSError:
-            return None
-        for i, line in enumerate(lines[:-1]):
-            if line == BASE_WITH_CONDA_MARK:
-                # ``eval '<command>'``; a multi-line command spans lines.
-                words = shlex.shlex("\n".join(lines[i + 1 :]), posix=True)
-                words.whitespace_split = True
-                try:
-                    if words.get_token() == "eval":
-                        return words.get_token()
-                except ValueError:
-                    return None
+def base_with_conda(*, root, target):
+    """The base image's own ``$WITH_CONDA`` command (None when it had none)."""
+    # Ours (a base built by cotainr-lumi): the command it chained to.
+    value = target.with_conda if target is not None else None
+    if not value or not value.strip():
         return None
+    if value.strip() != WITH_CONDA_VALUE:
+        return value
+    existing = resolve_in_root(root=root, path=WITH_CONDA_FILE)
+    try:
+        lines = existing.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for i, line in enumerate(lines[:-1]):
+        if line == BASE_WITH_CONDA_MARK:
+            # ``eval '<command>'``; a multi-line command spans lines.
+            words = shlex.shlex("\n".join(lines[i + 1 :]), posix=True)
+            words.whitespace_split = True
+            try:
+                if words.get_token() == "eval":
+                    return words.get_token()
+            except ValueError:
+                return None
+    return None
 
-    @staticmethod
-    def _activation(*, root, target):
-        """Shell code activating the target env (conda, a venv, or PATH)."""
-        prefix = target.prefix
-        bin_dir = target.bin_dir
-        conda_exe = target.image.conda_exe
-        if target.image.conda_prefix == prefix and conda_exe.startswith("/"):
-            conda_sh = PurePosixPath(conda_exe).parent.parent / "etc/profile.d/conda.sh"
-            if resolve_in_root(root=root, path=conda_sh).is_file():
-                return (
-                    f". {shlex.quote(str(conda_sh))} && "
-                    f"conda activate {shlex.quote(prefix)}"
-                )
-        if resolve_in_root(root=root, path=f"{bin_dir}/activate").is_file():
-            return f". {shlex.quote(bin_dir + '/activate')}"
-        return f'PATH={shlex.quote(bin_dir)}"${{PATH:+:$PATH}}"; export PATH'
 
-    def _with_conda_script(self, *, root, target, base_with_conda=None):
-        """The content of with-conda.sh for the target environment (or None)."""
-        lines = [
-            "# with-conda.sh: activate the image's Python environment. Installed by",
-            "# cotainr-lumi; WITH_CONDA is '. /opt/cotainr-lumi/with-conda.sh', so",
-            "# `$WITH_CONDA; python ...` (as in the LUMI EasyBuild modules) works. A",
-            "# no-op when the environment is already active (the image's env files",
-            "# activate it at container start).",
-        ]
-        if base_with_conda:
-            # Chain to the base image's command: it keeps activating the same
-            # env (which now holds the new packages) with all its side effects.
-            lines += [BASE_WITH_CONDA_MARK, f"eval {shlex.quote(base_with_conda)}"]
-        if target is None or not target.prefix.startswith("/"):
-            lines.append(": # the image has no Python environment to activate")
-            return "\n".join(lines) + "\n", None
-        lines += [
-            'case ":${PATH-}:" in',
-            f"    *:{shlex.quote(target.bin_dir)}:*) ;;",
-            f"    *) {self._activation(root=root, target=target)} ;;",
-            "esac",
-        ]
-        return "\n".join(lines) + "\n", target.prefix
-
-    @staticmethod
-    def _note_replaced_runscript(*, root, name):
-        """Say so when a base image's own runscript (not ours) is replaced."""
-        existing = resolve_in_root(root=root, path=f"{RUNSCRIPTS_DIR}/{name}")
-        if not existing.is_file():
-            return
-        try:
-            text = existing.read_text(errors="replace")
-        except OSError:
-            text = ""
-        if text != runscript_text(name):
-            logger.info(
-                "Replacing the base image's %s/%s with cotainr-lumi's",
-                RUNSCRIPTS_DIR,
-                name,
+def _activation(*, root, target):
+    """Shell code activating the target env (conda, a venv, or PATH)."""
+    prefix, bin_dir = target.prefix, target.bin_dir
+    conda_exe = target.image.conda_exe
+    if target.image.conda_prefix == prefix and conda_exe.startswith("/"):
+        conda_sh = PurePosixPath(conda_exe).parent.parent / "etc/profile.d/conda.sh"
+        if resolve_in_root(root=root, path=conda_sh).is_file():
+            return (
+                f". {shlex.quote(str(conda_sh))} && "
+                f"conda activate {shlex.quote(prefix)}"
             )
+    if resolve_in_root(root=root, path=f"{bin_dir}/activate").is_file():
+        return f". {shlex.quote(bin_dir + '/activate')}"
+    return f'PATH={shlex.quote(bin_dir)}"${{PATH:+:$PATH}}"; export PATH'
 
-    def _search_path_blocks(self, *, root):
-        """PATH/LD_LIBRARY_PATH additions and what was found."""
-        blocks, found = [], {}
-        if self.settings.rocm_paths:
-            rocm = resolve_in_root(root=root, path=ROCM_ROOT)
-            if rocm.is_dir():
-                found["rocm"] = ROCM_ROOT
-                blocks.append(default_assignments({"ROCM_PATH": ROCM_ROOT}))
-                if (rocm / "bin").is_dir():
-                    blocks.append(
-                        path_addition(name="PATH", entries=[f"{ROCM_ROOT}/bin"])
-                    )
-                if (rocm / "lib").is_dir():
-                    blocks.append(
-                        path_addition(
-                            name="LD_LIBRARY_PATH", entries=[f"{ROCM_ROOT}/lib"]
-                        )
-                    )
-            # RCCL's network plugin, where the image family keeps it.
-            plugin = self._find_plugin(root=root)
-            if plugin is None:
-                hint = network.family_hint(
-                    root=lambda path: resolve_in_root(root=root, path=path),
-                    settings=self.settings,
-                )
-                if hint:
-                    logger.warning("The system may not fit this base image: %s.", hint)
-            if plugin is not None:
-                found[plugin["generation"]] = plugin["dir"]
-                if not network.is_default_loader_dir(plugin["dir"]):
-                    blocks.append(
-                        path_addition(name="LD_LIBRARY_PATH", entries=[plugin["dir"]])
-                    )
-                blocks += network.plugin_name_blocks(plugin=plugin)
-        if self.settings.path:
-            blocks.append(path_addition(name="PATH", entries=self.settings.path))
-        if self.settings.ld_library_path:
-            blocks.append(
-                path_addition(
-                    name="LD_LIBRARY_PATH", entries=self.settings.ld_library_path
-                )
-            )
-        return blocks, found
 
-    def _find_plugin(self, *, root):
-        """RCCL's network plugin in the profile's directories (None: none)."""
-        return network.find_plugin(
-            root=lambda path: resolve_in_root(root=root, path=path),
-            dirs=self.settings.net_plugin_dirs,
-            named=self.settings.env.get("NCCL_NET_PLUGIN"),
-        )
+def with_conda_script(*, root, target, base_with_conda=None):
+    """The content of with-conda.sh for the target env, and its prefix (or None)."""
+    lines = [
+        "# with-conda.sh (cotainr-lumi): `$WITH_CONDA; python ...` activates the",
+        "# image's Python environment, as with the LUMI EasyBuild modules (a no-op",
+        "# when it is active, as the image's env files make it at start).",
+    ]
+    if base_with_conda:
+        # Chain to the base image's command: it keeps activating the same
+        # env (which now holds the new packages) with all its side effects.
+        lines += [BASE_WITH_CONDA_MARK, f"eval {shlex.quote(base_with_conda)}"]
+    if target is None or not target.prefix.startswith("/"):
+        lines.append(": # the image has no Python environment to activate")
+        return "\n".join(lines) + "\n", None
+    lines += [
+        'case ":${PATH-}:" in',
+        f"    *:{shlex.quote(target.bin_dir)}:*) ;;",
+        f"    *) {_activation(root=root, target=target)} ;;",
+        "esac",
+    ]
+    return "\n".join(lines) + "\n", target.prefix
 
-    def _network_blocks(self):
-        """Env file blocks: the GDR default of the runscript, rccl-tests."""
-        return ["# The network layer of this image family."] + network.env_blocks(
-            settings=self.settings
-        )
 
-    def write_runtime_record(self, *, root, binds):
-        """Record the network layer for verify; return the record."""
-        tests = self.settings.rccl_tests
-        record = network.runtime_record(
-            settings=self.settings,
-            plugin=self._find_plugin(root=root),
-            binds=binds,
-            rccl_tests_found=bool(
-                tests and resolve_in_root(root=root, path=tests).is_dir()
-            ),
-        )
-        if tests and not record["rccl-tests-found"]:
-            logger.warning(
-                "The profile says rccl-tests are in %s, but the image has no such "
-                "directory.",
-                tests,
-            )
-        write_file_in_root(
-            root=root,
-            path=imagelayout.RUNTIME_FILE,
-            content=json.dumps(record, indent=2, sort_keys=True) + "\n",
-        )
-        return record
+def write_with_conda(*, root, target):
+    """Write with-conda.sh; return the env it activates (None: none)."""
+    script, env_prefix = with_conda_script(
+        root=root,
+        target=target,
+        base_with_conda=base_with_conda(root=root, target=target),
+    )
+    write_file_in_root(
+        root=root,
+        path=WITH_CONDA_FILE,
+        content=script + _WITH_CONDA_USER_VENV,
+        mode=0o644,
+    )
+    return env_prefix
 
-    def write_with_conda(self, *, root, target):
-        """Write with-conda.sh; return the env it activates (None: none)."""
-        script, env_prefix = self._with_conda_script(
-            root=root,
-            target=target,
-            base_with_conda=self._base_with_conda(root=root, target=target),
-        )
-        write_file_in_root(
-            root=root,
-            path=WITH_CONDA_FILE,
-            content=script + _WITH_CONDA_USER_VENV,
-            mode=0o644,
-        )
-        return env_prefix
 
-    def env_file_blocks(self, *, root, target, user_venv):
-        """The blocks of the env file, and the search paths found in the image."""
-        blocks = [
-            "# Profile and build settings (defaults: a variable already set wins).",
-            default_assignments(self.env),
-        ]
-        if self.settings.miopen_cache:
-            blocks += [
-                "# MIOpen caches on node-local /tmp, private to the user.",
-                private_dir_defaults(
-                    names=("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR"),
-                    path=MIOPEN_CACHE_PATH,
-                ),
-            ]
-        path_blocks, found = self._search_path_blocks(root=root)
-        if path_blocks:
-            blocks += ["# Search paths (entries added only when missing)."]
-            blocks += path_blocks
-        blocks += self._network_blocks()
-        if self.settings.runscripts:
-            blocks.append(path_addition(name="PATH", entries=[RUNSCRIPTS_DIR]))
-        if self.settings.with_conda:
-            # Set unconditionally: a WITH_CONDA left on the host by a LUMI
-            # EasyBuild module names another image's conda and would break
-            # this one. APPTAINERENV_WITH_CONDA still overrides it.
-            blocks += [
-                "# LUMI EasyBuild compatibility: `$WITH_CONDA; python ...`.",
-                forced_assignment(name="WITH_CONDA", value=WITH_CONDA_VALUE),
-            ]
-        if target is not None and target.prefix.startswith("/"):
-            # Active from the container's start, as LUST's modules make it
-            # through SINGULARITYENV_* (a base that activates it only through
-            # $WITH_CONDA would otherwise start with conda base or /usr/bin).
-            blocks += [
-                "# The image's Python environment, active from the start.",
-                path_addition(
-                    name="PATH", entries=[target.bin_dir], position="prepend"
-                ),
-            ]
+def _rocm_blocks(*, root, found):
+    """ROCM_PATH and the ROCm search path entries the image has."""
+    rocm = resolve_in_root(root=root, path=ROCM_ROOT)
+    if not rocm.is_dir():
+        return []
+    found["rocm"] = ROCM_ROOT
+    blocks = [default_assignments({"ROCM_PATH": ROCM_ROOT})]
+    for name, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
+        if (rocm / sub).is_dir():
+            blocks.append(path_addition(name=name, entries=[f"{ROCM_ROOT}/{sub}"]))
+    return blocks
+
+
+def env_file_blocks(*, settings, root, target, user_venv):
+    """The blocks of the env file, and the search paths found in the image."""
+    blocks = [
+        "# Profile and build settings (defaults: a variable already set wins).",
+        default_assignments(settings.env),
+    ]
+    if settings.miopen_cache:
         blocks += [
-            "# LUST's user-software workflow: the user venv (init-conda-venv).",
-            default_assignments({"COTAINR_LUMI_USER_VENV": user_venv}),
-            _USER_VENV_BLOCK,
+            "# MIOpen caches on node-local /tmp, private to the user.",
+            private_dir_defaults(
+                names=("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR"),
+                path=MIOPEN_CACHE_PATH,
+            ),
         ]
-        return blocks, found
+    found, path_blocks = {}, []
+    if settings.rocm_paths:
+        path_blocks += _rocm_blocks(root=root, found=found)
+        path_blocks += network.plugin_blocks(settings=settings, root=root, found=found)
+    for name, entries in (
+        ("PATH", settings.path),
+        ("LD_LIBRARY_PATH", settings.ld_library_path),
+    ):
+        if entries:
+            path_blocks.append(path_addition(name=name, entries=entries))
+    if path_blocks:
+        blocks += ["# Search paths (entries added only when missing).", *path_blocks]
+    blocks += ["# The network layer of this image family."]
+    blocks += network.env_blocks(settings=settings)
+    if settings.runscripts:
+        blocks.append(path_addition(name="PATH", entries=[RUNSCRIPTS_DIR]))
+    if settings.with_conda:
+        # Set unconditionally: a WITH_CONDA left on the host by a LUMI
+        # EasyBuild module names another image's conda and would break
+        # this one. APPTAINERENV_WITH_CONDA still overrides it.
+        blocks += [
+            "# LUMI EasyBuild compatibility: `$WITH_CONDA; python ...`.",
+            forced_assignment(name="WITH_CONDA", value=WITH_CONDA_VALUE),
+        ]
+    if target is not None and target.prefix.startswith("/"):
+        # Active from the container's start, as LUST's modules make it
+        # through SINGULARITYENV_* (a base that activates it only through
+        # $WITH_CONDA would otherwise start with conda base or /usr/bin).
+        blocks += [
+            "# The image's Python environment, active from the start.",
+            path_addition(name="PATH", entries=[target.bin_dir], position="prepend"),
+        ]
+    blocks += [
+        "# LUST's user-software workflow: the user venv (init-conda-venv).",
+        default_assignments({"COTAINR_LUMI_USER_VENV": user_venv}),
+        _USER_VENV_BLOCK,
+    ]
+    return blocks, found
 
-    def write_runscripts(self, *, root):
-        """The runscripts, in place of the base image's own of the same name."""
-        for name in RUNSCRIPTS:
-            self._note_replaced_runscript(root=root, name=name)
-            write_file_in_root(
-                root=root,
-                path=f"{RUNSCRIPTS_DIR}/{name}",
-                content=runscript_text(name),
-                mode=0o755,
-            )
+
+def write_runscripts(*, root):
+    """The runscripts, in place of the base image's own of the same name."""
+    for name in RUNSCRIPTS:
+        path = f"{RUNSCRIPTS_DIR}/{name}"
+        existing = resolve_in_root(root=root, path=path)
+        text = runscript_text(name)
+        if existing.is_file() and existing.read_text(errors="replace") != text:
+            logger.info("Replacing the base image's %s with cotainr-lumi's", path)
+        write_file_in_root(root=root, path=path, content=text, mode=0o755)

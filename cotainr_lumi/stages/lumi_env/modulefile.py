@@ -1,80 +1,52 @@
 """
 The files written next to an image: an Lmod module file and a shell snippet.
 
-Bind mounts cannot be baked into a SIF, so, like the LUMI EasyBuild container
-modules, a module file (Lua, for Lmod) and an equivalent POSIX shell snippet
-set what LUST's EasyBuild container modules set: ``SIF``, ``SIF<NAME>``,
-``CONTAINERROOT``, ``EBROOT<NAME>``, ``RUNSCRIPTS``, ``SINGULARITY_BIND``
-(with ``/user-software``) and ``SINGULARITYENV_PREPEND_PATH``, and put the
-host commands of ``$CONTAINERROOT/bin`` on ``PATH``.
-
-Both files start with :data:`MARKER`; the pipeline (which writes a stage's
-``StageReport.outputs`` once the image is in place) only ever replaces files
-carrying it, so a user's own file of the same name is never overwritten.
+Bind mounts cannot be baked into a SIF, so, like LUST's EasyBuild container
+modules, a module file and an equivalent POSIX shell snippet set ``SIF``,
+``SINGULARITY_BIND`` and the rest. Both are rendered from one list of
+operations (:func:`module_ops`); both start with :data:`MARKER`, so the
+pipeline never replaces a user's own file of the same name.
 """
 
-from collections.abc import Iterable
+import importlib.resources
 import logging
 from pathlib import Path
 import re
 import shlex
-import unicodedata
 
 from ..._version import __version__
+from ...engine.rootfs import resolve_in_root
 from ...engine.stage import OUTPUT_MARKER
 from ...imagelayout import RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
+from .envfile import check_text, printable, sh_op
+from .imagefiles import RUNSCRIPTS, runscript_text
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The first-line marker of every file this module writes (the pipeline's
-#: :data:`cotainr_lumi.engine.stage.OUTPUT_MARKER`).
 MARKER = OUTPUT_MARKER
 
 
 def lua_quote(text):
-    r"""A Lua string literal."""
-    out = ['"']
-    for byte in str(text).encode("utf-8"):
-        char = chr(byte)
-        if char in ('"', "\\"):
-            out.append("\\" + char)
-        elif 0x20 <= byte < 0x7F:
-            out.append(char)
-        else:
-            out.append(f"\\{byte:03d}")
-    out.append('"')
-    return "".join(out)
+    """A Lua string literal."""
+    return (
+        '"'
+        + "".join(
+            chr(b) if 0x20 <= b < 0x7F and b not in b'"\\' else f"\\{b:03d}"
+            for b in str(text).encode("utf-8")
+        )
+        + '"'
+    )
 
 
 def validate_bind(bind):
     """Check one bind specification (``SRC[:DST[:OPTS]]``)."""
-    if not isinstance(bind, str) or not bind.startswith("/"):
-        raise ValueError(
-            f"a bind must be an absolute path SRC[:DST[:OPTS]] (got {bind!r})"
-        )
-    if any(c in bind for c in ",\0") or any(c.isspace() for c in bind):
-        raise ValueError(f"the bind {bind!r} contains ',', white space or NUL")
-    return bind
+    return check_text(bind, what="a bind SRC[:DST[:OPTS]]", forbid=",")
 
 
 def check_image_path(image):
     """Check that an image path can be written into a module file."""
-    image = str(image)
-    if not image.startswith("/") or any(unicodedata.category(c) == "Cc" for c in image):
-        raise ValueError(
-            f"the image path {image!r} is not absolute or contains control "
-            "characters; no module file can be written for it"
-        )
-    return image
-
-
-def _header(*, image, comment):
-    # A newline in the path would end the comment: show control characters as "?".
-    image = "".join(c if c.isprintable() else "?" for c in str(image))
-    return [
-        f"{comment} File {MARKER} {__version__} for {image}.",
-        f"{comment} Rewritten when the image is rebuilt; copy it before editing.",
-    ]
+    what = "the image path (no module file can be written for it)"
+    return check_text(str(image), what=what, forbid="", spaces=True)
 
 
 def var_name_of(name):
@@ -95,53 +67,7 @@ def check_var_name(var):
     return var
 
 
-def _checked(*, image, binds, name, var, container_root):
-    """The arguments of the renderers, checked, with their defaults filled in."""
-    image = check_image_path(image)
-    binds = [validate_bind(b) for b in binds]
-    name = name or Path(image).stem
-    var = check_var_name(var or var_name_of(name))
-    root = check_image_path(container_root) if container_root else None
-    return image, binds, name, var, root
-
-
-def render_lua(
-    *,
-    image,
-    binds: Iterable[str],
-    runscripts=RUNSCRIPTS_DIR,
-    name=None,
-    var=None,
-    container_root=None,
-    user_software=True,
-):
-    """The Lmod module file for an image, a drop-in for LUST's EasyBuild modules."""
-    image, binds, name, var, root = _checked(
-        image=image, binds=binds, name=name, var=var, container_root=container_root
-    )
-    lines = _header(image=image, comment="--")
-    lines += [
-        f"help({lua_quote(_help_text(image=image, var=var, root=root))})",
-        f"whatis({lua_quote('Name: ' + name)})",
-        f"whatis({lua_quote('Description: cotainr-lumi container image ' + image)})",
-        f'setenv("SIF", {lua_quote(image)})',
-        f'setenv("SIF{var}", {lua_quote(image)})',
-    ]
-    if runscripts:
-        lines.append(
-            f'prepend_path("SINGULARITYENV_PREPEND_PATH", {lua_quote(runscripts)})'
-        )
-    if root:
-        lines += _lua_container_root(root=root, var=var, runscripts=runscripts)
-        lines += _lua_user_software() if user_software else []
-    elif runscripts:
-        lines.append(f'setenv("RUNSCRIPTS", {lua_quote(runscripts)})')
-    lines += [f'append_path("SINGULARITY_BIND", {lua_quote(b)}, ",")' for b in binds]
-    return "\n".join(lines) + "\n"
-
-
 def _help_text(*, image, var, root):
-    """The module's help text."""
     text = (
         f"cotainr-lumi container image {image}\n\n"
         f"Sets SIF and SIF{var} (the image), SINGULARITY_BIND (the LUMI host paths\n"
@@ -162,113 +88,201 @@ def _help_text(*, image, var, root):
     )
 
 
-def _lua_container_root(*, root, var, runscripts):
-    """Lua lines setting CONTAINERROOT, EBROOT<NAME>, RUNSCRIPTS and PATH."""
-    lines = [
-        f"local root = {lua_quote(root)}",
-        'setenv("CONTAINERROOT", root)',
-        f'setenv("EBROOT{var}", root)',
-        'prepend_path("PATH", pathJoin(root, "bin"))',
-    ]
-    if runscripts:
-        lines += [
-            'setenv("RUNSCRIPTS", pathJoin(root, "runscripts"))',
-            f'setenv("RUNSCRIPTS{var}", pathJoin(root, "runscripts"))',
-        ]
-    return lines
+def _bind(value):
+    return ("append_path", "SINGULARITY_BIND", value, ",")
 
 
-def _lua_user_software():
-    """Lua lines binding $CONTAINERROOT's user-software (after `local root`)."""
-    return [
-        f"-- {USER_SOFTWARE_DIR}: the SquashFS file when there is one, else the directory.",
-        "-- (image-src=// because Lmod drops a final '/' from path entries.)",
-        'local squashfs = pathJoin(root, "user-software.squashfs")',
-        "if isFile(squashfs) then",
-        f'    append_path("SINGULARITY_BIND", squashfs .. ":{USER_SOFTWARE_DIR}:image-src=//", ",")',
-        'elseif isDir(pathJoin(root, "user-software")) then',
-        f'    append_path("SINGULARITY_BIND", pathJoin(root, "user-software") .. ":{USER_SOFTWARE_DIR}", ",")',
-        "end",
-    ]
-
-
-def _shell_bind(value):
-    """Shell code adding one bind (a shell word) to SINGULARITY_BIND when missing."""
-    return (
-        f'case ",${{SINGULARITY_BIND-}}," in *,{value},*) ;; '
-        f'*) SINGULARITY_BIND="${{SINGULARITY_BIND:+$SINGULARITY_BIND,}}"{value} ;; esac'
-    )
-
-
-def render_shell(
+def module_ops(
     *,
     image,
-    binds: Iterable[str],
+    binds,
     runscripts=RUNSCRIPTS_DIR,
     name=None,
     var=None,
     container_root=None,
     user_software=True,
 ):
-    """The POSIX shell snippet for an image (source it: ``. FILE``)."""
-    image, binds, name, var, root = _checked(
-        image=image, binds=binds, name=name, var=var, container_root=container_root
-    )
-    lines = _header(image=image, comment="#")
-    lines.append(
-        '# Use: . THIS_FILE, then e.g. srun singularity exec "$SIF" conda-python-simple x.py'
-    )
-    lines.append(f"SIF={shlex.quote(image)}; export SIF")
-    lines.append(f"SIF{var}=$SIF; export SIF{var}")
+    """The operations of the module file and snippet, a drop-in for LUST's modules."""
+    image = check_image_path(image)
+    binds = [validate_bind(b) for b in binds]
+    name = name or Path(image).stem
+    var = check_var_name(var or var_name_of(name))
+    root = check_image_path(container_root) if container_root else None
+    ops = [
+        ("comment", f"File {MARKER} {__version__} for {image}."),
+        ("comment", "Rewritten when the image is rebuilt; copy it before editing."),
+        ("comment", f"Use: module load {name}, or source {name}.sh."),
+        ("help", _help_text(image=image, var=var, root=root)),
+        ("whatis", f"Name: {name}"),
+        ("whatis", f"Description: cotainr-lumi container image {image}"),
+        ("setenv", "SIF", image),
+        ("setenv", f"SIF{var}", image),
+    ]
     if runscripts:
-        lines += _shell_prepend_runscripts(runscripts)
+        ops.append(("prepend_path", "SINGULARITYENV_PREPEND_PATH", runscripts, ":"))
     if root:
-        lines += _shell_container_root(root=root, var=var, runscripts=runscripts)
-        lines += _shell_user_software() if user_software else []
-    elif runscripts:
-        lines.append(f"RUNSCRIPTS={shlex.quote(runscripts)}; export RUNSCRIPTS")
-    lines += [_shell_bind(shlex.quote(bind)) for bind in binds]
-    if binds or root:
-        lines.append('[ -n "${SINGULARITY_BIND-}" ] && export SINGULARITY_BIND || :')
-    return "\n".join(lines) + "\n"
-
-
-def _shell_prepend_runscripts(runscripts):
-    """Shell lines putting `runscripts` first on the container's PATH."""
-    quoted = shlex.quote(runscripts)
-    return [
-        f'case ":${{SINGULARITYENV_PREPEND_PATH-}}:" in *:{quoted}:*) ;; '
-        f'*) SINGULARITYENV_PREPEND_PATH={quoted}"${{SINGULARITYENV_PREPEND_PATH:+:$SINGULARITYENV_PREPEND_PATH}}" ;; esac',
-        "export SINGULARITYENV_PREPEND_PATH",
-    ]
-
-
-def _shell_container_root(*, root, var, runscripts):
-    """Shell lines setting CONTAINERROOT, EBROOT<NAME>, RUNSCRIPTS and PATH."""
-    lines = [
-        f"CONTAINERROOT={shlex.quote(root)}; export CONTAINERROOT",
-        f"EBROOT{var}=$CONTAINERROOT; export EBROOT{var}",
-        'case ":${PATH-}:" in *:"$CONTAINERROOT/bin":*) ;; '
-        '*) PATH="$CONTAINERROOT/bin${PATH:+:$PATH}" ;; esac',
-        "export PATH",
-    ]
-    if runscripts:
-        lines += [
-            'RUNSCRIPTS="$CONTAINERROOT/runscripts"; export RUNSCRIPTS',
-            f"RUNSCRIPTS{var}=$RUNSCRIPTS; export RUNSCRIPTS{var}",
+        sub = {n: f"{root}/{n}" for n in ("bin", "runscripts", "user-software")}
+        ops += [
+            ("setenv", "CONTAINERROOT", root),
+            ("setenv", f"EBROOT{var}", root),
+            ("prepend_path", "PATH", sub["bin"], ":"),
         ]
+        if runscripts:
+            ops += [
+                ("setenv", v, sub["runscripts"])
+                for v in ("RUNSCRIPTS", f"RUNSCRIPTS{var}")
+            ]
+        if user_software:
+            home = sub["user-software"]
+            squashfs = _bind(f"{home}.squashfs:{USER_SOFTWARE_DIR}:image-src=/")
+            branches = [
+                ("file", f"{home}.squashfs", [squashfs]),
+                ("dir", home, [_bind(f"{home}:{USER_SOFTWARE_DIR}")]),
+            ]
+            ops.append(("if", branches))
+    elif runscripts:
+        ops.append(("setenv", "RUNSCRIPTS", runscripts))
+    return ops + [_bind(b) for b in binds]
+
+
+LUA_OPS = {
+    "help": "help({0})",
+    "whatis": "whatis({0})",
+    "setenv": "setenv({0}, {1})",
+    "pushenv": "pushenv({0}, {1})",
+    "prepend_path": "prepend_path({0}, {1}, {2})",
+    "append_path": "append_path({0}, {1}, {2})",
+    "warn_missing": 'if (mode() == "load") and not isFile({0}) then LmodMessage({1}) end',
+    "file": "isFile({0})",
+    "dir": "isDir({0})",
+}
+
+
+def lua_op(kind, *args):
+    """One operation in Lmod's Lua, every argument quoted."""
+    if kind.endswith("_path") and args[1].endswith("/"):
+        # Lmod drops a final "/" from path entries: "//" keeps one.
+        args = (args[0], args[1] + "/", *args[2:])
+    return LUA_OPS[kind].format(*map(lua_quote, args))
+
+
+#: Per language: an operation, a comment, if, else-if, end of if.
+_LANGUAGES = {
+    "lua": (lua_op, "--", "if {} then", "elseif {} then", "end"),
+    "sh": (sh_op, "#", "if {}; then", "elif {}; then", "fi"),
+}
+
+
+def _lines(ops, *, language, indent=""):
+    op, comment, first, other, end = _LANGUAGES[language]
+    lines = []
+    for kind, *args in ops:
+        if kind == "if":
+            for i, (test, path, then) in enumerate(args[0]):
+                lines.append(indent + (other if i else first).format(op(test, path)))
+                lines += _lines(then, language=language, indent=indent + "    ")
+            lines.append(indent + end)
+        elif kind == "comment":
+            lines.append(f"{indent}{comment} {printable(args[0])}")
+        elif (line := op(kind, *args)) is not None:
+            lines.append(indent + line)
     return lines
 
 
-def _shell_user_software():
-    """Shell lines binding $CONTAINERROOT's user-software."""
-    return [
-        'if [ -f "$CONTAINERROOT/user-software.squashfs" ]; then',
-        "    "
-        + _shell_bind(
-            f'"$CONTAINERROOT/user-software.squashfs:{USER_SOFTWARE_DIR}:image-src=/"'
-        ),
-        'elif [ -d "$CONTAINERROOT/user-software" ]; then',
-        "    " + _shell_bind(f'"$CONTAINERROOT/user-software:{USER_SOFTWARE_DIR}"'),
-        "fi",
-    ]
+def render(ops, *, language):
+    """The module file (``lua``) or shell snippet (``sh``, to source) of `ops`."""
+    return "\n".join(_lines(ops, language=language)) + "\n"
+
+
+#: The host commands in ``$CONTAINERROOT/bin`` (``cotainr_lumi/.../hostscripts/``).
+HOST_COMMANDS = ("make-squashfs", "unmake-squashfs", "start-shell")
+
+
+def _host_copy(text, *, what):
+    """`text` (a script) with the output marker after its first line."""
+    first, _, rest = text.partition("\n")
+    return f"{first}\n# {what}, {MARKER} {__version__}.\n{rest}"
+
+
+def _host_command_text(name, *, image, root):
+    """A host command of ``$CONTAINERROOT/bin`` for this image."""
+    body = (importlib.resources.files(__package__) / "hostscripts" / name).read_text()
+    return (
+        f"#!/bin/bash\n# {name}: {MARKER} {__version__} for {image}.\n"
+        f"default_sif={shlex.quote(str(image))}\n"
+        f"default_root={shlex.quote(str(root))}\n{body}"
+    )
+
+
+def module_outputs(*, settings, image_path, binds, user_venv, user_software, mpi):
+    """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
+    names = settings.names(image_path=image_path)
+    if names.lua is None:
+        return None, None, {}
+    try:
+        check_image_path(image_path)
+    except ValueError as e:
+        logger.warning("Not writing a module file: %s", e)
+        return None, None, {}
+    paths = (names.lua, names.shell)
+    container_root = names.root
+    ops = module_ops(
+        image=image_path,
+        binds=binds,
+        runscripts=RUNSCRIPTS_DIR if settings.runscripts else None,
+        name=names.name,
+        var=names.var,
+        container_root=container_root,
+        user_software=user_software,
+    ) + mpi.module_ops(image=str(image_path))
+    outputs = {
+        str(paths[0]): render(ops, language="lua"),
+        str(paths[1]): render(ops, language="sh"),
+    }
+    outputs.update(
+        _container_root_files(
+            settings=settings,
+            root=container_root,
+            image_path=image_path,
+            user_venv=user_venv,
+        )
+    )
+    return paths, container_root, outputs
+
+
+def _container_root_files(*, settings, root, image_path, user_venv):
+    """CONTAINERROOT's files: host commands, runscripts, user-software."""
+    files = {
+        str(root / "bin" / name): _host_command_text(name, image=image_path, root=root)
+        for name in HOST_COMMANDS
+    }
+    if settings.runscripts:
+        for name in RUNSCRIPTS:
+            files[str(root / "runscripts" / name)] = _host_copy(
+                runscript_text(name),
+                what=f"Host copy of {RUNSCRIPTS_DIR}/{name} (edit a copy)",
+            )
+    files[str(root / "user-software" / "README.cotainr-lumi")] = (
+        f"{MARKER} {__version__} for {image_path}.\n"
+        f"This directory is mounted at {USER_SOFTWARE_DIR} by the module.\n"
+        f"In the container, `source /runscripts/init-conda-venv` creates and\n"
+        f"activates the venv {user_venv} on top of the image's Python\n"
+        "environment; `pip install` then installs here. `make-squashfs` packs\n"
+        "this directory into ../user-software.squashfs (reload the module).\n"
+    )
+    return files
+
+
+def image_has_user_software(*, root):
+    """Whether the image itself has content in /user-software."""
+    path = resolve_in_root(root=root, path=USER_SOFTWARE_DIR)
+    if path.is_dir() and any(path.iterdir()):
+        logger.warning(
+            "The image has its own %s (e.g. the base image's venv); the "
+            "module will not mount $CONTAINERROOT/user-software over it, so "
+            "the user-software workflow (init-conda-venv, make-squashfs) is "
+            "off for this image. Install more packages with a pip step instead.",
+            USER_SOFTWARE_DIR,
+        )
+        return True
+    return False

@@ -1,26 +1,16 @@
 """
-MPI in the image: which ``libmpi.so.12`` its MPI users run on.
+MPI in the image: which ``libmpi.so.12`` its MPI users run on (``docs/mpi.md``).
 
-Two ways to run MPI from an image on LUMI (see ``docs/mpi.md``):
-
-- ``container``: the image's own MPICH (the AI Factory images' MPICH speaks
-  CXI; the ``mpich`` wheel from PyPI only TCP and shared memory). Launched
-  with ``srun --mpi=pmi2``.
-- ``host``: the *hybrid* model of HPE's "Enabling Message Passing Interface
-  Containers on the LUMI Supercomputer" (arXiv 2407.19928): the image's MPI
-  users are built against an MPICH-ABI ``libmpi.so.12`` and, at run time,
-  LUMI's Cray MPICH (its ``lib-abi-mpich`` library) replaces it. The module
-  file binds the host's libraries in (``mpi-host.binds``); the image's env
-  file puts the library's directory and ``mpi-host.ld-library-path`` first
-  on ``LD_LIBRARY_PATH`` and sets ``MPI4PY_LIBMPI`` (mpi4py 4 finds the
-  env's own ``lib/libmpi.so.12`` before ``LD_LIBRARY_PATH``). Launched with
-  plain ``srun`` (LUMI's default ``--mpi=cray_shasta``).
-
-``lumi-env.mpi`` chooses: ``auto`` (the default) is ``none`` without an
-MPICH-ABI MPI in the image, ``container`` when the image's MPICH speaks CXI,
-``host`` otherwise. The choice is the image's default; ``COTAINR_LUMI_MPI``
-at run time overrides it. :mod:`.mpiscan` finds the image's MPI,
-:mod:`.mpienv` writes the shell and Lua code.
+``container``: the image's own MPICH (``srun --mpi=pmi2``). ``host``: the
+hybrid model of HPE's arXiv 2407.19928: at run time LUMI's Cray MPICH
+(``lib-abi-mpich``, bound in by the module file) replaces the image's
+MPICH-ABI library (plain ``srun``). ``auto`` is ``none`` without an MPICH-ABI
+MPI, ``container`` when the image's MPICH speaks CXI, else ``host``;
+``COTAINR_LUMI_MPI`` overrides the image's default at run time: the MPI env
+file reads it (set in the container, else a host export found in
+``$__exported_env__``); in ``host`` mode, when the host library is in the
+container, it puts the binding's directories first on ``LD_LIBRARY_PATH`` and
+sets ``MPI4PY_LIBMPI``, else says so on stderr and keeps the image's MPI.
 """
 
 from dataclasses import dataclass, field
@@ -28,24 +18,175 @@ import json
 import logging
 import os
 from pathlib import PurePosixPath
+import shlex
+import textwrap
 from typing import Optional
 
 from ... import _cotainr
 from ...engine.origins import Origin
-from ...engine.rootfs import write_file_in_root
 from ...engine.settings import SettingError, StageSettings, each, read_declared, setting
 from ...errors import StageError
-from . import mpienv
-from .envfile import validate_path_entry
+from .envfile import computed_default, printable, sh_op, validate_path_entry
 from .modulefile import validate_bind
 from .mpiscan import MPICH_ABI, MpiScan, scan_mpi
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The values of ``lumi-env.mpi``.
+#: The run-time switch.
+RUNTIME_VAR = "COTAINR_LUMI_MPI"
+#: The host library's path in the container (set by the env file).
+HOST_LIBMPI_VAR = "COTAINR_LUMI_MPI_HOST_LIBMPI"
+#: What the env file applied.
+ACTIVE_VAR = "COTAINR_LUMI_MPI_ACTIVE"
+#: How to launch MPI ranks on LUMI, per mode (LUMI docs, container-jobs.md;
+#: cotainr's examples/LUMI/conda_mpi4py_mpich/README.md).
+SRUN_HINT = {
+    "host": "srun (LUMI's default --mpi=cray_shasta: Cray PMI for Cray MPICH)",
+    "container": "srun --mpi=pmi2 (the image's MPICH uses PMI-2)",
+}
+
+#: srun's default for --mpi (set to pmi2 by the module file and snippet of an
+#: image that uses its own MPICH, as lumi-aif-singularity-bindings does).
+SLURM_MPI_VAR = "SLURM_MPI_TYPE"
+
+#: The mode the container asks for (its own value, else the host's export).
+_READ_MODE = f"""\
+if [ -n "${{{RUNTIME_VAR}+x}}" ]; then
+    _cl_mpi=${RUNTIME_VAR}
+else
+    _cl_env="
+${{__exported_env__-}}"
+    case "$_cl_env" in
+    *"
+{RUNTIME_VAR}="*)
+        _cl_mpi=${{_cl_env##*"
+{RUNTIME_VAR}="}}
+        _cl_mpi=${{_cl_mpi%%"
+"*}} ;;
+    *) _cl_mpi=$_cl_default ;;
+    esac
+fi"""
+
+#: Moves the entries of $_cl_new (':' separated) to the front of
+#: LD_LIBRARY_PATH, in order, keeping every other entry once (IFS and
+#: noglob changed in a subshell only).
+_MOVE_TO_FRONT = """\
+LD_LIBRARY_PATH=$(
+    IFS=:
+    set -f
+    keep=
+    for d in ${LD_LIBRARY_PATH-}; do
+        case ":$_cl_new:" in
+        *":$d:"*) ;;
+        *) [ -n "$d" ] && keep=${keep:+$keep:}$d ;;
+        esac
+    done
+    printf '%s' "$_cl_new${keep:+:$keep}"
+); export LD_LIBRARY_PATH"""
+
+
+def _say(*parts):
+    """Shell code printing one line on stderr."""
+    words = [f'"{p}"' if p.startswith("$") else shlex.quote(p) for p in parts]
+    return f"printf '{'%s' * len(words)}\\n' {' '.join(words)} >&2"
+
+
+def _host_case(*, binding, own):
+    """The ``host)`` branch of the mode's ``case``."""
+    if binding is None:
+        say = f"{RUNTIME_VAR}=host, but this image has no host MPI binding"
+        say = _say(f"cotainr-lumi: {say} (lumi-env.mpi-host); using {own}.")
+        return ["host)", f"    {say}", f"    {ACTIVE_VAR}=container ;;"]
+    return [
+        "host)",
+        f'    if [ -f "${HOST_LIBMPI_VAR}" ]; then',
+        f"        _cl_new={shlex.quote(':'.join(binding.ld_library_path))}",
+        *("        " + line for line in _MOVE_TO_FRONT.splitlines()),
+        "        "
+        + computed_default(name="MPI4PY_LIBMPI", expression=f'"${HOST_LIBMPI_VAR}"'),
+        f"        {ACTIVE_VAR}=host",
+        "    else",
+        "        "
+        + _say(
+            f"cotainr-lumi: {RUNTIME_VAR}=host, but ",
+            f"${HOST_LIBMPI_VAR}",
+            " is not in the container (load the image's module file, or source "
+            f"its .sh, to bind LUMI's Cray MPICH); using {own}. Export "
+            f"{RUNTIME_VAR}=container to choose that.",
+        ),
+        f"        {ACTIVE_VAR}=container",
+        "    fi ;;",
+    ]
+
+
+def mpi_env_file(*, mode, binding, image_library):
+    """The MPI env file (after Apptainer's ``99-base.sh``, so it sees ``--env``)."""
+    own = (
+        f"the image's own MPI ({image_library})"
+        if image_library
+        else "no MPI library (the image has none of its own)"
+    )
+    lines = [
+        f"# cotainr-lumi MPI settings (lumi-env stage, mpi={mode}): which",
+        "# libmpi.so.12 the image's MPI users (mpi4py, ...) load.",
+        f"# {RUNTIME_VAR}=host: LUMI's Cray MPICH, bound in by the module file;",
+        f"# {RUNTIME_VAR}=container (or none): {printable(own)}.",
+        f"_cl_default={shlex.quote(mode)}",
+        computed_default(name=RUNTIME_VAR, expression="$_cl_default"),
+        _READ_MODE,
+    ]
+    if binding is not None:
+        lines.append(sh_op("setenv", HOST_LIBMPI_VAR, binding.libmpi))
+    other = f" is not host, container or none; using {own}."
+    lines += [
+        'case "$_cl_mpi" in',
+        *_host_case(binding=binding, own=own),
+        f"container | none) {ACTIVE_VAR}=$_cl_mpi ;;",
+        "*)",
+        "    " + _say(f"cotainr-lumi: {RUNTIME_VAR}=", "$_cl_mpi", other),
+        f"    {ACTIVE_VAR}=container ;;",
+        "esac",
+        f"export {ACTIVE_VAR}",
+        "unset _cl_mpi _cl_env _cl_default _cl_new",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def mpi_module_ops(*, mode, binding, image):
+    """The module file's MPI operations (its binds come with the others)."""
+    ops = []
+    if binding is not None:
+        text = (
+            f"MPI (lumi-env mpi={mode}): these binds bring LUMI's Cray MPICH into "
+            f"the container; there {binding.libmpi} replaces the image's "
+            f"libmpi.so.12 when {RUNTIME_VAR}=host"
+            + (" (the image's default)" if mode == "host" else "")
+            + f" (LD_LIBRARY_PATH first: {':'.join(binding.ld_library_path)}; "
+            f"MPI4PY_LIBMPI). export {RUNTIME_VAR}=container keeps the image's "
+            f"MPICH. Launch: {SRUN_HINT['host']}; image's MPICH: "
+            f"{SRUN_HINT['container']}."
+        )
+        ops += [("comment", line) for line in textwrap.wrap(text, 76)]
+    if mode == "container":
+        ops += [
+            ("comment", f"{SRUN_HINT['container']}: srun's default here."),
+            ("pushenv", SLURM_MPI_VAR, "pmi2"),
+        ]
+    host_path = (
+        binding.host_path(binding.libmpi) if binding and mode == "host" else None
+    )
+    if host_path:
+        text = (
+            f"cotainr-lumi: {host_path} (LUMI's Cray MPICH for {image}) is not on "
+            "this system, so MPI in the container falls back to the image's own "
+            f"MPICH. Rebuild with an updated lumi-env.mpi-host, or export "
+            f"{RUNTIME_VAR}=container."
+        )
+        ops.append(("warn_missing", host_path, text))
+    return ops
+
+
 MODES = ("auto", "container", "host", "none")
-#: The run-time switch (``COTAINR_LUMI_MPI=container|host|none``).
-RUNTIME_VAR = mpienv.RUNTIME_VAR
 
 
 def check_mode(value):
@@ -64,10 +205,6 @@ def _check_libmpi(value):
         )
 
 
-def _check_entry(entry):
-    validate_path_entry(name="LD_LIBRARY_PATH", entry=entry)
-
-
 @dataclass(frozen=True)
 class MpiHostSettings(StageSettings):
     """The keys of ``lumi-env.mpi-host``: the host binding of a base family."""
@@ -81,7 +218,7 @@ class MpiHostSettings(StageSettings):
     ld_library_path: list[str] = setting(
         [],
         doc="then these directories, in order (Cray PMI, the host libfabric, ...)",
-        check=each(_check_entry),
+        check=each(lambda e: validate_path_entry(name="LD_LIBRARY_PATH", entry=e)),
     )
     binds: list[str] = setting(
         [],
@@ -89,12 +226,6 @@ class MpiHostSettings(StageSettings):
         "directories and the host libraries they need (libjansson, libcxi)",
         check=each(validate_bind),
     )
-
-
-def _bind_parts(bind):
-    """(source, destination) of a bind ``SRC[:DST[:OPTS]]``."""
-    parts = bind.split(":")
-    return parts[0], (parts[1] if len(parts) > 1 and parts[1] else parts[0])
 
 
 @dataclass(frozen=True)
@@ -115,45 +246,39 @@ class HostBinding:
             return None
         own = str(PurePosixPath(read.libmpi).parent)
         order = list(dict.fromkeys([own, *read.ld_library_path]))
-        return cls(
-            libmpi=read.libmpi, ld_library_path=tuple(order), binds=tuple(read.binds)
-        )
+        return cls(read.libmpi, tuple(order), tuple(read.binds))
+
+    def _cover(self, path):
+        """(bind, source, destination) of the deepest bind bringing `path` in."""
+        covers = []
+        for bind in self.binds:
+            src, _, rest = bind.partition(":")
+            dst = rest.partition(":")[0] or src
+            dst = dst.rstrip("/") or "/"
+            if path == dst or path.startswith(dst + "/"):
+                covers.append((bind, src, dst))
+        return max(covers, key=lambda c: len(c[2]), default=(None, None, None))
 
     def bind_of(self, path):
         """The bind that brings an image path into the container (or None)."""
-        best, best_len = None, -1
-        for bind in self.binds:
-            _, dst = _bind_parts(bind)
-            dst = dst.rstrip("/") or "/"
-            if (path == dst or path.startswith(dst + "/")) and len(dst) > best_len:
-                best, best_len = bind, len(dst)
-        return best
+        return self._cover(path)[0]
 
     def host_path(self, path):
         """The host path behind an image path (None when no bind covers it)."""
-        bind = self.bind_of(path)
+        bind, src, dst = self._cover(path)
         if bind is None:
             return None
-        src, dst = _bind_parts(bind)
         rest = path[len(dst.rstrip("/")) :]
         return src.rstrip("/") + rest if rest else src
 
     def host_problems(self, *, library_only=False):
-        """
-        What of the binding is missing on this (build) host.
-
-        A path is checked when the source of its bind exists here (on LUMI:
-        ``/opt/cray``); elsewhere nothing can be told.
-        """
-        problems = []
+        """What of the binding is missing here (where its bind's source exists)."""
         paths = [self.libmpi] if library_only else [self.libmpi, *self.ld_library_path]
+        problems = []
         for path in dict.fromkeys(paths):
-            bind = self.bind_of(path)
-            if bind is None:
-                continue
-            src, _ = _bind_parts(bind)
+            bind, src, _ = self._cover(path)
             host = self.host_path(path)
-            if os.path.exists(src) and not os.path.exists(host):
+            if bind and os.path.exists(src) and not os.path.exists(host):
                 problems.append(
                     f"{path} is {host} on this host (bind {bind}), which does not exist"
                 )
@@ -162,8 +287,7 @@ class HostBinding:
 
 def check_host_binding(value):
     """Check ``lumi-env.mpi-host``."""
-    read = read_declared(schema=MpiHostSettings, raw=value, origin=Origin())
-    binding = HostBinding.from_setting(read)
+    binding = HostBinding.from_setting(value)
     if binding is not None and binding.bind_of(binding.libmpi) is None:
         raise SettingError(
             f"{binding.libmpi} is not below any of the binds "
@@ -231,35 +355,19 @@ def _pin_text(pins):
     )
 
 
-def _pin_message(*, setting, pins):
-    return (
-        f"MPI users run on the host's MPICH here (lumi-env.mpi: {setting}), but "
-        f"{_pin_text(pins)}. Install it from pip without an RPATH (mpi4py's "
-        "wheel, not conda's mpi4py, which pins conda's MPICH); for a package you "
-        "build, link with a RUNPATH instead (env: {LDFLAGS: -Wl,--enable-new-dtags} "
-        "in its pip step) or without -Wl,-rpath; or keep the image's MPICH: "
-        "--set lumi-env.mpi=container"
-    )
-
-
-def _host_message(*, binding, problems):
-    return (
-        f"lumi-env.mpi-host: {problems[0]}"
-        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-        + ": the Cray MPICH this binding names is not installed here (ls "
-        "/opt/cray/pe/mpich). Update lumi-env.mpi-host (libmpi, ld-library-path) "
-        "in your system profile or with --set 'lumi-env.mpi-host={libmpi: ...}', "
-        "or keep the image's MPICH: --set lumi-env.mpi=container"
-    )
-
-
-def _check_pins(*, mode, setting, pins, error):
+def _check_pins(*, mode, setting, pins, stage):
     """Stop a ``host`` build on a pin; a warning in ``container`` mode."""
-    if not pins:
-        return
-    if mode == "host":
-        raise error(_pin_message(setting=setting, pins=pins))
-    if mode == "container":
+    if pins and mode == "host":
+        raise StageError(
+            f"MPI users run on the host's MPICH here (lumi-env.mpi: {setting}), but "
+            f"{_pin_text(pins)}. Install it from pip without an RPATH (mpi4py's "
+            "wheel, not conda's mpi4py, which pins conda's MPICH); for a package you "
+            "build, link with a RUNPATH instead (env: {LDFLAGS: -Wl,--enable-new-dtags} "
+            "in its pip step) or without -Wl,-rpath; or keep the image's MPICH: "
+            "--set lumi-env.mpi=container",
+            stage=stage,
+        )
+    if pins and mode == "container":
         logger.warning(
             "MPI: %s; fine with the image's MPICH (the default here), but "
             "COTAINR_LUMI_MPI=host would not reach it",
@@ -268,26 +376,27 @@ def _check_pins(*, mode, setting, pins, error):
 
 
 def check_host_paths(*, binding, error):
-    """
-    Stop when the host library is missing on this (LUMI) host.
-
-    Other missing ``ld-library-path`` directories are a warning: the loader
-    skips them, and LUMI may lay out its Cray libraries differently later.
-    """
+    """Stop when the host library is missing here; warn about other directories."""
     if binding is None:
         return
     problems = binding.host_problems(library_only=True)
     if problems:
-        raise error(_host_message(binding=binding, problems=problems))
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise error(
+            f"lumi-env.mpi-host: {problems[0]}{more}: the Cray MPICH this binding "
+            "names is not installed here (ls /opt/cray/pe/mpich). Update "
+            "lumi-env.mpi-host (libmpi, ld-library-path) in your system profile or "
+            "with --set 'lumi-env.mpi-host={libmpi: ...}', or keep the image's "
+            "MPICH: --set lumi-env.mpi=container"
+        )
     for problem in binding.host_problems():
         logger.warning("lumi-env.mpi-host: %s (skipped by the loader)", problem)
 
 
 #: The mark of :data:`LOAD_CHECK`'s line.
 LOAD_CHECK_MARK = "COTAINR_LUMI_MPI_CHECK "
-#: Run in the container by the image's Python: which MPI library mpi4py loads
-#: (without MPI_Init: Get_library_version may be called before it). Also run
-#: by ``cotainr-lumi verify`` (verify/mpi.py). One line: the mark, then JSON.
+#: Which MPI library mpi4py loads (no MPI_Init needed), run in the container at
+#: build time and by ``cotainr-lumi verify``: one line, the mark, then JSON.
 LOAD_CHECK = (
     f"MARK = {LOAD_CHECK_MARK!r}\n"
     + r"""
@@ -348,31 +457,19 @@ class MpiPlan:
         """The MPI env file's content (None in ``none`` mode)."""
         if not self.active:
             return None
-        return mpienv.env_file(
+        return mpi_env_file(
             mode=self.mode, binding=self.binding, image_library=self.image_library
         )
-
-    def write_env_file(self, *, root, path):
-        """Write the MPI env file into the image (nothing in ``none`` mode)."""
-        content = self.env_file()
-        if content is not None:
-            write_file_in_root(root=root, path=path, content=content)
 
     def binds(self):
         """The binds the module file adds (none in ``none`` mode)."""
         return list(self.binding.binds) if self.active and self.binding else []
 
-    def lua_lines(self, *, image):
-        """Lua lines appended to the module file."""
+    def module_ops(self, *, image):
+        """The module file's MPI operations (none in ``none`` mode)."""
         if not self.active:
             return []
-        return mpienv.lua_lines(mode=self.mode, binding=self.binding, image=image)
-
-    def shell_lines(self, *, image):
-        """Shell lines appended to the shell snippet."""
-        if not self.active:
-            return []
-        return mpienv.shell_lines(mode=self.mode, binding=self.binding, image=image)
+        return mpi_module_ops(mode=self.mode, binding=self.binding, image=image)
 
     def check_in_sandbox(self, *, sandbox, python, stage):
         """Run mpi4py once in the build's container (with the env file written)."""
@@ -409,16 +506,16 @@ class MpiPlan:
                 "mpi4py-libmpi": self.binding.libmpi,
                 "binds": list(self.binding.binds),
             },
-            "srun": mpienv.SRUN_HINT,
+            "srun": SRUN_HINT,
             "loaded-at-build": self.loaded,
             **self.scan.to_dict(),
         }
 
     def launch_hint(self):
         """How to launch MPI ranks on LUMI in this mode."""
-        hint = mpienv.SRUN_HINT.get(self.mode, "srun")
+        hint = SRUN_HINT.get(self.mode, "srun")
         if self.mode == "host":
-            hint += f"; with {RUNTIME_VAR}=container: {mpienv.SRUN_HINT['container']}"
+            hint += f"; with {RUNTIME_VAR}=container: {SRUN_HINT['container']}"
         return hint
 
     def summary(self):
@@ -429,60 +526,37 @@ class MpiPlan:
         if self.loaded and "libmpi" in self.loaded:
             text += f"; mpi4py loads {', '.join(self.loaded['libmpi'])} here"
         if self.binding is not None:
-            which = (
-                "replaces it"
-                if self.mode == "host"
-                else "replaces it with COTAINR_LUMI_MPI=host"
-            )
-            text += f"; on LUMI {self.binding.libmpi} {which}"
+            which = "" if self.mode == "host" else f" with {RUNTIME_VAR}=host"
+            text += f"; on LUMI {self.binding.libmpi} replaces it{which}"
         return text
-
-
-def _scan(*, root, target):
-    """:func:`.mpiscan.scan_mpi` of the target environment (None: none)."""
-    if target is None:
-        return scan_mpi(root=root, prefixes=[])
-    return scan_mpi(
-        root=root,
-        prefixes=target.env_prefixes,
-        site_dirs=target.site,
-        python=target.python,
-    )
 
 
 def plan_mpi(*, root, target, requested, host_setting, stage):
     """Find the image's MPI and decide what the build does about it."""
     binding = HostBinding.from_setting(host_setting)
     if requested == "none":
-        return MpiPlan(
-            requested=requested,
-            mode="none",
-            reason="lumi-env.mpi is none",
-            binding=binding,
-            scan=MpiScan(),
-        )
+        reason = "lumi-env.mpi is none"
+        return MpiPlan(requested, "none", reason, binding, MpiScan())
 
-    def stage_error(message):
-        return StageError(message, stage=stage)
-
-    if requested == "host":
-        check_host_paths(binding=binding, error=stage_error)
-    scan = _scan(root=root, target=target)
+    scan = scan_mpi(
+        root=root,
+        prefixes=target.env_prefixes if target else [],
+        site_dirs=target.site if target else (),
+        python=target.python if target else None,
+    )
     try:
         mode, reason = resolve_mode(requested=requested, scan=scan, binding=binding)
     except ValueError as e:
         raise StageError(str(e), stage=stage) from None
-    if mode == "host" and requested != "host":
-        check_host_paths(binding=binding, error=stage_error)
+    if mode == "host":
+        check_host_paths(binding=binding, error=lambda m: StageError(m, stage=stage))
     _check_pins(
         mode=mode,
         setting=mode if requested == mode else f"{requested} -> {mode}",
         pins=scan.pins,
-        error=stage_error,
+        stage=stage,
     )
-    return MpiPlan(
-        requested=requested, mode=mode, reason=reason, binding=binding, scan=scan
-    )
+    return MpiPlan(requested, mode, reason, binding, scan)
 
 
 def describe(*, requested, host_setting):
@@ -502,18 +576,3 @@ def describe(*, requested, host_setting):
         for problem in binding.host_problems():
             lines.append(f"  problem: {problem}")
     return lines
-
-
-__all__ = [
-    "MODES",
-    "HostBinding",
-    "MpiHostSettings",
-    "LOAD_CHECK",
-    "MpiPlan",
-    "check_host_binding",
-    "check_mode",
-    "describe",
-    "parse_load_check",
-    "plan_mpi",
-    "resolve_mode",
-]

@@ -1,39 +1,23 @@
 """
-Find the MPI of an image: its MPICH-ABI libraries, their users, what pins them.
+Find the MPI of an image statically (pyelftools, no container run).
 
-A static look at the sandbox's files with pyelftools
-(:mod:`cotainr_lumi.engine.elfinfo`), no container run:
-
-- the MPI libraries: ``libmpi.so.12`` (the MPICH ABI, which LUMI's Cray
-  MPICH provides in ``lib-abi-mpich``) in the Python environment's ``lib/``
-  (the ``mpich`` wheel, conda's ``mpich``) and in the loader's directories
-  (``/etc/ld.so.conf``, the standard ones: an MPICH built into the base
-  image, like the LUMI AI Factory images'); ``libmpi.so.40`` is Open MPI,
-  which Cray MPICH cannot replace;
-- whether such a library speaks CXI (LUMI's Slingshot): it, or the
-  ``libfabric.so.1`` it loads, needs ``libcxi.so.1``;
-- the MPI users in the environment (ELF files needing ``libmpi.so.12``:
-  mpi4py's extension, other packages built against MPI);
-- the pins: a user whose ``DT_RPATH`` (or the interpreter's, which the
-  loader also searches for objects without ``DT_RUNPATH``) holds a
-  ``libmpi.so.12``. ``DT_RPATH`` is searched before ``LD_LIBRARY_PATH``, so
-  no run-time setting can swap that library; ``DT_RUNPATH`` is searched after
-  it and does not pin. mpi4py 4 loads its library itself (``MPI4PY_LIBMPI``)
-  before its extension, so a pin on that extension does not matter.
+The MPI libraries (``libmpi.so.12``, the MPICH ABI Cray MPICH provides;
+``libmpi.so.40``, Open MPI) in the environment's ``lib/`` and the loader's
+directories; whether they speak CXI (need ``libcxi.so.1``, or load a
+libfabric that does); the ELF files that need them; and the pins: users
+whose ``DT_RPATH`` (or the interpreter's) holds a ``libmpi.so.12``, searched
+before ``LD_LIBRARY_PATH``, so no run-time setting can swap that library.
 """
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 import glob
-import logging
 import os
 from pathlib import PurePosixPath
 import re
 
 from ...engine.elfinfo import read_elf_info, scan_elf_files
 from ...engine.rootfs import SymlinkLoopError, image_path_of, resolve_in_root
-
-logger = logging.getLogger(f"cotainr.{__name__}")
+from .network import DEFAULT_LOADER_DIRS
 
 #: The MPICH ABI library (MPICH >= 3.1, Cray MPICH's lib-abi-mpich, Intel MPI).
 MPICH_ABI = "libmpi.so.12"
@@ -43,15 +27,6 @@ OPEN_MPI = "libmpi.so.40"
 #: Slingshot provider.
 LIBFABRIC = "libfabric.so.1"
 LIBCXI = "libcxi.so.1"
-#: The loader's built-in directories (x86_64; Debian's multiarch ones too).
-STANDARD_DIRS = (
-    "/lib64",
-    "/usr/lib64",
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu",
-    "/lib",
-    "/usr/lib",
-)
 #: At most this many users are kept in the record.
 MAX_USERS = 50
 
@@ -66,11 +41,6 @@ class MpiLibrary:
     where: str
     libfabric: str = None
     cxi: bool = False
-
-    @property
-    def mpich_abi(self):
-        """Whether it is an MPICH-ABI library (Cray MPICH can replace it)."""
-        return self.soname == MPICH_ABI
 
 
 @dataclass(frozen=True)
@@ -108,12 +78,7 @@ class MpiScan:
     @property
     def mpich(self):
         """The MPICH-ABI libraries."""
-        return [lib for lib in self.libraries if lib.mpich_abi]
-
-    @property
-    def needs_mpich(self):
-        """Whether anything in the environment needs ``libmpi.so.12``."""
-        return any(u.needs == MPICH_ABI for u in self.users)
+        return [lib for lib in self.libraries if lib.soname == MPICH_ABI]
 
     @property
     def open_mpi(self):
@@ -123,44 +88,15 @@ class MpiScan:
     @property
     def has_mpich(self):
         """Whether the image has an MPICH-ABI library or a user of one."""
-        return bool(self.mpich) or self.needs_mpich
+        return bool(self.mpich) or any(u.needs == MPICH_ABI for u in self.users)
 
     def to_dict(self):
         """JSON-serialisable form (the users capped at :data:`MAX_USERS`)."""
         return {
-            "libraries": [
-                {
-                    "path": lib.path,
-                    "real": lib.real,
-                    "soname": lib.soname,
-                    "where": lib.where,
-                    "libfabric": lib.libfabric,
-                    "cxi": lib.cxi,
-                }
-                for lib in self.libraries
-            ],
-            "users": [
-                {
-                    "path": u.path,
-                    "needs": u.needs,
-                    "rpath": list(u.rpath),
-                    "runpath": list(u.runpath),
-                    "distribution": u.distribution,
-                    "preloaded": u.preloaded,
-                }
-                for u in self.users[:MAX_USERS]
-            ],
+            "libraries": [asdict(lib) for lib in self.libraries],
+            "users": [asdict(u) for u in self.users[:MAX_USERS]],
             "users-total": len(self.users),
-            "pins": [
-                {
-                    "user": p.user,
-                    "distribution": p.distribution,
-                    "entry": p.entry,
-                    "library": p.library,
-                    "via": p.via,
-                }
-                for p in self.pins
-            ],
+            "pins": [asdict(p) for p in self.pins],
             "mpi4py": self.mpi4py,
         }
 
@@ -187,7 +123,7 @@ def _conf_dirs(*, root, conf, seen):
     for line in lines:
         line = line.split("#", 1)[0].strip()
         if line.startswith("include"):
-            pattern = line.split(None, 1)[1] if len(line.split(None, 1)) > 1 else ""
+            pattern = line[len("include") :].strip()
             if not pattern.startswith("/"):
                 pattern = str(PurePosixPath(conf).parent / pattern)
             parent = _resolve(root=root, path=str(PurePosixPath(pattern).parent))
@@ -204,7 +140,7 @@ def _conf_dirs(*, root, conf, seen):
 def library_dirs(*, root):
     """The loader's directories in the image."""
     dirs = _conf_dirs(root=root, conf="/etc/ld.so.conf", seen=set())
-    return list(dict.fromkeys([*dirs, *STANDARD_DIRS]))
+    return list(dict.fromkeys([*dirs, *DEFAULT_LOADER_DIRS]))
 
 
 def _find(*, root, name, dirs):
@@ -228,9 +164,7 @@ def _expand(entry, *, origin):
 def _real_image_path(*, root, path):
     """The image path of `path` with its links resolved."""
     host = _resolve(root=root, path=path)
-    if host is None:
-        return path
-    return str(image_path_of(root=root, host_path=host))
+    return path if host is None else str(image_path_of(root=root, host_path=host))
 
 
 def _speaks_cxi(*, root, library_path, info, dirs):
@@ -248,11 +182,8 @@ def _speaks_cxi(*, root, library_path, info, dirs):
     host = _resolve(root=root, path=fabric)
     fabric_info = read_elf_info(path=host) if host is not None else None
     providers = _resolve(root=root, path=f"{PurePosixPath(fabric).parent}/libfabric")
-    has_provider = bool(
-        providers is not None and glob.glob(str(providers / "libcxi-fi*.so"))
-    )
-    cxi = has_provider or bool(fabric_info and LIBCXI in fabric_info.needed)
-    return fabric, cxi
+    has_provider = providers is not None and glob.glob(str(providers / "libcxi-fi*.so"))
+    return fabric, bool(has_provider or (fabric_info and LIBCXI in fabric_info.needed))
 
 
 def _libraries(*, root, prefixes, dirs):
@@ -272,19 +203,8 @@ def _libraries(*, root, prefixes, dirs):
             info = read_elf_info(path=_resolve(root=root, path=real))
             if info is None:
                 continue
-            fabric, cxi = _speaks_cxi(
-                root=root, library_path=real, info=info, dirs=dirs
-            )
-            found.append(
-                MpiLibrary(
-                    path=path,
-                    real=real,
-                    soname=info.soname or name,
-                    where=where,
-                    libfabric=fabric,
-                    cxi=cxi,
-                )
-            )
+            cxi = _speaks_cxi(root=root, library_path=real, info=info, dirs=dirs)
+            found.append(MpiLibrary(path, real, info.soname or name, where, *cxi))
     return found
 
 
@@ -295,19 +215,15 @@ def _distributions(*, root, site_dirs):
         host_site = _resolve(root=root, path=site)
         if host_site is None or not host_site.is_dir():
             continue
-        for record in glob.glob(str(host_site / "*.dist-info" / "RECORD")):
-            dist = os.path.basename(os.path.dirname(record))[: -len(".dist-info")]
-            name, _, version = dist.partition("-")
+        for record in sorted(host_site.glob("*.dist-info/RECORD")):
+            name, _, version = record.parent.name[: -len(".dist-info")].partition("-")
             try:
-                with open(record, errors="replace") as f:
-                    lines = f.read().splitlines()
+                lines = record.read_text(errors="replace").splitlines()
             except OSError:
                 continue
-            for line in lines:
-                rel = line.split(",", 1)[0]
-                if rel:
-                    image = os.path.normpath(os.path.join(site, rel))
-                    owners.setdefault(image, f"{name} {version}".strip())
+            for rel in filter(None, (line.split(",", 1)[0] for line in lines)):
+                image = os.path.normpath(os.path.join(site, rel))
+                owners.setdefault(image, f"{name} {version}".strip())
     return owners
 
 
@@ -336,10 +252,10 @@ def _interpreter(*, root, python):
     return (real, info) if info is not None else (None, None)
 
 
-def _pins(*, root, user, info, interpreter):
-    """The pin of one user of ``libmpi.so.12`` (a list: empty or one)."""
+def _pin(*, root, user, info, interpreter, owner):
+    """The pin of one user of ``libmpi.so.12`` (None: not pinned)."""
     if info.runpath:
-        return []
+        return None
     searches = [(info.rpath, str(PurePosixPath(user).parent), "its DT_RPATH")]
     exe_path, exe = interpreter
     if exe is not None and exe.rpath and not exe.runpath:
@@ -351,8 +267,8 @@ def _pins(*, root, user, info, interpreter):
             directory = _expand(entry, origin=origin)
             found = directory and _find(root=root, name=MPICH_ABI, dirs=[directory])
             if found:
-                return [Pin(user=user, entry=entry, library=found, via=via)]
-    return []
+                return Pin(user, entry, found, via, owner)
+    return None
 
 
 def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
@@ -362,8 +278,10 @@ def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
     scan.mpi4py = _mpi4py(root=root, site_dirs=site_dirs)
     owners = _distributions(root=root, site_dirs=site_dirs)
     interpreter = _interpreter(root=root, python=python)
-    mpi4py_dir = (scan.mpi4py or {}).get("dir")
-    preloading = bool(scan.mpi4py and scan.mpi4py["abi_aware"])
+    # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
+    preloading = (
+        scan.mpi4py["dir"] + "/" if scan.mpi4py and scan.mpi4py["abi_aware"] else None
+    )
     seen = {lib.real for lib in scan.libraries}
     for prefix in prefixes:
         for info in scan_elf_files(root=root, path=prefix):
@@ -374,24 +292,18 @@ def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
             if user in seen:
                 continue
             seen.add(user)
-            preloaded = bool(
-                preloading and mpi4py_dir and user.startswith(mpi4py_dir + "/")
-            )
+            owner = owners.get(user)
+            preloaded = bool(preloading and user.startswith(preloading))
             scan.users.append(
-                MpiUser(
-                    path=user,
-                    needs=needs,
-                    rpath=info.rpath,
-                    runpath=info.runpath,
-                    distribution=owners.get(user),
-                    preloaded=preloaded,
-                )
+                MpiUser(user, needs, info.rpath, info.runpath, owner, preloaded)
             )
             if needs == MPICH_ABI and not preloaded:
-                scan.pins += [
-                    dataclasses.replace(pin, distribution=owners.get(user))
-                    for pin in _pins(
-                        root=root, user=user, info=info, interpreter=interpreter
-                    )
-                ]
+                pin = _pin(
+                    root=root,
+                    user=user,
+                    info=info,
+                    interpreter=interpreter,
+                    owner=owner,
+                )
+                scan.pins += [pin] if pin else []
     return scan

@@ -1,37 +1,26 @@
 """
 The network layer of an image: RCCL's network plugin, libfabric, rccl-tests.
 
-LUMI's image families put these in different places (see the profiles in
-``cotainr_lumi/systems.yaml``):
-
-- LUMI ROCm base images and LUST's EasyBuild PyTorch images (2024): the
-  aws-ofi-rccl plugin ``/opt/aws-ofi-rccl/librccl-net.so*``, built against the
-  host's Cray libfabric (``/opt/cray`` and ``libcxi`` are bound from the host),
-  rccl-tests in ``/opt/rccltests``; the hand-built runscript forces
-  ``NCCL_NET_GDR_LEVEL=3``.
-- LUMI AI Factory images (lumi-ai-factory/laifs-container-recipes): libfabric
-  with CXI, libcxi and xpmem inside the image (``/usr/lib/x86_64-linux-gnu``),
-  the aws-ofi-rccl 1.4 plugin (2025 releases, ``/usr/lib/librccl-net.so``)
-  or its successor aws-ofi-nccl built for ROCm (``librccl-net-ofi.so``,
-  ROCm 7 releases) in the image's library directories, rccl-tests in
-  ``/usr/libexec/rccl-tests``;
-  forcing ``NCCL_NET_GDR_LEVEL`` can hang multi-node jobs (laifs issues #28,
-  #30; LUMI-AI-Guide #94, PR #97).
-
-The lumi-env stage finds the plugin in the directories the profile names,
-adds a directory to ``LD_LIBRARY_PATH`` only when the loader would not search
-it anyway, sets ``NCCL_NET_PLUGIN`` (a default) when RCCL would not load the
-plugin by its default name (:mod:`cotainr_lumi.engine.rcclplugin`), and
-writes what it found into the image
-(:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`), where ``cotainr-lumi
-verify`` reads which libfabric the plugin must use.
+LUMI's image families keep these in different places (see the profiles in
+``cotainr_lumi/systems.yaml``): the ROCm base and EasyBuild images have
+aws-ofi-rccl in ``/opt/aws-ofi-rccl`` built against the host's Cray
+libfabric; the AI Factory images have their own libfabric with CXI and the
+plugin in the loader's directories (forcing ``NCCL_NET_GDR_LEVEL`` can hang
+their multi-node jobs). The stage finds the plugin in the profile's
+directories, puts it on ``LD_LIBRARY_PATH`` when the loader would not search
+there, names it in ``NCCL_NET_PLUGIN`` when RCCL would not load it by default
+(:mod:`cotainr_lumi.engine.rcclplugin`), and records what it found
+(:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`) for ``cotainr-lumi verify``.
 """
 
+import json
 import logging
 import shlex
 
+from ... import imagelayout
 from ...engine import rcclplugin
-from .envfile import default_assignments
+from ...engine.rootfs import resolve_in_root, write_file_in_root
+from .envfile import default_assignments, path_addition
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -45,12 +34,15 @@ DEFAULT_LOADER_DIRS = (
     "/lib/x86_64-linux-gnu",
     "/usr/lib/x86_64-linux-gnu",
 )
-#: Where the image families keep the plugin (see the profiles): looked at
-#: when the profile's directories have none, to say which family the base is.
-KNOWN_PLUGIN_DIRS = (
+#: Where the ROCm base and EasyBuild images keep the plugin.
+AWS_OFI_RCCL_DIRS = (
     "/opt/aws-ofi-rccl",
     "/opt/aws-ofi-rccl/lib",
     "/opt/aws-ofi-rccl/lib64",
+)
+#: Where the image families keep it: looked at when the profile's directories
+#: have none, to say which family the base is.
+KNOWN_PLUGIN_DIRS = AWS_OFI_RCCL_DIRS + (
     "/opt/aws-ofi-nccl/lib",
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib",
@@ -64,15 +56,15 @@ RCCL_TESTS_VARIABLE = "COTAINR_LUMI_RCCL_TESTS"
 #: Values NCCL/RCCL take for NCCL_NET_GDR_LEVEL (names, or the numbers 0-5).
 GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
 #: Where the plugin's libfabric comes from.
-LIBFABRIC_SOURCES = ("host", "image")
+LIBFABRIC_SOURCES = {
+    "host": "the host's Cray libfabric, /opt/cray bound at run time",
+    "image": "the image's own libfabric with CXI, no host /opt/cray or libcxi",
+}
 
 
 def check_gdr_level(value):
     """Check an ``NCCL_NET_GDR_LEVEL`` value."""
-    if isinstance(value, bool) or str(value) not in (
-        *GDR_LEVELS,
-        *map(str, range(6)),
-    ):
+    if isinstance(value, bool) or str(value) not in GDR_LEVELS + tuple("012345"):
         raise ValueError(
             f"must be one of {', '.join(GDR_LEVELS)} or a number 0-5, or null to "
             f"leave it to RCCL (got {value!r})"
@@ -82,11 +74,8 @@ def check_gdr_level(value):
 def check_libfabric(value):
     """Check the ``libfabric`` setting."""
     if value not in LIBFABRIC_SOURCES:
-        raise ValueError(
-            "must be 'host' (the host's Cray libfabric, /opt/cray bound at run "
-            "time) or 'image' (the image's own libfabric with CXI) "
-            f"(got {value!r})"
-        )
+        each = " or ".join(f"{k!r} ({v})" for k, v in LIBFABRIC_SOURCES.items())
+        raise ValueError(f"must be {each} (got {value!r})")
 
 
 def _plugin_files(host_dir):
@@ -102,7 +91,7 @@ def find_plugin(*, root, dirs, named=None):
     """The network plugin RCCL would load from the profile's directories."""
     candidates = {}
     for directory in dirs:
-        host_dir = root(directory)
+        host_dir = resolve_in_root(root=root, path=directory)
         files = _plugin_files(host_dir) if host_dir.is_dir() else {}
         if files:
             candidates.setdefault(directory, files)
@@ -137,26 +126,21 @@ def _plugin(directory, generation, candidates, *, value, loads=True):
 
 def plugin_name_blocks(*, plugin):
     """Env file blocks for the plugin's name: ``NCCL_NET_PLUGIN`` when needed."""
-    value = plugin["nccl-net-plugin"]
+    value, directory = plugin["nccl-net-plugin"], plugin["dir"]
     if not plugin["loads"]:
+        files = {directory: dict.fromkeys(plugin["files"])}
+        advice = rcclplugin.advice(named=None, files=files, search_dirs=[directory])
         logger.warning(
-            "RCCL will load no network plugin from %s: %s.",
-            plugin["dir"],
-            rcclplugin.advice(
-                named=None,
-                files={plugin["dir"]: dict.fromkeys(plugin["files"])},
-                search_dirs=[plugin["dir"]],
-            ),
+            "RCCL will load no network plugin from %s: %s.", directory, advice
         )
         return []
     if value is None:
         return []
+    name = f"{directory}/{rcclplugin.PREFIX}-{value}.so"
     logger.info(
-        "RCCL loads %s/%s-%s.so only when named: NCCL_NET_PLUGIN=%s is set in "
-        "the image (a value you set at run time wins).",
-        plugin["dir"],
-        rcclplugin.PREFIX,
-        value,
+        "RCCL loads %s only when named: NCCL_NET_PLUGIN=%s is set in the image "
+        "(a value you set at run time wins).",
+        name,
         value,
     )
     return [
@@ -165,63 +149,85 @@ def plugin_name_blocks(*, plugin):
     ]
 
 
-def family_hint(*, root, settings):
-    """Why the profile may not fit the base, when its plugin is elsewhere."""
-    plugin = find_plugin(root=root, dirs=KNOWN_PLUGIN_DIRS)
+def plugin_blocks(*, settings, root, found):
+    """Env file blocks for the plugin: its directory, its name; `found` gets it."""
+    plugin = _profile_plugin(settings=settings, root=root)
     if plugin is None:
-        return None
-    own_libfabric = plugin["dir"] not in (
-        "/opt/aws-ofi-rccl",
-        "/opt/aws-ofi-rccl/lib",
-        "/opt/aws-ofi-rccl/lib64",
-    )
-    fits = (
-        "a LUMI AI Factory image (its own libfabric/CXI): build with "
-        "--system=lumi-aif-torch or lumi-aif-full"
-        if own_libfabric
-        else "a LUMI ROCm base or EasyBuild image: build with --system=lumi-g-ext "
-        "or lumi-g-ext-pytorch"
-    )
-    return (
-        f"the profile looks for RCCL's network plugin in "
-        f"{', '.join(settings.net_plugin_dirs) or 'no directory'}, but the image "
-        f"has {plugin['generation']} in {plugin['dir']}: it looks like {fits} "
-        "(or set lumi-env.net-plugin-dirs, libfabric and binds), else the "
-        "image gets another family's runtime settings"
-    )
+        other = _profile_plugin(settings=settings, root=root, dirs=KNOWN_PLUGIN_DIRS)
+        if other is not None:
+            fits = (
+                "a LUMI ROCm base or EasyBuild image: build with --system=lumi-g-ext "
+                "or lumi-g-ext-pytorch"
+                if other["dir"] in AWS_OFI_RCCL_DIRS
+                else "a LUMI AI Factory image (its own libfabric/CXI): build with "
+                "--system=lumi-aif-torch or lumi-aif-full"
+            )
+            logger.warning(
+                "The system may not fit this base image: the profile looks for "
+                "RCCL's network plugin in %s, but the image has %s in %s: it looks "
+                "like %s (or set lumi-env.net-plugin-dirs, libfabric and binds), "
+                "else the image gets another family's runtime settings.",
+                ", ".join(settings.net_plugin_dirs) or "no directory",
+                other["generation"],
+                other["dir"],
+                fits,
+            )
+        return []
+    found[plugin["generation"]] = plugin["dir"]
+    blocks = []
+    if plugin["dir"].rstrip("/") not in DEFAULT_LOADER_DIRS:
+        blocks.append(path_addition(name="LD_LIBRARY_PATH", entries=[plugin["dir"]]))
+    return blocks + plugin_name_blocks(plugin=plugin)
 
 
-def is_default_loader_dir(directory):
-    """Whether the loader searches `directory` without LD_LIBRARY_PATH."""
-    return directory.rstrip("/") in DEFAULT_LOADER_DIRS
+def _profile_plugin(*, settings, root, dirs=None):
+    """RCCL's network plugin in the profile's directories (None: none)."""
+    return find_plugin(
+        root=root,
+        dirs=settings.net_plugin_dirs if dirs is None else dirs,
+        named=None if dirs else settings.env.get("NCCL_NET_PLUGIN"),
+    )
 
 
 def env_blocks(*, settings):
     """Env file blocks: the runscript's GDR default, where rccl-tests are."""
-    blocks = []
     gdr = settings.nccl_net_gdr_level
-    blocks.append(
+    blocks = [
         "# NCCL_NET_GDR_LEVEL for conda-python-distributed when you set none "
         "(empty: leave it to RCCL).\n"
         + default_assignments({GDR_VARIABLE: "" if gdr is None else str(gdr)})
-    )
+    ]
     if settings.rccl_tests:
         blocks.append(default_assignments({RCCL_TESTS_VARIABLE: settings.rccl_tests}))
     return blocks
 
 
-def runtime_record(*, settings, plugin, binds, rccl_tests_found):
-    """The JSON record of the image's network layer (read by verify)."""
+def write_runtime_record(*, settings, root, binds):
+    """Record the network layer for verify; return the record."""
+    tests = settings.rccl_tests
+    found = bool(tests and resolve_in_root(root=root, path=tests).is_dir())
+    if tests and not found:
+        logger.warning(
+            "The profile says rccl-tests are in %s, but the image has no such "
+            "directory.",
+            tests,
+        )
     gdr = settings.nccl_net_gdr_level
-    return {
+    record = {
         "libfabric": settings.libfabric,
         "net-plugin-dirs": list(settings.net_plugin_dirs),
-        "net-plugin": plugin,
+        "net-plugin": _profile_plugin(settings=settings, root=root),
         "nccl-net-gdr-level": None if gdr is None else str(gdr),
-        "rccl-tests": settings.rccl_tests,
-        "rccl-tests-found": rccl_tests_found,
+        "rccl-tests": tests,
+        "rccl-tests-found": found,
         "binds": list(binds),
     }
+    write_file_in_root(
+        root=root,
+        path=imagelayout.RUNTIME_FILE,
+        content=json.dumps(record, indent=2, sort_keys=True) + "\n",
+    )
+    return record
 
 
 def describe_lines(*, settings):
@@ -231,12 +237,7 @@ def describe_lines(*, settings):
         "RCCL network plugin (librccl-net.so, librccl-net-NAME.so) looked for in "
         + ", ".join(settings.net_plugin_dirs or ["(nowhere)"])
         + "; added to LD_LIBRARY_PATH unless the loader searches it anyway",
-        f"libfabric: the {settings.libfabric}'s"
-        + (
-            " (the host's Cray libfabric: /opt/cray bound at run time)"
-            if settings.libfabric == "host"
-            else " own (no host /opt/cray or libcxi needed)"
-        ),
+        f"libfabric: {LIBFABRIC_SOURCES[settings.libfabric]}",
         "conda-python-distributed: "
         + (
             f"NCCL_NET_GDR_LEVEL={shlex.quote(str(gdr))} unless you set it"

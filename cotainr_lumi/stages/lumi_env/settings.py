@@ -1,7 +1,6 @@
 """The settings of the lumi-env stage, declared once."""
 
 from dataclasses import dataclass
-import logging
 import os
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Union
@@ -9,51 +8,64 @@ from typing import Any, NamedTuple, Optional, Union
 from ... import imagelayout
 from ...engine.settings import SettingError, StageSettings, each, setting
 from ...errors import SECRET_NAME_RE, InputError, redact
-from .envfile import validate_name, validate_path_entry, validate_value
+from .envfile import text_problem, validate_name, validate_path_entry, validate_value
 from .modulefile import check_var_name, validate_bind, var_name_of
 from .mpi import check_host_binding, check_mode
-from .network import check_gdr_level, check_libfabric
+from .network import AWS_OFI_RCCL_DIRS, check_gdr_level, check_libfabric
 
-logger = logging.getLogger(f"cotainr.{__name__}")
-
-#: Where the module mounts ``$CONTAINERROOT/user-software``.
 USER_SOFTWARE = imagelayout.USER_SOFTWARE_DIR
 
 
-def root_path_problem(value):
-    """Why `value` cannot be a CONTAINERROOT (it goes into ``SINGULARITY_BIND``)."""
-    if not isinstance(value, str) or not value:
-        return f"must be a directory path or null (got {value!r})"
-    if any(c in value for c in ",:\0") or any(c.isspace() for c in value):
-        return f"{value!r} contains ',', ':', white space or NUL (it goes into SINGULARITY_BIND)"
-    return None
+#: The rules of :func:`.envfile.text_problem` for the module's places.
+MODULE_DIR = dict(
+    what="the module directory",
+    forbid=":",
+    spaces=True,
+    absolute=False,
+    use="MODULEPATH",
+)
+CONTAINER_ROOT = dict(what="CONTAINERROOT", absolute=False, use="SINGULARITY_BIND")
 
 
 def directory_problem(directory):
     """Why `directory` cannot hold the module files."""
-    if directory.exists():
-        if not directory.is_dir():
-            return f"{directory} exists and is not a directory"
-        if not os.access(directory, os.W_OK | os.X_OK):
-            return f"{directory} is not writable"
-        return None
-    ancestor = directory.parent
+    ancestor = directory
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
+    why = f"cannot create {directory}: " if ancestor != directory else ""
     if not ancestor.is_dir():
-        return f"cannot create {directory}: {ancestor} is not a directory"
+        return f"{why}{ancestor} {'is' if why else 'exists and is'} not a directory"
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"cannot create {directory}: {ancestor} is not writable"
+        return f"{why}{ancestor} is not writable"
     return None
 
 
-def _search_path_entries(name):
-    """The check of the entries of a search path setting."""
+def module_name_problem(value):
+    """Why `value` cannot be the name of a module Lmod loads."""
+    what = "the module name"
+    problem = text_problem(value, what=what, forbid=",:/", absolute=False)
+    if problem is None and value.startswith((".", "-")):
+        return f"{what} must not start with '.' or '-' (got {value!r})"
+    if problem is None and value.endswith((".lua", ".sh")):
+        return f"{what} must not end in .lua or .sh, the module files' (got {value!r})"
+    return problem
 
-    def check(entry):
-        validate_path_entry(name=name, entry=entry)
 
-    return each(check)
+def _directory(rule):
+    """The check of a directory setting: `rule`, then room for the files."""
+
+    def check(value):
+        if not value:
+            return
+        try:
+            path = Path(value).expanduser()
+        except RuntimeError as e:  # ~nosuchuser
+            raise ValueError(f"{value!r}: {e}") from None
+        problem = text_problem(str(path), **rule) or directory_problem(path)
+        if problem:
+            raise ValueError(problem)
+
+    return check
 
 
 def _check_env(env):
@@ -88,44 +100,10 @@ def _check_secrets(settings):
         )
 
 
-def expanded(value):
-    """`value` with ``~`` or ``~user`` expanded, or ValueError saying why not."""
-    try:
-        return Path(value).expanduser()
-    except RuntimeError as e:  # ~nosuchuser
-        raise ValueError(f"{value!r}: {e}") from None
-
-
-def _check_module_dir(value):
-    if not value:
-        return
-    path = expanded(value)
-    problem = module_dir_problem(str(path)) or directory_problem(path)
-    if problem:
-        raise ValueError(problem)
-
-
-def module_dir_problem(value):
-    """Why `value` cannot hold the module files (``module use`` / MODULEPATH)."""
-    if ":" in value or any(not c.isprintable() for c in value):
-        return (
-            f"{value!r} contains ':' or control characters (it goes into "
-            "MODULEPATH and PATH)"
-        )
-    return None
-
-
-def _check_container_root(value):
-    path = expanded(value)
-    problem = root_path_problem(str(path)) or directory_problem(path)
-    if problem:
-        raise ValueError(problem)
-
-
 def _check_user_venv(value):
     if (
         not value.startswith(USER_SOFTWARE + "/")
-        or root_path_problem(value)
+        or text_problem(value, what="")
         or "/../" in value + "/"
     ):
         raise ValueError(
@@ -134,27 +112,14 @@ def _check_user_venv(value):
         )
 
 
-def _check_rccl_tests(value):
-    validate_path_entry(name="rccl-tests", entry=value)
-
-
-def module_name_problem(value):
-    """Why `value` cannot be the name of a module Lmod loads."""
-    if not value or "/" in value or value.startswith((".", "-")):
-        return "must be a file name not starting with '.' or '-', without '/'"
-    if value.endswith((".lua", ".sh")):
-        return "must not end in .lua or .sh (the module files get those suffixes)"
-    if any(c in value for c in ",:\0") or any(
-        c.isspace() or not c.isprintable() for c in value
-    ):
-        return "must not contain ',', ':', white space or control characters"
-    return None
-
-
 def _check_module_name(value):
     problem = module_name_problem(value)
     if problem:
-        raise ValueError(f"{problem} (got {value!r})")
+        raise ValueError(problem)
+
+
+def _entries(name):
+    return each(lambda entry: validate_path_entry(name=name, entry=entry))
 
 
 class ModuleNames(NamedTuple):
@@ -189,12 +154,12 @@ class LumiEnvSettings(StageSettings):
     path: list[str] = setting(
         [],
         doc="directories added to PATH",
-        check=_search_path_entries("PATH"),
+        check=_entries("PATH"),
     )
     ld_library_path: list[str] = setting(
         [],
         doc="directories added to LD_LIBRARY_PATH",
-        check=_search_path_entries("LD_LIBRARY_PATH"),
+        check=_entries("LD_LIBRARY_PATH"),
     )
     runscripts: bool = setting(True, doc="the LUMI runscripts in /runscripts, on PATH")
     with_conda: bool = setting(
@@ -209,7 +174,7 @@ class LumiEnvSettings(StageSettings):
     module_dir: Optional[str] = setting(
         None,
         doc="where the module file goes (null: next to the image)",
-        check=_check_module_dir,
+        check=_directory(MODULE_DIR),
     )
     module_name: Optional[str] = setting(
         None,
@@ -224,7 +189,7 @@ class LumiEnvSettings(StageSettings):
     container_root: Optional[str] = setting(
         None,
         doc="CONTAINERROOT on the host (null: NAME.root next to the image)",
-        check=_check_container_root,
+        check=_directory(CONTAINER_ROOT),
     )
     user_venv: Optional[str] = setting(
         None,
@@ -255,10 +220,10 @@ class LumiEnvSettings(StageSettings):
         check=check_libfabric,
     )
     net_plugin_dirs: list[str] = setting(
-        ["/opt/aws-ofi-rccl", "/opt/aws-ofi-rccl/lib", "/opt/aws-ofi-rccl/lib64"],
+        list(AWS_OFI_RCCL_DIRS),
         doc="where RCCL's network plugin (librccl-net.so, librccl-net-NAME.so) "
         "may be, first match wins",
-        check=_search_path_entries("net-plugin-dirs"),
+        check=_entries("net-plugin-dirs"),
     )
     nccl_net_gdr_level: Optional[Union[str, int]] = setting(
         "3",
@@ -269,7 +234,7 @@ class LumiEnvSettings(StageSettings):
     rccl_tests: Optional[str] = setting(
         None,
         doc="the directory of rccl-tests (all_reduce_perf ...) in the image",
-        check=_check_rccl_tests,
+        check=lambda value: validate_path_entry(name="rccl-tests", entry=value),
     )
 
     def __post_init__(self):

@@ -1,34 +1,15 @@
 """
 The lumi-env stage: LUMI runtime settings, runscripts, binds and module file.
 
-The hand-built LUMI images get their runtime setup from baked Docker ``ENV``
-lines and an EasyBuild module. This stage puts into the image what can live
-there and describes, next to the image, what cannot (bind mounts):
-
-- ``/.singularity.d/env/93-cotainr-lumi-env.sh`` (sourced after cotainr's
-  ``92-cotainr-env.sh``): the profile's environment variables as *defaults*
-  (a host ``export`` or ``APPTAINERENV_NAME``/``SINGULARITYENV_NAME`` wins),
-  the MIOpen cache on node-local ``/tmp``, ROCm and aws-ofi-rccl search path
-  entries when missing, ``/runscripts`` on ``PATH`` and ``WITH_CONDA``.
-- ``/runscripts/{conda-python-simple,conda-python-distributed,get-master,
-  init-user-venv}``.
-- ``/opt/cotainr-lumi/with-conda.sh``: what ``$WITH_CONDA`` runs (activates
-  the image's Python environment; a no-op when it is active).
-- Labels ``cotainr-lumi.binds``, ``cotainr-lumi.env-file``,
-  ``cotainr-lumi.env``, ``cotainr-lumi.runscripts``.
-- MPI (:mod:`.mpi`): which ``libmpi.so.12`` the image's MPI users run on,
-  the image's MPICH or LUMI's Cray MPICH bound in at run time
-  (``/.singularity.d/env/99-cotainr-lumi-mpi.sh``, the record
-  ``/opt/cotainr-lumi/mpi.json``, labels ``cotainr-lumi.mpi``,
-  ``cotainr-lumi.mpi.record``, the binds in the module file).
-- Next to the image (``report.outputs``, written by the pipeline once the
-  image is in place): an Lmod module file
-  ``NAME.lua`` and a shell snippet ``NAME.sh`` setting ``SIF``,
-  ``SINGULARITY_BIND``, ``RUNSCRIPTS`` and ``SINGULARITYENV_PREPEND_PATH``.
+Into the image: the env file (profile variables as defaults, MIOpen cache,
+ROCm and network plugin paths, ``/runscripts`` on ``PATH``, ``WITH_CONDA``),
+the runscripts, ``with-conda.sh``, the MPI env file and record (:mod:`.mpi`),
+and labels. Next to the image (``report.outputs``, written by the pipeline):
+an Lmod module file, a shell snippet and ``CONTAINERROOT``, for the binds a
+SIF cannot hold.
 """
 
 import json
-import logging
 from pathlib import Path
 import shlex
 
@@ -37,34 +18,25 @@ from ...engine.rootfs import write_file_in_root
 from ...engine.stage import Stage, StageReport
 from ...errors import InputError, StageError
 from ...imagelayout import LABEL_MPI, LABEL_MPI_RECORD, MPI_ENV_FILE, MPI_FILE
-from . import network
-from .envfile import (
-    EnvError,
-    render_env_file,
-    validate_name,
-)
-from .hostfiles import image_has_user_software, module_outputs
+from . import imagefiles, network
+from .envfile import EnvError, render_env_file, text_problem, validate_name
 from .imagefiles import (
     ENV_FILE,
     ROCM_ROOT,
     RUNSCRIPTS,
     RUNSCRIPTS_DIR,
     WITH_CONDA_VALUE,
-    ImageFiles,
 )
+from .modulefile import image_has_user_software, module_outputs
 from .mpi import HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
 from .settings import (
+    CONTAINER_ROOT,
+    MODULE_DIR,
     USER_SOFTWARE,
     LumiEnvSettings,
-    module_dir_problem,
     module_name_problem,
-    root_path_problem,
 )
-
-__all__ = ["LumiEnvStage"]
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 class LumiEnvStage(Stage):
@@ -76,8 +48,7 @@ class LumiEnvStage(Stage):
     def __init__(self, *, settings=None):
         super().__init__(settings=settings)
         if self.settings.mpi == "host":
-            # Asked for explicitly: a host library missing on this (LUMI)
-            # host stops the plan, before anything is built.
+            # Asked for: a host library missing here stops the plan.
             check_host_paths(
                 binding=HostBinding.from_setting(self.settings.mpi_host),
                 error=InputError,
@@ -114,19 +85,13 @@ class LumiEnvStage(Stage):
             env[name] = value
         return {"env": env} if env else {}
 
-    # ------------------------------------------------------------------ helpers
     @property
     def env(self):
         """The variables set as defaults (``None`` values dropped)."""
         return {k: v for k, v in self.settings.env.items() if v is not None}
 
     def planned_outputs(self, *, plan):
-        """
-        The module file, shell snippet and CONTAINERROOT this build writes.
-
-        The names derived from the image path are checked here, as the given
-        ones are when the settings are read.
-        """
+        """The module file, shell snippet and CONTAINERROOT; derived names checked."""
         names = self.settings.names(image_path=plan.image_path)
         if names.lua is None:
             return []
@@ -136,22 +101,19 @@ class LumiEnvStage(Stage):
             "lumi-env.module-name=NAME, lumi-env.module-dir=DIR or "
             "lumi-env.container-root=DIR (or --set lumi-env.module-file=false)."
         )
-        problem = module_name_problem(name)
-        if problem:
-            raise InputError(f"lumi-env: the module name {name!r} {problem}. {fix}")
-        for what, problem in (
-            ("module directory", module_dir_problem(str(names.lua.parent))),
-            ("CONTAINERROOT", root_path_problem(str(root))),
+        for problem in (
+            module_name_problem(name),
+            text_problem(str(names.lua.parent), **MODULE_DIR),
+            text_problem(str(root), **CONTAINER_ROOT),
         ):
             if problem:
-                raise InputError(f"lumi-env: the {what} {problem}. {fix}")
+                raise InputError(f"lumi-env: {problem}. {fix}")
         return [names.lua, names.shell, root]
 
-    def run_hint(self, *, image_path, mpi=None):
+    def _run_hint(self, *, image_path, mpi, binds):
         """The command to run the image on LUMI."""
         entry = "conda-python-distributed" if self.settings.runscripts else "python"
-        binds = ",".join(self._binds(mpi=mpi))
-        bind_opt = f"-B {shlex.quote(binds)} " if binds else ""
+        bind_opt = f"-B {shlex.quote(','.join(binds))} " if binds else ""
         lines = ["Run the image on LUMI with:"]
         names = self.settings.names(image_path=image_path)
         if names.lua is not None:
@@ -165,11 +127,10 @@ class LumiEnvStage(Stage):
             f"  srun singularity exec {bind_opt}{shlex.quote(str(image_path))} "
             f"{entry} your_script.py"
         )
-        if mpi is not None and mpi.active:
+        if mpi.active:
             lines.append(f"MPI ({mpi.mode}): launch ranks with {mpi.launch_hint()}")
         return "\n".join(lines)
 
-    # ------------------------------------------------------------------ plan
     def describe(self, *, plan):
         """Describe the env file, runscripts, binds and module file."""
         lines = [f"env file {ENV_FILE} (defaults, overridable at run time):"]
@@ -209,116 +170,58 @@ class LumiEnvStage(Stage):
             requested=self.settings.mpi, host_setting=self.settings.mpi_host
         )
         names = self.settings.names(image_path=plan.image_path)
-        if names.lua is not None:
-            lines.append(f"module file {names.lua}, shell snippet {names.shell}")
-            var = names.var
-            lines.append(
-                f"  SIF, SIF{var}, CONTAINERROOT={names.root} (bin/: start-shell, "
-                "make-squashfs, unmake-squashfs; runscripts/; user-software/ "
-                f"mounted at {USER_SOFTWARE}), RUNSCRIPTS, EBROOT{var}"
-            )
-            lines.append(
-                f"  user venv {names.user_venv} "
-                "(source /runscripts/init-conda-venv; active when present)"
-            )
-        else:
-            lines.append("no module file (module-file: false)")
-        return lines
-
-    # ------------------------------------------------------------------ run
-    def _binds(self, *, mpi=None):
-        """The binds the module file sets: the profile's, then MPI's."""
-        extra = mpi.binds() if mpi is not None else []
-        return list(dict.fromkeys([*self.settings.binds, *extra]))
+        if names.lua is None:
+            return [*lines, "no module file (module-file: false)"]
+        return [
+            *lines,
+            f"module file {names.lua}, shell snippet {names.shell}",
+            f"  SIF, SIF{names.var}, CONTAINERROOT={names.root} (bin/: start-shell, "
+            "make-squashfs, unmake-squashfs; runscripts/; user-software/ "
+            f"mounted at {USER_SOFTWARE}), RUNSCRIPTS, EBROOT{names.var}",
+            f"  user venv {names.user_venv} "
+            "(source /runscripts/init-conda-venv; active when present)",
+        ]
 
     def run(self, *, context):
         """Write the env file, runscripts and with-conda.sh; report the outputs."""
-        sandbox = context.sandbox
-        root = sandbox.root
+        root = context.sandbox.root
         image_path = Path(context.plan.image_path)
         # The build's one probe of the image (never `python` on PATH).
         target = context.target_env if self.settings.with_conda else None
-        mpi = self._plan_mpi(context=context)
-        files = ImageFiles(self.settings)
-        env_prefix = None
-        if self.settings.with_conda:
-            env_prefix = files.write_with_conda(root=root, target=target)
-        user_venv = self.settings.names(image_path=image_path).user_venv
-        user_software = not image_has_user_software(root=root)
-        blocks, found = files.env_file_blocks(
-            root=root, target=target, user_venv=user_venv
-        )
-        header = (
-            "cotainr-lumi LUMI runtime settings (lumi-env stage).\n"
-            "Every value is a default: export NAME (or APPTAINERENV_NAME) to override it."
-        )
-        write_file_in_root(
+        mpi = plan_mpi(
             root=root,
-            path=ENV_FILE,
-            content=render_env_file(header=header, blocks=blocks),
-        )
-        if self.settings.runscripts:
-            files.write_runscripts(root=root)
-        mpi.write_env_file(root=root, path=MPI_ENV_FILE)
-        runtime = files.write_runtime_record(root=root, binds=self._binds(mpi=mpi))
-        self._check_in_sandbox(sandbox=sandbox)
-        self._check_mpi(context=context, mpi=mpi)
-        paths, container_root, outputs = module_outputs(
-            settings=self.settings,
-            binds=self._binds(mpi=mpi),
-            image_path=image_path,
-            user_venv=user_venv,
-            user_software=user_software,
-            mpi=mpi,
-        )
-        details = {
-            "env-file": ENV_FILE,
-            "env": dict(self.env),
-            "search-paths": found,
-            "python-prefix": env_prefix,
-            "runscripts": [f"{RUNSCRIPTS_DIR}/{n}" for n in RUNSCRIPTS]
-            if self.settings.runscripts
-            else [],
-            "binds": self._binds(mpi=mpi),
-            "mpi": mpi.record(),
-            "module-files": sorted(str(p) for p in (paths or ())),
-            "container-root": str(container_root) if container_root else None,
-            "user-venv": user_venv,
-            "host-files": sorted(outputs),
-            "run-hint": self.run_hint(image_path=image_path, mpi=mpi),
-            "runtime": runtime,
-        }
-        return self._report(details=details, outputs=outputs, paths=paths, mpi=mpi)
-
-    def _plan_mpi(self, *, context):
-        """The build's MPI decision (:mod:`.mpi`): the image's MPI, the mode."""
-        return plan_mpi(
-            root=context.sandbox.root,
             # No probe when MPI is off (lumi-env.mpi: none).
             target=context.target_env if self.settings.mpi != "none" else None,
             requested=self.settings.mpi,
             host_setting=self.settings.mpi_host,
             stage=self.name,
         )
-
-    def _check_mpi(self, *, context, mpi):
-        """Run mpi4py once in the container; record the image's MPI."""
-        target = context.target_env if mpi.active else None
-        mpi.check_in_sandbox(
-            sandbox=context.sandbox,
-            python=target.python if target is not None else None,
-            stage=self.name,
+        binds = list(dict.fromkeys([*self.settings.binds, *mpi.binds()]))
+        user_venv = self.settings.names(image_path=image_path).user_venv
+        user_software = not image_has_user_software(root=root)
+        details = self._write_image_files(
+            root=root, target=target, mpi=mpi, binds=binds, user_venv=user_venv
         )
-        write_file_in_root(
-            root=context.sandbox.root,
-            path=MPI_FILE,
-            content=json.dumps(mpi.record(), indent=2) + "\n",
+        self._check_in_sandbox(context=context, mpi=mpi)
+        paths, container_root, outputs = module_outputs(
+            settings=self.settings,
+            binds=binds,
+            image_path=image_path,
+            user_venv=user_venv,
+            user_software=user_software,
+            mpi=mpi,
         )
-
-    def _report(self, *, details, outputs, paths, mpi):
-        """The stage report: summary and labels."""
+        details.update(
+            {
+                "mpi": mpi.record(),
+                "module-files": sorted(str(p) for p in (paths or ())),
+                "container-root": str(container_root) if container_root else None,
+                "host-files": sorted(outputs),
+                "run-hint": self._run_hint(image_path=image_path, mpi=mpi, binds=binds),
+            }
+        )
         labels = {
-            imagelayout.LABEL_BINDS: ",".join(self._binds(mpi=mpi)),
+            imagelayout.LABEL_BINDS: ",".join(binds),
             imagelayout.LABEL_ENV_FILE: ENV_FILE,
             imagelayout.LABEL_ENV: ",".join(self.env),
             LABEL_MPI: mpi.mode,
@@ -331,17 +234,50 @@ class LumiEnvStage(Stage):
             summary += f", runscripts in {RUNSCRIPTS_DIR}"
         if outputs:
             summary += f", module file {paths[0]}"
-        summary += f"; {mpi.summary()}"
         return StageReport(
             name=self.name,
-            summary=summary,
+            summary=f"{summary}; {mpi.summary()}",
             details=details,
             labels=labels,
             outputs=outputs,
         )
 
-    def _check_in_sandbox(self, *, sandbox):
-        """Start the container once so a broken env file fails the build."""
+    def _write_image_files(self, *, root, target, mpi, binds, user_venv):
+        """Write the env files, with-conda.sh and runscripts; the report's details."""
+        env_prefix = None
+        if self.settings.with_conda:
+            env_prefix = imagefiles.write_with_conda(root=root, target=target)
+        blocks, found = imagefiles.env_file_blocks(
+            settings=self.settings, root=root, target=target, user_venv=user_venv
+        )
+        header = (
+            "cotainr-lumi LUMI runtime settings (lumi-env stage).\n"
+            "Every value is a default: export NAME (or APPTAINERENV_NAME) to override it."
+        )
+        content = render_env_file(header=header, blocks=blocks)
+        write_file_in_root(root=root, path=ENV_FILE, content=content)
+        if self.settings.runscripts:
+            imagefiles.write_runscripts(root=root)
+        if mpi.active:
+            write_file_in_root(root=root, path=MPI_ENV_FILE, content=mpi.env_file())
+        return {
+            "env-file": ENV_FILE,
+            "env": dict(self.env),
+            "search-paths": found,
+            "python-prefix": env_prefix,
+            "runscripts": [f"{RUNSCRIPTS_DIR}/{n}" for n in RUNSCRIPTS]
+            if self.settings.runscripts
+            else [],
+            "binds": binds,
+            "user-venv": user_venv,
+            "runtime": network.write_runtime_record(
+                settings=self.settings, root=root, binds=binds
+            ),
+        }
+
+    def _check_in_sandbox(self, *, context, mpi):
+        """Start the container (a broken env file fails the build), check MPI."""
+        sandbox = context.sandbox
         script = 'printf "ok\\n"'
         if self.settings.runscripts:
             script = "command -v get-master >/dev/null && " + script
@@ -359,3 +295,8 @@ class LumiEnvStage(Stage):
                 stage=self.name,
                 details=(proc.stderr or "")[-2000:],
             )
+        # Run mpi4py once in the container; record the image's MPI.
+        python = getattr(context.target_env, "python", None) if mpi.active else None
+        mpi.check_in_sandbox(sandbox=sandbox, python=python, stage=self.name)
+        record = json.dumps(mpi.record(), indent=2) + "\n"
+        write_file_in_root(root=sandbox.root, path=MPI_FILE, content=record)

@@ -24,7 +24,7 @@ NAMES = ("make-squashfs", "unmake-squashfs", "start-shell")
 
 
 def render(name, *, sif, root):
-    """The host command as the stage writes it (see hostfiles._host_command_text)."""
+    """The host command as the stage writes it (see modulefile._host_command_text)."""
     body = (HOSTSCRIPTS / name).read_text()
     return (
         f"#!/bin/bash\n# {name}: test copy.\n"

@@ -19,15 +19,14 @@ from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
 from cotainr_lumi.stages import PIPELINE
-from cotainr_lumi.stages.lumi_env.hostfiles import HOST_COMMANDS
+from cotainr_lumi.stages.lumi_env import imagefiles
 from cotainr_lumi.stages.lumi_env.imagefiles import (
     BASE_WITH_CONDA_MARK,
     ENV_FILE,
     RUNSCRIPTS,
     WITH_CONDA_FILE,
-    ImageFiles,
 )
-from cotainr_lumi.stages.lumi_env.modulefile import MARKER
+from cotainr_lumi.stages.lumi_env.modulefile import HOST_COMMANDS, MARKER
 from cotainr_lumi.stages.lumi_env.stage import LumiEnvStage
 
 LUMI_SETTINGS = {
@@ -161,7 +160,8 @@ def test_stage_writes_env_file_runscripts_and_reports_outputs(tmp_path):
         assert text.startswith("#!/bin/bash\n") and MARKER in text
         assert f"default_sif={tmp_path / 'out/torch.sif'}" in text
     lua = outputs[str(tmp_path / "out/torch.lua")]
-    assert 'setenv("SIFTORCH", ' in lua and 'setenv("EBROOTTORCH", root)' in lua
+    assert 'setenv("SIFTORCH", ' in lua
+    assert f'setenv("EBROOTTORCH", "{croot}")' in lua
     env_file = (root / ENV_FILE.lstrip("/")).read_text()
     assert "COTAINR_LUMI_USER_VENV" in env_file
     assert str(tmp_path / "out/torch.sif") in outputs[str(tmp_path / "out/torch.lua")]
@@ -277,8 +277,8 @@ def test_container_root_var_name_and_user_venv_settings(tmp_path):
         },
     )
     lua = report.outputs[str(tmp_path / "out/torch.lua")]
-    assert 'setenv("SIFPYTORCH"' in lua and 'setenv("EBROOTPYTORCH", root)' in lua
-    assert f'local root = "{tmp_path / "croot"}"' in lua
+    assert 'setenv("SIFPYTORCH"' in lua
+    assert f'setenv("EBROOTPYTORCH", "{tmp_path / "croot"}")' in lua
     assert str(tmp_path / "croot/bin/start-shell") in report.outputs
     assert report.details["user-venv"] == "/user-software/venv/pytorch"
 
@@ -468,11 +468,10 @@ def _write_fake_conda(tmp_path):
 def test_with_conda_chains_to_the_base_images_command(tmp_path):
     env, base_value = _write_fake_conda(tmp_path)
     root = make_root(tmp_path, venv=False)
-    stage = ImageFiles(LumiEnvStage(settings={}).settings)
     target = SimpleNamespace(with_conda=base_value)
-    chained = stage._base_with_conda(root=root, target=target)
+    chained = imagefiles.base_with_conda(root=root, target=target)
     assert chained == base_value
-    script, prefix = stage._with_conda_script(
+    script, prefix = imagefiles.with_conda_script(
         root=root,
         target=TargetEnv(prefix=str(env), python=f"{env}/bin/python"),
         base_with_conda=chained,
@@ -494,13 +493,14 @@ def test_with_conda_chains_to_the_base_images_command(tmp_path):
     # script that sources itself.
     (root / "opt/cotainr-lumi").mkdir(parents=True)
     (root / "opt/cotainr-lumi/with-conda.sh").write_text(script)
-    again = stage._base_with_conda(
+    again = imagefiles.base_with_conda(
         root=root,
         target=SimpleNamespace(with_conda=". /opt/cotainr-lumi/with-conda.sh"),
     )
     assert again == base_value
     assert (
-        stage._base_with_conda(root=root, target=SimpleNamespace(with_conda="")) is None
+        imagefiles.base_with_conda(root=root, target=SimpleNamespace(with_conda=""))
+        is None
     )
 
 
@@ -509,11 +509,10 @@ def test_a_multi_line_base_with_conda_is_chained_as_it_is_even_on_a_rebuild(tmp_
     env, activate = _write_fake_conda(tmp_path)
     base_value = f"{activate}\nexport CHAINED='a\\b'"
     root = make_root(tmp_path, venv=False)
-    stage = ImageFiles(LumiEnvStage(settings={}).settings)
-    script, _ = stage._with_conda_script(
+    script, _ = imagefiles.with_conda_script(
         root=root,
         target=TargetEnv(prefix=str(env), python=f"{env}/bin/python"),
-        base_with_conda=stage._base_with_conda(
+        base_with_conda=imagefiles.base_with_conda(
             root=root, target=SimpleNamespace(with_conda=base_value)
         ),
     )
@@ -527,7 +526,7 @@ def test_a_multi_line_base_with_conda_is_chained_as_it_is_even_on_a_rebuild(tmp_
         check=True,
     )
     assert proc.stdout == "a\\b\n"
-    again = stage._base_with_conda(
+    again = imagefiles.base_with_conda(
         root=root,
         target=SimpleNamespace(with_conda=". /opt/cotainr-lumi/with-conda.sh"),
     )
@@ -538,7 +537,7 @@ def test_a_multi_line_base_with_conda_is_chained_as_it_is_even_on_a_rebuild(tmp_
         f"{BASE_WITH_CONDA_MARK}\neval 'source x\n"
     )
     assert (
-        stage._base_with_conda(
+        imagefiles.base_with_conda(
             root=root,
             target=SimpleNamespace(with_conda=". /opt/cotainr-lumi/with-conda.sh"),
         )

@@ -12,8 +12,8 @@ from cotainr_lumi.stages.lumi_env.modulefile import (
     check_image_path,
     check_var_name,
     lua_quote,
-    render_lua,
-    render_shell,
+    module_ops,
+    render,
     validate_bind,
     var_name_of,
 )
@@ -67,7 +67,9 @@ def test_lua_quote_round_trips_in_real_lua(text):
 def test_module_file_loads_in_lmod_with_hostile_paths(tmp_path, image):
     marker = tmp_path / "PWNED"
     image = image.replace("X", f"$(touch {marker})`touch {marker}`")
-    (tmp_path / "img.lua").write_text(render_lua(image=image, binds=BINDS))
+    (tmp_path / "img.lua").write_text(
+        render(module_ops(image=image, binds=BINDS), language="lua")
+    )
     env = lmod_env(tmp_path, "img")
     assert env["SIF"] == image
     assert env["SINGULARITY_BIND"] == ",".join(BINDS)
@@ -77,7 +79,9 @@ def test_module_file_loads_in_lmod_with_hostile_paths(tmp_path, image):
 
 
 def test_module_file_keeps_existing_binds_and_unloads_cleanly(tmp_path):
-    (tmp_path / "img.lua").write_text(render_lua(image="/x/img.sif", binds=BINDS))
+    (tmp_path / "img.lua").write_text(
+        render(module_ops(image="/x/img.sif", binds=BINDS), language="lua")
+    )
     env = lmod_env(tmp_path, "img", env={"SINGULARITY_BIND": "/mine,/pfs"})
     binds = env["SINGULARITY_BIND"].split(",")
     assert binds.count("/pfs") == 1 and "/mine" in binds
@@ -92,7 +96,7 @@ def test_module_file_keeps_existing_binds_and_unloads_cleanly(tmp_path):
 def test_shell_snippet_sets_the_same_variables(tmp_path):
     image = "/x/it's $(touch " + str(tmp_path / "PWNED") + ").sif"
     snippet = tmp_path / "img.sh"
-    snippet.write_text(render_shell(image=image, binds=BINDS))
+    snippet.write_text(render(module_ops(image=image, binds=BINDS), language="sh"))
     for shell in ("bash", "sh"):
         proc = subprocess.run(
             [shell, "-c", '. "$1"; . "$1"; env -0', "sh", str(snippet)],
@@ -113,10 +117,14 @@ def test_shell_snippet_sets_the_same_variables(tmp_path):
 
 
 def test_no_runscripts_means_no_runscripts_variables():
-    text = render_lua(image="/x/a.sif", binds=[], runscripts=None)
+    text = render(
+        module_ops(image="/x/a.sif", binds=[], runscripts=None), language="lua"
+    )
     assert 'setenv("RUNSCRIPTS"' not in text and "append_path" not in text
     assert 'setenv("SIF", "/x/a.sif")' in text
-    shell = render_shell(image="/x/a.sif", binds=[], runscripts=None)
+    shell = render(
+        module_ops(image="/x/a.sif", binds=[], runscripts=None), language="sh"
+    )
     assert "RUNSCRIPTS=" not in shell and "SINGULARITY_BIND" not in shell
     assert "SIF=/x/a.sif; export SIF" in shell
 
@@ -150,7 +158,10 @@ def _lust_env(tmp_path, *, squashfs):
     mods = tmp_path / "mods"
     mods.mkdir(exist_ok=True)
     (mods / "pt.lua").write_text(
-        render_lua(image="/x/pt.sif", binds=BINDS, container_root=root, name="pt")
+        render(
+            module_ops(image="/x/pt.sif", binds=BINDS, container_root=root, name="pt"),
+            language="lua",
+        )
     )
     return root, mods
 
@@ -182,7 +193,10 @@ def test_shell_snippet_is_the_same_drop_in(tmp_path, squashfs):
     root, _ = _lust_env(tmp_path, squashfs=squashfs)
     snippet = tmp_path / "pt.sh"
     snippet.write_text(
-        render_shell(image="/x/pt.sif", binds=BINDS, container_root=root, name="pt")
+        render(
+            module_ops(image="/x/pt.sif", binds=BINDS, container_root=root, name="pt"),
+            language="sh",
+        )
     )
     proc = subprocess.run(
         ["sh", "-c", '. "$1"; . "$1"; env -0', "sh", str(snippet)],

@@ -20,9 +20,11 @@ from targetenv_fakes import is_probe, probe_stdout
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.errors import CotainrLumiError, InputError, StageError
 from cotainr_lumi.imagelayout import MPI_ENV_FILE, MPI_FILE
-from cotainr_lumi.stages.lumi_env import mpienv
+from cotainr_lumi.stages.lumi_env.modulefile import render
 from cotainr_lumi.stages.lumi_env.mpi import (
     HostBinding,
+    mpi_env_file,
+    mpi_module_ops,
     plan_mpi,
     resolve_mode,
 )
@@ -351,7 +353,7 @@ def source(text, tmp_path, env=None):
 
 
 def test_env_file_swaps_in_the_host_library(tmp_path, host_lib):
-    text = mpienv.env_file(
+    text = mpi_env_file(
         mode="host", binding=host_lib, image_library="/opt/env/lib/libmpi.so.12"
     )
     env, err = source(text, tmp_path)
@@ -378,7 +380,7 @@ def test_env_file_swaps_in_the_host_library(tmp_path, host_lib):
 
 def test_env_file_without_the_bound_library_says_so_once(tmp_path, host_lib):
     Path(host_lib.libmpi).unlink()
-    text = mpienv.env_file(
+    text = mpi_env_file(
         mode="host", binding=host_lib, image_library="/opt/env/lib/libmpi.so.12"
     )
     env, err = source(text, tmp_path)
@@ -393,7 +395,7 @@ def test_env_file_without_the_bound_library_says_so_once(tmp_path, host_lib):
 
 
 def test_container_default_can_be_switched_to_host_at_run_time(tmp_path, host_lib):
-    text = mpienv.env_file(
+    text = mpi_env_file(
         mode="container", binding=host_lib, image_library="/usr/lib/libmpi.so.12"
     )
     env, _ = source(text, tmp_path)
@@ -515,7 +517,7 @@ def test_a_pin_is_a_warning_when_the_image_keeps_its_mpich(tmp_path, libs, caplo
     lua = report.outputs[str(tmp_path / "mod/mpi.lua")]
     assert 'pushenv("SLURM_MPI_TYPE", "pmi2")' in lua
     shell = report.outputs[str(tmp_path / "mod/mpi.sh")]
-    assert 'export SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmi2}"' in shell
+    assert "|| SLURM_MPI_TYPE=pmi2; export SLURM_MPI_TYPE" in shell
 
 
 def test_host_mode_leaves_srun_at_lumis_default(tmp_path, libs):
@@ -584,8 +586,14 @@ def test_plan_mpi_none_needs_no_image(tmp_path):
 
 def test_the_images_own_mpich_without_a_host_binding_still_sets_srun_pmi2():
     # The AI Factory profiles carry no host binding; srun still needs PMI-2.
-    lua = mpienv.lua_lines(mode="container", binding=None, image="/x.sif")
-    assert lua[-1] == 'pushenv("SLURM_MPI_TYPE", "pmi2")'
-    shell = mpienv.shell_lines(mode="container", binding=None, image="/x.sif")
-    assert shell[-1] == 'export SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmi2}"'
-    assert mpienv.lua_lines(mode="host", binding=None, image="/x.sif") == []
+    ops = mpi_module_ops(mode="container", binding=None, image="/x.sif")
+    assert (
+        render(ops, language="lua").splitlines()[-1]
+        == 'pushenv("SLURM_MPI_TYPE", "pmi2")'
+    )
+    shell = render(ops, language="sh").splitlines()[-1]
+    assert (
+        shell
+        == '[ -n "${SLURM_MPI_TYPE-}" ] || SLURM_MPI_TYPE=pmi2; export SLURM_MPI_TYPE'
+    )
+    assert mpi_module_ops(mode="host", binding=None, image="/x.sif") == []

@@ -42,17 +42,10 @@ def add_aif_plugin(root, name="librccl-net-ofi.so", *, decoy=True):
     (root / "usr/libexec/rccl-tests").mkdir(parents=True, exist_ok=True)
 
 
-def _resolver(tmp_path):
-    return lambda path: tmp_path / path.lstrip("/")
-
-
 def test_find_plugin_none_without_plugin_files(tmp_path):
     (tmp_path / "opt/aws-ofi-rccl").mkdir(parents=True)
     (tmp_path / "opt/aws-ofi-rccl/libfabric.so.1").write_bytes(b"")
-    assert (
-        network.find_plugin(root=_resolver(tmp_path), dirs=["/opt/aws-ofi-rccl"])
-        is None
-    )
+    assert network.find_plugin(root=tmp_path, dirs=["/opt/aws-ofi-rccl"]) is None
 
 
 def test_find_plugin_aws_ofi_rccl_loads_by_its_default_name(tmp_path):
@@ -60,9 +53,7 @@ def test_find_plugin_aws_ofi_rccl_loads_by_its_default_name(tmp_path):
     d.mkdir(parents=True)
     (d / "librccl-net.so.0.0.0").write_bytes(b"")
     (d / "librccl-net.so").symlink_to("librccl-net.so.0.0.0")
-    assert network.find_plugin(
-        root=_resolver(tmp_path), dirs=["/opt/aws-ofi-rccl"]
-    ) == {
+    assert network.find_plugin(root=tmp_path, dirs=["/opt/aws-ofi-rccl"]) == {
         "generation": "aws-ofi-rccl",
         "dir": "/opt/aws-ofi-rccl",
         "files": ["librccl-net.so", "librccl-net.so.0.0.0"],
@@ -74,9 +65,7 @@ def test_find_plugin_aws_ofi_rccl_loads_by_its_default_name(tmp_path):
 def test_find_plugin_aws_ofi_nccl_needs_its_name_and_the_nccl_decoy_loses(tmp_path):
     # The decoy libnccl-net.so is in the first directory: RCCL never loads it.
     add_aif_plugin(tmp_path)
-    found = network.find_plugin(
-        root=_resolver(tmp_path), dirs=[MULTIARCH, "/opt/aws-ofi-rccl"]
-    )
+    found = network.find_plugin(root=tmp_path, dirs=[MULTIARCH, "/opt/aws-ofi-rccl"])
     assert found == {
         "generation": "aws-ofi-nccl",
         "dir": MULTIARCH,
@@ -88,7 +77,7 @@ def test_find_plugin_aws_ofi_nccl_needs_its_name_and_the_nccl_decoy_loses(tmp_pa
     (tmp_path / MULTIARCH.lstrip("/") / "librccl-net.so").symlink_to(
         "librccl-net-ofi.so"
     )
-    found = network.find_plugin(root=_resolver(tmp_path), dirs=[MULTIARCH])
+    found = network.find_plugin(root=tmp_path, dirs=[MULTIARCH])
     assert (found["generation"], found["nccl-net-plugin"]) == ("aws-ofi-nccl", None)
 
 
@@ -97,22 +86,20 @@ def test_find_plugin_a_directory_rccl_loads_from_wins_over_an_nccl_only_one(tmp_
     lib.mkdir(parents=True)
     (lib / "librccl-net.so").write_bytes(b"")
     add_aif_plugin(tmp_path, "libnccl-net-ofi.so", decoy=False)
-    found = network.find_plugin(root=_resolver(tmp_path), dirs=[MULTIARCH, "/usr/lib"])
+    found = network.find_plugin(root=tmp_path, dirs=[MULTIARCH, "/usr/lib"])
     assert (found["dir"], found["generation"]) == ("/usr/lib", "aws-ofi-rccl")
-    only = network.find_plugin(root=_resolver(tmp_path), dirs=[MULTIARCH])
+    only = network.find_plugin(root=tmp_path, dirs=[MULTIARCH])
     assert only["generation"] == "nccl" and only["nccl-net-plugin"] is None
     assert only["loads"] is False
 
 
 def test_find_plugin_takes_the_name_the_profile_sets(tmp_path, caplog):
     add_aif_plugin(tmp_path, decoy=True)
-    found = network.find_plugin(
-        root=_resolver(tmp_path), dirs=[MULTIARCH], named="libnccl-net.so"
-    )
+    found = network.find_plugin(root=tmp_path, dirs=[MULTIARCH], named="libnccl-net.so")
     # Named so, RCCL loads NCCL's file: no warning that it loads none.
     assert (found["generation"], found["nccl-net-plugin"]) == ("nccl", None)
     assert found["loads"] is True and network.plugin_name_blocks(plugin=found) == []
-    found = network.find_plugin(root=_resolver(tmp_path), dirs=[MULTIARCH], named="ofi")
+    found = network.find_plugin(root=tmp_path, dirs=[MULTIARCH], named="ofi")
     assert (found["generation"], found["nccl-net-plugin"]) == ("aws-ofi-nccl", None)
     assert "will load no network plugin" not in caplog.text
 
@@ -125,9 +112,7 @@ def test_rccl_tries_each_name_in_every_directory_before_the_next_name(tmp_path):
     second.mkdir()
     (first / "librccl-net.so").write_bytes(b"")
     (second / "librccl-net-ofi.so").write_bytes(b"")
-    found = network.find_plugin(
-        root=_resolver(tmp_path), dirs=["/first", "/second"], named="ofi"
-    )
+    found = network.find_plugin(root=tmp_path, dirs=["/first", "/second"], named="ofi")
     assert (found["dir"], found["generation"], found["loads"]) == (
         "/second",
         "aws-ofi-nccl",
@@ -137,7 +122,7 @@ def test_rccl_tries_each_name_in_every_directory_before_the_next_name(tmp_path):
 
 def test_an_nccl_only_plugin_is_a_warning_and_no_setting(tmp_path, caplog):
     add_aif_plugin(tmp_path, "libnccl-net-ofi.so", decoy=False)
-    found = network.find_plugin(root=_resolver(tmp_path), dirs=[MULTIARCH])
+    found = network.find_plugin(root=tmp_path, dirs=[MULTIARCH])
     assert network.plugin_name_blocks(plugin=found) == []
     assert "RCCL will load no network plugin from " + MULTIARCH in caplog.text
     assert "never NCCL's names" in caplog.text
