@@ -22,7 +22,6 @@ import shlex
 import textwrap
 from typing import Optional
 
-from ... import _cotainr
 from ...engine.origins import Origin
 from ...engine.settings import SettingError, StageSettings, each, read_declared, setting
 from ...errors import StageError
@@ -471,15 +470,12 @@ class MpiPlan:
             return []
         return mpi_module_ops(mode=self.mode, binding=self.binding, image=image)
 
-    def check_in_sandbox(self, *, sandbox, python, stage):
-        """Run mpi4py once in the build's container (with the env file written)."""
-        if not self.active or not self.scan.mpi4py or not python:
-            return
-        try:
-            proc = sandbox.run([python, "-c", LOAD_CHECK])
-            text = proc.stdout or ""
-        except _cotainr.CommandError as e:
-            text = f"{e.stdout}\n{e.stderr}"
+    def checks_load(self, *, python):
+        """Whether the build's start check runs mpi4py (with this python)."""
+        return bool(self.active and self.scan.mpi4py and python)
+
+    def check_loaded(self, *, text, stage):
+        """Read :data:`LOAD_CHECK`'s answer from the start check's output."""
         self.loaded = parse_load_check(text)
         if "error" in self.loaded and self.scan.mpich:
             raise StageError(

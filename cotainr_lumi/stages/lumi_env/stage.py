@@ -28,7 +28,7 @@ from .imagefiles import (
     WITH_CONDA_VALUE,
 )
 from .modulefile import image_has_user_software, module_outputs
-from .mpi import HostBinding, check_host_paths, plan_mpi
+from .mpi import LOAD_CHECK, HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
 from .settings import (
     CONTAINER_ROOT,
@@ -276,13 +276,18 @@ class LumiEnvStage(Stage):
         }
 
     def _check_in_sandbox(self, *, context, mpi):
-        """Start the container (a broken env file fails the build), check MPI."""
+        """One start of the container: the env file works, mpi4py loads its MPI."""
         sandbox = context.sandbox
         script = 'printf "ok\\n"'
         if self.settings.runscripts:
             script = "command -v get-master >/dev/null && " + script
+        args = ["bash", "-c", script]
+        python = getattr(context.target_env, "python", None) if mpi.active else None
+        if mpi.checks_load(python=python):
+            script += ' && { "$1" -c "$2" || true; }'
+            args = ["bash", "-c", script, "check", python, LOAD_CHECK]
         try:
-            proc = sandbox.run(["bash", "-c", script])
+            proc = sandbox.run(args)
         except _cotainr.CommandError as e:
             raise StageError(
                 f"the container does not start with the generated {ENV_FILE}",
@@ -295,8 +300,8 @@ class LumiEnvStage(Stage):
                 stage=self.name,
                 details=(proc.stderr or "")[-2000:],
             )
-        # Run mpi4py once in the container; record the image's MPI.
-        python = getattr(context.target_env, "python", None) if mpi.active else None
-        mpi.check_in_sandbox(sandbox=sandbox, python=python, stage=self.name)
+        if len(args) > 3:
+            text = f"{proc.stdout or ''}\n{proc.stderr or ''}"
+            mpi.check_loaded(text=text, stage=self.name)
         record = json.dumps(mpi.record(), indent=2) + "\n"
         write_file_in_root(root=sandbox.root, path=MPI_FILE, content=record)

@@ -421,7 +421,8 @@ class MpiSandbox:
         if is_probe(args):
             out = probe_stdout(ENV, var="VIRTUAL_ENV")
         elif "COTAINR_LUMI_MPI_CHECK" in args[-1]:
-            out = "COTAINR_LUMI_MPI_CHECK " + json.dumps(self.loaded) + "\n"
+            # The start check runs mpi4py's check after its own "ok".
+            out = "ok\nCOTAINR_LUMI_MPI_CHECK " + json.dumps(self.loaded) + "\n"
         else:
             out = "ok\n"
         return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
@@ -464,6 +465,8 @@ def test_stage_records_and_binds_the_host_mpich(tmp_path, libs):
     )
     assert record["host"]["ld-library-path"][0] == str(Path(CRAY_LIB).parent)
     assert record["loaded-at-build"]["library_version"] == "MPICH Version: 5.0.2"
+    # One start of the container after the probe: the env file and mpi4py.
+    assert len(sandbox.calls) == 2 and sandbox.calls[1][:2] == ["bash", "-c"]
     env_file = at(root, MPI_ENV_FILE).read_text()
     assert "COTAINR_LUMI_MPI_HOST_LIBMPI=" + CRAY_LIB in env_file
     lua = report.outputs[str(tmp_path / "mod/mpi.lua")]
