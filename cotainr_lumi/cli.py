@@ -1,10 +1,9 @@
 """
 The ``cotainr-lumi`` command.
 
-``cotainr-lumi build`` and ``cotainr-lumi info`` are cotainr's own
-subcommands with the cotainr-lumi plugin active (the same code as the stock
-``cotainr`` command: cotainr's build hook, or the shim of it); ``cotainr-lumi verify`` checks a built image. The command
-works without the start-up hook.
+``build`` and ``info`` are cotainr's own subcommands with the cotainr-lumi
+plugin active (cotainr's build hook, or the shim of it), ``verify`` checks a
+built image. The command works without the start-up hook.
 """
 
 import argparse
@@ -12,7 +11,7 @@ import logging
 import signal
 import sys
 
-from .errors import CotainrLumiError, InputError, UnsupportedCotainrError
+from .errors import CotainrLumiError, InputError, UnsupportedCotainrError, fail
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -26,12 +25,6 @@ except UnsupportedCotainrError as e:
 
 #: The subcommands cotainr itself runs (with the plugin active).
 COTAINR_SUBCOMMANDS = ("build", "info")
-
-
-def _fail(error):
-    """Print one error message and exit with the error's code."""
-    sys.stderr.write(f"cotainr: error: {error}\n")
-    raise SystemExit(getattr(error, "exit_code", 1))
 
 
 class Verify:
@@ -75,19 +68,18 @@ class Verify:
         from .verify.checks import verify_image
 
         try:  # a signal is an exception: exec_in_image kills the container
-            with _cotainr.shim._stop_cleanly_on_signals():
+            with _cotainr.shim.stop_cleanly_on_signals():
                 report = verify_image(
                     image=self.image, strict=self.strict, timeout=self.timeout
                 )
         except CotainrLumiError as e:
-            _fail(e)
+            fail(e)
         except _cotainr.BuildInterruptedError as e:
-            sys.stderr.write(
-                f"cotainr: error: verify was interrupted by "
-                f"{signal.Signals(e.signum).name}; the container it started was "
-                "stopped\n"
+            fail(
+                f"verify was interrupted by {signal.Signals(e.signum).name}; the "
+                "container it started was stopped",
+                exit_code=e.exit_code,
             )
-            raise SystemExit(128 + e.signum) from None
         print(report.as_json() if self.json else report.as_text())
         if report.failed:
             raise SystemExit(1)
@@ -160,11 +152,8 @@ class CotainrLumiCLI:
         """Run the subcommand; one error line for a failed build stage."""
         try:
             self.subcommand.execute()
-        except _cotainr.PluginError as e:
-            _fail(e)
-        except _cotainr.BuildInterruptedError as e:
-            sys.stderr.write(f"cotainr: error: {e}\n")
-            raise SystemExit(128 + e.signum) from None
+        except (_cotainr.PluginError, _cotainr.BuildInterruptedError) as e:
+            fail(e)
         if self.name == "info":
             # cotainr lists the systems it could read; a broken profile
             # file is an error of the command.
@@ -178,12 +167,12 @@ class CotainrLumiCLI:
 def main(*args, **kwargs):
     """The ``cotainr-lumi`` entry point."""
     if COTAINR_MISSING is not None:
-        _fail(COTAINR_MISSING)
+        fail(COTAINR_MISSING)
     try:
         _cotainr.check_cotainr_version()
         cli = CotainrLumiCLI()
     except (_cotainr.PluginError, CotainrLumiError) as e:
-        _fail(e)
+        fail(e)
     cli.execute()
 
 

@@ -41,11 +41,8 @@ try:  # a cotainr with the build hook (docs/upstream/)
 except ImportError:
     _native = None
 NATIVE = getattr(_native, "HOOK_API_VERSION", None) == hookapi.HOOK_API_VERSION
-
-if NATIVE:
-    BuildContext, PluginError = _native.BuildContext, _native.PluginError
-else:
-    BuildContext, PluginError = hookapi.BuildContext, hookapi.PluginError
+_api = _native if NATIVE else hookapi
+BuildContext, PluginError = _api.BuildContext, _api.PluginError
 BuildInterruptedError = hookapi.BuildInterruptedError
 
 
@@ -194,7 +191,7 @@ def setup_cli_logging(*, log_settings):
 class CommandError(Exception):
     """A command run in the sandbox failed."""
 
-    def __init__(self, *, cmd, returncode, stdout, stderr):
+    def __init__(self, *, cmd, returncode, stdout="", stderr=""):
         self.cmd = list(cmd)
         self.returncode = returncode
         self.stdout = stdout or ""
@@ -208,16 +205,18 @@ class CommandError(Exception):
         from ..errors import clip_output
 
         lines = (self.stderr or self.stdout).splitlines()
-        keep = [
-            ln
-            for ln in lines
-            if any(
-                tag in ln
-                for tag in ("ERROR", "error", "Error", "FATAL", "No module named")
-            )
-        ]
-        chosen = keep or lines
+        tags = ("ERROR", "error", "Error", "FATAL", "No module named")
+        chosen = [ln for ln in lines if any(tag in ln for tag in tags)] or lines
         return clip_output("\n".join(chosen[-limit:]))
+
+
+class CommandTimeoutError(CommandError):
+    """A command run in the sandbox ran longer than its timeout (and was killed)."""
+
+    def __init__(self, *, cmd, timeout):
+        super().__init__(
+            cmd=cmd, returncode=-9, stderr=f"ERROR: killed after {timeout:g} s"
+        )
 
 
 def command_error_from(error, *, cmd=None):
@@ -248,68 +247,32 @@ def command_error_from(error, *, cmd=None):
     )
 
 
-class CommandTimeoutError(CommandError):
-    """A command run in the sandbox ran longer than its timeout (and was killed)."""
+@contextlib.contextmanager
+def _killed_after(timeout, *, marker):
+    """After `timeout` s, kill the process working on `marker` and all below it."""
+    fired = []
 
-    def __init__(self, *, cmd, timeout):
-        super().__init__(
-            cmd=cmd,
-            returncode=-9,
-            stdout="",
-            stderr=f"ERROR: killed after {timeout:g} s",
-        )
-        self.timeout = timeout
-
-
-def _process_tree(pid):
-    """`pid` and the process ids below it (Linux /proc)."""
-    found, todo = [pid], [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = (task / "children").read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if child not in found:
-                    found.append(child)
-                    todo.append(child)
-    return found
-
-
-class _Watchdog:
-    """Kill the runtime process working on `marker` (and all below it) after `timeout`."""
-
-    def __init__(self, *, timeout, marker):
-        self.timeout = timeout
-        self.marker = marker.encode()
-        self.fired = False
-        self._timer = None
-
-    def _kill(self):
-        self.fired = True
-        for pid in _process_tree(os.getpid())[1:]:
+    def kill():
+        fired.append(True)
+        for pid in shim.process_tree(os.getpid())[1:]:
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if self.marker in cmdline:
-                for victim in reversed(_process_tree(pid)):
+            if marker.encode() in cmdline:
+                for victim in reversed(shim.process_tree(pid)):
                     with contextlib.suppress(OSError):
                         os.kill(victim, signal.SIGKILL)
                 return
 
-    def __enter__(self):
-        if self.timeout:
-            self._timer = threading.Timer(self.timeout, self._kill)
-            self._timer.daemon = True
-            self._timer.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self._timer is not None:
-            self._timer.cancel()
+    timer = threading.Timer(timeout or 0, kill)
+    timer.daemon = True
+    if timeout:
+        timer.start()
+    try:
+        yield fired
+    finally:
+        timer.cancel()
 
 
 class Sandbox:
@@ -323,15 +286,14 @@ class Sandbox:
         """Run a command in the container sandbox (writable, no home)."""
         cmd = [str(a) for a in args]
         if env:
-            cmd = ["env"] + [f"{k}={v}" for k, v in env.items()] + cmd
-        with _Watchdog(timeout=timeout, marker=str(self.root)) as watchdog:
+            cmd = ["env", *(f"{k}={v}" for k, v in env.items()), *cmd]
+        with _killed_after(timeout, marker=str(self.root)) as fired:
             try:
                 return self.stock.run_command_in_container(cmd=shlex.join(cmd))
             except UnicodeDecodeError as e:
                 raise CommandError(
                     cmd=cmd,
                     returncode=-1,
-                    stdout="",
                     stderr=(
                         f"ERROR: the command printed bytes that are not UTF-8 "
                         f"({e.object[max(0, e.start - 20) : e.end + 20]!r}); check "
@@ -339,13 +301,9 @@ class Sandbox:
                     ),
                 ) from None
             except (ValueError, subprocess.CalledProcessError) as e:
-                if watchdog.fired:
+                if fired:
                     raise CommandTimeoutError(cmd=cmd, timeout=timeout) from None
                 command_error = command_error_from(e, cmd=cmd)
                 if command_error is None:
                     raise
                 raise command_error from e
-
-    def add_to_env(self, *, shell_script):
-        """Append to cotainr's env file (``92-cotainr-env.sh``)."""
-        self.stock.add_to_env(shell_script=shell_script)

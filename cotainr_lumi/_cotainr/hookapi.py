@@ -36,6 +36,7 @@ class BuildInterruptedError(BaseException):
 
     def __init__(self, signum):
         self.signum = signum
+        self.exit_code = 128 + signum
         super().__init__(
             f"the build was interrupted by {signal.Signals(signum).name}; no image "
             "was written (an existing image is kept) and the build's sandbox and "

@@ -21,6 +21,7 @@ import signal
 import sys
 import types
 
+from ..errors import fail
 from ..imagelayout import ENV_SCRIPTS_DIR, LABELS_FILE
 from .hookapi import BuildContext, BuildInterruptedError, PluginError
 
@@ -90,27 +91,23 @@ def load_plugins():
     return plugins
 
 
-def _plugins_off():
-    return os.environ.get("COTAINR_DISABLE_PLUGINS", "") not in ("", "0")
+def _plugins():
+    """The plugins, unless ``COTAINR_DISABLE_PLUGINS`` is set."""
+    off = os.environ.get("COTAINR_DISABLE_PLUGINS", "") not in ("", "0")
+    return {} if off else load_plugins()
 
 
 def hooks():
     """The build hooks of the plugins, by plugin name."""
-    if _plugins_off():
-        return {}
-    found = {}
-    for name, plugin in load_plugins().items():
-        hook = getattr(plugin, "build_hook", None)
-        if hook is not None and getattr(hook, "api_version", None) == 1:
-            found[name] = hook
-    return found
+    found = {name: getattr(p, "build_hook", None) for name, p in _plugins().items()}
+    return {n: h for n, h in found.items() if getattr(h, "api_version", None) == 1}
 
 
 def _systems_with_plugins(get_systems):
     @functools.wraps(get_systems)
     def wrapped():
         systems = get_systems()
-        for name, plugin in ({} if _plugins_off() else load_plugins()).items():
+        for name, plugin in _plugins().items():
             try:
                 extra = plugin.systems() if hasattr(plugin, "systems") else {}
             except Exception as e:  # noqa: BLE001 - one warning, cotainr goes on
@@ -301,7 +298,7 @@ def _execute(original):
             return original(self)
         _state.active = {"build": self, "customized": False}
         try:
-            with _stop_cleanly_on_signals(), _spinner_only_on_a_terminal():
+            with stop_cleanly_on_signals(), _spinner_only_on_a_terminal():
                 original(self)
         except BaseException as error:
             report = error
@@ -443,15 +440,31 @@ def _spinner_only_on_a_terminal():
         tracing.ConsoleSpinner = spinner
 
 
+def process_tree(pid):
+    """`pid` and the process ids below it (Linux /proc)."""
+    found, todo = [pid], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.append(child)
+                    todo.append(child)
+    return found
+
+
 @contextlib.contextmanager
-def _stop_cleanly_on_signals():
+def stop_cleanly_on_signals():
     """Turn SIGTERM/SIGHUP/SIGINT into :class:`BuildInterruptedError`."""
-    from . import _process_tree
 
     def handler(signum, frame):
         for sig in STOP_SIGNALS:  # once: the clean-up must not be interrupted
             signal.signal(sig, signal.SIG_IGN)
-        for pid in _process_tree(os.getpid())[1:]:
+        for pid in process_tree(os.getpid())[1:]:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
         raise BuildInterruptedError(signum)
@@ -473,12 +486,8 @@ def _main(original):
     def main(*args, **kwargs):
         try:
             return original(*args, **kwargs)
-        except PluginError as e:
-            sys.stderr.write(f"cotainr: error: {e}\n")
-            raise SystemExit(e.exit_code) from None
-        except BuildInterruptedError as e:
-            sys.stderr.write(f"cotainr: error: {e}\n")
-            raise SystemExit(128 + e.signum) from None
+        except (PluginError, BuildInterruptedError) as e:
+            fail(e)
 
     return main
 
@@ -500,8 +509,7 @@ def _refuse_plugin_systems(original, problem):
             for plugin in load_plugins().values():
                 plugin_systems.update(plugin.systems())
         if system in plugin_systems:
-            sys.stderr.write(f"cotainr: error: {problem}\n")
-            raise SystemExit(1)
+            fail(problem)
         return original(*args, **kwargs)
 
     return main
