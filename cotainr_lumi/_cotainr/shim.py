@@ -1,16 +1,15 @@
 """
 The build hook of ``docs/upstream/seam-api.md`` on a cotainr without it.
 
-:func:`install` wraps a few of cotainr's methods so that the plugins' hooks
-are called where a cotainr with the hook calls them. It relies on the
-cotainr internals of :data:`RELIED_ON` only (``docs/upstream.md`` lists
-them); when one is missing nothing is wrapped, stock cotainr runs unchanged
-and a plugin's system is one error naming the cotainr version. A build no
-plugin takes part in runs as on stock cotainr.
+:func:`install` wraps the cotainr internals of :data:`RELIED_ON` so that the
+plugins' hooks run where a cotainr with the hook calls them. When one is
+missing nothing is wrapped: stock cotainr runs unchanged and a plugin's
+system is one error naming the cotainr version.
 """
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import inspect
 import json
@@ -49,7 +48,13 @@ BACKPORTED_OPTIONS = {
 }
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-_state = types.SimpleNamespace(installed=None, problem=None, active=None, tracing=None)
+#: `build`: the Build running now with the shim's steps (None: none or stock).
+_state = types.SimpleNamespace(installed=None, problem=None, build=None, tracing=None)
+
+
+def _taking_part():
+    """The plugins taking part in the build running now."""
+    return _state.build._shim_taking_part if _state.build else {}
 
 
 def missing_internals(modules):
@@ -167,20 +172,7 @@ def _partial_path(image_path):
     return image_path.with_name(f".{image_path.name}.partial-{os.getpid()}")
 
 
-def answer_is_yes(question):
-    """Ask `question` on the terminal; ``None`` when stdin has no answer (EOF)."""
-    prompt = question + " [yes/no]\n>>> "
-    while True:
-        try:
-            answer = input(prompt).strip().lower()
-        except EOFError:
-            return None
-        if answer in ("yes", "no"):
-            return answer == "yes"
-        prompt = f'You answered "{answer}". Please answer yes or no.\n>>> '
-
-
-def _context(kwargs, *, dry_run, options, systems):
+def _context(kwargs, *, dry_run, systems):
     from . import CONDA_ENV_NAME, CONDA_PREFIX
 
     system = kwargs.get("system")
@@ -196,7 +188,7 @@ def _context(kwargs, *, dry_run, options, systems):
         conda_prefix=CONDA_PREFIX if files else None,
         conda_env_name=CONDA_ENV_NAME if files else None,
         dry_run=dry_run,
-        options=types.MappingProxyType(options),
+        options=types.MappingProxyType({}),
     )
 
 
@@ -223,21 +215,18 @@ def _init(original, util):
                 f"{', '.join(sorted(systems)) or 'none'} (see 'cotainr info').",
                 exit_code=2,
             )
+        self._shim_context = _context(
+            kwargs, dry_run=self._shim_dry_run, systems=systems
+        )
         for name, hook in hooks().items():
             if name not in options:  # its options clashed: left out
                 continue
-            context = _context(
-                kwargs,
-                dry_run=self._shim_dry_run,
-                options=options.get(name, {}),
-                systems=systems,
+            context = dataclasses.replace(
+                self._shim_context, options=types.MappingProxyType(options[name])
             )
             lines = hook.prepare(context=context)
             if lines is not None:
                 self._shim_taking_part[name] = (hook, context, lines)
-        self._shim_context = _context(
-            kwargs, dry_run=self._shim_dry_run, options={}, systems=systems
-        )
         self._shim_target = None
         if dry_run:
             return
@@ -258,15 +247,20 @@ def _confirm_overwrite(image_path, *, force):
     """Ask before replacing `image_path` (as cotainr asks); EOF names --force."""
     if not image_path.exists() or force:
         return
-    answer = answer_is_yes(
-        f"{image_path} already exists. Would you like to overwrite it?"
-    )
-    if answer is None:
-        raise PluginError(
-            f"{image_path} already exists and there is no answer on stdin: pass "
-            "--force to replace it, or choose another path."
-        )
-    if not answer:
+    prompt = f"{image_path} already exists. Would you like to overwrite it?"
+    prompt += " [yes/no]\n>>> "
+    while True:
+        try:
+            answer = input(prompt).strip().lower()
+        except EOFError:
+            raise PluginError(
+                f"{image_path} already exists and there is no answer on stdin: "
+                "pass --force to replace it, or choose another path."
+            ) from None
+        if answer in ("yes", "no"):
+            break
+        prompt = f'You answered "{answer}". Please answer yes or no.\n>>> '
+    if answer == "no":
         logger.critical("You have chosen not to overwrite %s. Exiting.", image_path)
         sys.exit(0)
 
@@ -296,7 +290,7 @@ def _execute(original):
             return _print_dry_run(self, cotainr_lines=False)
         if not taking_part and target is None:
             return original(self)
-        _state.active = {"build": self, "customized": False}
+        _state.build, self._shim_customized = self, False
         try:
             with stop_cleanly_on_signals(), _spinner_only_on_a_terminal():
                 original(self)
@@ -313,7 +307,7 @@ def _execute(original):
                 raise
             raise report from error
         finally:
-            _state.active = None
+            _state.build = None
         for hook, context, _lines in taking_part.values():
             hook.finalize(context=context, error=None)
 
@@ -323,11 +317,10 @@ def _execute(original):
 def _add_metadata(original):
     @functools.wraps(original)
     def add_metadata(self, *args, **kwargs):
-        active = _state.active
-        if active is None or not active["build"]._shim_taking_part:
+        if not _taking_part():
             return original(self, *args, **kwargs)
         labels = {}
-        for name, (hook, context, _lines) in active["build"]._shim_taking_part.items():
+        for name, (hook, context, _lines) in _taking_part().items():
             for key, value in (
                 hook.customize(sandbox=self, context=context) or {}
             ).items():
@@ -339,7 +332,7 @@ def _add_metadata(original):
                 labels[str(key)] = str(value)
         _write_labels(Path(self.sandbox_dir), labels)
         result = original(self, *args, **kwargs)
-        active["customized"] = True
+        _state.build._shim_customized = True
         return result
 
     return add_metadata
@@ -363,7 +356,7 @@ def _refuse_links(sandbox_dir, path):
 def _add_to_env(original):
     @functools.wraps(original)
     def add_to_env(self, *args, **kwargs):
-        if _state.active is not None and _state.active["build"]._shim_taking_part:
+        if _taking_part():
             sandbox_dir = Path(self.sandbox_dir)
             _refuse_links(sandbox_dir, sandbox_dir / ENV_SCRIPTS_DIR.lstrip("/"))
         return original(self, *args, **kwargs)
@@ -375,13 +368,10 @@ def _write_labels(sandbox_dir, labels):
     """Add `labels` to the sandbox's labels.json, before cotainr adds its own."""
     path = sandbox_dir / LABELS_FILE.lstrip("/")
     _refuse_links(sandbox_dir, path)
-    text = path.read_text() if path.is_file() else ""
-    try:
-        metadata = (
-            json.JSONDecoder().raw_decode(text.strip())[0] if text.strip() else {}
-        )
-    except ValueError:
-        metadata = {}
+    metadata = {}
+    with contextlib.suppress(ValueError):  # also an empty file
+        text = path.read_text().strip() if path.is_file() else ""
+        metadata = json.JSONDecoder().raw_decode(text)[0]
     if not isinstance(metadata, dict):
         metadata = {}
     metadata = {k: v for k, v in metadata.items() if not k.startswith("cotainr.")}
@@ -392,15 +382,13 @@ def _write_labels(sandbox_dir, labels):
 def _build_image(original, version):
     @functools.wraps(original)
     def build_image(self, *args, **kwargs):
-        active = _state.active
-        if active is not None and active["build"]._shim_taking_part:
-            if not active["customized"]:
-                raise PluginError(
-                    f"cotainr {version} built the image without adding its "
-                    "metadata first, so the cotainr plugins' build steps could "
-                    f"not run. {support_hint(version)}"
-                )
-        target = active and active["build"]._shim_target
+        if _taking_part() and not _state.build._shim_customized:
+            raise PluginError(
+                f"cotainr {version} built the image without adding its "
+                "metadata first, so the cotainr plugins' build steps could "
+                f"not run. {support_hint(version)}"
+            )
+        target = _state.build and _state.build._shim_target
         path = kwargs.get("path", args[0] if args else None)
         if not target or path is None or Path(path) != target:
             return original(self, *args, **kwargs)  # e.g. cotainr's own partial
