@@ -23,9 +23,6 @@ try:
 except UnsupportedCotainrError as e:
     COTAINR_MISSING = e
 
-#: The subcommands cotainr itself runs (with the plugin active).
-COTAINR_SUBCOMMANDS = ("build", "info")
-
 
 class Verify:
     """
@@ -107,7 +104,6 @@ def _parser():
     summary = Verify.__doc__.strip().splitlines()[0]
     verify = subparsers.add_parser("verify", help=summary, description=summary)
     Verify.add_arguments(parser=verify)
-    verify.set_defaults(subcommand_cls=Verify)
     return parser
 
 
@@ -123,7 +119,7 @@ class CotainrLumiCLI:
         """Construct the command line interface."""
         args = list(sys.argv[1:] if args is None else args)
         self.name = next((a for a in args if not a.startswith("-")), None)
-        if self.name in COTAINR_SUBCOMMANDS:
+        if self.name in ("build", "info"):  # cotainr's, with the plugin active
             if self.name == "build":
                 # cotainr reads a broken profile file as "no such system";
                 # the cotainr-lumi command says what is wrong with it.
@@ -140,12 +136,12 @@ class CotainrLumiCLI:
                     "path without a symlink loop, in a directory you can read."
                 ) from None
             return
-        parsed = _parser().parse_args(args=args)
-        if not hasattr(parsed, "subcommand_cls"):
-            _parser().print_help()
+        parser = _parser()
+        parsed = parser.parse_args(args=args)
+        if self.name is None:  # no subcommand
+            parser.print_help()
             raise SystemExit(0)
-        options = {k: v for k, v in vars(parsed).items() if k != "subcommand_cls"}
-        self.subcommand = parsed.subcommand_cls(**options)
+        self.subcommand = Verify(**vars(parsed))
         _cotainr.setup_cli_logging(log_settings=_cotainr.make_log_settings())
 
     def execute(self):
