@@ -46,20 +46,18 @@ BuildContext, PluginError = _api.BuildContext, _api.PluginError
 BuildInterruptedError = hookapi.BuildInterruptedError
 
 
-def _conda_defaults():
-    """Where cotainr's conda step puts its env (cotainr's defaults)."""
-    try:
+def _conda_prefix():
+    """Where cotainr's conda step puts its env (cotainr's default)."""
+    with contextlib.suppress(ImportError, KeyError, TypeError, ValueError):
         from cotainr import pack
 
         prefix = inspect.signature(pack.CondaInstall).parameters["prefix"].default
-    except (ImportError, KeyError, TypeError, ValueError):
-        prefix = None
-    if not isinstance(prefix, str):
-        prefix = "/opt/cotainr/conda"
-    return prefix, "conda_container_env"
+        if isinstance(prefix, str):
+            return prefix
+    return "/opt/cotainr/conda"
 
 
-CONDA_PREFIX, CONDA_ENV_NAME = _conda_defaults()
+CONDA_PREFIX, CONDA_ENV_NAME = _conda_prefix(), "conda_container_env"
 
 
 def cotainr_version():
@@ -121,8 +119,6 @@ def takes_several_conda_envs():
 
 def stock_systems():
     """The systems cotainr itself defines (its ``systems.json``)."""
-    if not NATIVE:
-        return getattr(_util.get_systems, "__wrapped__", _util.get_systems)()
     try:
         systems = json.loads(stock_systems_file().read_text())
     except (OSError, ValueError):
@@ -136,29 +132,26 @@ def stock_systems_file():
 
 
 def make_log_settings(*, verbosity=0, log_to_file=False, no_color=False):
-    """Build cotainr log settings."""
+    """Cotainr log settings (`log_to_file` True: a time-stamped file here)."""
     from datetime import datetime
 
     if log_to_file is True:
-        log_file_path = (
-            Path(".").resolve()
-            / f"cotainr_build_{datetime.now().isoformat().replace(':', '.')}"
-        )
-    elif log_to_file:
-        log_file_path = Path(log_to_file).resolve()
-    else:
-        log_file_path = None
+        log_to_file = f"cotainr_build_{datetime.now().isoformat().replace(':', '.')}"
     return _tracing.LogSettings(
-        verbosity=verbosity, log_file_path=log_file_path, no_color=no_color
+        verbosity=verbosity,
+        log_file_path=Path(log_to_file).resolve() if log_to_file else None,
+        no_color=no_color,
     )
 
 
 class _StandardStreamHandler(logging.StreamHandler):
     """A handler writing to the current ``sys.stdout``/``sys.stderr``."""
 
-    def __init__(self, *, name):
+    def __init__(self, *, name, level, fmt):
         super().__init__(stream=getattr(sys, name))
         self._name = name
+        self.setLevel(level)
+        self.setFormatter(logging.Formatter(fmt))
 
     def emit(self, record):
         self.stream = getattr(sys, self._name)
@@ -176,13 +169,15 @@ def setup_cli_logging(*, log_settings):
     level = logging.DEBUG if verbosity >= 2 else logging.INFO
     if verbosity <= -1:
         level = logging.CRITICAL
-    out = _StandardStreamHandler(name="stdout")
-    out.setLevel(level)
+    out = _StandardStreamHandler(
+        name="stdout", level=level, fmt="Cotainr:-: %(message)s"
+    )
     out.addFilter(lambda record: record.levelno <= logging.INFO)
-    out.setFormatter(logging.Formatter("Cotainr:-: %(message)s"))
-    err = _StandardStreamHandler(name="stderr")
-    err.setLevel(max(level, logging.WARNING))
-    err.setFormatter(logging.Formatter("Cotainr:-:%(levelname)s: %(message)s"))
+    err = _StandardStreamHandler(
+        name="stderr",
+        level=max(level, logging.WARNING),
+        fmt="Cotainr:-:%(levelname)s: %(message)s",
+    )
     root = logging.getLogger("cotainr")
     root.setLevel(level)
     root.handlers = [out, err]
