@@ -49,7 +49,7 @@ BACKPORTED_OPTIONS = {
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 #: `build`: the Build running now with the shim's steps (None: none or stock).
-_state = types.SimpleNamespace(installed=None, problem=None, build=None, tracing=None)
+_state = types.SimpleNamespace(build=None, tracing=None)
 
 
 def _taking_part():
@@ -469,9 +469,24 @@ def stop_cleanly_on_signals():
             signal.signal(sig, previous)
 
 
-def _main(original):
+def _plugin_system_asked():
+    """Whether the command line's ``--system`` is a plugin's."""
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser.add_argument("--system")
+    try:
+        system = parser.parse_known_args(sys.argv[1:])[0].system
+        return any(system in p.systems() for p in load_plugins().values())
+    except Exception:  # noqa: BLE001 - cotainr then says what is wrong
+        return False
+
+
+def _main(original, *, problem=None):
+    """Cotainr's main: a plugin's error is one line, so is `problem` for its system."""
+
     @functools.wraps(original)
     def main(*args, **kwargs):
+        if problem and _plugin_system_asked():
+            fail(problem)
         try:
             return original(*args, **kwargs)
         except (PluginError, BuildInterruptedError) as e:
@@ -480,45 +495,19 @@ def _main(original):
     return main
 
 
-def _refuse_plugin_systems(original, problem):
-    """Cotainr's main, with a plugin's system one error naming `problem`."""
-
-    @functools.wraps(original)
-    def main(*args, **kwargs):
-        argv = sys.argv[1:]
-        system = None
-        for i, arg in enumerate(argv):
-            if arg.startswith("--system="):
-                system = arg.split("=", 1)[1]
-            elif arg == "--system" and i + 1 < len(argv):
-                system = argv[i + 1]
-        plugin_systems = {}
-        with contextlib.suppress(Exception):
-            for plugin in load_plugins().values():
-                plugin_systems.update(plugin.systems())
-        if system in plugin_systems:
-            fail(problem)
-        return original(*args, **kwargs)
-
-    return main
-
-
+@functools.cache
 def install(*, cli, container, util, tracing, version):
-    """Wrap cotainr's methods so that plugins' build hooks run (once per process)."""
-    if _state.installed is not None:
-        return _state.problem
+    """Wrap cotainr's methods so that plugins' build hooks run; or why they cannot."""
     _state.tracing = tracing
-    modules = {"cli": cli, "container": container, "util": util}
-    missing = missing_internals(modules)
-    _state.installed = not missing
+    missing = missing_internals({"cli": cli, "container": container, "util": util})
     if missing:
-        _state.problem = (
+        problem = (
             f"cotainr-lumi cannot run on cotainr {version}: it lacks "
             f"{', '.join(missing)}. {support_hint(version)}"
         )
         if callable(getattr(cli, "main", None)):
-            cli.main = _refuse_plugin_systems(cli.main, _state.problem)
-        return _state.problem
+            cli.main = _main(cli.main, problem=problem)
+        return problem
     build, sandbox = cli.Build, container.SingularitySandbox
     util.get_systems = _systems_with_plugins(util.get_systems)
     build.add_arguments = _add_arguments(build.add_arguments.__func__)
