@@ -290,7 +290,8 @@ def _execute(original):
             return _print_dry_run(self, cotainr_lines=False)
         if not taking_part and target is None:
             return original(self)
-        _state.build, self._shim_customized = self, False
+        _state.build = self
+        self._shim_customized = False
         try:
             with stop_cleanly_on_signals(), _spinner_only_on_a_terminal():
                 original(self)
