@@ -7,13 +7,10 @@ built image. The command works without the start-up hook.
 """
 
 import argparse
-import logging
 import signal
 import sys
 
 from .errors import CotainrLumiError, InputError, UnsupportedCotainrError, fail
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: Why cotainr cannot be used (None: it can): every command is that one error.
 COTAINR_MISSING = None

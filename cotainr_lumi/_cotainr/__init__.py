@@ -34,8 +34,6 @@ except ImportError as e:  # one message, not a traceback (cli.main says it)
 
 from . import hookapi, shim
 
-logger = logging.getLogger(f"cotainr.{__name__}")
-
 try:  # a cotainr with the build hook (docs/upstream/)
     from cotainr import plugins as _native
 except ImportError:

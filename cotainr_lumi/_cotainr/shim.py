@@ -419,14 +419,13 @@ def _spinner_only_on_a_terminal():
     """No console spinner (escape codes in Slurm logs) when stdout is a file."""
     tracing = _state.tracing
     spinner = getattr(tracing, "ConsoleSpinner", None)
-    if spinner is None or sys.stdout.isatty():
-        yield
-        return
-    tracing.ConsoleSpinner = contextlib.nullcontext
+    if spinner is not None and not sys.stdout.isatty():
+        tracing.ConsoleSpinner = contextlib.nullcontext
     try:
         yield
     finally:
-        tracing.ConsoleSpinner = spinner
+        if spinner is not None:
+            tracing.ConsoleSpinner = spinner
 
 
 def process_tree(pid):
@@ -461,8 +460,7 @@ def stop_cleanly_on_signals():
     try:
         saved = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     except ValueError:  # not the main thread
-        yield
-        return
+        saved = {}
     try:
         yield
     finally:
