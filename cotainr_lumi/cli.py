@@ -36,27 +36,6 @@ class Verify:
         self.strict = strict
         self.timeout = timeout
 
-    @classmethod
-    def add_arguments(cls, *, parser):
-        """Add arguments to the "verify" subcommand subparser."""
-        parser.add_argument("image", help="the .sif image to check")
-        parser.add_argument(
-            "--json", action="store_true", help="print the report as JSON"
-        )
-        parser.add_argument(
-            "--strict",
-            action="store_true",
-            help="fail on warnings too (a ROCm outside what LUMI's GPU driver "
-            "supports, torch and the base's ROCm disagreeing)",
-        )
-        parser.add_argument(
-            "--timeout",
-            type=float,
-            default=600,
-            metavar="SECONDS",
-            help="the most seconds for all runs in the image (default: 600)",
-        )
-
     def execute(self):
         """Execute the "verify" subcommand (a signal stops the container it started)."""
         from .verify.checks import verify_image
@@ -100,7 +79,21 @@ def _parser():
         subparsers.add_parser(name, help=summary, add_help=False)
     summary = Verify.__doc__.strip().splitlines()[0]
     verify = subparsers.add_parser("verify", help=summary, description=summary)
-    Verify.add_arguments(parser=verify)
+    verify.add_argument("image", help="the .sif image to check")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail on warnings too (a ROCm outside what LUMI's GPU driver "
+        "supports, torch and the base's ROCm disagreeing)",
+    )
+    verify.add_argument(
+        "--timeout",
+        type=float,
+        default=600,
+        metavar="SECONDS",
+        help="the most seconds for all runs in the image (default: 600)",
+    )
     return parser
 
 

@@ -43,9 +43,6 @@ WITH_CONDA_FILE = f"{RECORDS_DIR}/with-conda.sh"
 #: The lumi-env stage's MPI record: the image's MPI, its users, the mode and
 #: the host binding (``cotainr-lumi verify`` reads it).
 MPI_FILE = f"{RECORDS_DIR}/mpi.json"
-
-# -- Today's LUMI images: network layer, SBOM, earlier builds (issue 19) -------
-
 #: lumi-env: the image's network layer as built (plugin, libfabric, GDR, binds).
 RUNTIME_FILE = f"{RECORDS_DIR}/runtime.json"
 #: pip: the target env's packages as a CycloneDX JSON SBOM.

@@ -32,16 +32,16 @@ except ImportError as e:  # one message, not a traceback (cli.main says it)
         "it: pip install 'cotainr>=2025.3.0'"
     ) from e
 
-from . import hookapi, shim
+from . import shim
 
 try:  # a cotainr with the build hook (docs/upstream/)
     from cotainr import plugins as _native
 except ImportError:
     _native = None
-NATIVE = getattr(_native, "HOOK_API_VERSION", None) == hookapi.HOOK_API_VERSION
-_api = _native if NATIVE else hookapi
+NATIVE = getattr(_native, "HOOK_API_VERSION", None) == shim.HOOK_API_VERSION
+_api = _native if NATIVE else shim
 BuildContext, PluginError = _api.BuildContext, _api.PluginError
-BuildInterruptedError = hookapi.BuildInterruptedError
+BuildInterruptedError = shim.BuildInterruptedError
 
 
 def _conda_prefix():

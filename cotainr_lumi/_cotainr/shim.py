@@ -1,5 +1,5 @@
 """
-The build hook of ``docs/upstream/seam-api.md`` on a cotainr without it.
+The build hook of ``docs/upstream/seam-api.md`` (its types) on a cotainr without it.
 
 :func:`install` wraps the cotainr internals of :data:`RELIED_ON` so that the
 plugins' hooks run where a cotainr with the hook calls them. When one is
@@ -19,12 +19,50 @@ from pathlib import Path
 import signal
 import sys
 import types
+from typing import Optional
 
 from ..errors import fail
 from ..imagelayout import ENV_SCRIPTS_DIR, LABELS_FILE
-from .hookapi import BuildContext, BuildInterruptedError, PluginError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
+
+HOOK_API_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildContext:
+    """What a build hook sees of a build (read only)."""
+
+    image_path: Path
+    base_image: str
+    system: Optional[str]
+    conda_env_files: tuple
+    conda_prefix: Optional[str]
+    conda_env_name: Optional[str]
+    dry_run: bool
+    options: types.MappingProxyType
+
+
+class PluginError(Exception):
+    """A plugin's one clear error: printed without a traceback, then exit."""
+
+    def __init__(self, message, *, exit_code=1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class BuildInterruptedError(BaseException):
+    """The build was stopped by a signal (a ``BaseException``, as Ctrl-C's)."""
+
+    def __init__(self, signum):
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(
+            f"the build was interrupted by {signal.Signals(signum).name}; no image "
+            "was written (an existing image is kept) and the build's sandbox and "
+            "partial files were removed"
+        )
+
 
 #: What the shim needs of cotainr: (module, attribute path).
 RELIED_ON = (
