@@ -1,10 +1,9 @@
 """
 Run an installed Apptainer/Singularity on a finished image.
 
-cotainr drives ``singularity`` during builds (through :mod:`._cotainr`);
-inspecting a finished ``.sif`` (``cotainr-lumi verify``, the target env of a
-dry run's base image) only needs ``exec`` and nothing of cotainr. This leaf
-module is the one place that spells an ``exec`` command line.
+cotainr drives ``singularity`` during builds; inspecting a finished ``.sif``
+(``cotainr-lumi verify``, a dry run's base image) needs only ``exec``, spelled
+here once, and nothing of cotainr.
 """
 
 import contextlib
@@ -20,19 +19,13 @@ from .errors import InputError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: The executables looked for, in order.
-RUNTIME_NAMES = ("apptainer", "singularity")
 #: A SIF file has this magic after its 32-byte launch line.
 SIF_MAGIC = b"SIF_MAGIC"
 
 
 def find_runtime():
-    """The Apptainer/Singularity executable on PATH, or None."""
-    for name in RUNTIME_NAMES:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
+    """The Apptainer (or else Singularity) executable on PATH, or None."""
+    return shutil.which("apptainer") or shutil.which("singularity")
 
 
 def runtime():
@@ -98,21 +91,12 @@ def links_in_image(*, image, paths):
     return links
 
 
-def exec_command(*, runtime, image, args, clean_env=True, env=None):
-    """The command line running a command in an image."""
-    cmd = [runtime, "exec", "--no-home"]
-    if clean_env:
-        cmd.append("--cleanenv")
-    for key, value in (env or {}).items():
-        cmd += ["--env", f"{key}={value}"]
-    return [*cmd, os.fspath(image), *args]
-
-
 def exec_in_image(*, image, args, clean_env=True, env=None, timeout=600):
     """Run a command in an image."""
-    cmd = exec_command(
-        runtime=runtime(), image=image, args=args, clean_env=clean_env, env=env
-    )
+    cmd = [runtime(), "exec", "--no-home", *(["--cleanenv"] if clean_env else [])]
+    for key, value in (env or {}).items():
+        cmd += ["--env", f"{key}={value}"]
+    cmd += [os.fspath(image), *args]
     logger.debug("Running %s", cmd)
     # Its own session, so that a timeout, Ctrl-C or SIGTERM (raised here by
     # the caller's handler) ends the container's processes too, not only the

@@ -1,20 +1,16 @@
 """
 The ``cotainr-lumi`` command.
 
-``cotainr-lumi build`` and ``cotainr-lumi info`` are cotainr's own
-subcommands with the cotainr-lumi plugin active (the same code as the stock
-``cotainr`` command: cotainr's build hook, or the shim of it); ``cotainr-lumi verify`` checks a built image. The command
-works without the start-up hook.
+``build`` and ``info`` are cotainr's own subcommands with the cotainr-lumi
+plugin active (cotainr's build hook, or the shim of it), ``verify`` checks a
+built image. The command works without the start-up hook.
 """
 
 import argparse
-import logging
 import signal
 import sys
 
-from .errors import CotainrLumiError, InputError, UnsupportedCotainrError
-
-logger = logging.getLogger(f"cotainr.{__name__}")
+from .errors import CotainrLumiError, InputError, UnsupportedCotainrError, fail
 
 #: Why cotainr cannot be used (None: it can): every command is that one error.
 COTAINR_MISSING = None
@@ -23,15 +19,6 @@ try:
     from .pipeline.profiles import load_systems
 except UnsupportedCotainrError as e:
     COTAINR_MISSING = e
-
-#: The subcommands cotainr itself runs (with the plugin active).
-COTAINR_SUBCOMMANDS = ("build", "info")
-
-
-def _fail(error):
-    """Print one error message and exit with the error's code."""
-    sys.stderr.write(f"cotainr: error: {error}\n")
-    raise SystemExit(getattr(error, "exit_code", 1))
 
 
 class Verify:
@@ -49,45 +36,23 @@ class Verify:
         self.strict = strict
         self.timeout = timeout
 
-    @classmethod
-    def add_arguments(cls, *, parser):
-        """Add arguments to the "verify" subcommand subparser."""
-        parser.add_argument("image", help="the .sif image to check")
-        parser.add_argument(
-            "--json", action="store_true", help="print the report as JSON"
-        )
-        parser.add_argument(
-            "--strict",
-            action="store_true",
-            help="fail on warnings too (a ROCm outside what LUMI's GPU driver "
-            "supports, torch and the base's ROCm disagreeing)",
-        )
-        parser.add_argument(
-            "--timeout",
-            type=float,
-            default=600,
-            metavar="SECONDS",
-            help="the most seconds for all runs in the image (default: 600)",
-        )
-
     def execute(self):
         """Execute the "verify" subcommand (a signal stops the container it started)."""
         from .verify.checks import verify_image
 
         try:  # a signal is an exception: exec_in_image kills the container
-            with _cotainr.shim._stop_cleanly_on_signals():
+            with _cotainr.shim.stop_cleanly_on_signals():
                 report = verify_image(
                     image=self.image, strict=self.strict, timeout=self.timeout
                 )
         except CotainrLumiError as e:
-            _fail(e)
+            fail(e)
         except _cotainr.BuildInterruptedError as e:
-            sys.stderr.write(
-                f"cotainr: error: verify was interrupted by "
-                f"{signal.Signals(e.signum).name}; the container it started was "
-                "stopped\n"
+            fail(
+                f"verify was interrupted by {signal.Signals(e.signum).name}; the "
+                "container it started was stopped",
+                exit_code=e.exit_code,
             )
-            raise SystemExit(128 + e.signum) from None
         print(report.as_json() if self.json else report.as_text())
         if report.failed:
             raise SystemExit(1)
@@ -114,8 +79,21 @@ def _parser():
         subparsers.add_parser(name, help=summary, add_help=False)
     summary = Verify.__doc__.strip().splitlines()[0]
     verify = subparsers.add_parser("verify", help=summary, description=summary)
-    Verify.add_arguments(parser=verify)
-    verify.set_defaults(subcommand_cls=Verify)
+    verify.add_argument("image", help="the .sif image to check")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail on warnings too (a ROCm outside what LUMI's GPU driver "
+        "supports, torch and the base's ROCm disagreeing)",
+    )
+    verify.add_argument(
+        "--timeout",
+        type=float,
+        default=600,
+        metavar="SECONDS",
+        help="the most seconds for all runs in the image (default: 600)",
+    )
     return parser
 
 
@@ -131,7 +109,7 @@ class CotainrLumiCLI:
         """Construct the command line interface."""
         args = list(sys.argv[1:] if args is None else args)
         self.name = next((a for a in args if not a.startswith("-")), None)
-        if self.name in COTAINR_SUBCOMMANDS:
+        if self.name in ("build", "info"):  # cotainr's, with the plugin active
             if self.name == "build":
                 # cotainr reads a broken profile file as "no such system";
                 # the cotainr-lumi command says what is wrong with it.
@@ -148,23 +126,20 @@ class CotainrLumiCLI:
                     "path without a symlink loop, in a directory you can read."
                 ) from None
             return
-        parsed = _parser().parse_args(args=args)
-        if not hasattr(parsed, "subcommand_cls"):
-            _parser().print_help()
+        parser = _parser()
+        parsed = parser.parse_args(args=args)
+        if self.name is None:  # no subcommand
+            parser.print_help()
             raise SystemExit(0)
-        options = {k: v for k, v in vars(parsed).items() if k != "subcommand_cls"}
-        self.subcommand = parsed.subcommand_cls(**options)
+        self.subcommand = Verify(**vars(parsed))
         _cotainr.setup_cli_logging(log_settings=_cotainr.make_log_settings())
 
     def execute(self):
         """Run the subcommand; one error line for a failed build stage."""
         try:
             self.subcommand.execute()
-        except _cotainr.PluginError as e:
-            _fail(e)
-        except _cotainr.BuildInterruptedError as e:
-            sys.stderr.write(f"cotainr: error: {e}\n")
-            raise SystemExit(128 + e.signum) from None
+        except (_cotainr.PluginError, _cotainr.BuildInterruptedError) as e:
+            fail(e)
         if self.name == "info":
             # cotainr lists the systems it could read; a broken profile
             # file is an error of the command.
@@ -178,12 +153,12 @@ class CotainrLumiCLI:
 def main(*args, **kwargs):
     """The ``cotainr-lumi`` entry point."""
     if COTAINR_MISSING is not None:
-        _fail(COTAINR_MISSING)
+        fail(COTAINR_MISSING)
     try:
         _cotainr.check_cotainr_version()
         cli = CotainrLumiCLI()
     except (_cotainr.PluginError, CotainrLumiError) as e:
-        _fail(e)
+        fail(e)
     cli.execute()
 
 

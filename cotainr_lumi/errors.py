@@ -7,6 +7,7 @@ it; the command line prints it once and exits non-zero.
 """
 
 import re
+import sys
 
 #: Environment variable names taken for secrets: a ``_``-separated part
 #: TOKEN(S), SECRET(S), PASSWORD(S), PASSWD, CREDENTIAL(S) or APIKEY, or a last
@@ -58,15 +59,16 @@ class ProfileError(CotainrLumiError):
         self.line = line
         self.system = system
         self.key = key
-        where = []
-        if self.file is not None:
-            where.append(f"file {self.file}")
-        if line is not None:
-            where.append(f"line {line}")
-        if system is not None:
-            where.append(f"system '{system}'")
-        if key is not None:
-            where.append(f"key '{key}'")
+        where = [
+            f"{name} {value}" if name in ("file", "line") else f"{name} '{value}'"
+            for name, value in (
+                ("file", self.file),
+                ("line", line),
+                ("system", system),
+                ("key", key),
+            )
+            if value is not None
+        ]
         prefix = f"Invalid system profile ({', '.join(where)}): " if where else ""
         super().__init__(prefix + message)
 
@@ -136,28 +138,11 @@ class UnsupportedCotainrError(CotainrLumiError):
 
 
 def clip_output(text, *, line_limit=500, limit=4000):
-    """
-    Command output bounded in bytes, for an error message.
-
-    Parameters
-    ----------
-    text : str
-        The output.
-    line_limit : int, default=500
-        The most bytes of one line (a longer one is cut, saying its length; so
-        that clipping twice changes nothing).
-    limit : int, default=4000
-        The most bytes in all: the last lines that fit are kept.
-
-    Returns
-    -------
-    text : str
-        The last lines of `text`, at most `limit` bytes (UTF-8) in all.
-    """
+    """The last lines of `text` within `limit` UTF-8 bytes, each cut to `line_limit`."""
     kept, size = [], 0
     for line in reversed(str(text).splitlines()):
         raw = line.encode("utf-8", "replace")
-        if len(raw) > line_limit:
+        if len(raw) > line_limit:  # saying its length: clipping twice changes nothing
             cut = raw[: line_limit - 40].decode("utf-8", "ignore")
             line = f"{cut}... ({len(raw)} bytes)"
         size += len(line.encode("utf-8", "replace")) + 1
@@ -168,21 +153,7 @@ def clip_output(text, *, line_limit=500, limit=4000):
 
 
 def quoted(text, *, limit=120):
-    """
-    `text` quoted for an error message, cut to a sane length.
-
-    Parameters
-    ----------
-    text : str
-        A user's input.
-    limit : int, default=120
-        The most characters shown.
-
-    Returns
-    -------
-    quoted : str
-        ``repr`` of `text`, or of its start followed by how long it is.
-    """
+    """``repr`` of a user's input for a message, cut to `limit` characters."""
     text = str(text)
     if len(text) <= limit:
         return repr(text)
@@ -191,25 +162,12 @@ def quoted(text, *, limit=120):
 
 def redact(text, *, values=()):
     """
-    `text` with the passwords and tokens of URLs, and `values`, shown as ``***``.
+    `text` with URLs' passwords and tokens, and `values`, shown as ``***``.
 
-    The one redaction of cotainr-lumi: every record, log line, label, plan
-    and error goes through it. ``https://user:pw@host/p`` becomes
-    ``https://user:***@host/p``, ``https://token@host/p`` becomes
-    ``https://***@host/p``.
-
-    Parameters
-    ----------
-    text : str
-        Any text.
-    values : iterable of str, default=()
-        Secret values to hide wherever they appear (those of 4 characters or
-        more: shorter ones would hide ordinary text).
-
-    Returns
-    -------
-    text : str
-        The redacted text.
+    The one redaction of cotainr-lumi (records, logs, labels, plans, errors):
+    ``https://user:pw@host/p`` becomes ``https://user:***@host/p``,
+    ``https://token@host/p`` becomes ``https://***@host/p``. Only `values` of
+    4 characters or more are hidden (shorter ones would hide ordinary text).
     """
     text = _USERINFO_RE.sub(
         lambda m: m[1] + (m[2].split(":")[0] + ":" if ":" in m[2] else "") + "***@",
@@ -222,17 +180,13 @@ def redact(text, *, values=()):
 
 
 def redact_env(env):
-    """
-    Environment variables as recorded: ``***`` for secrets (:data:`SECRET_NAME_RE`).
-
-    Parameters
-    ----------
-    env : mapping of str to str
-        Names and values.
-
-    Returns
-    -------
-    env : dict of str to str
-        Secret names with ``***``, other values :func:`redact`-ed.
-    """
+    """`env` as recorded: ``***`` for secrets (:data:`SECRET_NAME_RE`), else redacted."""
     return {k: "***" if SECRET_NAME_RE.search(k) else redact(v) for k, v in env.items()}
+
+
+def fail(error, *, exit_code=None):
+    """Print the one ``cotainr: error:`` line of `error` and exit with its code."""
+    sys.stderr.write(f"cotainr: error: {error}\n")
+    if exit_code is None:
+        exit_code = getattr(error, "exit_code", 1)
+    raise SystemExit(exit_code) from None

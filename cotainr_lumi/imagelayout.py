@@ -1,13 +1,8 @@
 """
 What cotainr-lumi puts where in an image: its paths and its label names.
 
-A leaf module (it imports nothing), like :mod:`cotainr_lumi.errors`: the
-stages that write these paths and labels, the engine and ``cotainr-lumi
-verify`` that reads them all take them from here, so an image's layout is
-written down once. ``tests/test_layout.py`` checks that no other module
-spells a label name or one of these paths itself.
-
-Paths are absolute paths inside the image; label names are the keys of
+Written down once (``tests/test_layout.py`` checks that no other module spells
+them). Paths are absolute paths inside the image; label names are the keys of
 ``apptainer inspect --labels``.
 """
 
@@ -48,9 +43,6 @@ WITH_CONDA_FILE = f"{RECORDS_DIR}/with-conda.sh"
 #: The lumi-env stage's MPI record: the image's MPI, its users, the mode and
 #: the host binding (``cotainr-lumi verify`` reads it).
 MPI_FILE = f"{RECORDS_DIR}/mpi.json"
-
-# -- Today's LUMI images: network layer, SBOM, earlier builds (issue 19) -------
-
 #: lumi-env: the image's network layer as built (plugin, libfabric, GDR, binds).
 RUNTIME_FILE = f"{RECORDS_DIR}/runtime.json"
 #: pip: the target env's packages as a CycloneDX JSON SBOM.
@@ -68,62 +60,50 @@ RUNSCRIPTS_DIR = "/runscripts"
 #: Where the module file mounts ``$CONTAINERROOT/user-software``.
 USER_SOFTWARE_DIR = "/user-software"
 
-# -- Label names ---------------------------------------------------------------
+# -- Label names, by the stage (or engine) that sets them ----------------------
 
 #: Every label cotainr-lumi sets starts with this.
 LABEL_PREFIX = "cotainr-lumi."
 
-#: provenance: the cotainr-lumi version that built the image.
+# provenance: the cotainr-lumi and cotainr versions, the system (``--system``),
+# the base image as given, its real path (links resolved) and the sha256 of a
+# local one, the stages run (comma separated) and :data:`PROVENANCE_FILE`.
 LABEL_VERSION = "cotainr-lumi.version"
-#: provenance: the cotainr version that built the image.
 LABEL_COTAINR_VERSION = "cotainr-lumi.cotainr-version"
-#: provenance: the system (``--system``) built for.
 LABEL_SYSTEM = "cotainr-lumi.system"
-#: provenance: the base image as given.
 LABEL_BASE_IMAGE = "cotainr-lumi.base-image"
-#: provenance: the base image's real path (links resolved).
 LABEL_BASE_IMAGE_RESOLVED = "cotainr-lumi.base-image.resolved"
-#: provenance: the base image's sha256 (a local file).
 LABEL_BASE_IMAGE_SHA256 = "cotainr-lumi.base-image.sha256"
-#: provenance: the stages run, in order, comma separated.
 LABEL_STAGES = "cotainr-lumi.stages"
-#: provenance: :data:`PROVENANCE_FILE`.
 LABEL_PROVENANCE = "cotainr-lumi.provenance"
-#: engine: the prefix of the target Python environment.
+
+# engine: the target Python environment's prefix, the base image's ROCm (its
+# ``.info/version``), the ROCm versions LUMI's GPU driver supports (per the
+# profile), the ROCm torch was built for (``+rocmX.Y``) and how many earlier
+# cotainr-lumi builds the image was built on.
 LABEL_TARGET_ENV = "cotainr-lumi.target-env"
-#: pip: :data:`PIP_PACKAGES_FILE`.
-LABEL_PIP_PACKAGES = "cotainr-lumi.pip.packages"
-#: pip: :data:`PIP_STEPS_FILE`.
-LABEL_PIP_STEPS = "cotainr-lumi.pip.steps"
-#: prune: :data:`PRUNE_MANIFEST_FILE`.
-LABEL_PRUNE_MANIFEST = "cotainr-lumi.prune.manifest"
-#: prune: the bytes the prune stage saved.
-LABEL_PRUNE_BYTES_SAVED = "cotainr-lumi.prune.bytes-saved"
-#: lumi-env: the binds the module file sets (comma separated).
-LABEL_BINDS = "cotainr-lumi.binds"
-#: lumi-env: :data:`LUMI_ENV_FILE`.
-LABEL_ENV_FILE = "cotainr-lumi.env-file"
-#: lumi-env: the variables the env file sets (comma separated).
-LABEL_ENV = "cotainr-lumi.env"
-#: lumi-env: :data:`RUNSCRIPTS_DIR`.
-LABEL_RUNSCRIPTS = "cotainr-lumi.runscripts"
-
-#: lumi-env: the MPI mode (``container``, ``host`` or ``none``).
-LABEL_MPI = "cotainr-lumi.mpi"
-#: lumi-env: :data:`MPI_FILE`.
-LABEL_MPI_RECORD = "cotainr-lumi.mpi.record"
-
-# -- Today's LUMI images (issue 19) -------------------------------------------
-
-#: lumi-env: :data:`RUNTIME_FILE`.
-LABEL_RUNTIME = "cotainr-lumi.runtime"
-#: pip: :data:`CYCLONEDX_SBOM_FILE`.
-LABEL_SBOM = "cotainr-lumi.sbom"
-#: engine: the base image's ROCm version (its ``.info/version``).
 LABEL_ROCM_VERSION = "cotainr-lumi.rocm.version"
-#: engine: the ROCm versions LUMI's GPU driver supports, per the profile.
 LABEL_ROCM_SUPPORTED = "cotainr-lumi.rocm.supported"
-#: engine: the ROCm torch was built for (``+rocmX.Y``).
 LABEL_ROCM_TORCH = "cotainr-lumi.rocm.torch"
-#: engine: how many earlier cotainr-lumi builds the image was built on.
 LABEL_HISTORY = "cotainr-lumi.history"
+
+# pip: :data:`PIP_PACKAGES_FILE`, :data:`PIP_STEPS_FILE`, :data:`CYCLONEDX_SBOM_FILE`.
+LABEL_PIP_PACKAGES = "cotainr-lumi.pip.packages"
+LABEL_PIP_STEPS = "cotainr-lumi.pip.steps"
+LABEL_SBOM = "cotainr-lumi.sbom"
+
+# prune: :data:`PRUNE_MANIFEST_FILE` and the bytes the stage saved.
+LABEL_PRUNE_MANIFEST = "cotainr-lumi.prune.manifest"
+LABEL_PRUNE_BYTES_SAVED = "cotainr-lumi.prune.bytes-saved"
+
+# lumi-env: the binds the module file sets (comma separated),
+# :data:`LUMI_ENV_FILE` and the variables it sets (comma separated),
+# :data:`RUNSCRIPTS_DIR`, the MPI mode (``container``, ``host`` or ``none``),
+# :data:`MPI_FILE` and :data:`RUNTIME_FILE`.
+LABEL_BINDS = "cotainr-lumi.binds"
+LABEL_ENV_FILE = "cotainr-lumi.env-file"
+LABEL_ENV = "cotainr-lumi.env"
+LABEL_RUNSCRIPTS = "cotainr-lumi.runscripts"
+LABEL_MPI = "cotainr-lumi.mpi"
+LABEL_MPI_RECORD = "cotainr-lumi.mpi.record"
+LABEL_RUNTIME = "cotainr-lumi.runtime"

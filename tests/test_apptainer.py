@@ -12,26 +12,6 @@ from cotainr_lumi import apptainer
 from cotainr_lumi.errors import InputError
 
 
-def test_exec_command_is_spelled_once():
-    argv = apptainer.exec_command(
-        runtime="/bin/apptainer", image="/x.sif", args=["python", "-c", "1"]
-    )
-    assert argv == [
-        "/bin/apptainer",
-        "exec",
-        "--no-home",
-        "--cleanenv",
-        "/x.sif",
-        "python",
-        "-c",
-        "1",
-    ]
-    argv = apptainer.exec_command(
-        runtime="s", image="/x.sif", args=["env"], clean_env=False, env={"A": "1 2"}
-    )
-    assert argv == ["s", "exec", "--no-home", "--env", "A=1 2", "/x.sif", "env"]
-
-
 def fake_runtime(directory, name):
     """An executable NAME printing its argv and stdin as JSON."""
     directory.mkdir(exist_ok=True)
@@ -72,6 +52,17 @@ def test_exec_in_image_runs_the_command_line_with_empty_stdin(tmp_path, monkeypa
         "argv": ["exec", "--no-home", "--cleanenv", str(tmp_path / "x.sif"), "a b"],
         "stdin": "",
     }
+    proc = apptainer.exec_in_image(
+        image="/x.sif", args=["env"], clean_env=False, env={"A": "1 2"}
+    )
+    assert json.loads(proc.stdout)["argv"] == [
+        "exec",
+        "--no-home",
+        "--env",
+        "A=1 2",
+        "/x.sif",
+        "env",
+    ]
 
 
 def sleepy_runtime(directory, pid_file):

@@ -32,37 +32,30 @@ except ImportError as e:  # one message, not a traceback (cli.main says it)
         "it: pip install 'cotainr>=2025.3.0'"
     ) from e
 
-from . import hookapi, shim
-
-logger = logging.getLogger(f"cotainr.{__name__}")
+from . import shim
 
 try:  # a cotainr with the build hook (docs/upstream/)
     from cotainr import plugins as _native
 except ImportError:
     _native = None
-NATIVE = getattr(_native, "HOOK_API_VERSION", None) == hookapi.HOOK_API_VERSION
-
-if NATIVE:
-    BuildContext, PluginError = _native.BuildContext, _native.PluginError
-else:
-    BuildContext, PluginError = hookapi.BuildContext, hookapi.PluginError
-BuildInterruptedError = hookapi.BuildInterruptedError
+NATIVE = getattr(_native, "HOOK_API_VERSION", None) == shim.HOOK_API_VERSION
+_api = _native if NATIVE else shim
+BuildContext, PluginError = _api.BuildContext, _api.PluginError
+BuildInterruptedError = shim.BuildInterruptedError
 
 
-def _conda_defaults():
-    """Where cotainr's conda step puts its env (cotainr's defaults)."""
-    try:
+def _conda_prefix():
+    """Where cotainr's conda step puts its env (cotainr's default)."""
+    with contextlib.suppress(ImportError, KeyError, TypeError, ValueError):
         from cotainr import pack
 
         prefix = inspect.signature(pack.CondaInstall).parameters["prefix"].default
-    except (ImportError, KeyError, TypeError, ValueError):
-        prefix = None
-    if not isinstance(prefix, str):
-        prefix = "/opt/cotainr/conda"
-    return prefix, "conda_container_env"
+        if isinstance(prefix, str):
+            return prefix
+    return "/opt/cotainr/conda"
 
 
-CONDA_PREFIX, CONDA_ENV_NAME = _conda_defaults()
+CONDA_PREFIX, CONDA_ENV_NAME = _conda_prefix(), "conda_container_env"
 
 
 def cotainr_version():
@@ -124,8 +117,6 @@ def takes_several_conda_envs():
 
 def stock_systems():
     """The systems cotainr itself defines (its ``systems.json``)."""
-    if not NATIVE:
-        return getattr(_util.get_systems, "__wrapped__", _util.get_systems)()
     try:
         systems = json.loads(stock_systems_file().read_text())
     except (OSError, ValueError):
@@ -139,29 +130,26 @@ def stock_systems_file():
 
 
 def make_log_settings(*, verbosity=0, log_to_file=False, no_color=False):
-    """Build cotainr log settings."""
+    """Cotainr log settings (`log_to_file` True: a time-stamped file here)."""
     from datetime import datetime
 
     if log_to_file is True:
-        log_file_path = (
-            Path(".").resolve()
-            / f"cotainr_build_{datetime.now().isoformat().replace(':', '.')}"
-        )
-    elif log_to_file:
-        log_file_path = Path(log_to_file).resolve()
-    else:
-        log_file_path = None
+        log_to_file = f"cotainr_build_{datetime.now().isoformat().replace(':', '.')}"
     return _tracing.LogSettings(
-        verbosity=verbosity, log_file_path=log_file_path, no_color=no_color
+        verbosity=verbosity,
+        log_file_path=Path(log_to_file).resolve() if log_to_file else None,
+        no_color=no_color,
     )
 
 
 class _StandardStreamHandler(logging.StreamHandler):
     """A handler writing to the current ``sys.stdout``/``sys.stderr``."""
 
-    def __init__(self, *, name):
+    def __init__(self, *, name, level, fmt):
         super().__init__(stream=getattr(sys, name))
         self._name = name
+        self.setLevel(level)
+        self.setFormatter(logging.Formatter(fmt))
 
     def emit(self, record):
         self.stream = getattr(sys, self._name)
@@ -179,13 +167,15 @@ def setup_cli_logging(*, log_settings):
     level = logging.DEBUG if verbosity >= 2 else logging.INFO
     if verbosity <= -1:
         level = logging.CRITICAL
-    out = _StandardStreamHandler(name="stdout")
-    out.setLevel(level)
+    out = _StandardStreamHandler(
+        name="stdout", level=level, fmt="Cotainr:-: %(message)s"
+    )
     out.addFilter(lambda record: record.levelno <= logging.INFO)
-    out.setFormatter(logging.Formatter("Cotainr:-: %(message)s"))
-    err = _StandardStreamHandler(name="stderr")
-    err.setLevel(max(level, logging.WARNING))
-    err.setFormatter(logging.Formatter("Cotainr:-:%(levelname)s: %(message)s"))
+    err = _StandardStreamHandler(
+        name="stderr",
+        level=max(level, logging.WARNING),
+        fmt="Cotainr:-:%(levelname)s: %(message)s",
+    )
     root = logging.getLogger("cotainr")
     root.setLevel(level)
     root.handlers = [out, err]
@@ -194,7 +184,7 @@ def setup_cli_logging(*, log_settings):
 class CommandError(Exception):
     """A command run in the sandbox failed."""
 
-    def __init__(self, *, cmd, returncode, stdout, stderr):
+    def __init__(self, *, cmd, returncode, stdout="", stderr=""):
         self.cmd = list(cmd)
         self.returncode = returncode
         self.stdout = stdout or ""
@@ -208,16 +198,18 @@ class CommandError(Exception):
         from ..errors import clip_output
 
         lines = (self.stderr or self.stdout).splitlines()
-        keep = [
-            ln
-            for ln in lines
-            if any(
-                tag in ln
-                for tag in ("ERROR", "error", "Error", "FATAL", "No module named")
-            )
-        ]
-        chosen = keep or lines
+        tags = ("ERROR", "error", "Error", "FATAL", "No module named")
+        chosen = [ln for ln in lines if any(tag in ln for tag in tags)] or lines
         return clip_output("\n".join(chosen[-limit:]))
+
+
+class CommandTimeoutError(CommandError):
+    """A command run in the sandbox ran longer than its timeout (and was killed)."""
+
+    def __init__(self, *, cmd, timeout):
+        super().__init__(
+            cmd=cmd, returncode=-9, stderr=f"ERROR: killed after {timeout:g} s"
+        )
 
 
 def command_error_from(error, *, cmd=None):
@@ -248,68 +240,32 @@ def command_error_from(error, *, cmd=None):
     )
 
 
-class CommandTimeoutError(CommandError):
-    """A command run in the sandbox ran longer than its timeout (and was killed)."""
+@contextlib.contextmanager
+def _killed_after(timeout, *, marker):
+    """After `timeout` s, kill the process working on `marker` and all below it."""
+    fired = []
 
-    def __init__(self, *, cmd, timeout):
-        super().__init__(
-            cmd=cmd,
-            returncode=-9,
-            stdout="",
-            stderr=f"ERROR: killed after {timeout:g} s",
-        )
-        self.timeout = timeout
-
-
-def _process_tree(pid):
-    """`pid` and the process ids below it (Linux /proc)."""
-    found, todo = [pid], [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = (task / "children").read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if child not in found:
-                    found.append(child)
-                    todo.append(child)
-    return found
-
-
-class _Watchdog:
-    """Kill the runtime process working on `marker` (and all below it) after `timeout`."""
-
-    def __init__(self, *, timeout, marker):
-        self.timeout = timeout
-        self.marker = marker.encode()
-        self.fired = False
-        self._timer = None
-
-    def _kill(self):
-        self.fired = True
-        for pid in _process_tree(os.getpid())[1:]:
+    def kill():
+        fired.append(True)
+        for pid in shim.process_tree(os.getpid())[1:]:
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if self.marker in cmdline:
-                for victim in reversed(_process_tree(pid)):
+            if marker.encode() in cmdline:
+                for victim in reversed(shim.process_tree(pid)):
                     with contextlib.suppress(OSError):
                         os.kill(victim, signal.SIGKILL)
                 return
 
-    def __enter__(self):
-        if self.timeout:
-            self._timer = threading.Timer(self.timeout, self._kill)
-            self._timer.daemon = True
-            self._timer.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self._timer is not None:
-            self._timer.cancel()
+    timer = threading.Timer(timeout or 0, kill)
+    timer.daemon = True
+    if timeout:
+        timer.start()
+    try:
+        yield fired
+    finally:
+        timer.cancel()
 
 
 class Sandbox:
@@ -323,15 +279,14 @@ class Sandbox:
         """Run a command in the container sandbox (writable, no home)."""
         cmd = [str(a) for a in args]
         if env:
-            cmd = ["env"] + [f"{k}={v}" for k, v in env.items()] + cmd
-        with _Watchdog(timeout=timeout, marker=str(self.root)) as watchdog:
+            cmd = ["env", *(f"{k}={v}" for k, v in env.items()), *cmd]
+        with _killed_after(timeout, marker=str(self.root)) as fired:
             try:
                 return self.stock.run_command_in_container(cmd=shlex.join(cmd))
             except UnicodeDecodeError as e:
                 raise CommandError(
                     cmd=cmd,
                     returncode=-1,
-                    stdout="",
                     stderr=(
                         f"ERROR: the command printed bytes that are not UTF-8 "
                         f"({e.object[max(0, e.start - 20) : e.end + 20]!r}); check "
@@ -339,13 +294,9 @@ class Sandbox:
                     ),
                 ) from None
             except (ValueError, subprocess.CalledProcessError) as e:
-                if watchdog.fired:
+                if fired:
                     raise CommandTimeoutError(cmd=cmd, timeout=timeout) from None
                 command_error = command_error_from(e, cmd=cmd)
                 if command_error is None:
                     raise
                 raise command_error from e
-
-    def add_to_env(self, *, shell_script):
-        """Append to cotainr's env file (``92-cotainr-env.sh``)."""
-        self.stock.add_to_env(shell_script=shell_script)

@@ -1,16 +1,15 @@
 """
-The build hook of ``docs/upstream/seam-api.md`` on a cotainr without it.
+The build hook of ``docs/upstream/seam-api.md`` (its types) on a cotainr without it.
 
-:func:`install` wraps a few of cotainr's methods so that the plugins' hooks
-are called where a cotainr with the hook calls them. It relies on the
-cotainr internals of :data:`RELIED_ON` only (``docs/upstream.md`` lists
-them); when one is missing nothing is wrapped, stock cotainr runs unchanged
-and a plugin's system is one error naming the cotainr version. A build no
-plugin takes part in runs as on stock cotainr.
+:func:`install` wraps the cotainr internals of :data:`RELIED_ON` so that the
+plugins' hooks run where a cotainr with the hook calls them. When one is
+missing nothing is wrapped: stock cotainr runs unchanged and a plugin's
+system is one error naming the cotainr version.
 """
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import inspect
 import json
@@ -20,11 +19,50 @@ from pathlib import Path
 import signal
 import sys
 import types
+from typing import Optional
 
+from ..errors import fail
 from ..imagelayout import ENV_SCRIPTS_DIR, LABELS_FILE
-from .hookapi import BuildContext, BuildInterruptedError, PluginError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
+
+HOOK_API_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildContext:
+    """What a build hook sees of a build (read only)."""
+
+    image_path: Path
+    base_image: str
+    system: Optional[str]
+    conda_env_files: tuple
+    conda_prefix: Optional[str]
+    conda_env_name: Optional[str]
+    dry_run: bool
+    options: types.MappingProxyType
+
+
+class PluginError(Exception):
+    """A plugin's one clear error: printed without a traceback, then exit."""
+
+    def __init__(self, message, *, exit_code=1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class BuildInterruptedError(BaseException):
+    """The build was stopped by a signal (a ``BaseException``, as Ctrl-C's)."""
+
+    def __init__(self, signum):
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(
+            f"the build was interrupted by {signal.Signals(signum).name}; no image "
+            "was written (an existing image is kept) and the build's sandbox and "
+            "partial files were removed"
+        )
+
 
 #: What the shim needs of cotainr: (module, attribute path).
 RELIED_ON = (
@@ -48,7 +86,13 @@ BACKPORTED_OPTIONS = {
 }
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-_state = types.SimpleNamespace(installed=None, problem=None, active=None, tracing=None)
+#: `build`: the Build running now with the shim's steps (None: none or stock).
+_state = types.SimpleNamespace(build=None, tracing=None)
+
+
+def _taking_part():
+    """The plugins taking part in the build running now."""
+    return _state.build._shim_taking_part if _state.build else {}
 
 
 def missing_internals(modules):
@@ -90,27 +134,23 @@ def load_plugins():
     return plugins
 
 
-def _plugins_off():
-    return os.environ.get("COTAINR_DISABLE_PLUGINS", "") not in ("", "0")
+def _plugins():
+    """The plugins, unless ``COTAINR_DISABLE_PLUGINS`` is set."""
+    off = os.environ.get("COTAINR_DISABLE_PLUGINS", "") not in ("", "0")
+    return {} if off else load_plugins()
 
 
 def hooks():
     """The build hooks of the plugins, by plugin name."""
-    if _plugins_off():
-        return {}
-    found = {}
-    for name, plugin in load_plugins().items():
-        hook = getattr(plugin, "build_hook", None)
-        if hook is not None and getattr(hook, "api_version", None) == 1:
-            found[name] = hook
-    return found
+    found = {name: getattr(p, "build_hook", None) for name, p in _plugins().items()}
+    return {n: h for n, h in found.items() if getattr(h, "api_version", None) == 1}
 
 
 def _systems_with_plugins(get_systems):
     @functools.wraps(get_systems)
     def wrapped():
         systems = get_systems()
-        for name, plugin in ({} if _plugins_off() else load_plugins()).items():
+        for name, plugin in _plugins().items():
             try:
                 extra = plugin.systems() if hasattr(plugin, "systems") else {}
             except Exception as e:  # noqa: BLE001 - one warning, cotainr goes on
@@ -170,20 +210,7 @@ def _partial_path(image_path):
     return image_path.with_name(f".{image_path.name}.partial-{os.getpid()}")
 
 
-def answer_is_yes(question):
-    """Ask `question` on the terminal; ``None`` when stdin has no answer (EOF)."""
-    prompt = question + " [yes/no]\n>>> "
-    while True:
-        try:
-            answer = input(prompt).strip().lower()
-        except EOFError:
-            return None
-        if answer in ("yes", "no"):
-            return answer == "yes"
-        prompt = f'You answered "{answer}". Please answer yes or no.\n>>> '
-
-
-def _context(kwargs, *, dry_run, options, systems):
+def _context(kwargs, *, dry_run, systems):
     from . import CONDA_ENV_NAME, CONDA_PREFIX
 
     system = kwargs.get("system")
@@ -199,7 +226,7 @@ def _context(kwargs, *, dry_run, options, systems):
         conda_prefix=CONDA_PREFIX if files else None,
         conda_env_name=CONDA_ENV_NAME if files else None,
         dry_run=dry_run,
-        options=types.MappingProxyType(options),
+        options=types.MappingProxyType({}),
     )
 
 
@@ -226,21 +253,18 @@ def _init(original, util):
                 f"{', '.join(sorted(systems)) or 'none'} (see 'cotainr info').",
                 exit_code=2,
             )
+        self._shim_context = _context(
+            kwargs, dry_run=self._shim_dry_run, systems=systems
+        )
         for name, hook in hooks().items():
             if name not in options:  # its options clashed: left out
                 continue
-            context = _context(
-                kwargs,
-                dry_run=self._shim_dry_run,
-                options=options.get(name, {}),
-                systems=systems,
+            context = dataclasses.replace(
+                self._shim_context, options=types.MappingProxyType(options[name])
             )
             lines = hook.prepare(context=context)
             if lines is not None:
                 self._shim_taking_part[name] = (hook, context, lines)
-        self._shim_context = _context(
-            kwargs, dry_run=self._shim_dry_run, options={}, systems=systems
-        )
         self._shim_target = None
         if dry_run:
             return
@@ -261,15 +285,20 @@ def _confirm_overwrite(image_path, *, force):
     """Ask before replacing `image_path` (as cotainr asks); EOF names --force."""
     if not image_path.exists() or force:
         return
-    answer = answer_is_yes(
-        f"{image_path} already exists. Would you like to overwrite it?"
-    )
-    if answer is None:
-        raise PluginError(
-            f"{image_path} already exists and there is no answer on stdin: pass "
-            "--force to replace it, or choose another path."
-        )
-    if not answer:
+    prompt = f"{image_path} already exists. Would you like to overwrite it?"
+    prompt += " [yes/no]\n>>> "
+    while True:
+        try:
+            answer = input(prompt).strip().lower()
+        except EOFError:
+            raise PluginError(
+                f"{image_path} already exists and there is no answer on stdin: "
+                "pass --force to replace it, or choose another path."
+            ) from None
+        if answer in ("yes", "no"):
+            break
+        prompt = f'You answered "{answer}". Please answer yes or no.\n>>> '
+    if answer == "no":
         logger.critical("You have chosen not to overwrite %s. Exiting.", image_path)
         sys.exit(0)
 
@@ -299,9 +328,10 @@ def _execute(original):
             return _print_dry_run(self, cotainr_lines=False)
         if not taking_part and target is None:
             return original(self)
-        _state.active = {"build": self, "customized": False}
+        _state.build = self
+        self._shim_customized = False
         try:
-            with _stop_cleanly_on_signals(), _spinner_only_on_a_terminal():
+            with stop_cleanly_on_signals(), _spinner_only_on_a_terminal():
                 original(self)
         except BaseException as error:
             report = error
@@ -316,7 +346,7 @@ def _execute(original):
                 raise
             raise report from error
         finally:
-            _state.active = None
+            _state.build = None
         for hook, context, _lines in taking_part.values():
             hook.finalize(context=context, error=None)
 
@@ -326,11 +356,10 @@ def _execute(original):
 def _add_metadata(original):
     @functools.wraps(original)
     def add_metadata(self, *args, **kwargs):
-        active = _state.active
-        if active is None or not active["build"]._shim_taking_part:
+        if not _taking_part():
             return original(self, *args, **kwargs)
         labels = {}
-        for name, (hook, context, _lines) in active["build"]._shim_taking_part.items():
+        for name, (hook, context, _lines) in _taking_part().items():
             for key, value in (
                 hook.customize(sandbox=self, context=context) or {}
             ).items():
@@ -342,7 +371,7 @@ def _add_metadata(original):
                 labels[str(key)] = str(value)
         _write_labels(Path(self.sandbox_dir), labels)
         result = original(self, *args, **kwargs)
-        active["customized"] = True
+        _state.build._shim_customized = True
         return result
 
     return add_metadata
@@ -366,7 +395,7 @@ def _refuse_links(sandbox_dir, path):
 def _add_to_env(original):
     @functools.wraps(original)
     def add_to_env(self, *args, **kwargs):
-        if _state.active is not None and _state.active["build"]._shim_taking_part:
+        if _taking_part():
             sandbox_dir = Path(self.sandbox_dir)
             _refuse_links(sandbox_dir, sandbox_dir / ENV_SCRIPTS_DIR.lstrip("/"))
         return original(self, *args, **kwargs)
@@ -378,13 +407,10 @@ def _write_labels(sandbox_dir, labels):
     """Add `labels` to the sandbox's labels.json, before cotainr adds its own."""
     path = sandbox_dir / LABELS_FILE.lstrip("/")
     _refuse_links(sandbox_dir, path)
-    text = path.read_text() if path.is_file() else ""
-    try:
-        metadata = (
-            json.JSONDecoder().raw_decode(text.strip())[0] if text.strip() else {}
-        )
-    except ValueError:
-        metadata = {}
+    metadata = {}
+    with contextlib.suppress(ValueError):  # also an empty file
+        text = path.read_text().strip() if path.is_file() else ""
+        metadata = json.JSONDecoder().raw_decode(text)[0]
     if not isinstance(metadata, dict):
         metadata = {}
     metadata = {k: v for k, v in metadata.items() if not k.startswith("cotainr.")}
@@ -395,15 +421,13 @@ def _write_labels(sandbox_dir, labels):
 def _build_image(original, version):
     @functools.wraps(original)
     def build_image(self, *args, **kwargs):
-        active = _state.active
-        if active is not None and active["build"]._shim_taking_part:
-            if not active["customized"]:
-                raise PluginError(
-                    f"cotainr {version} built the image without adding its "
-                    "metadata first, so the cotainr plugins' build steps could "
-                    f"not run. {support_hint(version)}"
-                )
-        target = active and active["build"]._shim_target
+        if _taking_part() and not _state.build._shim_customized:
+            raise PluginError(
+                f"cotainr {version} built the image without adding its "
+                "metadata first, so the cotainr plugins' build steps could "
+                f"not run. {support_hint(version)}"
+            )
+        target = _state.build and _state.build._shim_target
         path = kwargs.get("path", args[0] if args else None)
         if not target or path is None or Path(path) != target:
             return original(self, *args, **kwargs)  # e.g. cotainr's own partial
@@ -433,25 +457,40 @@ def _spinner_only_on_a_terminal():
     """No console spinner (escape codes in Slurm logs) when stdout is a file."""
     tracing = _state.tracing
     spinner = getattr(tracing, "ConsoleSpinner", None)
-    if spinner is None or sys.stdout.isatty():
-        yield
-        return
-    tracing.ConsoleSpinner = contextlib.nullcontext
+    if spinner is not None and not sys.stdout.isatty():
+        tracing.ConsoleSpinner = contextlib.nullcontext
     try:
         yield
     finally:
-        tracing.ConsoleSpinner = spinner
+        if spinner is not None:
+            tracing.ConsoleSpinner = spinner
+
+
+def process_tree(pid):
+    """`pid` and the process ids below it (Linux /proc)."""
+    found, todo = [pid], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.append(child)
+                    todo.append(child)
+    return found
 
 
 @contextlib.contextmanager
-def _stop_cleanly_on_signals():
+def stop_cleanly_on_signals():
     """Turn SIGTERM/SIGHUP/SIGINT into :class:`BuildInterruptedError`."""
-    from . import _process_tree
 
     def handler(signum, frame):
         for sig in STOP_SIGNALS:  # once: the clean-up must not be interrupted
             signal.signal(sig, signal.SIG_IGN)
-        for pid in _process_tree(os.getpid())[1:]:
+        for pid in process_tree(os.getpid())[1:]:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
         raise BuildInterruptedError(signum)
@@ -459,8 +498,7 @@ def _stop_cleanly_on_signals():
     try:
         saved = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     except ValueError:  # not the main thread
-        yield
-        return
+        saved = {}
     try:
         yield
     finally:
@@ -468,61 +506,45 @@ def _stop_cleanly_on_signals():
             signal.signal(sig, previous)
 
 
-def _main(original):
+def _plugin_system_asked():
+    """Whether the command line's ``--system`` is a plugin's."""
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser.add_argument("--system")
+    try:
+        system = parser.parse_known_args(sys.argv[1:])[0].system
+        return any(system in p.systems() for p in load_plugins().values())
+    except Exception:  # noqa: BLE001 - cotainr then says what is wrong
+        return False
+
+
+def _main(original, *, problem=None):
+    """Cotainr's main: a plugin's error is one line, so is `problem` for its system."""
+
     @functools.wraps(original)
     def main(*args, **kwargs):
+        if problem and _plugin_system_asked():
+            fail(problem)
         try:
             return original(*args, **kwargs)
-        except PluginError as e:
-            sys.stderr.write(f"cotainr: error: {e}\n")
-            raise SystemExit(e.exit_code) from None
-        except BuildInterruptedError as e:
-            sys.stderr.write(f"cotainr: error: {e}\n")
-            raise SystemExit(128 + e.signum) from None
+        except (PluginError, BuildInterruptedError) as e:
+            fail(e)
 
     return main
 
 
-def _refuse_plugin_systems(original, problem):
-    """Cotainr's main, with a plugin's system one error naming `problem`."""
-
-    @functools.wraps(original)
-    def main(*args, **kwargs):
-        argv = sys.argv[1:]
-        system = None
-        for i, arg in enumerate(argv):
-            if arg.startswith("--system="):
-                system = arg.split("=", 1)[1]
-            elif arg == "--system" and i + 1 < len(argv):
-                system = argv[i + 1]
-        plugin_systems = {}
-        with contextlib.suppress(Exception):
-            for plugin in load_plugins().values():
-                plugin_systems.update(plugin.systems())
-        if system in plugin_systems:
-            sys.stderr.write(f"cotainr: error: {problem}\n")
-            raise SystemExit(1)
-        return original(*args, **kwargs)
-
-    return main
-
-
+@functools.cache
 def install(*, cli, container, util, tracing, version):
-    """Wrap cotainr's methods so that plugins' build hooks run (once per process)."""
-    if _state.installed is not None:
-        return _state.problem
+    """Wrap cotainr's methods so that plugins' build hooks run; or why they cannot."""
     _state.tracing = tracing
-    modules = {"cli": cli, "container": container, "util": util}
-    missing = missing_internals(modules)
-    _state.installed = not missing
+    missing = missing_internals({"cli": cli, "container": container, "util": util})
     if missing:
-        _state.problem = (
+        problem = (
             f"cotainr-lumi cannot run on cotainr {version}: it lacks "
             f"{', '.join(missing)}. {support_hint(version)}"
         )
         if callable(getattr(cli, "main", None)):
-            cli.main = _refuse_plugin_systems(cli.main, _state.problem)
-        return _state.problem
+            cli.main = _main(cli.main, problem=problem)
+        return problem
     build, sandbox = cli.Build, container.SingularitySandbox
     util.get_systems = _systems_with_plugins(util.get_systems)
     build.add_arguments = _add_arguments(build.add_arguments.__func__)

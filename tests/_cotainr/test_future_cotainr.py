@@ -95,8 +95,10 @@ def future(tmp_path, test_profile):
             for k, v in os.environ.items()
             if k not in ("COTAINR_DISABLE_PLUGINS", "COTAINR_LUMI_DISABLE")
         }
-        env.update(
-            PYTHONPATH=str(tree),
+        env.update(  # the changed cotainr first, then the cotainr-lumi under test
+            PYTHONPATH=os.pathsep.join(
+                filter(None, [str(tree), env.get("PYTHONPATH")])
+            ),
             PATH=f"{bindir}:{env['PATH']}",
             COTAINR_LUMI_SYSTEMS=str(test_profile),
         )

@@ -129,10 +129,10 @@ def test_the_shim_refuses_to_write_through_a_base_images_links(tmp_path, monkeyp
     add_to_env = shim._add_to_env(lambda self, **kw: written.append(kw))
     sandbox = types.SimpleNamespace(sandbox_dir=sandbox_dir)
     build = types.SimpleNamespace(_shim_taking_part={"lumi": object()})
-    monkeypatch.setattr(shim._state, "active", {"build": build, "customized": False})
+    monkeypatch.setattr(shim._state, "build", build)
     with pytest.raises(shim.PluginError, match=r"/\.singularity\.d/env is a symbolic"):
         add_to_env(sandbox, shell_script="conda activate x")
     assert written == [] and list(host.iterdir()) == []
-    monkeypatch.setattr(shim._state, "active", None)  # a stock build: as cotainr
+    monkeypatch.setattr(shim._state, "build", None)  # a stock build: as cotainr
     add_to_env(sandbox, shell_script="conda activate x")
     assert written == [{"shell_script": "conda activate x"}]
