@@ -165,7 +165,9 @@ def mpi_module_ops(*, mode, binding, image):
             f"MPICH. Launch: {SRUN_HINT['host']}; image's MPICH: "
             f"{SRUN_HINT['container']}."
         )
-        ops += [("comment", line) for line in textwrap.wrap(text, 76)]
+        # Never break a path: paths in the comment are searched for and copied.
+        lines = textwrap.wrap(text, 76, break_on_hyphens=False, break_long_words=False)
+        ops += [("comment", line) for line in lines]
     if mode == "container":
         ops += [
             ("comment", f"{SRUN_HINT['container']}: srun's default here."),
