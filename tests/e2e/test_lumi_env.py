@@ -184,6 +184,28 @@ def test_defaults_overrides_and_hostile_value(built, apptainer_exec):
     assert not marker.exists()
 
 
+def test_jit_caches_are_per_job_on_node_local_tmp(built, apptainer_exec):
+    image = built[0]
+    names = ["TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR"]
+    job = f"8{os.getpid()}"
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    dirs = [f"/tmp/{user}-job{job}-{d}-cache" for d in ("triton", "torchinductor")]
+    try:
+        env = printenv(
+            apptainer_exec,
+            image,
+            names,
+            env={"SLURM_JOB_ID": job, "TORCH_EXTENSIONS_DIR": "/tmp/mine"},
+        )
+        assert env == dict(zip(names, [*dirs, "/tmp/mine"]))
+        for path in dirs:  # made by the env file, private to the user
+            assert Path(path).is_dir() and Path(path).stat().st_mode & 0o777 == 0o700
+    finally:
+        for path in dirs:
+            if Path(path).is_dir():
+                Path(path).rmdir()
+
+
 def test_labels_and_run_hint(built, apptainer_path):
     image, module_dir, _, _, output, _ = built
     proc = subprocess.run(

@@ -128,19 +128,23 @@ def computed_default(*, name, expression):
     )
 
 
-def private_dir_defaults(*, names, path):
-    """Shell code setting variables, unless set, to a private directory of the user."""
+def private_dir_defaults(*, groups):
+    """Shell code setting variables, unless set, to private directories of the user.
+
+    `groups` is a list of (names, path): the names share the directory at path.
+    """
     # The runscript's cotainr_lumi_private_dir makes or checks the directory.
     runscripts = importlib.resources.files(__package__) / "runscripts"
     text = (runscripts / "conda-python-distributed").read_text()
     function = re.search(r"^cotainr_lumi_private_dir\(\) \{$.*?^\}$", text, re.M | re.S)
-    first, *others = names
-    call = f'"$(cotainr_lumi_private_dir "{path}")"'
-    lines = [function.group(0), computed_default(name=first, expression=call)]
-    for name in others:  # no ${first:-$(...)}: Apptainer's shell runs the $(...)
-        same = computed_default(name=name, expression=f'"${first}"')
-        fresh = computed_default(name=name, expression=call)
-        lines.append(f'if [ -n "${{{first}:-}}" ]; then {same}; else {fresh}; fi')
+    lines = [function.group(0)]
+    for (first, *others), path in groups:
+        call = f'"$(cotainr_lumi_private_dir "{path}")"'
+        lines.append(computed_default(name=first, expression=call))
+        for name in others:  # no ${first:-$(...)}: Apptainer's shell runs the $(...)
+            same = computed_default(name=name, expression=f'"${first}"')
+            fresh = computed_default(name=name, expression=call)
+            lines.append(f'if [ -n "${{{first}:-}}" ]; then {same}; else {fresh}; fi')
     return "\n".join([*lines, "unset -f cotainr_lumi_private_dir"])
 
 

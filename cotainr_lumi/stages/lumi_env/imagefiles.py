@@ -35,6 +35,16 @@ ROCM_ROOT = "/opt/rocm"
 #: The MIOpen cache on node-local /tmp, per user, computed at run time ($USER
 #: is hidden from Apptainer env scripts; the output of `id` is not evaluated).
 MIOPEN_CACHE_PATH = "/tmp/$(id -un 2>/dev/null || id -u)-miopen-cache"
+#: The JIT compilers' caches, per job (LUMI-AI-Guide#112: not in $HOME or on
+#: Lustre): each variable gets its own private directory on node-local /tmp.
+JIT_CACHES = {
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "TORCH_EXTENSIONS_DIR": "torch-extensions",
+}
+JIT_CACHE_PATH = (
+    "/tmp/$(id -un 2>/dev/null || id -u)-job${SLURM_JOB_ID:-none}-NAME-cache"
+)
 
 
 def runscript_text(name):
@@ -185,13 +195,18 @@ def env_file_blocks(*, settings, root, target, user_venv):
         "# Profile and build settings (defaults: a variable already set wins).",
         default_assignments(settings.env),
     ]
+    caches = []
     if settings.miopen_cache:
+        names = ("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR")
+        caches.append((names, MIOPEN_CACHE_PATH))
+    if settings.jit_caches:
+        caches += [
+            ((n,), JIT_CACHE_PATH.replace("NAME", d)) for n, d in JIT_CACHES.items()
+        ]
+    if caches:
         blocks += [
-            "# MIOpen caches on node-local /tmp, private to the user.",
-            private_dir_defaults(
-                names=("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR"),
-                path=MIOPEN_CACHE_PATH,
-            ),
+            "# Caches on node-local /tmp, private to the user (JIT caches per job).",
+            private_dir_defaults(groups=caches),
         ]
     found, path_blocks = {}, []
     if settings.rocm_paths:

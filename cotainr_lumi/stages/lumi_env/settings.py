@@ -148,6 +148,9 @@ class LumiEnvSettings(StageSettings):
     miopen_cache: bool = setting(
         True, doc="the MIOpen user DB and cache on node-local /tmp"
     )
+    jit_caches: bool = setting(
+        True, doc="Triton, TorchInductor and torch extension caches per job on /tmp"
+    )
     rocm_paths: bool = setting(
         True, doc="add the ROCm and aws-ofi-rccl paths the base image lacks"
     )

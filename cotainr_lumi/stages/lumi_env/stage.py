@@ -22,6 +22,7 @@ from . import imagefiles, network
 from .envfile import EnvError, render_env_file, text_problem, validate_name
 from .imagefiles import (
     ENV_FILE,
+    JIT_CACHES,
     ROCM_ROOT,
     RUNSCRIPTS,
     RUNSCRIPTS_DIR,
@@ -143,6 +144,11 @@ class LumiEnvStage(Stage):
             lines.append(
                 "  MIOPEN_USER_DB_PATH, MIOPEN_CUSTOM_CACHE_DIR="
                 "/tmp/$(id -un)-miopen-cache (at run time, if private to the user)"
+            )
+        if self.settings.jit_caches:
+            lines.append(
+                f"  {', '.join(JIT_CACHES)}=/tmp/$(id -un)-job$SLURM_JOB_ID-NAME-cache "
+                "(at run time, if private to the user)"
             )
         if self.settings.rocm_paths:
             lines.append(

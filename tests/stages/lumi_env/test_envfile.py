@@ -306,7 +306,7 @@ def private_env(users):
     tag = f"cache-{uuid.uuid4().hex[:8]}"
     script = where / "env.sh"
     block = private_dir_defaults(
-        names=("CACHE_A", "CACHE_B"), path=f"/tmp/$(id -un)-{tag}"
+        groups=[(("CACHE_A", "CACHE_B"), f"/tmp/$(id -un)-{tag}")]
     )
     script.write_text(render_env_file(header="test", blocks=[block]))
     trap = where / "trap"

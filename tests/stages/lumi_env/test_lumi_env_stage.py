@@ -206,6 +206,26 @@ def test_hostile_user_values_are_inert_in_the_env_file(tmp_path):
     assert not marker.exists()
 
 
+def test_jit_caches_are_private_per_job_on_node_local_tmp(tmp_path):
+    root, report, _ = run_stage(tmp_path, LUMI_SETTINGS)
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    job = f"9{os.getpid()}"
+    names = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR")
+    made = []
+    try:
+        env = source_env(root, env={"SLURM_JOB_ID": job, "TRITON_CACHE_DIR": "/x"})
+        assert env["TRITON_CACHE_DIR"] == "/x"  # a value already set wins
+        for name, what in zip(names[1:], ("torchinductor", "torch-extensions")):
+            made.append(Path(f"/tmp/{user}-job{job}-{what}-cache"))
+            assert env[name] == str(made[-1])
+            assert made[-1].is_dir() and made[-1].stat().st_mode & 0o777 == 0o700
+    finally:
+        for path in made:
+            path.rmdir()
+    off, _, _ = run_stage(tmp_path / "off", {**LUMI_SETTINGS, "jit-caches": False})
+    assert not set(names) & set(source_env(off, env={"SLURM_JOB_ID": job}))
+
+
 def test_without_rocm_runscripts_conda_or_module_file(tmp_path):
     settings = {
         "runscripts": False,
