@@ -128,6 +128,29 @@ def computed_default(*, name, expression):
     )
 
 
+def read_host_value(*, name, into, default):
+    """Shell code setting `into` to $name: the container's, the host's, or `default`.
+
+    The host's environment is hidden from env scripts, in ``$__exported_env__``.
+    """
+    return f"""\
+if [ -n "${{{name}+x}}" ]; then
+    {into}=${name}
+else
+    _cl_env="
+${{__exported_env__-}}"
+    case "$_cl_env" in
+    *"
+{name}="*)
+        {into}=${{_cl_env##*"
+{name}="}}
+        {into}=${{{into}%%"
+"*}} ;;
+    *) {into}={default} ;;
+    esac
+fi"""
+
+
 def private_dir_defaults(*, groups):
     """Shell code setting variables, unless set, to private directories of the user.
 

@@ -13,6 +13,7 @@ from .envfile import (
     forced_assignment,
     path_addition,
     private_dir_defaults,
+    read_host_value,
 )
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -42,9 +43,10 @@ JIT_CACHES = {
     "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
     "TORCH_EXTENSIONS_DIR": "torch-extensions",
 }
-JIT_CACHE_PATH = (
-    "/tmp/$(id -un 2>/dev/null || id -u)-job${SLURM_JOB_ID:-none}-NAME-cache"
-)
+JIT_CACHE_PATH = "/tmp/$(id -un 2>/dev/null || id -u)-job${_cl_job}-NAME-cache"
+#: The job's number for those names (the host's SLURM_JOB_ID; digits only).
+_READ_JOB = read_host_value(name="SLURM_JOB_ID", into="_cl_job", default="none")
+_READ_JOB += "\ncase $_cl_job in '' | *[!0-9]*) _cl_job=none ;; esac"
 
 
 def runscript_text(name):
@@ -206,7 +208,9 @@ def env_file_blocks(*, settings, root, target, user_venv):
     if caches:
         blocks += [
             "# Caches on node-local /tmp, private to the user (JIT caches per job).",
+            _READ_JOB if settings.jit_caches else "",
             private_dir_defaults(groups=caches),
+            "unset _cl_job _cl_env",
         ]
     found, path_blocks = {}, []
     if settings.rocm_paths:

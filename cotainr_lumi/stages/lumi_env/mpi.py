@@ -25,7 +25,13 @@ from typing import Optional
 from ...engine.origins import Origin
 from ...engine.settings import SettingError, StageSettings, each, read_declared, setting
 from ...errors import StageError
-from .envfile import computed_default, printable, sh_op, validate_path_entry
+from .envfile import (
+    computed_default,
+    printable,
+    read_host_value,
+    sh_op,
+    validate_path_entry,
+)
 from .modulefile import validate_bind
 from .mpiscan import MPICH_ABI, MpiScan, scan_mpi
 
@@ -49,22 +55,7 @@ SRUN_HINT = {
 SLURM_MPI_VAR = "SLURM_MPI_TYPE"
 
 #: The mode the container asks for (its own value, else the host's export).
-_READ_MODE = f"""\
-if [ -n "${{{RUNTIME_VAR}+x}}" ]; then
-    _cl_mpi=${RUNTIME_VAR}
-else
-    _cl_env="
-${{__exported_env__-}}"
-    case "$_cl_env" in
-    *"
-{RUNTIME_VAR}="*)
-        _cl_mpi=${{_cl_env##*"
-{RUNTIME_VAR}="}}
-        _cl_mpi=${{_cl_mpi%%"
-"*}} ;;
-    *) _cl_mpi=$_cl_default ;;
-    esac
-fi"""
+_READ_MODE = read_host_value(name=RUNTIME_VAR, into="_cl_mpi", default="$_cl_default")
 
 #: Moves the entries of $_cl_new (':' separated) to the front of
 #: LD_LIBRARY_PATH, in order, keeping every other entry once (IFS and

@@ -219,8 +219,16 @@ def test_jit_caches_are_private_per_job_on_node_local_tmp(tmp_path):
             made.append(Path(f"/tmp/{user}-job{job}-{what}-cache"))
             assert env[name] == str(made[-1])
             assert made[-1].is_dir() and made[-1].stat().st_mode & 0o777 == 0o700
+        # Apptainer hides the host's variables from env scripts in
+        # $__exported_env__; a job number that is not one is not used.
+        hidden = {"__exported_env__": f"A=1\nSLURM_JOB_ID={job}\nB=2"}
+        for given, expect in ((hidden, job), ({"SLURM_JOB_ID": "1/../x"}, "none")):
+            made.append(Path(f"/tmp/{user}-job{expect}-torchinductor-cache"))
+            assert source_env(root, env=given)["TORCHINDUCTOR_CACHE_DIR"] == str(
+                made[-1]
+            )
     finally:
-        for path in made:
+        for path in Path("/tmp").glob(f"{user}-job{job}-*-cache"):
             path.rmdir()
     off, _, _ = run_stage(tmp_path / "off", {**LUMI_SETTINGS, "jit-caches": False})
     assert not set(names) & set(source_env(off, env={"SLURM_JOB_ID": job}))
