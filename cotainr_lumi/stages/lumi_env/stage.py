@@ -287,9 +287,10 @@ class LumiEnvStage(Stage):
         script = 'printf "ok\\n"'
         if self.settings.runscripts:
             script = "command -v get-master >/dev/null && " + script
-        args = ["bash", "-c", script]
         python = getattr(context.target_env, "python", None) if mpi.active else None
-        if mpi.checks_load(python=python):
+        load_check = mpi.checks_load(python=python)
+        args = ["bash", "-c", script]
+        if load_check:
             script += ' && { "$1" -c "$2" || true; }'
             args = ["bash", "-c", script, "check", python, LOAD_CHECK]
         try:
@@ -306,7 +307,7 @@ class LumiEnvStage(Stage):
                 stage=self.name,
                 details=(proc.stderr or "")[-2000:],
             )
-        if len(args) > 3:
+        if load_check:
             text = f"{proc.stdout or ''}\n{proc.stderr or ''}"
             mpi.check_loaded(text=text, stage=self.name)
         record = json.dumps(mpi.record(), indent=2) + "\n"
