@@ -86,6 +86,7 @@ LABEL_ROCM_VERSION = "cotainr-lumi.rocm.version"
 LABEL_ROCM_SUPPORTED = "cotainr-lumi.rocm.supported"
 LABEL_ROCM_TORCH = "cotainr-lumi.rocm.torch"
 LABEL_HISTORY = "cotainr-lumi.history"
+LABEL_PAD = "cotainr-lumi.labels-pad"
 
 # pip: :data:`PIP_PACKAGES_FILE`, :data:`PIP_STEPS_FILE`, :data:`CYCLONEDX_SBOM_FILE`.
 LABEL_PIP_PACKAGES = "cotainr-lumi.pip.packages"

@@ -31,6 +31,7 @@ from .pipeline.run import (
     without_bind_variables,
     write_outputs,
 )
+from .stages.provenance import stock_cotainr_pad
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -218,6 +219,9 @@ class LumiHook:
         # credentials; finalize gives the caller its own sys.argv back.
         build.environment.callback(setattr, sys, "argv", sys.argv)
         sys.argv = [redact(arg) for arg in sys.argv]
+        base = history.read_labels(root=stage_context.sandbox.root) or {}
+        final = {**base, **build.labels, "cotainr.command": " ".join(sys.argv)}
+        build.labels.update(stock_cotainr_pad(labels=final))
         return dict(build.labels)
 
     def finalize(self, *, context, error):

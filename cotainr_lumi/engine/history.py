@@ -38,18 +38,23 @@ def _next_number(history):
     return max(numbers, default=0) + 1
 
 
+def read_labels(*, root):
+    """The sandbox's labels (None when unreadable; trailing bytes are ignored)."""
+    path = resolve_in_root(root=root, path=imagelayout.LABELS_FILE)
+    text = path.read_text().strip() if path.is_file() else ""
+    try:
+        labels = json.JSONDecoder().raw_decode(text)[0] if text else {}
+    except ValueError:
+        return None
+    return labels if isinstance(labels, dict) else None
+
+
 def _move_labels(*, root, entry):
     """The base's ``cotainr-lumi.*`` labels go to ``history/N/labels.json``."""
     path = resolve_in_root(root=root, path=imagelayout.LABELS_FILE)
-    if not path.is_file():
-        return
-    text = path.read_text().strip()
-    try:
-        labels, _end = json.JSONDecoder().raw_decode(text) if text else ({}, 0)
-    except ValueError:
+    labels = read_labels(root=root)
+    if labels is None:
         logger.warning("Cannot read %s; its labels stay.", imagelayout.LABELS_FILE)
-        return
-    if not isinstance(labels, dict):
         return
     ours = {k: v for k, v in labels.items() if k.startswith(imagelayout.LABEL_PREFIX)}
     (entry / "labels.json").write_text(json.dumps(ours, indent=2, sort_keys=True))

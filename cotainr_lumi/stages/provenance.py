@@ -23,6 +23,7 @@ from ..imagelayout import (
     LABEL_BASE_IMAGE_RESOLVED,
     LABEL_BASE_IMAGE_SHA256,
     LABEL_COTAINR_VERSION,
+    LABEL_PAD,
     LABEL_PROVENANCE,
     LABEL_STAGES,
     LABEL_SYSTEM,
@@ -40,6 +41,29 @@ def sha256_of_file(*, path, chunk_size=4 * 1024 * 1024):
         for chunk in iter(lambda: f.read(chunk_size), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _go_json_size(labels):
+    """The size of labels.json as Apptainer writes it (Go: tabs, raw UTF-8, <>& escaped)."""
+    text = json.dumps(labels, indent="\t", ensure_ascii=False)
+    return len(text.encode()) + 5 * sum(text.count(c) for c in "<>&")
+
+
+def stock_cotainr_pad(*, labels):
+    """
+    A label that keeps stock cotainr's rewrite of this labels.json valid.
+
+    cotainr 2025.7.1 and older rewrite labels.json in place, compact and without
+    truncating it (fixed by patch 0003 of docs/upstream/series): a build on an
+    image whose Apptainer-written labels.json is longer than the rewrite fails.
+    Each "\u00b7" is 2 bytes in Apptainer's file and 6 in cotainr's, so enough of
+    them make the rewrite the longer one, even with an empty new cotainr.command.
+    """
+    labels = {k: v for k, v in labels.items() if k != LABEL_PAD}
+    short = {k: "" if k == "cotainr.command" else v for k, v in labels.items()}
+    # + 8 Apptainer labels (1 byte each in tabs and newlines) and a margin.
+    excess = _go_json_size(labels) - len(json.dumps(short)) + 8 + 16
+    return {LABEL_PAD: "\u00b7" * max(1, -(-excess // 4))}
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,17 @@
 import hashlib
 import json
 import os
+import sys
 from types import SimpleNamespace
+from unittest import mock
+
+from cotainr.container import SingularitySandbox
+import pytest
 
 from cotainr_lumi import _cotainr, _version, build
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
-from cotainr_lumi.stages.provenance import sha256_of_file
+from cotainr_lumi.stages.provenance import sha256_of_file, stock_cotainr_pad
 
 
 def test_sha256_streams_in_chunks(tmp_path):
@@ -98,3 +103,28 @@ def test_record_and_labels_hold_no_credentials_or_step_secrets(tmp_path):
     assert step["index-url"] == "https://user:***@idx.example.org/simple"
     assert step["extra-index-urls"] == ["https://***@x.example.org/s"]
     assert step["env"] == {"HF_TOKEN": "***", "CXX": "g++"}
+
+
+@pytest.mark.parametrize("command", ["", "cotainr build a.sif --base-image b.sif"])
+def test_stock_cotainrs_rewrite_of_apptainers_labels_json_stays_valid(
+    tmp_path, command
+):
+    # 40 labels, some with what Apptainer escapes (<>&), and a long command.
+    labels = {f"cotainr-lumi.k{i}": f"/opt/v{i}<&>" * 3 for i in range(40)}
+    labels["cotainr.command"] = "/opt/venv/bin/cotainr build x.sif " + "-x " * 60
+    labels["cotainr.version"] = "2025.7.1"
+    labels.update(stock_cotainr_pad(labels=labels))
+    text = json.dumps(labels, indent="\t", ensure_ascii=False, sort_keys=True)
+    for c in "<>&":  # as Go's encoding/json writes them
+        text = text.replace(c, f"\\u{ord(c):04x}")
+    sandbox = tmp_path / "sandbox"
+    (sandbox / ".singularity.d").mkdir(parents=True)
+    (sandbox / ".singularity.d/labels.json").write_text(text)
+    # cotainr's own add_metadata (the installed release), with its argv.
+    fake = SimpleNamespace(
+        sandbox_dir=sandbox, _assert_within_sandbox_context=lambda: None
+    )
+    with mock.patch.object(sys, "argv", command.split() or [""]):
+        SingularitySandbox.add_metadata(fake)
+    rewritten = json.loads((sandbox / ".singularity.d/labels.json").read_text())
+    assert rewritten["cotainr.command"] == command
