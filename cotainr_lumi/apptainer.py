@@ -55,6 +55,33 @@ SANDBOX_METADATA = (
 )
 
 
+def _listing(*, image, names=()):
+    """``unsquashfs -lls`` of a SIF's root file system (None: cannot read it here)."""
+    runtime, unsquashfs = find_runtime(), shutil.which("unsquashfs")
+    if not (runtime and unsquashfs):
+        return None
+    run = functools.partial(
+        subprocess.run, capture_output=True, text=True, timeout=120, check=True
+    )
+    system = re.search(
+        r"(\d+)-\d+\s*\|\s*FS\b.*System", run([runtime, "sif", "list", image]).stdout
+    )
+    if system is None:
+        return None
+    cmd = [unsquashfs, "-o", system[1], "-lls", "-d", "", image, *names]
+    return run(cmd).stdout.splitlines()
+
+
+def unpacked_bytes(*, image):
+    """The size of a local SIF's files unpacked, read without running it (or None)."""
+    try:
+        listing = is_sif(image) and _listing(image=image)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sizes = [line.split(None, 3)[2] for line in listing or () if line[:1] == "-"]
+    return sum(int(size) for size in sizes if size.isdigit()) if listing else None
+
+
 def links_in_image(*, image, paths):
     """
     The `paths` that are symbolic links in a local image, read without running it.
@@ -68,21 +95,11 @@ def links_in_image(*, image, paths):
         return {p: os.readlink(h) for p, h in found.items() if os.path.islink(h)}
     if not is_sif(image):
         return {}
-    runtime, unsquashfs = find_runtime(), shutil.which("unsquashfs")
-    if not (runtime and unsquashfs):
+    listing = _listing(image=image, names=[p.lstrip("/") for p in paths])
+    if listing is None:
         return None
-    run = functools.partial(
-        subprocess.run, capture_output=True, text=True, timeout=120, check=True
-    )
-    system = re.search(
-        r"(\d+)-\d+\s*\|\s*FS\b.*System", run([runtime, "sif", "list", image]).stdout
-    )
-    if system is None:
-        return None
-    names = [p.lstrip("/") for p in paths]
-    listing = run([unsquashfs, "-o", system[1], "-lls", "-d", "", image, *names])
     links = {}
-    for line in listing.stdout.splitlines():
+    for line in listing:
         fields = line.split(None, 5)
         if line.startswith("l") and len(fields) == 6:
             path, _, target = fields[5].partition(" -> ")

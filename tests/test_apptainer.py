@@ -148,3 +148,28 @@ def test_a_sif_without_unsquashfs_is_unknown(tmp_path, monkeypatch):
     sif.write_bytes(b"#!/usr/bin/env run-singularity\n".ljust(32) + b"SIF_MAGIC")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert apptainer.links_in_image(image=str(sif), paths=["/x"]) is None
+
+
+def test_the_unpacked_size_of_a_sif_is_the_sum_of_its_listed_files(
+    tmp_path, monkeypatch
+):
+    sif = tmp_path / "x.sif"
+    sif.write_bytes(b"#!/usr/bin/env run-singularity\n".ljust(32) + b"SIF_MAGIC")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {
+        "apptainer": "echo '4    |1       |NONE    |40960-9000    |FS (Squashfs/*System/amd64)'",
+        "unsquashfs": """cat <<'EOF'
+drwxr-xr-x root/root                53 2026-11-27 04:00 /opt
+-rw-r--r-- root/root              1000 2026-11-27 04:00 /opt/a
+-rwxr-xr-x root/root                24 2026-11-27 04:00 /opt/b c
+lrwxrwxrwx root/root                 1 2026-11-27 04:00 /opt/l -> a
+crw-rw-rw- root/root             1,  3 2026-11-27 04:00 /dev/null
+EOF""",
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    assert apptainer.unpacked_bytes(image=str(sif)) == 1024
+    assert apptainer.unpacked_bytes(image=str(tmp_path / "none.sif")) is None

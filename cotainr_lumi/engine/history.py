@@ -52,6 +52,8 @@ def read_labels(*, root):
 def _move_labels(*, root, entry):
     """The base's ``cotainr-lumi.*`` labels go to ``history/N/labels.json``."""
     path = resolve_in_root(root=root, path=imagelayout.LABELS_FILE)
+    if not path.is_file():
+        return
     labels = read_labels(root=root)
     if labels is None:
         logger.warning("Cannot read %s; its labels stay.", imagelayout.LABELS_FILE)

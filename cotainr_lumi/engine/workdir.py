@@ -24,10 +24,9 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 SETTINGS_NAME = "build"
 #: The variables that place temporary files (Python's, Apptainer's, Singularity's).
 TMP_VARIABLES = ("TMPDIR", "APPTAINER_TMPDIR", "SINGULARITY_TMPDIR")
-#: An unpacked sandbox is this many times its SIF (squashfs compresses ~2-3x).
+#: An unpacked sandbox is this many times its SIF (squashfs compresses ~2-3x),
+#: when its files cannot be listed.
 EXPANSION = 3
-#: Room for the image being built from the sandbox (its size is not known).
-IMAGE_SHARE = 1
 #: What a conda environment adds (the Miniforge installer, packages, caches).
 CONDA_BYTES = 6 * 1024**3
 #: Room for pip steps, caches and the rest when nothing else is known.
@@ -72,26 +71,34 @@ def resolve_work_dir(value):
     return path.resolve()
 
 
-def estimate_bytes(*, base_image, conda_env):
-    """The space a build needs in its work directory (an estimate)."""
+def estimate_bytes(*, base_image, conda_env, unpacked=None):
+    """
+    The space a build needs at its peak in its work directory (None: unknown).
+
+    Measured on the builds of issue 30: the sandbox and Apptainer's copy of it
+    (twice the base unpacked: `unpacked`, else :data:`EXPANSION` times the
+    SIF), twice the SIF (the image being written, its partial copy), pip's
+    files and the conda env.
+    """
     try:
         size = os.stat(base_image).st_size
     except (OSError, ValueError, TypeError):
         return None
-    needed = size * (EXPANSION + IMAGE_SHARE) + HEADROOM_BYTES
-    if conda_env is not None:
-        needed += CONDA_BYTES
-    return needed
+    unpacked = size * EXPANSION if unpacked is None else unpacked
+    needed = 2 * unpacked + 2 * size + HEADROOM_BYTES
+    return needed + (CONDA_BYTES if conda_env is not None else 0)
 
 
 def _gib(n):
     return f"{n / 1024**3:.1f} GiB"
 
 
-def check_space(*, work_dir, base_image, conda_env, refuse=True):
+def check_space(*, work_dir, base_image, conda_env, unpacked=None, refuse=True):
     """Refuse a build that will not fit in its work directory."""
     free = shutil.disk_usage(work_dir).free
-    needed = estimate_bytes(base_image=base_image, conda_env=conda_env)
+    needed = estimate_bytes(
+        base_image=base_image, conda_env=conda_env, unpacked=unpacked
+    )
     if needed is not None and needed > free:
         if not refuse:
             logger.warning(
@@ -104,8 +111,8 @@ def check_space(*, work_dir, base_image, conda_env, refuse=True):
             return needed, free
         raise InputError(
             f"The build needs about {_gib(needed)} in its work directory "
-            f"{work_dir} (the base image unpacked, the image, the conda env and "
-            f"pip's files) but only {_gib(free)} is free there. Choose a larger "
+            f"{work_dir} (the base image unpacked and Apptainer's copy of it, the "
+            f"image, the conda env and pip's files) but only {_gib(free)} is free there. Choose a larger "
             "file system with --work-dir DIR (or build.work-dir in a site "
             "profile); on LUMI a directory in /flash/project_... or "
             "/scratch/project_..., not /tmp, which is in memory on compute nodes. "

@@ -167,10 +167,14 @@ class BuildPlan:
 
     def check_space(self):
         """Refuse a build that will not fit in its work directory."""
+        image = self.base_image.resolved
         return workdir.check_space(
             work_dir=self.work_dir,
-            base_image=self.base_image.resolved,
+            base_image=image,
             conda_env=self.conda_env,
+            unpacked=apptainer.unpacked_bytes(image=image)
+            if self.base_image.is_local_file
+            else None,
             refuse=self.build_settings.check_space,
         )
 

@@ -10,6 +10,7 @@ inserting labels json: invalid character ...``.
 import json
 import os
 from pathlib import Path
+import re
 import subprocess
 import sys
 
@@ -69,3 +70,36 @@ def test_stock_cotainr_builds_on_an_image_cotainr_lumi_built(
     command = f"cotainr build {theirs.name} --base-image {ours.name}"
     assert labels["cotainr.command"].endswith(command)
     assert labels["cotainr-lumi.system"] == "stacked-e2e"  # the base's, kept
+
+
+def test_the_dry_run_shows_the_space_a_build_needs_measured(
+    tmp_path, lumi_like_base_image, apptainer_path
+):
+    """The estimate counts the base's files (listed, not guessed from the SIF)."""
+    sandbox = tmp_path / "sandbox"
+    apptainer = str(apptainer_path / "apptainer")
+    subprocess.run(
+        [apptainer, "build", "--sandbox", str(sandbox), str(lumi_like_base_image)],
+        capture_output=True,
+        check=True,
+        timeout=900,
+    )
+    du = subprocess.run(
+        ["du", "-sb", "--apparent-size", str(sandbox)], capture_output=True, text=True
+    )
+    unpacked = int(du.stdout.split()[0])
+    sif = lumi_like_base_image.stat().st_size
+    proc = subprocess.run(
+        [str(COTAINR), "build", str(tmp_path / "x.sif"), "--dry-run"]
+        + ["--base-image", str(lumi_like_base_image), "--lumi-system=lumi-g-ext"],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    shown = float(re.search(r"needs about ([0-9.]+) GiB", proc.stdout)[1]) * 1024**3
+    # The sandbox and Apptainer's copy of it, twice the SIF, 2 GiB for pip.
+    expected = 2 * unpacked + 2 * sif + 2 * 1024**3
+    assert abs(shown - expected) < 0.06 * 1024**3 + 0.05 * expected, (shown, expected)
