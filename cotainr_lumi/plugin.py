@@ -221,8 +221,7 @@ class LumiHook:
         sys.argv = [redact(arg) for arg in sys.argv]
         base = history.read_labels(root=stage_context.sandbox.root) or {}
         final = {**base, **build.labels, "cotainr.command": " ".join(sys.argv)}
-        build.labels.update(stock_cotainr_pad(labels=final))
-        return dict(build.labels)
+        return {**build.labels, **stock_cotainr_pad(labels=final)}
 
     def finalize(self, *, context, error):
         """
