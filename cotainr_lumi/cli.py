@@ -36,29 +36,34 @@ class Verify:
         self.strict = strict
         self.timeout = timeout
 
-    def execute(self):
-        """Execute the "verify" subcommand (a signal stops the container it started)."""
+    def report(self):
+        """The report (a signal stops the container it started)."""
         from .verify.checks import verify_image
 
         try:  # a signal is an exception: exec_in_image kills the container
             with _cotainr.shim.stop_cleanly_on_signals():
-                report = verify_image(
+                return verify_image(
                     image=self.image, strict=self.strict, timeout=self.timeout
                 )
-        except CotainrLumiError as e:
-            fail(e)
         except _cotainr.BuildInterruptedError as e:
             fail(
                 f"verify was interrupted by {signal.Signals(e.signum).name}; the "
                 "container it started was stopped",
                 exit_code=e.exit_code,
             )
+
+    def execute(self):
+        """Print the report; exit 1 when a row failed, 2 on bad input."""
+        try:
+            report = self.report()
+        except CotainrLumiError as e:
+            fail(e)
         print(report.as_json() if self.json else report.as_text())
         if report.failed:
             raise SystemExit(1)
 
 
-class CheckHost:
+class CheckHost(Verify):
     """
     Check the host facts the system profiles rely on (after a LUMI update).
 
@@ -70,17 +75,11 @@ class CheckHost:
         """Construct the "check-host" subcommand."""
         self.json, self.system, self.root = json, system, root
 
-    def execute(self):
-        """Execute the "check-host" subcommand."""
+    def report(self):
+        """The report of the host under ``--root``."""
         from .verify.hostcheck import check_host
 
-        try:
-            report = check_host(root=self.root, system=self.system)
-        except CotainrLumiError as e:
-            fail(e)
-        print(report.as_json() if self.json else report.as_text())
-        if report.failed:
-            raise SystemExit(1)
+        return check_host(root=self.root, system=self.system)
 
 
 def _parser():

@@ -22,56 +22,51 @@ from .status import FAIL, NA, PASS
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-FIX = "in a site profile (COTAINR_LUMI_SYSTEMS)"
+
+def _find(root, path):
+    """The host path inside `root` (an OSError for a link out of it)."""
+    return resolve_in_root(root=root, path=path, confine=True)
 
 
-def _find(root, path, *, follow=True):
-    """(host path inside `root`, None) or (None, why it cannot be looked up)."""
+def _there(root, path):
     try:
-        found = resolve_in_root(root=root, path=path, follow_final=follow, confine=True)
-        return found, None
-    except OSError as e:
-        return None, e.strerror or str(e)
-
-
-def _shape(name):
-    return re.sub(r"[\d.]", "", name)
+        return _find(root, path).exists()
+    except OSError:
+        return False
 
 
 def _moved(root, path):
     """Where a missing versioned path may be now (the nearest sibling with the rest)."""
     parts = PurePosixPath(path).parts
-    for i in range(1, len(parts)):
-        found, _ = _find(root, PurePosixPath(*parts[: i + 1]))
-        if found is None or not found.exists():
-            break
-    else:
-        return ""
-    parent, missing = PurePosixPath(*parts[:i]), parts[i]
+    i = next(i for i in range(2, len(parts) + 1) if not _there(root, Path(*parts[:i])))
+    parent, missing, rest = Path(*parts[: i - 1]), parts[i - 1], parts[i:]
     try:
-        names = os.listdir(_find(root, parent)[0])
-    except (OSError, TypeError):
+        names = os.listdir(_find(root, parent))
+    except OSError:
         return ""
-    names = [n for n in names if _shape(n) == _shape(missing) and n != missing]
+
+    def shape(name):
+        return re.sub(r"[\d.]", "", name)
+
+    names = [n for n in names if shape(n) == shape(missing) and n != missing]
+    # The same line first (8.1.29: 8.1.32 before 9.0.1), then the newest.
+    common = os.path.commonprefix
     names.sort(
-        key=lambda n: (
-            len(os.path.commonprefix([missing, n])),  # 8.1.29: 8.1.32 before 9.0.1
-            [int(d) for d in re.findall(r"\d+", n)],
-        ),
-        reverse=True,
+        key=lambda n: (len(common([missing, n])), [*map(int, re.findall(r"\d+", n))])
     )
-    for name in names:
-        candidate = parent.joinpath(name, *parts[i + 1 :])
-        if (_find(root, candidate)[0] or Path("/nonexistent")).exists():
-            return f"; it may be {candidate} ({parent} has {', '.join(names[:6])})"
-    return f"; {parent} has {', '.join(names[:6])}" if names else ""
+    names.reverse()
+    has = f"{parent} has {', '.join(names[:8])}" if names else ""
+    for name in (n for n in names if _there(root, parent.joinpath(n, *rest))):
+        return f"; it may be {parent.joinpath(name, *rest)} ({has})"
+    return f"; {has}" * bool(names)
 
 
 def _exists(root, path, *, file=False):
     """(ok, words): does the host path exist (as a file)."""
-    found, problem = _find(root, path)
-    if found is None:
-        return False, f"{path}: {problem}"
+    try:
+        found = _find(root, path)
+    except OSError as e:
+        return False, f"{path}: {e.strerror}"
     shown = image_path_of(root=root, host_path=found)
     where = f"{path} (-> {shown})" if str(shown) != str(path) else str(path)
     if not found.exists():
@@ -84,44 +79,30 @@ def _exists(root, path, *, file=False):
 def _bind_rows(system, root):
     settings = system.stage_settings("lumi-env")
     binds = [*settings.get("binds", []), *settings.get("mpi-host", {}).get("binds", [])]
-    for bind in binds:
-        src = bind.partition(":")[0]
-        if "$" in src or not src.startswith("/"):
-            yield f"bind {src}", NA, "expanded when the module file is loaded"
-            continue
+    fix = "remove the bind or give where it moved in lumi-env binds"
+    for src in (bind.partition(":")[0] for bind in binds):
         ok, words = _exists(root, src, file=".so" in PurePosixPath(src).name)
-        fix = f"; remove the bind or give where it moved in lumi-env binds {FIX}"
-        yield f"bind {src}", PASS if ok else FAIL, words + ("" if ok else fix)
+        yield f"bind {src}", ok, words, fix
 
 
 def _base_image_rows(system, root):
     image = system.base_image
-    if not image.startswith("/"):
-        yield f"base-image {image}", NA, "not a host path"
-        return
-    ok, words = _exists(root, image, file=True)
-    found, _ = _find(root, image, follow=False)
-    if ok and found.is_symlink():
-        words += " (a link: builds resolve it and record the file)"
+    if image.startswith("/"):
+        ok, words = _exists(root, image, file=True)
         rocm = re.search(r"rocm-(\d+\.\d+)", words.partition("(-> ")[2])
-        if rocm and system.rocm_version and rocm.group(1) != system.rocm_version:
-            ok = False
-            words += (
-                f"; it now points at ROCm {rocm.group(1)}, not {system.rocm_version}"
+        if ok and rocm and rocm.group(1) != (system.rocm_version or rocm.group(1)):
+            ok, words = (
+                False,
+                f"{words}; the link now points at ROCm {rocm.group(1)}, not {system.rocm_version}",
             )
-    fix = f"; set base-image (and rocm-version) {FIX}, or use --base-image"
-    yield (
-        f"base-image {PurePosixPath(image).name}",
-        PASS if ok else FAIL,
-        words + ("" if ok else fix),
-    )
+        fix = "give --base-image, or set base-image (and rocm-version)"
+        yield f"base-image {PurePosixPath(image).name}", ok, words, fix
 
 
-def _read_first_line(root, path):
-    found, _ = _find(root, path)
+def _read(root, path):
     try:
-        return found.read_text(errors="replace").split("\n")[0].strip() or None
-    except (OSError, AttributeError):
+        return _find(root, path).read_text(errors="replace").strip() or None
+    except OSError:
         return None
 
 
@@ -130,29 +111,19 @@ def _rocm_rows(system, root):
     window = Window.from_text(settings.supported, source=settings.source)
     if window is None:
         return
-    fix = (
-        f"; find the ROCm range LUST states for this driver (LUMI update notes) "
-        f"and set rocm.supported and rocm.source {FIX}"
-    )
-    driver = _read_first_line(root, "/sys/module/amdgpu/version")
-    opt = _find(root, "/opt")[0]
-    names = sorted(os.listdir(opt)) if opt and opt.is_dir() else []
-    rocms = [f"/opt/{n}/.info/version" for n in names if n.startswith("rocm")]
-    host = [v for v in (_read_first_line(root, p) for p in rocms) if v]
-    for check, versions, what in (
-        ("rocm-driver", [driver] if driver else [], "amdgpu driver"),
-        ("rocm-host", sorted(set(host)), "host ROCm"),
+    opt = _find(root, "/opt")
+    names = sorted(os.listdir(opt)) if opt.is_dir() else []
+    rocms = {_read(root, f"/opt/{n}/.info/version") for n in names if "rocm" in n}
+    for check, found, what in (
+        ("rocm-driver", {_read(root, "/sys/module/amdgpu/version")}, "amdgpu driver"),
+        ("rocm-host", rocms, "host ROCm"),
     ):
-        if not versions:
-            yield f"{check} {window}", NA, f"no {what} readable here (not a GPU node?)"
-            continue
-        out = [v for v in versions if major_minor(v) not in window]
-        words = f"{what} {', '.join(versions)}; {window.words()}"
-        yield (
-            f"{check} {window}",
-            FAIL if out else PASS,
-            words + (f": {', '.join(out)} is outside{fix}" if out else ""),
-        )
+        found = sorted(found - {None})
+        out = [v for v in found if major_minor(v) not in window]
+        words = f"{what} {', '.join(found) or 'unreadable here'}; {window.words()}"
+        words += f": {', '.join(out)} is outside" if out else ""
+        fix = "set rocm.supported (and .source) as LUST states for this driver"
+        yield f"{check} {window}", not out if found else NA, words, fix
 
 
 def _mpi_rows(system, root):
@@ -162,7 +133,7 @@ def _mpi_rows(system, root):
         return
     paths = [raw["libmpi"], *raw.get("ld-library-path", [])]
     if raw["libmpi"] == "discover" or any("*" in p for p in paths):
-        yield "mpi-host", NA, "discovered on the host when the module file is loaded"
+        yield "mpi-host", NA, "discovered on the host at load time", ""
         return
     binding = HostBinding.from_setting(raw)
     for key, path in [("libmpi", binding.libmpi)] + [
@@ -174,8 +145,7 @@ def _mpi_rows(system, root):
         ok, words = _exists(root, host, file=key == "libmpi")
         if host != path:
             words = f"{path} is {words}"
-        fix = f"; set lumi-env.mpi-host.{key} {FIX}"
-        yield f"mpi {path}", PASS if ok else FAIL, words + ("" if ok else fix)
+        yield f"mpi {path}", ok, words, f"set lumi-env.mpi-host.{key}"
 
 
 def check_host(*, root="/", system=None):
@@ -190,7 +160,10 @@ def check_host(*, root="/", system=None):
         if "lumi-env" in one.stages:
             kinds += [_bind_rows, _mpi_rows]
         for kind in kinds:
-            for check, status, words in kind(one, Path(root)):
+            for check, ok, words, fix in kind(one, Path(root)):
+                status = ok if ok == NA else PASS if ok else FAIL
+                if status == FAIL:
+                    words += f"; {fix} in a site profile (COTAINR_LUMI_SYSTEMS)"
                 row = rows.setdefault(check, [status, words, []])
                 if status == FAIL:  # the worst of the systems' answers
                     row[:2] = status, words

@@ -119,7 +119,7 @@ def test_unreadable_rocm_is_na_and_discover_is_left_to_load_time(
     assert rows["rocm-driver 6.1-7.0"][0] == NA
     assert rows["mpi-host"] == (
         NA,
-        "discovered on the host when the module file is loaded [lumi-2026]",
+        "discovered on the host at load time [lumi-2026]",
     )
 
 
