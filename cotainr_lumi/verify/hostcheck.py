@@ -78,7 +78,8 @@ def _exists(root, path, *, file=False):
 
 def _bind_rows(system, root):
     settings = system.stage_settings("lumi-env")
-    binds = [*settings.get("binds", []), *settings.get("mpi-host", {}).get("binds", [])]
+    host_mpi = settings.get("mpi-host") or {}
+    binds = [*(settings.get("binds") or []), *(host_mpi.get("binds") or [])]
     fix = "remove the bind or give where it moved in lumi-env binds"
     for src in (bind.partition(":")[0] for bind in binds):
         ok, words = _exists(root, src, file=".so" in PurePosixPath(src).name)
@@ -111,8 +112,10 @@ def _rocm_rows(system, root):
     window = Window.from_text(settings.supported, source=settings.source)
     if window is None:
         return
-    opt = _find(root, "/opt")
-    names = sorted(os.listdir(opt)) if opt.is_dir() else []
+    try:
+        names = sorted(os.listdir(_find(root, "/opt")))
+    except OSError:
+        names = []
     rocms = {_read(root, f"/opt/{n}/.info/version") for n in names if "rocm" in n}
     for check, found, what in (
         ("rocm-driver", {_read(root, "/sys/module/amdgpu/version")}, "amdgpu driver"),
@@ -131,7 +134,7 @@ def _mpi_rows(system, root):
     raw = system.stage_settings("lumi-env").get("mpi-host") or {}
     if not raw.get("libmpi"):
         return
-    paths = [raw["libmpi"], *raw.get("ld-library-path", [])]
+    paths = [raw["libmpi"], *(raw.get("ld-library-path") or [])]
     if raw["libmpi"] == "discover" or any("*" in p for p in paths):
         yield "mpi-host", NA, "discovered on the host at load time", ""
         return
