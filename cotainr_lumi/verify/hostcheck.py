@@ -1,10 +1,8 @@
 """
 ``cotainr-lumi check-host``: the host facts the system profiles rely on.
 
-Binds, base images (and where their links point), the ROCm window against the
-GPU driver and the host's ROCm, and the host MPI binding, one row per fact
-with the fix. Host paths are looked up under a root (``/``, or a test tree),
-links resolved inside it; a link out of it is reported, never followed.
+One row per fact with the fix; host paths are looked up under a root (``/``,
+or a test tree), links resolved inside it, never followed out of it.
 """
 
 import logging
@@ -92,10 +90,8 @@ def _base_image_rows(system, root):
         ok, words = _exists(root, image, file=True)
         rocm = re.search(r"rocm-(\d+\.\d+)", words.partition("(-> ")[2])
         if ok and rocm and rocm.group(1) != (system.rocm_version or rocm.group(1)):
-            ok, words = (
-                False,
-                f"{words}; the link now points at ROCm {rocm.group(1)}, not {system.rocm_version}",
-            )
+            ok = False
+            words += f"; the link now points at ROCm {rocm.group(1)}, not {system.rocm_version}"
         fix = "give --base-image, or set base-image (and rocm-version)"
         yield f"base-image {PurePosixPath(image).name}", ok, words, fix
 
@@ -165,11 +161,12 @@ def check_host(*, root="/", system=None):
         for kind in kinds:
             for check, ok, words, fix in kind(one, Path(root)):
                 status = ok if ok == NA else PASS if ok else FAIL
-                if status == FAIL:
-                    words += f"; {fix} in a site profile (COTAINR_LUMI_SYSTEMS)"
                 row = rows.setdefault(check, [status, words, []])
-                if status == FAIL:  # the worst of the systems' answers
-                    row[:2] = status, words
+                if status == FAIL:  # the worst of the systems' answers, with the fix
+                    row[:2] = (
+                        FAIL,
+                        f"{words}; {fix} in a site profile (COTAINR_LUMI_SYSTEMS)",
+                    )
                 row[2].append(one.name)
     report = VerifyReport(image=str(root), command="check-host")
     for check, (status, words, names) in rows.items():
