@@ -3,7 +3,7 @@ The ``cotainr-lumi`` command.
 
 ``build`` and ``info`` are cotainr's own subcommands with the cotainr-lumi
 plugin active (cotainr's build hook, or the shim of it), ``verify`` checks a
-built image. The command works without the start-up hook.
+built image, ``check-host`` the host. The command works without the start-up hook.
 """
 
 import argparse
@@ -36,26 +36,50 @@ class Verify:
         self.strict = strict
         self.timeout = timeout
 
-    def execute(self):
-        """Execute the "verify" subcommand (a signal stops the container it started)."""
+    def report(self):
+        """The report (a signal stops the container it started)."""
         from .verify.checks import verify_image
 
         try:  # a signal is an exception: exec_in_image kills the container
             with _cotainr.shim.stop_cleanly_on_signals():
-                report = verify_image(
+                return verify_image(
                     image=self.image, strict=self.strict, timeout=self.timeout
                 )
-        except CotainrLumiError as e:
-            fail(e)
         except _cotainr.BuildInterruptedError as e:
             fail(
                 f"verify was interrupted by {signal.Signals(e.signum).name}; the "
                 "container it started was stopped",
                 exit_code=e.exit_code,
             )
+
+    def execute(self):
+        """Print the report; exit 1 when a row failed, 2 on bad input."""
+        try:
+            report = self.report()
+        except CotainrLumiError as e:
+            fail(e)
         print(report.as_json() if self.json else report.as_text())
         if report.failed:
             raise SystemExit(1)
+
+
+class CheckHost(Verify):
+    """
+    Check the host facts the system profiles rely on (after a LUMI update).
+
+    The "check-host" subcommand: one row per fact (binds, base images, ROCm,
+    host MPI) with the fix; exits non-zero if a fact is stale.
+    """
+
+    def __init__(self, *, json=False, system=None, root="/"):
+        """Construct the "check-host" subcommand."""
+        self.json, self.system, self.root = json, system, root
+
+    def report(self):
+        """The report of the host under ``--root``."""
+        from .verify.hostcheck import check_host
+
+        return check_host(root=self.root, system=self.system)
 
 
 def _parser():
@@ -79,6 +103,7 @@ def _parser():
         subparsers.add_parser(name, help=summary, add_help=False)
     summary = Verify.__doc__.strip().splitlines()[0]
     verify = subparsers.add_parser("verify", help=summary, description=summary)
+    verify.set_defaults(command=Verify)
     verify.add_argument("image", help="the .sif image to check")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.add_argument(
@@ -94,6 +119,14 @@ def _parser():
         metavar="SECONDS",
         help="the most seconds for all runs in the image (default: 600)",
     )
+    summary = CheckHost.__doc__.strip().splitlines()[0]
+    check = subparsers.add_parser("check-host", help=summary, description=summary)
+    check.set_defaults(command=CheckHost)
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument("--system", metavar="NAME", help="check one system only")
+    check.add_argument(
+        "--root", default="/", metavar="DIR", help="the host tree (default: /)"
+    )
     return parser
 
 
@@ -102,7 +135,7 @@ class CotainrLumiCLI:
     Build Apptainer/Singularity containers for LUMI with cotainr-lumi.
 
     The ``cotainr-lumi`` command: cotainr's ``build`` and ``info`` with the
-    cotainr-lumi plugin active, and ``verify``.
+    cotainr-lumi plugin active, ``verify`` and ``check-host``.
     """
 
     def __init__(self, *, args=None):
@@ -131,7 +164,8 @@ class CotainrLumiCLI:
         if self.name is None:  # no subcommand
             parser.print_help()
             raise SystemExit(0)
-        self.subcommand = Verify(**vars(parsed))
+        options = vars(parsed)
+        self.subcommand = options.pop("command")(**options)
         _cotainr.setup_cli_logging(log_settings=_cotainr.make_log_settings())
 
     def execute(self):
@@ -162,4 +196,4 @@ def main(*args, **kwargs):
     cli.execute()
 
 
-__all__ = ["CotainrLumiCLI", "Verify", "main"]
+__all__ = ["CheckHost", "CotainrLumiCLI", "Verify", "main"]

@@ -181,6 +181,7 @@ case "$*" in
   *) echo "# Avg bus bandwidth    : 100" ;;
 esac
 """,
+        "cotainr-lumi": f'#!/bin/bash\necho "cotainr-lumi $*" >>{log}\n',
         "srun": f"""#!/bin/bash
 echo "srun $*" >>{log}
 while [[ $1 == -* ]]; do shift; done
@@ -210,6 +211,7 @@ exec "$@"
     calls = log.read_text()
     mpi_srun = [c for c in calls.splitlines() if c.startswith("srun") and "osu_bw" in c]
     assert len(mpi_srun) == 1 and srun_args in mpi_srun[0], calls
+    assert "cotainr-lumi check-host" in calls  # the host facts, on the node
     assert f"osu_bw.py COTAINR_LUMI_MPI={active}" in calls
     assert f"MPI mode: {active}" in proc.stdout
     assert "PASS: MPI bandwidth 20000.0 MB/s" in proc.stdout, proc.stdout + proc.stderr

@@ -24,11 +24,12 @@ class SymlinkLoopError(OSError):
     """Too many symlinks (a loop) while resolving a path inside a root."""
 
 
-def resolve_in_root(*, root, path, follow_final=True):
+def resolve_in_root(*, root, path, follow_final=True, confine=False):
     """The host path of an image path, resolved as under ``chroot root``.
 
-    Absolute link targets restart at `root`, ``..`` never climbs above it and
-    missing components are kept, so the result always lies inside `root`.
+    Absolute link targets restart at `root`, ``..`` never climbs above it (with
+    `confine`, a link climbing above it is an error) and missing components
+    are kept, so the result always lies inside `root`.
     """
     root = Path(os.path.abspath(root))
     pending = [p for p in PurePosixPath("/", path).parts[1:]]
@@ -42,6 +43,8 @@ def resolve_in_root(*, root, path, follow_final=True):
         if part == "..":
             if resolved:
                 resolved.pop()
+            elif confine and links_followed:
+                raise OSError(errno.EXDEV, f"{path!s} links to outside {root}")
             continue
         candidate = root.joinpath(*resolved, part)
         is_last = not pending

@@ -100,6 +100,7 @@ class VerifyReport:
 
     image: str
     results: list = field(default_factory=list)
+    command: str = "verify"
 
     def add(self, check, status, evidence):
         """Append a row (evidence cut to a sane length, printable as UTF-8)."""
@@ -130,7 +131,7 @@ class VerifyReport:
         }
         warn = f", {counts[WARN]} WARN" if counts[WARN] else ""
         return (
-            f"verify {self.image}: {counts[PASS]} PASS, {counts[FAIL]} FAIL, "
+            f"{self.command} {self.image}: {counts[PASS]} PASS, {counts[FAIL]} FAIL, "
             f"{counts[NA]} N/A{warn}"
         )
 

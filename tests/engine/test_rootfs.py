@@ -321,3 +321,10 @@ def test_real_build_dirs_are_left_alone(sandbox):
     claim_build_dirs(root=sandbox)
     assert sorted(sandbox.rglob("*")) == before
     assert written_inside(sandbox)
+
+
+def test_resolve_in_root_clamps_dotdot_unless_confined(tmp_path):
+    (tmp_path / "a").symlink_to("../../etc")
+    assert resolve_in_root(root=tmp_path, path="/a") == tmp_path / "etc"
+    with pytest.raises(OSError, match="links to outside"):
+        resolve_in_root(root=tmp_path, path="/a", confine=True)

@@ -1,0 +1,174 @@
+"""
+``cotainr-lumi check-host``: the host facts the system profiles rely on.
+
+One row per fact with the fix; host paths are looked up under a root (``/``,
+or a test tree), links resolved inside it, never followed out of it.
+"""
+
+import logging
+import os
+from pathlib import Path, PurePosixPath
+import re
+
+from ..engine.rocmwindow import RocmSettings, Window, major_minor
+from ..engine.rootfs import image_path_of, resolve_in_root
+from ..errors import InputError
+from ..pipeline.profiles import get_system, load_systems
+from ..stages.lumi_env.mpi import HostBinding
+from .checks import VerifyReport
+from .status import FAIL, NA, PASS
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+
+def _find(root, path):
+    """The host path inside `root` (an OSError for a link out of it)."""
+    return resolve_in_root(root=root, path=path, confine=True)
+
+
+def _there(root, path):
+    try:
+        return _find(root, path).exists()
+    except OSError:
+        return False
+
+
+def _moved(root, path):
+    """Where a missing versioned path may be now (the nearest sibling with the rest)."""
+    parts = PurePosixPath(path).parts
+    i = next(i for i in range(2, len(parts) + 1) if not _there(root, Path(*parts[:i])))
+    parent, missing, rest = Path(*parts[: i - 1]), parts[i - 1], parts[i:]
+    try:
+        names = os.listdir(_find(root, parent))
+    except OSError:
+        return ""
+
+    def shape(name):
+        return re.sub(r"[\d.]", "", name)
+
+    names = [n for n in names if shape(n) == shape(missing) and n != missing]
+    # The same line first (8.1.29: 8.1.32 before 9.0.1), then the newest.
+    common = os.path.commonprefix
+    names.sort(
+        key=lambda n: (len(common([missing, n])), [*map(int, re.findall(r"\d+", n))])
+    )
+    names.reverse()
+    has = f"{parent} has {', '.join(names[:8])}" if names else ""
+    for name in (n for n in names if _there(root, parent.joinpath(n, *rest))):
+        return f"; it may be {parent.joinpath(name, *rest)} ({has})"
+    return f"; {has}" * bool(names)
+
+
+def _exists(root, path, *, file=False):
+    """(ok, words): does the host path exist (as a file)."""
+    try:
+        found = _find(root, path)
+    except OSError as e:
+        return False, f"{path}: {e.strerror}"
+    shown = image_path_of(root=root, host_path=found)
+    where = f"{path} (-> {shown})" if str(shown) != str(path) else str(path)
+    if not found.exists():
+        return False, f"{where} does not exist{_moved(root, path)}"
+    if file and not found.is_file():
+        return False, f"{where} is not a file"
+    return True, f"{where} exists"
+
+
+def _bind_rows(system, root):
+    settings = system.stage_settings("lumi-env")
+    host_mpi = settings.get("mpi-host") or {}
+    binds = [*(settings.get("binds") or []), *(host_mpi.get("binds") or [])]
+    fix = "remove the bind or give where it moved in lumi-env binds"
+    for src in (bind.partition(":")[0] for bind in binds):
+        ok, words = _exists(root, src, file=".so" in PurePosixPath(src).name)
+        yield f"bind {src}", ok, words, fix
+
+
+def _base_image_rows(system, root):
+    image = system.base_image
+    if image.startswith("/"):
+        ok, words = _exists(root, image, file=True)
+        rocm = re.search(r"rocm-(\d+\.\d+)", words.partition("(-> ")[2])
+        if ok and rocm and rocm.group(1) != (system.rocm_version or rocm.group(1)):
+            ok = False
+            words += f"; the link now points at ROCm {rocm.group(1)}, not {system.rocm_version}"
+        fix = "give --base-image, or set base-image (and rocm-version)"
+        yield f"base-image {PurePosixPath(image).name}", ok, words, fix
+
+
+def _read(root, path):
+    try:
+        return _find(root, path).read_text(errors="replace").strip() or None
+    except OSError:
+        return None
+
+
+def _rocm_rows(system, root):
+    settings = RocmSettings.complete(system.stage_settings("rocm"))
+    window = Window.from_text(settings.supported, source=settings.source)
+    if window is None:
+        return
+    try:
+        names = sorted(os.listdir(_find(root, "/opt")))
+    except OSError:
+        names = []
+    rocms = {_read(root, f"/opt/{n}/.info/version") for n in names if "rocm" in n}
+    for check, found, what in (
+        ("rocm-driver", {_read(root, "/sys/module/amdgpu/version")}, "amdgpu driver"),
+        ("rocm-host", rocms, "host ROCm"),
+    ):
+        found = sorted(found - {None})
+        out = [v for v in found if major_minor(v) not in window]
+        words = f"{what} {', '.join(found) or 'unreadable here'}; {window.words()}"
+        words += f": {', '.join(out)} is outside" if out else ""
+        fix = "set rocm.supported (and .source) as LUST states for this driver"
+        yield f"{check} {window}", not out if found else NA, words, fix
+
+
+def _mpi_rows(system, root):
+    """The rows of a system's host MPI binding (``lumi-env.mpi-host``)."""
+    raw = system.stage_settings("lumi-env").get("mpi-host") or {}
+    if not raw.get("libmpi"):
+        return
+    paths = [raw["libmpi"], *(raw.get("ld-library-path") or [])]
+    if raw["libmpi"] == "discover" or any("*" in p for p in paths):
+        yield "mpi-host", NA, "discovered on the host at load time", ""
+        return
+    binding = HostBinding.from_setting(raw)
+    for key, path in [("libmpi", binding.libmpi)] + [
+        ("ld-library-path", p) for p in binding.ld_library_path[1:]
+    ]:
+        host = binding.host_path(path)
+        if host is None:
+            continue  # not bound: the container's own directory
+        ok, words = _exists(root, host, file=key == "libmpi")
+        if host != path:
+            words = f"{path} is {words}"
+        yield f"mpi {path}", ok, words, f"set lumi-env.mpi-host.{key}"
+
+
+def check_host(*, root="/", system=None):
+    """The report of the host facts of every system (or of one)."""
+    if not Path(root).is_dir():
+        raise InputError(f"--root {root}: not a directory; give the host tree to check")
+    systems = load_systems()
+    chosen = [get_system(name=system, systems=systems)] if system else systems.values()
+    rows = {}
+    for one in chosen:
+        kinds = [_base_image_rows, _rocm_rows]
+        if "lumi-env" in one.stages:
+            kinds += [_bind_rows, _mpi_rows]
+        for kind in kinds:
+            for check, ok, words, fix in kind(one, Path(root)):
+                status = ok if ok == NA else PASS if ok else FAIL
+                row = rows.setdefault(check, [status, words, []])
+                if status == FAIL:  # the worst of the systems' answers, with the fix
+                    row[:2] = (
+                        FAIL,
+                        f"{words}; {fix} in a site profile (COTAINR_LUMI_SYSTEMS)",
+                    )
+                row[2].append(one.name)
+    report = VerifyReport(image=str(root), command="check-host")
+    for check, (status, words, names) in rows.items():
+        report.add(check, status, f"{words} [{', '.join(dict.fromkeys(names))}]")
+    return report
