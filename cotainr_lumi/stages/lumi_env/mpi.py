@@ -593,9 +593,9 @@ class MpiPlan:
         found = self.found or HostMpi(None, (), "", None, None)
         return {
             "setting": self.binding.libmpi,
-            "libmpi": lib or "discovered at load time (none on the build host)",
+            "libmpi": lib or None,
             "ld-library-path": path.split(":") if path else [],
-            "mpi4py-libmpi": lib or HOST_LIBMPI_VAR,
+            "mpi4py-libmpi": lib or f"${HOST_LIBMPI_VAR}",
             "binds": list(self.binding.binds),
             "source": found.source or None,
             "version": found.version,
@@ -619,7 +619,7 @@ class MpiPlan:
             text += f"; mpi4py loads {', '.join(self.loaded['libmpi'])} here"
         if self.binding is not None:
             which = "" if self.mode == "host" else f" with {RUNTIME_VAR}=host"
-            lib = self._host_record()["libmpi"]
+            lib = self._host_record()["libmpi"] or "the Cray MPICH found on load"
             text += f"; on LUMI {lib} replaces it{which}"
             if self.binding.discover:
                 found = self.found

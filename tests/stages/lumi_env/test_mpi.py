@@ -387,7 +387,8 @@ def test_env_file_without_the_bound_library_says_so_once(tmp_path, host_lib):
     assert env["LD_LIBRARY_PATH"] == "/base/a:/base/b" and "MPI4PY_LIBMPI" not in env
     assert env["COTAINR_LUMI_MPI_ACTIVE"] == "container"
     assert (
-        err.count("\n") == 1 and f"Cray MPICH ({host_lib.libmpi}) is not in the container" in err
+        err.count("\n") == 1
+        and f"Cray MPICH ({host_lib.libmpi}) is not in the container" in err
     )
     env, err = source(text, tmp_path, {"COTAINR_LUMI_MPI": "$(touch x) bogus"})
     assert "COTAINR_LUMI_MPI=$(touch x) bogus is not host, container or none" in err
