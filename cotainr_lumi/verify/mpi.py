@@ -86,7 +86,7 @@ def _binding_row(record):
     if host:
         lib = host["libmpi"]
         if host.get("setting") == "discover":
-            lib = f"the Cray MPICH the module file finds on load (at build: {lib})"
+            lib = f"the Cray MPICH the module file finds on load (at build: {lib or 'none'})"
         swap = (
             f"{lib} replaces {record.get('image-library') or 'nothing (no library in the image)'}"
             f" (LD_LIBRARY_PATH first: {':'.join(host['ld-library-path'])}; "

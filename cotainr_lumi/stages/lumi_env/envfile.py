@@ -208,16 +208,11 @@ SH_OPS = {
     '*) {0}={1}"${{{0}:+{2}${0}}}" ;; esac; export {0}',
     "append_path": 'case "{2}${{{0}-}}{2}" in *{2}{1}{2}*) ;; '
     '*) {0}="${{{0}:+${0}{2}}}"{1} ;; esac; export {0}',
-    "discover": """_cl_get() {{ case $_cl_out in *"
-$1 "*) _cl_v=${{_cl_out#*"
-$1 "}}; _cl_v=${{_cl_v%%"
-"*}} ;; *) return 1 ;; esac; }}
-_cl_out="
-$(eval {0})"
-if _cl_get libmpi; then {2}=$_cl_v; export {2}; fi
-if _cl_get path; then {3}=$_cl_v; export {3}; fi
-if _cl_get {1}; then printf '%s\\n' "$_cl_v" >&2; fi
-unset _cl_out _cl_v; unset -f _cl_get""",
+    "discover": """_cl_out=$(eval {0})
+_cl_v=$(printf '%s\\n' "$_cl_out" | sed -n 's/^libmpi //p'); [ -z "$_cl_v" ] || export {2}="$_cl_v"
+_cl_v=$(printf '%s\\n' "$_cl_out" | sed -n 's/^path //p'); [ -z "$_cl_v" ] || export {3}="$_cl_v"
+printf '%s\\n' "$_cl_out" | sed -n 's/^{1} //p' >&2
+unset _cl_out _cl_v""",
     "file": "[ -f {0} ]",
     "dir": "[ -d {0} ]",
 }

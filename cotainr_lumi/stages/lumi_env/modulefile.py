@@ -156,10 +156,7 @@ LUA_OPS = {
     "discover": """local cl = {{libmpi = os.getenv({2}), path = os.getenv({3})}}
 if mode() == "load" then
     cl = {{}}
-    for line in capture({0}):gmatch("[^\\n]+") do
-        local k, v = line:match("^(%a+) (.*)$")
-        if k then cl[k] = v end
-    end
+    for k, v in capture({0}):gmatch("(%a+) ([^\\n]*)") do cl[k] = v end
     if cl[{1}] then LmodMessage(cl[{1}]) end
 end
 if cl.libmpi then setenv({2}, cl.libmpi) end

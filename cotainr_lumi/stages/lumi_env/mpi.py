@@ -1,16 +1,10 @@
 """
 MPI in the image: which ``libmpi.so.12`` its MPI users run on (``docs/mpi.md``).
 
-``container``: the image's own MPICH (``srun --mpi=pmi2``). ``host``: the
-hybrid model of HPE's arXiv 2407.19928: at run time LUMI's Cray MPICH
-(``lib-abi-mpich``, bound in by the module file) replaces the image's
-MPICH-ABI library (plain ``srun``). ``auto`` is ``none`` without an MPICH-ABI
-MPI, ``container`` when the image's MPICH speaks CXI, else ``host``;
-``COTAINR_LUMI_MPI`` overrides the image's default at run time: the MPI env
-file reads it (set in the container, else a host export found in
-``$__exported_env__``); in ``host`` mode, when the host library is in the
-container, it puts the binding's directories first on ``LD_LIBRARY_PATH`` and
-sets ``MPI4PY_LIBMPI``, else says so on stderr and keeps the image's MPI.
+``container``: the image's own MPICH (``srun --mpi=pmi2``); ``host``: LUMI's
+Cray MPICH, found on the host and bound in by the module file, replaces the
+image's MPICH-ABI library at run time (HPE's hybrid model, arXiv 2407.19928).
+``COTAINR_LUMI_MPI`` switches at run time (the MPI env file reads it).
 """
 
 from dataclasses import dataclass, field
@@ -19,6 +13,7 @@ import json
 import logging
 import os
 from pathlib import PurePosixPath
+import re
 import shlex
 from shlex import quote
 import subprocess
@@ -160,11 +155,9 @@ def mpi_module_ops(*, mode, binding, image):
     ops = []
     if binding is not None:
         which = (
-            "finds LUMI's Cray MPICH on this host on load (a loaded cray-mpich's "
-            "$CRAY_MPICH_DIR, else the default PE's /opt/cray/pe/lib64 link, "
-            "/opt/cray/pe/mpich/default, the newest installed); Cray MPICH 8.1 "
-            "(MPICH 3.4) and 9.0 (MPICH 4.1) have the same sonames but different "
-            "libraries, so the one found is the one used"
+            "finds LUMI's Cray MPICH on load: a loaded cray-mpich, else the default "
+            "PE's (docs/mpi.md). Cray MPICH 8.1 (MPICH 3.4) and 9.0 (MPICH 4.1) "
+            "share sonames, not libraries: the one found is used"
             if binding.discover
             else f"uses {binding.libmpi} (lumi-env.mpi-host)"
         )
@@ -322,12 +315,8 @@ class HostBinding:
 
 def discovery_program():
     """``hostscripts/discover-mpi`` (POSIX sh), without its comment lines."""
-    text = (
-        importlib.resources.files(__package__) / "hostscripts" / "discover-mpi"
-    ).read_text()
-    return "".join(
-        ln for ln in text.splitlines(True) if not ln.lstrip().startswith("#")
-    )
+    text = importlib.resources.files(__package__) / "hostscripts" / "discover-mpi"
+    return re.sub(r"(?m)^ *#.*\n", "", text.read_text())
 
 
 @dataclass(frozen=True)
@@ -339,11 +328,6 @@ class HostMpi:
     source: str
     version: Optional[str]
     problem: Optional[str]
-
-    @property
-    def line(self):
-        """The Cray MPICH line: 8.1 (MPICH 3.4) or 9.0 (MPICH 4.1), ..."""
-        return ".".join(self.version.split(".")[:2]) if self.version else None
 
 
 def discover_host_mpi(*, setting, env=None):
@@ -361,7 +345,7 @@ def discover_host_mpi(*, setting, env=None):
     out = dict(ln.split(" ", 1) for ln in proc.stdout.splitlines() if " " in ln)
     if "libmpi" not in out:
         problem = out.get("problem") or f"discovery failed: {proc.stderr.strip()}"
-        return HostMpi(None, (), "", None, problem)
+        return HostMpi(None, (), None, None, problem)
     path = tuple(out.get("path", "").split(":"))
     return HostMpi(out["libmpi"], path, out["source"], out.get("version") or None, None)
 
@@ -590,16 +574,16 @@ class MpiPlan:
 
     def _host_record(self):
         lib, path = self.binding.defaults(self.found)
-        found = self.found or HostMpi(None, (), "", None, None)
+        found = self.found or HostMpi(None, (), None, None, None)
         return {
             "setting": self.binding.libmpi,
             "libmpi": lib or None,
             "ld-library-path": path.split(":") if path else [],
             "mpi4py-libmpi": lib or f"${HOST_LIBMPI_VAR}",
             "binds": list(self.binding.binds),
-            "source": found.source or None,
+            "source": found.source,
             "version": found.version,
-            "line": found.line,
+            "line": found.version and ".".join(found.version.split(".")[:2]),
             "build-host-problem": found.problem,
         }
 
@@ -621,14 +605,8 @@ class MpiPlan:
             which = "" if self.mode == "host" else f" with {RUNTIME_VAR}=host"
             lib = self._host_record()["libmpi"] or "the Cray MPICH found on load"
             text += f"; on LUMI {lib} replaces it{which}"
-            if self.binding.discover:
-                found = self.found
-                text += (
-                    f" (found here: {found.source}, Cray MPICH {found.version}; "
-                    "the module file looks again on load)"
-                    if found and found.libmpi
-                    else " (the module file looks for it on load)"
-                )
+            if self.binding.discover and self.found.libmpi:
+                text += f" (found here: {self.found.source}, {self.found.version})"
         return text
 
 
@@ -676,11 +654,7 @@ def describe(*, requested, host_setting):
             f"{','.join(binding.binds) or '(none)'}"
         )
         found = discover_host_mpi(setting=host_setting)
-        lines.append(
-            f"  here: {found.libmpi} ({found.source}, Cray MPICH {found.version})"
-            if found.libmpi
-            else f"  here: {found.problem}"
-        )
+        lines.append(f"  here: {found.problem or (found.libmpi, found.source)}")
         for problem in binding.host_problems():
             lines.append(f"  problem: {problem}")
     return lines

@@ -485,6 +485,26 @@ def test_stage_records_and_binds_the_host_mpich(tmp_path, libs):
     assert "MPI: host" in report.summary
 
 
+def test_a_discover_build_without_cray_mpich_here_is_no_error(tmp_path, libs):
+    root = wheel_env(tmp_path / "root", libs)
+    (root / ".singularity.d/env").mkdir(parents=True)
+    (tmp_path / "cray").mkdir()  # the build host has no Cray MPICH
+    setting = {"libmpi": "discover", "binds": [f"{tmp_path}/cray:/opt/cray"]}
+    setting["ld-library-path"] = ["/opt/cray/pe/lib64", "/opt/cray/libfabric/*/lib64"]
+    report, _ = run_stage(tmp_path, root, {"mpi-host": setting})
+    host = json.loads(at(root, MPI_FILE).read_text())["host"]
+    assert host["setting"] == "discover" and host["libmpi"] is None
+    assert host["ld-library-path"] == ["/opt/cray/pe/lib64"]  # '*' waits for load
+    assert "no Cray MPICH for the container" in host["build-host-problem"]
+    assert "on LUMI the Cray MPICH found on load replaces it" in report.summary
+    # The env file's defaults are empty: the module file's exports decide.
+    env_file = at(root, MPI_ENV_FILE).read_text()
+    assert (
+        "*) _cl_lib='' ;;" in env_file
+        and "*) _cl_path=/opt/cray/pe/lib64 ;;" in env_file
+    )
+
+
 def test_stage_without_mpi_changes_nothing(tmp_path):
     root = tmp_path / "root"
     (root / ".singularity.d/env").mkdir(parents=True)
