@@ -654,7 +654,8 @@ def describe(*, requested, host_setting):
             f"{','.join(binding.binds) or '(none)'}"
         )
         found = discover_host_mpi(setting=host_setting)
-        lines.append(f"  here: {found.problem or (found.libmpi, found.source)}")
+        here = f"{found.libmpi} ({found.source}, {found.version})"
+        lines.append(f"  here: {found.problem or here}")
         for problem in binding.host_problems():
             lines.append(f"  problem: {problem}")
     return lines
