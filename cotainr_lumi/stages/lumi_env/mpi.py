@@ -450,9 +450,9 @@ def check_host_paths(*, binding, error):
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise error(
             f"lumi-env.mpi-host: {problems[0]}{more}: the Cray MPICH this binding "
-            "names is not installed here (ls /opt/cray/pe/mpich). Update "
-            "lumi-env.mpi-host (libmpi, ld-library-path) in your system profile or "
-            "with --set 'lumi-env.mpi-host={libmpi: ...}', or keep the image's "
+            "names is not installed here (ls /opt/cray/pe/mpich). Set "
+            "lumi-env.mpi-host.libmpi to discover (found on load) or another path "
+            "in your system profile or with --set, or keep the image's "
             "MPICH: --set lumi-env.mpi=container"
         )
     for problem in binding.host_problems():
