@@ -93,7 +93,6 @@ def _host_case(*, binding, own):
     return [
         "host)",
         f'    if [ -f "${HOST_LIBMPI_VAR}" ]; then',
-        "        _cl_new=$_cl_path",
         *("        " + line for line in _MOVE_TO_FRONT.splitlines()),
         "        "
         + computed_default(name="MPI4PY_LIBMPI", expression=f'"${HOST_LIBMPI_VAR}"'),
@@ -131,7 +130,7 @@ def mpi_env_file(*, mode, binding, image_library, found=None):
     if binding is not None:
         lib, path = binding.defaults(found)
         lines += [
-            read_host_value(name=HOST_PATH_VAR, into="_cl_path", default=quote(path)),
+            read_host_value(name=HOST_PATH_VAR, into="_cl_new", default=quote(path)),
             read_host_value(name=HOST_LIBMPI_VAR, into="_cl_lib", default=quote(lib)),
             f"{HOST_LIBMPI_VAR}=$_cl_lib; export {HOST_LIBMPI_VAR}",
         ]
@@ -145,7 +144,7 @@ def mpi_env_file(*, mode, binding, image_library, found=None):
         f"    {ACTIVE_VAR}=container ;;",
         "esac",
         f"export {ACTIVE_VAR}",
-        "unset _cl_mpi _cl_env _cl_default _cl_new _cl_path _cl_lib",
+        "unset _cl_mpi _cl_env _cl_default _cl_new _cl_lib",
     ]
     return "\n".join(lines) + "\n"
 
@@ -297,11 +296,10 @@ class HostBinding:
         rest = path[len(dst.rstrip("/")) :]
         return src.rstrip("/") + rest if rest else src
 
-    def host_problems(self, *, library_only=False):
+    def host_problems(self):
         """What of the binding is missing here (where its bind's source exists)."""
         paths = [] if self.discover else [self.libmpi]
-        if not library_only:
-            paths += [p for p in self.ld_library_path if "*" not in p]
+        paths += [p for p in self.ld_library_path if "*" not in p]
         problems = []
         for path in dict.fromkeys(paths):
             bind, src, _ = self._cover(path)
@@ -443,20 +441,17 @@ def _check_pins(*, mode, setting, pins, stage):
 
 def check_host_paths(*, binding, error):
     """Stop when the host library is missing here; warn about other directories."""
-    if binding is None:
-        return
-    problems = binding.host_problems(library_only=True)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    for problem in binding.host_problems() if binding else []:
+        if not problem.startswith(f"{binding.libmpi} is "):  # the library is first
+            logger.warning("lumi-env.mpi-host: %s (skipped by the loader)", problem)
+            continue
         raise error(
-            f"lumi-env.mpi-host: {problems[0]}{more}: the Cray MPICH this binding "
+            f"lumi-env.mpi-host: {problem}: the Cray MPICH this binding "
             "names is not installed here (ls /opt/cray/pe/mpich). Set "
             "lumi-env.mpi-host.libmpi to discover (found on load) or another path "
             "in your system profile or with --set, or keep the image's "
             "MPICH: --set lumi-env.mpi=container"
         )
-    for problem in binding.host_problems():
-        logger.warning("lumi-env.mpi-host: %s (skipped by the loader)", problem)
 
 
 #: The mark of :data:`LOAD_CHECK`'s line.
@@ -656,6 +651,5 @@ def describe(*, requested, host_setting):
         found = discover_host_mpi(setting=host_setting)
         here = f"{found.libmpi} ({found.source}, {found.version})"
         lines.append(f"  here: {found.problem or here}")
-        for problem in binding.host_problems():
-            lines.append(f"  problem: {problem}")
+        lines += [f"  problem: {problem}" for problem in binding.host_problems()]
     return lines

@@ -501,7 +501,7 @@ def test_a_discover_build_without_cray_mpich_here_is_no_error(tmp_path, libs):
     env_file = at(root, MPI_ENV_FILE).read_text()
     assert (
         "*) _cl_lib='' ;;" in env_file
-        and "*) _cl_path=/opt/cray/pe/lib64 ;;" in env_file
+        and "*) _cl_new=/opt/cray/pe/lib64 ;;" in env_file
     )
 
 
