@@ -84,8 +84,11 @@ def _binding_row(record):
         )
     swap = ""
     if host:
+        lib = host["libmpi"]
+        if host.get("setting") == "discover":
+            lib = f"the Cray MPICH the module file finds on load (at build: {lib or 'none'})"
         swap = (
-            f"{host['libmpi']} replaces {record.get('image-library') or 'nothing (no library in the image)'}"
+            f"{lib} replaces {record.get('image-library') or 'nothing (no library in the image)'}"
             f" (LD_LIBRARY_PATH first: {':'.join(host['ld-library-path'])}; "
             f"MPI4PY_LIBMPI={host['mpi4py-libmpi']}; binds: {','.join(host['binds'])})"
         )

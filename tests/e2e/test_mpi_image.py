@@ -4,15 +4,20 @@ One image is built with the stock ``cotainr`` command on the LUMI-like base:
 a pip step installs the ``mpich`` wheel (MPICH 5, an MPICH-ABI
 ``libmpi.so.12``) and mpi4py. In it, ``mpiexec -n 2 python -m mpi4py.bench
 helloworld`` runs two ranks on the image's MPICH. Then Debian's MPICH 4.0.2
-(``libmpich12``), copied under a Cray-like path on the host
-(``<host>/cray/pe/mpich/8.1.29/ofi/gnu/12.3/lib-abi-mpich/libmpi.so.12``,
-with the libraries it needs beside it and one as a file bind, like LUMI's
-``/usr/lib64/libjansson.so.4``), stands in for LUMI's Cray MPICH: the shell
-snippet and the Lmod module written next to the image bind it in, and
-``MPI.Get_library_version()`` proves the swap; ``COTAINR_LUMI_MPI=container``
-at run time swaps back. Bad input (a base without MPI, a host library
-missing here, a package pinning the image's MPICH with ``DT_RPATH``) is one
-message each.
+(``libmpich12``), copied into a test root laid out like LUMI after its
+January 2026 update (``<host>/cray/pe/mpich/{8.1.32,9.0.1}/ofi/gnu/12.3/
+{lib,lib-abi-mpich}``, ``pe/lib64/libmpi_gnu_123.so.12`` linking to the
+default PE's 8.1.32, an old 8.1.29 without ``lib-abi-mpich``, the libraries
+it needs in the newest of two ``libfabric/<version>/lib64`` and one as a file
+bind, like LUMI's ``/usr/lib64/libjansson.so.4``), stands in for LUMI's Cray
+MPICH. The image is built with ``libmpi: discover``: the shell snippet and
+the Lmod module written next to the image find the host's Cray MPICH when
+loaded and bind it in, and ``MPI.Get_library_version()`` and
+``/proc/self/maps`` prove the swap; the same image follows a changed default
+PE and a loaded cray-mpich without a rebuild, an empty host root is one
+message, ``COTAINR_LUMI_MPI=container`` at run time swaps back. Bad input (a
+base without MPI, a host library missing here, a package pinning the
+image's MPICH with ``DT_RPATH``) is one message each.
 """
 
 from __future__ import annotations
@@ -35,8 +40,12 @@ pytestmark = pytest.mark.e2e
 
 COTAINR = Path(sys.executable).with_name("cotainr")
 SYSTEM = "mpi-e2e"
-ABI_DIR = "/opt/cray/pe/mpich/8.1.29/ofi/gnu/12.3/lib-abi-mpich"
+GNU = "ofi/gnu/12.3"
+ABI_DIR = f"/opt/cray/pe/mpich/8.1.32/{GNU}/lib-abi-mpich"
 LIBMPI = f"{ABI_DIR}/libmpi.so.12"
+LIBMPI_9 = LIBMPI.replace("8.1.32", "9.0.1")
+#: The host binding's LD_LIBRARY_PATH after the library's own directory.
+DEPS = ["/opt/cray/pe/lib64", "/opt/cray/libfabric/1.22.0/lib64", "/usr/lib64"]
 #: The versions the pip step installs (mpi4py 4 picks its MPI at run time).
 PACKAGES = ["mpich==5.0.2", "mpi4py==4.1.2"]
 #: Prints what mpi4py loaded, without MPI_Init.
@@ -45,7 +54,9 @@ VERSION = (
     "print(MPI.Get_library_version().splitlines()[0]); "
     "print('ACTIVE', os.environ.get('COTAINR_LUMI_MPI_ACTIVE')); "
     "print('LD', os.environ.get('LD_LIBRARY_PATH')); "
-    "print('M4', os.environ.get('MPI4PY_LIBMPI'))"
+    "print('M4', os.environ.get('MPI4PY_LIBMPI')); "
+    "print('MAPS', ','.join(sorted({l.split()[-1] for l in open('/proc/self/maps') "
+    "if '/libmpi' in l})))"
 )
 TIMES = {}
 
@@ -87,22 +98,44 @@ def _ldd(path):
             yield m.group(1), Path(m.group(2)).resolve()
 
 
+def default_pe(host, version):
+    """Point the host's /opt/cray/pe/lib64 link at `version` (the default PE)."""
+    link = host / "cray/pe/lib64/libmpi_gnu_123.so.12"
+    link.unlink(missing_ok=True)
+    link.symlink_to(f"{host}/cray/pe/mpich/{version}/{GNU}/lib/libmpi_gnu_123.so.12")
+
+
 def fake_cray_mpich(host):
-    """Debian's MPICH under a Cray-like path in `host`; returns the binding."""
+    """Debian's MPICH in a test root laid out like LUMI; returns the binding."""
     lib = need_libmpich12()
-    abi = host / "cray" / ABI_DIR.removeprefix("/opt/cray/")
-    abi.mkdir(parents=True)
-    shutil.copy(lib, abi / "libmpi.so.12")
+    for version in ("8.1.32", "9.0.1"):
+        prefix = host / f"cray/pe/mpich/{version}/{GNU}"
+        (prefix / "lib").mkdir(parents=True)
+        (prefix / "lib-abi-mpich").mkdir()
+        shutil.copy(lib, prefix / "lib/libmpi_gnu_123.so.12")
+        # As on LUMI: lib-abi-mpich/libmpi.so.12 -> ../lib/libmpi_<compiler>.so.12.
+        (prefix / "lib-abi-mpich/libmpi.so.12").symlink_to(
+            "../lib/libmpi_gnu_123.so.12"
+        )
+    # Decoys: the 24.03 Cray MPICH the old profile named (no ABI directory
+    # left), an older libfabric.
+    (host / f"cray/pe/mpich/8.1.29/{GNU}/lib").mkdir(parents=True)
+    (host / "cray/libfabric/1.15.2.0/lib64").mkdir(parents=True)
     (host / "cray/pe/lib64").mkdir(parents=True)
-    deps = host / "cray/deps"
-    deps.mkdir()
+    default_pe(host, "8.1.32")
+    deps = host / "cray/libfabric/1.22.0/lib64"
+    deps.mkdir(parents=True)
     (host / "lib64").mkdir()
     for name, path in _ldd(lib):
         # libhwloc as a file bind, the way LUMI binds /usr/lib64/libjansson.so.4.
         shutil.copy(path, (host / "lib64" if name == "libhwloc.so.15" else deps) / name)
     return {
-        "libmpi": LIBMPI,
-        "ld-library-path": ["/opt/cray/pe/lib64", "/opt/cray/deps", "/usr/lib64"],
+        "libmpi": "discover",
+        "ld-library-path": [
+            "/opt/cray/pe/lib64",
+            "/opt/cray/libfabric/*/lib64",
+            "/usr/lib64",
+        ],
         "binds": [
             f"{host}/cray:/opt/cray",
             f"{host}/lib64/libhwloc.so.15:/usr/lib64/libhwloc.so.15",
@@ -219,7 +252,7 @@ RANK_REPORT = re.compile(
 def versions(proc):
     """The output of :data:`VERSION` as a dict (first line: ``library``)."""
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()[-4:]
+    lines = proc.stdout.strip().splitlines()[-5:]
     got = {"library": lines[0]}
     got.update(line.split(" ", 1) for line in lines[1:])
     return got
@@ -255,7 +288,11 @@ def test_the_build_records_the_images_mpich_and_the_binding(
     assert record["loaded-at-build"]["library_version"].startswith(
         "MPICH Version: 5.0.2"
     )
-    assert record["host"]["ld-library-path"][0] == ABI_DIR
+    host = record["host"]
+    assert host["setting"] == "discover" and host["ld-library-path"] == [ABI_DIR, *DEPS]
+    assert host["libmpi"] == LIBMPI and host["version"] == "8.1.32"
+    assert host["source"] == "default PE (/opt/cray/pe/lib64)" and host["line"] == "8.1"
+    assert f"on LUMI {LIBMPI} replaces it (found here: default PE" in output
     e2e_facts["MPI image (lumi-g-ext family), host binding LD_LIBRARY_PATH"] = ":".join(
         record["host"]["ld-library-path"]
     )
@@ -263,7 +300,7 @@ def test_the_build_records_the_images_mpich_and_the_binding(
         record["host"]["binds"]
     )
     snippet = (work / "mpi.sh").read_text()
-    assert f"{work}/host/cray:/opt/cray" in snippet and LIBMPI in snippet
+    assert f"{work}/host/cray:/opt/cray" in snippet and "$(eval " in snippet
 
 
 def test_mpiexec_runs_two_ranks_on_the_images_mpich(
@@ -303,12 +340,8 @@ def test_the_shell_snippet_binds_the_host_mpich_in(
     e2e_facts["MPI LD_LIBRARY_PATH after the swap"] = after["LD"]
     assert after["library"].startswith("MPICH Version:") and "4.0.2" in after["library"]
     assert after["ACTIVE"] == "host" and after["M4"] == LIBMPI
-    assert after["LD"].split(":")[:4] == [
-        ABI_DIR,
-        "/opt/cray/pe/lib64",
-        "/opt/cray/deps",
-        "/usr/lib64",
-    ]
+    assert after["MAPS"] == f"/opt/cray/pe/mpich/8.1.32/{GNU}/lib/libmpi_gnu_123.so.12"
+    assert after["LD"].split(":")[:4] == [ABI_DIR, *DEPS]
     # Two ranks really run on the swapped library (MPI_Init, an allreduce),
     # started by the image's own Hydra mpiexec (the PMI wire protocol is
     # MPICH's, whichever library answers).
@@ -347,12 +380,57 @@ def test_the_module_file_binds_the_host_mpich_in(
     after = versions(on_host(apptainer_path, run))
     e2e_facts["MPI after the swap (module file)"] = after["library"]
     assert "4.0.2" in after["library"] and after["ACTIVE"] == "host"
-    assert after["LD"].split(":")[:4] == [
-        ABI_DIR,
-        "/opt/cray/pe/lib64",
-        "/opt/cray/deps",
-        "/usr/lib64",
-    ]
+    assert after["LD"].split(":")[:4] == [ABI_DIR, *DEPS] and after["M4"] == LIBMPI
+
+
+def test_the_same_image_follows_the_hosts_cray_mpich_without_a_rebuild(
+    mpi_image, work, apptainer_path, e2e_facts
+):
+    image, _ = mpi_image
+    host = work / "host"
+    init = shlex.quote(str(need_lmod()))
+    exe = f'singularity exec "$SIF" python -c {shlex.quote(VERSION)}'
+    module = f"source {init} && module use {shlex.quote(str(work))} && module load mpi"
+    snippet = f". {shlex.quote(str(work / 'mpi.sh'))}"
+    lib9 = f"/opt/cray/pe/mpich/9.0.1/{GNU}/lib/libmpi_gnu_123.so.12"
+    # A loaded cray-mpich (its CRAY_MPICH_DIR, a host path) wins over the default.
+    loaded = {"CRAY_MPICH_DIR": f"{host}/cray/pe/mpich/9.0.1/{GNU}"}
+    got = versions(on_host(apptainer_path, f"{module} && {exe}", env=loaded))
+    assert got["M4"] == LIBMPI_9 and got["MAPS"] == lib9 and "4.0.2" in got["library"]
+    e2e_facts["MPI with cray-mpich 9.0.1 loaded (module file)"] = got["MAPS"]
+    try:
+        default_pe(host, "9.0.1")  # the host's default PE changed
+        for load in (module, snippet):
+            got = versions(on_host(apptainer_path, f"{load} && {exe}"))
+            assert got["M4"] == LIBMPI_9 and got["MAPS"] == lib9, (load, got)
+            assert got["LD"].split(":")[:2] == [LIBMPI_9.rsplit("/", 1)[0], DEPS[0]]
+            assert "4.0.2" in got["library"] and got["ACTIVE"] == "host"
+        e2e_facts["MPI after the default PE moved to 9.0.1, no rebuild"] = got["MAPS"]
+    finally:
+        default_pe(host, "8.1.32")
+
+
+def test_an_empty_host_root_is_one_message_on_load(mpi_image, work, apptainer_path):
+    image, _ = mpi_image
+    host = work / "host"
+    init = shlex.quote(str(need_lmod()))
+    module = f"source {init} && module use {shlex.quote(str(work))} && module load mpi"
+    (host / "cray").rename(host / "cray.away")
+    try:
+        (host / "cray").mkdir()
+        for load in (module, f". {shlex.quote(str(work / 'mpi.sh'))}"):
+            proc = on_host(apptainer_path, f'{load} && singularity exec "$SIF" true')
+            assert proc.returncode == 0, proc.stderr
+            assert proc.stderr.count("no Cray MPICH for the container") == 1, (
+                proc.stderr
+            )
+            assert f"{host}/cray/pe/lib64/libmpi_gnu_*.so.12" in proc.stderr
+            assert "export COTAINR_LUMI_MPI=container" in proc.stderr
+            # In the container: the env file's one line, the image's MPICH stays.
+            assert proc.stderr.count("is not in the container") == 1, proc.stderr
+    finally:
+        (host / "cray").rmdir()
+        (host / "cray.away").rename(host / "cray")
 
 
 def test_verify_reports_the_mpi_rows(mpi_image, verify_image, work, e2e_facts):
@@ -411,7 +489,7 @@ def test_a_host_library_missing_here_is_one_message(work):
     )
     assert proc.returncode != 0
     text = "\n".join(one_error(output))
-    assert f"{LIBMPI} is {work}/empty-cray/pe/mpich/8.1.29" in text
+    assert f"{LIBMPI} is {work}/empty-cray/pe/mpich/8.1.32" in text
     assert "which does not exist" in text and "ls /opt/cray/pe/mpich" in text
 
 

@@ -131,3 +131,16 @@ def test_the_probe_runs_the_check_and_ldd_in_the_one_verify_run(tmp_path):
     assert facts["mpi"]["ldd"][str(real)]["rc"] == 0
     status, _ = rows(facts["mpi"])["mpi4py-libmpi"]
     assert status == "FAIL"  # libc is not an MPICH-ABI library
+
+
+def test_a_discover_image_passes_with_or_without_a_build_host_mpich():
+    facts = copy.deepcopy(FACTS)
+    facts["record"]["host"].update(setting="discover", version="8.1.32")
+    status, text = rows(facts)["mpi-host-binding"]
+    assert status == "PASS"
+    assert f"the Cray MPICH the module file finds on load (at build: {CRAY})" in text
+    facts["record"]["host"].update(
+        libmpi=None, version=None, **{"mpi4py-libmpi": "$COTAINR_LUMI_MPI_HOST_LIBMPI"}
+    )
+    status, text = rows(facts)["mpi-host-binding"]
+    assert status == "PASS" and "(at build: none)" in text

@@ -208,7 +208,11 @@ SH_OPS = {
     '*) {0}={1}"${{{0}:+{2}${0}}}" ;; esac; export {0}',
     "append_path": 'case "{2}${{{0}-}}{2}" in *{2}{1}{2}*) ;; '
     '*) {0}="${{{0}:+${0}{2}}}"{1} ;; esac; export {0}',
-    "warn_missing": "[ -f {0} ] || printf '%s\\n' {1} >&2",
+    "discover": """unset {2} {3}; _cl_out=$(eval {0})
+_cl_v=$(printf '%s\\n' "$_cl_out" | sed -n 's/^libmpi //p'); [ -z "$_cl_v" ] || export {2}="$_cl_v"
+_cl_v=$(printf '%s\\n' "$_cl_out" | sed -n 's/^path //p'); [ -z "$_cl_v" ] || export {3}="$_cl_v"
+printf '%s\\n' "$_cl_out" | sed -n 's/^{1} //p' >&2
+unset _cl_out _cl_v""",
     "file": "[ -f {0} ]",
     "dir": "[ -d {0} ]",
 }

@@ -152,7 +152,15 @@ LUA_OPS = {
     "pushenv": "pushenv({0}, {1})",
     "prepend_path": "prepend_path({0}, {1}, {2})",
     "append_path": "append_path({0}, {1}, {2})",
-    "warn_missing": 'if (mode() == "load") and not isFile({0}) then LmodMessage({1}) end',
+    # Host discovery (mpi.discovery_command) on load; unload unsets its values.
+    "discover": """local cl = {{libmpi = os.getenv({2}), path = os.getenv({3})}}
+if mode() == "load" then
+    cl = {{}}
+    for k, v in capture({0}):gmatch("(%a+) ([^\\n]*)") do cl[k] = v end
+    if cl[{1}] then LmodMessage(cl[{1}]) end
+end
+if cl.libmpi then setenv({2}, cl.libmpi) end
+if cl.path then setenv({3}, cl.path) end""",
     "file": "isFile({0})",
     "dir": "isDir({0})",
 }

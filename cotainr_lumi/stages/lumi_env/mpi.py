@@ -1,24 +1,22 @@
 """
 MPI in the image: which ``libmpi.so.12`` its MPI users run on (``docs/mpi.md``).
 
-``container``: the image's own MPICH (``srun --mpi=pmi2``). ``host``: the
-hybrid model of HPE's arXiv 2407.19928: at run time LUMI's Cray MPICH
-(``lib-abi-mpich``, bound in by the module file) replaces the image's
-MPICH-ABI library (plain ``srun``). ``auto`` is ``none`` without an MPICH-ABI
-MPI, ``container`` when the image's MPICH speaks CXI, else ``host``;
-``COTAINR_LUMI_MPI`` overrides the image's default at run time: the MPI env
-file reads it (set in the container, else a host export found in
-``$__exported_env__``); in ``host`` mode, when the host library is in the
-container, it puts the binding's directories first on ``LD_LIBRARY_PATH`` and
-sets ``MPI4PY_LIBMPI``, else says so on stderr and keeps the image's MPI.
+``container``: the image's own MPICH (``srun --mpi=pmi2``); ``host``: LUMI's
+Cray MPICH, found on the host and bound in by the module file, replaces the
+image's MPICH-ABI library at run time (HPE's hybrid model, arXiv 2407.19928).
+``COTAINR_LUMI_MPI`` switches at run time (the MPI env file reads it).
 """
 
 from dataclasses import dataclass, field
+import importlib.resources
 import json
 import logging
 import os
 from pathlib import PurePosixPath
+import re
 import shlex
+from shlex import quote
+import subprocess
 import textwrap
 from typing import Optional
 
@@ -29,7 +27,6 @@ from .envfile import (
     computed_default,
     printable,
     read_host_value,
-    sh_op,
     validate_path_entry,
 )
 from .modulefile import validate_bind
@@ -39,8 +36,14 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The run-time switch.
 RUNTIME_VAR = "COTAINR_LUMI_MPI"
-#: The host library's path in the container (set by the env file).
+#: The host library's path in the container, and its LD_LIBRARY_PATH entries
+#: (found on the host by the module file, else the build's default).
 HOST_LIBMPI_VAR = "COTAINR_LUMI_MPI_HOST_LIBMPI"
+HOST_PATH_VAR = "COTAINR_LUMI_MPI_HOST_PATH"
+#: ``lumi-env.mpi-host.libmpi``: find the host's Cray MPICH where it runs.
+DISCOVER = "discover"
+#: Where the container sees the host's Cray software.
+CRAY = "/opt/cray"
 #: What the env file applied.
 ACTIVE_VAR = "COTAINR_LUMI_MPI_ACTIVE"
 #: How to launch MPI ranks on LUMI, per mode (LUMI docs, container-jobs.md;
@@ -90,7 +93,6 @@ def _host_case(*, binding, own):
     return [
         "host)",
         f'    if [ -f "${HOST_LIBMPI_VAR}" ]; then',
-        f"        _cl_new={shlex.quote(':'.join(binding.ld_library_path))}",
         *("        " + line for line in _MOVE_TO_FRONT.splitlines()),
         "        "
         + computed_default(name="MPI4PY_LIBMPI", expression=f'"${HOST_LIBMPI_VAR}"'),
@@ -98,9 +100,9 @@ def _host_case(*, binding, own):
         "    else",
         "        "
         + _say(
-            f"cotainr-lumi: {RUNTIME_VAR}=host, but ",
-            f"${HOST_LIBMPI_VAR}",
-            " is not in the container (load the image's module file, or source "
+            f"cotainr-lumi: {RUNTIME_VAR}=host, but LUMI's Cray MPICH (",
+            f"${{{HOST_LIBMPI_VAR}:-none found}}",
+            ") is not in the container (load the image's module file, or source "
             f"its .sh, to bind LUMI's Cray MPICH); using {own}. Export "
             f"{RUNTIME_VAR}=container to choose that.",
         ),
@@ -109,7 +111,7 @@ def _host_case(*, binding, own):
     ]
 
 
-def mpi_env_file(*, mode, binding, image_library):
+def mpi_env_file(*, mode, binding, image_library, found=None):
     """The MPI env file (after Apptainer's ``99-base.sh``, so it sees ``--env``)."""
     own = (
         f"the image's own MPI ({image_library})"
@@ -126,7 +128,12 @@ def mpi_env_file(*, mode, binding, image_library):
         _READ_MODE,
     ]
     if binding is not None:
-        lines.append(sh_op("setenv", HOST_LIBMPI_VAR, binding.libmpi))
+        lib, path = binding.defaults(found)
+        lines += [
+            read_host_value(name=HOST_PATH_VAR, into="_cl_new", default=quote(path)),
+            read_host_value(name=HOST_LIBMPI_VAR, into="_cl_lib", default=quote(lib)),
+            f"{HOST_LIBMPI_VAR}=$_cl_lib; export {HOST_LIBMPI_VAR}",
+        ]
     other = f" is not host, container or none; using {own}."
     lines += [
         'case "$_cl_mpi" in',
@@ -137,7 +144,7 @@ def mpi_env_file(*, mode, binding, image_library):
         f"    {ACTIVE_VAR}=container ;;",
         "esac",
         f"export {ACTIVE_VAR}",
-        "unset _cl_mpi _cl_env _cl_default _cl_new",
+        "unset _cl_mpi _cl_env _cl_default _cl_new _cl_lib",
     ]
     return "\n".join(lines) + "\n"
 
@@ -146,12 +153,18 @@ def mpi_module_ops(*, mode, binding, image):
     """The module file's MPI operations (its binds come with the others)."""
     ops = []
     if binding is not None:
+        which = (
+            "finds LUMI's Cray MPICH on load: a loaded cray-mpich, else the default "
+            "PE's (docs/mpi.md). Cray MPICH 8.1 (MPICH 3.4) and 9.0 (MPICH 4.1) "
+            "share sonames, not libraries: the one found is used"
+            if binding.discover
+            else f"uses {binding.libmpi} (lumi-env.mpi-host)"
+        )
         text = (
-            f"MPI (lumi-env mpi={mode}): these binds bring LUMI's Cray MPICH into "
-            f"the container; there {binding.libmpi} replaces the image's "
-            f"libmpi.so.12 when {RUNTIME_VAR}=host"
+            f"MPI (lumi-env mpi={mode}) for {image}: this module {which}. Its "
+            f"libmpi.so.12 replaces the image's when {RUNTIME_VAR}=host"
             + (" (the image's default)" if mode == "host" else "")
-            + f" (LD_LIBRARY_PATH first: {':'.join(binding.ld_library_path)}; "
+            + f" ({HOST_LIBMPI_VAR}, {HOST_PATH_VAR}: LD_LIBRARY_PATH first; "
             f"MPI4PY_LIBMPI). export {RUNTIME_VAR}=container keeps the image's "
             f"MPICH. Launch: {SRUN_HINT['host']}; image's MPICH: "
             f"{SRUN_HINT['container']}."
@@ -159,22 +172,14 @@ def mpi_module_ops(*, mode, binding, image):
         # Never break a path: paths in the comment are searched for and copied.
         lines = textwrap.wrap(text, 76, break_on_hyphens=False, break_long_words=False)
         ops += [("comment", line) for line in lines]
+        say = "problem" if mode == "host" else "quiet"  # the line to show
+        command = shlex.join(["sh", "-c", discovery_program(), "sh", *binding.argv()])
+        ops.append(("discover", command, say, HOST_LIBMPI_VAR, HOST_PATH_VAR))
     if mode == "container":
         ops += [
             ("comment", f"{SRUN_HINT['container']}: srun's default here."),
             ("pushenv", SLURM_MPI_VAR, "pmi2"),
         ]
-    host_path = (
-        binding.host_path(binding.libmpi) if binding and mode == "host" else None
-    )
-    if host_path:
-        text = (
-            f"cotainr-lumi: {host_path} (LUMI's Cray MPICH for {image}) is not on "
-            "this system, so MPI in the container falls back to the image's own "
-            f"MPICH. Rebuild with an updated lumi-env.mpi-host, or export "
-            f"{RUNTIME_VAR}=container."
-        )
-        ops.append(("warn_missing", host_path, text))
     return ops
 
 
@@ -188,12 +193,14 @@ def check_mode(value):
 
 
 def _check_libmpi(value):
+    if value == DISCOVER:
+        return
     validate_path_entry(name="mpi-host.libmpi", entry=value)
     if PurePosixPath(value).name != MPICH_ABI:
         raise ValueError(
             f"must be an MPICH-ABI library named {MPICH_ABI} (got {value!r}), "
             "e.g. Cray MPICH's /opt/cray/pe/mpich/<version>/ofi/gnu/<v>/"
-            f"lib-abi-mpich/{MPICH_ABI}"
+            f"lib-abi-mpich/{MPICH_ABI}, or {DISCOVER}"
         )
 
 
@@ -204,12 +211,14 @@ class MpiHostSettings(StageSettings):
     libmpi: Optional[str] = setting(
         None,
         doc="the host's MPICH-ABI libmpi.so.12 as the container sees it "
-        "(Cray MPICH's lib-abi-mpich); its directory goes first on LD_LIBRARY_PATH",
+        "(Cray MPICH's lib-abi-mpich), first on LD_LIBRARY_PATH; discover: "
+        "found on the host where the module file is loaded (docs/mpi.md)",
         check=_check_libmpi,
     )
     ld_library_path: list[str] = setting(
         [],
-        doc="then these directories, in order (Cray PMI, the host libfabric, ...)",
+        doc="then these directories, in order (Cray PMI, the host libfabric, ...); "
+        "a '*' component: the newest installed version",
         check=each(lambda e: validate_path_entry(name="LD_LIBRARY_PATH", entry=e)),
     )
     binds: list[str] = setting(
@@ -236,9 +245,33 @@ class HostBinding:
         )
         if not read.libmpi:
             return None
-        own = str(PurePosixPath(read.libmpi).parent)
-        order = list(dict.fromkeys([own, *read.ld_library_path]))
+        own = (
+            [] if read.libmpi == DISCOVER else [str(PurePosixPath(read.libmpi).parent)]
+        )
+        order = list(dict.fromkeys([*own, *read.ld_library_path]))
         return cls(read.libmpi, tuple(order), tuple(read.binds))
+
+    @property
+    def discover(self):
+        """Whether the host library is found where the module file is loaded."""
+        return self.libmpi == DISCOVER
+
+    def argv(self):
+        """The arguments of :func:`discovery_program` for this binding."""
+        fixed = not self.discover
+        args = [self.host_path(CRAY) or CRAY, CRAY, "", ""]
+        if fixed:
+            args[2:] = [self.libmpi, self.host_path(self.libmpi) or self.libmpi]
+        for entry in self.ld_library_path[int(fixed) :]:
+            args += [entry, self.host_path(entry) or entry]
+        return args
+
+    def defaults(self, found):
+        """The env file's default library and LD_LIBRARY_PATH (the build's)."""
+        if found is not None and found.libmpi:
+            return found.libmpi, ":".join(found.ld_library_path)
+        static = [e for e in self.ld_library_path if "*" not in e]
+        return ("" if self.discover else self.libmpi), ":".join(static)
 
     def _cover(self, path):
         """(bind, source, destination) of the deepest bind bringing `path` in."""
@@ -263,9 +296,10 @@ class HostBinding:
         rest = path[len(dst.rstrip("/")) :]
         return src.rstrip("/") + rest if rest else src
 
-    def host_problems(self, *, library_only=False):
+    def host_problems(self):
         """What of the binding is missing here (where its bind's source exists)."""
-        paths = [self.libmpi] if library_only else [self.libmpi, *self.ld_library_path]
+        paths = [] if self.discover else [self.libmpi]
+        paths += [p for p in self.ld_library_path if "*" not in p]
         problems = []
         for path in dict.fromkeys(paths):
             bind, src, _ = self._cover(path)
@@ -277,12 +311,50 @@ class HostBinding:
         return problems
 
 
+def discovery_program():
+    """``hostscripts/discover-mpi`` (POSIX sh), without its comment lines."""
+    text = importlib.resources.files(__package__) / "hostscripts" / "discover-mpi"
+    return re.sub(r"(?m)^ *#.*\n", "", text.read_text())
+
+
+@dataclass(frozen=True)
+class HostMpi:
+    """What :func:`discover_host_mpi` found (container paths)."""
+
+    libmpi: Optional[str]
+    ld_library_path: tuple
+    source: str
+    version: Optional[str]
+    problem: Optional[str]
+
+
+def discover_host_mpi(*, setting, env=None):
+    """Run the module file's discovery on this host for a ``lumi-env.mpi-host``."""
+    binding = HostBinding.from_setting(setting)
+    if binding is None:
+        return HostMpi(None, (), "no host binding (libmpi: null)", None, None)
+    proc = subprocess.run(
+        ["sh", "-c", discovery_program(), "sh", *binding.argv()],
+        capture_output=True,
+        text=True,
+        env=os.environ if env is None else env,
+        check=False,
+    )
+    out = dict(ln.split(" ", 1) for ln in proc.stdout.splitlines() if " " in ln)
+    if "libmpi" not in out:
+        problem = out.get("problem") or f"discovery failed: {proc.stderr.strip()}"
+        return HostMpi(None, (), None, None, problem)
+    path = tuple(out.get("path", "").split(":"))
+    return HostMpi(out["libmpi"], path, out["source"], out.get("version") or None, None)
+
+
 def check_host_binding(value):
     """Check ``lumi-env.mpi-host``."""
     binding = HostBinding.from_setting(value)
-    if binding is not None and binding.bind_of(binding.libmpi) is None:
+    need = binding and (f"{CRAY}/pe" if binding.discover else binding.libmpi)
+    if binding is not None and binding.bind_of(need) is None:
         raise SettingError(
-            f"{binding.libmpi} is not below any of the binds "
+            f"{need} is not below any of the binds "
             f"({', '.join(binding.binds) or 'none'}): it would never be in the "
             "container; add the bind that brings it in (e.g. /opt/cray)",
             path=("libmpi",),
@@ -369,20 +441,17 @@ def _check_pins(*, mode, setting, pins, stage):
 
 def check_host_paths(*, binding, error):
     """Stop when the host library is missing here; warn about other directories."""
-    if binding is None:
-        return
-    problems = binding.host_problems(library_only=True)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    for problem in binding.host_problems() if binding else []:
+        if not problem.startswith(f"{binding.libmpi} is "):  # the library is first
+            logger.warning("lumi-env.mpi-host: %s (skipped by the loader)", problem)
+            continue
         raise error(
-            f"lumi-env.mpi-host: {problems[0]}{more}: the Cray MPICH this binding "
-            "names is not installed here (ls /opt/cray/pe/mpich). Update "
-            "lumi-env.mpi-host (libmpi, ld-library-path) in your system profile or "
-            "with --set 'lumi-env.mpi-host={libmpi: ...}', or keep the image's "
+            f"lumi-env.mpi-host: {problem}: the Cray MPICH this binding "
+            "names is not installed here (ls /opt/cray/pe/mpich). Set "
+            "lumi-env.mpi-host.libmpi to discover (found on load) or another path "
+            "in your system profile or with --set, or keep the image's "
             "MPICH: --set lumi-env.mpi=container"
         )
-    for problem in binding.host_problems():
-        logger.warning("lumi-env.mpi-host: %s (skipped by the loader)", problem)
 
 
 #: The mark of :data:`LOAD_CHECK`'s line.
@@ -433,6 +502,8 @@ class MpiPlan:
     binding: Optional[HostBinding]
     scan: object
     loaded: Optional[dict] = field(default=None)
+    #: What the build found on its host (:func:`discover_host_mpi`).
+    found: Optional[HostMpi] = field(default=None)
 
     @property
     def active(self):
@@ -450,7 +521,10 @@ class MpiPlan:
         if not self.active:
             return None
         return mpi_env_file(
-            mode=self.mode, binding=self.binding, image_library=self.image_library
+            mode=self.mode,
+            binding=self.binding,
+            image_library=self.image_library,
+            found=self.found,
         )
 
     def binds(self):
@@ -487,17 +561,25 @@ class MpiPlan:
             "reason": self.reason,
             "runtime-switch": RUNTIME_VAR,
             "image-library": self.image_library,
-            "host": None
-            if self.binding is None
-            else {
-                "libmpi": self.binding.libmpi,
-                "ld-library-path": list(self.binding.ld_library_path),
-                "mpi4py-libmpi": self.binding.libmpi,
-                "binds": list(self.binding.binds),
-            },
+            "host": None if self.binding is None else self._host_record(),
             "srun": SRUN_HINT,
             "loaded-at-build": self.loaded,
             **self.scan.to_dict(),
+        }
+
+    def _host_record(self):
+        lib, path = self.binding.defaults(self.found)
+        found = self.found or HostMpi(None, (), None, None, None)
+        return {
+            "setting": self.binding.libmpi,
+            "libmpi": lib or None,
+            "ld-library-path": path.split(":") if path else [],
+            "mpi4py-libmpi": lib or f"${HOST_LIBMPI_VAR}",
+            "binds": list(self.binding.binds),
+            "source": found.source,
+            "version": found.version,
+            "line": found.version and ".".join(found.version.split(".")[:2]),
+            "build-host-problem": found.problem,
         }
 
     def launch_hint(self):
@@ -516,7 +598,10 @@ class MpiPlan:
             text += f"; mpi4py loads {', '.join(self.loaded['libmpi'])} here"
         if self.binding is not None:
             which = "" if self.mode == "host" else f" with {RUNTIME_VAR}=host"
-            text += f"; on LUMI {self.binding.libmpi} replaces it{which}"
+            lib = self._host_record()["libmpi"] or "the Cray MPICH found on load"
+            text += f"; on LUMI {lib} replaces it{which}"
+            if self.binding.discover and self.found.libmpi:
+                text += f" (found here: {self.found.source}, {self.found.version})"
         return text
 
 
@@ -526,6 +611,7 @@ def plan_mpi(*, root, target, requested, host_setting, stage):
     if requested == "none":
         reason = "lumi-env.mpi is none"
         return MpiPlan(requested, "none", reason, binding, MpiScan())
+    found = binding and discover_host_mpi(setting=host_setting)
 
     scan = scan_mpi(
         root=root,
@@ -545,7 +631,7 @@ def plan_mpi(*, root, target, requested, host_setting, stage):
         pins=scan.pins,
         stage=stage,
     )
-    return MpiPlan(requested, mode, reason, binding, scan)
+    return MpiPlan(requested, mode, reason, binding, scan, found=found)
 
 
 def describe(*, requested, host_setting):
@@ -562,6 +648,8 @@ def describe(*, requested, host_setting):
             f"{':'.join(binding.ld_library_path)}; MPI4PY_LIBMPI; binds "
             f"{','.join(binding.binds) or '(none)'}"
         )
-        for problem in binding.host_problems():
-            lines.append(f"  problem: {problem}")
+        found = discover_host_mpi(setting=host_setting)
+        here = f"{found.libmpi} ({found.source}, {found.version})"
+        lines.append(f"  here: {found.problem or here}")
+        lines += [f"  problem: {problem}" for problem in binding.host_problems()]
     return lines

@@ -387,7 +387,8 @@ def test_env_file_without_the_bound_library_says_so_once(tmp_path, host_lib):
     assert env["LD_LIBRARY_PATH"] == "/base/a:/base/b" and "MPI4PY_LIBMPI" not in env
     assert env["COTAINR_LUMI_MPI_ACTIVE"] == "container"
     assert (
-        err.count("\n") == 1 and f"but {host_lib.libmpi} is not in the container" in err
+        err.count("\n") == 1
+        and f"Cray MPICH ({host_lib.libmpi}) is not in the container" in err
     )
     env, err = source(text, tmp_path, {"COTAINR_LUMI_MPI": "$(touch x) bogus"})
     assert "COTAINR_LUMI_MPI=$(touch x) bogus is not host, container or none" in err
@@ -468,12 +469,13 @@ def test_stage_records_and_binds_the_host_mpich(tmp_path, libs):
     # One start of the container after the probe: the env file and mpi4py.
     assert len(sandbox.calls) == 2 and sandbox.calls[1][:2] == ["bash", "-c"]
     env_file = at(root, MPI_ENV_FILE).read_text()
-    assert "COTAINR_LUMI_MPI_HOST_LIBMPI=" + CRAY_LIB in env_file
+    assert "*) _cl_lib=" + CRAY_LIB in env_file
     lua = report.outputs[str(tmp_path / "mod/mpi.lua")]
     assert 'append_path("SINGULARITY_BIND", "/usr/lib64/libjansson.so.4", ",")' in lua
-    assert f'not isFile("{CRAY_LIB}")' in lua and "LmodMessage" in lua
+    # The profile's library, checked on load by the discovery program.
+    assert "capture(" in lua and CRAY_LIB in lua and "LmodMessage" in lua
     shell = report.outputs[str(tmp_path / "mod/mpi.sh")]
-    assert f"[ -f {CRAY_LIB} ] ||" in shell
+    assert "$(eval " in shell and CRAY_LIB in shell
     # The comment names the library whole (a wrapped path cannot be found).
     assert any(CRAY_LIB in line for line in shell.splitlines() if line[:1] == "#")
     assert (
@@ -481,6 +483,26 @@ def test_stage_records_and_binds_the_host_mpich(tmp_path, libs):
         in (report.details["run-hint"])
     )
     assert "MPI: host" in report.summary
+
+
+def test_a_discover_build_without_cray_mpich_here_is_no_error(tmp_path, libs):
+    root = wheel_env(tmp_path / "root", libs)
+    (root / ".singularity.d/env").mkdir(parents=True)
+    (tmp_path / "cray").mkdir()  # the build host has no Cray MPICH
+    setting = {"libmpi": "discover", "binds": [f"{tmp_path}/cray:/opt/cray"]}
+    setting["ld-library-path"] = ["/opt/cray/pe/lib64", "/opt/cray/libfabric/*/lib64"]
+    report, _ = run_stage(tmp_path, root, {"mpi-host": setting})
+    host = json.loads(at(root, MPI_FILE).read_text())["host"]
+    assert host["setting"] == "discover" and host["libmpi"] is None
+    assert host["ld-library-path"] == ["/opt/cray/pe/lib64"]  # '*' waits for load
+    assert "no Cray MPICH for the container" in host["build-host-problem"]
+    assert "on LUMI the Cray MPICH found on load replaces it" in report.summary
+    # The env file's defaults are empty: the module file's exports decide.
+    env_file = at(root, MPI_ENV_FILE).read_text()
+    assert (
+        "*) _cl_lib='' ;;" in env_file
+        and "*) _cl_new=/opt/cray/pe/lib64 ;;" in env_file
+    )
 
 
 def test_stage_without_mpi_changes_nothing(tmp_path):
