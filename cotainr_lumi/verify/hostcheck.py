@@ -14,7 +14,7 @@ from ..engine.rocmwindow import RocmSettings, Window, major_minor
 from ..engine.rootfs import image_path_of, resolve_in_root
 from ..errors import InputError
 from ..pipeline.profiles import get_system, load_systems
-from ..stages.lumi_env.mpi import HostBinding
+from ..stages.lumi_env.mpi import HostBinding, discover_host_mpi
 from .checks import VerifyReport
 from .status import FAIL, NA, PASS
 
@@ -132,7 +132,17 @@ def _mpi_rows(system, root):
         return
     paths = [raw["libmpi"], *(raw.get("ld-library-path") or [])]
     if raw["libmpi"] == "discover" or any("*" in p for p in paths):
-        yield "mpi-host", NA, "discovered on the host at load time", ""
+        binds = [
+            f"{root}/{b.lstrip('/')}:{b}" if ":" not in b else b
+            for b in raw.get("binds") or ()
+        ]
+        found = discover_host_mpi(setting={**raw, "binds": binds})
+        words = found.problem or (
+            f"the module file finds {found.libmpi} ({found.source}); LD_LIBRARY_PATH "
+            f"{':'.join(found.ld_library_path)}"
+        )
+        fix = "load cray-mpich or set lumi-env.mpi-host.libmpi (COTAINR_LUMI_MPI=container works meanwhile)"
+        yield "mpi-host", not found.problem, words, fix
         return
     binding = HostBinding.from_setting(raw)
     for key, path in [("libmpi", binding.libmpi)] + [

@@ -106,21 +106,35 @@ def test_a_link_out_of_the_root_is_reported_not_followed(tmp_path, profile):
     assert status == FAIL and "does not exist" in words
 
 
-def test_unreadable_rocm_is_na_and_discover_is_left_to_load_time(
+def test_discover_finds_the_default_pe_and_follows_it_and_says_when_none(
     tmp_path, profile, monkeypatch
 ):
     site = tmp_path / "discover.yaml"
     site.write_text(
         "systems:\n  lumi-2026:\n    settings:\n      lumi-env:\n"
-        "        mpi-host: {ld-library-path: ['/opt/cray/pe/pmi/*/lib']}\n"
+        "        mpi-host: {libmpi: discover, binds: [/opt/cray],\n"
+        "                   ld-library-path: ['/opt/cray/pe/pmi/*/lib']}\n"
     )
     monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", f"{profile}:{site}")
-    rows = _rows(check_host(root=tmp_path, system="lumi-2026"))
+    monkeypatch.delenv("CRAY_MPICH_DIR", raising=False)
+    root = lumi_2026(tmp_path / "root")
+    status, words = _rows(check_host(root=root, system="lumi-2026"))["mpi-host"]
+    abi = "/lib-abi-mpich/libmpi.so.12"
+    assert status == PASS and f"finds {MPICH.format('8.1.32')}{abi}" in words
+    assert "/opt/cray/pe/pmi/6.1.15/lib" in words
+    # The default PE moved to 25.09: the same profile follows it.
+    nine = root / MPICH.format("9.0.1").lstrip("/")
+    link = root / "opt/cray/pe/lib64/libmpi_gnu_123.so.12"
+    link.unlink()
+    link.symlink_to(nine / "lib/libmpi_gnu_123.so.12")
+    status, words = _rows(check_host(root=root, system="lumi-2026"))["mpi-host"]
+    assert status == PASS and f"finds {MPICH.format('9.0.1')}{abi}" in words
+    # No Cray MPICH at all: the load-time message, with what to do.
+    (tmp_path / "empty").mkdir()
+    rows = _rows(check_host(root=tmp_path / "empty", system="lumi-2026"))
     assert rows["rocm-driver 6.1-7.0"][0] == NA
-    assert rows["mpi-host"] == (
-        NA,
-        "discovered on the host at load time [lumi-2026]",
-    )
+    status, words = rows["mpi-host"]
+    assert status == FAIL and "COTAINR_LUMI_MPI=container" in words
 
 
 def test_shipped_systems_are_all_checked(tmp_path):
