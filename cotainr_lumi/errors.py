@@ -83,14 +83,19 @@ class UnknownSystemError(CotainrLumiError):
         The requested system name.
     available : list of str
         The names of the systems that are defined.
+    removed : str, optional
+        The profile's message when the system was retired (``removed:``).
     """
 
     exit_code = 2
 
-    def __init__(self, system, *, available):
+    def __init__(self, system, *, available, removed=None):
         self.system = system
         self.available = sorted(available)
         listing = ", ".join(self.available) if self.available else "(none)"
+        if removed:
+            super().__init__(f"System '{system}' was removed: {removed}")
+            return
         super().__init__(
             f"System '{system}' does not exist. Available systems: {listing}. "
             "Run 'cotainr info' for details, or define it in a profile file "

@@ -18,8 +18,8 @@ from . import _cotainr, buildoptions, imagelayout
 from .engine import history, rocmwindow, rootfs
 from .engine.stage import StageContext
 from .engine.workdir import remove_leftovers, work_dir_environment
-from .errors import CotainrLumiError, InputError, redact
-from .pipeline.plan import make_plan
+from .errors import CotainrLumiError, InputError, UnknownSystemError, redact
+from .pipeline.plan import make_plan, match_base_image
 from .pipeline.profiles import load_systems
 from .pipeline.run import (
     as_stage_error,
@@ -60,10 +60,43 @@ def systems():
     finally:
         _listing_systems = False
     return {
-        name: {"base-image": system.base_image, "description": system.description}
+        name: {"base-image": _base_image(system), "description": system.description}
         for name, system in loaded.items()
         if not system.stock
     }
+
+
+def _base_image(system):
+    """The file a glob base image matches (the glob when not one: the build says)."""
+    try:
+        return match_base_image(system.base_image, system=system.name)
+    except InputError:
+        return system.base_image
+
+
+def system_problem(name):
+    """
+    Why `name` is not a system here: the profile's message for a retired one.
+
+    Parameters
+    ----------
+    name : str
+        A ``--system`` name cotainr does not know.
+
+    Returns
+    -------
+    message : str or None
+        One line, or None when the profiles say nothing of `name`.
+    """
+    try:
+        message = load_systems(include_stock=False).removed.get(name)
+    except CotainrLumiError:
+        return None
+    return (
+        str(UnknownSystemError(name, available=(), removed=message))
+        if message
+        else None
+    )
 
 
 class LumiBuild:
@@ -192,7 +225,7 @@ class LumiHook:
         )
         current = "cotainr-lumi"
         try:
-            check_base_image_unchanged(build.plan.base_image)
+            check_base_image_unchanged(build.plan.base_image, used=context.base_image)
             root = stage_context.sandbox.root
             rootfs.claim_build_dirs(root=root)
             earlier = history.keep_earlier_build(root=root)

@@ -228,7 +228,7 @@ def test_info_lists_added_and_stock_systems(mocker, capsys):
     out = capsys.readouterr().out
     # cotainr's own info lists the plugin's systems.
     assert "\t- lumi-g-ext\n".expandtabs(4) in out
-    assert "- lumi-g-ext-rocm-6.0" in out
+    assert "- lumi-g-ext-rocm-6.1" in out and "lumi-g-ext-rocm-6.0" not in out
 
 
 def test_cotainr_lumi_command_gives_the_same_build(

@@ -163,6 +163,15 @@ def _systems_with_plugins(get_systems):
     return wrapped
 
 
+def _system_problem(system):
+    """A plugin's word on a system it does not define (``system_problem``)."""
+    for plugin in _plugins().values():
+        problem = getattr(plugin, "system_problem", lambda name: None)(system)
+        if problem:
+            return problem
+    return None
+
+
 def _add_arguments(original):
     @functools.wraps(original)
     def add_arguments(cls, *, parser):
@@ -249,7 +258,8 @@ def _init(original, util):
         systems = util.get_systems()
         if system is not None and system not in systems:
             raise PluginError(
-                f"System does not exist: {system!r}. Available systems: "
+                _system_problem(system)
+                or f"System does not exist: {system!r}. Available systems: "
                 f"{', '.join(sorted(systems)) or 'none'} (see 'cotainr info').",
                 exit_code=2,
             )

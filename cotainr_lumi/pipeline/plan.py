@@ -1,6 +1,7 @@
 """A build request resolved against the profiles into a plan (shown by --dry-run)."""
 
 from dataclasses import dataclass, field
+import glob
 import logging
 import os
 from pathlib import Path
@@ -53,15 +54,32 @@ class BaseImage:
     given: str
     resolved: str
     is_local_file: bool
+    pattern: Optional[str] = None  # the profile's glob that matched `given`
 
     @classmethod
-    def from_spec(cls, spec):
+    def from_spec(cls, spec, *, pattern=None):
         """Resolve a base image spec."""
         spec = str(spec)
         path = Path(spec).expanduser()
         if not _URI_RE.match(spec) and path.is_file():
-            return cls(given=spec, resolved=os.path.realpath(path), is_local_file=True)
-        return cls(given=spec, resolved=spec, is_local_file=False)
+            real = os.path.realpath(path)
+            return cls(given=spec, resolved=real, is_local_file=True, pattern=pattern)
+        return cls(given=spec, resolved=spec, is_local_file=False, pattern=pattern)
+
+
+def match_base_image(spec, *, system):
+    """The one file a profile base image matches whose file name is a glob."""
+    if _URI_RE.match(spec) or not set("*?[") & set(os.path.basename(spec)):
+        return spec
+    found = sorted(glob.glob(os.path.expanduser(spec)))
+    if len(found) == 1:
+        return found[0]
+    what = f"{len(found)} files: {', '.join(found)}" if found else "no file"
+    raise InputError(
+        f"The base image {spec} of system {system} matches {what}; it must match "
+        f"exactly one. Pin one with --lumi-system {system} --base-image FILE, or "
+        "fix the profile's base-image."
+    )
 
 
 @dataclass
@@ -216,6 +234,8 @@ class BuildPlan:
         else:
             lines.append("  system:     none (--base-image)")
         lines.append(f"  base image: {self.base_image.given}")
+        if self.base_image.pattern:
+            lines.append(f"    matched by: {self.base_image.pattern}")
         if self.base_image.is_local_file:
             if self.base_image.resolved != os.path.abspath(self.base_image.given):
                 lines.append(f"    resolved: {self.base_image.resolved}")
@@ -386,15 +406,17 @@ def make_plan(*, request, systems=None):
         return tree[name].complete(merge_mappings(profile, overrides.get(name, {})))
 
     classes = {stage.name: stage for stage in builtin.PIPELINE}
+    if system is None or request.base_image_override:
+        base = BaseImage.from_spec(request.base_image or request.base_image_override)
+    else:
+        matched = match_base_image(system.base_image, system=system.name)
+        pattern = system.base_image if matched != system.base_image else None
+        base = BaseImage.from_spec(matched, pattern=pattern)
     plan = BuildPlan(
         request=request,
         image_path=image_path,
         system=system,
-        base_image=BaseImage.from_spec(
-            request.base_image
-            if system is None
-            else request.base_image_override or system.base_image
-        ),
+        base_image=base,
         conda_envs=conda_envs,
         stages=[],
         skipped=[

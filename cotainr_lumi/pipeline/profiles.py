@@ -8,7 +8,8 @@ over keys of earlier ones: the package's ``systems.yaml``, the user's
 available as *stock* systems unless a profile defines the same name. A system
 has ``extends``, ``description``, ``base-image``, ``rocm-version``, ``stages``
 (of the pipeline, in order) and ``settings`` (a section per stage or engine
-section).
+section). The top-level ``removed`` maps retired system names to the message
+a build naming them gets (a later definition or null brings one back).
 """
 
 import copy
@@ -110,10 +111,10 @@ def _read_profile_file(path):
     )
     if data is None:
         return {}
-    if not isinstance(data, dict) or set(data) - {"systems", "version"}:
+    if not isinstance(data, dict) or set(data) - {"systems", "version", "removed"}:
         raise ProfileError(
             "the top level must be a mapping with a 'systems' key "
-            "(and optionally 'version')",
+            "(and optionally 'version' and 'removed')",
             file=path,
         )
     version = data.get("version", PROFILE_FORMAT_VERSION)
@@ -134,7 +135,17 @@ def _read_profile_file(path):
             line=line_of(data=data, path=("systems",)),
             key="systems",
         )
-    return {
+    removed = data.get("removed") or {}
+    if not isinstance(removed, dict) or not all(
+        isinstance(v, (str, type(None))) for v in removed.values()
+    ):
+        raise ProfileError(
+            "'removed' must map system names to a message (or null)",
+            file=path,
+            line=line_of(data=data, path=("removed",)),
+            key="removed",
+        )
+    return removed, {
         name: _read_system(path=path, name=name, raw=raw, systems=systems)
         for name, raw in systems.items()
     }
@@ -179,17 +190,29 @@ def merge_mappings(base, over):
     return result
 
 
+class Systems(dict):
+    """The systems by name; ``removed``: retired names and their messages."""
+
+    removed: dict = {}
+
+
 def load_systems(*, files=None, include_stock=True):
     """Read, merge, resolve and validate all systems."""
     files = profile_files() if files is None else [Path(f) for f in files]
-    raw = {}
-    sources = {}
+    raw, sources, removed = {}, {}, {}
     for path in files:
-        for name, definition in _read_profile_file(path).items():
+        gone, defined = _read_profile_file(path)
+        removed.update(gone)
+        for name, definition in defined.items():
+            removed.pop(name, None)  # defined again after its removal
             raw[name] = merge_mappings(raw.get(name, {}), definition)
             sources.setdefault(name, []).append(str(path))
+    removed = {name: text for name, text in removed.items() if text is not None}
+    for name in removed:
+        raw.pop(name, None)
 
-    systems = {}
+    systems = Systems()
+    systems.removed = removed
     if include_stock:
         from .. import _cotainr
 
@@ -294,4 +317,8 @@ def get_system(*, name, systems=None):
     try:
         return systems[name]
     except KeyError:
-        raise UnknownSystemError(name, available=list(systems)) from None
+        raise UnknownSystemError(
+            name,
+            available=list(systems),
+            removed=getattr(systems, "removed", {}).get(name),
+        ) from None

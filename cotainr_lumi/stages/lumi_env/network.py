@@ -19,6 +19,7 @@ import shlex
 
 from ... import imagelayout
 from ...engine import rcclplugin
+from ...engine.elfinfo import read_elf_info
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from .envfile import default_assignments, path_addition
 
@@ -57,8 +58,9 @@ RCCL_TESTS_VARIABLE = "COTAINR_LUMI_RCCL_TESTS"
 GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
 #: Where the plugin's libfabric comes from.
 LIBFABRIC_SOURCES = {
-    "host": "the host's Cray libfabric, /opt/cray bound at run time",
+    "host": "the host's Cray libfabric, host-libfabric-binds bound at run time",
     "image": "the image's own libfabric with CXI, no host /opt/cray or libcxi",
+    "auto": "image when the plugin's libfabric.so.1 is in the image, else host",
 }
 
 
@@ -76,6 +78,35 @@ def check_libfabric(value):
     if value not in LIBFABRIC_SOURCES:
         each = " or ".join(f"{k!r} ({v})" for k, v in LIBFABRIC_SOURCES.items())
         raise ValueError(f"must be {each} (got {value!r})")
+
+
+def decide_libfabric(*, settings, root, image_ld_path=str):
+    """The plugin's libfabric family: the setting, or for auto the image's say.
+
+    `image_ld_path` is called (once, when a plugin needs libfabric) for the
+    image's own ``LD_LIBRARY_PATH``.
+    """
+    if settings.libfabric != "auto":
+        return settings.libfabric
+    from .mpiscan import LIBFABRIC, _expand, _find, library_dirs  # imports us
+
+    plugin = _profile_plugin(settings=settings, root=root)
+    for name in plugin["files"] if plugin else ():
+        path = f"{plugin['dir']}/{name}"
+        host = resolve_in_root(root=root, path=path)
+        info = read_elf_info(path=host) if host.is_file() else None
+        if info is None or LIBFABRIC not in info.needed:
+            continue
+        # The loader's order: RPATH (without RUNPATH), LD_LIBRARY_PATH, RUNPATH.
+        own = () if info.runpath else info.rpath
+        own = [*own, *image_ld_path().split(":"), *info.runpath]
+        dirs = [d for p in own if p and (d := _expand(p, origin=plugin["dir"]))]
+        found = _find(root=root, name=LIBFABRIC, dirs=dirs + library_dirs(root=root))
+        family = "image" if found else "host"
+        where = f"the image's {found}" if found else "not in the image"
+        logger.info("%s needs %s: %s; libfabric: %s", path, LIBFABRIC, where, family)
+        return family
+    return "host"
 
 
 def _plugin_files(host_dir):
@@ -202,7 +233,7 @@ def env_blocks(*, settings):
     return blocks
 
 
-def write_runtime_record(*, settings, root, binds):
+def write_runtime_record(*, settings, root, binds, libfabric):
     """Record the network layer for verify; return the record."""
     tests = settings.rccl_tests
     found = bool(tests and resolve_in_root(root=root, path=tests).is_dir())
@@ -214,7 +245,7 @@ def write_runtime_record(*, settings, root, binds):
         )
     gdr = settings.nccl_net_gdr_level
     record = {
-        "libfabric": settings.libfabric,
+        "libfabric": libfabric,
         "net-plugin-dirs": list(settings.net_plugin_dirs),
         "net-plugin": _profile_plugin(settings=settings, root=root),
         "nccl-net-gdr-level": None if gdr is None else str(gdr),
@@ -237,7 +268,12 @@ def describe_lines(*, settings):
         "RCCL network plugin (librccl-net.so, librccl-net-NAME.so) looked for in "
         + ", ".join(settings.net_plugin_dirs or ["(nowhere)"])
         + "; added to LD_LIBRARY_PATH unless the loader searches it anyway",
-        f"libfabric: {LIBFABRIC_SOURCES[settings.libfabric]}",
+        f"libfabric: {LIBFABRIC_SOURCES[settings.libfabric]}"
+        + (
+            f" (host: binds {', '.join(settings.host_libfabric_binds)})"
+            if settings.host_libfabric_binds
+            else ""
+        ),
         "conda-python-distributed: "
         + (
             f"NCCL_NET_GDR_LEVEL={shlex.quote(str(gdr))} unless you set it"

@@ -202,11 +202,22 @@ class LumiEnvStage(Stage):
             host_setting=self.settings.mpi_host,
             stage=self.name,
         )
-        binds = list(dict.fromkeys([*self.settings.binds, *mpi.binds()]))
+        libfabric = network.decide_libfabric(
+            settings=self.settings,
+            root=root,
+            image_ld_path=lambda: getattr(
+                getattr(context.target_env, "image", None), "ld_library_path", ""
+            ),
+        )
+        own = self.settings.host_libfabric_binds if libfabric == "host" else []
+        binds = list(dict.fromkeys([*self.settings.binds, *own, *mpi.binds()]))
         user_venv = self.settings.names(image_path=image_path).user_venv
         user_software = not image_has_user_software(root=root)
         details = self._write_image_files(
             root=root, target=target, mpi=mpi, binds=binds, user_venv=user_venv
+        )
+        details["runtime"] = network.write_runtime_record(
+            settings=self.settings, root=root, binds=binds, libfabric=libfabric
         )
         self._check_in_sandbox(context=context, mpi=mpi)
         paths, container_root, outputs = module_outputs(
@@ -276,9 +287,6 @@ class LumiEnvStage(Stage):
             else [],
             "binds": binds,
             "user-venv": user_venv,
-            "runtime": network.write_runtime_record(
-                settings=self.settings, root=root, binds=binds
-            ),
         }
 
     def _check_in_sandbox(self, *, context, mpi):
