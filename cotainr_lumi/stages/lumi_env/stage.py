@@ -245,6 +245,9 @@ class LumiEnvStage(Stage):
             LABEL_MPI_RECORD: MPI_FILE,
             imagelayout.LABEL_RUNTIME: imagelayout.RUNTIME_FILE,
         }
+        entry = details["search-paths"].pop("oci-entrypoint")
+        if entry:
+            labels[imagelayout.LABEL_OCI_ENTRYPOINT] = entry
         summary = f"{len(self.env)} variables in {ENV_FILE}"
         if self.settings.runscripts:
             labels[imagelayout.LABEL_RUNSCRIPTS] = RUNSCRIPTS_DIR
