@@ -413,3 +413,19 @@ def test_a_dry_run_whose_probe_answered_exits_zero(
     cli.main()
     probe.assert_called_once()
     assert "dry run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option", ["--system", "--lumi-system"])
+def test_a_removed_system_is_one_error_pointing_to_its_successor(
+    tmp_path, mocker, base_image, capsys, option
+):
+    argv = ["build", str(tmp_path / "x.sif"), f"{option}=lumi-g-ext-rocm-6.0"]
+    if option == "--lumi-system":
+        argv.append(f"--base-image={base_image}")
+    with pytest.raises(SystemExit) as info:
+        run_cli(mocker, [*argv, "--dry-run"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("error") == 1 and "Traceback" not in err
+    assert "'lumi-g-ext-rocm-6.0' was removed: ROCm 6.0.3 left LUMI" in err
+    assert "--system=lumi-g-ext-rocm-6.1 or newer" in err
