@@ -59,16 +59,9 @@ class ProfileError(CotainrLumiError):
         self.line = line
         self.system = system
         self.key = key
-        where = [
-            f"{name} {value}" if name in ("file", "line") else f"{name} '{value}'"
-            for name, value in (
-                ("file", self.file),
-                ("line", line),
-                ("system", system),
-                ("key", key),
-            )
-            if value is not None
-        ]
+        where = [f"file {self.file}"] if file is not None else []
+        where += [f"line {line}"] if line is not None else []
+        where += [f"{n} '{v}'" for n, v in (("system", system), ("key", key)) if v]
         prefix = f"Invalid system profile ({', '.join(where)}): " if where else ""
         super().__init__(prefix + message)
 
@@ -84,7 +77,7 @@ class UnknownSystemError(CotainrLumiError):
     available : list of str
         The names of the systems that are defined.
     removed : str, optional
-        The profile's message when the system was retired (``removed:``).
+        The profile's message for a retired system.
     """
 
     exit_code = 2

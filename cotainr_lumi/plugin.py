@@ -75,28 +75,12 @@ def _base_image(system):
 
 
 def system_problem(name):
-    """
-    Why `name` is not a system here: the profile's message for a retired one.
-
-    Parameters
-    ----------
-    name : str
-        A ``--system`` name cotainr does not know.
-
-    Returns
-    -------
-    message : str or None
-        One line, or None when the profiles say nothing of `name`.
-    """
+    """The one line for a ``--system`` the profiles retired (else None)."""
     try:
         message = load_systems(include_stock=False).removed.get(name)
     except CotainrLumiError:
-        return None
-    return (
-        str(UnknownSystemError(name, available=(), removed=message))
-        if message
-        else None
-    )
+        message = None
+    return message and str(UnknownSystemError(name, available=(), removed=message))
 
 
 class LumiBuild:

@@ -165,11 +165,9 @@ def _systems_with_plugins(get_systems):
 
 def _system_problem(system):
     """A plugin's word on a system it does not define (``system_problem``)."""
-    for plugin in _plugins().values():
-        problem = getattr(plugin, "system_problem", lambda name: None)(system)
-        if problem:
-            return problem
-    return None
+    none = lambda name: None  # noqa: E731 - a plugin without system_problem
+    asked = (getattr(p, "system_problem", none)(system) for p in _plugins().values())
+    return next(filter(None, asked), None)
 
 
 def _add_arguments(original):

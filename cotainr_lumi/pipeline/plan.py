@@ -57,28 +57,29 @@ class BaseImage:
     pattern: Optional[str] = None  # the profile's glob that matched `given`
 
     @classmethod
-    def from_spec(cls, spec, *, pattern=None):
+    def from_spec(cls, spec):
         """Resolve a base image spec."""
         spec = str(spec)
         path = Path(spec).expanduser()
         if not _URI_RE.match(spec) and path.is_file():
-            real = os.path.realpath(path)
-            return cls(given=spec, resolved=real, is_local_file=True, pattern=pattern)
-        return cls(given=spec, resolved=spec, is_local_file=False, pattern=pattern)
+            return cls(given=spec, resolved=os.path.realpath(path), is_local_file=True)
+        return cls(given=spec, resolved=spec, is_local_file=False)
 
 
 def match_base_image(spec, *, system):
-    """The one file a profile base image matches whose file name is a glob."""
+    """The one file a base image glob matches (itself off LUMI: no such directory)."""
+    where = os.path.expanduser(spec)
     if _URI_RE.match(spec) or not set("*?[") & set(os.path.basename(spec)):
         return spec
-    found = sorted(glob.glob(os.path.expanduser(spec)))
+    if not os.path.isdir(os.path.dirname(where)):
+        return spec
+    found = sorted(glob.glob(where))
     if len(found) == 1:
         return found[0]
     what = f"{len(found)} files: {', '.join(found)}" if found else "no file"
     raise InputError(
         f"The base image {spec} of system {system} matches {what}; it must match "
-        f"exactly one. Pin one with --lumi-system {system} --base-image FILE, or "
-        "fix the profile's base-image."
+        f"one. Pin one with --lumi-system {system} --base-image FILE."
     )
 
 
@@ -406,12 +407,12 @@ def make_plan(*, request, systems=None):
         return tree[name].complete(merge_mappings(profile, overrides.get(name, {})))
 
     classes = {stage.name: stage for stage in builtin.PIPELINE}
-    if system is None or request.base_image_override:
-        base = BaseImage.from_spec(request.base_image or request.base_image_override)
-    else:
-        matched = match_base_image(system.base_image, system=system.name)
-        pattern = system.base_image if matched != system.base_image else None
-        base = BaseImage.from_spec(matched, pattern=pattern)
+    spec = request.base_image or request.base_image_override
+    base = BaseImage.from_spec(
+        spec or match_base_image(system.base_image, system=system.name)
+    )
+    if not spec and base.given != system.base_image:
+        base.pattern = system.base_image
     plan = BuildPlan(
         request=request,
         image_path=image_path,

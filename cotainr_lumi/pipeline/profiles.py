@@ -136,15 +136,11 @@ def _read_profile_file(path):
             key="systems",
         )
     removed = data.get("removed") or {}
-    if not isinstance(removed, dict) or not all(
-        isinstance(v, (str, type(None))) for v in removed.values()
-    ):
-        raise ProfileError(
-            "'removed' must map system names to a message (or null)",
-            file=path,
-            line=line_of(data=data, path=("removed",)),
-            key="removed",
-        )
+    if not isinstance(removed, dict) or {type(v) for v in removed.values()} - {
+        str,
+        type(None),
+    }:
+        raise ProfileError("must map names to a message", file=path, key="removed")
     return removed, {
         name: _read_system(path=path, name=name, raw=raw, systems=systems)
         for name, raw in systems.items()
@@ -207,12 +203,10 @@ def load_systems(*, files=None, include_stock=True):
             removed.pop(name, None)  # defined again after its removal
             raw[name] = merge_mappings(raw.get(name, {}), definition)
             sources.setdefault(name, []).append(str(path))
-    removed = {name: text for name, text in removed.items() if text is not None}
-    for name in removed:
-        raw.pop(name, None)
-
     systems = Systems()
-    systems.removed = removed
+    systems.removed = {name: text for name, text in removed.items() if text}
+    for name in systems.removed:
+        raw.pop(name, None)
     if include_stock:
         from .. import _cotainr
 

@@ -81,7 +81,7 @@ def work(tmp_path_factory, lumi_like_base_image, apptainer_path, build_times):
     # LAIF's release layout (systems.yaml): the base as the torch variant of
     # the newest release behind the `lumi-multitorch` link, an older release
     # as a decoy; the system names the glob the shipped profiles name.
-    containers = work / "laifs/containers"
+    containers = work / "appl/laifs/containers"
     for tag in ("20260415_130625", "20260807_115122"):
         release = containers / f"lumi-multitorch-{DIGEST}-{tag}"
         release.mkdir(parents=True)
@@ -501,7 +501,7 @@ def test_the_glob_base_resolves_in_the_latest_release_and_is_recorded(
 ):
     work, base = work
     image, _ = first
-    newest = work / "laifs/containers/lumi-multitorch"
+    newest = work / "appl/laifs/containers/lumi-multitorch"
     matched = f"{newest}/lumi-multitorch-torch-{DIGEST}-20260807_115122.sif"
     record = cat_json(apptainer_exec, image, "/opt/cotainr-lumi/provenance.json")
     assert record["base-image"]["given"] == matched

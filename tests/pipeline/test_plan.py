@@ -122,3 +122,12 @@ def test_cotainr_builds_from_the_matched_file_and_records_it(
         "lumi-multitorch/lumi-multitorch-torch-u24r70f21m50t210-20260807_115122.sif"
     )
     assert result.labels["cotainr-lumi.base-image.resolved"] == real
+
+
+def test_off_lumi_a_glob_is_planned_as_a_file_that_is_not_here(tmp_path):
+    plan = cotainr_lumi.plan(image_path=tmp_path / "x.sif", system="lumi-aif-torch")
+    assert plan.base_image.given.endswith(
+        "/lumi-multitorch/lumi-multitorch-torch-*.sif"
+    )
+    assert not plan.base_image.is_local_file
+    assert "(not a file on this machine: the build will fail here)" in plan.describe()

@@ -53,7 +53,7 @@ def test_removed_drops_a_system_and_null_defines_it_again(tmp_path):
     )
     assert "lumi-g-ext-rocm-6.0" in systems
     bad = write(tmp_path / "bad.yaml", "removed: [x]\n")
-    with pytest.raises(ProfileError, match="'removed' must map"):
+    with pytest.raises(ProfileError, match="removed.*must map names to a message"):
         profiles.load_systems(files=[bad], include_stock=False)
 
 

@@ -1,16 +1,12 @@
 """
 The network layer of an image: RCCL's network plugin, libfabric, rccl-tests.
 
-LUMI's image families keep these in different places (see the profiles in
-``cotainr_lumi/systems.yaml``): the ROCm base and EasyBuild images have
-aws-ofi-rccl in ``/opt/aws-ofi-rccl`` built against the host's Cray
-libfabric; the AI Factory images have their own libfabric with CXI and the
-plugin in the loader's directories (forcing ``NCCL_NET_GDR_LEVEL`` can hang
-their multi-node jobs). The stage finds the plugin in the profile's
-directories, puts it on ``LD_LIBRARY_PATH`` when the loader would not search
-there, names it in ``NCCL_NET_PLUGIN`` when RCCL would not load it by default
-(:mod:`cotainr_lumi.engine.rcclplugin`), and records what it found
-(:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`) for ``cotainr-lumi verify``.
+LUMI's image families keep these in different places (``systems.yaml``).
+The stage finds the plugin in the profile's directories, puts it on
+``LD_LIBRARY_PATH`` when the loader would not search there, names it in
+``NCCL_NET_PLUGIN`` when RCCL would not load it by default, decides whose
+libfabric it uses from the image (:func:`decide_libfabric`) and records it
+all (:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`) for ``cotainr-lumi verify``.
 """
 
 import json
@@ -81,11 +77,7 @@ def check_libfabric(value):
 
 
 def decide_libfabric(*, settings, root, image_ld_path=str):
-    """The plugin's libfabric family: the setting, or for auto the image's say.
-
-    `image_ld_path` is called (once, when a plugin needs libfabric) for the
-    image's own ``LD_LIBRARY_PATH``.
-    """
+    """The setting, or for auto: image if the plugin finds libfabric in it, else host."""
     if settings.libfabric != "auto":
         return settings.libfabric
     from .mpiscan import LIBFABRIC, _expand, _find, library_dirs  # imports us
@@ -99,13 +91,12 @@ def decide_libfabric(*, settings, root, image_ld_path=str):
             continue
         # The loader's order: RPATH (without RUNPATH), LD_LIBRARY_PATH, RUNPATH.
         own = () if info.runpath else info.rpath
-        own = [*own, *image_ld_path().split(":"), *info.runpath]
+        own = [*own, *(image_ld_path() or "").split(":"), *info.runpath]
         dirs = [d for p in own if p and (d := _expand(p, origin=plugin["dir"]))]
         found = _find(root=root, name=LIBFABRIC, dirs=dirs + library_dirs(root=root))
-        family = "image" if found else "host"
         where = f"the image's {found}" if found else "not in the image"
-        logger.info("%s needs %s: %s; libfabric: %s", path, LIBFABRIC, where, family)
-        return family
+        logger.info("%s needs %s: %s", path, LIBFABRIC, where)
+        return "image" if found else "host"
     return "host"
 
 
@@ -187,21 +178,17 @@ def plugin_blocks(*, settings, root, found):
         other = _profile_plugin(settings=settings, root=root, dirs=KNOWN_PLUGIN_DIRS)
         if other is not None:
             fits = (
-                "a LUMI ROCm base or EasyBuild image: build with --system=lumi-g-ext "
-                "or lumi-g-ext-pytorch"
+                "lumi-g-ext or lumi-g-ext-pytorch"
                 if other["dir"] in AWS_OFI_RCCL_DIRS
-                else "a LUMI AI Factory image (its own libfabric/CXI): build with "
-                "--system=lumi-aif-torch or lumi-aif-full"
+                else "lumi-aif-torch or lumi-aif-full"
             )
             logger.warning(
                 "The system may not fit this base image: the profile looks for "
-                "RCCL's network plugin in %s, but the image has %s in %s: it looks "
-                "like %s (or set lumi-env.net-plugin-dirs, libfabric and binds), "
-                "else the image gets another family's runtime settings.",
+                "RCCL's network plugin in %s, but the image has %s in %s: build "
+                "with --system=%s (or set lumi-env.net-plugin-dirs, libfabric and "
+                "binds), else the image gets another family's runtime settings.",
                 ", ".join(settings.net_plugin_dirs) or "no directory",
-                other["generation"],
-                other["dir"],
-                fits,
+                *(other["generation"], other["dir"], fits),
             )
         return []
     found[plugin["generation"]] = plugin["dir"]
@@ -268,12 +255,7 @@ def describe_lines(*, settings):
         "RCCL network plugin (librccl-net.so, librccl-net-NAME.so) looked for in "
         + ", ".join(settings.net_plugin_dirs or ["(nowhere)"])
         + "; added to LD_LIBRARY_PATH unless the loader searches it anyway",
-        f"libfabric: {LIBFABRIC_SOURCES[settings.libfabric]}"
-        + (
-            f" (host: binds {', '.join(settings.host_libfabric_binds)})"
-            if settings.host_libfabric_binds
-            else ""
-        ),
+        f"libfabric: {LIBFABRIC_SOURCES[settings.libfabric]}",
         "conda-python-distributed: "
         + (
             f"NCCL_NET_GDR_LEVEL={shlex.quote(str(gdr))} unless you set it"

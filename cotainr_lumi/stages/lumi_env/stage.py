@@ -205,8 +205,8 @@ class LumiEnvStage(Stage):
         libfabric = network.decide_libfabric(
             settings=self.settings,
             root=root,
-            image_ld_path=lambda: getattr(
-                getattr(context.target_env, "image", None), "ld_library_path", ""
+            image_ld_path=lambda: (
+                context.target_env and context.target_env.image.ld_library_path
             ),
         )
         own = self.settings.host_libfabric_binds if libfabric == "host" else []

@@ -65,7 +65,7 @@ def test_the_entrypoints_environment_is_reproduced(tmp_path, exported, local, ex
 def test_anything_else_is_a_warning_naming_the_script(tmp_path, caplog, script):
     block, label = entrypoint_block(root=make_root(tmp_path, script=script))
     assert (block, label) == ("", "not reproduced: /opt/oci-entrypoint.sh")
-    assert "OCI entry point /opt/oci-entrypoint.sh runs under" in caplog.text
+    assert "OCI entry point /opt/oci-entrypoint.sh is not plain sh" in caplog.text
 
 
 def test_no_entrypoint_no_block(tmp_path):
