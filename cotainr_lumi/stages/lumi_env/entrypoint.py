@@ -13,6 +13,7 @@ import shlex
 import subprocess
 
 from ...engine.rootfs import resolve_in_root
+from ...imagelayout import RUNSCRIPT_FILE
 from .envfile import read_host_value
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -26,7 +27,7 @@ _LINE = re.compile(
 
 def entrypoint_block(*, root):
     """(env file block, label) of the entry point's environment; ("", "") if none."""
-    runscript = resolve_in_root(root=root, path="/.singularity.d/runscript")
+    runscript = resolve_in_root(root=root, path=RUNSCRIPT_FILE)
     text = runscript.read_text(errors="replace") if runscript.is_file() else ""
     found = re.search(r"^OCI_ENTRYPOINT='(.+)'$", text, re.M)
     if not found:
