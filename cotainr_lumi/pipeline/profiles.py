@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import logging
 import os
 from pathlib import Path
+import re
 from typing import Any, Optional
 
 from .. import stages as builtin
@@ -273,8 +274,7 @@ def _validate(*, name, merged, sources, where):
     rocm = merged.get("rocm-version")
     if rocm is not None:
         rocm = str(rocm)
-        parts = rocm.split(".")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        if not re.fullmatch(r"[0-9]+\.[0-9]+", rocm):
             raise ProfileError(
                 f'must be a ROCm major.minor such as "6.2" (got {rocm!r})',
                 key="rocm-version",
@@ -284,13 +284,10 @@ def _validate(*, name, merged, sources, where):
     if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):
         raise ProfileError("must be a list of stage names", key="stages", **where)
     known = sorted(stage.name for stage in builtin.PIPELINE)
-    for stage_name in stages:
-        if stage_name not in known:
-            raise ProfileError(
-                f"unknown stage {stage_name!r} (available stages: {', '.join(known)})",
-                key="stages",
-                **where,
-            )
+    unknown = [s for s in stages if s not in known]
+    if unknown:
+        what = f"unknown stage {unknown[0]!r} (available stages: {', '.join(known)})"
+        raise ProfileError(what, key="stages", **where)
     if len(set(stages)) != len(stages):
         raise ProfileError("a stage is listed twice", key="stages", **where)
     settings = merged.get("settings") or {}
@@ -308,11 +305,7 @@ def _validate(*, name, merged, sources, where):
 def get_system(*, name, systems=None):
     """Look up one system, with a helpful error."""
     systems = load_systems() if systems is None else systems
-    try:
-        return systems[name]
-    except KeyError:
-        raise UnknownSystemError(
-            name,
-            available=list(systems),
-            removed=getattr(systems, "removed", {}).get(name),
-        ) from None
+    if name not in systems:
+        removed = getattr(systems, "removed", {}).get(name)
+        raise UnknownSystemError(name, available=list(systems), removed=removed)
+    return systems[name]
