@@ -194,6 +194,14 @@ class LumiEnvStage(Stage):
         image_path = Path(context.plan.image_path)
         # The build's one probe of the image (never `python` on PATH).
         target = context.target_env if self.settings.with_conda else None
+        # The network family, decided from the image (host: Cray's libfabric).
+        libfabric = network.decide_libfabric(
+            settings=self.settings,
+            root=root,
+            image_ld_path=lambda: (
+                context.target_env and context.target_env.image.ld_library_path
+            ),
+        )
         mpi = plan_mpi(
             root=root,
             # No probe when MPI is off (lumi-env.mpi: none).
@@ -201,13 +209,6 @@ class LumiEnvStage(Stage):
             requested=self.settings.mpi,
             host_setting=self.settings.mpi_host,
             stage=self.name,
-        )
-        libfabric = network.decide_libfabric(
-            settings=self.settings,
-            root=root,
-            image_ld_path=lambda: (
-                context.target_env and context.target_env.image.ld_library_path
-            ),
         )
         own = self.settings.host_libfabric_binds if libfabric == "host" else []
         binds = list(dict.fromkeys([*self.settings.binds, *own, *mpi.binds()]))
