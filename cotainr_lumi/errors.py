@@ -59,16 +59,9 @@ class ProfileError(CotainrLumiError):
         self.line = line
         self.system = system
         self.key = key
-        where = [
-            f"{name} {value}" if name in ("file", "line") else f"{name} '{value}'"
-            for name, value in (
-                ("file", self.file),
-                ("line", line),
-                ("system", system),
-                ("key", key),
-            )
-            if value is not None
-        ]
+        where = [f"file {self.file}"] if file is not None else []
+        where += [f"line {line}"] if line is not None else []
+        where += [f"{n} '{v}'" for n, v in (("system", system), ("key", key)) if v]
         prefix = f"Invalid system profile ({', '.join(where)}): " if where else ""
         super().__init__(prefix + message)
 
@@ -83,14 +76,19 @@ class UnknownSystemError(CotainrLumiError):
         The requested system name.
     available : list of str
         The names of the systems that are defined.
+    removed : str, optional
+        The profile's message for a retired system.
     """
 
     exit_code = 2
 
-    def __init__(self, system, *, available):
+    def __init__(self, system, *, available, removed=None):
         self.system = system
         self.available = sorted(available)
         listing = ", ".join(self.available) if self.available else "(none)"
+        if removed:
+            super().__init__(f"System '{system}' was removed: {removed}")
+            return
         super().__init__(
             f"System '{system}' does not exist. Available systems: {listing}. "
             "Run 'cotainr info' for details, or define it in a profile file "

@@ -12,6 +12,8 @@ them). Paths are absolute paths inside the image; label names are the keys of
 ENV_SCRIPTS_DIR = "/.singularity.d/env"
 #: The labels of the image (``apptainer inspect --labels``).
 LABELS_FILE = "/.singularity.d/labels.json"
+#: Apptainer's runscript (an OCI ENTRYPOINT is its ``OCI_ENTRYPOINT=`` line).
+RUNSCRIPT_FILE = "/.singularity.d/runscript"
 #: The lumi-env stage's env file, sourced after cotainr's ``92-cotainr-env.sh``.
 LUMI_ENV_FILE = f"{ENV_SCRIPTS_DIR}/93-cotainr-lumi-env.sh"
 #: The lumi-env stage's MPI env file (which libmpi.so.12 MPI users load). After
@@ -108,3 +110,4 @@ LABEL_RUNSCRIPTS = "cotainr-lumi.runscripts"
 LABEL_MPI = "cotainr-lumi.mpi"
 LABEL_MPI_RECORD = "cotainr-lumi.mpi.record"
 LABEL_RUNTIME = "cotainr-lumi.runtime"
+LABEL_OCI_ENTRYPOINT = "cotainr-lumi.oci-entrypoint"

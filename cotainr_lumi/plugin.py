@@ -18,8 +18,8 @@ from . import _cotainr, buildoptions, imagelayout
 from .engine import history, rocmwindow, rootfs
 from .engine.stage import StageContext
 from .engine.workdir import remove_leftovers, work_dir_environment
-from .errors import CotainrLumiError, InputError, redact
-from .pipeline.plan import make_plan
+from .errors import CotainrLumiError, InputError, UnknownSystemError, redact
+from .pipeline.plan import make_plan, match_base_image
 from .pipeline.profiles import load_systems
 from .pipeline.run import (
     as_stage_error,
@@ -61,10 +61,27 @@ def systems():
     finally:
         _listing_systems = False
     return {
-        name: {"base-image": system.base_image, "description": system.description}
+        name: {"base-image": _base_image(system), "description": system.description}
         for name, system in loaded.items()
         if not system.stock
     }
+
+
+def _base_image(system):
+    """The file a glob base image matches (the glob when not one: the build says)."""
+    try:
+        return match_base_image(system.base_image, system=system.name)
+    except InputError:
+        return system.base_image
+
+
+def system_problem(name):
+    """The one line for a ``--system`` the profiles retired (else None)."""
+    try:
+        message = load_systems(include_stock=False).removed.get(name)
+    except CotainrLumiError:
+        message = None
+    return message and str(UnknownSystemError(name, available=(), removed=message))
 
 
 class LumiBuild:
@@ -193,7 +210,7 @@ class LumiHook:
         )
         current = "cotainr-lumi"
         try:
-            check_base_image_unchanged(build.plan.base_image)
+            check_base_image_unchanged(build.plan.base_image, used=context.base_image)
             root = stage_context.sandbox.root
             rootfs.claim_build_dirs(root=root)
             earlier = history.keep_earlier_build(root=root)

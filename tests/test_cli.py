@@ -228,7 +228,7 @@ def test_info_lists_added_and_stock_systems(mocker, capsys):
     out = capsys.readouterr().out
     # cotainr's own info lists the plugin's systems.
     assert "\t- lumi-g-ext\n".expandtabs(4) in out
-    assert "- lumi-g-ext-rocm-6.0" in out
+    assert "- lumi-g-ext-rocm-6.1" in out and "lumi-g-ext-rocm-6.0" not in out
 
 
 def test_cotainr_lumi_command_gives_the_same_build(
@@ -413,3 +413,19 @@ def test_a_dry_run_whose_probe_answered_exits_zero(
     cli.main()
     probe.assert_called_once()
     assert "dry run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option", ["--system", "--lumi-system"])
+def test_a_removed_system_is_one_error_pointing_to_its_successor(
+    tmp_path, mocker, base_image, capsys, option
+):
+    argv = ["build", str(tmp_path / "x.sif"), f"{option}=lumi-g-ext-rocm-6.0"]
+    if option == "--lumi-system":
+        argv.append(f"--base-image={base_image}")
+    with pytest.raises(SystemExit) as info:
+        run_cli(mocker, [*argv, "--dry-run"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("error") == 1 and "Traceback" not in err
+    assert "'lumi-g-ext-rocm-6.0' was removed: ROCm 6.0.3 left LUMI" in err
+    assert "--system=lumi-g-ext-rocm-6.1 or newer" in err

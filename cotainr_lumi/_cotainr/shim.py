@@ -163,6 +163,13 @@ def _systems_with_plugins(get_systems):
     return wrapped
 
 
+def _system_problem(system):
+    """A plugin's word on a system it does not define (``system_problem``)."""
+    none = lambda name: None  # noqa: E731 - a plugin without system_problem
+    asked = (getattr(p, "system_problem", none)(system) for p in _plugins().values())
+    return next(filter(None, asked), None)
+
+
 def _add_arguments(original):
     @functools.wraps(original)
     def add_arguments(cls, *, parser):
@@ -249,7 +256,8 @@ def _init(original, util):
         systems = util.get_systems()
         if system is not None and system not in systems:
             raise PluginError(
-                f"System does not exist: {system!r}. Available systems: "
+                _system_problem(system)
+                or f"System does not exist: {system!r}. Available systems: "
                 f"{', '.join(sorted(systems)) or 'none'} (see 'cotainr info').",
                 exit_code=2,
             )

@@ -97,6 +97,7 @@ fact image with_conda "${WITH_CONDA:-}"
 state image
 fact image conda_exe "${CONDA_EXE:-}"
 fact image rocm_path "${ROCM_PATH:-}"
+fact image ld_library_path "${LD_LIBRARY_PATH:-}"
 fact image rocm_version "$(head -n 1 "${ROCM_PATH:-/opt/rocm}/.info/version" 2>/dev/null || true)"
 { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true; } | grep -F 'libstdc++' |
     while IFS= read -r line; do fact image ldcache "$line"; done

@@ -97,6 +97,7 @@ class ImageFacts:
     rocm_path: str = ""
     libstdcxx_cache: tuple[str, ...] = ()
     rocm_version: str = ""
+    ld_library_path: str = ""
 
     @classmethod
     def from_facts(cls, facts):
@@ -108,6 +109,7 @@ class ImageFacts:
             rocm_path=image.get("rocm_path") or "",
             libstdcxx_cache=tuple(image.get("ldcache") or ()),
             rocm_version=image.get("rocm_version") or "",
+            ld_library_path=image.get("ld_library_path") or "",
         )
 
 

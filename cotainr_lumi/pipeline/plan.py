@@ -1,6 +1,7 @@
 """A build request resolved against the profiles into a plan (shown by --dry-run)."""
 
 from dataclasses import dataclass, field
+import glob
 import logging
 import os
 from pathlib import Path
@@ -53,6 +54,7 @@ class BaseImage:
     given: str
     resolved: str
     is_local_file: bool
+    pattern: Optional[str] = None  # the profile's glob that matched `given`
 
     @classmethod
     def from_spec(cls, spec):
@@ -62,6 +64,23 @@ class BaseImage:
         if not _URI_RE.match(spec) and path.is_file():
             return cls(given=spec, resolved=os.path.realpath(path), is_local_file=True)
         return cls(given=spec, resolved=spec, is_local_file=False)
+
+
+def match_base_image(spec, *, system):
+    """The one file a base image glob matches (itself off LUMI: no such directory)."""
+    where = os.path.expanduser(spec)
+    if _URI_RE.match(spec) or not set("*?[") & set(os.path.basename(spec)):
+        return spec
+    if not os.path.isdir(os.path.dirname(where)):
+        return spec
+    found = sorted(glob.glob(where))
+    if len(found) == 1:
+        return found[0]
+    what = f"{len(found)} files: {', '.join(found)}" if found else "no file"
+    raise InputError(
+        f"The base image {spec} of system {system} matches {what}; it must match "
+        f"one. Pin one with --lumi-system {system} --base-image FILE."
+    )
 
 
 @dataclass
@@ -220,6 +239,8 @@ class BuildPlan:
         else:
             lines.append("  system:     none (--base-image)")
         lines.append(f"  base image: {self.base_image.given}")
+        if self.base_image.pattern:
+            lines.append(f"    matched by: {self.base_image.pattern}")
         if self.base_image.is_local_file:
             if self.base_image.resolved != os.path.abspath(self.base_image.given):
                 lines.append(f"    resolved: {self.base_image.resolved}")
@@ -390,15 +411,17 @@ def make_plan(*, request, systems=None):
         return tree[name].complete(merge_mappings(profile, overrides.get(name, {})))
 
     classes = {stage.name: stage for stage in builtin.PIPELINE}
+    spec = request.base_image or request.base_image_override
+    base = BaseImage.from_spec(
+        spec or match_base_image(system.base_image, system=system.name)
+    )
+    if not spec and base.given != system.base_image:
+        base.pattern = system.base_image
     plan = BuildPlan(
         request=request,
         image_path=image_path,
         system=system,
-        base_image=BaseImage.from_spec(
-            request.base_image
-            if system is None
-            else request.base_image_override or system.base_image
-        ),
+        base_image=base,
         conda_envs=conda_envs,
         stages=[],
         skipped=[

@@ -8,7 +8,8 @@ over keys of earlier ones: the package's ``systems.yaml``, the user's
 available as *stock* systems unless a profile defines the same name. A system
 has ``extends``, ``description``, ``base-image``, ``rocm-version``, ``stages``
 (of the pipeline, in order) and ``settings`` (a section per stage or engine
-section).
+section). The top-level ``removed`` maps retired system names to the message
+a build naming them gets (a later definition or null brings one back).
 """
 
 import copy
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import logging
 import os
 from pathlib import Path
+import re
 from typing import Any, Optional
 
 from .. import stages as builtin
@@ -110,10 +112,10 @@ def _read_profile_file(path):
     )
     if data is None:
         return {}
-    if not isinstance(data, dict) or set(data) - {"systems", "version"}:
+    if not isinstance(data, dict) or set(data) - {"systems", "version", "removed"}:
         raise ProfileError(
             "the top level must be a mapping with a 'systems' key "
-            "(and optionally 'version')",
+            "(and optionally 'version' and 'removed')",
             file=path,
         )
     version = data.get("version", PROFILE_FORMAT_VERSION)
@@ -134,7 +136,13 @@ def _read_profile_file(path):
             line=line_of(data=data, path=("systems",)),
             key="systems",
         )
-    return {
+    removed = data.get("removed") or {}
+    if not isinstance(removed, dict) or {type(v) for v in removed.values()} - {
+        str,
+        type(None),
+    }:
+        raise ProfileError("must map names to a message", file=path, key="removed")
+    return removed, {
         name: _read_system(path=path, name=name, raw=raw, systems=systems)
         for name, raw in systems.items()
     }
@@ -179,17 +187,27 @@ def merge_mappings(base, over):
     return result
 
 
+class Systems(dict):
+    """The systems by name; ``removed``: retired names and their messages."""
+
+    removed: dict = {}
+
+
 def load_systems(*, files=None, include_stock=True):
     """Read, merge, resolve and validate all systems."""
     files = profile_files() if files is None else [Path(f) for f in files]
-    raw = {}
-    sources = {}
+    raw, sources, removed = {}, {}, {}
     for path in files:
-        for name, definition in _read_profile_file(path).items():
+        gone, defined = _read_profile_file(path)
+        removed.update(gone)
+        for name, definition in defined.items():
+            removed.pop(name, None)  # defined again after its removal
             raw[name] = merge_mappings(raw.get(name, {}), definition)
             sources.setdefault(name, []).append(str(path))
-
-    systems = {}
+    systems = Systems()
+    systems.removed = {name: text for name, text in removed.items() if text}
+    for name in systems.removed:
+        raw.pop(name, None)
     if include_stock:
         from .. import _cotainr
 
@@ -256,8 +274,7 @@ def _validate(*, name, merged, sources, where):
     rocm = merged.get("rocm-version")
     if rocm is not None:
         rocm = str(rocm)
-        parts = rocm.split(".")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        if not re.fullmatch(r"[0-9]+\.[0-9]+", rocm):
             raise ProfileError(
                 f'must be a ROCm major.minor such as "6.2" (got {rocm!r})',
                 key="rocm-version",
@@ -267,13 +284,10 @@ def _validate(*, name, merged, sources, where):
     if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):
         raise ProfileError("must be a list of stage names", key="stages", **where)
     known = sorted(stage.name for stage in builtin.PIPELINE)
-    for stage_name in stages:
-        if stage_name not in known:
-            raise ProfileError(
-                f"unknown stage {stage_name!r} (available stages: {', '.join(known)})",
-                key="stages",
-                **where,
-            )
+    unknown = [s for s in stages if s not in known]
+    if unknown:
+        what = f"unknown stage {unknown[0]!r} (available stages: {', '.join(known)})"
+        raise ProfileError(what, key="stages", **where)
     if len(set(stages)) != len(stages):
         raise ProfileError("a stage is listed twice", key="stages", **where)
     settings = merged.get("settings") or {}
@@ -291,7 +305,7 @@ def _validate(*, name, merged, sources, where):
 def get_system(*, name, systems=None):
     """Look up one system, with a helpful error."""
     systems = load_systems() if systems is None else systems
-    try:
-        return systems[name]
-    except KeyError:
-        raise UnknownSystemError(name, available=list(systems)) from None
+    if name not in systems:
+        removed = getattr(systems, "removed", {}).get(name)
+        raise UnknownSystemError(name, available=list(systems), removed=removed)
+    return systems[name]

@@ -235,11 +235,11 @@ def log_resolved_base_image(base):
         )
 
 
-def check_base_image_unchanged(base):
-    """Stop when the base image's link was re-pointed since the plan was made."""
+def check_base_image_unchanged(base, *, used):
+    """Stop when the base image cotainr `used` is not the file the plan resolved."""
     if not base.is_local_file:
         return
-    now = os.path.realpath(base.given)
+    now = os.path.realpath(used)
     if now != base.resolved:
         raise StageError(
             f"the base image link {base.given} was re-pointed during the build "

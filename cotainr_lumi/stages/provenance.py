@@ -124,6 +124,7 @@ class ProvenanceStage(Stage):
             "profile-sources": list(plan.system.sources) if plan.system else [],
             "base-image": {
                 "given": base.given,
+                "pattern": base.pattern,
                 "resolved": base.resolved,
                 "sha256": sha256 or None,
             },

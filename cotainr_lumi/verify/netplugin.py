@@ -140,7 +140,6 @@ def _check_deps(report, plugin, *, source):
 
 
 def _check_image_libfabric(report, net, plugin, env):
-    cray = [p for p in _ld_library_path(env) if p.startswith(CRAY_PREFIX)]
     resolved = None
     if plugin is not None:
         deps = (plugin.get("ldd") or {}).get("deps") or {}
@@ -148,6 +147,10 @@ def _check_image_libfabric(report, net, plugin, env):
             (path for name, path in deps.items() if name.startswith("libfabric.so")),
             None,
         )
+    ld = _ld_library_path(env)  # only host entries before the image's shadow it
+    own = os.path.dirname(resolved or "")
+    before = ld[: ld.index(own)] if own in ld else ld
+    cray = [p for p in before if p.startswith(CRAY_PREFIX)]
     if cray:
         report.add(
             "image-libfabric",

@@ -17,7 +17,10 @@ multiarch library directory ``/usr/lib/x86_64-linux-gnu``) by
   aws-ofi-nccl plugin as its ROCm build names itself, ``librccl-net-ofi.so``
   (needs libfabric and libcxi; RCCL loads it only as ``NCCL_NET_PLUGIN=ofi``),
   and a decoy ``libnccl-net.so`` (NCCL's name, which RCCL never loads);
-  ``/usr/libexec/rccl-tests/all_reduce_perf``, ``/opt/oci-entrypoint.sh``;
+  ``/usr/libexec/rccl-tests/all_reduce_perf``; the OCI entry point
+  ``/opt/oci-entrypoint.sh`` (``FI_HMEM_DISABLE_P2P=1`` on one node without
+  ``SLURM_GPUS_ON_NODE``) named by ``OCI_ENTRYPOINT=`` in
+  ``/.singularity.d/runscript``, as Apptainer writes an OCI ``ENTRYPOINT``;
 - the venv ``/opt/venv`` (Debian's python3 -m venv), exposed only through
   ``PATH`` and ``PYTHONPATH`` (no ``VIRTUAL_ENV``), holding a torch-like
   tree: ``torch 2.10.0+rocm7.0`` as an installed distribution, ``torch/lib``
@@ -89,8 +92,15 @@ ldconfig
 mkdir -p /usr/libexec/rccl-tests /usr/libexec/osu-micro-benchmarks
 printf '#!/bin/sh\necho "stub all_reduce_perf"\n' >/usr/libexec/rccl-tests/all_reduce_perf
 chmod 755 /usr/libexec/rccl-tests/all_reduce_perf
-printf '#!/bin/sh\nexec "$@"\n' >/opt/oci-entrypoint.sh
+# The OCI entry point (containerfiles/mpich/Ubuntu_Rocm_Slingshot, index
+# 018f2e6d) and the runscript Apptainer makes of an OCI ENTRYPOINT.
+printf '%s\n' '#!/bin/bash' \
+    'if [ "${{SLURM_NNODES}}" = 1 ] && [ -z "${{SLURM_GPUS_ON_NODE}}" ]; then' \
+    '    export FI_HMEM_DISABLE_P2P=1' 'fi' 'exec "$@"' >/opt/oci-entrypoint.sh
 chmod 755 /opt/oci-entrypoint.sh
+printf '%s\n' '#!/bin/sh' "OCI_ENTRYPOINT='\"/opt/oci-entrypoint.sh\"'" "OCI_CMD=''" \
+    'exec /opt/oci-entrypoint.sh "$@"' >/.singularity.d/runscript
+chmod 755 /.singularity.d/runscript
 
 # The venv with a ROCm 7 torch-like tree.
 /usr/bin/python3 -m venv {VENV}

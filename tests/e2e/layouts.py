@@ -19,6 +19,12 @@ python decoy in every layout.
   inheritance, as the fake conda env is itself a venv), activated by the
   image's env file.
 - ``LAYOUT5``: only the system python, nothing activated.
+- ``LIBFABRIC_2025``: the network layer of AMD's 2025 PyTorch images
+  (sfantao/LUMI-containers ``RecipesDocker/common/Dockerfile.libfabric``
+  L19-77 and ``Dockerfile.aws-ofi-rccl`` L14-16, 5e0fe911): stub
+  ``/opt/shs-libcxi/lib/libcxi.so.1`` and ``/opt/libfabric/lib/libfabric.so.1``
+  first on ``LD_LIBRARY_PATH`` (before the base's ``/opt/cray`` entries, as
+  there), the aws-ofi-rccl stub relinked against them.
 """
 
 CONDA = "/opt/miniconda3"
@@ -98,3 +104,23 @@ EOF
 )
 
 LAYOUT5 = _COMMON
+
+LIBFABRIC_2025 = r"""
+set -euo pipefail
+W="$(mktemp -d)"
+mkdir -p /opt/shs-libcxi/lib /opt/libfabric/lib
+echo 'int cxi_marker(void) { return 1; }' >"$W/cxi.c"
+gcc -O1 -shared -fPIC -o /opt/shs-libcxi/lib/libcxi.so.1 "$W/cxi.c" -Wl,-soname,libcxi.so.1
+echo 'int fabric_marker(void) { return 1; }' >"$W/fabric.c"
+gcc -O1 -shared -fPIC -o /opt/libfabric/lib/libfabric.so.1 "$W/fabric.c" \
+    -Wl,-soname,libfabric.so.1 -Wl,--no-as-needed -L/opt/shs-libcxi/lib -l:libcxi.so.1
+printf '%s\n' 'struct stub_net_plugin { const char *name; int version; };' \
+    'const struct stub_net_plugin ncclNetPlugin_v6 = { "AWS Libfabric (2025 stub)", 6 };' \
+    >"$W/net.c"
+gcc -O1 -shared -fPIC -o /opt/aws-ofi-rccl/librccl-net.so.0.0.0 "$W/net.c" \
+    -Wl,-soname,librccl-net.so.0 -Wl,--no-as-needed \
+    -L/opt/libfabric/lib -l:libfabric.so.1 -L/opt/shs-libcxi/lib -l:libcxi.so.1
+echo 'export LD_LIBRARY_PATH="/opt/libfabric/lib:/opt/shs-libcxi/lib:$LD_LIBRARY_PATH"' \
+    >>/.singularity.d/env/90-environment.sh
+rm -rf "$W"
+"""

@@ -39,6 +39,7 @@ pytestmark = pytest.mark.e2e
 
 COTAINR = Path(sys.executable).with_name("cotainr")
 SYSTEM = "aif-e2e"
+DIGEST = "u24r70f21m50t210"
 
 
 def cotainr(work, *args):
@@ -77,13 +78,24 @@ def work(tmp_path_factory, lumi_like_base_image, apptainer_path, build_times):
         python=f"{aif_layout.VENV}/bin/python",
     )
     build_times["aif: derive base"] = time.time() - t0
+    # LAIF's release layout (systems.yaml): the base as the torch variant of
+    # the newest release behind the `lumi-multitorch` link, an older release
+    # as a decoy; the system names the glob the shipped profiles name.
+    containers = work / "appl/laifs/containers"
+    for tag in ("20260415_130625", "20260807_115122"):
+        release = containers / f"lumi-multitorch-{DIGEST}-{tag}"
+        release.mkdir(parents=True)
+        for variant in ("torch", "full"):
+            (release / f"lumi-multitorch-{variant}-{DIGEST}-{tag}.sif").symlink_to(base)
+    (containers / "lumi-multitorch").symlink_to(release.name)
     (work / "systems.yaml").write_text(
         yaml.safe_dump(
             {
                 "systems": {
                     SYSTEM: {
                         "extends": "lumi-aif-torch",
-                        "base-image": str(base),
+                        "base-image": f"{containers}/lumi-multitorch/"
+                        "lumi-multitorch-torch-*.sif",
                         "settings": {"provenance": {"hash-base-image": False}},
                     }
                 }
@@ -482,3 +494,55 @@ def test_a_second_build_on_the_first_adds_and_replaces_nothing_else(
         image2, env={"COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml")}
     )
     assert code == 0 and report["failed"] == [], json.dumps(report, indent=1)
+
+
+def test_the_glob_base_resolves_in_the_latest_release_and_is_recorded(
+    work, first, apptainer_exec
+):
+    work, base = work
+    image, _ = first
+    newest = work / "appl/laifs/containers/lumi-multitorch"
+    matched = f"{newest}/lumi-multitorch-torch-{DIGEST}-20260807_115122.sif"
+    record = cat_json(apptainer_exec, image, "/opt/cotainr-lumi/provenance.json")
+    assert record["base-image"]["given"] == matched
+    assert record["base-image"]["pattern"] == f"{newest}/lumi-multitorch-torch-*.sif"
+    assert record["base-image"]["resolved"] == str(base)
+    # A glob matching both variants is one error naming them and --base-image.
+    systems = yaml.safe_load((work / "systems.yaml").read_text())
+    systems["systems"]["aif-e2e-any"] = {
+        "extends": SYSTEM,
+        "base-image": f"{newest}/lumi-multitorch-*.sif",
+    }
+    (work / "systems.yaml").write_text(yaml.safe_dump(systems))
+    proc = cotainr(work, work / "any.sif", "--system=aif-e2e-any", "--dry-run")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in output, output[-3000:]
+    assert output.count("cotainr: error:") == 1, output[-3000:]
+    assert "matches 2 files: " in output and "lumi-multitorch-full-" in output
+    assert "--lumi-system aif-e2e-any --base-image FILE" in output
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"SLURM_NNODES": "1"}, "1"),
+        ({"SLURM_NNODES": "1", "SLURM_GPUS_ON_NODE": "8"}, "unset"),
+        ({"SLURM_NNODES": "2"}, "unset"),
+        ({}, "unset"),
+    ],
+)
+def test_exec_gets_the_oci_entrypoints_environment(
+    first, apptainer_exec, env, expected
+):
+    image, log = first
+    script = 'echo "${FI_HMEM_DISABLE_P2P-unset} ${SLURM_NNODES-unset}"'
+    proc = apptainer_exec(image, "sh", "-c", script, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [expected, env.get("SLURM_NNODES", "unset")]
+    labels = json.loads(
+        apptainer_exec(image, "cat", "/.singularity.d/labels.json").stdout
+    )
+    assert labels["cotainr-lumi.oci-entrypoint"] == (
+        "reproduced: /opt/oci-entrypoint.sh (FI_HMEM_DISABLE_P2P)"
+    )
+    assert "Reproducing the environment of /opt/oci-entrypoint.sh" in log

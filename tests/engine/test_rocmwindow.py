@@ -50,18 +50,26 @@ def test_every_shipped_profile_states_lusts_window():
         window = Window.from_text(settings.supported, source=settings.source)
         assert str(window) == "6.1-7.0" and window.source == LUST, name
         rocm = major_minor(system.rocm_version)
-        if rocm in window:
-            assert "OUTSIDE" not in system.description, name
-        else:
-            # The ROCm 6.0 one says so to its users.
-            assert name == "lumi-g-ext-rocm-6.0", name
-            assert "OUTSIDE the ROCm window" in system.description
+        # lumi-g-ext-rocm-6.0 was removed (systems.yaml `removed:`).
+        assert rocm in window, name
+
+
+def _systems(tmp_path):
+    """The packaged systems and a ROCm 6.0 one (outside the window)."""
+    extra = tmp_path / "old.yaml"
+    extra.write_text(
+        "systems:\n  lumi-g-ext-rocm-6.0:\n    extends: lumi-g-ext\n"
+        "    base-image: /x/lumi-rocm-rocm-6.0.3.sif\n    rocm-version: '6.0'\n"
+    )
+    return load_systems(files=[PACKAGED_PROFILE, extra], include_stock=False)
 
 
 def _plan(tmp_path, **kw):
+    if kw.get("system", "").startswith("lumi-aif"):
+        kw.setdefault("base_image_override", "/x/lumi-multitorch-torch.sif")
     return make_plan(
         request=BuildRequest(image_path=tmp_path / "x.sif", **kw),
-        systems=load_systems(files=[PACKAGED_PROFILE], include_stock=False),
+        systems=_systems(tmp_path),
     )
 
 
@@ -89,10 +97,7 @@ def test_strict_from_set_or_the_profile(tmp_path):
         ),
         conda_env=None,
     )
-    plan = make_plan(
-        request=request,
-        systems=load_systems(files=[PACKAGED_PROFILE], include_stock=False),
-    )
+    plan = make_plan(request=request, systems=_systems(tmp_path))
     assert plan.rocm_settings.strict
     text = plan.describe()
     assert "ERROR (strict): the base image's ROCm 6.0" in text

@@ -37,3 +37,97 @@ def test_a_local_base_whose_metadata_links_out_is_refused(
     with pytest.raises(InputError, match=f"labels.json is a symbolic link .to {host}"):
         plan.check_base_links()
     assert list(host.iterdir()) == []
+
+
+def release(root, tag, variants=("torch", "full")):
+    """A LAIF release dir: lumi-multitorch-<variant>-<digest>-<tag>.sif files."""
+    directory = root / f"lumi-multitorch-u24r70f21m50t210-{tag}"
+    directory.mkdir(parents=True)
+    for variant in variants:
+        sif = directory / f"lumi-multitorch-{variant}-u24r70f21m50t210-{tag}.sif"
+        sif.write_bytes(f"{variant} {tag}\n".encode())
+    return directory
+
+
+@pytest.fixture
+def laif(tmp_path, monkeypatch):
+    """The `lumi-multitorch` latest link to the newer of two releases."""
+    containers = tmp_path / "laifs/containers"
+    release(containers, "20260415_130625")  # the decoy: an older release
+    new = release(containers, "20260807_115122")
+    (containers / "lumi-multitorch").symlink_to(new.name)
+    profile = tmp_path / "laif.yaml"
+    profile.write_text(
+        "systems:\n"
+        "  laif-torch:\n"
+        "    extends: lumi-aif-torch\n"
+        f"    base-image: {containers}/lumi-multitorch/lumi-multitorch-torch-*.sif\n"
+        "  laif-any:\n"
+        "    extends: lumi-aif-torch\n"
+        f"    base-image: {containers}/lumi-multitorch/lumi-multitorch-*.sif\n"
+        "  laif-none:\n"
+        "    extends: lumi-aif-torch\n"
+        f"    base-image: {containers}/lumi-multitorch/lumi-multitorch-plus-*.sif\n"
+    )
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(profile))
+    return containers, new
+
+
+def test_a_glob_base_image_resolves_to_its_one_file_in_the_latest_release(
+    tmp_path, laif
+):
+    containers, new = laif
+    plan = cotainr_lumi.plan(image_path=tmp_path / "x.sif", system="laif-torch")
+    matched = f"{containers}/lumi-multitorch/lumi-multitorch-torch-u24r70f21m50t210-20260807_115122.sif"
+    assert plan.base_image.given == matched
+    assert plan.base_image.resolved == str(
+        new / "lumi-multitorch-torch-u24r70f21m50t210-20260807_115122.sif"
+    )
+    assert plan.base_image.pattern.endswith("lumi-multitorch-torch-*.sif")
+    text = plan.describe()
+    assert f"base image: {matched}" in text and "matched by: " in text
+
+
+@pytest.mark.parametrize(
+    ("system", "found"), [("laif-any", "matches 2 files: "), ("laif-none", "no file")]
+)
+def test_a_glob_matching_no_or_several_files_is_one_error(
+    tmp_path, laif, system, found
+):
+    with pytest.raises(InputError) as info:
+        cotainr_lumi.plan(image_path=tmp_path / "x.sif", system=system)
+    text = str(info.value)
+    assert found in text and f"--lumi-system {system} --base-image FILE" in text
+    if system == "laif-any":
+        assert "lumi-multitorch-full-" in text and "lumi-multitorch-torch-" in text
+    # --base-image pins one file instead.
+    pinned = laif[1] / "lumi-multitorch-full-u24r70f21m50t210-20260807_115122.sif"
+    plan = cotainr_lumi.plan(
+        image_path=tmp_path / "x.sif", system=system, base_image_override=str(pinned)
+    )
+    assert plan.base_image.resolved == str(pinned) and plan.base_image.pattern is None
+
+
+def test_cotainr_builds_from_the_matched_file_and_records_it(
+    tmp_path, laif, fake_singularity
+):
+    _, new = laif
+    result = cotainr_lumi.build(
+        image_path=tmp_path / "out.sif",
+        system="laif-torch",
+        skip_stages=("pip", "prune", "lumi-env"),
+    )
+    real = str(new / "lumi-multitorch-torch-u24r70f21m50t210-20260807_115122.sif")
+    assert fake_singularity.commands[0][-1].endswith(
+        "lumi-multitorch/lumi-multitorch-torch-u24r70f21m50t210-20260807_115122.sif"
+    )
+    assert result.labels["cotainr-lumi.base-image.resolved"] == real
+
+
+def test_off_lumi_a_glob_is_planned_as_a_file_that_is_not_here(tmp_path):
+    plan = cotainr_lumi.plan(image_path=tmp_path / "x.sif", system="lumi-aif-torch")
+    assert plan.base_image.given.endswith(
+        "/lumi-multitorch/lumi-multitorch-torch-*.sif"
+    )
+    assert not plan.base_image.is_local_file
+    assert "(not a file on this machine: the build will fail here)" in plan.describe()

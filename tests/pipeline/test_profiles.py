@@ -13,21 +13,48 @@ def test_packaged_profile_defines_lumi_g_ext_and_rocm_variants():
     systems = profiles.load_systems(
         files=[profiles.PACKAGED_PROFILE], include_stock=False
     )
-    assert {
-        "lumi-g-ext",
-        "lumi-g-ext-rocm-6.0",
-        "lumi-g-ext-rocm-6.1",
-        "lumi-g-ext-rocm-6.2",
-    } <= set(systems)
+    assert {"lumi-g-ext", "lumi-g-ext-rocm-6.1", "lumi-g-ext-rocm-6.2"} <= set(systems)
     ext = systems["lumi-g-ext"]
     assert ext.rocm_version == "6.2"
-    assert "6.2" in ext.base_image
+    assert ext.base_image.startswith("/appl/local/containers/cotainr-baseimages/")
     assert ext.stages[-1] == "provenance"
-    assert systems["lumi-g-ext-rocm-6.0"].rocm_version == "6.0"
-    assert "6.0" in systems["lumi-g-ext-rocm-6.0"].base_image
+    old = systems["lumi-g-ext-rocm-6.1"]
+    assert old.rocm_version == "6.1" and "6.1.3" in old.base_image
     # variants inherit the stage list and settings
-    assert systems["lumi-g-ext-rocm-6.0"].stages == ext.stages
-    assert systems["lumi-g-ext-rocm-6.0"].settings == ext.settings
+    assert old.stages == ext.stages and old.settings == ext.settings
+    assert "lumi-g-ext-rocm-6.0" not in systems
+    assert "rocm-6.1" in systems.removed["lumi-g-ext-rocm-6.0"]
+
+
+def test_a_removed_system_is_one_error_naming_the_replacement():
+    with pytest.raises(UnknownSystemError) as info:
+        profiles.get_system(name="lumi-g-ext-rocm-6.0")
+    text = str(info.value)
+    assert text.startswith("System 'lumi-g-ext-rocm-6.0' was removed: ROCm 6.0.3")
+    assert "--system=lumi-g-ext-rocm-6.1" in text and info.value.exit_code == 2
+
+
+def test_removed_drops_a_system_and_null_defines_it_again(tmp_path):
+    site = write(
+        tmp_path / "site.yaml",
+        "removed: {lumi-g-ext-rocm-6.1: 'use 6.2'}\n",
+    )
+    systems = profiles.load_systems(
+        files=[profiles.PACKAGED_PROFILE, site], include_stock=False
+    )
+    assert "lumi-g-ext-rocm-6.1" not in systems
+    back = write(
+        tmp_path / "back.yaml",
+        "removed: {lumi-g-ext-rocm-6.0: null}\nsystems:\n  lumi-g-ext-rocm-6.0:"
+        "\n    extends: lumi-g-ext\n",
+    )
+    systems = profiles.load_systems(
+        files=[profiles.PACKAGED_PROFILE, back], include_stock=False
+    )
+    assert "lumi-g-ext-rocm-6.0" in systems
+    bad = write(tmp_path / "bad.yaml", "removed: [x]\n")
+    with pytest.raises(ProfileError, match="removed.*must map names to a message"):
+        profiles.load_systems(files=[bad], include_stock=False)
 
 
 def test_user_file_and_env_var_files_override_in_order(
@@ -155,7 +182,7 @@ def test_unknown_system_lists_available():
     with pytest.raises(UnknownSystemError) as info:
         profiles.get_system(name="no-such")
     assert "no-such" in str(info.value)
-    assert "lumi-g-ext" in str(info.value) and "lumi-g-ext-rocm-6.0" in str(info.value)
+    assert "lumi-g-ext" in str(info.value) and "lumi-g-ext-rocm-6.1" in str(info.value)
     assert "lumi-g-ext" in info.value.available
 
 

@@ -705,3 +705,22 @@ def test_one_run_in_the_image_with_one_timeout_and_one_message(tmp_path, mocker)
     )
     verify.verify_image(image=image, timeout=30)
     assert timeouts == [30, 30]
+
+
+def test_host_entries_after_the_images_own_libfabric_do_not_shadow_it(mocker, tmp_path):
+    # The 2025 AMD PyTorch images: /opt/libfabric/lib first, the removed
+    # /opt/cray entries of the 2024 recipe after it (sfantao/LUMI-containers
+    # Dockerfile.libfabric L77, Dockerfile.header L35).
+    facts = aif_facts()
+    plugin = f"{MULTIARCH}/librccl-net-ofi.so"
+    facts["network"]["ldd"][plugin]["deps"]["libfabric.so.1"] = (
+        "/opt/libfabric/lib/libfabric.so.1"
+    )
+    facts["env"]["LD_LIBRARY_PATH"] = (
+        "/opt/libfabric/lib:/opt/shs-libcxi/lib:/opt/cray/libfabric/1.15.2.0/lib64"
+    )
+    rows = {r.check: r.status for r in run_with(mocker, tmp_path, facts).results}
+    assert rows["image-libfabric"] == "PASS"
+    facts["env"]["LD_LIBRARY_PATH"] = "/opt/cray/pe/lib64:/opt/libfabric/lib"
+    rows = {r.check: r.status for r in run_with(mocker, tmp_path, facts).results}
+    assert rows["image-libfabric"] == "FAIL"

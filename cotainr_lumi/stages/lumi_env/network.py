@@ -1,16 +1,12 @@
 """
 The network layer of an image: RCCL's network plugin, libfabric, rccl-tests.
 
-LUMI's image families keep these in different places (see the profiles in
-``cotainr_lumi/systems.yaml``): the ROCm base and EasyBuild images have
-aws-ofi-rccl in ``/opt/aws-ofi-rccl`` built against the host's Cray
-libfabric; the AI Factory images have their own libfabric with CXI and the
-plugin in the loader's directories (forcing ``NCCL_NET_GDR_LEVEL`` can hang
-their multi-node jobs). The stage finds the plugin in the profile's
-directories, puts it on ``LD_LIBRARY_PATH`` when the loader would not search
-there, names it in ``NCCL_NET_PLUGIN`` when RCCL would not load it by default
-(:mod:`cotainr_lumi.engine.rcclplugin`), and records what it found
-(:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`) for ``cotainr-lumi verify``.
+LUMI's image families keep these in different places (``systems.yaml``).
+The stage finds the plugin in the profile's directories, puts it on
+``LD_LIBRARY_PATH`` when the loader would not search there, names it in
+``NCCL_NET_PLUGIN`` when RCCL would not load it by default, decides whose
+libfabric it uses from the image (:func:`decide_libfabric`) and records it
+all (:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`) for ``cotainr-lumi verify``.
 """
 
 import json
@@ -19,6 +15,7 @@ import shlex
 
 from ... import imagelayout
 from ...engine import rcclplugin
+from ...engine.elfinfo import read_elf_info
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from .envfile import default_assignments, path_addition
 
@@ -57,8 +54,9 @@ RCCL_TESTS_VARIABLE = "COTAINR_LUMI_RCCL_TESTS"
 GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
 #: Where the plugin's libfabric comes from.
 LIBFABRIC_SOURCES = {
-    "host": "the host's Cray libfabric, /opt/cray bound at run time",
+    "host": "the host's Cray libfabric, host-libfabric-binds bound at run time",
     "image": "the image's own libfabric with CXI, no host /opt/cray or libcxi",
+    "auto": "image when the plugin's libfabric.so.1 is in the image, else host",
 }
 
 
@@ -76,6 +74,30 @@ def check_libfabric(value):
     if value not in LIBFABRIC_SOURCES:
         each = " or ".join(f"{k!r} ({v})" for k, v in LIBFABRIC_SOURCES.items())
         raise ValueError(f"must be {each} (got {value!r})")
+
+
+def decide_libfabric(*, settings, root, image_ld_path=str):
+    """The setting, or for auto: image if the plugin finds libfabric in it, else host."""
+    if settings.libfabric != "auto":
+        return settings.libfabric
+    from .mpiscan import LIBFABRIC, _expand, _find, library_dirs  # imports us
+
+    plugin = _profile_plugin(settings=settings, root=root)
+    for name in plugin["files"] if plugin else ():
+        path = f"{plugin['dir']}/{name}"
+        host = resolve_in_root(root=root, path=path)
+        info = read_elf_info(path=host) if host.is_file() else None
+        if info is None or LIBFABRIC not in info.needed:
+            continue
+        # The loader's order: RPATH (without RUNPATH), LD_LIBRARY_PATH, RUNPATH.
+        own = () if info.runpath else info.rpath
+        own = [*own, *(image_ld_path() or "").split(":"), *info.runpath]
+        dirs = [d for p in own if p and (d := _expand(p, origin=plugin["dir"]))]
+        found = _find(root=root, name=LIBFABRIC, dirs=dirs + library_dirs(root=root))
+        where = f"the image's {found}" if found else "not in the image"
+        logger.info("%s needs %s: %s", path, LIBFABRIC, where)
+        return "image" if found else "host"
+    return "host"
 
 
 def _plugin_files(host_dir):
@@ -156,21 +178,17 @@ def plugin_blocks(*, settings, root, found):
         other = _profile_plugin(settings=settings, root=root, dirs=KNOWN_PLUGIN_DIRS)
         if other is not None:
             fits = (
-                "a LUMI ROCm base or EasyBuild image: build with --system=lumi-g-ext "
-                "or lumi-g-ext-pytorch"
+                "lumi-g-ext or lumi-g-ext-pytorch"
                 if other["dir"] in AWS_OFI_RCCL_DIRS
-                else "a LUMI AI Factory image (its own libfabric/CXI): build with "
-                "--system=lumi-aif-torch or lumi-aif-full"
+                else "lumi-aif-torch or lumi-aif-full"
             )
             logger.warning(
                 "The system may not fit this base image: the profile looks for "
-                "RCCL's network plugin in %s, but the image has %s in %s: it looks "
-                "like %s (or set lumi-env.net-plugin-dirs, libfabric and binds), "
-                "else the image gets another family's runtime settings.",
+                "RCCL's network plugin in %s, but the image has %s in %s: build "
+                "with --system=%s (or set lumi-env.net-plugin-dirs, libfabric and "
+                "binds), else the image gets another family's runtime settings.",
                 ", ".join(settings.net_plugin_dirs) or "no directory",
-                other["generation"],
-                other["dir"],
-                fits,
+                *(other["generation"], other["dir"], fits),
             )
         return []
     found[plugin["generation"]] = plugin["dir"]
@@ -202,7 +220,7 @@ def env_blocks(*, settings):
     return blocks
 
 
-def write_runtime_record(*, settings, root, binds):
+def write_runtime_record(*, settings, root, binds, libfabric):
     """Record the network layer for verify; return the record."""
     tests = settings.rccl_tests
     found = bool(tests and resolve_in_root(root=root, path=tests).is_dir())
@@ -214,7 +232,7 @@ def write_runtime_record(*, settings, root, binds):
         )
     gdr = settings.nccl_net_gdr_level
     record = {
-        "libfabric": settings.libfabric,
+        "libfabric": libfabric,
         "net-plugin-dirs": list(settings.net_plugin_dirs),
         "net-plugin": _profile_plugin(settings=settings, root=root),
         "nccl-net-gdr-level": None if gdr is None else str(gdr),

@@ -217,10 +217,16 @@ class LumiEnvSettings(StageSettings):
 
     # -- The image family's network layer (issue 19; see network.py) ---------
     libfabric: str = setting(
-        "host",
-        doc="whose libfabric the network plugin uses: host (Cray's, /opt/cray "
-        "bound at run time) or image (the image's own, with CXI)",
+        "auto",
+        doc="whose libfabric the network plugin uses: host (Cray's, bound at run "
+        "time), image (the image's own, with CXI) or auto (image when the "
+        "plugin's libfabric.so.1 resolves in the image, else host)",
         check=check_libfabric,
+    )
+    host_libfabric_binds: list[str] = setting(
+        [],
+        doc="binds the host's libfabric needs (when libfabric is host)",
+        check=each(validate_bind),
     )
     net_plugin_dirs: list[str] = setting(
         list(AWS_OFI_RCCL_DIRS),

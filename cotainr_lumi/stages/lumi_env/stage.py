@@ -194,6 +194,14 @@ class LumiEnvStage(Stage):
         image_path = Path(context.plan.image_path)
         # The build's one probe of the image (never `python` on PATH).
         target = context.target_env if self.settings.with_conda else None
+        # The network family, decided from the image (host: Cray's libfabric).
+        libfabric = network.decide_libfabric(
+            settings=self.settings,
+            root=root,
+            image_ld_path=lambda: (
+                context.target_env and context.target_env.image.ld_library_path
+            ),
+        )
         mpi = plan_mpi(
             root=root,
             # No probe when MPI is off (lumi-env.mpi: none).
@@ -202,11 +210,15 @@ class LumiEnvStage(Stage):
             host_setting=self.settings.mpi_host,
             stage=self.name,
         )
-        binds = list(dict.fromkeys([*self.settings.binds, *mpi.binds()]))
+        own = self.settings.host_libfabric_binds if libfabric == "host" else []
+        binds = list(dict.fromkeys([*self.settings.binds, *own, *mpi.binds()]))
         user_venv = self.settings.names(image_path=image_path).user_venv
         user_software = not image_has_user_software(root=root)
         details = self._write_image_files(
             root=root, target=target, mpi=mpi, binds=binds, user_venv=user_venv
+        )
+        details["runtime"] = network.write_runtime_record(
+            settings=self.settings, root=root, binds=binds, libfabric=libfabric
         )
         self._check_in_sandbox(context=context, mpi=mpi)
         paths, container_root, outputs = module_outputs(
@@ -234,6 +246,9 @@ class LumiEnvStage(Stage):
             LABEL_MPI_RECORD: MPI_FILE,
             imagelayout.LABEL_RUNTIME: imagelayout.RUNTIME_FILE,
         }
+        entry = details["search-paths"].pop("oci-entrypoint")
+        if entry:
+            labels[imagelayout.LABEL_OCI_ENTRYPOINT] = entry
         summary = f"{len(self.env)} variables in {ENV_FILE}"
         if self.settings.runscripts:
             labels[imagelayout.LABEL_RUNSCRIPTS] = RUNSCRIPTS_DIR
@@ -276,9 +291,6 @@ class LumiEnvStage(Stage):
             else [],
             "binds": binds,
             "user-venv": user_venv,
-            "runtime": network.write_runtime_record(
-                settings=self.settings, root=root, binds=binds
-            ),
         }
 
     def _check_in_sandbox(self, *, context, mpi):

@@ -402,6 +402,7 @@ def lumi_env_profile(tmp_path, base_image, monkeypatch):
         "      lumi-env:\n"
         "        env: {CXI_FORK_SAFE: '1', NCCL_SOCKET_IFNAME: 'hsn0,hsn1', NCCL_NET_GDR_LEVEL: null}\n"
         "        binds: [/opt/cray, /pfs]\n"
+        "        host-libfabric-binds: []\n"
     )
     monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(path))
     return path

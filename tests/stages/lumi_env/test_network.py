@@ -2,6 +2,7 @@
 
 import json
 
+from elfbuild import plain_lib
 from planfakes import stand_in_plan
 import pytest
 from test_lumi_env_stage import FakeSandbox, make_root, source_env
@@ -215,3 +216,58 @@ def test_a_2024_system_on_an_ai_factory_base_says_which_system_fits(tmp_path, ca
     caplog.clear()
     run_stage(tmp_path / "b", profile_settings("lumi-aif-torch"), ofi=True)
     assert "--system=lumi-g-ext" in caplog.text
+
+
+def _plugin_needing_libfabric(root, tmp_path, *, fabric_dir=None, runpath=None):
+    """aws-ofi-rccl in /opt/aws-ofi-rccl needing libfabric.so.1 (2024/2025 layout)."""
+    fabric = plain_lib(tmp_path / "build/libfabric.so.1", soname="libfabric.so.1")
+    plugin = root / "opt/aws-ofi-rccl/librccl-net.so"
+    plain_lib(plugin, soname="librccl-net.so", needed=[fabric], runpath=runpath)
+    if fabric_dir:
+        (root / fabric_dir.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        fabric.rename(root / fabric_dir.lstrip("/") / "libfabric.so.1")
+
+
+@pytest.mark.parametrize(
+    ("fabric_dir", "runpath", "ld_path", "family"),
+    [
+        (None, None, "/opt/cray/libfabric/1.15.2.0/lib64", "host"),  # 2024 images
+        ("/opt/libfabric/lib", None, "/opt/libfabric/lib:/opt/shs-libcxi/lib", "image"),
+        ("/opt/libfabric/lib", "/opt/libfabric/lib", "", "image"),  # its RUNPATH
+        ("/opt/libfabric/lib", None, "", "host"),  # in the image, never searched
+    ],
+)
+def test_auto_decides_the_family_from_where_the_plugin_finds_libfabric(
+    tmp_path, fabric_dir, runpath, ld_path, family
+):
+    root = tmp_path / "root"
+    _plugin_needing_libfabric(root, tmp_path, fabric_dir=fabric_dir, runpath=runpath)
+    settings = LumiEnvSettings.complete(profile_settings("lumi-g-ext-pytorch"))
+    assert settings.libfabric == "auto"
+    asked = []
+    decided = network.decide_libfabric(
+        settings=settings, root=root, image_ld_path=lambda: asked.append(1) or ld_path
+    )
+    assert decided == family and asked == [1]
+    # An explicit value wins; no plugin: host, and the image is not asked.
+    fixed = LumiEnvSettings.complete({"libfabric": "host"})
+    assert network.decide_libfabric(settings=fixed, root=root) == "host"
+    none = LumiEnvSettings.complete({"net-plugin-dirs": ["/nowhere"]})
+    assert (
+        network.decide_libfabric(settings=none, root=root, image_ld_path=None) == "host"
+    )
+
+
+def test_the_image_family_gets_no_host_libfabric_binds(tmp_path):
+    settings = profile_settings("lumi-g-ext-pytorch")
+    root = make_root(tmp_path, ofi=False)
+    _plugin_needing_libfabric(root, tmp_path, fabric_dir="/usr/lib64")
+    sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
+    plan = stand_in_plan(image_path=tmp_path / "out" / "torch.sif")
+    report = LumiEnvStage(settings=settings).run(
+        context=StageContext(sandbox=sandbox, plan=plan)
+    )
+    binds = report.labels["cotainr-lumi.binds"].split(",")
+    assert "/opt/cray" not in binds and "/usr/lib64/libcxi.so.1" not in binds
+    record = json.loads((root / RUNTIME_FILE.lstrip("/")).read_text())
+    assert record["libfabric"] == "image"
