@@ -366,6 +366,11 @@ def test_the_shell_snippet_binds_the_host_mpich_in(
     # Overridable at run time: the image's own MPICH again.
     back = versions(on_host(apptainer_path, run, env={"COTAINR_LUMI_MPI": "container"}))
     assert "5.0.2" in back["library"] and back["ACTIVE"] == "container"
+    # Without the MPI binding the network still gets the host's libfabric: the
+    # base names 1.15.2.0, gone here; the env file adds the newest installed.
+    ld = back["LD"].split(":")
+    assert "/opt/cray/libfabric/1.15.2.0/lib64" in ld
+    assert ld[-1] == "/opt/cray/libfabric/1.22.0/lib64", ld
 
 
 def test_the_module_file_binds_the_host_mpich_in(

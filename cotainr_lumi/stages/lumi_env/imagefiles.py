@@ -192,7 +192,7 @@ def _rocm_blocks(*, root, found):
     return blocks
 
 
-def env_file_blocks(*, settings, root, target, user_venv):
+def env_file_blocks(*, settings, root, target, user_venv, libfabric):
     """The blocks of the env file, and the search paths found in the image."""
     blocks = [
         "# Profile and build settings (defaults: a variable already set wins).",
@@ -226,7 +226,7 @@ def env_file_blocks(*, settings, root, target, user_venv):
     if path_blocks:
         blocks += ["# Search paths (entries added only when missing).", *path_blocks]
     blocks += ["# The network layer of this image family."]
-    blocks += network.env_blocks(settings=settings)
+    blocks += network.env_blocks(settings=settings, libfabric=libfabric)
     if settings.runscripts:
         blocks.append(path_addition(name="PATH", entries=[RUNSCRIPTS_DIR]))
     if settings.with_conda:

@@ -207,10 +207,24 @@ def _profile_plugin(*, settings, root, dirs=None):
     )
 
 
-def env_blocks(*, settings):
-    """Env file blocks: the runscript's GDR default, where rccl-tests are."""
+#: The host family's libfabric when the image's LD_LIBRARY_PATH names none
+#: that is there (LUMI's January 2026 update replaced libfabric 1.15.2.0, which
+#: the 2024 images name): the newest installed, /opt/cray being the host's.
+HOST_LIBFABRIC = """\
+if ! (IFS=:; for d in ${LD_LIBRARY_PATH-}; do [ -e "$d/libfabric.so.1" ] && exit 0; done; exit 1); then
+    _cl_new=$(ls -d DIRS 2>/dev/null | sort -V | tail -n 1)
+    _cl_new=${_cl_new%/libfabric.so.1}
+    [ -n "$_cl_new" ] && LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$_cl_new && export LD_LIBRARY_PATH
+    unset _cl_new
+fi"""
+
+
+def env_blocks(*, settings, libfabric, cray="/opt/cray"):
+    """Env file blocks: the host's libfabric, the runscript's GDR default, rccl-tests."""
     gdr = settings.nccl_net_gdr_level
-    blocks = [
+    dirs = shlex.quote(cray) + "/libfabric/*/lib64/libfabric.so.1"
+    blocks = [HOST_LIBFABRIC.replace("DIRS", dirs)] * (libfabric == "host")
+    blocks += [
         "# NCCL_NET_GDR_LEVEL for conda-python-distributed when you set none "
         "(empty: leave it to RCCL).\n"
         + default_assignments({GDR_VARIABLE: "" if gdr is None else str(gdr)})

@@ -202,12 +202,19 @@ class LumiEnvStage(Stage):
                 context.target_env and context.target_env.image.ld_library_path
             ),
         )
+        host_mpi = dict(self.settings.mpi_host or {})
+        if libfabric == "image":  # Cray MPICH on the image's libfabric, not the host's
+            host_mpi["ld-library-path"] = [
+                p
+                for p in host_mpi.get("ld-library-path") or ()
+                if "/libfabric/" not in p
+            ]
         mpi = plan_mpi(
             root=root,
             # No probe when MPI is off (lumi-env.mpi: none).
             target=context.target_env if self.settings.mpi != "none" else None,
             requested=self.settings.mpi,
-            host_setting=self.settings.mpi_host,
+            host_setting=host_mpi,
             stage=self.name,
         )
         own = self.settings.host_libfabric_binds if libfabric == "host" else []
@@ -215,7 +222,12 @@ class LumiEnvStage(Stage):
         user_venv = self.settings.names(image_path=image_path).user_venv
         user_software = not image_has_user_software(root=root)
         details = self._write_image_files(
-            root=root, target=target, mpi=mpi, binds=binds, user_venv=user_venv
+            root=root,
+            target=target,
+            mpi=mpi,
+            binds=binds,
+            user_venv=user_venv,
+            libfabric=libfabric,
         )
         details["runtime"] = network.write_runtime_record(
             settings=self.settings, root=root, binds=binds, libfabric=libfabric
@@ -263,13 +275,17 @@ class LumiEnvStage(Stage):
             outputs=outputs,
         )
 
-    def _write_image_files(self, *, root, target, mpi, binds, user_venv):
+    def _write_image_files(self, *, root, target, mpi, binds, user_venv, libfabric):
         """Write the env files, with-conda.sh and runscripts; the report's details."""
         env_prefix = None
         if self.settings.with_conda:
             env_prefix = imagefiles.write_with_conda(root=root, target=target)
         blocks, found = imagefiles.env_file_blocks(
-            settings=self.settings, root=root, target=target, user_venv=user_venv
+            settings=self.settings,
+            root=root,
+            target=target,
+            user_venv=user_venv,
+            libfabric=libfabric,
         )
         header = (
             "cotainr-lumi LUMI runtime settings (lumi-env stage).\n"

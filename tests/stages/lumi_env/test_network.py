@@ -1,6 +1,7 @@
 """The network layer of an image family (stages/lumi_env/network.py) in the stage."""
 
 import json
+import subprocess
 
 from elfbuild import plain_lib
 from planfakes import stand_in_plan
@@ -271,3 +272,32 @@ def test_the_image_family_gets_no_host_libfabric_binds(tmp_path):
     assert "/opt/cray" not in binds and "/usr/lib64/libcxi.so.1" not in binds
     record = json.loads((root / RUNTIME_FILE.lstrip("/")).read_text())
     assert record["libfabric"] == "image"
+
+
+@pytest.mark.parametrize("family", ["host", "image"])
+def test_the_host_family_finds_the_hosts_newest_libfabric_when_the_images_is_gone(
+    tmp_path, family
+):
+    # LUMI after January 2026: 1.22.0 installed, 1.15.2.0 (which 2024 images
+    # name) gone; 1.9.0 sorts after 1.22.0 as text, not as a version.
+    cray = tmp_path / "cray"
+    for version in ("1.9.0", "1.22.0"):
+        (cray / f"libfabric/{version}/lib64").mkdir(parents=True)
+        (cray / f"libfabric/{version}/lib64/libfabric.so.1").write_text("")
+    (cray / "libfabric/2.0.0/lib64").mkdir(parents=True)  # without the library
+    settings = LumiEnvSettings.complete({})
+    blocks = network.env_blocks(settings=settings, libfabric=family, cray=str(cray))
+    script = "\n".join(blocks) + '\nprintf "%s" "$LD_LIBRARY_PATH"'
+    stale = "/opt/cray/libfabric/1.15.2.0/lib64:/opt/rocm/lib"
+
+    def ld_path(value):
+        env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": value}
+        proc = subprocess.run(["sh", "-c", script], env=env, capture_output=True)
+        assert proc.returncode == 0 and not proc.stderr, proc.stderr
+        return proc.stdout.decode()
+
+    new = f"{cray}/libfabric/1.22.0/lib64"
+    assert ld_path(stale) == (f"{stale}:{new}" if family == "host" else stale)
+    # The image's entry is there: it stays the one used.
+    kept = f"{cray}/libfabric/1.9.0/lib64:/opt/rocm/lib"
+    assert ld_path(kept) == kept
