@@ -7,8 +7,10 @@ built with ``no-build-isolation`` builds against what earlier steps installed.
 Everything installed before a step is pinned for it (:mod:`.protect`) unless
 the step lists it in ``allow-changes``. The image keeps the rewritten
 requirement files and ``protected-constraints.txt`` in
-``/opt/cotainr-lumi/pip/stepN/``, ``steps.json`` and ``packages.json``;
-credentials and secret ``env`` values reach pip only (records show ``***``).
+``/opt/cotainr-lumi/pip/stepN/``, ``steps.json``, ``packages.json`` and
+``pip-check.txt`` (``pip check`` after the last step, which warns about broken
+requirements or, with ``check: strict``, stops the build); credentials and
+secret ``env`` values reach pip only (records show ``***``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ...engine.stage import Stage
 from ...errors import redact_env
 from .install import (
     CACHE_DIR,
+    CHECK_FILE,
     PACKAGES_FILE,
     PIP_DIR,
     STEPS_FILE,
@@ -137,6 +140,8 @@ class PipStage(Stage):
                 protected += f" except {', '.join(sorted(step.allow_changes))}"
             lines.append(f"  protects: {protected}")
             lines += [f"  not pinned: {moving}" for moving in scan.moving_refs]
+        if self.settings.check != "off":
+            lines.append(f"then pip check ({self.settings.check}): {CHECK_FILE}")
         lines.append(f"records: {PIP_DIR}/stepN/, {STEPS_FILE}, {PACKAGES_FILE}")
         return lines
 
