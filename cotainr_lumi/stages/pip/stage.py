@@ -128,10 +128,10 @@ class PipStage(Stage):
                 cache_dir=CACHE_DIR if cache else None,
             )
             lines.append(f"{step.title}:")
-            env = " ".join(
-                f"{k}={shlex.quote(v)}" for k, v in redact_env(step.env).items()
+            env = "".join(
+                f"{k}={shlex.quote(v)} " for k, v in redact_env(step.env).items()
             )
-            lines.append(f"  {env + ' ' if env else ''}{shlex.join(cmd)}")
+            lines.append(f"  {env}{shlex.join(cmd)}")
             lines += [f"  requirements: {path}" for path in step.requirements]
             lines += [f"  package: {pkg}" for pkg in step.packages]
             lines += [f"  stages: {item}" for item in scan.local_inputs]
@@ -140,8 +140,7 @@ class PipStage(Stage):
                 protected += f" except {', '.join(sorted(step.allow_changes))}"
             lines.append(f"  protects: {protected}")
             lines += [f"  not pinned: {moving}" for moving in scan.moving_refs]
-        if self.settings.check != "off":
-            lines.append(f"then pip check ({self.settings.check}): {CHECK_FILE}")
+        lines.append(f"then pip check: {self.settings.check} (output: {CHECK_FILE})")
         lines.append(f"records: {PIP_DIR}/stepN/, {STEPS_FILE}, {PACKAGES_FILE}")
         return lines
 
