@@ -5,7 +5,8 @@ LUMI's PyTorch images (layout 1: the env only through ``$WITH_CONDA``;
 layout 2: conda pre-activated), its module is loaded in real Lmod, and the
 commands of LUMI's PyTorch documentation run as written: ``singularity exec
 $SIF pip list``, ``$WITH_CONDA; pip list``, ``start-shell -c 'pip list'``, a
-user ``pip install`` into the venv in ``/user-software``, ``make-squashfs``,
+user ``pip install`` into the venv in ``/user-software``, the host wrappers
+``python``, ``pip``, ... (in the image's env, or the user venv), ``make-squashfs``,
 a reload with the SquashFS file mounted, ``unmake-squashfs``, and
 ``conda-python-distributed`` under Slurm task variables.
 """
@@ -131,7 +132,7 @@ def test_lust_user_software_workflow_as_documented(image):
             modules,
             'printf "%s\\n" "$SIF" "$SIFPYTORCH" "$CONTAINERROOT" "$RUNSCRIPTS" '
             '"$EBROOTPYTORCH" "$SINGULARITYENV_PREPEND_PATH" "$SINGULARITY_BIND"; '
-            "command -v make-squashfs unmake-squashfs start-shell",
+            "command -v make-squashfs unmake-squashfs start-shell python pip",
             env={"SINGULARITYENV_PREPEND_PATH": "/mine"},
         )
     ).splitlines()
@@ -146,7 +147,7 @@ def test_lust_user_software_workflow_as_documented(image):
     ]
     assert out[7:] == [
         str(root / "bin" / n)
-        for n in ("make-squashfs", "unmake-squashfs", "start-shell")
+        for n in ("make-squashfs", "unmake-squashfs", "start-shell", "python", "pip")
     ]
     assert os.access(root / "runscripts" / "conda-python-distributed", os.X_OK)
 
@@ -157,6 +158,24 @@ def test_lust_user_software_workflow_as_documented(image):
         "start-shell -c 'pip list'",
     ):
         assert "imagepkg" in ok(module_run(modules, script)), script
+
+    # LUST's wrappers, for the commands the env has: they run in its container.
+    assert sorted(p.name for p in (root / "bin").iterdir()) == sorted(
+        "make-squashfs unmake-squashfs start-shell python python3 python3.11 "
+        "pip pip3 pip3.11".split()
+    )
+    out = ok(
+        module_run(
+            modules,
+            "python -c 'import sys, imagepkg; print(sys.prefix)'; pip3.11 --version",
+        )
+    ).splitlines()
+    assert out[0] == layouts.ENV
+    assert out[1].startswith("pip ") and f" from {layouts.ENV}/lib/" in out[1]
+    # In the container (where /tmp is the host's), they refuse to start.
+    proc = module_run(modules, 'singularity exec "$SIF" "$CONTAINERROOT/bin/pip" -V')
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "pip: this host wrapper of the module does not run in a" in proc.stderr
 
     # A user pip install into the venv in /user-software (the exampleVenv flow).
     wheel = next((work / "wheels").glob("userpkg-*.whl"))
@@ -178,6 +197,7 @@ def test_lust_user_software_workflow_as_documented(image):
         f'singularity exec "$SIF" python -c {shlex.quote(check)}',
         f'singularity exec "$SIF" bash -c \'$WITH_CONDA; python -c "{check}"\'',
         f"start-shell -c {shlex.quote('python -c ' + shlex.quote(check))}",
+        f"python -c {shlex.quote(check)}",  # the host wrapper keeps the venv
     ):
         lines = ok(module_run(modules, script)).splitlines()
         assert lines[-3].startswith("/user-software/venv/pytorch/"), script

@@ -494,3 +494,63 @@ def test_credentials_and_build_secrets_leave_no_trace(
     assert refused.stderr.count("cotainr: error:") == 1, refused.stderr
     assert "export SINGULARITYENV_HF_TOKEN=..." in refused.stderr
     assert "lumi-env.allow-secret-env=[HF_TOKEN]" in refused.stderr
+
+
+def test_pip_check_reports_broken_requirements_and_strict_stops(
+    work, lumi_like_base_image, apptainer_exec
+):
+    """A later step downgrades what an earlier step's package needs (allowed).
+
+    pip's resolver does not look at the other installed packages, so the step
+    succeeds; ``pip check`` after it names both packages (a warning), and
+    ``pip.check=strict`` stops the build without an image.
+    """
+    wheels = work / "check-wheels"
+    wheels.mkdir(exist_ok=True)
+    for version in ("1.0", "2.0"):
+        make_wheel(wheels, "checkdep", version)
+    make_wheel(wheels, "checkuser", "1.0", requires=["checkdep>=2"])
+    (work / "check-steps.yml").write_text(
+        yaml.safe_dump(
+            {
+                "steps": [
+                    {
+                        "packages": [
+                            "./check-wheels/checkuser-1.0-py3-none-any.whl",
+                            "./check-wheels/checkdep-2.0-py3-none-any.whl",
+                        ]
+                    },
+                    {
+                        "packages": ["./check-wheels/checkdep-1.0-py3-none-any.whl"],
+                        "allow-changes": ["checkdep"],
+                    },
+                ]
+            }
+        )
+    )
+    broken = "checkuser 1.0 has requirement checkdep>=2, but you have checkdep 1.0"
+    image = work / "check.sif"
+    proc = cotainr_build(work, image, "--pip-steps", "check-steps.yml", name="check")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    assert "broken requirements of checkuser, checkdep:" in output
+    assert f"  {broken}\n" in output
+    proc = apptainer_exec(image, "cat", "/opt/cotainr-lumi/pip/pip-check.txt")
+    assert proc.returncode == 0 and f"{broken}." in proc.stdout, proc.stderr
+
+    strict = work / "check-strict.sif"
+    proc = cotainr_build(
+        work,
+        strict,
+        "--pip-steps",
+        "check-steps.yml",
+        "--set",
+        "pip.check=strict",
+        name="check strict",
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert output.count("broken requirements of checkuser, checkdep:") == 1, output
+    assert f"  {broken}\n" in output and "Or build anyway: pip.check=warn." in output
+    assert "No image was written" in output
+    assert not strict.exists()

@@ -28,14 +28,11 @@ MARKER = OUTPUT_MARKER
 
 def lua_quote(text):
     """A Lua string literal."""
-    return (
-        '"'
-        + "".join(
-            chr(b) if 0x20 <= b < 0x7F and b not in b'"\\' else f"\\{b:03d}"
-            for b in str(text).encode("utf-8")
-        )
-        + '"'
+    data = str(text).encode("utf-8")
+    safe = (
+        chr(b) if 0x20 <= b < 0x7F and b not in b'"\\' else f"\\{b:03d}" for b in data
     )
+    return '"' + "".join(safe) + '"'
 
 
 def validate_bind(bind):
@@ -78,7 +75,9 @@ def _help_text(*, image, var, root):
         text += (
             f", CONTAINERROOT ({root}), RUNSCRIPTS (host copies of the\n"
             "runscripts) and puts start-shell, make-squashfs and unmake-squashfs on\n"
-            "PATH. $CONTAINERROOT/user-software (or user-software.squashfs, after\n"
+            "PATH, and wrappers of the image's python, pip, torchrun, ... (those its\n"
+            "env has), which run these in the container with the same arguments.\n"
+            "$CONTAINERROOT/user-software (or user-software.squashfs, after\n"
             f"make-squashfs) is mounted at {USER_SOFTWARE_DIR}; a venv there is active in\n"
             f"the container (source {RUNSCRIPTS_DIR}/init-conda-venv creates it)"
         )
@@ -204,6 +203,21 @@ def render(ops, *, language):
 
 #: The host commands in ``$CONTAINERROOT/bin`` (``cotainr_lumi/.../hostscripts/``).
 HOST_COMMANDS = ("make-squashfs", "unmake-squashfs", "start-shell")
+#: Commands of the target env that get a copy of ``hostscripts/python``
+#: (LUST's PyTorch modules' wrappers; X.Y: the env's Python version).
+WRAPPED = (
+    "python python3 pythonX.Y pip pip3 pipX.Y accelerate huggingface-cli ray torchrun"
+)
+
+
+def wrapper_names(*, root, target):
+    """The commands of :data:`WRAPPED` in the target env's ``bin``."""
+    if target is None:
+        return []
+    xy = ".".join(target.version.split(".")[:2])
+    names = dict.fromkeys(n.replace("X.Y", xy) for n in WRAPPED.split())
+    found = (resolve_in_root(root=root, path=f"{target.bin_dir}/{n}") for n in names)
+    return [n for n, path in zip(names, found) if path.is_file()]
 
 
 def _host_copy(text, *, what):
@@ -222,7 +236,9 @@ def _host_command_text(name, *, image, root):
     )
 
 
-def module_outputs(*, settings, image_path, binds, user_venv, user_software, mpi):
+def module_outputs(
+    *, settings, image_path, binds, user_venv, user_software, mpi, wrappers=()
+):
     """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
     names = settings.names(image_path=image_path)
     if names.lua is None:
@@ -253,16 +269,18 @@ def module_outputs(*, settings, image_path, binds, user_venv, user_software, mpi
             root=container_root,
             image_path=image_path,
             user_venv=user_venv,
+            wrappers=wrappers,
         )
     )
     return paths, container_root, outputs
 
 
-def _container_root_files(*, settings, root, image_path, user_venv):
+def _container_root_files(*, settings, root, image_path, user_venv, wrappers):
     """CONTAINERROOT's files: host commands, runscripts, user-software."""
+    scripts = {**{n: n for n in HOST_COMMANDS}, **dict.fromkeys(wrappers, "python")}
     files = {
-        str(root / "bin" / name): _host_command_text(name, image=image_path, root=root)
-        for name in HOST_COMMANDS
+        str(root / "bin" / n): _host_command_text(s, image=image_path, root=root)
+        for n, s in scripts.items()
     }
     if settings.runscripts:
         for name in RUNSCRIPTS:

@@ -28,7 +28,7 @@ from .imagefiles import (
     RUNSCRIPTS_DIR,
     WITH_CONDA_VALUE,
 )
-from .modulefile import image_has_user_software, module_outputs
+from .modulefile import image_has_user_software, module_outputs, wrapper_names
 from .mpi import LOAD_CHECK, HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
 from .settings import (
@@ -182,7 +182,8 @@ class LumiEnvStage(Stage):
             *lines,
             f"module file {names.lua}, shell snippet {names.shell}",
             f"  SIF, SIF{names.var}, CONTAINERROOT={names.root} (bin/: start-shell, "
-            "make-squashfs, unmake-squashfs; runscripts/; user-software/ "
+            "make-squashfs, unmake-squashfs, wrappers of the env's python, pip, "
+            "torchrun, ... (those it has); runscripts/; user-software/ "
             f"mounted at {USER_SOFTWARE}), RUNSCRIPTS, EBROOT{names.var}",
             f"  user venv {names.user_venv} "
             "(source /runscripts/init-conda-venv; active when present)",
@@ -219,7 +220,8 @@ class LumiEnvStage(Stage):
         )
         own = self.settings.host_libfabric_binds if libfabric == "host" else []
         binds = list(dict.fromkeys([*self.settings.binds, *own, *mpi.binds()]))
-        user_venv = self.settings.names(image_path=image_path).user_venv
+        names = self.settings.names(image_path=image_path)
+        user_venv = names.user_venv
         user_software = not image_has_user_software(root=root)
         details = self._write_image_files(
             root=root,
@@ -240,6 +242,8 @@ class LumiEnvStage(Stage):
             user_venv=user_venv,
             user_software=user_software,
             mpi=mpi,
+            # (No probe for them without a module file.)
+            wrappers=names.lua and wrapper_names(root=root, target=context.target_env),
         )
         details.update(
             {

@@ -47,13 +47,10 @@ def host_pip_overrides(*, root, environ):
         if name == "PIP_FIND_LINKS":  # pip ignores a missing entry, warning each time
             overrides[name] = " ".join(p for p in entries if p not in missing)
             logger.warning(
-                "%s: pip would ignore it with a warning at every package, so it "
-                "is left out of %s for the pip steps. Unset %s, or put the files "
-                "into the steps (requirements files can reference local files "
-                "and --find-links directories).",
-                where,
-                name,
-                name,
+                f"{where}: pip would ignore it with a warning at every package, so "
+                f"it is left out of {name} for the pip steps. Unset {name}, or put "
+                "the files into the steps (requirements files can reference local "
+                "files and --find-links directories)."
             )
         else:
             logger.warning(

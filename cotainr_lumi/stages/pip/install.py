@@ -22,6 +22,7 @@ from .protect import (
     constraints_text,
     describe_changes,
     explain_conflicts,
+    parse_pip_check,
     parse_pip_list,
 )
 from .requirements import stage_step
@@ -36,6 +37,8 @@ STEPS_FILE = imagelayout.PIP_STEPS_FILE
 WORK_DIR = imagelayout.PIP_WORK_DIR
 #: The host pip cache while the steps run.
 CACHE_DIR = f"{WORK_DIR}/cache"
+#: ``pip check``'s output after the last step.
+CHECK_FILE = f"{PIP_DIR}/pip-check.txt"
 
 #: Host pip variables that would send packages elsewhere than the active env.
 UNSET_PIP_VARIABLES = (
@@ -169,6 +172,7 @@ class PipRun:
         self._pip_env = {}  # host pip variables replaced (see hostenv)
         self._target = None
         self._base_packages = None  # before the first step (pip list form)
+        self._listed = None  # the last _pip_list (nothing installed since)
 
     def _run(self, command, *, env=None, script=""):
         """Run `command` (a list) in the target env, after `script`."""
@@ -178,11 +182,14 @@ class PipRun:
             ["bash", "-c", f"{activate}exec {shlex.join(command)}"], env=env
         )
 
-    def _pip_list(self):
-        """(installed by canonical name, pip's list) of the target env."""
+    def _pip_list(self, *, check=False):
+        """(installed by canonical name, pip's list); `check`: ``pip check`` first."""
+        python = self._target.python
+        script = f"{shlex.quote(python)} -m pip check >{CHECK_FILE} 2>&1; "
         proc = self._run(
-            [self._target.python, "-m", "pip", "list", "--format", "json"]
-            + ["--disable-pip-version-check"]
+            [python, "-m", "pip", "list", "--format", "json"]
+            + ["--disable-pip-version-check"],
+            script=script if check else "",
         )
         try:
             return parse_pip_list(text=proc.stdout)
@@ -273,7 +280,7 @@ class PipRun:
             imagelayout.LABEL_PIP_PACKAGES: PACKAGES_FILE,
             imagelayout.LABEL_SBOM: imagelayout.CYCLONEDX_SBOM_FILE,
         }
-        installed, packages = self._pip_list()
+        installed, packages = self._listed or self._pip_list()
         records = {PACKAGES_FILE: packages}
         details["sbom"] = write_sboms(
             root=self.sandbox.root,
@@ -316,7 +323,32 @@ class PipRun:
         cache = str(self.cache_dir) if self.settings.cache else None
         record = {"target": info, "steps": records, "cache": {"dir": cache}}
         record["cache"].update(cache_stats)
+        record["check"] = self._pip_check()
         return info, record
+
+    def _pip_check(self):
+        """``pip check``'s broken requirements after the steps: warned about, or fatal."""
+        if self.settings.check == "off":
+            return None
+        path = resolve_in_root(root=self.sandbox.root, path=CHECK_FILE)
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        broken = parse_pip_check(text=text)
+        if not broken and "No broken requirements found." not in text:
+            logger.warning("pip check gave no verdict: %s", text[-500:] or "no output")
+        if not broken:
+            return []
+        names = ", ".join(dict.fromkeys(n for *_, involved in broken for n in involved))
+        message = (
+            f"pip check after the pip steps: broken requirements of {names}:\n"
+            + "".join(f"  {pkg} {problem}\n" for pkg, problem, _ in broken)
+            + "Fix: pin versions that fit together in a step (a package an "
+            "earlier step installed changes only if the step lists it in "
+            "allow-changes)."
+        )
+        if self.settings.check == "strict":
+            raise StageError(f"{message} Or build anyway: pip.check=warn.", stage="pip")
+        logger.warning("%s pip.check=strict makes this an error.", message)
+        return [{"package": p, "problem": q, "involved": i} for p, q, i in broken]
 
     def _install(self, *, step, staged, constraints, before):
         """Run the step's ``pip install`` in the target env; return it redacted."""
@@ -352,7 +384,7 @@ class PipRun:
         staged = stage_step(
             scan=scan, root=root, keep_dir=keep_dir, staging_dir=staging_dir
         )
-        before, packages = self._pip_list()
+        before, packages = self._listed or self._pip_list()
         if step.number == 1:
             self._base_packages = packages
         constraints = f"{keep_dir}/protected-constraints.txt"
@@ -364,7 +396,9 @@ class PipRun:
         cmd = self._install(
             step=step, staged=staged, constraints=constraints, before=before
         )
-        after, _ = self._pip_list()
+        last = step.number == len(self.steps) and self.settings.check != "off"
+        self._listed = self._pip_list(check=last)
+        after = self._listed[0]
         check_protected(step=step, before=before, after=after)
         shutil.rmtree(resolve_in_root(root=root, path=staging_dir), ignore_errors=True)
         diff = describe_changes(before=before, after=after)

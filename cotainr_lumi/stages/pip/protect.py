@@ -31,6 +31,11 @@ _NOT_FOUND_RE = re.compile(
     r"Could not find a version that satisfies the requirement (?P<req>.+?)"
     r"(?: \(from (?P<from>[^)]*)\))?(?: \(from versions:.*)?$"
 )
+_CHECK_RE = re.compile(
+    r"\S+ \S+ (?:requires (?P<missing>\S+), which is not installed"
+    r"|has requirement .+, but you have (?P<dep>\S+) \S+"
+    r"|is not supported on this platform)\.?"
+)
 
 
 @dataclass
@@ -60,6 +65,17 @@ def parse_pip_list(*, text):
             }
             return names, data
     raise ValueError(f"no package list in pip's output: {text[-500:]!r}")
+
+
+def parse_pip_check(*, text):
+    """(package, problem, packages involved) of each line ``pip check`` complains in."""
+    found = []
+    for line in map(str.strip, text.splitlines()):
+        if m := _CHECK_RE.fullmatch(line):
+            name, version, problem = line.split(" ", 2)
+            others = [n for n in (m["missing"], m["dep"]) if n]
+            found.append((f"{name} {version}", problem.rstrip("."), [name, *others]))
+    return found
 
 
 def constraints_text(*, installed, allowed):

@@ -29,16 +29,8 @@ from .cache import link_or_copy
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-ARCHIVE_EXTENSIONS = (
-    ".whl",
-    ".tar.gz",
-    ".tgz",
-    ".tar.bz2",
-    ".tbz",
-    ".tar.xz",
-    ".txz",
-    ".tar",
-    ".zip",
+ARCHIVE_EXTENSIONS = tuple(
+    ".whl .tar.gz .tgz .tar.bz2 .tbz .tar.xz .txz .tar .zip".split()
 )
 
 _COMMENT_RE = re.compile(r"(^|\s+)#.*$")

@@ -109,31 +109,15 @@ def update_aif_sbom(*, root, packages):
         )
         return False
     sbom["pip"] = [{"name": p["name"], "version": p["version"]} for p in packages]
-    write_file_in_root(
-        root=root,
-        path=imagelayout.AIF_SBOM_FILE,
-        content=json.dumps(sbom, indent=2) + "\n",
-        mode=0o644,
-    )
+    text = json.dumps(sbom, indent=2) + "\n"
+    write_file_in_root(root=root, path=imagelayout.AIF_SBOM_FILE, content=text)
     return True
 
 
-def write_sboms(
-    *, root, image_name, packages, base_packages, target_prefix, base_image=None
-):
-    """Write both SBOMs; say what they hold."""
-    write_file_in_root(
-        root=root,
-        path=imagelayout.CYCLONEDX_SBOM_FILE,
-        content=cyclonedx_json(
-            image_name=image_name,
-            packages=packages,
-            base_packages=base_packages,
-            target_prefix=target_prefix,
-            base_image=base_image,
-        ),
-        mode=0o644,
-    )
+def write_sboms(*, root, packages, base_packages, **image):
+    """Write both SBOMs (`image`: the rest of :func:`cyclonedx_json`'s arguments)."""
+    text = cyclonedx_json(packages=packages, base_packages=base_packages, **image)
+    write_file_in_root(root=root, path=imagelayout.CYCLONEDX_SBOM_FILE, content=text)
     aif = update_aif_sbom(root=root, packages=packages)
     origins = _origins(packages, base_packages)
     added = sorted(p["name"] for p, o in zip(packages, origins) if o == "build")

@@ -7,8 +7,10 @@ built with ``no-build-isolation`` builds against what earlier steps installed.
 Everything installed before a step is pinned for it (:mod:`.protect`) unless
 the step lists it in ``allow-changes``. The image keeps the rewritten
 requirement files and ``protected-constraints.txt`` in
-``/opt/cotainr-lumi/pip/stepN/``, ``steps.json`` and ``packages.json``;
-credentials and secret ``env`` values reach pip only (records show ``***``).
+``/opt/cotainr-lumi/pip/stepN/``, ``steps.json``, ``packages.json`` and
+``pip-check.txt`` (``pip check`` after the last step, which warns about broken
+requirements or, with ``check: strict``, stops the build); credentials and
+secret ``env`` values reach pip only (records show ``***``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ...engine.stage import Stage
 from ...errors import redact_env
 from .install import (
     CACHE_DIR,
+    CHECK_FILE,
     PACKAGES_FILE,
     PIP_DIR,
     STEPS_FILE,
@@ -125,10 +128,10 @@ class PipStage(Stage):
                 cache_dir=CACHE_DIR if cache else None,
             )
             lines.append(f"{step.title}:")
-            env = " ".join(
-                f"{k}={shlex.quote(v)}" for k, v in redact_env(step.env).items()
+            env = "".join(
+                f"{k}={shlex.quote(v)} " for k, v in redact_env(step.env).items()
             )
-            lines.append(f"  {env + ' ' if env else ''}{shlex.join(cmd)}")
+            lines.append(f"  {env}{shlex.join(cmd)}")
             lines += [f"  requirements: {path}" for path in step.requirements]
             lines += [f"  package: {pkg}" for pkg in step.packages]
             lines += [f"  stages: {item}" for item in scan.local_inputs]
@@ -137,6 +140,7 @@ class PipStage(Stage):
                 protected += f" except {', '.join(sorted(step.allow_changes))}"
             lines.append(f"  protects: {protected}")
             lines += [f"  not pinned: {moving}" for moving in scan.moving_refs]
+        lines.append(f"then pip check: {self.settings.check} (output: {CHECK_FILE})")
         lines.append(f"records: {PIP_DIR}/stepN/, {STEPS_FILE}, {PACKAGES_FILE}")
         return lines
 

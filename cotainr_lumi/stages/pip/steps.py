@@ -274,6 +274,11 @@ def _load_cache_dir(value, *, origin):
     return str(_absolute(value, origin.base_dir))
 
 
+def _check_check(value):
+    if value not in ("warn", "strict", "off"):
+        raise ValueError(f"must be warn, strict or off (got {value!r})")
+
+
 @dataclass(frozen=True)
 class PipSettings(StageSettings):
     """The settings of the pip stage."""
@@ -291,6 +296,12 @@ class PipSettings(StageSettings):
         None,
         doc="the host pip cache (null: ~/.cache/cotainr-lumi/pip)",
         load=_load_cache_dir,
+    )
+    check: str = setting(
+        "warn",
+        doc="`pip check` after the steps: warn about broken requirements, "
+        "strict (they stop the build) or off",
+        check=_check_check,
     )
 
 

@@ -20,12 +20,12 @@ import pytest
 import cotainr_lumi
 
 HOSTSCRIPTS = Path(cotainr_lumi.__file__).parent / "stages" / "lumi_env" / "hostscripts"
-NAMES = ("make-squashfs", "unmake-squashfs", "start-shell")
+NAMES = ("make-squashfs", "unmake-squashfs", "start-shell", "python")
 
 
-def render(name, *, sif, root):
+def render(name, *, sif, root, script=None):
     """The host command as the stage writes it (see modulefile._host_command_text)."""
-    body = (HOSTSCRIPTS / name).read_text()
+    body = (HOSTSCRIPTS / (script or name)).read_text()
     return (
         f"#!/bin/bash\n# {name}: test copy.\n"
         f"default_sif={shlex.quote(str(sif))}\n"
@@ -39,9 +39,9 @@ def squashfs_tools():
     need_tool("unsquashfs", install="apt-get install -y squashfs-tools")
 
 
-def run(name, root, *args, path=None, sif=None, env=None):
+def run(name, root, *args, path=None, sif=None, env=None, script=None):
     """Run host command `name` with default_root `root` (bash -c TEXT)."""
-    text = render(name, sif=sif or root.parent / "image.sif", root=root)
+    text = render(name, sif=sif or root.parent / "image.sif", root=root, script=script)
     return subprocess.run(
         ["bash", "-c", text, name, *args],
         capture_output=True,
@@ -393,3 +393,77 @@ def test_host_commands_are_shellcheck_clean():
             text=True,
         )
         assert proc.returncode == 0, (name, proc.stdout)
+
+
+# --- python (the wrappers: copies of one script named python, pip, torchrun...) ----
+
+
+@pytest.mark.parametrize("name", ["python", "pip3.12", "torchrun"])
+def test_wrapper_runs_its_own_name_in_the_image(tmp_path, fake_singularity, name):
+    sif = tmp_path / "my image, v1.sif"
+    sif.write_text("sif")
+    args = ["-c", "import sys; print(sys.prefix)", "a b", ""]
+    proc = run(
+        name,
+        tmp_path / "root",
+        *args,
+        sif=sif,
+        path=f"{fake_singularity}:/usr/bin:/bin",
+        script="python",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\0")[:-1] == ["exec", str(sif), name, *args]
+    # SIF, as the module sets it, wins over the image the file was written for.
+    other = tmp_path / "other.sif"
+    other.write_text("sif")
+    proc = run(
+        name,
+        tmp_path / "root",
+        sif=sif,
+        env={"SIF": str(other)},
+        path=f"{fake_singularity}:/usr/bin:/bin",
+        script="python",
+    )
+    assert proc.stdout.split("\0")[:2] == ["exec", str(other)]
+
+
+@pytest.mark.parametrize("var", ["APPTAINER_CONTAINER", "SINGULARITY_CONTAINER"])
+def test_wrapper_refuses_to_run_in_a_container(tmp_path, fake_singularity, var):
+    """(Apptainer sets these in a container; /.singularity.d is tested too.)"""
+    sif = tmp_path / "image.sif"
+    sif.write_text("sif")
+    proc = run(
+        "pip",
+        tmp_path / "root",
+        "list",
+        sif=sif,
+        env={var: str(sif)},
+        path=f"{fake_singularity}:/usr/bin:/bin",
+        script="python",
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("pip: this host wrapper of the module does not run")
+    assert proc.stderr.count("\n") == 1
+
+
+def test_wrapper_without_the_image_or_singularity_is_one_message(
+    tmp_path, fake_singularity
+):
+    proc = run(
+        "python",
+        tmp_path / "root",
+        sif=tmp_path / "gone.sif",
+        path=f"{fake_singularity}:/usr/bin:/bin",
+        script="python",
+    )
+    assert_one_message(proc, "python")
+    assert "gone.sif does not exist" in proc.stderr
+    sif = tmp_path / "image.sif"
+    sif.write_text("sif")
+    only_bash = tmp_path / "only-bash"
+    only_bash.mkdir()
+    (only_bash / "bash").symlink_to("/bin/bash")
+    proc = run(
+        "torchrun", tmp_path / "root", sif=sif, path=str(only_bash), script="python"
+    )
+    assert_one_message(proc, "torchrun")

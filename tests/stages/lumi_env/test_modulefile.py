@@ -8,15 +8,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import pytest
 
+from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.stages.lumi_env.modulefile import (
+    MARKER,
     check_image_path,
     check_var_name,
     lua_quote,
     module_ops,
+    module_outputs,
     render,
     validate_bind,
     var_name_of,
+    wrapper_names,
 )
+from cotainr_lumi.stages.lumi_env.mpi import plan_mpi
+from cotainr_lumi.stages.lumi_env.settings import LumiEnvSettings
 
 BINDS = ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1", "/pfs", "/scratch"]
 
@@ -210,3 +216,46 @@ def test_shell_snippet_is_the_same_drop_in(tmp_path, squashfs):
     assert env["PATH"].split(":").count(str(root / "bin")) == 1
     suffix = ".squashfs:/user-software:image-src=/" if squashfs else ":/user-software"
     assert env["SINGULARITY_BIND"].split(",")[0] == f"{root}/user-software{suffix}"
+
+
+def test_wrappers_are_the_commands_the_target_env_has(tmp_path):
+    """LUST's set, X.Y from the env's Python; links resolved inside the image."""
+    root = tmp_path / "sandbox"
+    bin_dir = root / "opt/env/bin"
+    bin_dir.mkdir(parents=True)
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/python3.12").write_text("")
+    (bin_dir / "python").symlink_to("/usr/bin/python3.12")  # inside the image
+    (bin_dir / "python3.12").symlink_to("python")
+    for name in ("pip", "pip3.12", "torchrun", "hf", "conda"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+    (bin_dir / "python3").symlink_to("/nowhere")  # dangling: no wrapper
+    (bin_dir / "ray").mkdir()  # not a command
+    target = TargetEnv(
+        prefix="/opt/env", python="/opt/env/bin/python", version="3.12.4"
+    )
+    names = wrapper_names(root=root, target=target)
+    assert names == ["python", "python3.12", "pip", "pip3.12", "torchrun"]
+    assert wrapper_names(root=root, target=None) == []
+
+    image = tmp_path / "out/pt.sif"
+    settings = LumiEnvSettings.complete({"module-dir": str(tmp_path / "mods")})
+    mpi = plan_mpi(root=root, target=None, requested="none", host_setting={}, stage="x")
+    _, croot, outputs = module_outputs(
+        settings=settings,
+        image_path=image,
+        binds=[],
+        user_venv="/user-software/venv/pt",
+        user_software=True,
+        mpi=mpi,
+        wrappers=names,
+    )
+    script = outputs[str(croot / "bin" / "python")]
+    for name in names:  # copies of one script (it runs the name it is called by)
+        assert outputs[str(croot / "bin" / name)] == script
+    assert (
+        "${0##*/}" in script and f"default_sif={image}" in script and MARKER in script
+    )
+    lua = outputs[str(tmp_path / "mods/pt.lua")]
+    assert "wrappers of the image's python, pip, torchrun, ..." in lua
+    assert not any(p.endswith(("/python3", "/ray", "/hf")) for p in outputs)

@@ -15,6 +15,7 @@ from cotainr_lumi import _cotainr
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
+from cotainr_lumi.stages.pip.install import CHECK_FILE, STEPS_FILE
 from cotainr_lumi.stages.pip.stage import PACKAGES_FILE, WORK_DIR, PipStage
 
 PREFIX = "/opt/cotainr/conda/envs/conda_container_env"
@@ -30,6 +31,7 @@ class FakeSandbox:
         self.installed = dict(installed)
         self.commands = []
         self.on_install = None  # (argv, env) -> None, may raise CommandError
+        self.check_output = "No broken requirements found.\n"  # pip check's
 
     def run(self, args, *, env=None, timeout=None):
         args = list(args)
@@ -46,6 +48,8 @@ class FakeSandbox:
                 args, 0, stdout="pip 23.0.1 from x\n", stderr=""
             )
         if inner[1:5] == ["-m", "pip", "list", "--format"]:
+            if f"pip check >{CHECK_FILE} 2>&1; " in args[2]:
+                self.host(CHECK_FILE).write_text(self.check_output)
             data = [{"name": n, "version": v} for n, v in self.installed.items()]
             return subprocess.CompletedProcess(
                 args, 0, stdout=json.dumps(data) + "\n", stderr=""
@@ -612,3 +616,54 @@ def test_a_failing_step_shows_no_credentials(inputs, tmp_path):
         text
     )
     assert "s3cret" not in _all_text(sandbox.root)
+
+
+PIP_CHECK_OUTPUT = """\
+needs-old 1.0 has requirement dep<2, but you have dep 2.0.
+tool 3.1 requires missing-lib, which is not installed.
+"""
+
+
+@pytest.mark.parametrize("mode", ["warn", "strict", "off"])
+def test_pip_check_after_the_last_step(inputs, tmp_path, caplog, mode):
+    """One ``pip check`` after the last step: a warning, a StageError, or none."""
+    steps = [{"packages": ["needs-old"]}, {"packages": ["dep==2.0"]}]
+    stage = PipStage(settings={"steps": steps, "check": mode})
+    sandbox = FakeSandbox(tmp_path / "sb", {"pip": "24.0"})
+    sandbox.check_output = "WARNING: noise\n" + PIP_CHECK_OUTPUT
+    context = StageContext(sandbox=sandbox, plan=PLAN)
+    if mode == "strict":
+        with pytest.raises(StageError) as info:
+            stage.run(context=context)
+        text = str(info.value)
+        assert "broken requirements of needs-old, dep, tool, missing-lib:" in text
+        assert "  needs-old 1.0 has requirement dep<2, but you have dep 2.0\n" in text
+        assert "  tool 3.1 requires missing-lib, which is not installed\n" in text
+        assert text.endswith("allow-changes). Or build anyway: pip.check=warn.")
+        return
+    with caplog.at_level(logging.WARNING):
+        stage.run(context=context)
+    checks = [a for a, _ in sandbox.commands if "pip check" in a[-1]]
+    record = json.loads(sandbox.host(STEPS_FILE).read_text())["check"]
+    warned = [r.getMessage() for r in caplog.records if "pip check" in r.getMessage()]
+    if mode == "off":
+        assert checks == [] and record is None and warned == []
+        return
+    # With the last step's package list: no extra container start.
+    assert len(checks) == 1 and "pip list" in checks[0][-1]
+    assert record[0] == {
+        "package": "needs-old 1.0",
+        "problem": "has requirement dep<2, but you have dep 2.0",
+        "involved": ["needs-old", "dep"],
+    }
+    assert len(warned) == 1 and "tool 3.1 requires missing-lib" in warned[0]
+    assert sandbox.host(CHECK_FILE).read_text().endswith(PIP_CHECK_OUTPUT)
+
+
+def test_pip_check_without_broken_requirements_is_quiet(inputs, tmp_path, caplog):
+    stage = PipStage(settings={"steps": [{"packages": ["x"]}], "check": "strict"})
+    sandbox = FakeSandbox(tmp_path / "sb", {"pip": "24.0"})
+    with caplog.at_level(logging.WARNING):
+        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
+    assert json.loads(sandbox.host(STEPS_FILE).read_text())["check"] == []
+    assert not [r for r in caplog.records if "pip check" in r.getMessage()]

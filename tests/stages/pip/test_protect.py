@@ -19,6 +19,7 @@ from cotainr_lumi.stages.pip.protect import (
     constraints_text,
     describe_changes,
     explain_conflicts,
+    parse_pip_check,
     parse_pip_list,
 )
 from cotainr_lumi.stages.pip.steps import PipStep
@@ -184,3 +185,25 @@ def test_real_pip_conflicts_are_explained(offline_pip, requirement, wanted):
     assert [c.name for c in conflicts] == ["torch"], proc.stderr
     assert conflicts[0].installed == "2.13.0+cpu"
     assert any(wanted in w for w in conflicts[0].wanted), conflicts[0].wanted
+
+
+def test_parse_pip_check_lines_of_real_pip():
+    text = (
+        "x 1.0 has requirement y>=2, but you have y 1.0.\n"
+        "x 1.0 requires z, which is not installed.\n"
+        'a-b 2.0 has requirement numpy<2,>=1.2; python_version >= "3.9", '
+        "but you have numpy 2.1.0.\n"
+        "win-only 1.0 is not supported on this platform\n"
+    )
+    assert parse_pip_check(text=text) == [
+        ("x 1.0", "has requirement y>=2, but you have y 1.0", ["x", "y"]),
+        ("x 1.0", "requires z, which is not installed", ["x", "z"]),
+        (
+            "a-b 2.0",
+            'has requirement numpy<2,>=1.2; python_version >= "3.9", but you have '
+            "numpy 2.1.0",
+            ["a-b", "numpy"],
+        ),
+        ("win-only 1.0", "is not supported on this platform", ["win-only"]),
+    ]
+    assert parse_pip_check(text="No broken requirements found.\n") == []
