@@ -14,12 +14,7 @@ from pathlib import PurePosixPath
 import re
 
 from ...engine.elfinfo import read_elf_info, scan_elf_files
-from ...engine.rootfs import (
-    SymlinkLoopError,
-    image_path_of,
-    is_inside,
-    resolve_in_root,
-)
+from ...engine.rootfs import SymlinkLoopError, image_path_of, is_inside, resolve_in_root
 from .manifest import ManifestEntry
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -122,13 +117,6 @@ class LibstdcxxCheck:
     requirers: int = 0
 
 
-def _env_candidates(lib_dir):
-    """The ``libstdc++.so*`` files and links directly in `lib_dir`."""
-    return sorted(
-        p for p in lib_dir.glob(LIBSTDCXX_GLOB) if p.is_symlink() or p.is_file()
-    )
-
-
 def _env_lib_dir(*, root, env_prefix):
     """Find the env's ``lib`` directory in the sandbox."""
 
@@ -192,11 +180,9 @@ def _libstdcxx_users(*, root, env_prefix, candidates):
         objects += 1
         versions = info.needs_from(prefix="libstdc++.so.")
         uses = versions or any(n.startswith("libstdc++.so.") for n in info.needed)
-        if not uses:
-            continue
-        if like is None:
-            like = info
-        needs[info.path] = (info, versions)
+        if uses:
+            like = like or info
+            needs[info.path] = (info, versions)
     return needs, objects, like
 
 
@@ -250,7 +236,9 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
     ended, env_host, lib_host = _env_lib_dir(root=root, env_prefix=env_prefix)
     if ended is not None:
         return ended
-    candidates = _env_candidates(lib_host)
+    candidates = sorted(
+        p for p in lib_host.glob(LIBSTDCXX_GLOB) if p.is_symlink() or p.is_file()
+    )
     if not candidates:
         return LibstdcxxCheck(
             env_prefix=env_prefix,

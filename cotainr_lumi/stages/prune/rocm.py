@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 import re
 import shutil
-import stat
 
 from ... import _cotainr
 from ...engine.elfinfo import read_elf_info, scan_elf_files
@@ -23,6 +22,7 @@ from ...engine.rootfs import (
     image_path_of,
     is_inside,
     resolve_in_root,
+    walk_in_root,
 )
 from ...errors import StageError
 from .manifest import ManifestEntry, format_bytes
@@ -42,9 +42,7 @@ _HIP = re.compile(r"^hip\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)['\"]", re.M)
 
 def major_minor(*, version):
     """``"6.1"`` from ``"6.1.40091-a8dbc0c19"`` or ``"6.1.3-122"``."""
-    if not version:
-        return None
-    match = _MAJOR_MINOR.match(str(version))
+    match = _MAJOR_MINOR.match(str(version or ""))
     return f"{int(match[1])}.{int(match[2])}" if match else None
 
 
@@ -126,65 +124,62 @@ def _resolve_or_none(*, root, path):
         return None
 
 
-def _real_subdirs(directory):
-    """Sub-directories of `directory` that are not symlinks, by name."""
-    try:
-        with os.scandir(directory) as it:
-            return sorted(
-                (e.name, Path(e.path)) for e in it if e.is_dir(follow_symlinks=False)
-            )
-    except OSError:
-        return []
+def _site_subdirs(*, root, site_dirs):
+    """``(name, path)`` of the sub-directories (not links) of each site directory."""
+    seen = set()
+    for site in site_dirs:
+        host = _resolve_or_none(root=root, path=site)
+        if host is None or not host.is_dir() or host in seen:
+            continue
+        seen.add(host)
+        try:
+            with os.scandir(host) as it:
+                dirs = [e for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        yield from sorted((e.name, Path(e.path)) for e in dirs)
 
 
 def find_bundle_dirs(*, root, site_dirs, rocm_dirs):
     """``<package>/lib`` and auditwheel's ``<package>.libs`` holding entries ROCm also has."""
     names = frozenset().union(*(d.names for d in rocm_dirs))
     bundles = []
-    seen = set()
-    for site in site_dirs:
-        site_host = _resolve_or_none(root=root, path=site)
-        if site_host is None or not site_host.is_dir() or str(site_host) in seen:
+    for name, pkg_dir in _site_subdirs(root=root, site_dirs=site_dirs):
+        if name.startswith(ROCM_SDK_PREFIX):
             continue
-        seen.add(str(site_host))
-        for name, pkg_dir in _real_subdirs(site_host):
-            if name.startswith(ROCM_SDK_PREFIX):
-                continue
-            package, lib_dir = (
-                (name[: -len(".libs")], pkg_dir)
-                if name.endswith(".libs")
-                else (name, pkg_dir / "lib")
-            )
-            if not lib_dir.is_dir() or lib_dir.is_symlink():
-                continue
-            try:
-                overlap = sorted(set(os.listdir(lib_dir)) & names)
-            except OSError:
-                continue
-            if overlap:
-                bundles.append(
-                    BundleDir(
-                        package=package,
-                        package_dir=pkg_dir,
-                        host_path=lib_dir,
-                        image_path=str(image_path_of(root=root, host_path=lib_dir)),
-                        overlap=overlap,
-                    )
+        package, lib_dir = (
+            (name[: -len(".libs")], pkg_dir)
+            if name.endswith(".libs")
+            else (name, pkg_dir / "lib")
+        )
+        if not lib_dir.is_dir() or lib_dir.is_symlink():
+            continue
+        try:
+            overlap = sorted(set(os.listdir(lib_dir)) & names)
+        except OSError:
+            continue
+        if overlap:
+            bundles.append(
+                BundleDir(
+                    package=package,
+                    package_dir=pkg_dir,
+                    host_path=lib_dir,
+                    image_path=str(image_path_of(root=root, host_path=lib_dir)),
+                    overlap=overlap,
                 )
+            )
     return bundles
 
 
 def find_rocm_sdk_packages(*, root, site_dirs):
     """``_rocm_sdk_*`` packages (the newer ROCm wheel layout)."""
-    found = []
-    for site in site_dirs:
-        site_host = _resolve_or_none(root=root, path=site)
-        if site_host is None:
-            continue
-        for name, path in _real_subdirs(site_host):
-            if name.startswith(ROCM_SDK_PREFIX):
-                found.append(str(image_path_of(root=root, host_path=path)))
-    return sorted(set(found))
+    return sorted(
+        {
+            str(image_path_of(root=root, host_path=path))
+            for name, path in _site_subdirs(root=root, site_dirs=site_dirs)
+            if name.startswith(ROCM_SDK_PREFIX)
+        }
+    )
 
 
 @dataclass
@@ -200,16 +195,6 @@ class DedupAction:
     reason: str
     backup: Path | None = None
     is_elf: bool = False
-
-
-def _tree_size(host_path):
-    """The sum of the sizes of the regular files below a directory (no links followed)."""
-    total = 0
-    for top, _dirs, files in os.walk(host_path):
-        for name in files:
-            st = os.lstat(os.path.join(top, name))
-            total += st.st_size if stat.S_ISREG(st.st_mode) else 0
-    return total
 
 
 @dataclass
@@ -256,7 +241,11 @@ def _plan_entry(*, root, bundle, name, rocm_dirs):
         return DedupAction(
             **action,
             kind="dir",
-            size=_tree_size(ours),
+            size=sum(
+                e.size
+                for e in walk_in_root(root=root, path=ours_image)
+                if e.kind == "file"
+            ),
             reason=f"same directory in the base image ({theirs_image})",
         )
     if not ours.is_file():
@@ -431,11 +420,11 @@ class RocmDedup:
 
     def _site_dirs(self, root, target):
         """The env's site-packages directories, without symlink loops."""
-        site_dirs = list(target.site)
-        for site in [
-            p for p in target.site if _resolve_or_none(root=root, path=p) is None
-        ]:
-            site_dirs.remove(site)
+        site_dirs = []
+        for site in target.site:
+            if _resolve_or_none(root=root, path=site) is not None:
+                site_dirs.append(site)
+                continue
             self.skip_or_fail(
                 group="rocm-dedup",
                 what=site,
@@ -572,33 +561,8 @@ class RocmDedup:
                 details=details,
             ) from e
 
-    def _record_links(self, all_actions, checked):
-        """Keep the links and record them in the manifest."""
-        commit(actions=all_actions)
-        for action in all_actions:
-            self.manifest.add(
-                ManifestEntry(
-                    path=action.image_path,
-                    action="symlinked",
-                    size=action.size,
-                    reason=action.reason,
-                    kind=action.kind,
-                    target=action.target,
-                    group="rocm-dedup",
-                )
-            )
-        saved = sum(a.size for a in all_actions)
-        logger.info(
-            "Prune: replaced %d bundled ROCm entr%s by links into the base image's ROCm "
-            "(%s saved); %d ELF object(s) checked with the image's loader",
-            len(all_actions),
-            "y" if len(all_actions) == 1 else "ies",
-            format_bytes(size=saved),
-            checked,
-        )
-
     def _verify_and_finish(self, applied):
-        """Check the links resolve; commit, or roll back and skip/fail."""
+        """Check the links resolve; commit and record them, or roll back and skip/fail."""
         all_actions = [a for _bundle, actions in applied for a in actions]
         failures, checked = self._check_links(applied, all_actions)
         if failures:
@@ -627,4 +591,25 @@ class RocmDedup:
                 ": ".join(sorted(before)[0]),
             )
             apply_actions(actions=all_actions)
-        self._record_links(all_actions, checked)
+        commit(actions=all_actions)
+        for action in all_actions:
+            self.manifest.add(
+                ManifestEntry(
+                    path=action.image_path,
+                    action="symlinked",
+                    size=action.size,
+                    reason=action.reason,
+                    kind=action.kind,
+                    target=action.target,
+                    group="rocm-dedup",
+                )
+            )
+        saved = sum(a.size for a in all_actions)
+        logger.info(
+            "Prune: replaced %d bundled ROCm entr%s by links into the base image's ROCm "
+            "(%s saved); %d ELF object(s) checked with the image's loader",
+            len(all_actions),
+            "y" if len(all_actions) == 1 else "ies",
+            format_bytes(size=saved),
+            checked,
+        )

@@ -14,12 +14,7 @@ from ...imagelayout import (
     LABEL_PRUNE_MANIFEST,
     PRUNE_MANIFEST_FILE,
 )
-from .libstdcxx import (
-    LIBSTDCXX_GLOB,
-    check_libstdcxx,
-    format_missing,
-    remove_libstdcxx,
-)
+from .libstdcxx import LIBSTDCXX_GLOB, check_libstdcxx, format_missing, remove_libstdcxx
 from .manifest import PruneManifest, format_bytes
 from .rocm import AMDGPU_LIB_DIR, RocmDedup
 
