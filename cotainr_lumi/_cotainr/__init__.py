@@ -157,12 +157,7 @@ class _StandardStreamHandler(logging.StreamHandler):
 
 
 def setup_cli_logging(*, log_settings):
-    """
-    Attach console handlers to the ``cotainr`` logger, as cotainr's CLI does.
-
-    INFO and below go to stdout as ``Cotainr:-: message``, warnings and
-    errors to stderr with their level (the format of cotainr's own CLI).
-    """
+    """Console handlers on the ``cotainr`` logger, in the format of cotainr's CLI."""
     verbosity = log_settings.verbosity
     level = logging.DEBUG if verbosity >= 2 else logging.INFO
     if verbosity <= -1:
@@ -223,11 +218,7 @@ def command_error_from(error, *, cmd=None):
     """
     if isinstance(error, CommandError):
         return error
-    cause = error
-    if isinstance(error, ValueError) and isinstance(
-        error.__cause__, subprocess.CalledProcessError
-    ):
-        cause = error.__cause__
+    cause = error.__cause__ if isinstance(error, ValueError) else error
     if not isinstance(cause, subprocess.CalledProcessError):
         return None
     if cmd is None:
