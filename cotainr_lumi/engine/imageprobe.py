@@ -18,12 +18,7 @@ from typing import Any
 from .. import _cotainr, apptainer, imagelayout
 from ..errors import StageError
 from .rootfs import write_file_in_root
-from .targetenv import (
-    SETTINGS_NAME,
-    TargetEnvNotFoundError,
-    choose,
-    timeout_message,
-)
+from .targetenv import SETTINGS_NAME, TargetEnvNotFoundError, choose, timeout_message
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 

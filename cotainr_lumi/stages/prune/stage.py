@@ -64,11 +64,8 @@ class PruneStage(Stage):
             lines.append("libstdc++: kept (libstdcxx: false)")
         if self.settings.rocm_dedup:
             rocm = plan.system.rocm_version if plan.system is not None else None
-            base = (
-                f"the base image's ROCm ($ROCM_PATH/.info/version; profile says {rocm})"
-                if rocm
-                else "the base image's ROCm ($ROCM_PATH/.info/version)"
-            )
+            says = f"; profile says {rocm}" if rocm else ""
+            base = f"the base image's ROCm ($ROCM_PATH/.info/version{says})"
             lines.append(
                 "ROCm: in <site-packages>/torch/lib (and other packages' lib/ or .libs/), "
                 f"replace entries also in $ROCM_PATH/lib or {AMDGPU_LIB_DIR} by relative "
