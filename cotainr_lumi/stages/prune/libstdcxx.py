@@ -64,7 +64,6 @@ class SystemLib:
     """A library of the base image."""
 
     image_path: str
-    host_path: str
     info: object
     how: str
 
@@ -98,7 +97,7 @@ def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
             continue
         if like is not None and not info.compatible_with(like):
             continue
-        return SystemLib(image_path=image_path, host_path=str(host), info=info, how=how)
+        return SystemLib(image_path=image_path, info=info, how=how)
     return None
 
 

@@ -74,8 +74,6 @@ def hip_version_of_package(*, version_file):
 class RocmDir:
     """A ROCm library directory of the base image."""
 
-    image_path: str
-    host_path: Path
     real_image_path: str
     names: frozenset
 
@@ -94,14 +92,8 @@ def rocm_dirs_of(*, root, rocm_path):
             names = frozenset(os.listdir(host))
         except OSError:
             continue
-        found.append(
-            RocmDir(
-                image_path=image_path,
-                host_path=host,
-                real_image_path=str(image_path_of(root=root, host_path=host)),
-                names=names,
-            )
-        )
+        real = str(image_path_of(root=root, host_path=host))
+        found.append(RocmDir(real_image_path=real, names=names))
     return found
 
 
@@ -117,7 +109,6 @@ class BundleDir:
 
 
 def _resolve_or_none(*, root, path):
-    """:func:`resolve_in_root`, or None for a symlink loop."""
     try:
         return resolve_in_root(root=root, path=path)
     except SymlinkLoopError:
@@ -524,10 +515,9 @@ class RocmDedup:
 
     def _verify(self, applied):
         """Run the loader check in the container; return the unresolved pairs."""
-        root = self.root
         objects = []
         for bundle, actions in applied:
-            objects += elf_objects_below(root=root, bundle=bundle, actions=actions)
+            objects += elf_objects_below(root=self.root, bundle=bundle, actions=actions)
         failures = set()
         for start in range(0, len(objects), VERIFY_BATCH):
             batch = objects[start : start + VERIFY_BATCH]
@@ -539,12 +529,11 @@ class RocmDedup:
 
     def _check_links(self, applied, all_actions):
         """The loader check of the links (rolled back when it cannot run)."""
-        root = self.root
         try:
             escaped = [
                 a.image_path
                 for a in all_actions
-                if not link_stays_inside(root=root, action=a)
+                if not link_stays_inside(root=self.root, action=a)
             ]
             if escaped:
                 raise ValueError(

@@ -108,12 +108,10 @@ class PruneStage(Stage):
         manifest.write(root=context.sandbox.root)
         summary = manifest.summary()
         logger.info("Prune summary: %s; manifest %s", summary, PRUNE_MANIFEST_FILE)
-        details = manifest.to_dict()
-        details["warnings"] = manifest.warnings
         return StageReport(
             name=self.name,
             summary=summary,
-            details=details,
+            details={**manifest.to_dict(), "warnings": manifest.warnings},
             labels={
                 LABEL_PRUNE_MANIFEST: PRUNE_MANIFEST_FILE,
                 LABEL_PRUNE_BYTES_SAVED: str(manifest.bytes_saved),
@@ -160,7 +158,6 @@ class PruneStage(Stage):
         logger.warning("Prune: %s; not pruned.", reason)
 
     def _prune_libstdcxx(self, root, prefix, ldconfig_text, manifest):
-        """The libstdc++ pruning."""
         check = check_libstdcxx(
             root=root, env_prefix=prefix, ldconfig_text=ldconfig_text
         )
