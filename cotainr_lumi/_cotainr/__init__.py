@@ -6,7 +6,9 @@ Everything cotainr-lumi needs from cotainr goes through here. The build hook
 has one, else :mod:`.shim`'s, installed when this package is imported.
 """
 
+import argparse
 import contextlib
+from datetime import datetime
 import inspect
 import json
 import logging
@@ -18,7 +20,7 @@ import subprocess
 import sys
 import threading
 
-from ..errors import UnsupportedCotainrError
+from ..errors import UnsupportedCotainrError, clip_output
 
 try:
     import cotainr
@@ -102,8 +104,6 @@ def build_command():
 
 def takes_several_conda_envs():
     """Whether cotainr's ``--conda-env`` takes several files."""
-    import argparse
-
     parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     try:
         _cli.Build.add_arguments(parser=parser)
@@ -131,8 +131,6 @@ def stock_systems_file():
 
 def make_log_settings(*, verbosity=0, log_to_file=False, no_color=False):
     """Cotainr log settings (`log_to_file` True: a time-stamped file here)."""
-    from datetime import datetime
-
     if log_to_file is True:
         log_to_file = f"cotainr_build_{datetime.now().isoformat().replace(':', '.')}"
     return _tracing.LogSettings(
@@ -190,8 +188,6 @@ class CommandError(Exception):
 
     def error_lines(self, *, limit=40):
         """The lines of output that explain the failure."""
-        from ..errors import clip_output
-
         lines = (self.stderr or self.stdout).splitlines()
         tags = ("ERROR", "error", "Error", "FATAL", "No module named")
         chosen = [ln for ln in lines if any(tag in ln for tag in tags)] or lines
