@@ -91,7 +91,6 @@ _state = types.SimpleNamespace(build=None, tracing=None)
 
 
 def _taking_part():
-    """The plugins taking part in the build running now."""
     return _state.build._shim_taking_part if _state.build else {}
 
 
@@ -360,9 +359,8 @@ def _add_metadata(original):
             return original(self, *args, **kwargs)
         labels = {}
         for name, (hook, context, _lines) in _taking_part().items():
-            for key, value in (
-                hook.customize(sandbox=self, context=context) or {}
-            ).items():
+            added = hook.customize(sandbox=self, context=context) or {}
+            for key, value in added.items():
                 if str(key).startswith("cotainr."):
                     raise PluginError(
                         f"cotainr plugin {name!r} set the label {key!r}; labels "
@@ -379,12 +377,10 @@ def _add_metadata(original):
 
 def _refuse_links(sandbox_dir, path):
     """Stop before cotainr or the shim write through a base image's link."""
-    for link in [*reversed(path.parents), path]:
-        if (
-            link != sandbox_dir
-            and link.is_relative_to(sandbox_dir)
-            and link.is_symlink()
-        ):
+    link = sandbox_dir
+    for part in path.relative_to(sandbox_dir).parts:
+        link = link / part
+        if link.is_symlink():
             raise PluginError(
                 f"The base image's /{link.relative_to(sandbox_dir)} is a symbolic "
                 "link; the build does not write through it. Use a base image "

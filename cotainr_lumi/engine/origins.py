@@ -20,9 +20,6 @@ def dotted(path):
     return text
 
 
-# -- where settings come from -------------------------------------------------
-
-
 class Origin:
     """Settings given in Python (the API): an error names the key."""
 

@@ -85,12 +85,10 @@ def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
         except OSError as e:  # a symlink loop
             logger.debug("Skipping %s: %s", image_path, e)
             continue
-        if str(host) in seen:
+        if host in seen or not host.is_file() or host.is_symlink():
             continue
-        seen.add(str(host))
+        seen.add(host)
         if exclude is not None and is_inside(parent=exclude, path=host):
-            continue
-        if not host.is_file() or host.is_symlink():
             continue
         info = read_elf_info(path=host)
         if info is None or info.soname != LIBSTDCXX_SONAME:
