@@ -114,26 +114,17 @@ class LibstdcxxCheck:
     requirers: int = 0
 
 
-def _env_lib_dir(*, root, env_prefix):
-    """Find the env's ``lib`` directory in the sandbox."""
+def _env_lib_files(*, root, env_prefix):
+    """The env's and its ``lib``'s host paths and its ``libstdc++.so*``, or why not (a check)."""
 
-    def end(status, reason, lib_dir=None):
-        check = LibstdcxxCheck(
-            env_prefix=env_prefix, status=status, reason=reason, lib_dir=lib_dir
-        )
-        return check, None, None
+    def end(status, reason):
+        return LibstdcxxCheck(env_prefix=env_prefix, status=status, reason=reason)
 
-    def looping(path):
-        return end(
-            "unsupported",
-            f"{path} is a symlink loop (too many levels of symbolic links), so "
-            "its libstdc++ is left alone",
-        )
-
+    loop = "is a symlink loop (too many levels of symbolic links), so its libstdc++ is left alone"
     try:
         env_host = resolve_in_root(root=root, path=env_prefix)
     except SymlinkLoopError:
-        return looping(env_prefix)
+        return end("unsupported", f"{env_prefix} {loop}")
     real_prefix = str(image_path_of(root=root, host_path=env_host))
     if real_prefix in SYSTEM_PREFIXES:
         return end(
@@ -150,7 +141,7 @@ def _env_lib_dir(*, root, env_prefix):
     try:
         lib_host = resolve_in_root(root=root, path=lib_image)
     except SymlinkLoopError:
-        return looping(lib_image)
+        return end("unsupported", f"{lib_image} {loop}")
     if not lib_host.is_dir():
         return end("absent", f"{lib_image} does not exist")
     if lib_host == env_host or not is_inside(parent=env_host, path=lib_host):
@@ -159,9 +150,13 @@ def _env_lib_dir(*, root, env_prefix):
             f"{lib_image} is a link to "
             f"{image_path_of(root=root, host_path=lib_host)}, outside the "
             "environment; nothing there is removed",
-            lib_dir=lib_host,
         )
-    return None, env_host, lib_host
+    candidates = sorted(
+        p for p in lib_host.glob(LIBSTDCXX_GLOB) if p.is_symlink() or p.is_file()
+    )
+    if not candidates:
+        return end("absent", f"no {LIBSTDCXX_GLOB} in {lib_image}")
+    return env_host, lib_host, candidates
 
 
 def _libstdcxx_users(*, root, env_prefix, candidates):
@@ -230,19 +225,10 @@ def _explain(check, *, needs):
 def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
     """Check whether removing the env's libstdc++ is safe."""
     env_prefix = str(PurePosixPath("/", env_prefix))
-    ended, env_host, lib_host = _env_lib_dir(root=root, env_prefix=env_prefix)
-    if ended is not None:
-        return ended
-    candidates = sorted(
-        p for p in lib_host.glob(LIBSTDCXX_GLOB) if p.is_symlink() or p.is_file()
-    )
-    if not candidates:
-        return LibstdcxxCheck(
-            env_prefix=env_prefix,
-            status="absent",
-            reason=f"no {LIBSTDCXX_GLOB} in {env_prefix}/lib",
-            lib_dir=lib_host,
-        )
+    found = _env_lib_files(root=root, env_prefix=env_prefix)
+    if isinstance(found, LibstdcxxCheck):
+        return found
+    env_host, lib_host, candidates = found
     needs, objects, like = _libstdcxx_users(
         root=root, env_prefix=env_prefix, candidates=candidates
     )
