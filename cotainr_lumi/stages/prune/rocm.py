@@ -220,36 +220,33 @@ def _plan_entry(*, root, bundle, name, rocm_dirs):
         return ours_image, f"{theirs_image}: {e.strerror or e}"
     if ours.is_symlink():
         return ours_image, "already a link"
-    action = {
-        "host_path": ours,
-        "image_path": ours_image,
-        "target": os.path.relpath(theirs_image, start=bundle.image_path),
-        "rocm_image_path": theirs_image,
-    }
-    if ours.is_dir():
+    kind = "dir" if ours.is_dir() else "file"
+    if kind == "dir":
         if not theirs.is_dir():
             return ours_image, f"{theirs_image} is not a directory"
-        return DedupAction(
-            **action,
-            kind="dir",
-            size=sum(
-                e.size
-                for e in walk_in_root(root=root, path=ours_image)
-                if e.kind == "file"
-            ),
-            reason=f"same directory in the base image ({theirs_image})",
+        entries = walk_in_root(root=root, path=ours_image)
+        size = sum(e.size for e in entries if e.kind == "file")
+        ours_info = None
+        why = f"same directory in the base image ({theirs_image})"
+    elif ours.is_file():
+        size = os.lstat(ours).st_size
+        ours_info = read_elf_info(path=ours)
+        ok, why = _file_verdict(
+            ours_info=ours_info, theirs=theirs, theirs_image=theirs_image
         )
-    if not ours.is_file():
+        if not ok:
+            return ours_image, why
+    else:
         return ours_image, "not a regular file or directory"
-    size = os.lstat(ours).st_size
-    ours_info = read_elf_info(path=ours)
-    ok, why = _file_verdict(
-        ours_info=ours_info, theirs=theirs, theirs_image=theirs_image
-    )
-    if not ok:
-        return ours_image, why
     return DedupAction(
-        **action, kind="file", size=size, reason=why, is_elf=ours_info is not None
+        host_path=ours,
+        image_path=ours_image,
+        kind=kind,
+        size=size,
+        target=os.path.relpath(theirs_image, start=bundle.image_path),
+        rocm_image_path=theirs_image,
+        reason=why,
+        is_elf=ours_info is not None,
     )
 
 
