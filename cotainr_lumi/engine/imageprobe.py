@@ -144,16 +144,8 @@ def parse_probe(*, text):
 
 def probe_command(*, explicit=None):
     """The command that probes an image (run inside the container)."""
-    return [
-        *CLEAN_ENV,
-        "bash",
-        "--noprofile",
-        "--norc",
-        "-c",
-        PROBE_SCRIPT,
-        "probe",
-        explicit or "",
-    ]
+    shell = ("bash", "--noprofile", "--norc", "-c", PROBE_SCRIPT, "probe")
+    return [*CLEAN_ENV, *shell, explicit or ""]
 
 
 def probe_build(*, sandbox, plan, labels):

@@ -132,19 +132,17 @@ def read_yaml(*, path, error):
     """Read a YAML file."""
     try:
         path = Path(path)
-        path.stat()  # a missing file: "cannot be read: No such file ..."
+        size = path.stat().st_size  # a missing file: "cannot be read: No such ..."
         if not path.is_file():
             kind = "a directory" if path.is_dir() else "not a regular file"
             raise error(f"is {kind}; give a YAML file") from None
-        size = path.stat().st_size
         if size > MAX_BYTES:
             raise error(
                 f"is {size} bytes, more than the {MAX_BYTES} a YAML file of "
                 "cotainr-lumi may have"
             ) from None
         with path.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-        text = raw.decode("utf-8")
+            text = f.read(MAX_BYTES + 1).decode("utf-8")
     except OSError as e:
         raise error(f"cannot be read: {e.strerror}") from None
     except UnicodeDecodeError as e:

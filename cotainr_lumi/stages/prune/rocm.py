@@ -442,7 +442,6 @@ class RocmDedup:
         base_mm = major_minor(version=base_text)
         system = self.context.plan.system
         profile = system.rocm_version if system is not None else None
-        source = f"{rocm_path}/.info/version ({base_text})"
         if base_mm is None and profile:
             return profile, "the profile's rocm-version"
         if base_mm and profile and base_mm != profile:
@@ -451,7 +450,7 @@ class RocmDedup:
                 profile,
                 base_text,
             )
-        return base_mm, source
+        return base_mm, f"{rocm_path}/.info/version ({base_text})"
 
     def run(self):
         """De-duplicate what is safe; record it in the manifest."""
