@@ -375,10 +375,10 @@ def _add_metadata(original):
     return add_metadata
 
 
-def _refuse_links(sandbox_dir, path):
-    """Stop before cotainr or the shim write through a base image's link."""
+def _refuse_links(sandbox_dir, image_path):
+    """The sandbox path of `image_path`; stop before writing through a base image's link."""
     link = sandbox_dir
-    for part in path.relative_to(sandbox_dir).parts:
+    for part in image_path.strip("/").split("/"):
         link = link / part
         if link.is_symlink():
             raise PluginError(
@@ -386,14 +386,14 @@ def _refuse_links(sandbox_dir, path):
                 "link; the build does not write through it. Use a base image "
                 "without it."
             )
+    return link
 
 
 def _add_to_env(original):
     @functools.wraps(original)
     def add_to_env(self, *args, **kwargs):
         if _taking_part():
-            sandbox_dir = Path(self.sandbox_dir)
-            _refuse_links(sandbox_dir, sandbox_dir / ENV_SCRIPTS_DIR.lstrip("/"))
+            _refuse_links(Path(self.sandbox_dir), ENV_SCRIPTS_DIR)
         return original(self, *args, **kwargs)
 
     return add_to_env
@@ -401,8 +401,7 @@ def _add_to_env(original):
 
 def _write_labels(sandbox_dir, labels):
     """Add `labels` to the sandbox's labels.json, before cotainr adds its own."""
-    path = sandbox_dir / LABELS_FILE.lstrip("/")
-    _refuse_links(sandbox_dir, path)
+    path = _refuse_links(sandbox_dir, LABELS_FILE)
     metadata = {}
     with contextlib.suppress(ValueError):  # also an empty file
         text = path.read_text().strip() if path.is_file() else ""

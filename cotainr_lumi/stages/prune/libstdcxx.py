@@ -270,9 +270,8 @@ def remove_libstdcxx(*, check, root, manifest):
     for path in check.candidates:
         if path.parent != check.lib_dir or not is_inside(parent=env_host, path=path):
             raise ValueError(f"{path} is not in the environment's lib directory")
-        st = os.lstat(path)
         kind = "symlink" if os.path.islink(path) else "file"
-        size = 0 if kind == "symlink" else st.st_size
+        size = 0 if kind == "symlink" else os.lstat(path).st_size
         os.unlink(path)
         freed += size
         manifest.add(
