@@ -407,19 +407,16 @@ class RocmDedup:
         self.skip_or_fail = skip_or_fail
 
     def _site_dirs(self, root, target):
-        """The env's site-packages directories, without symlink loops."""
-        site_dirs = []
+        """The env's site-packages directories (symlink loops are reported, then skipped)."""
         for site in target.site:
-            if _resolve_or_none(root=root, path=site) is not None:
-                site_dirs.append(site)
-                continue
-            self.skip_or_fail(
-                group="rocm-dedup",
-                what=site,
-                reason=f"{site} is a symlink loop (too many levels of symbolic "
-                "links), so nothing in it is de-duplicated",
-            )
-        return site_dirs
+            if _resolve_or_none(root=root, path=site) is None:
+                self.skip_or_fail(
+                    group="rocm-dedup",
+                    what=site,
+                    reason=f"{site} is a symlink loop (too many levels of symbolic "
+                    "links), so nothing in it is de-duplicated",
+                )
+        return target.site
 
     def _note_rocm_sdk(self, root, site_dirs, info):
         """Say so when ROCm comes as separate wheels (left in place)."""
