@@ -274,7 +274,7 @@ def remove_libstdcxx(*, check, root, manifest):
         size = 0 if kind == "symlink" else os.lstat(path).st_size
         os.unlink(path)
         freed += size
-        manifest.add(
+        manifest.entries.append(
             ManifestEntry(
                 path=str(image_path_of(root=root, host_path=path)),
                 action="removed",

@@ -48,10 +48,6 @@ class PruneManifest:
     facts: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
 
-    def add(self, entry):
-        """Record a pruned path."""
-        self.entries.append(entry)
-
     def skip(self, *, group, what, reason):
         """Record a decision not to prune."""
         self.skipped.append({"group": group, "what": str(what), "reason": reason})

@@ -482,12 +482,10 @@ class RocmDedup:
             )
             return
         applied = []
+        packages = info["packages"] = {}
         for bundle in bundles:
             hip = hip_version_of_package(version_file=bundle.package_dir / "version.py")
-            info.setdefault("packages", {})[bundle.package] = {
-                "hip": hip,
-                "dir": bundle.image_path,
-            }
+            packages[bundle.package] = {"hip": hip, "dir": bundle.image_path}
             reason = _bundle_kept_reason(
                 bundle, hip=hip, base_mm=base_mm, source=source, rocm_path=rocm_path
             )
@@ -575,7 +573,7 @@ class RocmDedup:
             apply_actions(actions=all_actions)
         commit(actions=all_actions)
         for action in all_actions:
-            self.manifest.add(
+            self.manifest.entries.append(
                 ManifestEntry(
                     path=action.image_path,
                     action="symlinked",
