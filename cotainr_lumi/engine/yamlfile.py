@@ -59,15 +59,6 @@ def _expanded_size(node, sizes):
     return sizes[key]
 
 
-class _TooComplex(yaml.YAMLError):
-    """The document is nested too deeply or uses too many aliases."""
-
-    def __init__(self, problem, mark):
-        super().__init__(problem)
-        self.problem = problem
-        self.problem_mark = mark
-
-
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, keeping the lines of keys and items, and bounded."""
 
@@ -79,9 +70,9 @@ class _Loader(yaml.SafeLoader):
     def get_single_node(self):
         node = super().get_single_node()
         if node is not None and _expanded_size(node, {}) > MAX_VALUES:
-            raise _TooComplex(
-                f"expands to more than {MAX_VALUES} values through its aliases",
-                node.start_mark,
+            raise yaml.MarkedYAMLError(
+                problem=f"expands to more than {MAX_VALUES} values through its aliases",
+                problem_mark=node.start_mark,
             )
         return node
 
@@ -89,15 +80,15 @@ class _Loader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             self._aliases += 1
             if self._aliases > MAX_ALIASES:
-                raise _TooComplex(
-                    f"more than {MAX_ALIASES} aliases (*name); write the values out",
-                    self.peek_event().start_mark,
+                raise yaml.MarkedYAMLError(
+                    problem=f"more than {MAX_ALIASES} aliases (*name); write the values out",
+                    problem_mark=self.peek_event().start_mark,
                 )
         self._depth += 1
         if self._depth > MAX_DEPTH:
-            raise _TooComplex(
-                f"nested more than {MAX_DEPTH} levels deep",
-                self.peek_event().start_mark,
+            raise yaml.MarkedYAMLError(
+                problem=f"nested more than {MAX_DEPTH} levels deep",
+                problem_mark=self.peek_event().start_mark,
             )
         try:
             return super().compose_node(parent, index)

@@ -201,10 +201,8 @@ def plan_dedup(*, root, bundle, rocm_dirs):
     plan = DedupPlan()
     for name in bundle.overlap:
         found = _plan_entry(root=root, bundle=bundle, name=name, rocm_dirs=rocm_dirs)
-        if isinstance(found, DedupAction):
-            plan.actions.append(found)
-        else:
-            plan.left_alone.append(found)
+        into = plan.actions if isinstance(found, DedupAction) else plan.left_alone
+        into.append(found)
     return plan
 
 

@@ -98,10 +98,8 @@ class PruneStage(Stage):
                 manifest,
                 group="all",
                 what="environment",
-                reason=(
-                    "the image has no Python environment (no $WITH_CONDA, venv or "
-                    "conda env): there is no environment to prune"
-                ),
+                reason="the image has no Python environment (no $WITH_CONDA, venv or "
+                "conda env): there is no environment to prune",
             )
         else:
             self._prune(context, target, manifest)
