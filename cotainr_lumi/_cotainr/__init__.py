@@ -65,18 +65,9 @@ def cotainr_version():
     return str(getattr(cotainr, "__version__", "unknown"))
 
 
+_modules = {"cli": _cli, "container": _container, "util": _util, "tracing": _tracing}
 #: Why the shim could not be installed (None: it was, or cotainr has the hook).
-SHIM_PROBLEM = (
-    None
-    if NATIVE
-    else shim.install(
-        cli=_cli,
-        container=_container,
-        util=_util,
-        tracing=_tracing,
-        version=cotainr_version(),
-    )
-)
+SHIM_PROBLEM = None if NATIVE else shim.install(**_modules, version=cotainr_version())
 
 
 def plugin_error(message, *, exit_code=1):
