@@ -6,7 +6,9 @@ Everything cotainr-lumi needs from cotainr goes through here. The build hook
 has one, else :mod:`.shim`'s, installed when this package is imported.
 """
 
+import argparse
 import contextlib
+from datetime import datetime
 import inspect
 import json
 import logging
@@ -18,7 +20,7 @@ import subprocess
 import sys
 import threading
 
-from ..errors import UnsupportedCotainrError
+from ..errors import UnsupportedCotainrError, clip_output
 
 try:
     import cotainr
@@ -63,18 +65,9 @@ def cotainr_version():
     return str(getattr(cotainr, "__version__", "unknown"))
 
 
+_modules = {"cli": _cli, "container": _container, "util": _util, "tracing": _tracing}
 #: Why the shim could not be installed (None: it was, or cotainr has the hook).
-SHIM_PROBLEM = (
-    None
-    if NATIVE
-    else shim.install(
-        cli=_cli,
-        container=_container,
-        util=_util,
-        tracing=_tracing,
-        version=cotainr_version(),
-    )
-)
+SHIM_PROBLEM = None if NATIVE else shim.install(**_modules, version=cotainr_version())
 
 
 def plugin_error(message, *, exit_code=1):
@@ -102,8 +95,6 @@ def build_command():
 
 def takes_several_conda_envs():
     """Whether cotainr's ``--conda-env`` takes several files."""
-    import argparse
-
     parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     try:
         _cli.Build.add_arguments(parser=parser)
@@ -131,8 +122,6 @@ def stock_systems_file():
 
 def make_log_settings(*, verbosity=0, log_to_file=False, no_color=False):
     """Cotainr log settings (`log_to_file` True: a time-stamped file here)."""
-    from datetime import datetime
-
     if log_to_file is True:
         log_to_file = f"cotainr_build_{datetime.now().isoformat().replace(':', '.')}"
     return _tracing.LogSettings(
@@ -157,12 +146,7 @@ class _StandardStreamHandler(logging.StreamHandler):
 
 
 def setup_cli_logging(*, log_settings):
-    """
-    Attach console handlers to the ``cotainr`` logger, as cotainr's CLI does.
-
-    INFO and below go to stdout as ``Cotainr:-: message``, warnings and
-    errors to stderr with their level (the format of cotainr's own CLI).
-    """
+    """Console handlers on the ``cotainr`` logger, in the format of cotainr's CLI."""
     verbosity = log_settings.verbosity
     level = logging.DEBUG if verbosity >= 2 else logging.INFO
     if verbosity <= -1:
@@ -195,8 +179,6 @@ class CommandError(Exception):
 
     def error_lines(self, *, limit=40):
         """The lines of output that explain the failure."""
-        from ..errors import clip_output
-
         lines = (self.stderr or self.stdout).splitlines()
         tags = ("ERROR", "error", "Error", "FATAL", "No module named")
         chosen = [ln for ln in lines if any(tag in ln for tag in tags)] or lines
@@ -223,11 +205,7 @@ def command_error_from(error, *, cmd=None):
     """
     if isinstance(error, CommandError):
         return error
-    cause = error
-    if isinstance(error, ValueError) and isinstance(
-        error.__cause__, subprocess.CalledProcessError
-    ):
-        cause = error.__cause__
+    cause = error.__cause__ if isinstance(error, ValueError) else error
     if not isinstance(cause, subprocess.CalledProcessError):
         return None
     if cmd is None:

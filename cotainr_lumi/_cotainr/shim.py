@@ -91,7 +91,6 @@ _state = types.SimpleNamespace(build=None, tracing=None)
 
 
 def _taking_part():
-    """The plugins taking part in the build running now."""
     return _state.build._shim_taking_part if _state.build else {}
 
 
@@ -368,9 +367,8 @@ def _add_metadata(original):
             return original(self, *args, **kwargs)
         labels = {}
         for name, (hook, context, _lines) in _taking_part().items():
-            for key, value in (
-                hook.customize(sandbox=self, context=context) or {}
-            ).items():
+            added = hook.customize(sandbox=self, context=context) or {}
+            for key, value in added.items():
                 if str(key).startswith("cotainr."):
                     raise PluginError(
                         f"cotainr plugin {name!r} set the label {key!r}; labels "
@@ -385,27 +383,25 @@ def _add_metadata(original):
     return add_metadata
 
 
-def _refuse_links(sandbox_dir, path):
-    """Stop before cotainr or the shim write through a base image's link."""
-    for link in [*reversed(path.parents), path]:
-        if (
-            link != sandbox_dir
-            and link.is_relative_to(sandbox_dir)
-            and link.is_symlink()
-        ):
+def _refuse_links(sandbox_dir, image_path):
+    """The sandbox path of `image_path`; stop before writing through a base image's link."""
+    link = sandbox_dir
+    for part in image_path.strip("/").split("/"):
+        link = link / part
+        if link.is_symlink():
             raise PluginError(
                 f"The base image's /{link.relative_to(sandbox_dir)} is a symbolic "
                 "link; the build does not write through it. Use a base image "
                 "without it."
             )
+    return link
 
 
 def _add_to_env(original):
     @functools.wraps(original)
     def add_to_env(self, *args, **kwargs):
         if _taking_part():
-            sandbox_dir = Path(self.sandbox_dir)
-            _refuse_links(sandbox_dir, sandbox_dir / ENV_SCRIPTS_DIR.lstrip("/"))
+            _refuse_links(Path(self.sandbox_dir), ENV_SCRIPTS_DIR)
         return original(self, *args, **kwargs)
 
     return add_to_env
@@ -413,8 +409,7 @@ def _add_to_env(original):
 
 def _write_labels(sandbox_dir, labels):
     """Add `labels` to the sandbox's labels.json, before cotainr adds its own."""
-    path = sandbox_dir / LABELS_FILE.lstrip("/")
-    _refuse_links(sandbox_dir, path)
+    path = _refuse_links(sandbox_dir, LABELS_FILE)
     metadata = {}
     with contextlib.suppress(ValueError):  # also an empty file
         text = path.read_text().strip() if path.is_file() else ""

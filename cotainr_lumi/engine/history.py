@@ -29,15 +29,6 @@ BUILD_RECORDS = (
 )
 
 
-def _next_number(history):
-    numbers = [
-        int(entry.name)
-        for entry in (history.iterdir() if history.is_dir() else ())
-        if entry.name.isdigit()
-    ]
-    return max(numbers, default=0) + 1
-
-
 def read_labels(*, root):
     """The sandbox's labels (None when unreadable; trailing bytes are ignored)."""
     path = resolve_in_root(root=root, path=imagelayout.LABELS_FILE)
@@ -69,7 +60,8 @@ def keep_earlier_build(*, root):
     if not resolve_in_root(root=root, path=imagelayout.PROVENANCE_FILE).is_file():
         return None
     history = resolve_in_root(root=root, path=imagelayout.HISTORY_DIR)
-    number = _next_number(history)
+    numbers = [int(e.name) for e in history.glob("*") if e.name.isdigit()]
+    number = max(numbers, default=0) + 1
     entry = history / str(number)
     entry.mkdir(parents=True)
     for record in BUILD_RECORDS:

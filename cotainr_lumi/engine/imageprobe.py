@@ -18,12 +18,7 @@ from typing import Any
 from .. import _cotainr, apptainer, imagelayout
 from ..errors import StageError
 from .rootfs import write_file_in_root
-from .targetenv import (
-    SETTINGS_NAME,
-    TargetEnvNotFoundError,
-    choose,
-    timeout_message,
-)
+from .targetenv import SETTINGS_NAME, TargetEnvNotFoundError, choose, timeout_message
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -150,16 +145,8 @@ def parse_probe(*, text):
 
 def probe_command(*, explicit=None):
     """The command that probes an image (run inside the container)."""
-    return [
-        *CLEAN_ENV,
-        "bash",
-        "--noprofile",
-        "--norc",
-        "-c",
-        PROBE_SCRIPT,
-        "probe",
-        explicit or "",
-    ]
+    shell = ("bash", "--noprofile", "--norc", "-c", PROBE_SCRIPT, "probe")
+    return [*CLEAN_ENV, *shell, explicit or ""]
 
 
 def probe_build(*, sandbox, plan, labels):

@@ -20,21 +20,20 @@ def dotted(path):
     return text
 
 
-# -- where settings come from -------------------------------------------------
-
-
 class Origin:
     """Settings given in Python (the API): an error names the key."""
+
+    option = None
 
     def __init__(self, *, base_dir=None, label=None):
         self.base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
         self.label = label
 
     def error(self, *, path, message):
-        """The error for a problem at `path`."""
-        if not path:
-            return InputError(f"Invalid settings: {message}")
-        return InputError(f"Invalid setting {dotted(path)}: {message}")
+        """The error for a problem at `path` (and the option that gave it)."""
+        what = f"setting {dotted(path)}" if path else "settings"
+        where = f" ({self.option})" if self.option else ""
+        return InputError(f"Invalid {what}{where}: {message}")
 
 
 class OptionOrigin(Origin):
@@ -43,11 +42,6 @@ class OptionOrigin(Origin):
     def __init__(self, *, option):
         super().__init__()
         self.option = option
-
-    def error(self, *, path, message):
-        """The error for a problem at `path` (see :meth:`Origin.error`)."""
-        what = f"setting {dotted(path)}" if path else "settings"
-        return InputError(f"Invalid {what} ({self.option}): {message}")
 
 
 class FileOrigin(Origin):

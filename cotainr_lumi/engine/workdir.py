@@ -176,8 +176,7 @@ def work_dir_environment(work_dir):
     )
     saved = {name: os.environ.get(name) for name in TMP_VARIABLES}
     saved_tempdir = tempfile.tempdir
-    for name in TMP_VARIABLES:
-        os.environ[name] = str(build_dir)
+    os.environ.update(dict.fromkeys(TMP_VARIABLES, str(build_dir)))
     tempfile.tempdir = str(build_dir)
     logger.info("Working in %s (sandbox and Apptainer's temporary files)", build_dir)
     try:

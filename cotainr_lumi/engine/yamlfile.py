@@ -59,15 +59,6 @@ def _expanded_size(node, sizes):
     return sizes[key]
 
 
-class _TooComplex(yaml.YAMLError):
-    """The document is nested too deeply or uses too many aliases."""
-
-    def __init__(self, problem, mark):
-        super().__init__(problem)
-        self.problem = problem
-        self.problem_mark = mark
-
-
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, keeping the lines of keys and items, and bounded."""
 
@@ -79,9 +70,9 @@ class _Loader(yaml.SafeLoader):
     def get_single_node(self):
         node = super().get_single_node()
         if node is not None and _expanded_size(node, {}) > MAX_VALUES:
-            raise _TooComplex(
-                f"expands to more than {MAX_VALUES} values through its aliases",
-                node.start_mark,
+            raise yaml.MarkedYAMLError(
+                problem=f"expands to more than {MAX_VALUES} values through its aliases",
+                problem_mark=node.start_mark,
             )
         return node
 
@@ -89,15 +80,15 @@ class _Loader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             self._aliases += 1
             if self._aliases > MAX_ALIASES:
-                raise _TooComplex(
-                    f"more than {MAX_ALIASES} aliases (*name); write the values out",
-                    self.peek_event().start_mark,
+                raise yaml.MarkedYAMLError(
+                    problem=f"more than {MAX_ALIASES} aliases (*name); write the values out",
+                    problem_mark=self.peek_event().start_mark,
                 )
         self._depth += 1
         if self._depth > MAX_DEPTH:
-            raise _TooComplex(
-                f"nested more than {MAX_DEPTH} levels deep",
-                self.peek_event().start_mark,
+            raise yaml.MarkedYAMLError(
+                problem=f"nested more than {MAX_DEPTH} levels deep",
+                problem_mark=self.peek_event().start_mark,
             )
         try:
             return super().compose_node(parent, index)
@@ -132,19 +123,17 @@ def read_yaml(*, path, error):
     """Read a YAML file."""
     try:
         path = Path(path)
-        path.stat()  # a missing file: "cannot be read: No such file ..."
+        size = path.stat().st_size  # a missing file: "cannot be read: No such ..."
         if not path.is_file():
             kind = "a directory" if path.is_dir() else "not a regular file"
             raise error(f"is {kind}; give a YAML file") from None
-        size = path.stat().st_size
         if size > MAX_BYTES:
             raise error(
                 f"is {size} bytes, more than the {MAX_BYTES} a YAML file of "
                 "cotainr-lumi may have"
             ) from None
         with path.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-        text = raw.decode("utf-8")
+            text = f.read(MAX_BYTES + 1).decode("utf-8")
     except OSError as e:
         raise error(f"cannot be read: {e.strerror}") from None
     except UnicodeDecodeError as e:

@@ -14,12 +14,7 @@ from pathlib import PurePosixPath
 import re
 
 from ...engine.elfinfo import read_elf_info, scan_elf_files
-from ...engine.rootfs import (
-    SymlinkLoopError,
-    image_path_of,
-    is_inside,
-    resolve_in_root,
-)
+from ...engine.rootfs import SymlinkLoopError, image_path_of, is_inside, resolve_in_root
 from .manifest import ManifestEntry
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -69,7 +64,6 @@ class SystemLib:
     """A library of the base image."""
 
     image_path: str
-    host_path: str
     info: object
     how: str
 
@@ -91,19 +85,17 @@ def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
         except OSError as e:  # a symlink loop
             logger.debug("Skipping %s: %s", image_path, e)
             continue
-        if str(host) in seen:
+        if host in seen or not host.is_file() or host.is_symlink():
             continue
-        seen.add(str(host))
+        seen.add(host)
         if exclude is not None and is_inside(parent=exclude, path=host):
-            continue
-        if not host.is_file() or host.is_symlink():
             continue
         info = read_elf_info(path=host)
         if info is None or info.soname != LIBSTDCXX_SONAME:
             continue
         if like is not None and not info.compatible_with(like):
             continue
-        return SystemLib(image_path=image_path, host_path=str(host), info=info, how=how)
+        return SystemLib(image_path=image_path, info=info, how=how)
     return None
 
 
@@ -122,33 +114,17 @@ class LibstdcxxCheck:
     requirers: int = 0
 
 
-def _env_candidates(lib_dir):
-    """The ``libstdc++.so*`` files and links directly in `lib_dir`."""
-    return sorted(
-        p for p in lib_dir.glob(LIBSTDCXX_GLOB) if p.is_symlink() or p.is_file()
-    )
+def _env_lib_files(*, root, env_prefix):
+    """The env's and its ``lib``'s host paths and its ``libstdc++.so*``, or why not (a check)."""
 
+    def end(status, reason):
+        return LibstdcxxCheck(env_prefix=env_prefix, status=status, reason=reason)
 
-def _env_lib_dir(*, root, env_prefix):
-    """Find the env's ``lib`` directory in the sandbox."""
-
-    def end(status, reason, lib_dir=None):
-        check = LibstdcxxCheck(
-            env_prefix=env_prefix, status=status, reason=reason, lib_dir=lib_dir
-        )
-        return check, None, None
-
-    def looping(path):
-        return end(
-            "unsupported",
-            f"{path} is a symlink loop (too many levels of symbolic links), so "
-            "its libstdc++ is left alone",
-        )
-
+    loop = "is a symlink loop (too many levels of symbolic links), so its libstdc++ is left alone"
     try:
         env_host = resolve_in_root(root=root, path=env_prefix)
     except SymlinkLoopError:
-        return looping(env_prefix)
+        return end("unsupported", f"{env_prefix} {loop}")
     real_prefix = str(image_path_of(root=root, host_path=env_host))
     if real_prefix in SYSTEM_PREFIXES:
         return end(
@@ -165,7 +141,7 @@ def _env_lib_dir(*, root, env_prefix):
     try:
         lib_host = resolve_in_root(root=root, path=lib_image)
     except SymlinkLoopError:
-        return looping(lib_image)
+        return end("unsupported", f"{lib_image} {loop}")
     if not lib_host.is_dir():
         return end("absent", f"{lib_image} does not exist")
     if lib_host == env_host or not is_inside(parent=env_host, path=lib_host):
@@ -174,9 +150,13 @@ def _env_lib_dir(*, root, env_prefix):
             f"{lib_image} is a link to "
             f"{image_path_of(root=root, host_path=lib_host)}, outside the "
             "environment; nothing there is removed",
-            lib_dir=lib_host,
         )
-    return None, env_host, lib_host
+    candidates = sorted(
+        p for p in lib_host.glob(LIBSTDCXX_GLOB) if p.is_symlink() or p.is_file()
+    )
+    if not candidates:
+        return end("absent", f"no {LIBSTDCXX_GLOB} in {lib_image}")
+    return env_host, lib_host, candidates
 
 
 def _libstdcxx_users(*, root, env_prefix, candidates):
@@ -192,11 +172,9 @@ def _libstdcxx_users(*, root, env_prefix, candidates):
         objects += 1
         versions = info.needs_from(prefix="libstdc++.so.")
         uses = versions or any(n.startswith("libstdc++.so.") for n in info.needed)
-        if not uses:
-            continue
-        if like is None:
-            like = info
-        needs[info.path] = (info, versions)
+        if uses:
+            like = like or info
+            needs[info.path] = (info, versions)
     return needs, objects, like
 
 
@@ -247,17 +225,10 @@ def _explain(check, *, needs):
 def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
     """Check whether removing the env's libstdc++ is safe."""
     env_prefix = str(PurePosixPath("/", env_prefix))
-    ended, env_host, lib_host = _env_lib_dir(root=root, env_prefix=env_prefix)
-    if ended is not None:
-        return ended
-    candidates = _env_candidates(lib_host)
-    if not candidates:
-        return LibstdcxxCheck(
-            env_prefix=env_prefix,
-            status="absent",
-            reason=f"no {LIBSTDCXX_GLOB} in {env_prefix}/lib",
-            lib_dir=lib_host,
-        )
+    found = _env_lib_files(root=root, env_prefix=env_prefix)
+    if isinstance(found, LibstdcxxCheck):
+        return found
+    env_host, lib_host, candidates = found
     needs, objects, like = _libstdcxx_users(
         root=root, env_prefix=env_prefix, candidates=candidates
     )
@@ -299,12 +270,11 @@ def remove_libstdcxx(*, check, root, manifest):
     for path in check.candidates:
         if path.parent != check.lib_dir or not is_inside(parent=env_host, path=path):
             raise ValueError(f"{path} is not in the environment's lib directory")
-        st = os.lstat(path)
         kind = "symlink" if os.path.islink(path) else "file"
-        size = 0 if kind == "symlink" else st.st_size
+        size = 0 if kind == "symlink" else os.lstat(path).st_size
         os.unlink(path)
         freed += size
-        manifest.add(
+        manifest.entries.append(
             ManifestEntry(
                 path=str(image_path_of(root=root, host_path=path)),
                 action="removed",

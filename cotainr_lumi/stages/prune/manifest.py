@@ -48,10 +48,6 @@ class PruneManifest:
     facts: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
 
-    def add(self, entry):
-        """Record a pruned path."""
-        self.entries.append(entry)
-
     def skip(self, *, group, what, reason):
         """Record a decision not to prune."""
         self.skipped.append({"group": group, "what": str(what), "reason": reason})
@@ -68,14 +64,11 @@ class PruneManifest:
 
     def summary(self):
         """One line for the build log."""
-        parts = []
         removed = sum(e.action == "removed" for e in self.entries)
         linked = sum(e.action == "symlinked" for e in self.entries)
-        if removed:
-            parts.append(f"removed {removed}")
-        if linked:
-            parts.append(f"replaced {linked} by links into ROCm")
-        text = ", ".join(parts) if parts else "nothing pruned"
+        parts = [f"removed {removed}"] if removed else []
+        parts += [f"replaced {linked} by links into ROCm"] if linked else []
+        text = ", ".join(parts) or "nothing pruned"
         text += f" ({format_bytes(size=self.bytes_saved)} saved)"
         if self.skipped:
             text += f"; {len(self.skipped)} decision(s) not to prune (see manifest)"

@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 import re
 import shutil
-import stat
 
 from ... import _cotainr
 from ...engine.elfinfo import read_elf_info, scan_elf_files
@@ -23,6 +22,7 @@ from ...engine.rootfs import (
     image_path_of,
     is_inside,
     resolve_in_root,
+    walk_in_root,
 )
 from ...errors import StageError
 from .manifest import ManifestEntry, format_bytes
@@ -42,9 +42,7 @@ _HIP = re.compile(r"^hip\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)['\"]", re.M)
 
 def major_minor(*, version):
     """``"6.1"`` from ``"6.1.40091-a8dbc0c19"`` or ``"6.1.3-122"``."""
-    if not version:
-        return None
-    match = _MAJOR_MINOR.match(str(version))
+    match = _MAJOR_MINOR.match(str(version or ""))
     return f"{int(match[1])}.{int(match[2])}" if match else None
 
 
@@ -76,8 +74,6 @@ def hip_version_of_package(*, version_file):
 class RocmDir:
     """A ROCm library directory of the base image."""
 
-    image_path: str
-    host_path: Path
     real_image_path: str
     names: frozenset
 
@@ -96,14 +92,8 @@ def rocm_dirs_of(*, root, rocm_path):
             names = frozenset(os.listdir(host))
         except OSError:
             continue
-        found.append(
-            RocmDir(
-                image_path=image_path,
-                host_path=host,
-                real_image_path=str(image_path_of(root=root, host_path=host)),
-                names=names,
-            )
-        )
+        real = str(image_path_of(root=root, host_path=host))
+        found.append(RocmDir(real_image_path=real, names=names))
     return found
 
 
@@ -119,72 +109,68 @@ class BundleDir:
 
 
 def _resolve_or_none(*, root, path):
-    """:func:`resolve_in_root`, or None for a symlink loop."""
     try:
         return resolve_in_root(root=root, path=path)
     except SymlinkLoopError:
         return None
 
 
-def _real_subdirs(directory):
-    """Sub-directories of `directory` that are not symlinks, by name."""
-    try:
-        with os.scandir(directory) as it:
-            return sorted(
-                (e.name, Path(e.path)) for e in it if e.is_dir(follow_symlinks=False)
-            )
-    except OSError:
-        return []
+def _site_subdirs(*, root, site_dirs):
+    """``(name, path)`` of the sub-directories (not links) of each site directory."""
+    seen = set()
+    for site in site_dirs:
+        host = _resolve_or_none(root=root, path=site)
+        if host is None or not host.is_dir() or host in seen:
+            continue
+        seen.add(host)
+        try:
+            with os.scandir(host) as it:
+                dirs = [e for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        yield from sorted((e.name, Path(e.path)) for e in dirs)
 
 
 def find_bundle_dirs(*, root, site_dirs, rocm_dirs):
     """``<package>/lib`` and auditwheel's ``<package>.libs`` holding entries ROCm also has."""
     names = frozenset().union(*(d.names for d in rocm_dirs))
     bundles = []
-    seen = set()
-    for site in site_dirs:
-        site_host = _resolve_or_none(root=root, path=site)
-        if site_host is None or not site_host.is_dir() or str(site_host) in seen:
+    for name, pkg_dir in _site_subdirs(root=root, site_dirs=site_dirs):
+        if name.startswith(ROCM_SDK_PREFIX):
             continue
-        seen.add(str(site_host))
-        for name, pkg_dir in _real_subdirs(site_host):
-            if name.startswith(ROCM_SDK_PREFIX):
-                continue
-            package, lib_dir = (
-                (name[: -len(".libs")], pkg_dir)
-                if name.endswith(".libs")
-                else (name, pkg_dir / "lib")
-            )
-            if not lib_dir.is_dir() or lib_dir.is_symlink():
-                continue
-            try:
-                overlap = sorted(set(os.listdir(lib_dir)) & names)
-            except OSError:
-                continue
-            if overlap:
-                bundles.append(
-                    BundleDir(
-                        package=package,
-                        package_dir=pkg_dir,
-                        host_path=lib_dir,
-                        image_path=str(image_path_of(root=root, host_path=lib_dir)),
-                        overlap=overlap,
-                    )
+        package, lib_dir = (
+            (name[: -len(".libs")], pkg_dir)
+            if name.endswith(".libs")
+            else (name, pkg_dir / "lib")
+        )
+        if not lib_dir.is_dir() or lib_dir.is_symlink():
+            continue
+        try:
+            overlap = sorted(set(os.listdir(lib_dir)) & names)
+        except OSError:
+            continue
+        if overlap:
+            bundles.append(
+                BundleDir(
+                    package=package,
+                    package_dir=pkg_dir,
+                    host_path=lib_dir,
+                    image_path=str(image_path_of(root=root, host_path=lib_dir)),
+                    overlap=overlap,
                 )
+            )
     return bundles
 
 
 def find_rocm_sdk_packages(*, root, site_dirs):
     """``_rocm_sdk_*`` packages (the newer ROCm wheel layout)."""
-    found = []
-    for site in site_dirs:
-        site_host = _resolve_or_none(root=root, path=site)
-        if site_host is None:
-            continue
-        for name, path in _real_subdirs(site_host):
-            if name.startswith(ROCM_SDK_PREFIX):
-                found.append(str(image_path_of(root=root, host_path=path)))
-    return sorted(set(found))
+    return sorted(
+        {
+            str(image_path_of(root=root, host_path=path))
+            for name, path in _site_subdirs(root=root, site_dirs=site_dirs)
+            if name.startswith(ROCM_SDK_PREFIX)
+        }
+    )
 
 
 @dataclass
@@ -202,16 +188,6 @@ class DedupAction:
     is_elf: bool = False
 
 
-def _tree_size(host_path):
-    """The sum of the sizes of the regular files below a directory (no links followed)."""
-    total = 0
-    for top, _dirs, files in os.walk(host_path):
-        for name in files:
-            st = os.lstat(os.path.join(top, name))
-            total += st.st_size if stat.S_ISREG(st.st_mode) else 0
-    return total
-
-
 @dataclass
 class DedupPlan:
     """The replacements for one bundle directory, and what is left alone."""
@@ -225,10 +201,8 @@ def plan_dedup(*, root, bundle, rocm_dirs):
     plan = DedupPlan()
     for name in bundle.overlap:
         found = _plan_entry(root=root, bundle=bundle, name=name, rocm_dirs=rocm_dirs)
-        if isinstance(found, DedupAction):
-            plan.actions.append(found)
-        else:
-            plan.left_alone.append(found)
+        into = plan.actions if isinstance(found, DedupAction) else plan.left_alone
+        into.append(found)
     return plan
 
 
@@ -244,32 +218,33 @@ def _plan_entry(*, root, bundle, name, rocm_dirs):
         return ours_image, f"{theirs_image}: {e.strerror or e}"
     if ours.is_symlink():
         return ours_image, "already a link"
-    action = {
-        "host_path": ours,
-        "image_path": ours_image,
-        "target": os.path.relpath(theirs_image, start=bundle.image_path),
-        "rocm_image_path": theirs_image,
-    }
-    if ours.is_dir():
+    kind = "dir" if ours.is_dir() else "file"
+    if kind == "dir":
         if not theirs.is_dir():
             return ours_image, f"{theirs_image} is not a directory"
-        return DedupAction(
-            **action,
-            kind="dir",
-            size=_tree_size(ours),
-            reason=f"same directory in the base image ({theirs_image})",
+        entries = walk_in_root(root=root, path=ours_image)
+        size = sum(e.size for e in entries if e.kind == "file")
+        ours_info = None
+        why = f"same directory in the base image ({theirs_image})"
+    elif ours.is_file():
+        size = os.lstat(ours).st_size
+        ours_info = read_elf_info(path=ours)
+        ok, why = _file_verdict(
+            ours_info=ours_info, theirs=theirs, theirs_image=theirs_image
         )
-    if not ours.is_file():
+        if not ok:
+            return ours_image, why
+    else:
         return ours_image, "not a regular file or directory"
-    size = os.lstat(ours).st_size
-    ours_info = read_elf_info(path=ours)
-    ok, why = _file_verdict(
-        ours_info=ours_info, theirs=theirs, theirs_image=theirs_image
-    )
-    if not ok:
-        return ours_image, why
     return DedupAction(
-        **action, kind="file", size=size, reason=why, is_elf=ours_info is not None
+        host_path=ours,
+        image_path=ours_image,
+        kind=kind,
+        size=size,
+        target=os.path.relpath(theirs_image, start=bundle.image_path),
+        rocm_image_path=theirs_image,
+        reason=why,
+        is_elf=ours_info is not None,
     )
 
 
@@ -430,19 +405,16 @@ class RocmDedup:
         self.skip_or_fail = skip_or_fail
 
     def _site_dirs(self, root, target):
-        """The env's site-packages directories, without symlink loops."""
-        site_dirs = list(target.site)
-        for site in [
-            p for p in target.site if _resolve_or_none(root=root, path=p) is None
-        ]:
-            site_dirs.remove(site)
-            self.skip_or_fail(
-                group="rocm-dedup",
-                what=site,
-                reason=f"{site} is a symlink loop (too many levels of symbolic "
-                "links), so nothing in it is de-duplicated",
-            )
-        return site_dirs
+        """The env's site-packages directories (symlink loops are reported, then skipped)."""
+        for site in target.site:
+            if _resolve_or_none(root=root, path=site) is None:
+                self.skip_or_fail(
+                    group="rocm-dedup",
+                    what=site,
+                    reason=f"{site} is a symlink loop (too many levels of symbolic "
+                    "links), so nothing in it is de-duplicated",
+                )
+        return target.site
 
     def _note_rocm_sdk(self, root, site_dirs, info):
         """Say so when ROCm comes as separate wheels (left in place)."""
@@ -465,7 +437,6 @@ class RocmDedup:
         base_mm = major_minor(version=base_text)
         system = self.context.plan.system
         profile = system.rocm_version if system is not None else None
-        source = f"{rocm_path}/.info/version ({base_text})"
         if base_mm is None and profile:
             return profile, "the profile's rocm-version"
         if base_mm and profile and base_mm != profile:
@@ -474,7 +445,7 @@ class RocmDedup:
                 profile,
                 base_text,
             )
-        return base_mm, source
+        return base_mm, f"{rocm_path}/.info/version ({base_text})"
 
     def run(self):
         """De-duplicate what is safe; record it in the manifest."""
@@ -509,12 +480,10 @@ class RocmDedup:
             )
             return
         applied = []
+        packages = info["packages"] = {}
         for bundle in bundles:
             hip = hip_version_of_package(version_file=bundle.package_dir / "version.py")
-            info.setdefault("packages", {})[bundle.package] = {
-                "hip": hip,
-                "dir": bundle.image_path,
-            }
+            packages[bundle.package] = {"hip": hip, "dir": bundle.image_path}
             reason = _bundle_kept_reason(
                 bundle, hip=hip, base_mm=base_mm, source=source, rocm_path=rocm_path
             )
@@ -535,10 +504,9 @@ class RocmDedup:
 
     def _verify(self, applied):
         """Run the loader check in the container; return the unresolved pairs."""
-        root = self.root
         objects = []
         for bundle, actions in applied:
-            objects += elf_objects_below(root=root, bundle=bundle, actions=actions)
+            objects += elf_objects_below(root=self.root, bundle=bundle, actions=actions)
         failures = set()
         for start in range(0, len(objects), VERIFY_BATCH):
             batch = objects[start : start + VERIFY_BATCH]
@@ -550,12 +518,11 @@ class RocmDedup:
 
     def _check_links(self, applied, all_actions):
         """The loader check of the links (rolled back when it cannot run)."""
-        root = self.root
         try:
             escaped = [
                 a.image_path
                 for a in all_actions
-                if not link_stays_inside(root=root, action=a)
+                if not link_stays_inside(root=self.root, action=a)
             ]
             if escaped:
                 raise ValueError(
@@ -572,33 +539,8 @@ class RocmDedup:
                 details=details,
             ) from e
 
-    def _record_links(self, all_actions, checked):
-        """Keep the links and record them in the manifest."""
-        commit(actions=all_actions)
-        for action in all_actions:
-            self.manifest.add(
-                ManifestEntry(
-                    path=action.image_path,
-                    action="symlinked",
-                    size=action.size,
-                    reason=action.reason,
-                    kind=action.kind,
-                    target=action.target,
-                    group="rocm-dedup",
-                )
-            )
-        saved = sum(a.size for a in all_actions)
-        logger.info(
-            "Prune: replaced %d bundled ROCm entr%s by links into the base image's ROCm "
-            "(%s saved); %d ELF object(s) checked with the image's loader",
-            len(all_actions),
-            "y" if len(all_actions) == 1 else "ies",
-            format_bytes(size=saved),
-            checked,
-        )
-
     def _verify_and_finish(self, applied):
-        """Check the links resolve; commit, or roll back and skip/fail."""
+        """Check the links resolve; commit and record them, or roll back and skip/fail."""
         all_actions = [a for _bundle, actions in applied for a in actions]
         failures, checked = self._check_links(applied, all_actions)
         if failures:
@@ -627,4 +569,25 @@ class RocmDedup:
                 ": ".join(sorted(before)[0]),
             )
             apply_actions(actions=all_actions)
-        self._record_links(all_actions, checked)
+        commit(actions=all_actions)
+        for action in all_actions:
+            self.manifest.entries.append(
+                ManifestEntry(
+                    path=action.image_path,
+                    action="symlinked",
+                    size=action.size,
+                    reason=action.reason,
+                    kind=action.kind,
+                    target=action.target,
+                    group="rocm-dedup",
+                )
+            )
+        saved = sum(a.size for a in all_actions)
+        logger.info(
+            "Prune: replaced %d bundled ROCm entr%s by links into the base image's ROCm "
+            "(%s saved); %d ELF object(s) checked with the image's loader",
+            len(all_actions),
+            "y" if len(all_actions) == 1 else "ies",
+            format_bytes(size=saved),
+            checked,
+        )

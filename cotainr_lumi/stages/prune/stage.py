@@ -14,12 +14,7 @@ from ...imagelayout import (
     LABEL_PRUNE_MANIFEST,
     PRUNE_MANIFEST_FILE,
 )
-from .libstdcxx import (
-    LIBSTDCXX_GLOB,
-    check_libstdcxx,
-    format_missing,
-    remove_libstdcxx,
-)
+from .libstdcxx import LIBSTDCXX_GLOB, check_libstdcxx, format_missing, remove_libstdcxx
 from .manifest import PruneManifest, format_bytes
 from .rocm import AMDGPU_LIB_DIR, RocmDedup
 
@@ -69,11 +64,8 @@ class PruneStage(Stage):
             lines.append("libstdc++: kept (libstdcxx: false)")
         if self.settings.rocm_dedup:
             rocm = plan.system.rocm_version if plan.system is not None else None
-            base = (
-                f"the base image's ROCm ($ROCM_PATH/.info/version; profile says {rocm})"
-                if rocm
-                else "the base image's ROCm ($ROCM_PATH/.info/version)"
-            )
+            says = f"; profile says {rocm}" if rocm else ""
+            base = f"the base image's ROCm ($ROCM_PATH/.info/version{says})"
             lines.append(
                 "ROCm: in <site-packages>/torch/lib (and other packages' lib/ or .libs/), "
                 f"replace entries also in $ROCM_PATH/lib or {AMDGPU_LIB_DIR} by relative "
@@ -106,22 +98,18 @@ class PruneStage(Stage):
                 manifest,
                 group="all",
                 what="environment",
-                reason=(
-                    "the image has no Python environment (no $WITH_CONDA, venv or "
-                    "conda env): there is no environment to prune"
-                ),
+                reason="the image has no Python environment (no $WITH_CONDA, venv or "
+                "conda env): there is no environment to prune",
             )
         else:
             self._prune(context, target, manifest)
         manifest.write(root=context.sandbox.root)
         summary = manifest.summary()
         logger.info("Prune summary: %s; manifest %s", summary, PRUNE_MANIFEST_FILE)
-        details = manifest.to_dict()
-        details["warnings"] = manifest.warnings
         return StageReport(
             name=self.name,
             summary=summary,
-            details=details,
+            details={**manifest.to_dict(), "warnings": manifest.warnings},
             labels={
                 LABEL_PRUNE_MANIFEST: PRUNE_MANIFEST_FILE,
                 LABEL_PRUNE_BYTES_SAVED: str(manifest.bytes_saved),
@@ -168,7 +156,6 @@ class PruneStage(Stage):
         logger.warning("Prune: %s; not pruned.", reason)
 
     def _prune_libstdcxx(self, root, prefix, ldconfig_text, manifest):
-        """The libstdc++ pruning."""
         check = check_libstdcxx(
             root=root, env_prefix=prefix, ldconfig_text=ldconfig_text
         )
