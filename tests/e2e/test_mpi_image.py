@@ -157,7 +157,12 @@ def work(tmp_path_factory, lumi_like_base_image, apptainer_path, build_times):
                         "base-image": str(lumi_like_base_image),
                         "rocm-version": "6.1",
                         "settings": {
-                            "lumi-env": {"binds": [], "mpi-host": binding},
+                            # The fake host's /opt/cray comes with the binding.
+                            "lumi-env": {
+                                "binds": [],
+                                "host-libfabric-binds": [],
+                                "mpi-host": binding,
+                            },
                             "provenance": {"hash-base-image": False},
                         },
                     }
