@@ -371,11 +371,6 @@ def test_the_shell_snippet_binds_the_host_mpich_in(
     # Overridable at run time: the image's own MPICH again.
     back = versions(on_host(apptainer_path, run, env={"COTAINR_LUMI_MPI": "container"}))
     assert "5.0.2" in back["library"] and back["ACTIVE"] == "container"
-    # Without the MPI binding the network still gets the host's libfabric: the
-    # base names 1.15.2.0, gone here; the env file adds the newest installed.
-    ld = back["LD"].split(":")
-    assert "/opt/cray/libfabric/1.15.2.0/lib64" in ld
-    assert ld[-1] == "/opt/cray/libfabric/1.22.0/lib64", ld
 
 
 def test_the_module_file_binds_the_host_mpich_in(
@@ -537,3 +532,37 @@ def test_a_pinned_rpath_is_one_message_with_the_fix(work):
     )
     assert "through its DT_RPATH entry" in text and "--enable-new-dtags" in text
     assert not (work / "pinned.sif").exists()
+
+
+def test_the_network_gets_the_hosts_newest_libfabric_when_the_images_is_gone(
+    mpi_image, tmp_path, apptainer_path
+):
+    """The base names libfabric 1.15.2.0 (CPE 24.03), gone from LUMI since 2026."""
+    image, _ = mpi_image
+    for version in ("1.9.0", "1.22.0"):  # 1.9.0 sorts last as text
+        lib = tmp_path / f"cray/libfabric/{version}/lib64"
+        lib.mkdir(parents=True)
+        (lib / "libfabric.so.1").write_text("")
+    show = 'printf "%s" "$LD_LIBRARY_PATH"'
+    proc = in_image(
+        apptainer_path,
+        image,
+        show,
+        binds=[f"{tmp_path}/cray:/opt/cray"],
+        env={"COTAINR_LUMI_MPI": "container"},
+    )
+    ld = proc.stdout.split(":")
+    assert "/opt/cray/libfabric/1.15.2.0/lib64" in ld, proc.stderr
+    assert "/opt/cray/libfabric/1.22.0/lib64" in ld, ld
+    assert "/opt/cray/libfabric/1.9.0/lib64" not in ld
+    # The image's own entry, when there, stays the one used.
+    (tmp_path / "cray/libfabric/1.15.2.0/lib64").mkdir(parents=True)
+    (tmp_path / "cray/libfabric/1.15.2.0/lib64/libfabric.so.1").write_text("")
+    proc = in_image(
+        apptainer_path,
+        image,
+        show,
+        binds=[f"{tmp_path}/cray:/opt/cray"],
+        env={"COTAINR_LUMI_MPI": "container"},
+    )
+    assert "/opt/cray/libfabric/1.22.0/lib64" not in proc.stdout.split(":")
