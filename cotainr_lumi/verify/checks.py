@@ -1,5 +1,6 @@
 """Check a built image against the hand-built LUMI PyTorch image."""
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 import json
 import logging
@@ -119,16 +120,11 @@ class VerifyReport:
 
     def status_of(self, check):
         """The status of one check (KeyError if absent)."""
-        for r in self.results:
-            if r.check == check:
-                return r.status
-        raise KeyError(check)
+        return {r.check: r.status for r in reversed(self.results)}[check]
 
     def summary(self):
         """One line: counts per status (WARN only when there are some)."""
-        counts = {
-            s: sum(r.status == s for r in self.results) for s in (PASS, FAIL, NA, WARN)
-        }
+        counts = Counter(r.status for r in self.results)
         warn = f", {counts[WARN]} WARN" if counts[WARN] else ""
         return (
             f"{self.command} {self.image}: {counts[PASS]} PASS, {counts[FAIL]} FAIL, "
@@ -155,11 +151,6 @@ class VerifyReport:
             },
             indent=2,
         )
-
-
-def _on_path_list(value, wanted):
-    parts = [os.path.normpath(p) for p in (value or "").split(":") if p]
-    return os.path.normpath(wanted) in parts
 
 
 def _check_labels(report, facts):
@@ -197,11 +188,12 @@ def _check_rocm(report, facts):
         f"ROCM_PATH={env.get('ROCM_PATH')!r}, /opt/rocm is {opt_rocm['kind']}",
     )
     rocm_path = env.get("ROCM_PATH") or "/opt/rocm"
-    problems = []
-    if not _on_path_list(env.get("PATH"), os.path.join(rocm_path, "bin")):
-        problems.append(f"{rocm_path}/bin not on PATH")
-    if not _on_path_list(env.get("LD_LIBRARY_PATH"), os.path.join(rocm_path, "lib")):
-        problems.append(f"{rocm_path}/lib not on LD_LIBRARY_PATH")
+    problems = [
+        f"{rocm_path}/{sub} not on {var}"
+        for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib"))
+        if os.path.normpath(os.path.join(rocm_path, sub))
+        not in [os.path.normpath(p) for p in (env.get(var) or "").split(":") if p]
+    ]
     report.pass_if(
         "rocm-env",
         not problems,
@@ -266,14 +258,9 @@ def _check_target_env(report, facts):
 def _check_torch(report, facts):
     torch = facts.get("torch")
     if torch is None or not torch.get("hip"):
+        why = torch is not None and f"{torch['dir']} is not a ROCm build of torch"
         for row in ("torch-rocm-duplicates", "torch-rccl"):
-            report.add(
-                row,
-                NA,
-                "torch is not installed in the image"
-                if torch is None
-                else f"{torch['dir']} is not a ROCm build of torch",
-            )
+            report.add(row, NA, why or "torch is not installed in the image")
         return
     rocm_names = set(facts["rocm"]["lib_names"])
     rocm_real = facts["rocm"]["realpath"]

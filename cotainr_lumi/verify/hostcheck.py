@@ -26,11 +26,16 @@ def _find(root, path):
     return resolve_in_root(root=root, path=path, confine=True)
 
 
-def _there(root, path):
+def _try(root, path, use, default=None):
+    """use(the host path), or `default` for an OSError (a link out of `root` too)."""
     try:
-        return _find(root, path).exists()
+        return use(_find(root, path))
     except OSError:
-        return False
+        return default
+
+
+def _there(root, path):
+    return _try(root, path, Path.exists, False)
 
 
 def _moved(root, path):
@@ -38,10 +43,7 @@ def _moved(root, path):
     parts = PurePosixPath(path).parts
     i = next(i for i in range(2, len(parts) + 1) if not _there(root, Path(*parts[:i])))
     parent, missing, rest = Path(*parts[: i - 1]), parts[i - 1], parts[i:]
-    try:
-        names = os.listdir(_find(root, parent))
-    except OSError:
-        return ""
+    names = _try(root, parent, os.listdir, [])
 
     def shape(name):
         return re.sub(r"[\d.]", "", name)
@@ -97,10 +99,7 @@ def _base_image_rows(system, root):
 
 
 def _read(root, path):
-    try:
-        return _find(root, path).read_text(errors="replace").strip() or None
-    except OSError:
-        return None
+    return _try(root, path, lambda f: f.read_text(errors="replace").strip() or None)
 
 
 def _rocm_rows(system, root):
@@ -108,10 +107,7 @@ def _rocm_rows(system, root):
     window = Window.from_text(settings.supported, source=settings.source)
     if window is None:
         return
-    try:
-        names = sorted(os.listdir(_find(root, "/opt")))
-    except OSError:
-        names = []
+    names = sorted(_try(root, "/opt", os.listdir, []))
     rocms = {_read(root, f"/opt/{n}/.info/version") for n in names if "rocm" in n}
     for check, found, what in (
         ("rocm-driver", {_read(root, "/sys/module/amdgpu/version")}, "amdgpu driver"),

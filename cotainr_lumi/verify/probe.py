@@ -67,13 +67,12 @@ def load(path, kind="object"):
             data = f.read(limit + 1)
     except OSError:
         return None
-    names = {dict: "object", list: "array"}
     try:
         if len(data) > limit:
             raise ValueError(f"larger than {limit} bytes, not read")
         value = json.loads(data)
         check_depth(value)
-        found = names.get(type(value), type(value).__name__)
+        found = {dict: "object", list: "array"}.get(type(value), type(value).__name__)
         if kind and found != kind:
             raise ValueError(f"a JSON {found}, not an {kind}")
     except (ValueError, RecursionError) as e:
@@ -215,10 +214,7 @@ def plugin_files(dirs, named):
         }
         if named and os.path.dirname(named) == d and os.path.exists(named):
             names.add(os.path.basename(named))
-        entries = {}
-        for name in sorted(names):
-            path = os.path.join(d, name)
-            entries[name] = os.readlink(path) if os.path.islink(path) else None
+        entries = {name: entry(os.path.join(d, name))["link"] for name in sorted(names)}
         if entries:
             files[d] = entries
     return files
@@ -228,18 +224,15 @@ def plugin_ldd(files, named, limit=8):
     """``ldd`` of each file RCCL could open (never a versioned name), each real file once."""
     named_base = os.path.basename(named) if named else None
     done, result = {}, {}
-    for d, names in files.items():
-        for name in names:
-            rccl_name = name.startswith("librccl-net") and name.endswith(".so")
-            if not (rccl_name or name == named_base):
-                continue
-            path = os.path.join(d, name)
+    for path in (os.path.join(d, name) for d, names in files.items() for name in names):
+        name = os.path.basename(path)
+        rccl_name = name.startswith("librccl-net") and name.endswith(".so")
+        if rccl_name or name == named_base:
             real = os.path.realpath(path)
-            if real not in done:
-                if len(done) >= limit:
-                    continue
+            if real not in done and len(done) < limit:
                 done[real] = ldd(path)
-            result[path] = done[real]
+            if real in done:
+                result[path] = done[real]
     return result
 
 
@@ -293,20 +286,16 @@ def network_facts():
 
 facts["network"] = guarded("network", network_facts)
 
-scripts = {}
 runscripts_dir = INPUTS["runscripts_dir"]
-for name in INPUTS["runscripts"]:
-    path = os.path.join(runscripts_dir, name)
-    scripts[name] = {
-        "exists": os.path.isfile(path),
-        "executable": os.access(path, os.X_OK),
-    }
+scripts = {
+    name: {"executable": os.access(os.path.join(runscripts_dir, name), os.X_OK)}
+    for name in INPUTS["runscripts"]
+}
 if scripts["get-master"]["executable"]:
     get_master = os.path.join(runscripts_dir, "get-master")
     scripts["get-master"]["run"] = run([get_master, INPUTS["sample_nodelist"]])
 facts["runscripts"] = scripts
-path_entries = (os.environ.get("PATH") or "").split(":")
-facts["runscripts_on_path"] = runscripts_dir in path_entries
+facts["runscripts_on_path"] = runscripts_dir in os.environ.get("PATH", "").split(":")
 with_conda = os.environ.get("WITH_CONDA")
 if with_conda is not None:
     # Exactly as the LUMI EasyBuild modules use it: an unquoted expansion.
