@@ -1,7 +1,7 @@
 """Check a built image against the hand-built LUMI PyTorch image."""
 
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections import Counter, namedtuple
+from dataclasses import dataclass, field
 import json
 import logging
 import os
@@ -86,13 +86,8 @@ HARDWARE_CHECKS = (
 )
 
 
-@dataclass
-class CheckResult:
-    """One row of the report."""
-
-    check: str
-    status: str
-    evidence: str
+#: One row of the report.
+CheckResult = namedtuple("CheckResult", "check status evidence")
 
 
 @dataclass
@@ -145,7 +140,7 @@ class VerifyReport:
         return json.dumps(
             {
                 "image": self.image,
-                "results": [asdict(r) for r in self.results],
+                "results": [r._asdict() for r in self.results],
                 "failed": self.failed,
                 "summary": self.summary(),
             },

@@ -48,24 +48,19 @@ def expected_env(*, system_name):
     return expected
 
 
-def _profile_window(name):
+def window_for(*, labels):
+    """The supported range for an image."""
     try:
         systems = load_systems(include_stock=False)
     except CotainrLumiError as e:
         logger.debug("Profiles unreadable: %s", e)
         systems = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
-    system = systems.get(name) or systems.get(DEFAULT_SYSTEM)
-    if system is None:
-        return None
+    # The packaged profile, read first, always has DEFAULT_SYSTEM.
+    system = systems.get(labels.get(LABEL_SYSTEM)) or systems[DEFAULT_SYSTEM]
     settings = rocmwindow.RocmSettings.complete(
         system.stage_settings(rocmwindow.SETTINGS_NAME)
     )
-    return rocmwindow.Window.from_text(settings.supported, source=settings.source)
-
-
-def window_for(*, labels):
-    """The supported range for an image."""
-    profile = _profile_window(labels.get(LABEL_SYSTEM) or DEFAULT_SYSTEM)
+    profile = rocmwindow.Window.from_text(settings.supported, source=settings.source)
     recorded = rocmwindow.Window.from_text(labels.get(LABEL_ROCM_SUPPORTED))
     if recorded is None or str(profile) == str(recorded):
         return profile  # none recorded, or the same range with its source

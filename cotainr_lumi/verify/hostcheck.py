@@ -21,15 +21,10 @@ from .status import FAIL, NA, PASS
 logger = logging.getLogger(f"cotainr.{__name__}")
 
 
-def _find(root, path):
-    """The host path inside `root` (an OSError for a link out of it)."""
-    return resolve_in_root(root=root, path=path, confine=True)
-
-
 def _try(root, path, use, default=None):
-    """use(the host path), or `default` for an OSError (a link out of `root` too)."""
+    """use(the host path in `root`), or `default` for an OSError (a link out too)."""
     try:
-        return use(_find(root, path))
+        return use(resolve_in_root(root=root, path=path, confine=True))
     except OSError:
         return default
 
@@ -64,7 +59,7 @@ def _moved(root, path):
 def _exists(root, path, *, file=False):
     """(ok, words): does the host path exist (as a file)."""
     try:
-        found = _find(root, path)
+        found = resolve_in_root(root=root, path=path, confine=True)
     except OSError as e:
         return False, f"{path}: {e.strerror}"
     shown = image_path_of(root=root, host_path=found)

@@ -92,14 +92,13 @@ def guarded(name, facts_of):
 
 def entry(path):
     """Describe a directory entry (kind, link target)."""
-    info = {"name": os.path.basename(path), "link": None, "kind": "missing"}
+    kind = (
+        "dir" if os.path.isdir(path) else "file" if os.path.isfile(path) else "missing"
+    )
+    info = {"name": os.path.basename(path), "link": None, "kind": kind}
     if os.path.islink(path):
         info["link"] = os.readlink(path)
         info["target"] = os.path.realpath(path)
-    if os.path.isdir(path):
-        info["kind"] = "dir"
-    elif os.path.isfile(path):
-        info["kind"] = "file"
     return info
 
 
@@ -152,9 +151,7 @@ env_prefixes = [sys.prefix]
 if sys.base_prefix not in (sys.prefix, "/usr", "/usr/local", "/"):
     env_prefixes.append(sys.base_prefix)
 facts["env_libstdcxx"] = sorted(
-    path
-    for prefix in env_prefixes
-    for path in glob.glob(os.path.join(prefix, "lib", "libstdc++.so*"))
+    p for d in env_prefixes for p in glob.glob(os.path.join(d, "lib", "libstdc++.so*"))
 )
 # Every record is read once (a malformed one goes to PROBLEMS); verify uses
 # the prune manifest's content and the other records' sizes.
@@ -253,11 +250,7 @@ def network_facts():
     dirs = list(dict.fromkeys(os.path.normpath(d) for d in dirs + loader if d))
     files = plugin_files(dirs, named)
     libfabric = sorted(
-        {
-            os.path.realpath(p)
-            for d in loader
-            for p in glob.glob(os.path.join(d, "libfabric.so.1"))
-        }
+        {os.path.realpath(p) for d in loader for p in glob.glob(f"{d}/libfabric.so.1")}
     )
     tests_dirs = INPUTS["rccl_tests_dirs"]
     if record.get("rccl-tests"):
