@@ -115,14 +115,10 @@ if (
     and os.access(target_env["python"], os.X_OK)
 ):
     os.environ["COTAINR_LUMI_VERIFY_REEXEC"] = "1"
+    python = target_env["python"]
     # argv[1] twice: the code to run, and again as its own argv[1].
-    guarded(
-        INPUTS["target_env_file"],
-        lambda: os.execv(
-            target_env["python"],
-            [target_env["python"], "-c", sys.argv[1], *sys.argv[1:]],
-        ),
-    )
+    argv = [python, "-c", sys.argv[1], *sys.argv[1:]]
+    guarded(INPUTS["target_env_file"], lambda: os.execv(python, argv))
 
 facts = {"python": sys.executable, "prefix": sys.prefix, "target_env": target_env}
 # The whole environment (the image's own, under --cleanenv): a profile can
@@ -135,17 +131,15 @@ if odd:
 facts["labels"] = {k: v for k, v in labels.items() if isinstance(v, str)}
 rocm = os.environ.get("ROCM_PATH") or "/opt/rocm"
 facts["rocm"] = {
-    "path": rocm,
     "exists": os.path.isdir(rocm),
     "opt_rocm": entry("/opt/rocm"),
     "realpath": os.path.realpath(rocm),
     "version_file": (read(os.path.join(rocm, ".info/version")) or "").strip() or None,
 }
-rocm_names = set()
-for d in (os.path.join(rocm, "lib"), "/opt/amdgpu/lib64"):
-    if os.path.isdir(d):
-        rocm_names.update(os.listdir(d))
-facts["rocm"]["lib_names"] = sorted(rocm_names)
+rocm_libs = [os.path.join(rocm, "lib"), "/opt/amdgpu/lib64"]
+facts["rocm"]["lib_names"] = sorted(
+    {name for d in rocm_libs if os.path.isdir(d) for name in os.listdir(d)}
+)
 # The env's own lib/ and, for a venv, its base env's (a conda env), never /usr.
 env_prefixes = [sys.prefix]
 if sys.base_prefix not in (sys.prefix, "/usr", "/usr/local", "/"):
@@ -270,7 +264,6 @@ def network_facts():
         "named": named,
         "plugin_files": files,
         "ldd": plugin_ldd(files, named),
-        "ld_library_path": ld_path,
         "image_libfabric": libfabric,
         "rccl_tests": tests,
         "rccl_tests_dirs": tests_dirs,

@@ -240,21 +240,13 @@ def _mpi4py(*, root, site_dirs):
     return None
 
 
-def _interpreter(*, root, python):
-    """(real image path, ElfInfo or None) of the interpreter, or (None, None)."""
-    if not python:
-        return None, None
-    real = _real_image_path(root=root, path=python)
-    return real, read_elf_info(path=_resolve(root=root, path=real))
-
-
 def _pin(*, root, user, interpreter):
     """The pin of one :class:`MpiUser` of ``libmpi.so.12`` (None: not pinned)."""
     if user.runpath:
         return None
     searches = [(user.rpath, str(PurePosixPath(user.path).parent), "its DT_RPATH")]
     exe_path, exe = interpreter
-    if exe is not None and exe.rpath and not exe.runpath:
+    if exe and exe.rpath and not exe.runpath:
         origin = str(PurePosixPath(exe_path).parent)
         searches.append((exe.rpath, origin, f"the DT_RPATH of {exe_path}"))
     # The loader takes the first directory that has it, in this order.
@@ -273,7 +265,8 @@ def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
     scan = MpiScan(libraries=_libraries(root=root, prefixes=prefixes, dirs=dirs))
     scan.mpi4py = _mpi4py(root=root, site_dirs=site_dirs)
     owners = _distributions(root=root, site_dirs=site_dirs)
-    interpreter = _interpreter(root=root, python=python)
+    exe = python and _real_image_path(root=root, path=python)
+    interpreter = (exe, exe and read_elf_info(path=_resolve(root=root, path=exe)))
     # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
     preloading = scan.mpi4py and scan.mpi4py["abi_aware"] and scan.mpi4py["dir"] + "/"
     seen = {lib.real for lib in scan.libraries}
