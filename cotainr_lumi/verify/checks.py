@@ -129,11 +129,9 @@ class VerifyReport:
     def as_text(self):
         """The table and the summary."""
         width = max((len(r.check) for r in self.results), default=5)
-        lines = [f"{'STATUS':<6}  {'CHECK':<{width}}  EVIDENCE"]
-        for r in self.results:
-            lines.append(f"{r.status:<6}  {r.check:<{width}}  {r.evidence}")
-        lines.append(self.summary())
-        return "\n".join(lines)
+        rows = [CheckResult("CHECK", "STATUS", "EVIDENCE"), *self.results]
+        lines = [f"{r.status:<6}  {r.check:<{width}}  {r.evidence}" for r in rows]
+        return "\n".join([*lines, self.summary()])
 
     def as_json(self):
         """A JSON document with all rows and the summary."""

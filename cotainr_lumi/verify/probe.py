@@ -130,16 +130,16 @@ if odd:
     PROBLEMS[INPUTS["labels_file"]] = f"labels that are not strings: {odd[:300]}"
 facts["labels"] = {k: v for k, v in labels.items() if isinstance(v, str)}
 rocm = os.environ.get("ROCM_PATH") or "/opt/rocm"
+rocm_libs = [os.path.join(rocm, "lib"), "/opt/amdgpu/lib64"]
 facts["rocm"] = {
     "exists": os.path.isdir(rocm),
     "opt_rocm": entry("/opt/rocm"),
     "realpath": os.path.realpath(rocm),
     "version_file": (read(os.path.join(rocm, ".info/version")) or "").strip() or None,
+    "lib_names": sorted(
+        {n for d in rocm_libs if os.path.isdir(d) for n in os.listdir(d)}
+    ),
 }
-rocm_libs = [os.path.join(rocm, "lib"), "/opt/amdgpu/lib64"]
-facts["rocm"]["lib_names"] = sorted(
-    {name for d in rocm_libs if os.path.isdir(d) for name in os.listdir(d)}
-)
 # The env's own lib/ and, for a venv, its base env's (a conda env), never /usr.
 env_prefixes = [sys.prefix]
 if sys.base_prefix not in (sys.prefix, "/usr", "/usr/local", "/"):
@@ -160,16 +160,12 @@ if spec is not None and spec.submodule_search_locations:
     tdir = list(spec.submodule_search_locations)[0]
     lib = os.path.join(tdir, "lib")
     version_py = read(os.path.join(tdir, "version.py")) or ""
-    found = dict(
-        re.findall(
-            r"^(__version__|hip)\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)", version_py, re.M
-        )
-    )
-    entries = [entry(p) for p in sorted(glob.glob(os.path.join(lib, "*")))]
+    pattern = r"^(__version__|hip)\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)"
+    found = dict(re.findall(pattern, version_py, re.M))
     torch = {
         "dir": tdir,
         "hip": found.get("hip") or None,
-        "lib": entries,
+        "lib": [entry(p) for p in sorted(glob.glob(os.path.join(lib, "*")))],
         "version": found.get("__version__") or None,
     }
     hip_lib = os.path.join(lib, "libtorch_hip.so")
