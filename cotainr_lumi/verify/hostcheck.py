@@ -39,11 +39,8 @@ def _moved(root, path):
     i = next(i for i in range(2, len(parts) + 1) if not _there(root, Path(*parts[:i])))
     parent, missing, rest = Path(*parts[: i - 1]), parts[i - 1], parts[i:]
     names = _try(root, parent, os.listdir, [])
-
-    def shape(name):
-        return re.sub(r"[\d.]", "", name)
-
-    names = [n for n in names if shape(n) == shape(missing) and n != missing]
+    shape = re.sub(r"[\d.]", "", missing)  # the name without its version
+    names = [n for n in names if re.sub(r"[\d.]", "", n) == shape and n != missing]
     # The same line first (8.1.29: 8.1.32 before 9.0.1), then the newest.
     common = os.path.commonprefix
     names.sort(
