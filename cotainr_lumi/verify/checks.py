@@ -101,8 +101,7 @@ class VerifyReport:
     def add(self, check, status, evidence):
         """Append a row (evidence cut to a sane length, printable as UTF-8)."""
         evidence = str(evidence).encode("utf-8", "backslashreplace").decode("utf-8")
-        evidence = evidence[:MAX_EVIDENCE]
-        self.results.append(CheckResult(check=check, status=status, evidence=evidence))
+        self.results.append(CheckResult(check, status, evidence[:MAX_EVIDENCE]))
 
     def pass_if(self, check, ok, passed, failed):
         """A PASS row with `passed` when `ok`, else a FAIL row with `failed`."""
@@ -213,14 +212,8 @@ def _check_libstdcxx(report, facts):
         return
     manifest = facts.get("prune_manifest")
     skipped = (manifest.get("skipped") or []) if isinstance(manifest, dict) else []
-    reason = next(
-        (
-            d.get("reason") or "reason recorded in the manifest"
-            for d in skipped
-            if isinstance(d, dict) and d.get("group") == "libstdcxx"
-        ),
-        None,
-    )
+    kept = [d for d in skipped if isinstance(d, dict) and d.get("group") == "libstdcxx"]
+    reason = kept and (kept[0].get("reason") or "reason recorded in the manifest")
     report.pass_if(
         "env-libstdcxx",
         reason,
@@ -276,9 +269,7 @@ def _check_torch(report, facts):
         report.add("torch-rccl", NA, "no torch/lib/libtorch_hip.so to resolve")
         return
     rccl = [
-        f"{name} => {path or 'not found'}"
-        for name, path in ldd["deps"].items()
-        if "librccl" in name
+        f"{n} => {p or 'not found'}" for n, p in ldd["deps"].items() if "librccl" in n
     ]
     real = torch.get("rccl_realpath") or ""
     report.pass_if(
@@ -392,15 +383,11 @@ def _check_records(report, facts):
     )
 
 
-#: Errors of a check given malformed facts: a FAIL row, never a traceback.
-MALFORMED = (AttributeError, LookupError, TypeError, ValueError, RecursionError)
-
-
 def _guarded(report, row, check, facts, **kwargs):
-    """Run a check; facts it cannot read are its first row, FAIL."""
+    """Run a check; facts it cannot read are its first row, FAIL (no traceback)."""
     try:
         check(report, facts, **kwargs)
-    except MALFORMED as e:
+    except (AttributeError, LookupError, TypeError, ValueError, RecursionError) as e:
         logger.debug("Check %s failed on the facts", row, exc_info=True)
         report.add(
             row,
