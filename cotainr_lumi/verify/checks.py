@@ -285,20 +285,17 @@ def _check_torch(report, facts):
 def _check_runtime(report, facts):
     scripts = facts["runscripts"]
     missing = [n for n, s in scripts.items() if not s["executable"]]
-    if missing:
-        report.add(
-            "runscripts", FAIL, f"missing or not executable: {', '.join(missing)}"
-        )
-    else:
-        run = scripts["get-master"].get("run", {})
-        master = run.get("out", "").strip()
-        ok = master == SAMPLE_FIRST_HOST and facts["runscripts_on_path"]
-        report.add(
-            "runscripts",
-            PASS if ok else FAIL,
-            f"{RUNSCRIPTS_DIR} on PATH: {facts['runscripts_on_path']}; get-master "
-            f"'{SAMPLE_NODELIST}' -> {master!r}",
-        )
+    master = scripts["get-master"].get("run", {}).get("out", "").strip()
+    found = (
+        f"{RUNSCRIPTS_DIR} on PATH: {facts['runscripts_on_path']}; get-master "
+        f"'{SAMPLE_NODELIST}' -> {master!r}"
+    )
+    report.pass_if(
+        "runscripts",
+        not missing and master == SAMPLE_FIRST_HOST and facts["runscripts_on_path"],
+        found,
+        f"missing or not executable: {', '.join(missing)}" if missing else found,
+    )
     with_conda = facts.get("with_conda")
     if with_conda is None:
         report.add("with-conda", FAIL, "WITH_CONDA is not set in the image")
