@@ -178,7 +178,7 @@ def _speaks_cxi(*, root, library_path, info, dirs):
     fabric = _find(root=root, name=LIBFABRIC, dirs=search)
     if fabric is None:
         return None, False
-    fabric_info = read_elf_info(path=_resolve(root=root, path=fabric))  # a file
+    fabric_info = read_elf_info(path=_resolve(root=root, path=fabric))  # _find: a file
     providers = _resolve(root=root, path=f"{PurePosixPath(fabric).parent}/libfabric")
     has_provider = providers is not None and glob.glob(str(providers / "libcxi-fi*.so"))
     return fabric, bool(has_provider or (fabric_info and LIBCXI in fabric_info.needed))
