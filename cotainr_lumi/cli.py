@@ -131,12 +131,7 @@ def _parser():
 
 
 class CotainrLumiCLI:
-    """
-    Build Apptainer/Singularity containers for LUMI with cotainr-lumi.
-
-    The ``cotainr-lumi`` command: cotainr's ``build`` and ``info`` with the
-    cotainr-lumi plugin active, ``verify`` and ``check-host``.
-    """
+    """Build Apptainer/Singularity containers for LUMI with cotainr-lumi."""
 
     def __init__(self, *, args=None):
         """Construct the command line interface."""
@@ -160,11 +155,10 @@ class CotainrLumiCLI:
                 ) from None
             return
         parser = _parser()
-        parsed = parser.parse_args(args=args)
+        options = vars(parser.parse_args(args=args))
         if self.name is None:  # no subcommand
             parser.print_help()
             raise SystemExit(0)
-        options = vars(parsed)
         self.subcommand = options.pop("command")(**options)
         _cotainr.setup_cli_logging(log_settings=_cotainr.make_log_settings())
 

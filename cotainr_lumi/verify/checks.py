@@ -1,6 +1,7 @@
 """Check a built image against the hand-built LUMI PyTorch image."""
 
-from dataclasses import asdict, dataclass, field
+from collections import Counter, namedtuple
+from dataclasses import dataclass, field
 import json
 import logging
 import os
@@ -85,13 +86,8 @@ HARDWARE_CHECKS = (
 )
 
 
-@dataclass
-class CheckResult:
-    """One row of the report."""
-
-    check: str
-    status: str
-    evidence: str
+#: One row of the report.
+CheckResult = namedtuple("CheckResult", "check status evidence")
 
 
 @dataclass
@@ -105,8 +101,7 @@ class VerifyReport:
     def add(self, check, status, evidence):
         """Append a row (evidence cut to a sane length, printable as UTF-8)."""
         evidence = str(evidence).encode("utf-8", "backslashreplace").decode("utf-8")
-        evidence = evidence[:MAX_EVIDENCE]
-        self.results.append(CheckResult(check=check, status=status, evidence=evidence))
+        self.results.append(CheckResult(check, status, evidence[:MAX_EVIDENCE]))
 
     def pass_if(self, check, ok, passed, failed):
         """A PASS row with `passed` when `ok`, else a FAIL row with `failed`."""
@@ -119,16 +114,11 @@ class VerifyReport:
 
     def status_of(self, check):
         """The status of one check (KeyError if absent)."""
-        for r in self.results:
-            if r.check == check:
-                return r.status
-        raise KeyError(check)
+        return {r.check: r.status for r in reversed(self.results)}[check]
 
     def summary(self):
         """One line: counts per status (WARN only when there are some)."""
-        counts = {
-            s: sum(r.status == s for r in self.results) for s in (PASS, FAIL, NA, WARN)
-        }
+        counts = Counter(r.status for r in self.results)
         warn = f", {counts[WARN]} WARN" if counts[WARN] else ""
         return (
             f"{self.command} {self.image}: {counts[PASS]} PASS, {counts[FAIL]} FAIL, "
@@ -138,28 +128,21 @@ class VerifyReport:
     def as_text(self):
         """The table and the summary."""
         width = max((len(r.check) for r in self.results), default=5)
-        lines = [f"{'STATUS':<6}  {'CHECK':<{width}}  EVIDENCE"]
-        for r in self.results:
-            lines.append(f"{r.status:<6}  {r.check:<{width}}  {r.evidence}")
-        lines.append(self.summary())
-        return "\n".join(lines)
+        rows = [CheckResult("CHECK", "STATUS", "EVIDENCE"), *self.results]
+        lines = [f"{r.status:<6}  {r.check:<{width}}  {r.evidence}" for r in rows]
+        return "\n".join([*lines, self.summary()])
 
     def as_json(self):
         """A JSON document with all rows and the summary."""
         return json.dumps(
             {
                 "image": self.image,
-                "results": [asdict(r) for r in self.results],
+                "results": [r._asdict() for r in self.results],
                 "failed": self.failed,
                 "summary": self.summary(),
             },
             indent=2,
         )
-
-
-def _on_path_list(value, wanted):
-    parts = [os.path.normpath(p) for p in (value or "").split(":") if p]
-    return os.path.normpath(wanted) in parts
 
 
 def _check_labels(report, facts):
@@ -197,11 +180,12 @@ def _check_rocm(report, facts):
         f"ROCM_PATH={env.get('ROCM_PATH')!r}, /opt/rocm is {opt_rocm['kind']}",
     )
     rocm_path = env.get("ROCM_PATH") or "/opt/rocm"
-    problems = []
-    if not _on_path_list(env.get("PATH"), os.path.join(rocm_path, "bin")):
-        problems.append(f"{rocm_path}/bin not on PATH")
-    if not _on_path_list(env.get("LD_LIBRARY_PATH"), os.path.join(rocm_path, "lib")):
-        problems.append(f"{rocm_path}/lib not on LD_LIBRARY_PATH")
+    problems = [
+        f"{rocm_path}/{sub} not on {var}"
+        for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib"))
+        if os.path.normpath(os.path.join(rocm_path, sub))
+        not in [os.path.normpath(p) for p in (env.get(var) or "").split(":") if p]
+    ]
     report.pass_if(
         "rocm-env",
         not problems,
@@ -228,14 +212,8 @@ def _check_libstdcxx(report, facts):
         return
     manifest = facts.get("prune_manifest")
     skipped = (manifest.get("skipped") or []) if isinstance(manifest, dict) else []
-    reason = next(
-        (
-            d.get("reason") or "reason recorded in the manifest"
-            for d in skipped
-            if isinstance(d, dict) and d.get("group") == "libstdcxx"
-        ),
-        None,
-    )
+    kept = [d for d in skipped if isinstance(d, dict) and d.get("group") == "libstdcxx"]
+    reason = kept and (kept[0].get("reason") or "reason recorded in the manifest")
     report.pass_if(
         "env-libstdcxx",
         reason,
@@ -266,14 +244,9 @@ def _check_target_env(report, facts):
 def _check_torch(report, facts):
     torch = facts.get("torch")
     if torch is None or not torch.get("hip"):
+        why = torch is not None and f"{torch['dir']} is not a ROCm build of torch"
         for row in ("torch-rocm-duplicates", "torch-rccl"):
-            report.add(
-                row,
-                NA,
-                "torch is not installed in the image"
-                if torch is None
-                else f"{torch['dir']} is not a ROCm build of torch",
-            )
+            report.add(row, NA, why or "torch is not installed in the image")
         return
     rocm_names = set(facts["rocm"]["lib_names"])
     rocm_real = facts["rocm"]["realpath"]
@@ -296,9 +269,7 @@ def _check_torch(report, facts):
         report.add("torch-rccl", NA, "no torch/lib/libtorch_hip.so to resolve")
         return
     rccl = [
-        f"{name} => {path or 'not found'}"
-        for name, path in ldd["deps"].items()
-        if "librccl" in name
+        f"{n} => {p or 'not found'}" for n, p in ldd["deps"].items() if "librccl" in n
     ]
     real = torch.get("rccl_realpath") or ""
     report.pass_if(
@@ -314,20 +285,17 @@ def _check_torch(report, facts):
 def _check_runtime(report, facts):
     scripts = facts["runscripts"]
     missing = [n for n, s in scripts.items() if not s["executable"]]
-    if missing:
-        report.add(
-            "runscripts", FAIL, f"missing or not executable: {', '.join(missing)}"
-        )
-    else:
-        run = scripts["get-master"].get("run", {})
-        master = run.get("out", "").strip()
-        ok = master == SAMPLE_FIRST_HOST and facts["runscripts_on_path"]
-        report.add(
-            "runscripts",
-            PASS if ok else FAIL,
-            f"{RUNSCRIPTS_DIR} on PATH: {facts['runscripts_on_path']}; get-master "
-            f"'{SAMPLE_NODELIST}' -> {master!r}",
-        )
+    master = scripts["get-master"].get("run", {}).get("out", "").strip()
+    found = (
+        f"{RUNSCRIPTS_DIR} on PATH: {facts['runscripts_on_path']}; get-master "
+        f"'{SAMPLE_NODELIST}' -> {master!r}"
+    )
+    report.pass_if(
+        "runscripts",
+        not missing and master == SAMPLE_FIRST_HOST and facts["runscripts_on_path"],
+        found,
+        f"missing or not executable: {', '.join(missing)}" if missing else found,
+    )
     with_conda = facts.get("with_conda")
     if with_conda is None:
         report.add("with-conda", FAIL, "WITH_CONDA is not set in the image")
@@ -412,15 +380,11 @@ def _check_records(report, facts):
     )
 
 
-#: Errors of a check given malformed facts: a FAIL row, never a traceback.
-MALFORMED = (AttributeError, LookupError, TypeError, ValueError, RecursionError)
-
-
 def _guarded(report, row, check, facts, **kwargs):
-    """Run a check; facts it cannot read are its first row, FAIL."""
+    """Run a check; facts it cannot read are its first row, FAIL (no traceback)."""
     try:
         check(report, facts, **kwargs)
-    except MALFORMED as e:
+    except (AttributeError, LookupError, TypeError, ValueError, RecursionError) as e:
         logger.debug("Check %s failed on the facts", row, exc_info=True)
         report.add(
             row,

@@ -23,67 +23,47 @@ DEFAULT_SYSTEM = "lumi-g-ext"
 LUMI_ENV_STAGE = "lumi-env"
 
 
-def _apply_env_settings(expected, *, system):
-    """Apply the lumi-env ``env`` settings of `system` to `expected`."""
-    if LUMI_ENV_STAGE not in system.stages:
-        return
-    settings = system.stage_settings(LUMI_ENV_STAGE)
-    for key, value in (settings.get("env") or {}).items():
-        if value is None:
-            expected.pop(key, None)
-        else:
-            expected[key] = str(value)
-
-
 def default_lumi_env():
     """The values expected of every image, unless its system says otherwise."""
-    systems = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
-    expected = {}
-    _apply_env_settings(expected, system=systems[DEFAULT_SYSTEM])
-    return expected
+    return expected_env(system_name=None)
 
 
 def expected_env(*, system_name):
-    """The values expected of an image of one system."""
-    expected = default_lumi_env()
-    if not system_name:
-        return expected
+    """The values expected of an image of one system (None: the defaults)."""
+    packaged = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
+    systems = [packaged[DEFAULT_SYSTEM]]
     try:
-        system = load_systems().get(system_name)
+        systems.append(system_name and load_systems().get(system_name))
     except CotainrLumiError as e:
         logger.debug("Profiles unreadable, expecting the defaults: %s", e)
-        system = None
-    if system is not None:
-        _apply_env_settings(expected, system=system)
+    expected = {}
+    for system in systems:
+        if system and LUMI_ENV_STAGE in system.stages:
+            env = system.stage_settings(LUMI_ENV_STAGE).get("env") or {}
+            for key, value in env.items():
+                if value is None:
+                    expected.pop(key, None)
+                else:
+                    expected[key] = str(value)
     return expected
 
 
-def _profile_window(name):
+def window_for(*, labels):
+    """The supported range for an image."""
     try:
         systems = load_systems(include_stock=False)
     except CotainrLumiError as e:
         logger.debug("Profiles unreadable: %s", e)
         systems = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
-    system = systems.get(name) or systems.get(DEFAULT_SYSTEM)
-    if system is None:
-        return None
+    # The packaged profile, read first, always has DEFAULT_SYSTEM.
+    system = systems.get(labels.get(LABEL_SYSTEM)) or systems[DEFAULT_SYSTEM]
     settings = rocmwindow.RocmSettings.complete(
         system.stage_settings(rocmwindow.SETTINGS_NAME)
     )
-    return rocmwindow.Window.from_text(settings.supported, source=settings.source)
-
-
-def window_for(*, labels):
-    """The supported range for an image."""
-    profile = _profile_window(labels.get(LABEL_SYSTEM) or DEFAULT_SYSTEM)
+    profile = rocmwindow.Window.from_text(settings.supported, source=settings.source)
     recorded = rocmwindow.Window.from_text(labels.get(LABEL_ROCM_SUPPORTED))
-    if recorded is None:
-        return profile
-    if profile is not None and (profile.low, profile.high) == (
-        recorded.low,
-        recorded.high,
-    ):
-        return profile  # the same range, with its source
+    if recorded is None or str(profile) == str(recorded):
+        return profile  # none recorded, or the same range with its source
     return recorded
 
 

@@ -21,16 +21,16 @@ from .status import FAIL, NA, PASS
 logger = logging.getLogger(f"cotainr.{__name__}")
 
 
-def _find(root, path):
-    """The host path inside `root` (an OSError for a link out of it)."""
-    return resolve_in_root(root=root, path=path, confine=True)
+def _try(root, path, use, default=None):
+    """use(the host path in `root`), or `default` for an OSError (a link out too)."""
+    try:
+        return use(resolve_in_root(root=root, path=path, confine=True))
+    except OSError:
+        return default
 
 
 def _there(root, path):
-    try:
-        return _find(root, path).exists()
-    except OSError:
-        return False
+    return _try(root, path, Path.exists, False)
 
 
 def _moved(root, path):
@@ -38,15 +38,9 @@ def _moved(root, path):
     parts = PurePosixPath(path).parts
     i = next(i for i in range(2, len(parts) + 1) if not _there(root, Path(*parts[:i])))
     parent, missing, rest = Path(*parts[: i - 1]), parts[i - 1], parts[i:]
-    try:
-        names = os.listdir(_find(root, parent))
-    except OSError:
-        return ""
-
-    def shape(name):
-        return re.sub(r"[\d.]", "", name)
-
-    names = [n for n in names if shape(n) == shape(missing) and n != missing]
+    names = _try(root, parent, os.listdir, [])
+    shape = re.sub(r"[\d.]", "", missing)  # the name without its version
+    names = [n for n in names if re.sub(r"[\d.]", "", n) == shape and n != missing]
     # The same line first (8.1.29: 8.1.32 before 9.0.1), then the newest.
     common = os.path.commonprefix
     names.sort(
@@ -62,7 +56,7 @@ def _moved(root, path):
 def _exists(root, path, *, file=False):
     """(ok, words): does the host path exist (as a file)."""
     try:
-        found = _find(root, path)
+        found = resolve_in_root(root=root, path=path, confine=True)
     except OSError as e:
         return False, f"{path}: {e.strerror}"
     shown = image_path_of(root=root, host_path=found)
@@ -97,10 +91,7 @@ def _base_image_rows(system, root):
 
 
 def _read(root, path):
-    try:
-        return _find(root, path).read_text(errors="replace").strip() or None
-    except OSError:
-        return None
+    return _try(root, path, lambda f: f.read_text(errors="replace").strip() or None)
 
 
 def _rocm_rows(system, root):
@@ -108,10 +99,7 @@ def _rocm_rows(system, root):
     window = Window.from_text(settings.supported, source=settings.source)
     if window is None:
         return
-    try:
-        names = sorted(os.listdir(_find(root, "/opt")))
-    except OSError:
-        names = []
+    names = sorted(_try(root, "/opt", os.listdir, []))
     rocms = {_read(root, f"/opt/{n}/.info/version") for n in names if "rocm" in n}
     for check, found, what in (
         ("rocm-driver", {_read(root, "/sys/module/amdgpu/version")}, "amdgpu driver"),

@@ -67,13 +67,12 @@ def load(path, kind="object"):
             data = f.read(limit + 1)
     except OSError:
         return None
-    names = {dict: "object", list: "array"}
     try:
         if len(data) > limit:
             raise ValueError(f"larger than {limit} bytes, not read")
         value = json.loads(data)
         check_depth(value)
-        found = names.get(type(value), type(value).__name__)
+        found = {dict: "object", list: "array"}.get(type(value), type(value).__name__)
         if kind and found != kind:
             raise ValueError(f"a JSON {found}, not an {kind}")
     except (ValueError, RecursionError) as e:
@@ -93,14 +92,13 @@ def guarded(name, facts_of):
 
 def entry(path):
     """Describe a directory entry (kind, link target)."""
-    info = {"name": os.path.basename(path), "link": None, "kind": "missing"}
+    kind = (
+        "dir" if os.path.isdir(path) else "file" if os.path.isfile(path) else "missing"
+    )
+    info = {"name": os.path.basename(path), "link": None, "kind": kind}
     if os.path.islink(path):
         info["link"] = os.readlink(path)
         info["target"] = os.path.realpath(path)
-    if os.path.isdir(path):
-        info["kind"] = "dir"
-    elif os.path.isfile(path):
-        info["kind"] = "file"
     return info
 
 
@@ -117,14 +115,10 @@ if (
     and os.access(target_env["python"], os.X_OK)
 ):
     os.environ["COTAINR_LUMI_VERIFY_REEXEC"] = "1"
+    python = target_env["python"]
     # argv[1] twice: the code to run, and again as its own argv[1].
-    guarded(
-        INPUTS["target_env_file"],
-        lambda: os.execv(
-            target_env["python"],
-            [target_env["python"], "-c", sys.argv[1], *sys.argv[1:]],
-        ),
-    )
+    argv = [python, "-c", sys.argv[1], *sys.argv[1:]]
+    guarded(INPUTS["target_env_file"], lambda: os.execv(python, argv))
 
 facts = {"python": sys.executable, "prefix": sys.prefix, "target_env": target_env}
 # The whole environment (the image's own, under --cleanenv): a profile can
@@ -136,26 +130,22 @@ if odd:
     PROBLEMS[INPUTS["labels_file"]] = f"labels that are not strings: {odd[:300]}"
 facts["labels"] = {k: v for k, v in labels.items() if isinstance(v, str)}
 rocm = os.environ.get("ROCM_PATH") or "/opt/rocm"
+rocm_libs = [os.path.join(rocm, "lib"), "/opt/amdgpu/lib64"]
 facts["rocm"] = {
-    "path": rocm,
     "exists": os.path.isdir(rocm),
     "opt_rocm": entry("/opt/rocm"),
     "realpath": os.path.realpath(rocm),
     "version_file": (read(os.path.join(rocm, ".info/version")) or "").strip() or None,
+    "lib_names": sorted(
+        {n for d in rocm_libs if os.path.isdir(d) for n in os.listdir(d)}
+    ),
 }
-rocm_names = set()
-for d in (os.path.join(rocm, "lib"), "/opt/amdgpu/lib64"):
-    if os.path.isdir(d):
-        rocm_names.update(os.listdir(d))
-facts["rocm"]["lib_names"] = sorted(rocm_names)
 # The env's own lib/ and, for a venv, its base env's (a conda env), never /usr.
 env_prefixes = [sys.prefix]
 if sys.base_prefix not in (sys.prefix, "/usr", "/usr/local", "/"):
     env_prefixes.append(sys.base_prefix)
 facts["env_libstdcxx"] = sorted(
-    path
-    for prefix in env_prefixes
-    for path in glob.glob(os.path.join(prefix, "lib", "libstdc++.so*"))
+    p for d in env_prefixes for p in glob.glob(os.path.join(d, "lib", "libstdc++.so*"))
 )
 # Every record is read once (a malformed one goes to PROBLEMS); verify uses
 # the prune manifest's content and the other records' sizes.
@@ -170,16 +160,12 @@ if spec is not None and spec.submodule_search_locations:
     tdir = list(spec.submodule_search_locations)[0]
     lib = os.path.join(tdir, "lib")
     version_py = read(os.path.join(tdir, "version.py")) or ""
-    found = dict(
-        re.findall(
-            r"^(__version__|hip)\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)", version_py, re.M
-        )
-    )
-    entries = [entry(p) for p in sorted(glob.glob(os.path.join(lib, "*")))]
+    pattern = r"^(__version__|hip)\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)"
+    found = dict(re.findall(pattern, version_py, re.M))
     torch = {
         "dir": tdir,
         "hip": found.get("hip") or None,
-        "lib": entries,
+        "lib": [entry(p) for p in sorted(glob.glob(os.path.join(lib, "*")))],
         "version": found.get("__version__") or None,
     }
     hip_lib = os.path.join(lib, "libtorch_hip.so")
@@ -215,10 +201,7 @@ def plugin_files(dirs, named):
         }
         if named and os.path.dirname(named) == d and os.path.exists(named):
             names.add(os.path.basename(named))
-        entries = {}
-        for name in sorted(names):
-            path = os.path.join(d, name)
-            entries[name] = os.readlink(path) if os.path.islink(path) else None
+        entries = {name: entry(os.path.join(d, name))["link"] for name in sorted(names)}
         if entries:
             files[d] = entries
     return files
@@ -228,18 +211,15 @@ def plugin_ldd(files, named, limit=8):
     """``ldd`` of each file RCCL could open (never a versioned name), each real file once."""
     named_base = os.path.basename(named) if named else None
     done, result = {}, {}
-    for d, names in files.items():
-        for name in names:
-            rccl_name = name.startswith("librccl-net") and name.endswith(".so")
-            if not (rccl_name or name == named_base):
-                continue
-            path = os.path.join(d, name)
+    for path in (os.path.join(d, name) for d, names in files.items() for name in names):
+        name = os.path.basename(path)
+        rccl_name = name.startswith("librccl-net") and name.endswith(".so")
+        if rccl_name or name == named_base:
             real = os.path.realpath(path)
-            if real not in done:
-                if len(done) >= limit:
-                    continue
+            if real not in done and len(done) < limit:
                 done[real] = ldd(path)
-            result[path] = done[real]
+            if real in done:
+                result[path] = done[real]
     return result
 
 
@@ -260,11 +240,7 @@ def network_facts():
     dirs = list(dict.fromkeys(os.path.normpath(d) for d in dirs + loader if d))
     files = plugin_files(dirs, named)
     libfabric = sorted(
-        {
-            os.path.realpath(p)
-            for d in loader
-            for p in glob.glob(os.path.join(d, "libfabric.so.1"))
-        }
+        {os.path.realpath(p) for d in loader for p in glob.glob(f"{d}/libfabric.so.1")}
     )
     tests_dirs = INPUTS["rccl_tests_dirs"]
     if record.get("rccl-tests"):
@@ -284,7 +260,6 @@ def network_facts():
         "named": named,
         "plugin_files": files,
         "ldd": plugin_ldd(files, named),
-        "ld_library_path": ld_path,
         "image_libfabric": libfabric,
         "rccl_tests": tests,
         "rccl_tests_dirs": tests_dirs,
@@ -293,20 +268,16 @@ def network_facts():
 
 facts["network"] = guarded("network", network_facts)
 
-scripts = {}
 runscripts_dir = INPUTS["runscripts_dir"]
-for name in INPUTS["runscripts"]:
-    path = os.path.join(runscripts_dir, name)
-    scripts[name] = {
-        "exists": os.path.isfile(path),
-        "executable": os.access(path, os.X_OK),
-    }
+scripts = {
+    name: {"executable": os.access(os.path.join(runscripts_dir, name), os.X_OK)}
+    for name in INPUTS["runscripts"]
+}
 if scripts["get-master"]["executable"]:
     get_master = os.path.join(runscripts_dir, "get-master")
     scripts["get-master"]["run"] = run([get_master, INPUTS["sample_nodelist"]])
 facts["runscripts"] = scripts
-path_entries = (os.environ.get("PATH") or "").split(":")
-facts["runscripts_on_path"] = runscripts_dir in path_entries
+facts["runscripts_on_path"] = runscripts_dir in os.environ.get("PATH", "").split(":")
 with_conda = os.environ.get("WITH_CONDA")
 if with_conda is not None:
     # Exactly as the LUMI EasyBuild modules use it: an unquoted expansion.

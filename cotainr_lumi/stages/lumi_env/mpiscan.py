@@ -123,14 +123,13 @@ def _conf_dirs(*, root, conf, seen):
     for line in lines:
         line = line.split("#", 1)[0].strip()
         if line.startswith("include"):
-            pattern = line[len("include") :].strip()
-            if not pattern.startswith("/"):
-                pattern = str(PurePosixPath(conf).parent / pattern)
-            parent = _resolve(root=root, path=str(PurePosixPath(pattern).parent))
+            # A relative pattern is relative to the file's directory.
+            pattern = PurePosixPath(conf).parent / line[len("include") :].strip()
+            parent = _resolve(root=root, path=str(pattern.parent))
             if parent is None or not parent.is_dir():
                 continue
-            for match in sorted(glob.glob(str(parent / PurePosixPath(pattern).name))):
-                image = str(PurePosixPath(pattern).parent / os.path.basename(match))
+            for match in sorted(glob.glob(str(parent / pattern.name))):
+                image = str(pattern.parent / os.path.basename(match))
                 dirs += _conf_dirs(root=root, conf=image, seen=seen)
         elif line.startswith("/"):
             dirs.append(line.rstrip("/") or "/")
@@ -179,8 +178,7 @@ def _speaks_cxi(*, root, library_path, info, dirs):
     fabric = _find(root=root, name=LIBFABRIC, dirs=search)
     if fabric is None:
         return None, False
-    host = _resolve(root=root, path=fabric)
-    fabric_info = read_elf_info(path=host) if host is not None else None
+    fabric_info = read_elf_info(path=_resolve(root=root, path=fabric))  # _find: a file
     providers = _resolve(root=root, path=f"{PurePosixPath(fabric).parent}/libfabric")
     has_provider = providers is not None and glob.glob(str(providers / "libcxi-fi*.so"))
     return fabric, bool(has_provider or (fabric_info and LIBCXI in fabric_info.needed))
@@ -194,10 +192,8 @@ def _libraries(*, root, prefixes, dirs):
     for directory, where in places:
         for name in (MPICH_ABI, OPEN_MPI):
             path = _find(root=root, name=name, dirs=[directory])
-            if path is None:
-                continue
-            real = _real_image_path(root=root, path=path)
-            if real in seen:
+            real = path and _real_image_path(root=root, path=path)
+            if real is None or real in seen:
                 continue
             seen.add(real)
             info = read_elf_info(path=_resolve(root=root, path=real))
@@ -243,22 +239,13 @@ def _mpi4py(*, root, site_dirs):
     return None
 
 
-def _interpreter(*, root, python):
-    """(real image path, ElfInfo) of the interpreter, or (None, None)."""
-    if not python:
-        return None, None
-    real = _real_image_path(root=root, path=python)
-    info = read_elf_info(path=_resolve(root=root, path=real))
-    return (real, info) if info is not None else (None, None)
-
-
-def _pin(*, root, user, info, interpreter, owner):
-    """The pin of one user of ``libmpi.so.12`` (None: not pinned)."""
-    if info.runpath:
+def _pin(*, root, user, interpreter):
+    """The pin of one :class:`MpiUser` of ``libmpi.so.12`` (None: not pinned)."""
+    if user.runpath:
         return None
-    searches = [(info.rpath, str(PurePosixPath(user).parent), "its DT_RPATH")]
+    searches = [(user.rpath, str(PurePosixPath(user.path).parent), "its DT_RPATH")]
     exe_path, exe = interpreter
-    if exe is not None and exe.rpath and not exe.runpath:
+    if exe and exe.rpath and not exe.runpath:
         origin = str(PurePosixPath(exe_path).parent)
         searches.append((exe.rpath, origin, f"the DT_RPATH of {exe_path}"))
     # The loader takes the first directory that has it, in this order.
@@ -267,7 +254,7 @@ def _pin(*, root, user, info, interpreter, owner):
             directory = _expand(entry, origin=origin)
             found = directory and _find(root=root, name=MPICH_ABI, dirs=[directory])
             if found:
-                return Pin(user, entry, found, via, owner)
+                return Pin(user.path, entry, found, via, user.distribution)
     return None
 
 
@@ -277,33 +264,23 @@ def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
     scan = MpiScan(libraries=_libraries(root=root, prefixes=prefixes, dirs=dirs))
     scan.mpi4py = _mpi4py(root=root, site_dirs=site_dirs)
     owners = _distributions(root=root, site_dirs=site_dirs)
-    interpreter = _interpreter(root=root, python=python)
+    exe = python and _real_image_path(root=root, path=python)
+    interpreter = (exe, exe and read_elf_info(path=_resolve(root=root, path=exe)))
     # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
-    preloading = (
-        scan.mpi4py["dir"] + "/" if scan.mpi4py and scan.mpi4py["abi_aware"] else None
-    )
+    preloading = scan.mpi4py and scan.mpi4py["abi_aware"] and scan.mpi4py["dir"] + "/"
     seen = {lib.real for lib in scan.libraries}
     for prefix in prefixes:
         for info in scan_elf_files(root=root, path=prefix):
             needs = next((n for n in (MPICH_ABI, OPEN_MPI) if n in info.needed), None)
-            if needs is None:
-                continue
             user = str(image_path_of(root=root, host_path=info.path))
-            if user in seen:
+            if needs is None or user in seen:
                 continue
             seen.add(user)
-            owner = owners.get(user)
             preloaded = bool(preloading and user.startswith(preloading))
-            scan.users.append(
-                MpiUser(user, needs, info.rpath, info.runpath, owner, preloaded)
-            )
+            owner = owners.get(user)
+            mpi_user = MpiUser(user, needs, info.rpath, info.runpath, owner, preloaded)
+            scan.users.append(mpi_user)
             if needs == MPICH_ABI and not preloaded:
-                pin = _pin(
-                    root=root,
-                    user=user,
-                    info=info,
-                    interpreter=interpreter,
-                    owner=owner,
-                )
+                pin = _pin(root=root, user=mpi_user, interpreter=interpreter)
                 scan.pins += [pin] if pin else []
     return scan
