@@ -53,10 +53,6 @@ SRUN_HINT = {
     "container": "srun --mpi=pmi2 (the image's MPICH uses PMI-2)",
 }
 
-#: srun's default for --mpi (set to pmi2 by the module file and snippet of an
-#: image that uses its own MPICH, as lumi-aif-singularity-bindings does).
-SLURM_MPI_VAR = "SLURM_MPI_TYPE"
-
 #: The mode the container asks for (its own value, else the host's export).
 _READ_MODE = read_host_value(name=RUNTIME_VAR, into="_cl_mpi", default="$_cl_default")
 
@@ -78,14 +74,12 @@ LD_LIBRARY_PATH=$(
 ); export LD_LIBRARY_PATH"""
 
 
-def _say(*parts):
-    """Shell code printing one line on stderr."""
+def _say(*parts):  # shell code printing one line on stderr
     words = [f'"{p}"' if p.startswith("$") else shlex.quote(p) for p in parts]
     return f"printf '{'%s' * len(words)}\\n' {' '.join(words)} >&2"
 
 
 def _host_case(*, binding, own):
-    """The ``host)`` branch of the mode's ``case``."""
     if binding is None:
         say = f"{RUNTIME_VAR}=host, but this image has no host MPI binding"
         say = _say(f"cotainr-lumi: {say} (lumi-env.mpi-host); using {own}.")
@@ -175,10 +169,10 @@ def mpi_module_ops(*, mode, binding, image):
         say = "problem" if mode == "host" else "quiet"  # the line to show
         command = shlex.join(["sh", "-c", discovery_program(), "sh", *binding.argv()])
         ops.append(("discover", command, say, HOST_LIBMPI_VAR, HOST_PATH_VAR))
-    if mode == "container":
+    if mode == "container":  # as lumi-aif-singularity-bindings does
         ops += [
             ("comment", f"{SRUN_HINT['container']}: srun's default here."),
-            ("pushenv", SLURM_MPI_VAR, "pmi2"),
+            ("pushenv", "SLURM_MPI_TYPE", "pmi2"),
         ]
     return ops
 
@@ -284,10 +278,6 @@ class HostBinding:
                 covers.append((bind, src, dst))
         return max(covers, key=lambda c: len(c[2]), default=(None, None, None))
 
-    def bind_of(self, path):
-        """The bind that brings an image path into the container (or None)."""
-        return self._cover(path)[0]
-
     def host_path(self, path):
         """The host path behind an image path (None when no bind covers it)."""
         bind, src, dst = self._cover(path)
@@ -352,7 +342,7 @@ def check_host_binding(value):
     """Check ``lumi-env.mpi-host``."""
     binding = HostBinding.from_setting(value)
     need = binding and (f"{CRAY}/pe" if binding.discover else binding.libmpi)
-    if binding is not None and binding.bind_of(need) is None:
+    if binding is not None and binding._cover(need)[0] is None:
         raise SettingError(
             f"{need} is not below any of the binds "
             f"({', '.join(binding.binds) or 'none'}): it would never be in the "
@@ -369,7 +359,19 @@ def resolve_mode(*, requested, scan, binding):
     if not scan.has_mpich:
         if requested == "auto":
             return "none", "auto: the image has no MPICH-ABI MPI"
-        raise ValueError(_no_mpi_message(requested=requested, scan=scan))
+        text = (
+            f"lumi-env.mpi is {requested!r}, but the image has no MPI: no {MPICH_ABI} "
+            "(MPICH ABI) in the Python environment's lib/ or the loader's directories, "
+            f"and nothing in the environment needs one. Install one with a pip step "
+            "(packages: [mpich, mpi4py]), build on a base image with MPICH (the LUMI "
+            "AI Factory images), or leave lumi-env.mpi at auto (none: no MPI)"
+        )
+        if scan.open_mpi:
+            text += (
+                f". Found Open MPI ({scan.open_mpi[0]}), which LUMI's Cray MPICH "
+                "cannot replace: use the `mpich` wheel instead"
+            )
+        raise ValueError(text)
     if requested == "auto":
         if cxi:
             return "container", f"auto: the image's {cxi[0].path} speaks CXI"
@@ -389,22 +391,6 @@ def resolve_mode(*, requested, scan, binding):
             "wheel to a pip step (packages: [mpich, mpi4py]) or use lumi-env.mpi=host"
         )
     return requested, f"lumi-env.mpi is {requested}"
-
-
-def _no_mpi_message(*, requested, scan):
-    text = (
-        f"lumi-env.mpi is {requested!r}, but the image has no MPI: no {MPICH_ABI} "
-        "(MPICH ABI) in the Python environment's lib/ or the loader's directories, "
-        f"and nothing in the environment needs one. Install one with a pip step "
-        "(packages: [mpich, mpi4py]), build on a base image with MPICH (the LUMI "
-        "AI Factory images), or leave lumi-env.mpi at auto (none: no MPI)"
-    )
-    if scan.open_mpi:
-        text += (
-            f". Found Open MPI ({scan.open_mpi[0]}), which LUMI's Cray MPICH cannot "
-            "replace: use the `mpich` wheel instead"
-        )
-    return text
 
 
 def _pin_text(pins):
@@ -536,10 +522,6 @@ class MpiPlan:
         if not self.active:
             return []
         return mpi_module_ops(mode=self.mode, binding=self.binding, image=image)
-
-    def checks_load(self, *, python):
-        """Whether the build's start check runs mpi4py (with this python)."""
-        return bool(self.active and self.scan.mpi4py and python)
 
     def check_loaded(self, *, text, stage):
         """Read :data:`LOAD_CHECK`'s answer from the start check's output."""

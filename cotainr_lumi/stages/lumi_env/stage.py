@@ -320,7 +320,7 @@ class LumiEnvStage(Stage):
         if self.settings.runscripts:
             script = "command -v get-master >/dev/null && " + script
         python = getattr(context.target_env, "python", None) if mpi.active else None
-        load_check = mpi.checks_load(python=python)
+        load_check = bool(python and mpi.scan.mpi4py)
         args = ["bash", "-c", script]
         if load_check:
             script += ' && { "$1" -c "$2" || true; }'
