@@ -405,26 +405,6 @@ def _pin_text(pins):
     )
 
 
-def _check_pins(*, mode, setting, pins, stage):
-    """Stop a ``host`` build on a pin; a warning in ``container`` mode."""
-    if pins and mode == "host":
-        raise StageError(
-            f"MPI users run on the host's MPICH here (lumi-env.mpi: {setting}), but "
-            f"{_pin_text(pins)}. Install it from pip without an RPATH (mpi4py's "
-            "wheel, not conda's mpi4py, which pins conda's MPICH); for a package you "
-            "build, link with a RUNPATH instead (env: {LDFLAGS: -Wl,--enable-new-dtags} "
-            "in its pip step) or without -Wl,-rpath; or keep the image's MPICH: "
-            "--set lumi-env.mpi=container",
-            stage=stage,
-        )
-    if pins and mode == "container":
-        logger.warning(
-            "MPI: %s; fine with the image's MPICH (the default here), but "
-            "COTAINR_LUMI_MPI=host would not reach it",
-            _pin_text(pins),
-        )
-
-
 def check_host_paths(*, binding, error):
     """Stop when the host library is missing here; warn about other directories."""
     for problem in binding.host_problems() if binding else []:
@@ -594,7 +574,6 @@ def plan_mpi(*, root, target, requested, host_setting, stage):
         reason = "lumi-env.mpi is none"
         return MpiPlan(requested, "none", reason, binding, MpiScan())
     found = binding and discover_host_mpi(setting=host_setting)
-
     scan = scan_mpi(
         root=root,
         prefixes=target.env_prefixes if target else [],
@@ -607,12 +586,24 @@ def plan_mpi(*, root, target, requested, host_setting, stage):
         raise StageError(str(e), stage=stage) from None
     if mode == "host":
         check_host_paths(binding=binding, error=lambda m: StageError(m, stage=stage))
-    _check_pins(
-        mode=mode,
-        setting=mode if requested == mode else f"{requested} -> {mode}",
-        pins=scan.pins,
-        stage=stage,
-    )
+    # A pin stops a host build; a warning in container mode.
+    if scan.pins and mode == "host":
+        setting = mode if requested == mode else f"{requested} -> {mode}"
+        raise StageError(
+            f"MPI users run on the host's MPICH here (lumi-env.mpi: {setting}), but "
+            f"{_pin_text(scan.pins)}. Install it from pip without an RPATH (mpi4py's "
+            "wheel, not conda's mpi4py, which pins conda's MPICH); for a package you "
+            "build, link with a RUNPATH instead (env: {LDFLAGS: -Wl,--enable-new-dtags} "
+            "in its pip step) or without -Wl,-rpath; or keep the image's MPICH: "
+            "--set lumi-env.mpi=container",
+            stage=stage,
+        )
+    if scan.pins and mode == "container":
+        logger.warning(
+            "MPI: %s; fine with the image's MPICH (the default here), but "
+            "COTAINR_LUMI_MPI=host would not reach it",
+            _pin_text(scan.pins),
+        )
     return MpiPlan(requested, mode, reason, binding, scan, found=found)
 
 

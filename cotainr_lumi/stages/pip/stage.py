@@ -54,8 +54,7 @@ class PipStage(Stage):
             for i, step in enumerate(self.settings.steps)
         ]
         self.scans = [scan_step(step=step) for step in self.steps]
-        cache_dir = self.settings.cache_dir
-        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.cache_dir = Path(self.settings.cache_dir or default_cache_dir())
 
     # -- configuration -----------------------------------------------------
 

@@ -320,14 +320,6 @@ def _describe_key(path, *, data):
     return label + (f", key '{rest}'" if rest else "")
 
 
-def _as_mapping(*, steps):
-    """A file holding just the list of steps, as the mapping it stands for."""
-    data = LineDict(steps=steps)
-    data.line = getattr(steps, "line", None)
-    data.lines["steps"] = data.line
-    return data
-
-
 def load_steps_file(*, path):
     """Read a steps file into typed stage settings."""
     path = Path(os.path.abspath(os.path.expanduser(path)))
@@ -335,8 +327,10 @@ def load_steps_file(*, path):
         path=path,
         error=lambda message: InputError(f"The pip steps file {path} {message}."),
     )
-    if isinstance(data, list):
-        data = _as_mapping(steps=data)
+    if isinstance(data, list):  # just the list of steps: the mapping it stands for
+        data = LineDict(steps=data)
+        data.line = getattr(data["steps"], "line", None)
+        data.lines["steps"] = data.line
     if not isinstance(data, dict) or not data.get("steps"):
         raise InputError(
             f"The pip steps file {path} must be a mapping with a non-empty "
