@@ -53,9 +53,6 @@ SRUN_HINT = {
     "container": "srun --mpi=pmi2 (the image's MPICH uses PMI-2)",
 }
 
-#: The mode the container asks for (its own value, else the host's export).
-_READ_MODE = read_host_value(name=RUNTIME_VAR, into="_cl_mpi", default="$_cl_default")
-
 #: Moves the entries of $_cl_new (':' separated) to the front of
 #: LD_LIBRARY_PATH, in order, keeping every other entry once (IFS and
 #: noglob changed in a subshell only).
@@ -119,7 +116,8 @@ def mpi_env_file(*, mode, binding, image_library, found=None):
         f"# {RUNTIME_VAR}=container (or none): {printable(own)}.",
         f"_cl_default={shlex.quote(mode)}",
         computed_default(name=RUNTIME_VAR, expression="$_cl_default"),
-        _READ_MODE,
+        # The mode the container asks for (its own value, else the host's export).
+        read_host_value(name=RUNTIME_VAR, into="_cl_mpi", default="$_cl_default"),
     ]
     if binding is not None:
         lib, path = binding.defaults(found)
@@ -252,11 +250,9 @@ class HostBinding:
 
     def argv(self):
         """The arguments of :func:`discovery_program` for this binding."""
-        fixed = not self.discover
-        args = [self.host_path(CRAY) or CRAY, CRAY, "", ""]
-        if fixed:
-            args[2:] = [self.libmpi, self.host_path(self.libmpi) or self.libmpi]
-        for entry in self.ld_library_path[int(fixed) :]:
+        fixed = [] if self.discover else [self.libmpi]
+        args = [self.host_path(CRAY) or CRAY, CRAY] + ([] if fixed else ["", ""])
+        for entry in [*fixed, *self.ld_library_path[len(fixed) :]]:
             args += [entry, self.host_path(entry) or entry]
         return args
 

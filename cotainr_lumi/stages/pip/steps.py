@@ -48,8 +48,7 @@ FORBIDDEN_PIP_ARGS = {
     "--cache-dir": "use the stage settings 'cache'/'cache-dir'",
     "--no-cache-dir": "use --set pip.cache=false (the stage setting 'cache: false')",
     "--no-build-isolation": "use the step key 'no-build-isolation: true'",
-    "-i": "use the step key 'index-url'",
-    "--index-url": "use the step key 'index-url'",
+    **dict.fromkeys(("-i", "--index-url"), "use the step key 'index-url'"),
     "--extra-index-url": "use the step key 'extra-index-urls'",
 }
 
