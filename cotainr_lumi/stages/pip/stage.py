@@ -47,10 +47,9 @@ class PipStage(Stage):
 
     def __init__(self, *, settings=None):
         super().__init__(settings=settings)
+        allowed = self.settings.allow_changes
         self.steps = [
-            dataclasses.replace(step, number=i + 1).allowing(
-                self.settings.allow_changes
-            )
+            dataclasses.replace(step, number=i + 1).allowing(allowed)
             for i, step in enumerate(self.settings.steps)
         ]
         self.scans = [scan_step(step=step) for step in self.steps]

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 import dataclasses
 from dataclasses import dataclass
 import functools
-import logging
 import os
 from pathlib import Path
 import re
@@ -32,8 +31,6 @@ from ...engine.settings import (
 )
 from ...engine.yamlfile import LineDict, read_yaml
 from ...errors import InputError, redact, redact_env
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 _INTO_ENV = "packages must go into the image's Python environment"
 _EDITABLE = "editable installs cannot work in an image; install a copy instead"
