@@ -129,10 +129,7 @@ def computed_default(*, name, expression):
 
 
 def read_host_value(*, name, into, default):
-    """Shell code setting `into` to $name: the container's, the host's, or `default`.
-
-    The host's environment is hidden from env scripts, in ``$__exported_env__``.
-    """
+    """Shell code: `into` = $name, the container's, else the host's, else `default`."""
     return f"""\
 if [ -n "${{{name}+x}}" ]; then
     {into}=${name}

@@ -248,31 +248,27 @@ def module_outputs(
     except ValueError as e:
         logger.warning("Not writing a module file: %s", e)
         return None, None, {}
-    paths = (names.lua, names.shell)
-    container_root = names.root
     ops = module_ops(
         image=image_path,
         binds=binds,
         runscripts=RUNSCRIPTS_DIR if settings.runscripts else None,
         name=names.name,
         var=names.var,
-        container_root=container_root,
+        container_root=names.root,
         user_software=user_software,
     ) + mpi.module_ops(image=str(image_path))
     outputs = {
-        str(paths[0]): render(ops, language="lua"),
-        str(paths[1]): render(ops, language="sh"),
-    }
-    outputs.update(
-        _container_root_files(
+        str(names.lua): render(ops, language="lua"),
+        str(names.shell): render(ops, language="sh"),
+        **_container_root_files(
             settings=settings,
-            root=container_root,
+            root=names.root,
             image_path=image_path,
             user_venv=user_venv,
             wrappers=wrappers,
-        )
-    )
-    return paths, container_root, outputs
+        ),
+    }
+    return (names.lua, names.shell), names.root, outputs
 
 
 def _container_root_files(*, settings, root, image_path, user_venv, wrappers):

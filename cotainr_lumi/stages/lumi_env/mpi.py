@@ -53,13 +53,6 @@ SRUN_HINT = {
     "container": "srun --mpi=pmi2 (the image's MPICH uses PMI-2)",
 }
 
-#: srun's default for --mpi (set to pmi2 by the module file and snippet of an
-#: image that uses its own MPICH, as lumi-aif-singularity-bindings does).
-SLURM_MPI_VAR = "SLURM_MPI_TYPE"
-
-#: The mode the container asks for (its own value, else the host's export).
-_READ_MODE = read_host_value(name=RUNTIME_VAR, into="_cl_mpi", default="$_cl_default")
-
 #: Moves the entries of $_cl_new (':' separated) to the front of
 #: LD_LIBRARY_PATH, in order, keeping every other entry once (IFS and
 #: noglob changed in a subshell only).
@@ -78,14 +71,12 @@ LD_LIBRARY_PATH=$(
 ); export LD_LIBRARY_PATH"""
 
 
-def _say(*parts):
-    """Shell code printing one line on stderr."""
+def _say(*parts):  # shell code printing one line on stderr
     words = [f'"{p}"' if p.startswith("$") else shlex.quote(p) for p in parts]
     return f"printf '{'%s' * len(words)}\\n' {' '.join(words)} >&2"
 
 
 def _host_case(*, binding, own):
-    """The ``host)`` branch of the mode's ``case``."""
     if binding is None:
         say = f"{RUNTIME_VAR}=host, but this image has no host MPI binding"
         say = _say(f"cotainr-lumi: {say} (lumi-env.mpi-host); using {own}.")
@@ -125,7 +116,8 @@ def mpi_env_file(*, mode, binding, image_library, found=None):
         f"# {RUNTIME_VAR}=container (or none): {printable(own)}.",
         f"_cl_default={shlex.quote(mode)}",
         computed_default(name=RUNTIME_VAR, expression="$_cl_default"),
-        _READ_MODE,
+        # The mode the container asks for (its own value, else the host's export).
+        read_host_value(name=RUNTIME_VAR, into="_cl_mpi", default="$_cl_default"),
     ]
     if binding is not None:
         lib, path = binding.defaults(found)
@@ -175,10 +167,10 @@ def mpi_module_ops(*, mode, binding, image):
         say = "problem" if mode == "host" else "quiet"  # the line to show
         command = shlex.join(["sh", "-c", discovery_program(), "sh", *binding.argv()])
         ops.append(("discover", command, say, HOST_LIBMPI_VAR, HOST_PATH_VAR))
-    if mode == "container":
+    if mode == "container":  # as lumi-aif-singularity-bindings does
         ops += [
             ("comment", f"{SRUN_HINT['container']}: srun's default here."),
-            ("pushenv", SLURM_MPI_VAR, "pmi2"),
+            ("pushenv", "SLURM_MPI_TYPE", "pmi2"),
         ]
     return ops
 
@@ -258,11 +250,9 @@ class HostBinding:
 
     def argv(self):
         """The arguments of :func:`discovery_program` for this binding."""
-        fixed = not self.discover
-        args = [self.host_path(CRAY) or CRAY, CRAY, "", ""]
-        if fixed:
-            args[2:] = [self.libmpi, self.host_path(self.libmpi) or self.libmpi]
-        for entry in self.ld_library_path[int(fixed) :]:
+        fixed = [] if self.discover else [self.libmpi]
+        args = [self.host_path(CRAY) or CRAY, CRAY] + ([] if fixed else ["", ""])
+        for entry in [*fixed, *self.ld_library_path[len(fixed) :]]:
             args += [entry, self.host_path(entry) or entry]
         return args
 
@@ -283,10 +273,6 @@ class HostBinding:
             if path == dst or path.startswith(dst + "/"):
                 covers.append((bind, src, dst))
         return max(covers, key=lambda c: len(c[2]), default=(None, None, None))
-
-    def bind_of(self, path):
-        """The bind that brings an image path into the container (or None)."""
-        return self._cover(path)[0]
 
     def host_path(self, path):
         """The host path behind an image path (None when no bind covers it)."""
@@ -352,7 +338,7 @@ def check_host_binding(value):
     """Check ``lumi-env.mpi-host``."""
     binding = HostBinding.from_setting(value)
     need = binding and (f"{CRAY}/pe" if binding.discover else binding.libmpi)
-    if binding is not None and binding.bind_of(need) is None:
+    if binding is not None and binding._cover(need)[0] is None:
         raise SettingError(
             f"{need} is not below any of the binds "
             f"({', '.join(binding.binds) or 'none'}): it would never be in the "
@@ -369,7 +355,19 @@ def resolve_mode(*, requested, scan, binding):
     if not scan.has_mpich:
         if requested == "auto":
             return "none", "auto: the image has no MPICH-ABI MPI"
-        raise ValueError(_no_mpi_message(requested=requested, scan=scan))
+        text = (
+            f"lumi-env.mpi is {requested!r}, but the image has no MPI: no {MPICH_ABI} "
+            "(MPICH ABI) in the Python environment's lib/ or the loader's directories, "
+            f"and nothing in the environment needs one. Install one with a pip step "
+            "(packages: [mpich, mpi4py]), build on a base image with MPICH (the LUMI "
+            "AI Factory images), or leave lumi-env.mpi at auto (none: no MPI)"
+        )
+        if scan.open_mpi:
+            text += (
+                f". Found Open MPI ({scan.open_mpi[0]}), which LUMI's Cray MPICH "
+                "cannot replace: use the `mpich` wheel instead"
+            )
+        raise ValueError(text)
     if requested == "auto":
         if cxi:
             return "container", f"auto: the image's {cxi[0].path} speaks CXI"
@@ -391,22 +389,6 @@ def resolve_mode(*, requested, scan, binding):
     return requested, f"lumi-env.mpi is {requested}"
 
 
-def _no_mpi_message(*, requested, scan):
-    text = (
-        f"lumi-env.mpi is {requested!r}, but the image has no MPI: no {MPICH_ABI} "
-        "(MPICH ABI) in the Python environment's lib/ or the loader's directories, "
-        f"and nothing in the environment needs one. Install one with a pip step "
-        "(packages: [mpich, mpi4py]), build on a base image with MPICH (the LUMI "
-        "AI Factory images), or leave lumi-env.mpi at auto (none: no MPI)"
-    )
-    if scan.open_mpi:
-        text += (
-            f". Found Open MPI ({scan.open_mpi[0]}), which LUMI's Cray MPICH cannot "
-            "replace: use the `mpich` wheel instead"
-        )
-    return text
-
-
 def _pin_text(pins):
     """What pins the image's library, and why that matters."""
     first = pins[0]
@@ -417,26 +399,6 @@ def _pin_text(pins):
         f"{first.via} entry {first.entry!r}{more}: the loader searches DT_RPATH "
         "before LD_LIBRARY_PATH, so LUMI's Cray MPICH cannot replace it at run time"
     )
-
-
-def _check_pins(*, mode, setting, pins, stage):
-    """Stop a ``host`` build on a pin; a warning in ``container`` mode."""
-    if pins and mode == "host":
-        raise StageError(
-            f"MPI users run on the host's MPICH here (lumi-env.mpi: {setting}), but "
-            f"{_pin_text(pins)}. Install it from pip without an RPATH (mpi4py's "
-            "wheel, not conda's mpi4py, which pins conda's MPICH); for a package you "
-            "build, link with a RUNPATH instead (env: {LDFLAGS: -Wl,--enable-new-dtags} "
-            "in its pip step) or without -Wl,-rpath; or keep the image's MPICH: "
-            "--set lumi-env.mpi=container",
-            stage=stage,
-        )
-    if pins and mode == "container":
-        logger.warning(
-            "MPI: %s; fine with the image's MPICH (the default here), but "
-            "COTAINR_LUMI_MPI=host would not reach it",
-            _pin_text(pins),
-        )
 
 
 def check_host_paths(*, binding, error):
@@ -537,10 +499,6 @@ class MpiPlan:
             return []
         return mpi_module_ops(mode=self.mode, binding=self.binding, image=image)
 
-    def checks_load(self, *, python):
-        """Whether the build's start check runs mpi4py (with this python)."""
-        return bool(self.active and self.scan.mpi4py and python)
-
     def check_loaded(self, *, text, stage):
         """Read :data:`LOAD_CHECK`'s answer from the start check's output."""
         self.loaded = parse_load_check(text)
@@ -612,7 +570,6 @@ def plan_mpi(*, root, target, requested, host_setting, stage):
         reason = "lumi-env.mpi is none"
         return MpiPlan(requested, "none", reason, binding, MpiScan())
     found = binding and discover_host_mpi(setting=host_setting)
-
     scan = scan_mpi(
         root=root,
         prefixes=target.env_prefixes if target else [],
@@ -625,12 +582,24 @@ def plan_mpi(*, root, target, requested, host_setting, stage):
         raise StageError(str(e), stage=stage) from None
     if mode == "host":
         check_host_paths(binding=binding, error=lambda m: StageError(m, stage=stage))
-    _check_pins(
-        mode=mode,
-        setting=mode if requested == mode else f"{requested} -> {mode}",
-        pins=scan.pins,
-        stage=stage,
-    )
+    # A pin stops a host build; a warning in container mode.
+    if scan.pins and mode == "host":
+        setting = mode if requested == mode else f"{requested} -> {mode}"
+        raise StageError(
+            f"MPI users run on the host's MPICH here (lumi-env.mpi: {setting}), but "
+            f"{_pin_text(scan.pins)}. Install it from pip without an RPATH (mpi4py's "
+            "wheel, not conda's mpi4py, which pins conda's MPICH); for a package you "
+            "build, link with a RUNPATH instead (env: {LDFLAGS: -Wl,--enable-new-dtags} "
+            "in its pip step) or without -Wl,-rpath; or keep the image's MPICH: "
+            "--set lumi-env.mpi=container",
+            stage=stage,
+        )
+    if scan.pins and mode == "container":
+        logger.warning(
+            "MPI: %s; fine with the image's MPICH (the default here), but "
+            "COTAINR_LUMI_MPI=host would not reach it",
+            _pin_text(scan.pins),
+        )
     return MpiPlan(requested, mode, reason, binding, scan, found=found)
 
 

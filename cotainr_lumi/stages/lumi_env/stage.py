@@ -96,20 +96,19 @@ class LumiEnvStage(Stage):
         names = self.settings.names(image_path=plan.image_path)
         if names.lua is None:
             return []
-        name, root = names.name, names.root
         fix = (
             "Rename the image, or set the name or place with --set "
             "lumi-env.module-name=NAME, lumi-env.module-dir=DIR or "
             "lumi-env.container-root=DIR (or --set lumi-env.module-file=false)."
         )
         for problem in (
-            module_name_problem(name),
+            module_name_problem(names.name),
             text_problem(str(names.lua.parent), **MODULE_DIR),
-            text_problem(str(root), **CONTAINER_ROOT),
+            text_problem(str(names.root), **CONTAINER_ROOT),
         ):
             if problem:
                 raise InputError(f"lumi-env: {problem}. {fix}")
-        return [names.lua, names.shell, root]
+        return [names.lua, names.shell, names.root]
 
     def _run_hint(self, *, image_path, mpi, binds):
         """The command to run the image on LUMI."""
@@ -221,14 +220,13 @@ class LumiEnvStage(Stage):
         own = self.settings.host_libfabric_binds if libfabric == "host" else []
         binds = list(dict.fromkeys([*self.settings.binds, *own, *mpi.binds()]))
         names = self.settings.names(image_path=image_path)
-        user_venv = names.user_venv
         user_software = not image_has_user_software(root=root)
         details = self._write_image_files(
             root=root,
             target=target,
             mpi=mpi,
             binds=binds,
-            user_venv=user_venv,
+            user_venv=names.user_venv,
             libfabric=libfabric,
         )
         details["runtime"] = network.write_runtime_record(
@@ -239,7 +237,7 @@ class LumiEnvStage(Stage):
             settings=self.settings,
             binds=binds,
             image_path=image_path,
-            user_venv=user_venv,
+            user_venv=names.user_venv,
             user_software=user_software,
             mpi=mpi,
             # (No probe for them without a module file.)
@@ -320,7 +318,7 @@ class LumiEnvStage(Stage):
         if self.settings.runscripts:
             script = "command -v get-master >/dev/null && " + script
         python = getattr(context.target_env, "python", None) if mpi.active else None
-        load_check = mpi.checks_load(python=python)
+        load_check = bool(python and mpi.scan.mpi4py)
         args = ["bash", "-c", script]
         if load_check:
             script += ' && { "$1" -c "$2" || true; }'

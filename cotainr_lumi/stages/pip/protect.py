@@ -121,9 +121,7 @@ def explain_conflicts(*, output, installed, allowed):
             if m and m.group("constraint"):
                 pinned.add(_req_name(m.group("ureq")))
             elif m and m.group("ureq"):
-                wanted.setdefault(_req_name(m.group("ureq")), []).append(
-                    m.group("ureq")
-                )
+                wanted.setdefault(_req_name(m["ureq"]), []).append(m["ureq"])
             elif m:
                 req = m.group("dreq")
                 text = f"{m.group('pkg')} {m.group('ver')} depends on {req}"

@@ -13,7 +13,6 @@ with file and line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-import logging
 import os
 from pathlib import Path, PurePosixPath
 import re
@@ -26,8 +25,6 @@ from packaging.requirements import InvalidRequirement, Requirement
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...errors import InputError, StageError
 from .cache import link_or_copy
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 ARCHIVE_EXTENSIONS = tuple(
     ".whl .tar.gz .tgz .tar.bz2 .tbz .tar.xz .txz .tar .zip".split()

@@ -47,15 +47,13 @@ class PipStage(Stage):
 
     def __init__(self, *, settings=None):
         super().__init__(settings=settings)
+        allowed = self.settings.allow_changes
         self.steps = [
-            dataclasses.replace(step, number=i + 1).allowing(
-                self.settings.allow_changes
-            )
+            dataclasses.replace(step, number=i + 1).allowing(allowed)
             for i, step in enumerate(self.settings.steps)
         ]
         self.scans = [scan_step(step=step) for step in self.steps]
-        cache_dir = self.settings.cache_dir
-        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.cache_dir = Path(self.settings.cache_dir or default_cache_dir())
 
     # -- configuration -----------------------------------------------------
 

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 import dataclasses
 from dataclasses import dataclass
 import functools
-import logging
 import os
 from pathlib import Path
 import re
@@ -33,8 +32,6 @@ from ...engine.settings import (
 from ...engine.yamlfile import LineDict, read_yaml
 from ...errors import InputError, redact, redact_env
 
-logger = logging.getLogger(f"cotainr.{__name__}")
-
 _INTO_ENV = "packages must go into the image's Python environment"
 _EDITABLE = "editable installs cannot work in an image; install a copy instead"
 #: pip options a step may not pass in ``pip-args``, with the reason.
@@ -48,8 +45,7 @@ FORBIDDEN_PIP_ARGS = {
     "--cache-dir": "use the stage settings 'cache'/'cache-dir'",
     "--no-cache-dir": "use --set pip.cache=false (the stage setting 'cache: false')",
     "--no-build-isolation": "use the step key 'no-build-isolation: true'",
-    "-i": "use the step key 'index-url'",
-    "--index-url": "use the step key 'index-url'",
+    **dict.fromkeys(("-i", "--index-url"), "use the step key 'index-url'"),
     "--extra-index-url": "use the step key 'extra-index-urls'",
 }
 
@@ -320,14 +316,6 @@ def _describe_key(path, *, data):
     return label + (f", key '{rest}'" if rest else "")
 
 
-def _as_mapping(*, steps):
-    """A file holding just the list of steps, as the mapping it stands for."""
-    data = LineDict(steps=steps)
-    data.line = getattr(steps, "line", None)
-    data.lines["steps"] = data.line
-    return data
-
-
 def load_steps_file(*, path):
     """Read a steps file into typed stage settings."""
     path = Path(os.path.abspath(os.path.expanduser(path)))
@@ -335,8 +323,10 @@ def load_steps_file(*, path):
         path=path,
         error=lambda message: InputError(f"The pip steps file {path} {message}."),
     )
-    if isinstance(data, list):
-        data = _as_mapping(steps=data)
+    if isinstance(data, list):  # just the list of steps: the mapping it stands for
+        data = LineDict(steps=data)
+        data.line = getattr(data["steps"], "line", None)
+        data.lines["steps"] = data.line
     if not isinstance(data, dict) or not data.get("steps"):
         raise InputError(
             f"The pip steps file {path} must be a mapping with a non-empty "
