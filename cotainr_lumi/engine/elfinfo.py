@@ -13,7 +13,6 @@ import io
 import logging
 import os
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection
@@ -73,21 +72,17 @@ def read_elf_info(*, path):
     try:
         # The magic is checked on the raw descriptor: most files are not ELF,
         # and a buffered stream would read (and allocate) far more.
-        if os.read(fd, 4) != ELF_MAGIC:
-            os.close(fd)
-            return None
-        os.lseek(fd, 0, os.SEEK_SET)
+        is_elf = os.pread(fd, 4, 0) == ELF_MAGIC
     except OSError:
+        is_elf = False
+    if not is_elf:
         os.close(fd)
         return None
     try:
         with os.fdopen(fd, "rb") as f:
             return _read_open_elf(f, path=os.fspath(path))
-    except (OSError, ELFError, ValueError, KeyError, AssertionError) as e:
-        # pyelftools raises a mix of errors (and construct's) for damaged files.
-        logger.debug("Cannot read ELF file %s: %s", path, e)
-        return None
-    except Exception as e:  # noqa: BLE001 - construct.StreamError and friends
+    except Exception as e:  # noqa: BLE001 - pyelftools and construct raise a mix
+        # of errors (ELFError, StreamError, ValueError ...) for damaged files.
         logger.debug("Cannot read ELF file %s: %s: %s", path, type(e).__name__, e)
         return None
 
@@ -140,20 +135,14 @@ def _make_elffile(stream):
 def _read_open_elf(stream, *, path):
     """Parse the header, dynamic and version sections of an open ELF file."""
     elf = _make_elffile(stream)
-    soname = None
-    needed = []
-    rpath = []
-    runpath = []
+    strings = {name: [] for name in _DYNAMIC_STRINGS}
     needs = {}
     defs = set()
     dynamic_seen = False
     for section in _iter_wanted_sections(elf):
         if isinstance(section, DynamicSection):
             dynamic_seen = True
-            soname = (
-                _read_dynamic(section, needed=needed, rpath=rpath, runpath=runpath)
-                or soname
-            )
+            _read_dynamic(section, strings=strings)
         elif isinstance(section, GNUVerNeedSection):
             for verneed, auxiliaries in section.iter_versions():
                 versions = needs.setdefault(verneed.name, set())
@@ -169,19 +158,16 @@ def _read_open_elf(stream, *, path):
         # No section headers (stripped hard): fall back to the PT_DYNAMIC
         # segment, which has the tags but no version information.
         for segment in elf.iter_segments(type="PT_DYNAMIC"):
-            soname = (
-                _read_dynamic(segment, needed=needed, rpath=rpath, runpath=runpath)
-                or soname
-            )
+            _read_dynamic(segment, strings=strings)
     return ElfInfo(
         path=path,
         elfclass=elf.elfclass,
         machine=elf["e_machine"],
         elftype=elf["e_type"],
-        soname=soname,
-        needed=tuple(needed),
-        rpath=tuple(rpath),
-        runpath=tuple(runpath),
+        soname=next(filter(None, reversed(strings["DT_SONAME"])), None),
+        needed=tuple(strings["DT_NEEDED"]),
+        rpath=_split_paths(strings["DT_RPATH"]),
+        runpath=_split_paths(strings["DT_RUNPATH"]),
         version_needs={name: frozenset(v) for name, v in needs.items()},
         version_defs=frozenset(defs),
     )
@@ -213,33 +199,29 @@ def _iter_wanted_sections(elf):
             yield elf.get_section(index)
 
 
-def _read_dynamic(dynamic, *, needed, rpath, runpath):
-    """Collect DT_NEEDED / DT_RPATH / DT_RUNPATH from a dynamic section or segment."""
-    soname = None
+#: The string-valued dynamic tags read.
+_DYNAMIC_STRINGS = ("DT_SONAME", "DT_NEEDED", "DT_RPATH", "DT_RUNPATH")
+
+
+def _read_dynamic(dynamic, *, strings):
+    """Collect the :data:`_DYNAMIC_STRINGS` of a dynamic section or segment."""
     for tag in dynamic.iter_tags():
-        kind = tag.entry.d_tag
-        if kind == "DT_SONAME":
-            soname = tag.soname
-        elif kind == "DT_NEEDED":
-            needed.append(tag.needed)
-        elif kind == "DT_RPATH":
-            rpath.extend(p for p in tag.rpath.split(":") if p)
-        elif kind == "DT_RUNPATH":
-            runpath.extend(p for p in tag.runpath.split(":") if p)
-    return soname
+        if tag.entry.d_tag in strings:
+            # pyelftools' DynamicTag keeps DT_SONAME's string as .soname (and so on).
+            strings[tag.entry.d_tag].append(getattr(tag, tag.entry.d_tag[3:].lower()))
+
+
+def _split_paths(values):
+    return tuple(p for value in values for p in value.split(":") if p)
 
 
 def scan_elf_files(*, root, path, skip=()):
     """Read every ELF regular file below an image directory (links not followed)."""
     for entry in walk_in_root(root=root, path=path):
-        if entry.kind != "file":
-            continue
-        host = entry.path
-        if host in skip:
-            continue
-        info = read_elf_info(path=host)
-        if info is not None:
-            yield info
+        if entry.kind == "file" and entry.path not in skip:
+            info = read_elf_info(path=entry.path)
+            if info is not None:
+                yield info
 
 
 __all__ = ["ELF_MAGIC", "ElfInfo", "read_elf_info", "scan_elf_files"]
