@@ -47,6 +47,24 @@ class SettingError(ValueError):
         return SettingError(self.message, path=(*parts, *self.path))
 
 
+def _under(key, function, *args, **kwargs):
+    """Call `function`; a SettingError it raises is placed under `key`."""
+    try:
+        return function(*args, **kwargs)
+    except SettingError as e:
+        raise e.under(key) from None
+
+
+def _run_check(check, value):
+    """Run a check; a ValueError it raises becomes a SettingError."""
+    try:
+        check(value)
+    except SettingError:
+        raise
+    except ValueError as e:
+        raise SettingError(str(e)) from None
+
+
 # -- declaring ----------------------------------------------------------------
 
 
@@ -66,12 +84,7 @@ def each(check):
 
     def check_items(values):
         for i, value in enumerate(values):
-            try:
-                check(value)
-            except SettingError as e:
-                raise e.under(i) from None
-            except ValueError as e:
-                raise SettingError(str(e), path=(i,)) from None
+            _under(i, _run_check, check, value)
 
     return check_items
 
@@ -95,12 +108,7 @@ class Declared:
         else:
             value = convert(type_=self.type, value=value)
         if self.check is not None and value is not None:
-            try:
-                self.check(value)
-            except SettingError:
-                raise
-            except ValueError as e:
-                raise SettingError(str(e)) from None
+            _run_check(self.check, value)
         return value
 
 
@@ -196,27 +204,13 @@ def _fits(type_, value):
     return isinstance(value, type_)
 
 
-def _convert_items(type_, values):
-    """A list of `type_` values (an error points at the item)."""
-    items = []
-    for i, item in enumerate(values):
-        try:
-            items.append(convert(type_=type_, value=item))
-        except SettingError as e:
-            raise e.under(i) from None
-    return items
-
-
 def _convert_mapping(key_type, value_type, mapping):
     """A dict of `key_type` to `value_type` (an error points at the key)."""
     result = {}
     for key, item in mapping.items():
         if not _fits(key_type, key):
             raise SettingError(f"{key!r} is not {_words(key_type)}", path=(key,))
-        try:
-            result[key] = convert(type_=value_type, value=item)
-        except SettingError as e:
-            raise e.under(key) from None
+        result[key] = _under(key, convert, type_=value_type, value=item)
     return result
 
 
@@ -239,7 +233,7 @@ def convert(*, type_, value):
     if origin is list:
         if not isinstance(value, (list, tuple)):
             raise problem
-        return _convert_items(args[0], value)
+        return [_under(i, convert, type_=args[0], value=v) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, Mapping):
             raise problem
@@ -271,10 +265,7 @@ def read_declared(*, schema, raw, origin, unknown="setting"):
             raise SettingError(
                 unknown_message(key, list(declared), unknown), path=(key,)
             )
-        try:
-            values[key] = spec.read(value, origin=origin)
-        except SettingError as e:
-            raise e.under(key) from None
+        values[key] = _under(key, spec.read, value, origin=origin)
     return values
 
 
