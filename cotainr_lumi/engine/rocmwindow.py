@@ -29,8 +29,8 @@ _TORCH_ROCM = re.compile(r"\+rocm(\d+)\.(\d+)")
 
 
 def _check_range(value):
-    match = _RANGE.match(value)
-    if not match or major_minor(match.group(1)) > major_minor(match.group(2)):
+    window = Window.from_text(value)
+    if window is None or window.low > window.high:
         raise ValueError(
             "must be a range of ROCm major.minor versions LOW-HIGH such as "
             f'"6.1-7.0" (got {value!r})'
@@ -79,13 +79,10 @@ class Window:
     def from_text(cls, text, *, source=""):
         """The window of ``"LOW-HIGH"``."""
         match = _RANGE.match(str(text or ""))
-        if not match:
-            return None
-        return cls(
-            low=major_minor(match.group(1)),
-            high=major_minor(match.group(2)),
-            source=source or "",
-        )
+        if match:
+            low, high = (major_minor(v) for v in match.groups())
+            return cls(low=low, high=high, source=source or "")
+        return None
 
     def __contains__(self, version):
         return self.low <= version <= self.high
@@ -220,14 +217,13 @@ def check_build(*, context, phase):
     root = context.sandbox.root
     target = context.known_target_env()
     base = _base_rocm_in_sandbox(root=root, target=target)
-    if phase == "start":
-        found = problems(window=window, base_rocm=base, torch=None)
-    else:
+    found = problems(window=window, base_rocm=base, torch=None)
+    if phase != "start":  # the end: only what torch adds (the start said the rest)
         torch = _torch_in_sandbox(root=root, target=target)
         found = [
             p
             for p in problems(window=window, base_rocm=base, torch=torch)
-            if p not in problems(window=window, base_rocm=base, torch=None)
+            if p not in found
         ]
         _add_labels(context=context, window=window, base=base, torch=torch)
     if found and context.plan.rocm_settings.strict:
