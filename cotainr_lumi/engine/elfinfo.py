@@ -9,7 +9,9 @@ costs a 4-byte read, and a symlink is never read through (``O_NOFOLLOW``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import functools
 import io
+from itertools import islice
 import logging
 import os
 
@@ -88,37 +90,33 @@ def read_elf_info(*, path):
         return None
 
 
+@functools.cache
+def _structs(little_endian, elfclass, *advanced):
+    """The struct definitions of pyelftools, made once per kind of ELF file."""
+    structs = ELFStructs(little_endian=little_endian, elfclass=elfclass)
+    structs.create_basic_structs()
+    if advanced:
+        structs.create_advanced_structs(*advanced)
+    return structs
+
+
 class _ScanELFFile(ELFFile):
     """An :class:`ELFFile` that reuses the struct definitions across files."""
-
-    _cache = {}
 
     def __init__(self, stream):  # noqa: D107 - see the class docstring
         self.stream = stream
         self.stream.seek(0, io.SEEK_END)
         self.stream_len = self.stream.tell()
         self._identify_file()
-        basic_key = (self.little_endian, self.elfclass)
-        basic = self._cache.get(basic_key)
-        if basic is None:
-            basic = ELFStructs(little_endian=self.little_endian, elfclass=self.elfclass)
-            basic.create_basic_structs()
-            self._cache[basic_key] = basic
-        self.structs = basic
+        self.structs = _structs(self.little_endian, self.elfclass)
         self.header = self._parse_elf_header()
-        key = (
-            *basic_key,
+        self.structs = _structs(
+            self.little_endian,
+            self.elfclass,
             self["e_type"],
             self["e_machine"],
             self["e_ident"]["EI_OSABI"],
         )
-        full = self._cache.get(key)
-        if full is None:
-            full = ELFStructs(little_endian=self.little_endian, elfclass=self.elfclass)
-            full.create_basic_structs()
-            full.create_advanced_structs(*key[2:])
-            self._cache[key] = full
-        self.structs = full
         self.stream.seek(0)
         self.e_ident_raw = self.stream.read(16)
         self.stream_loader = None
@@ -150,11 +148,8 @@ def _read_open_elf(stream, *, path):
                 versions.update(aux.name for aux in auxiliaries)
         elif isinstance(section, GNUVerDefSection):
             for verdef, auxiliaries in section.iter_versions():
-                if verdef["vd_flags"] & _VER_FLG_BASE:
-                    continue
-                first = next(iter(auxiliaries), None)
-                if first is not None:
-                    defs.add(first.name)
+                if not verdef["vd_flags"] & _VER_FLG_BASE:
+                    defs.update(aux.name for aux in islice(auxiliaries, 1))
     if not dynamic_seen:
         # No section headers (stripped hard): fall back to the PT_DYNAMIC
         # segment, which has the tags but no version information.
