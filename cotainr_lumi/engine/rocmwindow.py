@@ -180,9 +180,7 @@ def describe_lines(*, plan):
 
 def _torch_in_sandbox(*, root, target):
     """The torch of the target env, read from ``torch/version.py`` in the sandbox."""
-    if target is None:
-        return None
-    for site in target.site:
+    for site in target.site if target is not None else ():
         try:
             path = resolve_in_root(root=root, path=f"{site}/torch/version.py")
             text = path.read_text(errors="replace")[:20000]

@@ -195,13 +195,9 @@ def _words(type_, *, many=False):
 
 
 def _fits(type_, value):
-    if type_ is bool:
-        return isinstance(value, bool)
-    if type_ in (int, float):
-        return isinstance(value, (int, float) if type_ is float else int) and (
-            not isinstance(value, bool)
-        )
-    return isinstance(value, type_)
+    if isinstance(value, bool) and type_ in (int, float):
+        return False  # a bool is an int to Python, not to users
+    return isinstance(value, (int, float) if type_ is float else type_)
 
 
 def _convert_mapping(key_type, value_type, mapping):
