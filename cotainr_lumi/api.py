@@ -137,16 +137,6 @@ def build(
     result.plan_text = build_plan.describe()
     if dry_run:
         return result
-    return _run_build(
-        build_plan=build_plan,
-        result=result,
-        verbosity=verbosity,
-        log_to_file=log_to_file,
-    )
-
-
-def _run_build(*, build_plan, result, **build_args):
-    """Run cotainr's build of the plan with the hook; fill in `result`."""
     from .plugin import HOOK
 
     if build_plan.image_exists and not build_plan.request.force:
@@ -157,16 +147,16 @@ def _run_build(*, build_plan, result, **build_args):
     t_start = time.time()
     try:
         with HOOK.planned(build_plan):
-            build = _cotainr.build_command()(
+            _cotainr.build_command()(
                 image_path=build_plan.image_path,
                 base_image=build_plan.base_image.given,
                 conda_env=build_plan.request.conda_env,
                 accept_licenses=build_plan.request.accept_licenses,
                 no_color=True,
                 force=True,
-                **build_args,
-            )
-            build.execute()
+                verbosity=verbosity,
+                log_to_file=log_to_file,
+            ).execute()
     except _cotainr.PluginError as e:
         cause = e.__cause__
         if isinstance(cause, CotainrLumiError):

@@ -142,8 +142,7 @@ def window_of(*, plan):
 
 def _dry_run_torch(plan):
     """The torch a dry run saw in the target env of the base image (or None)."""
-    target = plan.base_target
-    torch = getattr(target, "torch", None)
+    torch = getattr(plan.base_target, "torch", None)
     if torch:
         return torch
     facts = plan.base_facts or {}
