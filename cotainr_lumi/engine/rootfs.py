@@ -82,10 +82,9 @@ def write_file_in_root(*, root, path, content, mode=0o644):
     target = parent / image_path.name
     if target.is_symlink():
         target.unlink()
-    data = content.encode() if isinstance(content, str) else content
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     with os.fdopen(fd, "wb") as f:
-        f.write(data)
+        f.write(content.encode() if isinstance(content, str) else content)
     os.chmod(target, mode)
     return target
 

@@ -183,11 +183,8 @@ def _words(type_, *, many=False):
     if origin is list:
         return ("lists of " if many else "a list of ") + _words(args[0], many=True)
     if origin is dict:
-        return (
-            "mappings"
-            if many
-            else "a mapping of names to " + _words(args[1], many=True)
-        )
+        values = _words(args[1], many=True)
+        return "mappings" if many else f"a mapping of names to {values}"
     if type_ in _SCALAR_WORDS:
         return _SCALAR_WORDS[type_][1 if many else 0]
     name = getattr(type_, "__name__", str(type_))
