@@ -1,19 +1,4 @@
-"""
-The Python API for build scripts.
-
-Example
--------
->>> import cotainr_lumi
->>> result = cotainr_lumi.build(
-...     image_path="pytorch.sif",
-...     system="lumi-g-ext",
-...     conda_env="env.yml",
-...     settings={"provenance": {"hash-base-image": False}},
-...     force=True,
-... )  # doctest: +SKIP
->>> result.labels["cotainr-lumi.system"]  # doctest: +SKIP
-'lumi-g-ext'
-"""
+"""The Python API for build scripts (an example: ``examples/api_build.py``)."""
 
 import logging
 import time
