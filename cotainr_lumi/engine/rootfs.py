@@ -48,11 +48,7 @@ def resolve_in_root(*, root, path, follow_final=True, confine=False):
                 raise OSError(errno.EXDEV, f"{path!s} links to outside {root}")
             continue
         candidate = root.joinpath(*resolved, part)
-        is_last = not pending
-        if is_last and not follow_final:
-            resolved.append(part)
-            break
-        if not os.path.islink(candidate):
+        if (not pending and not follow_final) or not os.path.islink(candidate):
             resolved.append(part)
             continue
         links_followed += 1
