@@ -48,11 +48,9 @@ class ElfInfo:
 
     def needs_from(self, *, prefix):
         """The versions needed from libraries whose file name starts with `prefix`."""
-        found = set()
-        for name, versions in self.version_needs.items():
-            if name.startswith(prefix):
-                found.update(versions)
-        return frozenset(found)
+        return frozenset().union(
+            *(v for name, v in self.version_needs.items() if name.startswith(prefix))
+        )
 
     def compatible_with(self, other):
         """Whether two ELF files could be loaded into the same process."""
