@@ -222,7 +222,12 @@ def check_build(*, context, phase):
             for p in problems(window=window, base_rocm=base, torch=torch)
             if p not in found
         ]
-        _add_labels(context=context, window=window, base=base, torch=torch)
+        if base:
+            context.labels[imagelayout.LABEL_ROCM_VERSION] = base
+        if window is not None:
+            context.labels[imagelayout.LABEL_ROCM_SUPPORTED] = str(window)
+        if (built_for := torch_rocm(torch)) is not None:
+            context.labels[imagelayout.LABEL_ROCM_TORCH] = _text(built_for)
     if found and context.plan.rocm_settings.strict:
         raise StageError(
             "; ".join(found)
@@ -232,14 +237,3 @@ def check_build(*, context, phase):
         )
     for problem in found:
         logger.warning("ROCm: %s.", problem)
-
-
-def _add_labels(*, context, window, base, torch):
-    labels = context.labels
-    if base:
-        labels[imagelayout.LABEL_ROCM_VERSION] = base
-    if window is not None:
-        labels[imagelayout.LABEL_ROCM_SUPPORTED] = str(window)
-    built_for = torch_rocm(torch)
-    if built_for is not None:
-        labels[imagelayout.LABEL_ROCM_TORCH] = _text(built_for)
