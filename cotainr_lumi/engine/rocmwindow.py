@@ -26,6 +26,9 @@ SETTINGS_NAME = "rocm"
 _MAJOR_MINOR = re.compile(r"^\s*(\d+)\.(\d+)")
 _RANGE = re.compile(r"^\s*(\d+\.\d+)\s*-\s*(\d+\.\d+)\s*$")
 _TORCH_ROCM = re.compile(r"\+rocm(\d+)\.(\d+)")
+_TORCH_VERSION_PY = re.compile(
+    r"^(__version__|hip)\s*(?::[^=]*)?=\s*['\"]([^'\"]*)", re.M
+)
 
 
 def _check_range(value):
@@ -185,11 +188,7 @@ def _torch_in_sandbox(*, root, target):
             text = path.read_text(errors="replace")[:20000]
         except OSError:
             continue
-        found = dict(
-            re.findall(
-                r"^(__version__|hip)\s*(?::[^=]*)?=\s*['\"]([^'\"]*)", text, re.M
-            )
-        )
+        found = dict(_TORCH_VERSION_PY.findall(text))
         return {
             "dir": f"{site}/torch",
             "version": found.get("__version__", ""),

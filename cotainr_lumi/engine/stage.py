@@ -92,8 +92,8 @@ class StageContext:
     @property
     def target_env(self) -> Optional[targetenv.TargetEnv]:
         """The target Python environment (None when the image has none)."""
-        found = self.probe_target_env()
-        return found if isinstance(found, targetenv.TargetEnv) else None
+        self.probe_target_env()
+        return self.known_target_env()
 
     def require_target_env(self, *, stage):
         """The target env, or a StageError of `stage` saying why there is none."""
