@@ -120,18 +120,13 @@ class _ScanELFFile(ELFFile):
         self.stream_loader = None
 
 
-def _make_elffile(stream):
-    """An ELF file object: the caching subclass, or plain pyelftools if it fails."""
-    try:
-        return _ScanELFFile(stream)
-    except AttributeError:  # pragma: no cover - pyelftools internals changed
-        stream.seek(0)
-        return ELFFile(stream)
-
-
 def _read_open_elf(stream, *, path):
     """Parse the header, dynamic and version sections of an open ELF file."""
-    elf = _make_elffile(stream)
+    try:
+        elf = _ScanELFFile(stream)
+    except AttributeError:  # pragma: no cover - pyelftools internals changed
+        stream.seek(0)
+        elf = ELFFile(stream)
     strings = {name: [] for name in _DYNAMIC_STRINGS}
     needs = {}
     defs = set()

@@ -25,7 +25,7 @@ SETTINGS_NAME = "rocm"
 
 _MAJOR_MINOR = re.compile(r"^\s*(\d+)\.(\d+)")
 _RANGE = re.compile(r"^\s*(\d+\.\d+)\s*-\s*(\d+\.\d+)\s*$")
-_TORCH_ROCM = re.compile(r"\+rocm(\d+)\.(\d+)")
+_TORCH_ROCM = re.compile(r"\+rocm(\d+\.\d+)")
 _TORCH_VERSION_PY = re.compile(
     r"^(__version__|hip)\s*(?::[^=]*)?=\s*['\"]([^'\"]*)", re.M
 )
@@ -104,9 +104,7 @@ def torch_rocm(torch):
     if not torch:
         return None
     match = _TORCH_ROCM.search(str(torch.get("version") or ""))
-    if match:
-        return int(match.group(1)), int(match.group(2))
-    return major_minor(torch.get("hip"))
+    return major_minor(match.group(1) if match else torch.get("hip"))
 
 
 def problems(*, window, base_rocm, torch):

@@ -2,7 +2,7 @@
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional, Union
+from typing import Any, ClassVar, Optional
 
 from ..errors import StageError
 from . import imageprobe, targetenv
@@ -72,9 +72,7 @@ class StageContext:
     plan: Any
     reports: list[StageReport] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
-    _target: Union[targetenv.TargetEnv, targetenv.TargetEnvNotFoundError, None] = field(
-        default=None, init=False, repr=False
-    )
+    _target: Any = field(default=None, init=False, repr=False)  # see probe_target_env
 
     def probe_target_env(self):
         """The build's one probe of the image: the TargetEnv or why there is none."""
