@@ -143,9 +143,8 @@ def build(
                 log_to_file=log_to_file,
             ).execute()
     except _cotainr.PluginError as e:
-        cause = e.__cause__
-        if isinstance(cause, CotainrLumiError):
-            raise cause from None
+        if isinstance(e.__cause__, CotainrLumiError):
+            raise e.__cause__ from None
         raise StageError(str(e), stage="cotainr") from e
     if HOOK.last is None:  # pragma: no cover - plan() found an extended build
         raise StageError("the cotainr-lumi hook did not run", stage="cotainr")

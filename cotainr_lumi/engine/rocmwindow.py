@@ -154,8 +154,7 @@ def _dry_run_torch(plan):
 def describe_lines(*, plan):
     """What the dry run says about the ROCm versions."""
     window = window_of(plan=plan)
-    facts = plan.base_facts or {}
-    base = facts.get("image", {}).get("rocm_version") or None
+    base = (plan.base_facts or {}).get("image", {}).get("rocm_version") or None
     profile = plan.system.rocm_version if plan.system is not None else None
     torch = _dry_run_torch(plan)
     if base:

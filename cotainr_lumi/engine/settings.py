@@ -1,12 +1,11 @@
 """
 Settings: declared once, read by one loader.
 
-A settings section is a frozen dataclass deriving from :class:`StageSettings`,
-one field per setting made with :func:`setting`; the key users write is the
-field name with ``-`` for ``_``, the annotation its type; ``check`` adds a
-rule on the value and ``load`` replaces the conversion. :func:`load_sections`
-reads what one source gives (a profile, ``--set``, the Python API) into typed
-values of only the keys given, so that sources merge;
+A settings section is a frozen :class:`StageSettings` dataclass with one
+:func:`setting` field per setting (key: the field name with ``-`` for ``_``;
+type: the annotation; ``check`` adds a rule, ``load`` replaces the conversion).
+:func:`load_sections` reads what one source gives (a profile, ``--set``, the
+Python API) into typed values of only the keys given, so that sources merge;
 :meth:`StageSettings.complete` fills in the defaults. The first problem is one
 error, worded by the source's :class:`cotainr_lumi.engine.origins.Origin`.
 """
