@@ -76,7 +76,6 @@ def resolve(*, named, files, search_dirs):
 
 def default_name(names):
     """The ``NCCL_NET_PLUGIN`` value a directory's plugin needs, if any."""
-    names = set(names)
     if DEFAULT in names:
         return None
     own = sorted(

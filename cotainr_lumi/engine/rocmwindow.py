@@ -1,11 +1,10 @@
 """
 The ROCm versions LUMI's GPU driver supports, and an image checked against them.
 
-A profile states the supported range in the settings section ``rocm``
-(``supported: "6.1-7.0"`` with its ``source``). The base image's ROCm and the
-ROCm torch was built for are checked against it and each other: the dry run
-says it, a build warns at its start and end (stops with ``rocm.strict``) and
-keeps the answer in labels, and ``cotainr-lumi verify`` has a row.
+The profile's settings section ``rocm`` states the range (``supported: "6.1-7.0"``
+and its ``source``); the base image's ROCm and torch's are checked against it and
+each other by the dry run, at a build's start and end (a warning, or a stop with
+``rocm.strict``; labels keep the answer) and by ``cotainr-lumi verify``.
 """
 
 from dataclasses import dataclass
@@ -146,8 +145,7 @@ def _dry_run_torch(plan):
     torch = getattr(plan.base_target, "torch", None)
     if torch:
         return torch
-    facts = plan.base_facts or {}
-    explicit = facts.get("explicit", {}).get("python")
+    explicit = (plan.base_facts or {}).get("explicit", {}).get("python")
     return explicit.get("torch") if isinstance(explicit, dict) else None
 
 

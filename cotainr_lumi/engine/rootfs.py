@@ -96,12 +96,19 @@ class RootEntry(NamedTuple):
         """The host path as a :class:`pathlib.Path`."""
         return Path(self.path)
 
+    @property
+    def size(self):
+        """The size from ``lstat`` (0 if it vanished)."""
+        try:
+            return os.lstat(self.path).st_size
+        except OSError:
+            return 0
+
 
 def is_inside(*, parent, path):
     """Whether a resolved host path lies inside (or is) a directory, lexically."""
     parent = os.path.abspath(parent)
-    path = os.path.abspath(path)
-    return os.path.commonpath([parent, path]) == parent
+    return os.path.commonpath([parent, os.path.abspath(path)]) == parent
 
 
 def walk_in_root(*, root, path):

@@ -64,9 +64,6 @@ def _run_check(check, value):
         raise SettingError(str(e)) from None
 
 
-# -- declaring ----------------------------------------------------------------
-
-
 def setting(default, *, doc, check=None, load=None):
     """Declare one setting (a dataclass field)."""
     metadata = {"doc": doc, "check": check, "load": load}
@@ -168,9 +165,6 @@ class NoSettings(StageSettings):
     """The declaration of a stage without settings."""
 
 
-# -- converting ---------------------------------------------------------------
-
-
 def _words(type_, *, many=False):
     """How messages name values of `type_`."""
     origin, args = get_origin(type_), get_args(type_)
@@ -233,9 +227,6 @@ def convert(*, type_, value):
     if not _fits(type_, value):
         raise problem
     return value
-
-
-# -- loading ------------------------------------------------------------------
 
 
 def unknown_message(name, known, what):

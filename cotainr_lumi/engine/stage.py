@@ -84,8 +84,7 @@ class StageContext:
 
     def known_target_env(self):
         """The target env if the probe already ran (None otherwise: no probe)."""
-        found = self._target
-        return found if isinstance(found, targetenv.TargetEnv) else None
+        return self._target if isinstance(self._target, targetenv.TargetEnv) else None
 
     @property
     def target_env(self) -> Optional[targetenv.TargetEnv]:
