@@ -1,19 +1,4 @@
-"""
-The Python API for build scripts.
-
-Example
--------
->>> import cotainr_lumi
->>> result = cotainr_lumi.build(
-...     image_path="pytorch.sif",
-...     system="lumi-g-ext",
-...     conda_env="env.yml",
-...     settings={"provenance": {"hash-base-image": False}},
-...     force=True,
-... )  # doctest: +SKIP
->>> result.labels["cotainr-lumi.system"]  # doctest: +SKIP
-'lumi-g-ext'
-"""
+"""The Python API for build scripts (an example: ``examples/api_build.py``)."""
 
 import logging
 import time
@@ -137,16 +122,6 @@ def build(
     result.plan_text = build_plan.describe()
     if dry_run:
         return result
-    return _run_build(
-        build_plan=build_plan,
-        result=result,
-        verbosity=verbosity,
-        log_to_file=log_to_file,
-    )
-
-
-def _run_build(*, build_plan, result, **build_args):
-    """Run cotainr's build of the plan with the hook; fill in `result`."""
     from .plugin import HOOK
 
     if build_plan.image_exists and not build_plan.request.force:
@@ -157,20 +132,19 @@ def _run_build(*, build_plan, result, **build_args):
     t_start = time.time()
     try:
         with HOOK.planned(build_plan):
-            build = _cotainr.build_command()(
+            _cotainr.build_command()(
                 image_path=build_plan.image_path,
                 base_image=build_plan.base_image.given,
                 conda_env=build_plan.request.conda_env,
                 accept_licenses=build_plan.request.accept_licenses,
                 no_color=True,
                 force=True,
-                **build_args,
-            )
-            build.execute()
+                verbosity=verbosity,
+                log_to_file=log_to_file,
+            ).execute()
     except _cotainr.PluginError as e:
-        cause = e.__cause__
-        if isinstance(cause, CotainrLumiError):
-            raise cause from None
+        if isinstance(e.__cause__, CotainrLumiError):
+            raise e.__cause__ from None
         raise StageError(str(e), stage="cotainr") from e
     if HOOK.last is None:  # pragma: no cover - plan() found an extended build
         raise StageError("the cotainr-lumi hook did not run", stage="cotainr")

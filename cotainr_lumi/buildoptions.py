@@ -78,8 +78,7 @@ def stage_settings(*, set_settings, stage_args):
     """The settings the stage options and ``--set`` give, in that order."""
     settings = {}
     for stage in builtin.PIPELINE:
-        overrides = stage.settings_from_args(args=stage_args)
-        if overrides:
+        if overrides := stage.settings_from_args(args=stage_args):
             settings |= load_sections(
                 sections=sections(),
                 raw={stage.name: overrides},

@@ -9,11 +9,12 @@ costs a 4-byte read, and a symlink is never read through (``O_NOFOLLOW``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import functools
 import io
+from itertools import islice
 import logging
 import os
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection
@@ -47,11 +48,9 @@ class ElfInfo:
 
     def needs_from(self, *, prefix):
         """The versions needed from libraries whose file name starts with `prefix`."""
-        found = set()
-        for name, versions in self.version_needs.items():
-            if name.startswith(prefix):
-                found.update(versions)
-        return frozenset(found)
+        return frozenset().union(
+            *(v for name, v in self.version_needs.items() if name.startswith(prefix))
+        )
 
     def compatible_with(self, other):
         """Whether two ELF files could be loaded into the same process."""
@@ -73,115 +72,91 @@ def read_elf_info(*, path):
     try:
         # The magic is checked on the raw descriptor: most files are not ELF,
         # and a buffered stream would read (and allocate) far more.
-        if os.read(fd, 4) != ELF_MAGIC:
-            os.close(fd)
-            return None
+        is_elf = os.read(fd, 4) == ELF_MAGIC
         os.lseek(fd, 0, os.SEEK_SET)
     except OSError:
+        is_elf = False
+    if not is_elf:
         os.close(fd)
         return None
     try:
         with os.fdopen(fd, "rb") as f:
             return _read_open_elf(f, path=os.fspath(path))
-    except (OSError, ELFError, ValueError, KeyError, AssertionError) as e:
-        # pyelftools raises a mix of errors (and construct's) for damaged files.
-        logger.debug("Cannot read ELF file %s: %s", path, e)
-        return None
-    except Exception as e:  # noqa: BLE001 - construct.StreamError and friends
+    except Exception as e:  # noqa: BLE001 - pyelftools and construct raise a mix
+        # of errors (ELFError, StreamError, ValueError ...) for damaged files.
         logger.debug("Cannot read ELF file %s: %s: %s", path, type(e).__name__, e)
         return None
 
 
+@functools.cache
+def _structs(little_endian, elfclass, *advanced):
+    """The struct definitions of pyelftools, made once per kind of ELF file."""
+    structs = ELFStructs(little_endian=little_endian, elfclass=elfclass)
+    structs.create_basic_structs()
+    if advanced:
+        structs.create_advanced_structs(*advanced)
+    return structs
+
+
 class _ScanELFFile(ELFFile):
     """An :class:`ELFFile` that reuses the struct definitions across files."""
-
-    _cache = {}
 
     def __init__(self, stream):  # noqa: D107 - see the class docstring
         self.stream = stream
         self.stream.seek(0, io.SEEK_END)
         self.stream_len = self.stream.tell()
         self._identify_file()
-        basic_key = (self.little_endian, self.elfclass)
-        basic = self._cache.get(basic_key)
-        if basic is None:
-            basic = ELFStructs(little_endian=self.little_endian, elfclass=self.elfclass)
-            basic.create_basic_structs()
-            self._cache[basic_key] = basic
-        self.structs = basic
+        self.structs = _structs(self.little_endian, self.elfclass)
         self.header = self._parse_elf_header()
-        key = (
-            *basic_key,
+        self.structs = _structs(
+            self.little_endian,
+            self.elfclass,
             self["e_type"],
             self["e_machine"],
             self["e_ident"]["EI_OSABI"],
         )
-        full = self._cache.get(key)
-        if full is None:
-            full = ELFStructs(little_endian=self.little_endian, elfclass=self.elfclass)
-            full.create_basic_structs()
-            full.create_advanced_structs(*key[2:])
-            self._cache[key] = full
-        self.structs = full
         self.stream.seek(0)
         self.e_ident_raw = self.stream.read(16)
         self.stream_loader = None
 
 
-def _make_elffile(stream):
-    """An ELF file object: the caching subclass, or plain pyelftools if it fails."""
-    try:
-        return _ScanELFFile(stream)
-    except AttributeError:  # pragma: no cover - pyelftools internals changed
-        stream.seek(0)
-        return ELFFile(stream)
-
-
 def _read_open_elf(stream, *, path):
     """Parse the header, dynamic and version sections of an open ELF file."""
-    elf = _make_elffile(stream)
-    soname = None
-    needed = []
-    rpath = []
-    runpath = []
+    try:
+        elf = _ScanELFFile(stream)
+    except AttributeError:  # pragma: no cover - pyelftools internals changed
+        stream.seek(0)
+        elf = ELFFile(stream)
+    strings = {name: [] for name in _DYNAMIC_STRINGS}
     needs = {}
     defs = set()
     dynamic_seen = False
     for section in _iter_wanted_sections(elf):
         if isinstance(section, DynamicSection):
             dynamic_seen = True
-            soname = (
-                _read_dynamic(section, needed=needed, rpath=rpath, runpath=runpath)
-                or soname
-            )
+            _read_dynamic(section, strings=strings)
         elif isinstance(section, GNUVerNeedSection):
             for verneed, auxiliaries in section.iter_versions():
                 versions = needs.setdefault(verneed.name, set())
                 versions.update(aux.name for aux in auxiliaries)
         elif isinstance(section, GNUVerDefSection):
             for verdef, auxiliaries in section.iter_versions():
-                if verdef["vd_flags"] & _VER_FLG_BASE:
-                    continue
-                first = next(iter(auxiliaries), None)
-                if first is not None:
-                    defs.add(first.name)
+                if not verdef["vd_flags"] & _VER_FLG_BASE:
+                    defs.update(aux.name for aux in islice(auxiliaries, 1))
     if not dynamic_seen:
         # No section headers (stripped hard): fall back to the PT_DYNAMIC
         # segment, which has the tags but no version information.
         for segment in elf.iter_segments(type="PT_DYNAMIC"):
-            soname = (
-                _read_dynamic(segment, needed=needed, rpath=rpath, runpath=runpath)
-                or soname
-            )
+            _read_dynamic(segment, strings=strings)
     return ElfInfo(
         path=path,
         elfclass=elf.elfclass,
         machine=elf["e_machine"],
         elftype=elf["e_type"],
-        soname=soname,
-        needed=tuple(needed),
-        rpath=tuple(rpath),
-        runpath=tuple(runpath),
+        soname=next(filter(None, reversed(strings["DT_SONAME"])), None),
+        needed=tuple(strings["DT_NEEDED"]),
+        rpath=_split_paths(strings["DT_RPATH"]),
+        runpath=_split_paths(strings["DT_RUNPATH"]),
         version_needs={name: frozenset(v) for name, v in needs.items()},
         version_defs=frozenset(defs),
     )
@@ -213,33 +188,29 @@ def _iter_wanted_sections(elf):
             yield elf.get_section(index)
 
 
-def _read_dynamic(dynamic, *, needed, rpath, runpath):
-    """Collect DT_NEEDED / DT_RPATH / DT_RUNPATH from a dynamic section or segment."""
-    soname = None
+#: The string-valued dynamic tags read.
+_DYNAMIC_STRINGS = ("DT_SONAME", "DT_NEEDED", "DT_RPATH", "DT_RUNPATH")
+
+
+def _read_dynamic(dynamic, *, strings):
+    """Collect the :data:`_DYNAMIC_STRINGS` of a dynamic section or segment."""
     for tag in dynamic.iter_tags():
-        kind = tag.entry.d_tag
-        if kind == "DT_SONAME":
-            soname = tag.soname
-        elif kind == "DT_NEEDED":
-            needed.append(tag.needed)
-        elif kind == "DT_RPATH":
-            rpath.extend(p for p in tag.rpath.split(":") if p)
-        elif kind == "DT_RUNPATH":
-            runpath.extend(p for p in tag.runpath.split(":") if p)
-    return soname
+        if tag.entry.d_tag in strings:
+            # pyelftools' DynamicTag keeps DT_SONAME's string as .soname (and so on).
+            strings[tag.entry.d_tag].append(getattr(tag, tag.entry.d_tag[3:].lower()))
+
+
+def _split_paths(values):
+    return tuple(p for value in values for p in value.split(":") if p)
 
 
 def scan_elf_files(*, root, path, skip=()):
     """Read every ELF regular file below an image directory (links not followed)."""
     for entry in walk_in_root(root=root, path=path):
-        if entry.kind != "file":
-            continue
-        host = entry.path
-        if host in skip:
-            continue
-        info = read_elf_info(path=host)
-        if info is not None:
-            yield info
+        if entry.kind == "file" and entry.path not in skip:
+            info = read_elf_info(path=entry.path)
+            if info is not None:
+                yield info
 
 
 __all__ = ["ELF_MAGIC", "ElfInfo", "read_elf_info", "scan_elf_files"]

@@ -76,7 +76,6 @@ def resolve(*, named, files, search_dirs):
 
 def default_name(names):
     """The ``NCCL_NET_PLUGIN`` value a directory's plugin needs, if any."""
-    names = set(names)
     if DEFAULT in names:
         return None
     own = sorted(
@@ -90,7 +89,6 @@ def default_name(names):
 def advice(*, named, files, search_dirs):
     """Why RCCL loads no plugin, and how to fix it."""
     tried = " then ".join(load_names(named))
-    searched = set(search_dirs)
     for directory in search_dirs:
         value = default_name(files.get(directory, {}))
         if value is not None:
@@ -98,7 +96,7 @@ def advice(*, named, files, search_dirs):
                 f"RCCL tries {tried}; {directory} has {PREFIX}-{value}.so, which "
                 f"RCCL loads with NCCL_NET_PLUGIN={value}"
             )
-    elsewhere = [d for d in files if files[d] and d not in searched]
+    elsewhere = [d for d in files if files[d] and d not in search_dirs]
     if elsewhere:
         return (
             f"RCCL tries {tried}; the plugin in {elsewhere[0]} is not on "

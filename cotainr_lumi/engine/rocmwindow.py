@@ -1,11 +1,10 @@
 """
 The ROCm versions LUMI's GPU driver supports, and an image checked against them.
 
-A profile states the supported range in the settings section ``rocm``
-(``supported: "6.1-7.0"`` with its ``source``). The base image's ROCm and the
-ROCm torch was built for are checked against it and each other: the dry run
-says it, a build warns at its start and end (stops with ``rocm.strict``) and
-keeps the answer in labels, and ``cotainr-lumi verify`` has a row.
+The profile's settings section ``rocm`` states the range (``supported: "6.1-7.0"``
+and its ``source``); the base image's ROCm and torch's are checked against it and
+each other by the dry run, at a build's start and end (a warning, or a stop with
+``rocm.strict``; labels keep the answer) and by ``cotainr-lumi verify``.
 """
 
 from dataclasses import dataclass
@@ -25,12 +24,15 @@ SETTINGS_NAME = "rocm"
 
 _MAJOR_MINOR = re.compile(r"^\s*(\d+)\.(\d+)")
 _RANGE = re.compile(r"^\s*(\d+\.\d+)\s*-\s*(\d+\.\d+)\s*$")
-_TORCH_ROCM = re.compile(r"\+rocm(\d+)\.(\d+)")
+_TORCH_ROCM = re.compile(r"\+rocm(\d+\.\d+)")
+_TORCH_VERSION_PY = re.compile(
+    r"^(__version__|hip)\s*(?::[^=]*)?=\s*['\"]([^'\"]*)", re.M
+)
 
 
 def _check_range(value):
-    match = _RANGE.match(value)
-    if not match or major_minor(match.group(1)) > major_minor(match.group(2)):
+    window = Window.from_text(value)
+    if window is None or window.low > window.high:
         raise ValueError(
             "must be a range of ROCm major.minor versions LOW-HIGH such as "
             f'"6.1-7.0" (got {value!r})'
@@ -79,13 +81,10 @@ class Window:
     def from_text(cls, text, *, source=""):
         """The window of ``"LOW-HIGH"``."""
         match = _RANGE.match(str(text or ""))
-        if not match:
-            return None
-        return cls(
-            low=major_minor(match.group(1)),
-            high=major_minor(match.group(2)),
-            source=source or "",
-        )
+        if match:
+            low, high = (major_minor(v) for v in match.groups())
+            return cls(low=low, high=high, source=source or "")
+        return None
 
     def __contains__(self, version):
         return self.low <= version <= self.high
@@ -104,9 +103,7 @@ def torch_rocm(torch):
     if not torch:
         return None
     match = _TORCH_ROCM.search(str(torch.get("version") or ""))
-    if match:
-        return int(match.group(1)), int(match.group(2))
-    return major_minor(torch.get("hip"))
+    return major_minor(match.group(1) if match else torch.get("hip"))
 
 
 def problems(*, window, base_rocm, torch):
@@ -145,20 +142,17 @@ def window_of(*, plan):
 
 def _dry_run_torch(plan):
     """The torch a dry run saw in the target env of the base image (or None)."""
-    target = plan.base_target
-    torch = getattr(target, "torch", None)
+    torch = getattr(plan.base_target, "torch", None)
     if torch:
         return torch
-    facts = plan.base_facts or {}
-    explicit = facts.get("explicit", {}).get("python")
+    explicit = (plan.base_facts or {}).get("explicit", {}).get("python")
     return explicit.get("torch") if isinstance(explicit, dict) else None
 
 
 def describe_lines(*, plan):
     """What the dry run says about the ROCm versions."""
     window = window_of(plan=plan)
-    facts = plan.base_facts or {}
-    base = facts.get("image", {}).get("rocm_version") or None
+    base = (plan.base_facts or {}).get("image", {}).get("rocm_version") or None
     profile = plan.system.rocm_version if plan.system is not None else None
     torch = _dry_run_torch(plan)
     if base:
@@ -183,19 +177,13 @@ def describe_lines(*, plan):
 
 def _torch_in_sandbox(*, root, target):
     """The torch of the target env, read from ``torch/version.py`` in the sandbox."""
-    if target is None:
-        return None
-    for site in target.site:
+    for site in target.site if target is not None else ():
         try:
             path = resolve_in_root(root=root, path=f"{site}/torch/version.py")
             text = path.read_text(errors="replace")[:20000]
         except OSError:
             continue
-        found = dict(
-            re.findall(
-                r"^(__version__|hip)\s*(?::[^=]*)?=\s*['\"]([^'\"]*)", text, re.M
-            )
-        )
+        found = dict(_TORCH_VERSION_PY.findall(text))
         return {
             "dir": f"{site}/torch",
             "version": found.get("__version__", ""),
@@ -220,16 +208,20 @@ def check_build(*, context, phase):
     root = context.sandbox.root
     target = context.known_target_env()
     base = _base_rocm_in_sandbox(root=root, target=target)
-    if phase == "start":
-        found = problems(window=window, base_rocm=base, torch=None)
-    else:
+    found = problems(window=window, base_rocm=base, torch=None)
+    if phase != "start":  # the end: only what torch adds (the start said the rest)
         torch = _torch_in_sandbox(root=root, target=target)
         found = [
             p
             for p in problems(window=window, base_rocm=base, torch=torch)
-            if p not in problems(window=window, base_rocm=base, torch=None)
+            if p not in found
         ]
-        _add_labels(context=context, window=window, base=base, torch=torch)
+        if base:
+            context.labels[imagelayout.LABEL_ROCM_VERSION] = base
+        if window is not None:
+            context.labels[imagelayout.LABEL_ROCM_SUPPORTED] = str(window)
+        if (built_for := torch_rocm(torch)) is not None:
+            context.labels[imagelayout.LABEL_ROCM_TORCH] = _text(built_for)
     if found and context.plan.rocm_settings.strict:
         raise StageError(
             "; ".join(found)
@@ -239,14 +231,3 @@ def check_build(*, context, phase):
         )
     for problem in found:
         logger.warning("ROCm: %s.", problem)
-
-
-def _add_labels(*, context, window, base, torch):
-    labels = context.labels
-    if base:
-        labels[imagelayout.LABEL_ROCM_VERSION] = base
-    if window is not None:
-        labels[imagelayout.LABEL_ROCM_SUPPORTED] = str(window)
-    built_for = torch_rocm(torch)
-    if built_for is not None:
-        labels[imagelayout.LABEL_ROCM_TORCH] = _text(built_for)

@@ -10,6 +10,7 @@ import logging
 import os
 from pathlib import Path, PurePosixPath
 import shutil
+from typing import NamedTuple
 
 from .. import imagelayout
 from ..errors import CotainrLumiError
@@ -32,8 +33,8 @@ def resolve_in_root(*, root, path, follow_final=True, confine=False):
     are kept, so the result always lies inside `root`.
     """
     root = Path(os.path.abspath(root))
-    pending = [p for p in PurePosixPath("/", path).parts[1:]]
-    pending.reverse()  # a stack: the next component is at the end
+    # A stack: the next component is at the end.
+    pending = list(reversed(PurePosixPath("/", path).parts[1:]))
     resolved = []
     links_followed = 0
     while pending:
@@ -47,15 +48,7 @@ def resolve_in_root(*, root, path, follow_final=True, confine=False):
                 raise OSError(errno.EXDEV, f"{path!s} links to outside {root}")
             continue
         candidate = root.joinpath(*resolved, part)
-        is_last = not pending
-        if is_last and not follow_final:
-            resolved.append(part)
-            break
-        try:
-            is_link = candidate.is_symlink()
-        except OSError:
-            is_link = False
-        if not is_link:
+        if (not pending and not follow_final) or not os.path.islink(candidate):
             resolved.append(part)
             continue
         links_followed += 1
@@ -67,10 +60,7 @@ def resolve_in_root(*, root, path, follow_final=True, confine=False):
         target = PurePosixPath(os.readlink(candidate))
         if target.is_absolute():
             resolved = []
-            target_parts = list(target.parts[1:])
-        else:
-            target_parts = list(target.parts)
-        pending.extend(reversed(target_parts))
+        pending.extend(reversed(target.relative_to(target.anchor).parts))
     return root.joinpath(*resolved)
 
 
@@ -88,23 +78,18 @@ def write_file_in_root(*, root, path, content, mode=0o644):
     target = parent / image_path.name
     if target.is_symlink():
         target.unlink()
-    data = content.encode() if isinstance(content, str) else content
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     with os.fdopen(fd, "wb") as f:
-        f.write(data)
+        f.write(content.encode() if isinstance(content, str) else content)
     os.chmod(target, mode)
     return target
 
 
-class RootEntry:
+class RootEntry(NamedTuple):
     """One entry met by :func:`walk_in_root` (never followed through a link)."""
 
-    __slots__ = ("path", "kind", "_size")
-
-    def __init__(self, *, path, kind, size=None):
-        self.path = path
-        self.kind = kind
-        self._size = size
+    path: str
+    kind: str
 
     @property
     def host_path(self):
@@ -113,23 +98,17 @@ class RootEntry:
 
     @property
     def size(self):
-        """The size from ``lstat`` (read on first use; 0 if it vanished)."""
-        if self._size is None:
-            try:
-                self._size = os.lstat(self.path).st_size
-            except OSError:
-                self._size = 0
-        return self._size
-
-    def __repr__(self):
-        return f"RootEntry({self.path!r}, {self.kind!r}, {self.size})"
+        """The size from ``lstat`` (0 if it vanished)."""
+        try:
+            return os.lstat(self.path).st_size
+        except OSError:
+            return 0
 
 
 def is_inside(*, parent, path):
     """Whether a resolved host path lies inside (or is) a directory, lexically."""
     parent = os.path.abspath(parent)
-    path = os.path.abspath(path)
-    return os.path.commonpath([parent, path]) == parent
+    return os.path.commonpath([parent, os.path.abspath(path)]) == parent
 
 
 def walk_in_root(*, root, path):

@@ -1,12 +1,11 @@
 """
 Settings: declared once, read by one loader.
 
-A settings section is a frozen dataclass deriving from :class:`StageSettings`,
-one field per setting made with :func:`setting`; the key users write is the
-field name with ``-`` for ``_``, the annotation its type; ``check`` adds a
-rule on the value and ``load`` replaces the conversion. :func:`load_sections`
-reads what one source gives (a profile, ``--set``, the Python API) into typed
-values of only the keys given, so that sources merge;
+A settings section is a frozen :class:`StageSettings` dataclass with one
+:func:`setting` field per setting (key: the field name with ``-`` for ``_``;
+type: the annotation; ``check`` adds a rule, ``load`` replaces the conversion).
+:func:`load_sections` reads what one source gives (a profile, ``--set``, the
+Python API) into typed values of only the keys given, so that sources merge;
 :meth:`StageSettings.complete` fills in the defaults. The first problem is one
 error, worded by the source's :class:`cotainr_lumi.engine.origins.Origin`.
 """
@@ -47,7 +46,22 @@ class SettingError(ValueError):
         return SettingError(self.message, path=(*parts, *self.path))
 
 
-# -- declaring ----------------------------------------------------------------
+def _under(key, function, *args, **kwargs):
+    """Call `function`; a SettingError it raises is placed under `key`."""
+    try:
+        return function(*args, **kwargs)
+    except SettingError as e:
+        raise e.under(key) from None
+
+
+def _run_check(check, value):
+    """Run a check; a ValueError it raises becomes a SettingError."""
+    try:
+        check(value)
+    except SettingError:
+        raise
+    except ValueError as e:
+        raise SettingError(str(e)) from None
 
 
 def setting(default, *, doc, check=None, load=None):
@@ -66,12 +80,7 @@ def each(check):
 
     def check_items(values):
         for i, value in enumerate(values):
-            try:
-                check(value)
-            except SettingError as e:
-                raise e.under(i) from None
-            except ValueError as e:
-                raise SettingError(str(e), path=(i,)) from None
+            _under(i, _run_check, check, value)
 
     return check_items
 
@@ -95,12 +104,7 @@ class Declared:
         else:
             value = convert(type_=self.type, value=value)
         if self.check is not None and value is not None:
-            try:
-                self.check(value)
-            except SettingError:
-                raise
-            except ValueError as e:
-                raise SettingError(str(e)) from None
+            _run_check(self.check, value)
         return value
 
 
@@ -161,9 +165,6 @@ class NoSettings(StageSettings):
     """The declaration of a stage without settings."""
 
 
-# -- converting ---------------------------------------------------------------
-
-
 def _words(type_, *, many=False):
     """How messages name values of `type_`."""
     origin, args = get_origin(type_), get_args(type_)
@@ -175,11 +176,8 @@ def _words(type_, *, many=False):
     if origin is list:
         return ("lists of " if many else "a list of ") + _words(args[0], many=True)
     if origin is dict:
-        return (
-            "mappings"
-            if many
-            else "a mapping of names to " + _words(args[1], many=True)
-        )
+        values = _words(args[1], many=True)
+        return "mappings" if many else f"a mapping of names to {values}"
     if type_ in _SCALAR_WORDS:
         return _SCALAR_WORDS[type_][1 if many else 0]
     name = getattr(type_, "__name__", str(type_))
@@ -187,24 +185,9 @@ def _words(type_, *, many=False):
 
 
 def _fits(type_, value):
-    if type_ is bool:
-        return isinstance(value, bool)
-    if type_ in (int, float):
-        return isinstance(value, (int, float) if type_ is float else int) and (
-            not isinstance(value, bool)
-        )
-    return isinstance(value, type_)
-
-
-def _convert_items(type_, values):
-    """A list of `type_` values (an error points at the item)."""
-    items = []
-    for i, item in enumerate(values):
-        try:
-            items.append(convert(type_=type_, value=item))
-        except SettingError as e:
-            raise e.under(i) from None
-    return items
+    if isinstance(value, bool) and type_ in (int, float):
+        return False  # a bool is an int to Python, not to users
+    return isinstance(value, (int, float) if type_ is float else type_)
 
 
 def _convert_mapping(key_type, value_type, mapping):
@@ -213,10 +196,7 @@ def _convert_mapping(key_type, value_type, mapping):
     for key, item in mapping.items():
         if not _fits(key_type, key):
             raise SettingError(f"{key!r} is not {_words(key_type)}", path=(key,))
-        try:
-            result[key] = convert(type_=value_type, value=item)
-        except SettingError as e:
-            raise e.under(key) from None
+        result[key] = _under(key, convert, type_=value_type, value=item)
     return result
 
 
@@ -239,7 +219,7 @@ def convert(*, type_, value):
     if origin is list:
         if not isinstance(value, (list, tuple)):
             raise problem
-        return _convert_items(args[0], value)
+        return [_under(i, convert, type_=args[0], value=v) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, Mapping):
             raise problem
@@ -247,9 +227,6 @@ def convert(*, type_, value):
     if not _fits(type_, value):
         raise problem
     return value
-
-
-# -- loading ------------------------------------------------------------------
 
 
 def unknown_message(name, known, what):
@@ -271,10 +248,7 @@ def read_declared(*, schema, raw, origin, unknown="setting"):
             raise SettingError(
                 unknown_message(key, list(declared), unknown), path=(key,)
             )
-        try:
-            values[key] = spec.read(value, origin=origin)
-        except SettingError as e:
-            raise e.under(key) from None
+        values[key] = _under(key, spec.read, value, origin=origin)
     return values
 
 

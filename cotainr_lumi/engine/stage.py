@@ -2,7 +2,7 @@
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional, Union
+from typing import Any, ClassVar, Optional
 
 from ..errors import StageError
 from . import imageprobe, targetenv
@@ -72,9 +72,7 @@ class StageContext:
     plan: Any
     reports: list[StageReport] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
-    _target: Union[targetenv.TargetEnv, targetenv.TargetEnvNotFoundError, None] = field(
-        default=None, init=False, repr=False
-    )
+    _target: Any = field(default=None, init=False, repr=False)  # see probe_target_env
 
     def probe_target_env(self):
         """The build's one probe of the image: the TargetEnv or why there is none."""
@@ -86,14 +84,13 @@ class StageContext:
 
     def known_target_env(self):
         """The target env if the probe already ran (None otherwise: no probe)."""
-        found = self._target
-        return found if isinstance(found, targetenv.TargetEnv) else None
+        return self._target if isinstance(self._target, targetenv.TargetEnv) else None
 
     @property
     def target_env(self) -> Optional[targetenv.TargetEnv]:
         """The target Python environment (None when the image has none)."""
-        found = self.probe_target_env()
-        return found if isinstance(found, targetenv.TargetEnv) else None
+        self.probe_target_env()
+        return self.known_target_env()
 
     def require_target_env(self, *, stage):
         """The target env, or a StageError of `stage` saying why there is none."""
