@@ -63,7 +63,7 @@ def image(request, tmp_path_factory, lumi_like_base_image, apptainer_path):
                         "rocm-version": "6.1",
                         "settings": {
                             # LUMI's host paths do not exist here.
-                            "lumi-env": {"binds": []},
+                            "lumi-env": {"binds": [], "host-libfabric-binds": []},
                             "provenance": {"hash-base-image": False},
                         },
                     }
