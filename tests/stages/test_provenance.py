@@ -121,10 +121,10 @@ def test_stock_cotainrs_rewrite_of_apptainers_labels_json_stays_valid(
     (sandbox / ".singularity.d").mkdir(parents=True)
     (sandbox / ".singularity.d/labels.json").write_text(text)
     # cotainr's own add_metadata (the installed release), with its argv.
-    fake = SimpleNamespace(
-        sandbox_dir=sandbox, _assert_within_sandbox_context=lambda: None
-    )
+    stock = SingularitySandbox.__new__(SingularitySandbox)  # no sandbox made
+    stock.sandbox_dir = sandbox
+    stock._assert_within_sandbox_context = lambda: None
     with mock.patch.object(sys, "argv", command.split() or [""]):
-        SingularitySandbox.add_metadata(fake)
+        stock.add_metadata()
     rewritten = json.loads((sandbox / ".singularity.d/labels.json").read_text())
     assert rewritten["cotainr.command"] == command
