@@ -122,6 +122,16 @@ def build(
     result.plan_text = build_plan.describe()
     if dry_run:
         return result
+    return _run_build(
+        build_plan=build_plan,
+        result=result,
+        verbosity=verbosity,
+        log_to_file=log_to_file,
+    )
+
+
+def _run_build(*, build_plan, result, **build_args):
+    """Run cotainr's build of the plan with the hook; fill in `result`."""
     from .plugin import HOOK
 
     if build_plan.image_exists and not build_plan.request.force:
@@ -132,16 +142,16 @@ def build(
     t_start = time.time()
     try:
         with HOOK.planned(build_plan):
-            _cotainr.build_command()(
+            build = _cotainr.build_command()(
                 image_path=build_plan.image_path,
                 base_image=build_plan.base_image.given,
                 conda_env=build_plan.request.conda_env,
                 accept_licenses=build_plan.request.accept_licenses,
                 no_color=True,
                 force=True,
-                verbosity=verbosity,
-                log_to_file=log_to_file,
-            ).execute()
+                **build_args,
+            )
+            build.execute()
     except _cotainr.PluginError as e:
         if isinstance(e.__cause__, CotainrLumiError):
             raise e.__cause__ from None

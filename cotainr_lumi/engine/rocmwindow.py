@@ -142,7 +142,8 @@ def window_of(*, plan):
 
 def _dry_run_torch(plan):
     """The torch a dry run saw in the target env of the base image (or None)."""
-    torch = getattr(plan.base_target, "torch", None)
+    target = plan.base_target
+    torch = getattr(target, "torch", None)
     if torch:
         return torch
     explicit = (plan.base_facts or {}).get("explicit", {}).get("python")
