@@ -192,12 +192,8 @@ def _rocm_blocks(*, root, found):
     return blocks
 
 
-def env_file_blocks(*, settings, root, target, user_venv, libfabric):
-    """The blocks of the env file, and the search paths found in the image."""
-    blocks = [
-        "# Profile and build settings (defaults: a variable already set wins).",
-        default_assignments(settings.env),
-    ]
+def _cache_blocks(*, settings):
+    """MIOpen's and the JIT caches on node-local /tmp, private to the user."""
     caches = []
     if settings.miopen_cache:
         names = ("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR")
@@ -206,13 +202,23 @@ def env_file_blocks(*, settings, root, target, user_venv, libfabric):
         caches += [
             ((n,), JIT_CACHE_PATH.replace("NAME", d)) for n, d in JIT_CACHES.items()
         ]
-    if caches:
-        blocks += [
-            "# Caches on node-local /tmp, private to the user (JIT caches per job).",
-            _READ_JOB if settings.jit_caches else "",
-            private_dir_defaults(groups=caches),
-            "unset _cl_job _cl_env",
-        ]
+    if not caches:
+        return []
+    return [
+        "# Caches on node-local /tmp, private to the user (JIT caches per job).",
+        _READ_JOB if settings.jit_caches else "",
+        private_dir_defaults(groups=caches),
+        "unset _cl_job _cl_env",
+    ]
+
+
+def env_file_blocks(*, settings, root, target, user_venv, libfabric):
+    """The blocks of the env file, and the search paths found in the image."""
+    blocks = [
+        "# Profile and build settings (defaults: a variable already set wins).",
+        default_assignments(settings.env),
+    ]
+    blocks += _cache_blocks(settings=settings)
     found, path_blocks = {}, []
     if settings.rocm_paths:
         path_blocks += _rocm_blocks(root=root, found=found)

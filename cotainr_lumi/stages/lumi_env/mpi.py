@@ -563,8 +563,21 @@ class MpiPlan:
         return text
 
 
-def plan_mpi(*, root, target, requested, host_setting, stage):
-    """Find the image's MPI and decide what the build does about it."""
+def plan_mpi(*, root, target, requested, host_setting, stage, libfabric="host"):
+    """
+    Find the image's MPI and decide what the build does about it.
+
+    With ``libfabric="image"`` (the image has its own libfabric), Cray MPICH
+    runs on the image's libfabric: the host's ``/libfabric/`` directories are
+    left out of the binding.
+    """
+    if libfabric == "image":
+        host_setting = dict(host_setting or {})
+        host_setting["ld-library-path"] = [
+            p
+            for p in host_setting.get("ld-library-path") or ()
+            if "/libfabric/" not in p
+        ]
     binding = HostBinding.from_setting(host_setting)
     if requested == "none":
         reason = "lumi-env.mpi is none"

@@ -192,38 +192,13 @@ class LumiEnvStage(Stage):
         """Write the env file, runscripts and with-conda.sh; report the outputs."""
         root = context.sandbox.root
         image_path = Path(context.plan.image_path)
-        # The build's one probe of the image (never `python` on PATH).
-        target = context.target_env if self.settings.with_conda else None
-        # The network family, decided from the image (host: Cray's libfabric).
-        libfabric = network.decide_libfabric(
-            settings=self.settings,
-            root=root,
-            image_ld_path=lambda: (
-                context.target_env and context.target_env.image.ld_library_path
-            ),
-        )
-        host_mpi = dict(self.settings.mpi_host or {})
-        if libfabric == "image":  # Cray MPICH on the image's libfabric, not the host's
-            host_mpi["ld-library-path"] = [
-                p
-                for p in host_mpi.get("ld-library-path") or ()
-                if "/libfabric/" not in p
-            ]
-        mpi = plan_mpi(
-            root=root,
-            # No probe when MPI is off (lumi-env.mpi: none).
-            target=context.target_env if self.settings.mpi != "none" else None,
-            requested=self.settings.mpi,
-            host_setting=host_mpi,
-            stage=self.name,
-        )
-        own = self.settings.host_libfabric_binds if libfabric == "host" else []
-        binds = list(dict.fromkeys([*self.settings.binds, *own, *mpi.binds()]))
+        libfabric, mpi, binds = self._network_and_mpi(context=context)
         names = self.settings.names(image_path=image_path)
         user_software = not image_has_user_software(root=root)
         details = self._write_image_files(
             root=root,
-            target=target,
+            # The build's one probe of the image (never `python` on PATH).
+            target=context.target_env if self.settings.with_conda else None,
             mpi=mpi,
             binds=binds,
             user_venv=names.user_venv,
@@ -252,6 +227,44 @@ class LumiEnvStage(Stage):
                 "run-hint": self._run_hint(image_path=image_path, mpi=mpi, binds=binds),
             }
         )
+        summary = f"{len(self.env)} variables in {ENV_FILE}"
+        if self.settings.runscripts:
+            summary += f", runscripts in {RUNSCRIPTS_DIR}"
+        if outputs:
+            summary += f", module file {paths[0]}"
+        return StageReport(
+            name=self.name,
+            summary=f"{summary}; {mpi.summary()}",
+            details=details,
+            labels=self._labels(binds=binds, mpi=mpi, details=details),
+            outputs=outputs,
+        )
+
+    def _network_and_mpi(self, *, context):
+        """The network family (decided from the image), the MPI plan and the binds."""
+        root = context.sandbox.root
+        libfabric = network.decide_libfabric(
+            settings=self.settings,
+            root=root,
+            image_ld_path=lambda: (
+                context.target_env and context.target_env.image.ld_library_path
+            ),
+        )
+        mpi = plan_mpi(
+            root=root,
+            # No probe when MPI is off (lumi-env.mpi: none).
+            target=context.target_env if self.settings.mpi != "none" else None,
+            requested=self.settings.mpi,
+            host_setting=self.settings.mpi_host,
+            libfabric=libfabric,
+            stage=self.name,
+        )
+        own = self.settings.host_libfabric_binds if libfabric == "host" else []
+        binds = list(dict.fromkeys([*self.settings.binds, *own, *mpi.binds()]))
+        return libfabric, mpi, binds
+
+    def _labels(self, *, binds, mpi, details):
+        """The image labels of the stage."""
         labels = {
             imagelayout.LABEL_BINDS: ",".join(binds),
             imagelayout.LABEL_ENV_FILE: ENV_FILE,
@@ -263,19 +276,9 @@ class LumiEnvStage(Stage):
         entry = details["search-paths"].pop("oci-entrypoint")
         if entry:
             labels[imagelayout.LABEL_OCI_ENTRYPOINT] = entry
-        summary = f"{len(self.env)} variables in {ENV_FILE}"
         if self.settings.runscripts:
             labels[imagelayout.LABEL_RUNSCRIPTS] = RUNSCRIPTS_DIR
-            summary += f", runscripts in {RUNSCRIPTS_DIR}"
-        if outputs:
-            summary += f", module file {paths[0]}"
-        return StageReport(
-            name=self.name,
-            summary=f"{summary}; {mpi.summary()}",
-            details=details,
-            labels=labels,
-            outputs=outputs,
-        )
+        return labels
 
     def _write_image_files(self, *, root, target, mpi, binds, user_venv, libfabric):
         """Write the env files, with-conda.sh and runscripts; the report's details."""

@@ -611,6 +611,26 @@ def test_plan_mpi_none_needs_no_image(tmp_path):
     assert plan.mode == "none" and plan.env_file() is None and plan.binds() == []
 
 
+@pytest.mark.parametrize("libfabric", ["host", "image"])
+def test_an_image_with_its_own_libfabric_gets_no_host_libfabric_in_its_binding(
+    tmp_path, libfabric
+):
+    fabric = "/opt/cray/libfabric/*/lib64"
+    setting = {**HOST_SETTING, "ld-library-path": ["/opt/cray/pe/lib64", fabric]}
+    plan = plan_mpi(
+        root=tmp_path,
+        target=None,
+        requested="none",
+        host_setting=setting,
+        stage="x",
+        libfabric=libfabric,
+    )
+    path = plan.binding.ld_library_path
+    assert "/opt/cray/pe/lib64" in path
+    assert (fabric in path) == (libfabric == "host")
+    assert setting["ld-library-path"][1] == fabric  # the setting is left alone
+
+
 def test_the_images_own_mpich_without_a_host_binding_still_sets_srun_pmi2():
     # The AI Factory profiles carry no host binding; srun still needs PMI-2.
     ops = mpi_module_ops(mode="container", binding=None, image="/x.sif")
