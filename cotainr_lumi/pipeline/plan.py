@@ -71,9 +71,11 @@ def match_base_image(spec, *, system):
     where = os.path.expanduser(spec)
     if _URI_RE.match(spec) or not set("*?[") & set(os.path.basename(spec)):
         return spec
-    if not os.path.isdir(os.path.dirname(where)):
-        return spec
-    found = sorted(glob.glob(where))
+    directory = os.path.dirname(where)
+    if os.path.exists(where) or not os.path.isdir(directory):
+        return spec  # (a name with a literal "[": itself)
+    pattern = os.path.join(glob.escape(directory), os.path.basename(where))
+    found = sorted(glob.glob(pattern))
     if len(found) == 1:
         return found[0]
     what = f"{len(found)} files: {', '.join(found)}" if found else "no file"

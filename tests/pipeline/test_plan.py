@@ -1,6 +1,7 @@
 """The build plan (cotainr_lumi/pipeline/plan.py)."""
 
 import pytest
+import yaml
 
 import cotainr_lumi
 from cotainr_lumi.errors import InputError
@@ -131,3 +132,34 @@ def test_off_lumi_a_glob_is_planned_as_a_file_that_is_not_here(tmp_path):
     )
     assert not plan.base_image.is_local_file
     assert "(not a file on this machine: the build will fail here)" in plan.describe()
+
+
+def test_a_glob_is_in_the_file_name_only_and_a_literal_name_is_itself(
+    tmp_path, monkeypatch
+):
+    # Directories with ':' and '[x]' in their names; a file named with '[1]'.
+    odd = tmp_path / "a:b [x]"
+    odd.mkdir()
+    (odd / "one-[1].sif").write_bytes(b"sif\n")
+    (odd / "one-1.sif").write_bytes(b"decoy\n")
+    profile = tmp_path / "odd.yaml"
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "systems": {
+                    "odd-glob": {
+                        "extends": "lumi-g-ext",
+                        "base-image": f"{odd}/*].sif",
+                    },
+                    "odd-literal": {
+                        "extends": "lumi-g-ext",
+                        "base-image": f"{odd}/one-[1].sif",
+                    },
+                }
+            }
+        )
+    )
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(profile))
+    for system in ("odd-glob", "odd-literal"):
+        plan = cotainr_lumi.plan(image_path=tmp_path / "x.sif", system=system)
+        assert plan.base_image.given == f"{odd}/one-[1].sif", system
