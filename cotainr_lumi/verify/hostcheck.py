@@ -149,6 +149,12 @@ def check_host(*, root="/", system=None):
     """The report of the host facts of every system (or of one)."""
     if not Path(root).is_dir():
         raise InputError(f"--root {root}: not a directory; give the host tree to check")
+    root = os.path.abspath(root)
+    if set(root) & set(":,") or any(c.isspace() for c in root):
+        raise InputError(
+            f"--root {root}: host paths are looked up through binds, which cannot "
+            "name a path with ':', ',' or white space; give a link to it instead"
+        )
     systems = load_systems()
     chosen = [get_system(name=system, systems=systems)] if system else systems.values()
     rows = {}

@@ -171,3 +171,16 @@ def test_bad_input_is_one_error_line(args, words, profile, capsys):
     code, out, err = _run(args, capsys)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("cotainr: error:") and words in err
+
+
+def test_a_relative_root_works_and_one_with_a_colon_is_one_error(
+    tmp_path, profile, capsys, monkeypatch
+):
+    lumi_2026(tmp_path / "root")
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = _run(["--root", "root", "--system", "lumi-2026"], capsys)
+    assert code == 0 and "0 FAIL" in out
+    (tmp_path / "a:b").mkdir()
+    code, out, err = _run(["--root", "a:b"], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"--root {tmp_path}/a:b: host paths are looked up through binds" in err
