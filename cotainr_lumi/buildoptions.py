@@ -59,6 +59,13 @@ def _parse_set(text):
             "--set provenance.hash-base-image=false"
         )
 
+    if "." in key:
+        outer, _, inner = key.partition(".")
+        raise InputError(
+            f"--set {quoted(text)}: {stage}.{outer} is set as a whole; give "
+            f"--set '{stage}.{outer}={{{inner}: VALUE, ...}}' with its other keys"
+        )
+
     def error(message):
         return InputError(
             f"--set {quoted(text)}: the value {message}; quote strings with "

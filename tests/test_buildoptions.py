@@ -2,7 +2,10 @@
 
 import argparse
 
+import pytest
+
 from cotainr_lumi import buildoptions
+from cotainr_lumi.errors import InputError
 
 
 def test_set_merges_into_the_options_settings_key_by_key():
@@ -12,3 +15,16 @@ def test_set_merges_into_the_options_settings_key_by_key():
     )
     assert settings["lumi-env"] == {"env": {"A": "1", "RCCL_DEBUG": None}}
     assert settings["prune"] == {"strict": True}
+
+
+def test_a_key_inside_a_setting_is_one_error_naming_the_whole_mapping():
+    with pytest.raises(InputError) as info:
+        buildoptions.stage_settings(
+            set_settings=["lumi-env.mpi-host.libmpi=/x/libmpi.so.12"],
+            stage_args=argparse.Namespace(),
+        )
+    assert str(info.value) == (
+        "--set 'lumi-env.mpi-host.libmpi=/x/libmpi.so.12': lumi-env.mpi-host is set "
+        "as a whole; give --set 'lumi-env.mpi-host={libmpi: VALUE, ...}' with its "
+        "other keys"
+    )
