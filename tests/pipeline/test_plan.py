@@ -142,24 +142,19 @@ def test_a_glob_is_in_the_file_name_only_and_a_literal_name_is_itself(
     odd.mkdir()
     (odd / "one-[1].sif").write_bytes(b"sif\n")
     (odd / "one-1.sif").write_bytes(b"decoy\n")
+    systems = {"odd-glob": f"{odd}/*].sif", "odd-literal": f"{odd}/one-[1].sif"}
     profile = tmp_path / "odd.yaml"
     profile.write_text(
         yaml.safe_dump(
             {
                 "systems": {
-                    "odd-glob": {
-                        "extends": "lumi-g-ext",
-                        "base-image": f"{odd}/*].sif",
-                    },
-                    "odd-literal": {
-                        "extends": "lumi-g-ext",
-                        "base-image": f"{odd}/one-[1].sif",
-                    },
+                    name: {"extends": "lumi-g-ext", "base-image": base}
+                    for name, base in systems.items()
                 }
             }
         )
     )
     monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(profile))
-    for system in ("odd-glob", "odd-literal"):
+    for system in systems:
         plan = cotainr_lumi.plan(image_path=tmp_path / "x.sif", system=system)
         assert plan.base_image.given == f"{odd}/one-[1].sif", system
