@@ -12,6 +12,7 @@ from pathlib import Path
 
 SIF_DIR = "/appl/local/containers/sif-images"
 MPICH = "/opt/cray/pe/mpich/{}/ofi/gnu/12.3"
+#: LUMI's binds with the host libfabric (also e2e/test_lumi_env.py's test system).
 BINDS = [
     "/var/spool/slurmd",
     "/opt/cray",

@@ -19,6 +19,22 @@ Session-scoped fixtures:
     ``subprocess.CompletedProcess`` (text output captured, ``check=False``).
 ``rocm_torch_base_image`` -> pathlib.Path
     The 6.1.3 base plus prune fixture content (see ``prune_fixtures.py``).
+``write_systems`` -> callable ``(path, systems)``
+    Adds test systems (name -> entry) to the profile file `path` (made when
+    missing) and returns `path`. An entry without ``extends`` extends
+    ``lumi-g-ext`` with ROCm 6.1 (the LUMI-like base's); every entry gets
+    ``provenance.hash-base-image: false`` unless it says otherwise, and its
+    ``base-image`` as a string.
+``cotainr_build`` -> callable ``(work, *args, systems=None, systems_file=None,
+env=None, cwd=None, timeout=1800, ok=True, name=None)``
+    Runs the stock ``cotainr build ARGS`` (in `cwd`, default `work`) with
+    ``COTAINR_LUMI_SYSTEMS`` naming `systems_file` (default
+    ``WORK/systems.yaml``) when that file exists, after `systems` (when
+    given) were added to it with ``write_systems``, and ``XDG_CACHE_HOME`` in
+    `work` (its own pip cache); `env` is merged over that. Returns the
+    ``subprocess.CompletedProcess`` (text output; ``.output`` is stdout +
+    stderr); asserts exit 0 with the output's tail when `ok`; records the
+    build time under `name` in ``build_times`` when given.
 ``verify_image`` -> callable ``(sif, env=None)``
     Runs ``cotainr-lumi verify SIF --json``; returns (exit code,
     ``{check: status}``, the JSON report).
@@ -44,10 +60,12 @@ import os
 from pathlib import Path
 import subprocess
 import sys
+import time
 from typing import Callable
 
 from hosttools import unavailable
 import pytest
+import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROVISION_SCRIPT = REPO_ROOT / "scripts" / "provision-apptainer.sh"
@@ -176,6 +194,83 @@ def rocm_torch_base_image(tmp_path_factory, lumi_like_base_image, apptainer_path
         work=tmp_path_factory.mktemp("rocm-torch-base"),
         cases=("libstdcxx-safe", "torch"),
     )
+
+
+def _write_systems(path, systems):
+    """Add the test `systems` to the profile file `path`; return `path`."""
+    path = Path(path)
+    data = yaml.safe_load(path.read_text()) if path.exists() else {"systems": {}}
+    for name, entry in systems.items():
+        if "extends" not in entry:
+            entry = {"extends": "lumi-g-ext", "rocm-version": "6.1", **entry}
+        settings = entry.get("settings", {})
+        provenance = {"hash-base-image": False, **settings.get("provenance", {})}
+        data["systems"][name] = {
+            **entry,
+            "base-image": str(entry["base-image"]),
+            "settings": {**settings, "provenance": provenance},
+        }
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="session")
+def write_systems():
+    """Return ``write(path, systems) -> path`` (see the module docstring)."""
+    return _write_systems
+
+
+class BuildRun(subprocess.CompletedProcess):
+    """A finished ``cotainr build``; ``output`` is its stdout + stderr."""
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+@pytest.fixture(scope="session")
+def cotainr_build(apptainer_path, build_times):
+    """Return ``build(work, *args, ...)``: the stock ``cotainr build``.
+
+    See the module docstring for the keywords.
+    """
+    command = str(Path(sys.executable).with_name("cotainr"))
+
+    def build(
+        work: Path,
+        *args: str | os.PathLike,
+        systems: Mapping[str, dict] | None = None,
+        systems_file: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        timeout: float = 1800,
+        ok: bool = True,
+        name: str | None = None,
+    ) -> BuildRun:
+        full_env = {**os.environ, "XDG_CACHE_HOME": str(work / "xdg-cache")}
+        systems_file = Path(systems_file or work / "systems.yaml")
+        if systems is not None:
+            _write_systems(systems_file, systems)
+        if systems_file.exists():
+            full_env["COTAINR_LUMI_SYSTEMS"] = str(systems_file)
+        t0 = time.time()
+        proc = subprocess.run(
+            [command, "build", *map(str, args)],
+            cwd=cwd or work,
+            env={**full_env, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if name is not None:
+            build_times[name] = time.time() - t0
+        run = BuildRun(proc.args, proc.returncode, proc.stdout, proc.stderr)
+        assert run.returncode == 0 or not ok, run.output[-6000:]
+        return run
+
+    return build
 
 
 @pytest.fixture(scope="session")

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 import re
 import shlex
 import subprocess
-import sys
 import time
 
 import aif_layout
@@ -37,35 +35,14 @@ import yaml
 
 pytestmark = pytest.mark.e2e
 
-COTAINR = Path(sys.executable).with_name("cotainr")
 SYSTEM = "aif-e2e"
 DIGEST = "u24r70f21m50t210"
 
 
-def cotainr(work, *args):
-    return subprocess.run(
-        [str(COTAINR), "build", *map(str, args)],
-        cwd=work,
-        env={
-            **os.environ,
-            "COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml"),
-            "XDG_CACHE_HOME": str(work / "xdg-cache"),
-        },
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc.stdout + proc.stderr
-
-
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, lumi_like_base_image, apptainer_path, build_times):
+def work(
+    tmp_path_factory, lumi_like_base_image, apptainer_path, build_times, write_systems
+):
     """The derived AI Factory-like base, the test system and the wheels."""
     work = tmp_path_factory.mktemp("aif")
     t0 = time.time()
@@ -88,19 +65,10 @@ def work(tmp_path_factory, lumi_like_base_image, apptainer_path, build_times):
         for variant in ("torch", "full"):
             (release / f"lumi-multitorch-{variant}-{DIGEST}-{tag}.sif").symlink_to(base)
     (containers / "lumi-multitorch").symlink_to(release.name)
-    (work / "systems.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "systems": {
-                    SYSTEM: {
-                        "extends": "lumi-aif-torch",
-                        "base-image": f"{containers}/lumi-multitorch/"
-                        "lumi-multitorch-torch-*.sif",
-                        "settings": {"provenance": {"hash-base-image": False}},
-                    }
-                }
-            }
-        )
+    glob = f"{containers}/lumi-multitorch/lumi-multitorch-torch-*.sif"
+    write_systems(
+        work / "systems.yaml",
+        {SYSTEM: {"extends": "lumi-aif-torch", "base-image": glob}},
     )
     (work / "wheels").mkdir()
     first = make_wheel(work / "wheels", "basepkg", "1.0")
@@ -109,27 +77,24 @@ def work(tmp_path_factory, lumi_like_base_image, apptainer_path, build_times):
 
 
 @pytest.fixture(scope="module")
-def first(work, build_times):
+def first(work, cotainr_build):
     """The AI Factory-like base extended with one pip step (and its module)."""
     work, _base = work
     image = work / "first.sif"
-    t0 = time.time()
-    log = ok(
-        cotainr(
-            work,
-            image,
-            f"--system={SYSTEM}",
-            "--pip-requirements",
-            "first.txt",
-            f"--set=lumi-env.module-dir={work / 'modules'}",
-        )
+    proc = cotainr_build(
+        work,
+        image,
+        f"--system={SYSTEM}",
+        "--pip-requirements",
+        "first.txt",
+        f"--set=lumi-env.module-dir={work / 'modules'}",
+        name="aif: first cotainr build",
     )
-    build_times["aif: first cotainr build"] = time.time() - t0
-    return image, log
+    return image, proc.output
 
 
 @pytest.fixture(scope="module")
-def second(work, first, build_times):
+def second(work, first, cotainr_build):
     """The first image as the base of a build with pip steps only.
 
     ``addpkg`` needs torch and basepkg; a local index offers newer ones of
@@ -145,28 +110,20 @@ def second(work, first, build_times):
         make_wheel(index_files, "basepkg", "2.0"),
         make_wheel(index_files, "torch", "9.9.9"),
     ]
-    systems = yaml.safe_load((work / "systems.yaml").read_text())
-    systems["systems"]["aif-e2e-again"] = {
-        "extends": SYSTEM,
-        "base-image": str(image),
-    }
-    (work / "systems.yaml").write_text(yaml.safe_dump(systems))
     with serve_index(work / "index", wheels) as (url, requests):
         (work / "steps.yml").write_text(
             yaml.safe_dump({"steps": [{"packages": ["addpkg"], "index-url": url}]})
         )
-        t0 = time.time()
-        log = ok(
-            cotainr(
-                work,
-                work / "second.sif",
-                "--system=aif-e2e-again",
-                "--pip-steps",
-                "steps.yml",
-                "--set=lumi-env.module-file=false",
-            )
-        )
-        build_times["aif: second cotainr build (on the first)"] = time.time() - t0
+        log = cotainr_build(
+            work,
+            work / "second.sif",
+            "--system=aif-e2e-again",
+            "--pip-steps",
+            "steps.yml",
+            "--set=lumi-env.module-file=false",
+            systems={"aif-e2e-again": {"extends": SYSTEM, "base-image": image}},
+            name="aif: second cotainr build (on the first)",
+        ).output
         return work / "second.sif", log, list(requests)
 
 
@@ -176,17 +133,18 @@ def cat_json(apptainer_exec, image, path):
     return json.loads(proc.stdout)
 
 
-def test_dry_run_finds_the_venv_by_rule_5_and_checks_the_rocm(work, e2e_facts):
+def test_dry_run_finds_the_venv_by_rule_5_and_checks_the_rocm(
+    work, e2e_facts, cotainr_build
+):
     work, _base = work
     # The profile names /opt/venv; without it discovery finds it itself.
-    proc = cotainr(
+    out = cotainr_build(
         work,
         work / "dry.sif",
         f"--system={SYSTEM}",
         "--dry-run",
         "--set=target-env.prefix=null",
-    )
-    out = ok(proc)
+    ).output
     line = next(ln for ln in out.splitlines() if "target env:" in ln)
     assert f"target env: {aif_layout.VENV} (python 3.11" in line
     assert "[rule 5, path-env]" in line and "is a venv" in line
@@ -200,34 +158,25 @@ def test_dry_run_finds_the_venv_by_rule_5_and_checks_the_rocm(work, e2e_facts):
     e2e_facts["AI Factory torch layout, dry run rocm"] = rocm.strip()
 
 
-def test_a_rocm_outside_the_window_warns_and_strict_stops(work):
+def test_a_rocm_outside_the_window_warns_and_strict_stops(work, cotainr_build):
     work, _base = work
     # The same base against a window that ends before ROCm 7: a warning in
     # the dry run; with rocm.strict one error and a non-zero exit.
     window = ("--set=rocm.supported=6.1-6.4", "--set=lumi-env.module-file=false")
-    out = ok(
-        cotainr(work, work / "dry.sif", f"--system={SYSTEM}", "--dry-run", *window)
-    )
+    dry = (work, work / "dry.sif", f"--system={SYSTEM}", "--dry-run")
+    out = cotainr_build(*dry, *window).output
     assert "WARNING: " in out and "6.1-6.4" in out, out[-3000:]
-    out = ok(
-        cotainr(
-            work,
-            work / "dry.sif",
-            f"--system={SYSTEM}",
-            "--dry-run",
-            "--set=rocm.strict=true",
-            *window,
-        )
-    )
+    out = cotainr_build(*dry, "--set=rocm.strict=true", *window).output
     assert "ERROR (strict): " in out and "the build would stop here (strict)" in out
-    proc = cotainr(
+    proc = cotainr_build(
         work,
         work / "strict.sif",
         f"--system={SYSTEM}",
         "--set=rocm.strict=true",
         *window,
+        ok=False,
     )
-    output = proc.stdout + proc.stderr
+    output = proc.output
     assert proc.returncode != 0 and "Traceback" not in output, output[-3000:]
     assert output.count("cotainr: error:") == 1, output[-3000:]
     assert "7.0.2" in output and "strict" in output, output[-3000:]
@@ -497,7 +446,7 @@ def test_a_second_build_on_the_first_adds_and_replaces_nothing_else(
 
 
 def test_the_glob_base_resolves_in_the_latest_release_and_is_recorded(
-    work, first, apptainer_exec
+    work, first, apptainer_exec, cotainr_build
 ):
     work, base = work
     image, _ = first
@@ -508,14 +457,20 @@ def test_the_glob_base_resolves_in_the_latest_release_and_is_recorded(
     assert record["base-image"]["pattern"] == f"{newest}/lumi-multitorch-torch-*.sif"
     assert record["base-image"]["resolved"] == str(base)
     # A glob matching both variants is one error naming them and --base-image.
-    systems = yaml.safe_load((work / "systems.yaml").read_text())
-    systems["systems"]["aif-e2e-any"] = {
-        "extends": SYSTEM,
-        "base-image": f"{newest}/lumi-multitorch-*.sif",
-    }
-    (work / "systems.yaml").write_text(yaml.safe_dump(systems))
-    proc = cotainr(work, work / "any.sif", "--system=aif-e2e-any", "--dry-run")
-    output = proc.stdout + proc.stderr
+    proc = cotainr_build(
+        work,
+        work / "any.sif",
+        "--system=aif-e2e-any",
+        "--dry-run",
+        systems={
+            "aif-e2e-any": {
+                "extends": SYSTEM,
+                "base-image": f"{newest}/lumi-multitorch-*.sif",
+            }
+        },
+        ok=False,
+    )
+    output = proc.output
     assert proc.returncode != 0 and "Traceback" not in output, output[-3000:]
     assert output.count("cotainr: error:") == 1, output[-3000:]
     assert "matches 2 files: " in output and "lumi-multitorch-full-" in output

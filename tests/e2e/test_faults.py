@@ -21,7 +21,6 @@ import time
 
 from hosttools import need_root, need_tool
 import pytest
-import yaml
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +35,7 @@ EOF
 
 
 @pytest.fixture(scope="module")
-def faults(tmp_path_factory, lumi_like_base_image, apptainer_path):
+def faults(tmp_path_factory, lumi_like_base_image, apptainer_path, write_systems):
     """A profile on a base whose commands can be slowed down; returns its file."""
     from prune_fixtures import derive_base_image
 
@@ -48,25 +47,15 @@ def faults(tmp_path_factory, lumi_like_base_image, apptainer_path):
         cases=(),
         setup=SLEEPY_ENV,
     )
-    profile = work / "systems.yaml"
-    profile.write_text(
-        yaml.safe_dump(
-            {
-                "systems": {
-                    "faults-e2e": {
-                        "extends": "lumi-g-ext",
-                        "base-image": str(base),
-                        "rocm-version": "6.1",
-                        "settings": {
-                            "lumi-env": {"binds": ["/pfs"]},
-                            "provenance": {"hash-base-image": False},
-                        },
-                    }
-                }
+    return write_systems(
+        work / "systems.yaml",
+        {
+            "faults-e2e": {
+                "base-image": base,
+                "settings": {"lumi-env": {"binds": ["/pfs"]}},
             }
-        )
+        },
     )
-    return profile
 
 
 def _existing_build(directory):

@@ -16,22 +16,22 @@ base, each with a link leaving the image to a host directory under /tmp
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
 
 from pkgfixtures import make_wheel
 import pytest
-import yaml
 
 pytestmark = pytest.mark.e2e
 
-COTAINR = Path(sys.executable).with_name("cotainr")
 SYSTEM = "hostile-base-e2e"
+
+
+def system_on(base):
+    """The arguments of a build of the test system on the image `base`."""
+    return ("--base-image", base, "--lumi-system", SYSTEM)
 
 
 def host_files(host):
@@ -40,7 +40,7 @@ def host_files(host):
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory, lumi_like_base_image, apptainer_path):
+def hostile(tmp_path_factory, lumi_like_base_image, apptainer_path, write_systems):
     """(work dir, host dir, base with the records link, base with the labels link)."""
     apptainer = str(apptainer_path / "apptainer")
     work = tmp_path_factory.mktemp("hostile-base")
@@ -74,49 +74,13 @@ def hostile(tmp_path_factory, lumi_like_base_image, apptainer_path):
     shutil.rmtree(sandbox)
     for entry in host.iterdir():  # what building the bases wrote there
         entry.unlink()
-    (work / "systems.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "systems": {
-                    SYSTEM: {
-                        "extends": "lumi-g-ext",
-                        "base-image": str(lumi_like_base_image),
-                        "rocm-version": "6.1",
-                        "settings": {"provenance": {"hash-base-image": False}},
-                    }
-                }
-            }
-        )
-    )
+    write_systems(work / "systems.yaml", {SYSTEM: {"base-image": lumi_like_base_image}})
     yield work, host, *bases
     shutil.rmtree(host)
 
 
-def build(work, image, base, *args):
-    """``cotainr build IMAGE --base-image BASE --lumi-system ...``."""
-    return subprocess.run(
-        [
-            str(COTAINR),
-            "build",
-            str(image),
-            "--base-image",
-            str(base),
-            "--lumi-system",
-            SYSTEM,
-            *args,
-        ],
-        cwd=work,
-        env={**os.environ, "COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml")},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-
-
 def test_a_records_link_to_a_host_dir_installs_the_requested_step(
-    hostile, apptainer_exec, build_times
+    hostile, apptainer_exec, cotainr_build
 ):
     # Before: records were written inside the sandbox, but pip in the
     # container read the host's /tmp/<dir>: it installed the planted package,
@@ -130,11 +94,14 @@ def test_a_records_link_to_a_host_dir_installs_the_requested_step(
     (host / "pip/step1/protected-constraints.txt").write_text("")
     before = host_files(host)
     image = work / "records.sif"
-    t0 = time.time()
-    proc = build(work, image, base, "--pip-requirements", "reqs.txt")
-    build_times["hostile base, records link"] = time.time() - t0
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-6000:]
+    output = cotainr_build(
+        work,
+        image,
+        *system_on(base),
+        "--pip-requirements",
+        "reqs.txt",
+        name="hostile base, records link",
+    ).output
     script = (
         "import importlib.util as u, os; "
         "print(u.find_spec('wanted_pkg') is not None, "
@@ -150,14 +117,17 @@ def test_a_records_link_to_a_host_dir_installs_the_requested_step(
 
 
 @pytest.mark.parametrize("dry_run", [False, True])
-def test_a_labels_link_to_a_host_file_is_one_error_and_no_image(hostile, dry_run):
+def test_a_labels_link_to_a_host_file_is_one_error_and_no_image(
+    hostile, dry_run, cotainr_build
+):
     work, host, _, base = hostile
     labels = host / "labels.json"
     labels.write_text(json.dumps({"host": "precious"}))
     before = host_files(host)
     image = work / "labels.sif"
-    proc = build(work, image, base, *(["--dry-run"] if dry_run else []))
-    output = proc.stdout + proc.stderr
+    dry = ["--dry-run"] if dry_run else []
+    proc = cotainr_build(work, image, *system_on(base), *dry, ok=False)
+    output = proc.output
     assert proc.returncode == 2
     assert output.count("error:") == 1, output[-3000:]
     assert f"/.singularity.d/labels.json is a symbolic link (to {labels})" in output

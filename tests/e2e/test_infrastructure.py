@@ -137,22 +137,13 @@ def test_base_image_environment(lumi_like_base_image: Path, apptainer_exec):
 
 
 def test_stock_cotainr_build(
-    lumi_like_base_image: Path, apptainer_exec, apptainer_path, tmp_path
+    lumi_like_base_image: Path, apptainer_exec, apptainer_path, tmp_path, cotainr_build
 ):
     cotainr = Path(sys.executable).parent / "cotainr"
     if not cotainr.exists():
         unavailable(f"no cotainr executable next to {sys.executable}")
     out = tmp_path / "stock.sif"
-    build = subprocess.run(
-        [str(cotainr), "build", str(out), "--base-image", str(lumi_like_base_image)],
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert build.returncode == 0, build.stdout + build.stderr
+    cotainr_build(tmp_path, out, "--base-image", lumi_like_base_image, timeout=900)
     assert out.is_file()
 
     labels = subprocess.run(

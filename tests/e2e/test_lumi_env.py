@@ -14,28 +14,16 @@ import pwd
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import uuid
 
+from hostroot import BINDS
 from hosttools import as_user, need_lmod, real_users, remove_dirs_of
 import pytest
-import yaml
 
 pytestmark = pytest.mark.e2e
 
 ENV_PREFIX = "/opt/cotainr/conda/envs/conda_container_env"
-BINDS = [
-    "/var/spool/slurmd",
-    "/opt/cray",
-    "/usr/lib64/libcxi.so.1",
-    "/pfs",
-    "/scratch",
-    "/projappl",
-    "/project",
-    "/flash",
-    "/appl",
-]
 PROFILE_ENV = {
     "CXI_FORK_SAFE": "1",
     "CXI_FORK_SAFE_HP": "1",
@@ -50,62 +38,39 @@ PROFILE_ENV = {
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, lumi_like_base_image, apptainer_path):
+def built(tmp_path_factory, lumi_like_base_image, cotainr_build):
     """Build one image; return (image, module_dir, marker, hostile, output, profile)."""
     work = tmp_path_factory.mktemp("lumi-env-e2e")
     marker = work / "PWNED"
     hostile = (
         f"a'b\"c $(touch {marker}) `touch {marker}` ;touch {marker}\nline2 \\ $HOME"
     )
-    profile = work / "systems.yaml"
-    profile.write_text(
-        yaml.safe_dump(
-            {
-                "systems": {
-                    "lumi-env-e2e": {
-                        "extends": "lumi-g-ext",
-                        "base-image": str(lumi_like_base_image),
-                        "rocm-version": "6.1",
-                        "settings": {
-                            "lumi-env": {
-                                "env": dict(PROFILE_ENV, HOSTILE=hostile),
-                                "binds": BINDS,
-                            },
-                            "provenance": {"hash-base-image": False},
-                        },
-                    }
-                }
-            }
-        )
-    )
     image = work / "torch.sif"
     module_dir = work / "modules"
-    cotainr = Path(sys.executable).with_name("cotainr")
-    proc = subprocess.run(
-        [
-            str(cotainr),
-            "build",
-            str(image),
-            "--system=lumi-env-e2e",
-            "--force",
-            "--env",
-            "EXTRA_SETTING=from the command line",
-            "--env",
-            "CXI_FORK_SAFE_HP=2",
-            "--set",
-            "lumi-env.env={RCCL_DEBUG: null}",
-            "--set",
-            f"lumi-env.module-dir={module_dir}",
-        ],
-        env={**os.environ, "COTAINR_LUMI_SYSTEMS": str(profile)},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
+    env = dict(PROFILE_ENV, HOSTILE=hostile)
+    proc = cotainr_build(
+        work,
+        image,
+        "--system=lumi-env-e2e",
+        "--force",
+        "--env",
+        "EXTRA_SETTING=from the command line",
+        "--env",
+        "CXI_FORK_SAFE_HP=2",
+        "--set",
+        "lumi-env.env={RCCL_DEBUG: null}",
+        "--set",
+        f"lumi-env.module-dir={module_dir}",
+        systems={
+            "lumi-env-e2e": {
+                "base-image": lumi_like_base_image,
+                "settings": {"lumi-env": {"env": env, "binds": BINDS}},
+            }
+        },
         timeout=900,
-        cwd=work,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return image, module_dir, marker, hostile, proc.stdout + proc.stderr, profile
+    profile = work / "systems.yaml"
+    return image, module_dir, marker, hostile, proc.output, profile
 
 
 def printenv(apptainer_exec, image, names, env=None):

@@ -17,23 +17,22 @@ import os
 from pathlib import Path
 import shlex
 import subprocess
-import sys
 
 from hosttools import need_lmod, need_tool
 import layouts
 from pkgfixtures import make_wheel
 from prune_fixtures import derive_base_image
 import pytest
-import yaml
 
 pytestmark = pytest.mark.e2e
 
-COTAINR = Path(sys.executable).with_name("cotainr")
 BASES = {"layout1": layouts.LAYOUT1, "layout2": layouts.LAYOUT2}
 
 
 @pytest.fixture(scope="module", params=sorted(BASES))
-def image(request, tmp_path_factory, lumi_like_base_image, apptainer_path):
+def image(
+    request, tmp_path_factory, lumi_like_base_image, apptainer_path, cotainr_build
+):
     """(work dir, module dir, image) built on a LUMI-PyTorch-like base."""
     need_lmod()
     need_tool("mksquashfs", install="apt-get install -y squashfs-tools")
@@ -52,45 +51,22 @@ def image(request, tmp_path_factory, lumi_like_base_image, apptainer_path):
     image_pkg = make_wheel(work / "wheels", "imagepkg", "1.0")
     make_wheel(work / "wheels", "userpkg", "2.0")
     (work / "req.txt").write_text(f"./wheels/{image_pkg.name}\n")
-    systems = work / "systems.yaml"
-    systems.write_text(
-        yaml.safe_dump(
-            {
-                "systems": {
-                    "dropin": {
-                        "extends": "lumi-g-ext",
-                        "base-image": str(base),
-                        "rocm-version": "6.1",
-                        "settings": {
-                            # LUMI's host paths do not exist here.
-                            "lumi-env": {"binds": [], "host-libfabric-binds": []},
-                            "provenance": {"hash-base-image": False},
-                        },
-                    }
-                }
-            }
-        )
-    )
     sif = work / "pytorch.sif"
-    proc = subprocess.run(
-        [
-            str(COTAINR),
-            "build",
-            str(sif),
-            "--system=dropin",
-            "--pip-requirements",
-            "req.txt",
-            f"--set=lumi-env.module-dir={work / 'modules'}",
-        ],
-        cwd=work,
-        env={**os.environ, "COTAINR_LUMI_SYSTEMS": str(systems)},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
+    cotainr_build(
+        work,
+        sif,
+        "--system=dropin",
+        "--pip-requirements",
+        "req.txt",
+        f"--set=lumi-env.module-dir={work / 'modules'}",
+        systems={
+            "dropin": {
+                "base-image": base,
+                # LUMI's host paths do not exist here.
+                "settings": {"lumi-env": {"binds": [], "host-libfabric-binds": []}},
+            }
+        },
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return work, work / "modules", sif
 
 

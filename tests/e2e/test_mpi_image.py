@@ -29,8 +29,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
-import time
 
 from hosttools import need_libmpich12, need_lmod
 import pytest
@@ -38,7 +36,6 @@ import yaml
 
 pytestmark = pytest.mark.e2e
 
-COTAINR = Path(sys.executable).with_name("cotainr")
 SYSTEM = "mpi-e2e"
 GNU = "ofi/gnu/12.3"
 ABI_DIR = f"/opt/cray/pe/mpich/8.1.32/{GNU}/lib-abi-mpich"
@@ -58,7 +55,6 @@ VERSION = (
     "print('MAPS', ','.join(sorted({l.split()[-1] for l in open('/proc/self/maps') "
     "if '/libmpi' in l})))"
 )
-TIMES = {}
 
 #: A package built against the image's MPICH with a DT_RPATH to it.
 PINNED_SETUP = """\
@@ -144,67 +140,45 @@ def fake_cray_mpich(host):
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, lumi_like_base_image, apptainer_path, build_times):
+def work(tmp_path_factory, lumi_like_base_image, write_systems):
     """A work dir with the fake host MPICH and a test system using it."""
     work = tmp_path_factory.mktemp("mpi-e2e")
     binding = fake_cray_mpich(work / "host")
-    (work / "systems.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "systems": {
-                    SYSTEM: {
-                        "extends": "lumi-g-ext",
-                        "base-image": str(lumi_like_base_image),
-                        "rocm-version": "6.1",
-                        "settings": {
-                            # The fake host's /opt/cray comes with the binding.
-                            "lumi-env": {
-                                "binds": [],
-                                "host-libfabric-binds": [],
-                                "mpi-host": binding,
-                            },
-                            "provenance": {"hash-base-image": False},
-                        },
-                    }
-                }
+    # The fake host's /opt/cray comes with the binding.
+    lumi_env = {"binds": [], "host-libfabric-binds": [], "mpi-host": binding}
+    write_systems(
+        work / "systems.yaml",
+        {
+            SYSTEM: {
+                "base-image": lumi_like_base_image,
+                "settings": {"lumi-env": lumi_env},
             }
-        )
+        },
     )
     (work / "mpi-steps.yml").write_text(
         yaml.safe_dump({"steps": [{"name": "MPI", "packages": PACKAGES}]})
     )
-    yield work
-    build_times.update(TIMES)
-
-
-def cotainr_build(work, image, *args, name):
-    """Run the stock ``cotainr build`` of the test system."""
-    env = dict(os.environ, COTAINR_LUMI_SYSTEMS=str(work / "systems.yaml"))
-    env["XDG_CACHE_HOME"] = str(work / "xdg-cache")  # one pip cache per module
-    t0 = time.time()
-    proc = subprocess.run(
-        [str(COTAINR), "build", str(image), f"--system={SYSTEM}", "--force", *args],
-        cwd=work,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    TIMES[name] = time.time() - t0
-    return proc, proc.stdout + proc.stderr
+    return work
 
 
 @pytest.fixture(scope="module")
-def mpi_image(work):
+def build(work, cotainr_build):
+    """``build(image, *args, name, ok=False)``: the test system's build."""
+
+    def run(image, *args, name, ok=False):
+        return cotainr_build(
+            work, image, f"--system={SYSTEM}", "--force", *args, ok=ok, name=name
+        )
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def mpi_image(work, build):
     """The image with the mpich wheel and mpi4py (auto: host on this base)."""
     image = work / "mpi.sif"
-    proc, output = cotainr_build(
-        work, image, "--pip-steps", "mpi-steps.yml", name="mpi image"
-    )
-    assert proc.returncode == 0, output[-6000:]
-    return image, output
+    proc = build(image, "--pip-steps", "mpi-steps.yml", name="mpi image", ok=True)
+    return image, proc.output
 
 
 def in_image(apptainer_path, image, script, *, env=None, binds=()):
@@ -468,22 +442,19 @@ def one_error(output):
     return [ln for ln in output.splitlines() if "rror" in ln]
 
 
-def test_a_base_without_mpi_is_one_message(work):
-    proc, output = cotainr_build(
-        work, work / "none.sif", "--set", "lumi-env.mpi=host", name="no MPI (fails)"
-    )
+def test_a_base_without_mpi_is_one_message(work, build):
+    proc = build(work / "none.sif", "--set", "lumi-env.mpi=host", name="no MPI (fails)")
     assert proc.returncode != 0
-    text = "\n".join(one_error(output))
+    text = "\n".join(one_error(proc.output))
     assert "lumi-env.mpi is 'host', but the image has no MPI" in text
     assert "packages: [mpich, mpi4py]" in text
     assert not (work / "none.sif").exists()
 
 
-def test_a_host_library_missing_here_is_one_message(work):
+def test_a_host_library_missing_here_is_one_message(work, build):
     (work / "empty-cray").mkdir()
     setting = json.dumps({"libmpi": LIBMPI, "binds": [f"{work}/empty-cray:/opt/cray"]})
-    proc, output = cotainr_build(
-        work,
+    proc = build(
         work / "missing.sif",
         "--set",
         "lumi-env.mpi=host",
@@ -493,12 +464,12 @@ def test_a_host_library_missing_here_is_one_message(work):
         name="missing host library (dry run)",
     )
     assert proc.returncode != 0
-    text = "\n".join(one_error(output))
+    text = "\n".join(one_error(proc.output))
     assert f"{LIBMPI} is {work}/empty-cray/pe/mpich/8.1.32" in text
     assert "which does not exist" in text and "ls /opt/cray/pe/mpich" in text
 
 
-def test_a_pinned_rpath_is_one_message_with_the_fix(work):
+def test_a_pinned_rpath_is_one_message_with_the_fix(work, build):
     pkg = work / "mpipinned"
     pkg.mkdir()
     (pkg / "setup.py").write_text(PINNED_SETUP)
@@ -517,15 +488,11 @@ def test_a_pinned_rpath_is_one_message_with_the_fix(work):
             }
         )
     )
-    proc, output = cotainr_build(
-        work,
-        work / "pinned.sif",
-        "--pip-steps",
-        "pinned-steps.yml",
-        name="pinned (fails)",
+    proc = build(
+        work / "pinned.sif", "--pip-steps", "pinned-steps.yml", name="pinned (fails)"
     )
     assert proc.returncode != 0
-    text = "\n".join(one_error(output))
+    text = "\n".join(one_error(proc.output))
     assert (
         "pins the image's /opt/cotainr/conda/envs/conda_container_env/lib/libmpi.so.12"
         in text
@@ -544,25 +511,23 @@ def test_the_network_gets_the_hosts_newest_libfabric_when_the_images_is_gone(
         lib.mkdir(parents=True)
         (lib / "libfabric.so.1").write_text("")
     show = 'printf "%s" "$LD_LIBRARY_PATH"'
-    proc = in_image(
-        apptainer_path,
-        image,
-        show,
-        binds=[f"{tmp_path}/cray:/opt/cray"],
-        env={"COTAINR_LUMI_MPI": "container"},
-    )
-    ld = proc.stdout.split(":")
-    assert "/opt/cray/libfabric/1.15.2.0/lib64" in ld, proc.stderr
-    assert "/opt/cray/libfabric/1.22.0/lib64" in ld, ld
-    assert "/opt/cray/libfabric/1.9.0/lib64" not in ld
-    # The image's own entry, when there, stays the one used.
-    (tmp_path / "cray/libfabric/1.15.2.0/lib64").mkdir(parents=True)
-    (tmp_path / "cray/libfabric/1.15.2.0/lib64/libfabric.so.1").write_text("")
-    proc = in_image(
-        apptainer_path,
-        image,
-        show,
-        binds=[f"{tmp_path}/cray:/opt/cray"],
-        env={"COTAINR_LUMI_MPI": "container"},
-    )
-    assert "/opt/cray/libfabric/1.22.0/lib64" not in proc.stdout.split(":")
+    runs = []
+    for _ in range(2):
+        runs.append(
+            in_image(
+                apptainer_path,
+                image,
+                show,
+                binds=[f"{tmp_path}/cray:/opt/cray"],
+                env={"COTAINR_LUMI_MPI": "container"},
+            )
+        )
+        # Then the image's own entry is there: it stays the one used.
+        own = tmp_path / "cray/libfabric/1.15.2.0/lib64"
+        own.mkdir(parents=True, exist_ok=True)
+        (own / "libfabric.so.1").write_text("")
+    gone, there = (proc.stdout.split(":") for proc in runs)
+    assert "/opt/cray/libfabric/1.15.2.0/lib64" in gone, runs[0].stderr
+    assert "/opt/cray/libfabric/1.22.0/lib64" in gone, gone
+    assert "/opt/cray/libfabric/1.9.0/lib64" not in gone
+    assert "/opt/cray/libfabric/1.22.0/lib64" not in there

@@ -8,22 +8,19 @@ or libcxi bind, nothing of ``/opt/cray`` added to ``LD_LIBRARY_PATH``, and
 base itself) keeps the host family: ``test_verify_image.py``.
 """
 
-import os
-from pathlib import Path
-import subprocess
-import sys
 import time
 
 import layouts
 from prune_fixtures import derive_base_image
 import pytest
-import yaml
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory, lumi_like_base_image, apptainer_path, build_times):
+def image(
+    tmp_path_factory, lumi_like_base_image, apptainer_path, build_times, cotainr_build
+):
     work = tmp_path_factory.mktemp("libfabric-2025")
     t0 = time.time()
     base = derive_base_image(
@@ -33,31 +30,18 @@ def image(tmp_path_factory, lumi_like_base_image, apptainer_path, build_times):
         cases=(),
         setup=layouts.LIBFABRIC_2025,
     )
-    system = {"extends": "lumi-g-ext-pytorch", "base-image": str(base)}
-    system["settings"] = {"provenance": {"hash-base-image": False}}
-    (work / "systems.yaml").write_text(
-        yaml.safe_dump({"systems": {"pytorch-2025": system}})
-    )
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("cotainr")),
-            "build",
-            str(work / "image.sif"),
-            "--system=pytorch-2025",
-            "--skip-stage=pip",
-            "--skip-stage=prune",
-            "--set=lumi-env.module-file=false",
-        ],
-        env={**os.environ, "COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml")},
-        cwd=work,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
+    proc = cotainr_build(
+        work,
+        work / "image.sif",
+        "--system=pytorch-2025",
+        "--skip-stage=pip",
+        "--skip-stage=prune",
+        "--set=lumi-env.module-file=false",
+        systems={"pytorch-2025": {"extends": "lumi-g-ext-pytorch", "base-image": base}},
         timeout=900,
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     build_times["libfabric 2025: derive base + build"] = time.time() - t0
-    return work / "image.sif", proc.stdout + proc.stderr
+    return work / "image.sif", proc.output
 
 
 def test_an_image_with_its_own_libfabric_gets_no_host_libfabric(

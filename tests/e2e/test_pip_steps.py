@@ -16,13 +16,10 @@ override of the later builds:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 import re
 import shutil
 import subprocess
-import sys
-import time
 
 from hosttools import need_file
 from pkgfixtures import make_sdist, make_wheel, serve_index
@@ -33,16 +30,11 @@ pytestmark = pytest.mark.e2e
 
 TORCH_WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
 TORCHEXT = Path(__file__).parent / "data" / "pip" / "torchext"
-COTAINR = Path(sys.executable).with_name("cotainr")
 SYSTEM = "pip-e2e"
-
-#: Build times (s) of this module, handed to the ``build_times`` fixture
-#: (printed in the terminal summary).
-TIMES: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, lumi_like_base_image, build_times):
+def work(tmp_path_factory, lumi_like_base_image, write_systems):
     """A work dir with a test system profile and its own pip cache."""
     need_file(
         TORCH_WHEEL,
@@ -51,59 +43,31 @@ def work(tmp_path_factory, lumi_like_base_image, build_times):
         "--index-url https://download.pytorch.org/whl/cpu",
     )
     work = tmp_path_factory.mktemp("pip-e2e")
-    (work / "systems.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "systems": {
-                    SYSTEM: {
-                        "extends": "lumi-g-ext",
-                        "base-image": str(lumi_like_base_image),
-                        "rocm-version": "6.1",
-                        "settings": {"provenance": {"hash-base-image": False}},
-                    }
-                }
-            }
+    write_systems(work / "systems.yaml", {SYSTEM: {"base-image": lumi_like_base_image}})
+    return work
+
+
+@pytest.fixture(scope="module")
+def build(work, cotainr_build, build_times):
+    """``build(image, *args, name, **keywords)``: the test system's build.
+
+    ``--lumi-system`` with ``--base-image``, else ``--system``; not checked
+    (`keywords` go to ``cotainr_build``). The pip stage's time goes to
+    ``build_times`` too.
+    """
+
+    def run(image, *args, name, **keywords):
+        with_base = "--base-image" in map(str, args)
+        system = ["--lumi-system", SYSTEM] if with_base else [f"--system={SYSTEM}"]
+        proc = cotainr_build(
+            work, image, *system, "--force", *args, ok=False, name=name, **keywords
         )
-    )
-    yield work
-    build_times.update(TIMES)
+        m = re.search(r"Finished stage pip in ([0-9.]+) s", proc.output)
+        if m:
+            build_times[f"{name} (pip stage)"] = float(m.group(1))
+        return proc
 
-
-def cotainr_build(work, image, *args, env=None, name):
-    """Run the stock ``cotainr build``; return (process, seconds)."""
-    full_env = dict(os.environ)
-    full_env.update(
-        COTAINR_LUMI_SYSTEMS=str(work / "systems.yaml"),
-        XDG_CACHE_HOME=str(work / "xdg-cache"),
-    )
-    full_env.update(env or {})
-    t0 = time.time()
-    proc = subprocess.run(
-        [
-            str(COTAINR),
-            "build",
-            str(image),
-            *(
-                ["--lumi-system", SYSTEM]
-                if "--base-image" in map(str, args)
-                else [f"--system={SYSTEM}"]
-            ),
-            "--force",
-            *map(str, args),
-        ],
-        cwd=work,
-        env=full_env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    TIMES[name] = time.time() - t0
-    m = re.search(r"Finished stage pip in ([0-9.]+) s", proc.stdout + proc.stderr)
-    if m:
-        TIMES[f"{name} (pip stage)"] = float(m.group(1))
-    return proc
+    return run
 
 
 def _inputs_for_torch(work):
@@ -116,19 +80,17 @@ def _inputs_for_torch(work):
 
 
 @pytest.fixture(scope="module")
-def torch_image(work):
+def torch_image(work, build):
     """The torch layer, built once: base image + torch 2.13.0+cpu + wheel."""
     _inputs_for_torch(work)
     image = work / "torch.sif"
-    proc = cotainr_build(
-        work, image, "--pip-requirements", "torch.txt", name="torch layer"
-    )
+    proc = build(image, "--pip-requirements", "torch.txt", name="torch layer")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return image
 
 
 @pytest.fixture(scope="module")
-def extension_image(work, torch_image):
+def extension_image(work, torch_image, build):
     """torch layer + the C++ extension (no build isolation) + a torch user."""
     shutil.copytree(TORCHEXT, work / "torchext", dirs_exist_ok=True)
     make_wheel(work, "needs-torch", "1.0", requires=["torch"])
@@ -149,8 +111,7 @@ def extension_image(work, torch_image):
         )
     )
     image = work / "ext.sif"
-    proc = cotainr_build(
-        work,
+    proc = build(
         image,
         "--base-image",
         torch_image,
@@ -265,11 +226,10 @@ def test_layered_image_passes_verify(extension_image, verify_image):
     assert rows["package-list"] == rows["with-conda"] == "PASS"
 
 
-def test_step_wanting_another_torch_stops_the_build(work, torch_image):
+def test_step_wanting_another_torch_stops_the_build(work, torch_image, build):
     (work / "pin.txt").write_text("torch==2.12.0\n")
     image = work / "pinned.sif"
-    proc = cotainr_build(
-        work,
+    proc = build(
         image,
         "--base-image",
         torch_image,
@@ -286,14 +246,12 @@ def test_step_wanting_another_torch_stops_the_build(work, torch_image):
     assert not image.exists()
 
 
-def test_torch_and_extension_in_one_step_fail(work, lumi_like_base_image):
+def test_torch_and_extension_in_one_step_fail(work, lumi_like_base_image, build):
     _inputs_for_torch(work)
     shutil.copytree(TORCHEXT, work / "torchext", dirs_exist_ok=True)
     (work / "one-step.txt").write_text(f"./wheels/{TORCH_WHEEL.name}\n./torchext\n")
     image = work / "one-step.sif"
-    proc = cotainr_build(
-        work, image, "--pip-requirements", "one-step.txt", name="one-step failure"
-    )
+    proc = build(image, "--pip-requirements", "one-step.txt", name="one-step failure")
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "pip install failed in step 1 (one-step.txt)" in output
@@ -311,7 +269,7 @@ def local_index(tmp_path):
 
 
 def test_host_pip_cache_is_reused_and_not_in_the_image(
-    work, lumi_like_base_image, local_index, apptainer_exec
+    work, lumi_like_base_image, local_index, apptainer_exec, build
 ):
     """The wheel pip builds from an sdist is reused by the next build.
 
@@ -333,9 +291,7 @@ def test_host_pip_cache_is_reused_and_not_in_the_image(
     )
     image = work / "cache.sif"
     for n in (1, 2):
-        proc = cotainr_build(
-            work, image, "--pip-steps", "cache-steps.yml", name=f"cache build {n}"
-        )
+        proc = build(image, "--pip-steps", "cache-steps.yml", name=f"cache build {n}")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
         downloads = [r for r in requests if r.endswith(".tar.gz")]
         # The second build used the wheel cached on the host by the first.
@@ -355,7 +311,7 @@ def test_host_pip_cache_is_reused_and_not_in_the_image(
 
 
 def test_host_find_links_missing_in_the_container_is_said_once(
-    work, lumi_like_base_image, local_index
+    work, lumi_like_base_image, local_index, build
 ):
     """A host PIP_FIND_LINKS pointing nowhere in the container: one warning.
 
@@ -374,8 +330,7 @@ def test_host_find_links_missing_in_the_container_is_said_once(
         )
     )
     missing = "/no/such/host/wheelhouse"
-    proc = cotainr_build(
-        work,
+    proc = build(
         work / "links.sif",
         "--pip-steps",
         "links-steps.yml",
@@ -390,7 +345,7 @@ def test_host_find_links_missing_in_the_container_is_said_once(
 
 
 def test_credentials_and_build_secrets_leave_no_trace(
-    work, lumi_like_base_image, tmp_path, apptainer_exec, apptainer_path
+    work, lumi_like_base_image, tmp_path, apptainer_exec, apptainer_path, build
 ):
     """An index that checks its credentials and a step's HF_TOKEN (issue 29).
 
@@ -423,26 +378,17 @@ def test_credentials_and_build_secrets_leave_no_trace(
         )
         image = work / "secret.sif"
         args = ("--pip-steps", work / "secret-steps.yml")
-        dry = cotainr_build(work, image, *args, "--dry-run", name="secrets dry run")
+        dry = build(image, *args, "--dry-run", name="secrets dry run")
         logs = work / "secret-logs"
         logs.mkdir()
-        t0 = time.time()
-        proc = subprocess.run(
-            [COTAINR, "build", image, f"--system={SYSTEM}", "--force", *args]
-            + ["-vvvv", "--log-to-file"],
+        proc = build(
+            image,
+            *args,
+            "-vvvv",
+            "--log-to-file",
             cwd=logs,
-            env={
-                **os.environ,
-                "COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml"),
-                "XDG_CACHE_HOME": str(work / "xdg-cache"),
-            },
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=1800,
-            check=False,
+            name="secrets build (-vvvv)",
         )
-        TIMES["secrets build (-vvvv)"] = time.time() - t0
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     assert any(r.endswith(".whl") for r in requests), requests
@@ -487,8 +433,8 @@ def test_credentials_and_build_secrets_leave_no_trace(
     for text in host_texts:
         assert not [s for s in secrets if s in text]
     # A token for the image's env: one error at dry run, saying what to do.
-    refused = cotainr_build(
-        work, image, "--env", "HF_TOKEN=x", "--dry-run", name="secret env refused"
+    refused = build(
+        image, "--env", "HF_TOKEN=x", "--dry-run", name="secret env refused"
     )
     assert refused.returncode == 2
     assert refused.stderr.count("cotainr: error:") == 1, refused.stderr
@@ -497,7 +443,7 @@ def test_credentials_and_build_secrets_leave_no_trace(
 
 
 def test_pip_check_reports_broken_requirements_and_strict_stops(
-    work, lumi_like_base_image, apptainer_exec
+    work, lumi_like_base_image, apptainer_exec, build
 ):
     """A later step downgrades what an earlier step's package needs (allowed).
 
@@ -530,7 +476,7 @@ def test_pip_check_reports_broken_requirements_and_strict_stops(
     )
     broken = "checkuser 1.0 has requirement checkdep>=2, but you have checkdep 1.0"
     image = work / "check.sif"
-    proc = cotainr_build(work, image, "--pip-steps", "check-steps.yml", name="check")
+    proc = build(image, "--pip-steps", "check-steps.yml", name="check")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     assert "broken requirements of checkuser, checkdep:" in output
@@ -539,8 +485,7 @@ def test_pip_check_reports_broken_requirements_and_strict_stops(
     assert proc.returncode == 0 and f"{broken}." in proc.stdout, proc.stderr
 
     strict = work / "check-strict.sif"
-    proc = cotainr_build(
-        work,
+    proc = build(
         strict,
         "--pip-steps",
         "check-steps.yml",

@@ -22,10 +22,7 @@ left alone with a warning (case d).
 from dataclasses import dataclass
 import json
 import logging
-import os
-from pathlib import Path
 import subprocess
-import sys
 
 from prune_fixtures import fixture_script
 import pytest
@@ -89,51 +86,27 @@ def labels_of(apptainer_path, image):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, rocm_torch_base_image, apptainer_path):
+def built(tmp_path_factory, rocm_torch_base_image, cotainr_build):
     """Build with the stock cotainr command; return (image, output, dry-run output)."""
     work = tmp_path_factory.mktemp("prune-e2e")
-    profile = write_profile(
-        work / "systems.yaml",
-        {
+    image = work / "pruned.sif"
+    prune = {"libstdcxx": True, "rocm-dedup": True}
+    dry = cotainr_build(
+        work,
+        image,
+        "--system=prune-e2e",
+        "--dry-run",
+        "--set=prune.strict=true",
+        systems={
             "prune-e2e": {
-                "extends": "lumi-g-ext",
-                "base-image": str(rocm_torch_base_image),
-                "rocm-version": "6.1",
-                "settings": {
-                    "prune": {"libstdcxx": True, "rocm-dedup": True},
-                    "provenance": {"hash-base-image": False},
-                },
+                "base-image": rocm_torch_base_image,
+                "settings": {"prune": prune},
             }
         },
-    )
-    image = work / "pruned.sif"
-    cotainr = str(Path(sys.executable).with_name("cotainr"))
-    env = {**os.environ, "COTAINR_LUMI_SYSTEMS": str(profile)}
-    run = dict(
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
         timeout=900,
-        cwd=work,
     )
-    dry = subprocess.run(
-        [
-            cotainr,
-            "build",
-            str(image),
-            "--system=prune-e2e",
-            "--dry-run",
-            "--set=prune.strict=true",
-        ],
-        **run,
-    )
-    assert dry.returncode == 0, dry.stdout + dry.stderr
-    proc = subprocess.run(
-        [cotainr, "build", str(image), "--system=prune-e2e", "--force"], **run
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return image, proc.stdout + proc.stderr, dry.stdout
+    proc = cotainr_build(work, image, "--system=prune-e2e", "--force", timeout=900)
+    return image, proc.output, dry.stdout
 
 
 def test_pruned_image_passes_verify(built, verify_image):

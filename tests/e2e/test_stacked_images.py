@@ -8,56 +8,35 @@ inserting labels json: invalid character ...``.
 """
 
 import json
-import os
-from pathlib import Path
 import re
 import subprocess
-import sys
 
 import pytest
-import yaml
 
 pytestmark = pytest.mark.e2e
 
-COTAINR = Path(sys.executable).with_name("cotainr")
-
 
 def test_stock_cotainr_builds_on_an_image_cotainr_lumi_built(
-    tmp_path, lumi_like_base_image, apptainer_path
+    tmp_path, lumi_like_base_image, apptainer_path, cotainr_build
 ):
-    (tmp_path / "systems.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "systems": {
-                    "stacked-e2e": {
-                        "extends": "lumi-g-ext",
-                        "base-image": str(lumi_like_base_image),
-                        "rocm-version": "6.1",
-                        "settings": {"provenance": {"hash-base-image": False}},
-                    }
-                }
-            }
-        )
-    )
-    env = {**os.environ, "COTAINR_LUMI_SYSTEMS": str(tmp_path / "systems.yaml")}
-    run = dict(cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     ours, theirs = tmp_path / "ours.sif", tmp_path / "s.sif"
-    proc = subprocess.run(
-        [str(COTAINR), "build", str(ours), "--system=stacked-e2e", "--force"],
-        env=env,
+    cotainr_build(
+        tmp_path,
+        ours,
+        "--system=stacked-e2e",
+        "--force",
+        systems={"stacked-e2e": {"base-image": lumi_like_base_image}},
         timeout=900,
-        **run,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # Plain cotainr, the shortest command line: the rewrite is shortest.
-    stock = {**env, "COTAINR_DISABLE_PLUGINS": "1"}
-    proc = subprocess.run(
-        ["cotainr", "build", theirs.name, "--base-image", ours.name],
-        env={**stock, "PATH": f"{COTAINR.parent}:{os.environ['PATH']}"},
+    cotainr_build(
+        tmp_path,
+        theirs.name,
+        "--base-image",
+        ours.name,
+        env={"COTAINR_DISABLE_PLUGINS": "1"},
         timeout=900,
-        **run,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     labels = json.loads(
         subprocess.run(
             [str(apptainer_path / "apptainer"), "inspect", "--json", "--labels"]
@@ -73,7 +52,7 @@ def test_stock_cotainr_builds_on_an_image_cotainr_lumi_built(
 
 
 def test_the_dry_run_shows_the_space_a_build_needs_measured(
-    tmp_path, lumi_like_base_image, apptainer_path
+    tmp_path, lumi_like_base_image, apptainer_path, cotainr_build
 ):
     """The estimate counts the base's files (listed, not guessed from the SIF)."""
     sandbox = tmp_path / "sandbox"
@@ -89,16 +68,15 @@ def test_the_dry_run_shows_the_space_a_build_needs_measured(
     )
     unpacked = int(du.stdout.split()[0])
     sif = lumi_like_base_image.stat().st_size
-    proc = subprocess.run(
-        [str(COTAINR), "build", str(tmp_path / "x.sif"), "--dry-run"]
-        + ["--base-image", str(lumi_like_base_image), "--lumi-system=lumi-g-ext"],
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
+    proc = cotainr_build(
+        tmp_path,
+        tmp_path / "x.sif",
+        "--dry-run",
+        "--base-image",
+        lumi_like_base_image,
+        "--lumi-system=lumi-g-ext",
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     shown = float(re.search(r"needs about ([0-9.]+) GiB", proc.stdout)[1]) * 1024**3
     # The sandbox and Apptainer's copy of it, twice the SIF, 2 GiB for pip.
     expected = 2 * unpacked + 2 * sif + 2 * 1024**3

@@ -11,21 +11,15 @@ must stop early with one clear error and leave no image.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
-import subprocess
-import sys
 import time
 
 import layouts
 from pkgfixtures import make_wheel
 from prune_fixtures import derive_base_image
 import pytest
-import yaml
 
 pytestmark = pytest.mark.e2e
 
-COTAINR = Path(sys.executable).with_name("cotainr")
 PKG = "layoutpkg"
 
 #: layout -> (setup script, env python for the fixtures, expected target,
@@ -61,45 +55,10 @@ def work(tmp_path_factory):
     return work
 
 
-def _systems(work, name, base):
-    path = work / f"{name}.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "systems": {
-                    name: {
-                        "extends": "lumi-g-ext",
-                        "base-image": str(base),
-                        "rocm-version": "6.1",
-                        "settings": {"provenance": {"hash-base-image": False}},
-                    }
-                }
-            }
-        )
-    )
-    return path
-
-
-def cotainr(work, systems, *args):
-    env = {
-        **os.environ,
-        "COTAINR_LUMI_SYSTEMS": str(systems),
-        "XDG_CACHE_HOME": str(work / "xdg-cache"),
-    }
-    return subprocess.run(
-        [str(COTAINR), "build", *map(str, args)],
-        cwd=work,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
-def built(request, work, lumi_like_base_image, apptainer_path, build_times):
+def built(
+    request, work, lumi_like_base_image, apptainer_path, build_times, cotainr_build
+):
     """(layout, image, systems file, expected target, build output)."""
     name = request.param
     setup, python, expected, cases = LAYOUTS[name]
@@ -115,27 +74,31 @@ def built(request, work, lumi_like_base_image, apptainer_path, build_times):
         python=python,
     )
     build_times[f"{name}: derive base"] = time.time() - t0
-    systems = _systems(work, f"{name}-e2e", base)
+    systems = work / f"{name}-e2e.yaml"
     image = sub / f"{name}.sif"
-    t0 = time.time()
-    proc = cotainr(
+    proc = cotainr_build(
         work,
-        systems,
         image,
         f"--system={name}-e2e",
         "--force",
         "--pip-requirements",
         "req.txt",
+        systems={f"{name}-e2e": {"base-image": base}},
+        systems_file=systems,
+        name=f"{name}: cotainr build",
     )
-    build_times[f"{name}: cotainr build"] = time.time() - t0
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return name, image, systems, expected, proc.stdout + proc.stderr
+    return name, image, systems, expected, proc.output
 
 
-def test_dry_run_names_the_env_and_why(built, work, e2e_facts):
+def test_dry_run_names_the_env_and_why(built, work, e2e_facts, cotainr_build):
     name, image, systems, expected, _ = built
-    proc = cotainr(work, systems, work / "dry.sif", f"--system={name}-e2e", "--dry-run")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = cotainr_build(
+        work,
+        work / "dry.sif",
+        f"--system={name}-e2e",
+        "--dry-run",
+        systems_file=systems,
+    )
     line = next(ln for ln in proc.stdout.splitlines() if "target env:" in ln)
     e2e_facts[f"{name}, dry run"] = line.strip()
     assert f"target env: {expected} (python 3.11" in line
@@ -143,13 +106,14 @@ def test_dry_run_names_the_env_and_why(built, work, e2e_facts):
         assert "from the base image's $WITH_CONDA" in line
         assert f"not the target: {layouts.CONDA}/bin/python" in proc.stdout
         # The explicit setting wins (and needs no probe to be described).
-        proc = cotainr(
+        proc = cotainr_build(
             work,
-            systems,
             work / "dry.sif",
             f"--system={name}-e2e",
             "--dry-run",
             f"--set=target-env.prefix={layouts.VENV}",
+            systems_file=systems,
+            ok=False,
         )
         assert f"target env: {layouts.VENV} (named explicitly" in proc.stdout
     else:
@@ -242,7 +206,7 @@ def test_verify_passes_the_env_rows(built, verify_image, e2e_facts):
 
 
 @pytest.fixture(scope="module")
-def system_python_base(work, lumi_like_base_image, apptainer_path):
+def system_python_base(work, lumi_like_base_image, apptainer_path, write_systems):
     sub = work / "layout5"
     sub.mkdir()
     base = derive_base_image(
@@ -253,31 +217,23 @@ def system_python_base(work, lumi_like_base_image, apptainer_path):
         setup=layouts.LAYOUT5,
         python="/usr/bin/python3",
     )
-    return base, _systems(work, "layout5-e2e", base)
+    return base, write_systems(
+        work / "layout5-e2e.yaml", {"layout5-e2e": {"base-image": base}}
+    )
 
 
 def test_layout5_system_python_only_stops_early_with_one_error(
-    work, system_python_base, build_times
+    work, system_python_base, cotainr_build
 ):
     _base, systems = system_python_base
     image = work / "layout5" / "never.sif"
-    proc = cotainr(
-        work,
-        systems,
-        image,
-        "--system=layout5-e2e",
-        "--pip-requirements",
-        "req.txt",
-        "--dry-run",
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    args = (work, image, "--system=layout5-e2e", "--pip-requirements", "req.txt")
+    proc = cotainr_build(*args, "--dry-run", systems_file=systems)
     assert "target env: none: the base image has no Python environment" in proc.stdout
-    t0 = time.time()
-    proc = cotainr(
-        work, systems, image, "--system=layout5-e2e", "--pip-requirements", "req.txt"
+    proc = cotainr_build(
+        *args, systems_file=systems, ok=False, name="layout5: failing build"
     )
-    build_times["layout5: failing build"] = time.time() - t0
-    out = proc.stdout + proc.stderr
+    out = proc.output
     assert proc.returncode != 0
     assert "the base image has no Python environment to install into" in out
     assert "/usr/bin/python3 (prefix /usr), a system Python" in out

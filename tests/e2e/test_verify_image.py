@@ -14,7 +14,6 @@ import time
 
 from pkgfixtures import make_wheel
 import pytest
-import yaml
 
 pytestmark = pytest.mark.e2e
 
@@ -24,49 +23,27 @@ NOT_IN_TEST_BASE = {"rccl-tests"}
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory, rocm_torch_base_image, apptainer_path):
+def images(tmp_path_factory, rocm_torch_base_image, cotainr_build, write_systems):
     work = tmp_path_factory.mktemp("verify-e2e")
-    profile = work / "systems.yaml"
-    profile.write_text(
-        yaml.safe_dump(
-            {
-                "systems": {
-                    "verify-e2e": {
-                        "extends": "lumi-g-ext",
-                        "base-image": str(rocm_torch_base_image),
-                        "rocm-version": "6.1",
-                        "settings": {"provenance": {"hash-base-image": False}},
-                    }
-                }
-            }
-        )
+    profile = write_systems(
+        work / "systems.yaml", {"verify-e2e": {"base-image": rocm_torch_base_image}}
     )
     make_wheel(work, "tinypkg", "1.0")
     (work / "requirements.txt").write_text("./tinypkg-1.0-py3-none-any.whl\n")
-    cotainr = str(Path(sys.executable).with_name("cotainr"))
-    env = {**os.environ, "COTAINR_LUMI_SYSTEMS": str(profile)}
     built = {}
     for name, extra in (("full", []), ("broken", ["--skip-stage=prune"])):
         image = work / f"{name}.sif"
-        proc = subprocess.run(
-            [
-                cotainr,
-                "build",
-                str(image),
-                "--system=verify-e2e",
-                "--force",
-                "--pip-requirements=requirements.txt",
-                *extra,
-            ],
-            env=env,
-            cwd=work,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
+        proc = cotainr_build(
+            work,
+            image,
+            "--system=verify-e2e",
+            "--force",
+            "--pip-requirements=requirements.txt",
+            *extra,
+            systems_file=profile,
             timeout=900,
         )
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        built[name] = (image, proc.stdout + proc.stderr)
+        built[name] = (image, proc.output)
     return built
 
 
@@ -186,7 +163,9 @@ def odd_layouts(labels):
 
 
 @pytest.fixture(scope="module")
-def odd(tmp_path_factory, lumi_like_base_image, apptainer_path, build_times):
+def odd(
+    tmp_path_factory, lumi_like_base_image, apptainer_path, build_times, write_systems
+):
     """The odd images (name -> .sif) and a profile with a system on each."""
     work = tmp_path_factory.mktemp("verify-odd")
     apptainer = str(apptainer_path / "apptainer")
@@ -219,21 +198,9 @@ def odd(tmp_path_factory, lumi_like_base_image, apptainer_path, build_times):
                 target.write_bytes(content)
     subprocess.run(["rm", "-rf", sandbox], check=True)
     build_times["odd images (sandbox + 5 SIFs)"] = time.time() - t_start
-    profile = work / "systems.yaml"
-    profile.write_text(
-        yaml.safe_dump(
-            {
-                "systems": {
-                    f"{name}-e2e": {
-                        "extends": "lumi-g-ext",
-                        "base-image": str(image),
-                        "rocm-version": "6.1",
-                        "settings": {"provenance": {"hash-base-image": False}},
-                    }
-                    for name, image in images.items()
-                }
-            }
-        )
+    profile = write_systems(
+        work / "systems.yaml",
+        {f"{name}-e2e": {"base-image": image} for name, image in images.items()},
     )
     return images, profile
 
