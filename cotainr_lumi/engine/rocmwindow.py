@@ -82,8 +82,7 @@ class Window:
         """The window of ``"LOW-HIGH"``."""
         match = _RANGE.match(str(text or ""))
         if match:
-            low, high = (major_minor(v) for v in match.groups())
-            return cls(low=low, high=high, source=source or "")
+            return cls(*(major_minor(v) for v in match.groups()), source=source or "")
         return None
 
     def __contains__(self, version):
@@ -193,14 +192,16 @@ def _torch_in_sandbox(*, root, target):
     return None
 
 
-def _base_rocm_in_sandbox(*, root, target):
-    rocm_path = (target.image.rocm_path if target is not None else "") or "/opt/rocm"
+def base_rocm_version(*, root, rocm_path):
+    """The base image's ROCm version from ``$ROCM_PATH/.info/version``."""
     try:
-        path = resolve_in_root(root=root, path=f"{rocm_path}/.info/version")
-        text = path.read_text(errors="replace")
+        host = resolve_in_root(root=root, path=f"{rocm_path}/.info/version")
+        if not host.is_file():
+            return None
+        with open(host, encoding="utf-8", errors="replace") as f:
+            return f.readline(200).strip() or None
     except OSError:
         return None
-    return text.splitlines()[0].strip() if text.strip() else None
 
 
 def check_build(*, context, phase):
@@ -208,7 +209,8 @@ def check_build(*, context, phase):
     window = window_of(plan=context.plan)
     root = context.sandbox.root
     target = context.known_target_env()
-    base = _base_rocm_in_sandbox(root=root, target=target)
+    rocm_path = (target.image.rocm_path if target is not None else "") or "/opt/rocm"
+    base = base_rocm_version(root=root, rocm_path=rocm_path)
     found = problems(window=window, base_rocm=base, torch=None)
     if phase != "start":  # the end: only what torch adds (the start said the rest)
         torch = _torch_in_sandbox(root=root, target=target)

@@ -103,14 +103,8 @@ class ImageFacts:
     def from_facts(cls, facts):
         """Read them from the probe's facts."""
         image = facts.get("image", {})
-        return cls(
-            conda_prefix=image.get("conda_prefix") or "",
-            conda_exe=image.get("conda_exe") or "",
-            rocm_path=image.get("rocm_path") or "",
-            libstdcxx_cache=tuple(image.get("ldcache") or ()),
-            rocm_version=image.get("rocm_version") or "",
-            ld_library_path=image.get("ld_library_path") or "",
-        )
+        values = {name: image.get(name) or "" for name in cls.__dataclass_fields__}
+        return cls(**{**values, "libstdcxx_cache": tuple(image.get("ldcache") or ())})
 
 
 @dataclass
@@ -137,11 +131,9 @@ class TargetEnv:
     @property
     def env_prefixes(self):
         """The prefixes whose ``lib/`` belongs to this env (itself, a venv's base)."""
-        prefixes = [self.prefix]
-        if self.base_prefix and self.base_prefix not in prefixes:
-            if not _is_system_prefix(self.base_prefix):
-                prefixes.append(self.base_prefix)
-        return prefixes
+        base = self.base_prefix
+        own = base and base != self.prefix and not _is_system_prefix(base)
+        return [self.prefix, base] if own else [self.prefix]
 
     def activation(self):
         """Shell code that activates the env for a command (pip, builds)."""
@@ -155,15 +147,10 @@ class TargetEnv:
 
     def describe(self):
         """One line: the env, its interpreter, why and the rule that chose it."""
-        rule = (
-            f" [rule {RULES.index(self.source) + 1}, {self.source}]"
-            if self.source in RULES
-            else ""
-        )
-        return (
-            f"{self.prefix} (python {self.version} at {self.python}; "
-            f"{self.reason}){rule}"
-        )
+        text = f"{self.prefix} (python {self.version} at {self.python}; {self.reason})"
+        if self.source in RULES:
+            text += f" [rule {RULES.index(self.source) + 1}, {self.source}]"
+        return text
 
     def to_dict(self):
         """JSON-serialisable form."""
@@ -199,11 +186,7 @@ def _active(facts, where):
             bin_dir = state[var].rstrip("/") + "/bin"
             rank = path.index(bin_dir) if bin_dir in path else len(path)
             candidates.append((rank, var, info))
-    if not candidates:
-        return None
-    candidates.sort(key=lambda c: c[0])
-    _rank, var, info = candidates[0]
-    return var, info
+    return min(candidates, key=lambda c: c[0])[1:] if candidates else None
 
 
 def _env_words(var, facts, where):
@@ -290,14 +273,9 @@ def _not_found_message(facts):
     pp_prefix = image.get("pythonpath_prefix")
     if pp_prefix:
         info = _python(facts, "image.pythonpath_env")
-        seen.append(
-            f"PYTHONPATH points into {pp_prefix}, "
-            + (
-                _KIND_WORDS[_kind(info)]
-                if info
-                else f"which has no working {pp_prefix}/bin/python"
-            )
-        )
+        kind = info and _KIND_WORDS[_kind(info)]
+        kind = kind or f"which has no working {pp_prefix}/bin/python"
+        seen.append(f"PYTHONPATH points into {pp_prefix}, {kind}")
     return (
         "the base image has no Python environment to install into: "
         + "; ".join(seen)

@@ -17,7 +17,7 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 #: Where the plugin may be besides the image's record and ``/opt/aws-ofi-*``.
-PLUGIN_DIRS = ["/opt/aws-ofi-rccl", "/opt/aws-ofi-rccl/lib", "/opt/aws-ofi-rccl/lib64"]
+PLUGIN_DIRS = list(network.AWS_OFI_RCCL_DIRS)
 #: Where rccl-tests may be when the image records none (2024, AI Factory).
 RCCL_TESTS_DIRS = ["/opt/rccltests", "/usr/libexec/rccl-tests"]
 #: Libraries the host provides at run time for a plugin using the host's
@@ -97,90 +97,61 @@ def _check_plugin(report, net, env):
     return plugin
 
 
-def _check_deps(report, plugin, *, source):
+def _deps_row(plugin, *, source):
+    """The ``net-plugin-deps`` row: (status, evidence)."""
     if plugin is None:
-        report.add("net-plugin-deps", NA, "no network plugin in the image")
-        return
+        return NA, "no network plugin in the image"
     ldd = plugin.get("ldd") or {}
     deps = ldd.get("deps") or {}
     if not ldd:
-        report.add(
-            "net-plugin-deps",
-            FAIL,
-            f"the probe did not read {plugin['path']}'s libraries",
-        )
-        return
+        return FAIL, f"the probe did not read {plugin['path']}'s libraries"
     missing = [name for name, path in deps.items() if path is None]
     if not deps and ldd.get("rc") not in (0, None):
-        report.add(
-            "net-plugin-deps", FAIL, f"ldd {plugin['path']} failed: {ldd.get('err')}"
-        )
-        return
+        return FAIL, f"ldd {plugin['path']} failed: {ldd.get('err')}"
     host = [m for m in missing if m.startswith(HOST_PROVIDED)]
     if source == "host":
         missing = [m for m in missing if m not in host]
     if missing:
-        report.add(
-            "net-plugin-deps",
-            FAIL,
+        return FAIL, (
             f"{plugin['path']} needs {', '.join(sorted(missing))}, not found in "
-            "the image" + ("" if source == "image" else " or from the host"),
+            "the image" + ("" if source == "image" else " or from the host")
         )
-        return
-    evidence = (
-        f"all {len(deps)} libraries of {os.path.basename(plugin['path'])} resolve"
-    )
     if host and source == "host":
-        evidence = (
+        return PASS, (
             f"{len(deps) - len(host)} of {len(deps)} resolve in the image; "
             f"{', '.join(sorted(host))} come from the host at run time "
             "(/opt/cray and libcxi bound by the module)"
         )
-    report.add("net-plugin-deps", PASS, evidence)
+    return (
+        PASS,
+        f"all {len(deps)} libraries of {os.path.basename(plugin['path'])} resolve",
+    )
 
 
-def _check_image_libfabric(report, net, plugin, env):
-    resolved = None
-    if plugin is not None:
-        deps = (plugin.get("ldd") or {}).get("deps") or {}
-        resolved = next(
-            (path for name, path in deps.items() if name.startswith("libfabric.so")),
-            None,
-        )
+def _image_libfabric_row(net, plugin, env):
+    """The ``image-libfabric`` row: (status, evidence)."""
+    deps = ((plugin or {}).get("ldd") or {}).get("deps") or {}
+    resolved = next((p for n, p in deps.items() if n.startswith("libfabric.so")), None)
     ld = _ld_library_path(env)  # only host entries before the image's shadow it
     own = os.path.dirname(resolved or "")
     before = ld[: ld.index(own)] if own in ld else ld
     cray = [p for p in before if p.startswith(CRAY_PREFIX)]
     if cray:
-        report.add(
-            "image-libfabric",
-            FAIL,
+        return FAIL, (
             f"LD_LIBRARY_PATH has the host's {cray[0]}: bound at run time it would "
-            "shadow the image's own libfabric/CXI; drop it (and the /opt/cray bind)",
+            "shadow the image's own libfabric/CXI; drop it (and the /opt/cray bind)"
         )
-    elif resolved and resolved.startswith(CRAY_PREFIX):
-        report.add(
-            "image-libfabric", FAIL, f"the plugin resolves libfabric to {resolved}"
-        )
-    elif resolved:
-        report.add(
-            "image-libfabric",
-            PASS,
-            f"the plugin uses the image's {resolved}; no host /opt/cray needed",
-        )
-    elif net.get("image_libfabric"):
-        report.add(
-            "image-libfabric",
-            PASS,
-            f"the image has {net['image_libfabric'][0]}; no host /opt/cray needed",
-        )
-    else:
-        report.add(
-            "image-libfabric",
-            FAIL,
-            "the profile says the image brings its libfabric, but there is no "
-            "libfabric.so.1 on the loader's path",
-        )
+    if resolved and resolved.startswith(CRAY_PREFIX):
+        return FAIL, f"the plugin resolves libfabric to {resolved}"
+    if resolved:
+        return PASS, f"the plugin uses the image's {resolved}; no host /opt/cray needed"
+    if net.get("image_libfabric"):
+        image = net["image_libfabric"][0]
+        return PASS, f"the image has {image}; no host /opt/cray needed"
+    return FAIL, (
+        "the profile says the image brings its libfabric, but there is no "
+        "libfabric.so.1 on the loader's path"
+    )
 
 
 def _check_cray_libfabric(report, env, *, has_plugin):
@@ -229,9 +200,9 @@ def check_network(report, facts):
     net, env = facts.get("network") or {}, facts["env"]
     source = _libfabric_source(net, env)
     plugin = _check_plugin(report, net, env)
-    _check_deps(report, plugin, source=source)
+    report.add("net-plugin-deps", *_deps_row(plugin, source=source))
     if source == "host":
         _check_cray_libfabric(report, env, has_plugin=plugin is not None)
     else:
-        _check_image_libfabric(report, net, plugin, env)
+        report.add("image-libfabric", *_image_libfabric_row(net, plugin, env))
     _check_rccl_tests(report, net)

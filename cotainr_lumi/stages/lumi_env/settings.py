@@ -155,9 +155,7 @@ class LumiEnvSettings(StageSettings):
         True, doc="add the ROCm and aws-ofi-rccl paths the base image lacks"
     )
     path: list[str] = setting(
-        [],
-        doc="directories added to PATH",
-        check=_entries("PATH"),
+        [], doc="directories added to PATH", check=_entries("PATH")
     )
     ld_library_path: list[str] = setting(
         [],
@@ -180,9 +178,7 @@ class LumiEnvSettings(StageSettings):
         check=_directory(MODULE_DIR),
     )
     module_name: Optional[str] = setting(
-        None,
-        doc="the module's name (null: the image's)",
-        check=_check_module_name,
+        None, doc="the module's name (null: the image's)", check=_check_module_name
     )
     module_var_name: Optional[str] = setting(
         None,

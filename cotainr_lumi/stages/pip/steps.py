@@ -57,17 +57,12 @@ _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 def default_cache_dir():
     """The default host pip cache directory."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".cache"
-    )
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return Path(base) / "cotainr-lumi" / "pip"
 
 
 def _absolute(path, base):
     return Path(os.path.abspath(os.path.join(base, os.path.expanduser(str(path)))))
-
-
-# -- the rules of the keys ----------------------------------------------------
 
 
 def _check_package_names(names):
@@ -299,9 +294,6 @@ class PipSettings(StageSettings):
         "strict (they stop the build) or off",
         check=_check_check,
     )
-
-
-# -- steps files and command line inputs --------------------------------------
 
 
 def _describe_key(path, *, data):

@@ -15,6 +15,7 @@ import re
 
 from ...engine.elfinfo import read_elf_info, scan_elf_files
 from ...engine.rootfs import SymlinkLoopError, image_path_of, is_inside, resolve_in_root
+from ...engine.targetenv import SYSTEM_PREFIXES
 from .manifest import ManifestEntry
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -35,9 +36,6 @@ STANDARD_LIB_DIRS = (
     "/lib",
     "/usr/lib",
 )
-
-#: Prefixes of the system itself: never treated as an environment to prune.
-SYSTEM_PREFIXES = frozenset({"/", "/usr", "/usr/local"})
 
 _LDCONFIG_LINE = re.compile(
     r"^\s*(?P<name>\S+)\s+\((?P<flags>[^)]*)\).*=>\s*(?P<path>/.*?)\s*$"
@@ -253,9 +251,8 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
 
 def format_missing(*, check, limit=20):
     """The refusal text: objects and the versions they miss."""
-    lines = []
-    for image_path in sorted(check.missing)[:limit]:
-        lines.append(f"  {image_path}: needs {', '.join(check.missing[image_path])}")
+    missing = check.missing
+    lines = [f"  {p}: needs {', '.join(missing[p])}" for p in sorted(missing)[:limit]]
     if len(check.missing) > limit:
         lines.append(f"  ... and {len(check.missing) - limit} more object(s)")
     return "\n".join(lines)
