@@ -195,12 +195,9 @@ def _check_rocm(report, facts):
 
 
 def _check_lumi_env(report, facts, *, expected_env):
-    expected = expected_env or profile_env(
-        system_name=facts["labels"].get(LABEL_SYSTEM)
-    )
-    env = facts["env"]
-    for name, value in expected.items():
-        found = env.get(name)
+    system = facts["labels"].get(LABEL_SYSTEM)
+    for name, value in (expected_env or profile_env(system_name=system)).items():
+        found = facts["env"].get(name)
         status = PASS if found == value else FAIL
         report.add(f"env:{name}", status, f"{name}={found!r} (expected {value!r})")
 

@@ -176,23 +176,18 @@ def _check_cray_libfabric(report, env, *, has_plugin):
     )
 
 
-def _check_rccl_tests(report, net):
+def _rccl_tests_row(net):
+    """The ``rccl-tests`` row: (status, evidence)."""
     tests = net.get("rccl_tests")
-    where = ", ".join(net.get("rccl_tests_dirs") or [])
     if tests is None:
-        report.add(
-            "rccl-tests",
-            NA,
+        where = ", ".join(net.get("rccl_tests_dirs") or [])
+        return NA, (
             f"no rccl-tests in the image ({where}); the acceptance job "
-            "(examples/slurm/acceptance.sbatch) needs all_reduce_perf",
+            "(examples/slurm/acceptance.sbatch) needs all_reduce_perf"
         )
-    else:
-        report.pass_if(
-            "rccl-tests",
-            tests.get("all_reduce_perf"),
-            f"{tests['dir']}/all_reduce_perf",
-            f"{tests['dir']} has no executable all_reduce_perf",
-        )
+    if tests.get("all_reduce_perf"):
+        return PASS, f"{tests['dir']}/all_reduce_perf"
+    return FAIL, f"{tests['dir']} has no executable all_reduce_perf"
 
 
 def check_network(report, facts):
@@ -205,4 +200,4 @@ def check_network(report, facts):
         _check_cray_libfabric(report, env, has_plugin=plugin is not None)
     else:
         report.add("image-libfabric", *_image_libfabric_row(net, plugin, env))
-    _check_rccl_tests(report, net)
+    report.add("rccl-tests", *_rccl_tests_row(net))
