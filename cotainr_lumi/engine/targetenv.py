@@ -137,13 +137,11 @@ class TargetEnv:
 
     def activation(self):
         """Shell code that activates the env for a command (pip, builds)."""
-        parts = []
+        path = f'PATH={shlex.quote(self.bin_dir)}"${{PATH:+:$PATH}}"; export PATH'
         if self.source == "with-conda" and self.with_conda:
-            parts.append(f"eval {shlex.quote(self.with_conda)} >/dev/null 2>&1 || true")
-        parts.append(
-            f'PATH={shlex.quote(self.bin_dir)}"${{PATH:+:$PATH}}"; export PATH'
-        )
-        return "; ".join(parts)
+            with_conda = shlex.quote(self.with_conda)
+            return f"eval {with_conda} >/dev/null 2>&1 || true; {path}"
+        return path
 
     def describe(self):
         """One line: the env, its interpreter, why and the rule that chose it."""
@@ -195,12 +193,11 @@ def _env_words(var, facts, where):
 
 
 def _decoys(facts, chosen_prefix):
-    decoys = {}
     path_py = facts.get("image", {}).get("path_python")
     info = _python(facts, "image.path_python")
     if path_py and info and info["prefix"] != chosen_prefix:
-        decoys["python on PATH"] = f"{path_py} (prefix {info['prefix']})"
-    return decoys
+        return {"python on PATH": f"{path_py} (prefix {info['prefix']})"}
+    return {}
 
 
 def _under_usr(prefix):

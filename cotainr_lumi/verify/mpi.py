@@ -57,9 +57,8 @@ def _loaded_row(facts, record):
         if path is None
     ]
     if unresolved:
-        return (
-            FAIL,
-            f"mpi4py loads {', '.join(libraries)} but ldd: {'; '.join(unresolved)}",
+        return FAIL, (
+            f"mpi4py loads {', '.join(libraries)} but ldd: {'; '.join(unresolved)}"
         )
     if not any(Path(lib).name.startswith("libmpi.so.12") for lib in libraries):
         return FAIL, (
@@ -78,9 +77,8 @@ def _binding_row(record):
     host = record.get("host")
     if record.get("pins"):
         pin = record["pins"][0]
-        return (
-            FAIL,
-            f"{pin['user']} pins {pin['library']} with DT_RPATH {pin['entry']!r}",
+        return FAIL, (
+            f"{pin['user']} pins {pin['library']} with DT_RPATH {pin['entry']!r}"
         )
     swap = ""
     if host:

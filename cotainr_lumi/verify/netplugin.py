@@ -122,10 +122,8 @@ def _deps_row(plugin, *, source):
             f"{', '.join(sorted(host))} come from the host at run time "
             "(/opt/cray and libcxi bound by the module)"
         )
-    return (
-        PASS,
-        f"all {len(deps)} libraries of {os.path.basename(plugin['path'])} resolve",
-    )
+    name = os.path.basename(plugin["path"])
+    return PASS, f"all {len(deps)} libraries of {name} resolve"
 
 
 def _image_libfabric_row(net, plugin, env):
