@@ -1,7 +1,6 @@
 """The cotainr-lumi options of ``cotainr build`` and the request they make."""
 
 import argparse
-import logging
 
 from . import stages as builtin
 from .engine.origins import OptionOrigin
@@ -10,8 +9,6 @@ from .engine.yamlfile import read_yaml_text
 from .errors import InputError, quoted
 from .pipeline.plan import BuildRequest
 from .pipeline.profiles import merge_mappings, sections
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 def add_options(*, parser):

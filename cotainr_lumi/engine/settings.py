@@ -16,11 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 import difflib
 import functools
-import logging
 from pathlib import Path
 from typing import Any, Callable, Optional, Union, get_args, get_origin, get_type_hints
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 _NONE = type(None)
 

@@ -1,13 +1,10 @@
 """The MPI rows of ``cotainr-lumi verify``."""
 
-import logging
 from pathlib import Path
 
 from ..imagelayout import MPI_FILE
 from ..stages.lumi_env.mpi import LOAD_CHECK, LOAD_CHECK_MARK, parse_load_check
 from .status import FAIL, NA, PASS
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: How to run the LUMI acceptance job: from its directory, which holds
 #: osu_bw.py (the job reads it from $SLURM_SUBMIT_DIR), with an absolute

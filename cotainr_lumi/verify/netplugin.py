@@ -6,15 +6,11 @@ its libraries, the libfabric it uses (the host's Cray one or the image's own,
 as the runtime record or, without one, ``LD_LIBRARY_PATH`` says), rccl-tests.
 """
 
-import logging
 import os
 
 from ..engine import rcclplugin
 from ..stages.lumi_env import network
 from .status import FAIL, NA, PASS
-
-logger = logging.getLogger(f"cotainr.{__name__}")
-
 
 #: Where the plugin may be besides the image's record and ``/opt/aws-ofi-*``.
 PLUGIN_DIRS = list(network.AWS_OFI_RCCL_DIRS)
