@@ -117,11 +117,6 @@ CLEAN_ENV = (
 )
 
 
-def _unescape(value):
-    r"""Undo the probe's ``fact`` escapes (``\\`` and ``\n``)."""
-    return re.sub(r"\\(.)", lambda m: "\n" if m[1] == "n" else m[1], value)
-
-
 def parse_probe(*, text):
     """Parse the output of :data:`PROBE_SCRIPT`."""
     facts: dict[str, dict[str, Any]] = {}
@@ -130,7 +125,7 @@ def parse_probe(*, text):
             continue
         where, _, rest = line[len(_MARK) :].partition(" ")
         key, _, value = rest.partition(" ")
-        value = _unescape(value)
+        value = re.sub(r"\\(.)", lambda m: "\n" if m[1] == "n" else m[1], value)
         if key == "python":
             try:
                 value = json.loads(value) if value.strip() else None

@@ -139,22 +139,15 @@ def window_of(*, plan):
     return Window.from_text(settings.supported, source=settings.source)
 
 
-def _dry_run_torch(plan):
-    """The torch a dry run saw in the target env of the base image (or None)."""
-    target = plan.base_target
-    torch = getattr(target, "torch", None)
-    if torch:
-        return torch
-    explicit = (plan.base_facts or {}).get("explicit", {}).get("python")
-    return explicit.get("torch") if isinstance(explicit, dict) else None
-
-
 def describe_lines(*, plan):
     """What the dry run says about the ROCm versions."""
     window = window_of(plan=plan)
     base = (plan.base_facts or {}).get("image", {}).get("rocm_version") or None
     profile = plan.system.rocm_version if plan.system is not None else None
-    torch = _dry_run_torch(plan)
+    torch = getattr(plan.base_target, "torch", None)  # what the dry run saw
+    if not torch:
+        explicit = (plan.base_facts or {}).get("explicit", {}).get("python")
+        torch = explicit.get("torch") if isinstance(explicit, dict) else None
     if base:
         first = f"base image ROCm {base}"
     elif profile:

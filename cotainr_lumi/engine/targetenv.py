@@ -200,16 +200,12 @@ def _decoys(facts, chosen_prefix):
     return {}
 
 
-def _under_usr(prefix):
-    """Whether `prefix` is a system prefix or below ``/usr``."""
-    return _is_system_prefix(prefix) or os.path.normpath(prefix).startswith("/usr/")
-
-
 def _kind(info):
     """What kind of Python an interpreter's facts describe."""
+    prefix = info["prefix"]
     if info.get("conda_base"):
         return "conda-base"
-    if _under_usr(info["prefix"]):
+    if _is_system_prefix(prefix) or os.path.normpath(prefix).startswith("/usr/"):
         return "system"
     if _is_venv(info):
         return "venv"

@@ -36,15 +36,6 @@ def probe_inputs():
     }
 
 
-def _libfabric_source(net, env):
-    """The image's record; else the image's own when it has one and no Cray's."""
-    runtime = net.get("runtime")
-    if isinstance(runtime, dict) and runtime.get("libfabric") in ("host", "image"):
-        return runtime["libfabric"]
-    cray = any(p.startswith(CRAY_PREFIX) for p in _ld_library_path(env))
-    return "image" if net.get("image_libfabric") and not cray else "host"
-
-
 def _ld_library_path(env):
     return [p for p in (env.get("LD_LIBRARY_PATH") or "").split(":") if p]
 
@@ -187,7 +178,12 @@ def _rccl_tests_row(net):
 def check_network(report, facts):
     """Add the network rows."""
     net, env = facts.get("network") or {}, facts["env"]
-    source = _libfabric_source(net, env)
+    runtime = net.get("runtime")  # whose libfabric: the image's record says
+    if isinstance(runtime, dict) and runtime.get("libfabric") in ("host", "image"):
+        source = runtime["libfabric"]
+    else:  # without one: the image's own when it has one and no Cray's
+        cray = any(p.startswith(CRAY_PREFIX) for p in _ld_library_path(env))
+        source = "image" if net.get("image_libfabric") and not cray else "host"
     plugin = _check_plugin(report, net, env)
     report.add("net-plugin-deps", *_deps_row(plugin, source=source))
     if source == "host":

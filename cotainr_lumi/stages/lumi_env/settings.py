@@ -78,28 +78,6 @@ def _check_env(env):
             raise SettingError(str(e), path=(name,)) from None
 
 
-def _check_secrets(settings):
-    """One error for the env values that look like secrets and are not allowed."""
-    names = [
-        name
-        for name, value in settings.env.items()
-        if value is not None
-        and name not in settings.allow_secret_env
-        and (SECRET_NAME_RE.search(name) or redact(value) != str(value))
-    ]
-    if names:
-        raise InputError(
-            f"lumi-env: {', '.join(names)} would keep a secret in the image's env "
-            "(a name with TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL or APIKEY, "
-            "or ending in _KEY; a URL with a password), readable by everyone who "
-            "can read the image. Pass it at run time instead: export "
-            f"SINGULARITYENV_{names[0]}=... (or APPTAINERENV_{names[0]}=...) "
-            "before singularity exec; for the build only, give it to the pip "
-            "step's env (recorded as ***). To keep it in the image anyway: --set "
-            f"lumi-env.allow-secret-env=[{','.join(names)}]."
-        )
-
-
 def _check_user_venv(value):
     if (
         not value.startswith(USER_SOFTWARE + "/")
@@ -243,7 +221,25 @@ class LumiEnvSettings(StageSettings):
     )
 
     def __post_init__(self):
-        _check_secrets(self)
+        """One error for the env values that look like secrets and are not allowed."""
+        names = [
+            name
+            for name, value in self.env.items()
+            if value is not None
+            and name not in self.allow_secret_env
+            and (SECRET_NAME_RE.search(name) or redact(value) != str(value))
+        ]
+        if names:
+            raise InputError(
+                f"lumi-env: {', '.join(names)} would keep a secret in the image's env "
+                "(a name with TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL or APIKEY, "
+                "or ending in _KEY; a URL with a password), readable by everyone who "
+                "can read the image. Pass it at run time instead: export "
+                f"SINGULARITYENV_{names[0]}=... (or APPTAINERENV_{names[0]}=...) "
+                "before singularity exec; for the build only, give it to the pip "
+                "step's env (recorded as ***). To keep it in the image anyway: --set "
+                f"lumi-env.allow-secret-env=[{','.join(names)}]."
+            )
 
     def names(self, *, image_path):
         """The :class:`ModuleNames` of an image, as set or derived from its path."""

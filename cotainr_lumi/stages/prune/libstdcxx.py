@@ -176,22 +176,6 @@ def _libstdcxx_users(*, root, env_prefix, candidates):
     return needs, objects, like
 
 
-def _missing_versions(*, root, needs, system):
-    """Image path of each user -> the versions `system` (None: absent) lacks."""
-    missing = {}
-    for host_path, (info, versions) in needs.items():
-        if system is not None and not info.compatible_with(system.info):
-            continue  # another architecture: never loads the system library
-        if system is None:
-            lacking = set(versions) or {LIBSTDCXX_SONAME}
-        else:
-            lacking = versions - system.info.version_defs
-        if lacking:
-            image = str(image_path_of(root=root, host_path=host_path))
-            missing[image] = sorted(lacking, key=version_sort_key)
-    return missing
-
-
 def _explain(check, *, needs):
     """Set the status and reason of a check that got as far as the users."""
     system, missing = check.system, check.missing
@@ -210,13 +194,12 @@ def _explain(check, *, needs):
             f"{system.image_path} does not define"
         )
     else:
-        newest = sorted(
-            {v for _info, vs in needs.values() for v in vs}, key=version_sort_key
-        )
+        versions = {v for _info, vs in needs.values() for v in vs}
+        newest = max(versions, key=version_sort_key, default=None)
         check.reason = (
             f"the base image's {system.image_path} ({system.how}) defines every "
             f"version the {len(needs)} object(s) using libstdc++ need"
-            + (f" (highest: {newest[-1]})" if newest else "")
+            + (f" (highest: {newest})" if newest else "")
         )
 
 
@@ -233,7 +216,17 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
     system = find_system_libstdcxx(
         root=root, ldconfig_text=ldconfig_text, exclude=env_host, like=like
     )
-    missing = _missing_versions(root=root, needs=needs, system=system)
+    missing = {}  # image path of each user -> the versions `system` lacks
+    for host_path, (info, versions) in needs.items():
+        if system is not None and not info.compatible_with(system.info):
+            continue  # another architecture: never loads the system library
+        if system is None:
+            lacking = set(versions) or {LIBSTDCXX_SONAME}
+        else:
+            lacking = versions - system.info.version_defs
+        if lacking:
+            image = str(image_path_of(root=root, host_path=host_path))
+            missing[image] = sorted(lacking, key=version_sort_key)
     check = LibstdcxxCheck(
         env_prefix=env_prefix,
         status="unsafe" if missing else "safe",
