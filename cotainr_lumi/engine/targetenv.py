@@ -2,16 +2,10 @@
 The one choice of the Python environment a build installs into.
 
 One probe of the image per build (:mod:`.imageprobe`) gives the facts;
-:func:`choose` applies the rules, the first that applies wins: 1. the setting
-``target-env.prefix``; 2. the conda env cotainr creates from ``--conda-env``;
-3. the env the base image's ``$WITH_CONDA`` activates; 4. a venv or conda env
-active in the image's environment (``VIRTUAL_ENV``/``CONDA_PREFIX``); 5. the
-venv or conda env of the first ``python`` on its ``PATH``; 6. the venv or
-conda env whose site-packages is first on its ``PYTHONPATH``; else none (a
-stage that must install refuses). A system Python (under ``/usr``) is never a
-target, nor is conda's base env under rules 5 and 6. An env is identified by
-its own interpreter's ``sys.prefix``, never by whatever ``python`` is first
-on ``PATH``.
+:func:`choose` applies the rules of README.md ("Which Python environment the
+packages go into"), the first that applies wins. An env is identified by its
+own interpreter's ``sys.prefix``, never by whatever ``python`` is first on
+``PATH``; a system Python (under ``/usr``) is never a target.
 """
 
 from dataclasses import asdict, dataclass, field
