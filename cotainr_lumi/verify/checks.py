@@ -305,24 +305,6 @@ def _check_runtime(report, facts):
         )
 
 
-def _check_is_sif(image):
-    """Raise an InputError unless `image` is a SIF file (checked before Apptainer)."""
-    if not image.is_file():
-        raise InputError(
-            f"{image} is not an image: it is a directory or special file; give the "
-            ".sif file built by cotainr, e.g. cotainr-lumi verify my.sif"
-        )
-    try:
-        sif = apptainer.is_sif(image)
-    except OSError as e:
-        raise InputError(f"Cannot read the image {image}: {e.strerror}.") from None
-    if not sif:
-        raise InputError(
-            f"{image} is not an image: it is not a SIF file (no SIF header); give "
-            "the .sif file built by cotainr"
-        )
-
-
 def probe_inputs():
     """What :mod:`.probe` needs to know of the image layout."""
     return {
@@ -396,7 +378,20 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
     image = Path(image)
     if not image.exists():
         raise InputError(f"The image {image} does not exist.")
-    _check_is_sif(image)
+    if not image.is_file():
+        raise InputError(
+            f"{image} is not an image: it is a directory or special file; give the "
+            ".sif file built by cotainr, e.g. cotainr-lumi verify my.sif"
+        )
+    try:
+        sif = apptainer.is_sif(image)
+    except OSError as e:
+        raise InputError(f"Cannot read the image {image}: {e.strerror}.") from None
+    if not sif:
+        raise InputError(
+            f"{image} is not an image: it is not a SIF file (no SIF header); give "
+            "the .sif file built by cotainr"
+        )
     report = VerifyReport(image=str(image))
     try:
         facts = _probe(image, timeout=timeout)
