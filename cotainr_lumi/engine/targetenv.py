@@ -274,8 +274,8 @@ def _not_found_message(facts):
     )
 
 
-def _make_target(facts, info, *, source, reason):
-    """The TargetEnv of one interpreter's facts."""
+def _make_target(facts, info, *, source, reason=None):
+    """The TargetEnv of one interpreter's facts (`reason`: the source's words)."""
     image = facts.get("image", {})
     return TargetEnv(
         prefix=info["prefix"],
@@ -284,7 +284,7 @@ def _make_target(facts, info, *, source, reason):
         base_prefix=info.get("base_prefix", ""),
         site=list(info.get("site") or []),
         source=source,
-        reason=reason,
+        reason=reason or _SOURCE_WORDS[source],
         with_conda=image.get("with_conda") if image.get("with_conda_set") else None,
         decoys=_decoys(facts, info["prefix"]),
         image=ImageFacts.from_facts(facts),
@@ -308,21 +308,7 @@ def _from_setting(facts, explicit):
             f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
             "or conda env, or give --conda-env."
         )
-    return _make_target(facts, info, source="setting", reason=_SOURCE_WORDS["setting"])
-
-
-def _from_conda_env(facts):
-    """Rule 2: the conda env cotainr created."""
-    info = _python(facts, "explicit")
-    if info is None:
-        raise TargetEnvNotFoundError(
-            "the conda env cotainr created "
-            f"({_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}) has no "
-            "working python; check the conda environment file"
-        )
-    return _make_target(
-        facts, info, source="conda-env", reason=_SOURCE_WORDS["conda-env"]
-    )
+    return _make_target(facts, info, source="setting")
 
 
 def _from_with_conda(facts, *, before):
@@ -377,8 +363,15 @@ def choose(*, facts, explicit=None, conda_env=False):
     """Choose the target environment from the probe's facts."""
     if explicit:
         return _from_setting(facts, explicit)
-    if conda_env:
-        return _from_conda_env(facts)
+    if conda_env:  # rule 2: the conda env cotainr created
+        info = _python(facts, "explicit")
+        if info is None:
+            raise TargetEnvNotFoundError(
+                "the conda env cotainr created "
+                f"({_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}) has no "
+                "working python; check the conda environment file"
+            )
+        return _make_target(facts, info, source="conda-env")
     before = _active(facts, "image")
     target = _from_with_conda(facts, before=before)
     if target is not None:
