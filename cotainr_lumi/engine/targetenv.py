@@ -292,25 +292,6 @@ def _make_target(facts, info, *, source, reason=None):
     )
 
 
-def _from_setting(facts, explicit):
-    """Rule 1: the env the setting names (it must be a working env)."""
-    info = _python(facts, "explicit")
-    if info is None:
-        raise TargetEnvNotFoundError(
-            f"target-env.prefix={explicit}: there is no working "
-            f"{explicit}/bin/python (or python3) in the image. Give the prefix "
-            "of a venv or conda env of the base image (the directory holding "
-            "bin/python), or drop the setting to let cotainr-lumi find it."
-        )
-    if _is_system_prefix(info["prefix"]):
-        raise TargetEnvNotFoundError(
-            f"target-env.prefix={explicit} is a system Python (sys.prefix "
-            f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
-            "or conda env, or give --conda-env."
-        )
-    return _make_target(facts, info, source="setting")
-
-
 def _from_with_conda(facts, *, before):
     """Rule 3: the env the base image's $WITH_CONDA activates (None: none)."""
     image = facts.get("image", {})
@@ -361,8 +342,22 @@ _PLACE_RULES = (
 
 def choose(*, facts, explicit=None, conda_env=False):
     """Choose the target environment from the probe's facts."""
-    if explicit:
-        return _from_setting(facts, explicit)
+    if explicit:  # rule 1: the env the setting names (it must be a working env)
+        info = _python(facts, "explicit")
+        if info is None:
+            raise TargetEnvNotFoundError(
+                f"target-env.prefix={explicit}: there is no working "
+                f"{explicit}/bin/python (or python3) in the image. Give the prefix "
+                "of a venv or conda env of the base image (the directory holding "
+                "bin/python), or drop the setting to let cotainr-lumi find it."
+            )
+        if _is_system_prefix(info["prefix"]):
+            raise TargetEnvNotFoundError(
+                f"target-env.prefix={explicit} is a system Python (sys.prefix "
+                f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
+                "or conda env, or give --conda-env."
+            )
+        return _make_target(facts, info, source="setting")
     if conda_env:  # rule 2: the conda env cotainr created
         info = _python(facts, "explicit")
         if info is None:

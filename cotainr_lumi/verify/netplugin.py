@@ -40,18 +40,14 @@ def _ld_library_path(env):
     return [p for p in (env.get("LD_LIBRARY_PATH") or "").split(":") if p]
 
 
-def search_dirs(net, env):
-    """Where ``dlopen`` looks for a bare name in the image, in order."""
+def _lookup(net, env):
+    """What RCCL looks up; its search_dirs: where ``dlopen`` looks for a bare name."""
     dirs = _ld_library_path(env) + list(net.get("conf_dirs") or [])
     dirs += list(network.DEFAULT_LOADER_DIRS)
-    return list(dict.fromkeys(os.path.normpath(d) for d in dirs))
-
-
-def _lookup(net, env):
     return {
         "named": net.get("named"),
         "files": net.get("plugin_files") or {},
-        "search_dirs": search_dirs(net, env),
+        "search_dirs": list(dict.fromkeys(os.path.normpath(d) for d in dirs)),
     }
 
 
