@@ -78,7 +78,6 @@ state() { # state WHERE: the environment as it is now
     fact "$1" virtual_env "${VIRTUAL_ENV:-}"
     fact "$1" conda_prefix "${CONDA_PREFIX:-}"
     fact "$1" path "${PATH:-}"
-    fact "$1" pythonpath "${PYTHONPATH:-}"
     fact "$1" path_python "$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
     [ -n "${VIRTUAL_ENV:-}" ] && pyinfo "$1.virtual_env" "$VIRTUAL_ENV"
     [ -n "${CONDA_PREFIX:-}" ] && pyinfo "$1.conda_prefix" "$CONDA_PREFIX"
