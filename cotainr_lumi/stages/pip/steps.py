@@ -83,23 +83,6 @@ def _check_packages(lines):
         )
 
 
-def _check_env(env):
-    for name, value in env.items():
-        if not _ENV_NAME_RE.fullmatch(name):
-            raise SettingError(f"{name!r} is not a variable name", path=(name,))
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise SettingError(
-                f'must be a string or a number (got {value!r}); quote it, e.g. "1"',
-                path=(name,),
-            )
-        try:
-            str(value).encode("utf-8")
-        except UnicodeEncodeError:
-            raise SettingError(
-                f"is not valid UTF-8 ({value!r}); give it as UTF-8 text", path=(name,)
-            ) from None
-
-
 def _check_pip_args(pip_args):
     for arg, after in zip(pip_args, [*pip_args[1:], ""]):
         option, equals, value = arg.partition("=")
@@ -132,7 +115,20 @@ def _load_requirements(value, *, origin):
 
 def _load_env(value, *, origin):
     env = convert(type_=dict[str, Any], value=value)
-    _check_env(env)
+    for name, item in env.items():
+        if not _ENV_NAME_RE.fullmatch(name):
+            raise SettingError(f"{name!r} is not a variable name", path=(name,))
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise SettingError(
+                f'must be a string or a number (got {item!r}); quote it, e.g. "1"',
+                path=(name,),
+            )
+        try:
+            str(item).encode("utf-8")
+        except UnicodeEncodeError:
+            raise SettingError(
+                f"is not valid UTF-8 ({item!r}); give it as UTF-8 text", path=(name,)
+            ) from None
     return {k: str(v) for k, v in env.items()}
 
 
