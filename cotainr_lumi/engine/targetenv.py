@@ -238,25 +238,16 @@ def _describe_python(path_py, info):
 
 def _not_found_message(facts):
     image = facts.get("image", {})
-    seen = []
     with_conda = image.get("with_conda")
-    if with_conda:
-        rc = facts.get("with_conda", {}).get("rc")
-        seen.append(
-            f"$WITH_CONDA={with_conda!r} "
-            + ("failed" if rc not in (None, "0") else "activates no venv/conda env")
-        )
-    else:
-        seen.append("$WITH_CONDA is not set")
-    seen.append("no VIRTUAL_ENV/CONDA_PREFIX in its environment")
+    rc = facts.get("with_conda", {}).get("rc")
+    did = "failed" if rc not in (None, "0") else "activates no venv/conda env"
+    seen = [
+        f"$WITH_CONDA={with_conda!r} {did}" if with_conda else "$WITH_CONDA is not set",
+        "no VIRTUAL_ENV/CONDA_PREFIX in its environment",
+    ]
     path_py = image.get("path_python")
-    if path_py:
-        seen.append(
-            "`python` on PATH is "
-            + _describe_python(path_py, _python(facts, "image.path_python"))
-        )
-    else:
-        seen.append("no python on PATH")
+    python = path_py and _describe_python(path_py, _python(facts, "image.path_python"))
+    seen.append(f"`python` on PATH is {python}" if path_py else "no python on PATH")
     pp_prefix = image.get("pythonpath_prefix")
     if pp_prefix:
         info = _python(facts, "image.pythonpath_env")
