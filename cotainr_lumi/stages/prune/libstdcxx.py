@@ -169,8 +169,7 @@ def _libstdcxx_users(*, root, env_prefix, candidates):
     for info in scan_elf_files(root=root, path=env_prefix, skip=skip):
         objects += 1
         versions = info.needs_from(prefix="libstdc++.so.")
-        uses = versions or any(n.startswith("libstdc++.so.") for n in info.needed)
-        if uses:
+        if versions or any(n.startswith("libstdc++.so.") for n in info.needed):
             like = like or info
             needs[info.path] = (info, versions)
     return needs, objects, like

@@ -340,8 +340,7 @@ def parse_verify_output(*, text):
     for line in text.splitlines():
         if line.startswith("COTAINR_LUMI_NOTFOUND\t"):
             _tag, obj, detail = line.split("\t", 2)
-            missing = detail.strip().split(" ", 1)[0]
-            failures.add((obj, missing))
+            failures.add((obj, detail.strip().split(" ", 1)[0]))
     return failures
 
 
@@ -568,12 +567,11 @@ class RocmDedup:
                     group="rocm-dedup",
                 )
             )
-        saved = sum(a.size for a in all_actions)
         logger.info(
             "Prune: replaced %d bundled ROCm entr%s by links into the base image's ROCm "
             "(%s saved); %d ELF object(s) checked with the image's loader",
             len(all_actions),
             "y" if len(all_actions) == 1 else "ies",
-            format_bytes(size=saved),
+            format_bytes(size=sum(a.size for a in all_actions)),
             checked,
         )
