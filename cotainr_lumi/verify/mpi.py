@@ -70,7 +70,6 @@ def _loaded_row(facts, record):
 
 def _binding_row(record):
     """The ``mpi-host-binding`` row."""
-    mode = record.get("mode")
     host = record.get("host")
     if record.get("pins"):
         pin = record["pins"][0]
@@ -88,7 +87,7 @@ def _binding_row(record):
             f"MPI4PY_LIBMPI={host['mpi4py-libmpi']}; binds: {','.join(host['binds'])})"
         )
     srun = record.get("srun") or {}
-    if mode == "host":
+    if record.get("mode") == "host":
         return PASS, (
             f"default host: on LUMI, with the module file loaded, {swap}; "
             f"launch with {srun.get('host', 'srun')}; COTAINR_LUMI_MPI=container keeps the image's"

@@ -296,10 +296,9 @@ def _describe_key(path, *, data):
     """'step 2 ('name'), key 'env.CC'' for ``("steps", 1, "env", "CC")``."""
     if len(path) < 2 or path[0] != "steps" or not isinstance(path[1], int):
         return "key '" + ".".join(str(p) for p in path) + "'"
-    number = path[1] + 1
     step = data["steps"][path[1]]
     name = step.get("name") if isinstance(step, Mapping) else None
-    label = f"step {number}" + (f" ('{name}')" if name else "")
+    label = f"step {path[1] + 1}" + (f" ('{name}')" if name else "")
     rest = ".".join(str(p) for p in path[2:] if not isinstance(p, int))
     return label + (f", key '{rest}'" if rest else "")
 
