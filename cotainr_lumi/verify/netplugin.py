@@ -59,25 +59,20 @@ def loaded_plugin(net, env):
     return plugin
 
 
-def _check_plugin(report, net, env):
-    plugin = loaded_plugin(net, env)
+def _plugin_row(net, env, plugin):
+    """The ``net-plugin`` row: (status, evidence)."""
     if plugin is None:
         why = rcclplugin.advice(**_lookup(net, env))
-        report.add(
-            "net-plugin",
-            FAIL,
-            f"{why} (looked in {', '.join(net.get('searched') or [])}): RCCL falls "
-            "back to TCP sockets between nodes",
+        searched = ", ".join(net.get("searched") or [])
+        return FAIL, (
+            f"{why} (looked in {searched}): RCCL falls back to TCP sockets "
+            "between nodes"
         )
-        return None
     ld_path = {os.path.normpath(p) for p in _ld_library_path(env)}
     where = "LD_LIBRARY_PATH" if plugin["dir"] in ld_path else "the loader's path"
     if net.get("named"):
         where += f", named by NCCL_NET_PLUGIN={net['named']}"
-    report.add(
-        "net-plugin", PASS, f"{plugin['generation']}: {plugin['path']} (on {where})"
-    )
-    return plugin
+    return PASS, f"{plugin['generation']}: {plugin['path']} (on {where})"
 
 
 def _deps_row(plugin, *, source):
@@ -180,7 +175,8 @@ def check_network(report, facts):
     else:  # without one: the image's own when it has one and no Cray's
         cray = any(p.startswith(CRAY_PREFIX) for p in _ld_library_path(env))
         source = "image" if net.get("image_libfabric") and not cray else "host"
-    plugin = _check_plugin(report, net, env)
+    plugin = loaded_plugin(net, env)
+    report.add("net-plugin", *_plugin_row(net, env, plugin))
     report.add("net-plugin-deps", *_deps_row(plugin, source=source))
     if source == "host":
         _check_cray_libfabric(report, env, has_plugin=plugin is not None)

@@ -173,7 +173,6 @@ class LumiEnvSettings(StageSettings):
         doc=f"the user venv (null: {USER_SOFTWARE}/venv/<name>)",
         check=_check_user_venv,
     )
-    # -- MPI (stages/lumi_env/mpi.py, docs/mpi.md) ------------------------------
     mpi: str = setting(
         "auto",
         doc="the MPI the image's MPI users run on: container (the image's MPICH), "
@@ -188,8 +187,6 @@ class LumiEnvSettings(StageSettings):
         "lib-abi-mpich/libmpi.so.12), ld-library-path, binds",
         check=check_host_binding,
     )
-
-    # -- The image family's network layer (issue 19; see network.py) ---------
     libfabric: str = setting(
         "auto",
         doc="whose libfabric the network plugin uses: host (Cray's, bound at run "
