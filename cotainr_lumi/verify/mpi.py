@@ -33,9 +33,8 @@ def probe_inputs():
     }
 
 
-def _loaded_row(facts, record):
-    """The ``mpi4py-libmpi`` row."""
-    loaded = parse_load_check(facts["check"]["out"])
+def _loaded_row(facts, record, loaded):
+    """The ``mpi4py-libmpi`` row of the parsed load check."""
     if "error" in loaded:
         if "No module named 'mpi4py'" in loaded["error"]:
             return NA, "mpi4py is not installed in the image"
@@ -70,6 +69,10 @@ def _loaded_row(facts, record):
 
 def _binding_row(record):
     """The ``mpi-host-binding`` row."""
+    if record is None:
+        return NA, f"no {MPI_FILE}: built without cotainr-lumi's MPI support"
+    if record.get("mode") == "none":
+        return NA, f"lumi-env mpi: none ({record.get('reason')})"
     host = record.get("host")
     if record.get("pins"):
         pin = record["pins"][0]
@@ -107,16 +110,10 @@ def mpi_rows(facts):
     has_mpi4py = "No module named 'mpi4py'" not in loaded.get("error", "")
     if not has_mpi4py and (record is None or record.get("mode") in (None, "none")):
         return []
-    if record is None:
-        binding = (NA, f"no {MPI_FILE}: built without cotainr-lumi's MPI support")
-    elif record.get("mode") == "none":
-        binding = (NA, f"lumi-env mpi: none ({record.get('reason')})")
-    else:
-        binding = _binding_row(record)
     check, what, instead = HARDWARE_CHECK
     return [
-        ("mpi4py-libmpi", *_loaded_row(facts, record)),
-        ("mpi-host-binding", *binding),
+        ("mpi4py-libmpi", *_loaded_row(facts, record, loaded)),
+        ("mpi-host-binding", *_binding_row(record)),
         (check, NA, f"needs LUMI hardware: {what}; run: {instead}"),
     ]
 
