@@ -1,7 +1,6 @@
 """The cotainr-lumi options of ``cotainr build`` and the request they make."""
 
 import argparse
-import logging
 
 from . import stages as builtin
 from .engine.origins import OptionOrigin
@@ -10,8 +9,6 @@ from .engine.yamlfile import read_yaml_text
 from .errors import InputError, quoted
 from .pipeline.plan import BuildRequest
 from .pipeline.profiles import merge_mappings, sections
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 def add_options(*, parser):
@@ -83,22 +80,20 @@ def _parse_set(text):
 
 def stage_settings(*, set_settings, stage_args):
     """The settings the stage options and ``--set`` give, in that order."""
+
+    def load(stage, values, *, option):
+        origin, raw = OptionOrigin(option=option), {stage: values}
+        return load_sections(sections=sections(), raw=raw, origin=origin)[stage]
+
     settings = {}
     for stage in builtin.PIPELINE:
         if overrides := stage.settings_from_args(args=stage_args):
-            settings |= load_sections(
-                sections=sections(),
-                raw={stage.name: overrides},
-                origin=OptionOrigin(option=f"the {stage.name} options"),
-            )
+            option = f"the {stage.name} options"
+            settings[stage.name] = load(stage.name, overrides, option=option)
     for text in set_settings:
         stage, key, value = _parse_set(text)
         if key:  # checked now, to name the option; STAGE={...} when planned
-            value = load_sections(
-                sections=sections(),
-                raw={stage: {key: value}},
-                origin=OptionOrigin(option=f"--set {text!r}"),
-            )[stage]
+            value = load(stage, {key: value}, option=f"--set {text!r}")
         settings[stage] = merge_mappings(settings.get(stage, {}), value)
     return settings
 

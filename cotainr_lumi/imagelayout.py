@@ -6,8 +6,6 @@ them). Paths are absolute paths inside the image; label names are the keys of
 ``apptainer inspect --labels``.
 """
 
-# -- Apptainer's metadata directory ------------------------------------------
-
 #: The scripts Apptainer sources (in name order) when a container starts.
 ENV_SCRIPTS_DIR = "/.singularity.d/env"
 #: The labels of the image (``apptainer inspect --labels``).
@@ -20,8 +18,6 @@ LUMI_ENV_FILE = f"{ENV_SCRIPTS_DIR}/93-cotainr-lumi-env.sh"
 #: Apptainer's ``99-base.sh``, where ``APPTAINERENV_``/``SINGULARITYENV_`` and
 #: ``--env`` values are applied, so it sees those run-time overrides.
 MPI_ENV_FILE = f"{ENV_SCRIPTS_DIR}/99-cotainr-lumi-mpi.sh"
-
-# -- cotainr-lumi's own directory: records of the build -----------------------
 
 #: Everything cotainr-lumi records in the image lives below this directory.
 RECORDS_DIR = "/opt/cotainr-lumi"
@@ -55,14 +51,10 @@ AIF_SBOM_FILE = "/.sbom.json"
 #: moved there before this build writes its own.
 HISTORY_DIR = f"{RECORDS_DIR}/history"
 
-# -- The LUMI runtime layout (lumi-env stage) ---------------------------------
-
 #: The runscripts (``get-master``, ``conda-python-simple``, ...), on ``PATH``.
 RUNSCRIPTS_DIR = "/runscripts"
 #: Where the module file mounts ``$CONTAINERROOT/user-software``.
 USER_SOFTWARE_DIR = "/user-software"
-
-# -- Label names, by the stage (or engine) that sets them ----------------------
 
 #: Every label cotainr-lumi sets starts with this.
 LABEL_PREFIX = "cotainr-lumi."

@@ -78,7 +78,6 @@ state() { # state WHERE: the environment as it is now
     fact "$1" virtual_env "${VIRTUAL_ENV:-}"
     fact "$1" conda_prefix "${CONDA_PREFIX:-}"
     fact "$1" path "${PATH:-}"
-    fact "$1" pythonpath "${PYTHONPATH:-}"
     fact "$1" path_python "$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
     [ -n "${VIRTUAL_ENV:-}" ] && pyinfo "$1.virtual_env" "$VIRTUAL_ENV"
     [ -n "${CONDA_PREFIX:-}" ] && pyinfo "$1.conda_prefix" "$CONDA_PREFIX"
@@ -117,11 +116,6 @@ CLEAN_ENV = (
 )
 
 
-def _unescape(value):
-    r"""Undo the probe's ``fact`` escapes (``\\`` and ``\n``)."""
-    return re.sub(r"\\(.)", lambda m: "\n" if m[1] == "n" else m[1], value)
-
-
 def parse_probe(*, text):
     """Parse the output of :data:`PROBE_SCRIPT`."""
     facts: dict[str, dict[str, Any]] = {}
@@ -130,7 +124,7 @@ def parse_probe(*, text):
             continue
         where, _, rest = line[len(_MARK) :].partition(" ")
         key, _, value = rest.partition(" ")
-        value = _unescape(value)
+        value = re.sub(r"\\(.)", lambda m: "\n" if m[1] == "n" else m[1], value)
         if key == "python":
             try:
                 value = json.loads(value) if value.strip() else None

@@ -1,12 +1,9 @@
 """Where settings come from: each source's :class:`Origin` words its errors."""
 
-import logging
 from pathlib import Path
 
 from ..errors import InputError, ProfileError
 from .yamlfile import line_of
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 def dotted(path):

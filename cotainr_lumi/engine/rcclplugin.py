@@ -13,10 +13,7 @@ there and do no I/O, so the lumi-env stage and ``verify`` decide alike.
 """
 
 import fnmatch
-import logging
 import posixpath
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: RCCL's prefix for its network plugin's file names.
 PREFIX = "librccl-net"

@@ -82,8 +82,7 @@ class Window:
         """The window of ``"LOW-HIGH"``."""
         match = _RANGE.match(str(text or ""))
         if match:
-            low, high = (major_minor(v) for v in match.groups())
-            return cls(low=low, high=high, source=source or "")
+            return cls(*(major_minor(v) for v in match.groups()), source=source or "")
         return None
 
     def __contains__(self, version):
@@ -140,22 +139,15 @@ def window_of(*, plan):
     return Window.from_text(settings.supported, source=settings.source)
 
 
-def _dry_run_torch(plan):
-    """The torch a dry run saw in the target env of the base image (or None)."""
-    target = plan.base_target
-    torch = getattr(target, "torch", None)
-    if torch:
-        return torch
-    explicit = (plan.base_facts or {}).get("explicit", {}).get("python")
-    return explicit.get("torch") if isinstance(explicit, dict) else None
-
-
 def describe_lines(*, plan):
     """What the dry run says about the ROCm versions."""
     window = window_of(plan=plan)
     base = (plan.base_facts or {}).get("image", {}).get("rocm_version") or None
     profile = plan.system.rocm_version if plan.system is not None else None
-    torch = _dry_run_torch(plan)
+    torch = getattr(plan.base_target, "torch", None)  # what the dry run saw
+    if not torch:
+        explicit = (plan.base_facts or {}).get("explicit", {}).get("python")
+        torch = explicit.get("torch") if isinstance(explicit, dict) else None
     if base:
         first = f"base image ROCm {base}"
     elif profile:
@@ -193,14 +185,16 @@ def _torch_in_sandbox(*, root, target):
     return None
 
 
-def _base_rocm_in_sandbox(*, root, target):
-    rocm_path = (target.image.rocm_path if target is not None else "") or "/opt/rocm"
+def base_rocm_version(*, root, rocm_path):
+    """The base image's ROCm version from ``$ROCM_PATH/.info/version``."""
     try:
-        path = resolve_in_root(root=root, path=f"{rocm_path}/.info/version")
-        text = path.read_text(errors="replace")
+        host = resolve_in_root(root=root, path=f"{rocm_path}/.info/version")
+        if not host.is_file():
+            return None
+        with open(host, encoding="utf-8", errors="replace") as f:
+            return f.readline(200).strip() or None
     except OSError:
         return None
-    return text.splitlines()[0].strip() if text.strip() else None
 
 
 def check_build(*, context, phase):
@@ -208,7 +202,8 @@ def check_build(*, context, phase):
     window = window_of(plan=context.plan)
     root = context.sandbox.root
     target = context.known_target_env()
-    base = _base_rocm_in_sandbox(root=root, target=target)
+    rocm_path = (target.image.rocm_path if target is not None else "") or "/opt/rocm"
+    base = base_rocm_version(root=root, rocm_path=rocm_path)
     found = problems(window=window, base_rocm=base, torch=None)
     if phase != "start":  # the end: only what torch adds (the start said the rest)
         torch = _torch_in_sandbox(root=root, target=target)

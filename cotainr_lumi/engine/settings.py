@@ -16,11 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 import difflib
 import functools
-import logging
 from pathlib import Path
 from typing import Any, Callable, Optional, Union, get_args, get_origin, get_type_hints
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 _NONE = type(None)
 
@@ -190,16 +187,6 @@ def _fits(type_, value):
     return isinstance(value, (int, float) if type_ is float else type_)
 
 
-def _convert_mapping(key_type, value_type, mapping):
-    """A dict of `key_type` to `value_type` (an error points at the key)."""
-    result = {}
-    for key, item in mapping.items():
-        if not _fits(key_type, key):
-            raise SettingError(f"{key!r} is not {_words(key_type)}", path=(key,))
-        result[key] = _under(key, convert, type_=value_type, value=item)
-    return result
-
-
 def convert(*, type_, value):
     """A value as a declared type."""
     origin, args = get_origin(type_), get_args(type_)
@@ -223,7 +210,12 @@ def convert(*, type_, value):
     if origin is dict:
         if not isinstance(value, Mapping):
             raise problem
-        return _convert_mapping(args[0], args[1], value)
+        result = {}
+        for key, item in value.items():  # an error points at the key
+            if not _fits(args[0], key):
+                raise SettingError(f"{key!r} is not {_words(args[0])}", path=(key,))
+            result[key] = _under(key, convert, type_=args[1], value=item)
+        return result
     if not _fits(type_, value):
         raise problem
     return value

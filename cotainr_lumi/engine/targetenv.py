@@ -2,16 +2,10 @@
 The one choice of the Python environment a build installs into.
 
 One probe of the image per build (:mod:`.imageprobe`) gives the facts;
-:func:`choose` applies the rules, the first that applies wins: 1. the setting
-``target-env.prefix``; 2. the conda env cotainr creates from ``--conda-env``;
-3. the env the base image's ``$WITH_CONDA`` activates; 4. a venv or conda env
-active in the image's environment (``VIRTUAL_ENV``/``CONDA_PREFIX``); 5. the
-venv or conda env of the first ``python`` on its ``PATH``; 6. the venv or
-conda env whose site-packages is first on its ``PYTHONPATH``; else none (a
-stage that must install refuses). A system Python (under ``/usr``) is never a
-target, nor is conda's base env under rules 5 and 6. An env is identified by
-its own interpreter's ``sys.prefix``, never by whatever ``python`` is first
-on ``PATH``.
+:func:`choose` applies the rules of README.md ("Which Python environment the
+packages go into"), the first that applies wins. An env is identified by its
+own interpreter's ``sys.prefix``, never by whatever ``python`` is first on
+``PATH``; a system Python (under ``/usr``) is never a target.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -103,14 +97,8 @@ class ImageFacts:
     def from_facts(cls, facts):
         """Read them from the probe's facts."""
         image = facts.get("image", {})
-        return cls(
-            conda_prefix=image.get("conda_prefix") or "",
-            conda_exe=image.get("conda_exe") or "",
-            rocm_path=image.get("rocm_path") or "",
-            libstdcxx_cache=tuple(image.get("ldcache") or ()),
-            rocm_version=image.get("rocm_version") or "",
-            ld_library_path=image.get("ld_library_path") or "",
-        )
+        values = {name: image.get(name) or "" for name in cls.__dataclass_fields__}
+        return cls(**{**values, "libstdcxx_cache": tuple(image.get("ldcache") or ())})
 
 
 @dataclass
@@ -137,33 +125,24 @@ class TargetEnv:
     @property
     def env_prefixes(self):
         """The prefixes whose ``lib/`` belongs to this env (itself, a venv's base)."""
-        prefixes = [self.prefix]
-        if self.base_prefix and self.base_prefix not in prefixes:
-            if not _is_system_prefix(self.base_prefix):
-                prefixes.append(self.base_prefix)
-        return prefixes
+        base = self.base_prefix
+        own = base and base != self.prefix and not _is_system_prefix(base)
+        return [self.prefix, base] if own else [self.prefix]
 
     def activation(self):
         """Shell code that activates the env for a command (pip, builds)."""
-        parts = []
+        path = f'PATH={shlex.quote(self.bin_dir)}"${{PATH:+:$PATH}}"; export PATH'
         if self.source == "with-conda" and self.with_conda:
-            parts.append(f"eval {shlex.quote(self.with_conda)} >/dev/null 2>&1 || true")
-        parts.append(
-            f'PATH={shlex.quote(self.bin_dir)}"${{PATH:+:$PATH}}"; export PATH'
-        )
-        return "; ".join(parts)
+            with_conda = shlex.quote(self.with_conda)
+            return f"eval {with_conda} >/dev/null 2>&1 || true; {path}"
+        return path
 
     def describe(self):
         """One line: the env, its interpreter, why and the rule that chose it."""
-        rule = (
-            f" [rule {RULES.index(self.source) + 1}, {self.source}]"
-            if self.source in RULES
-            else ""
-        )
-        return (
-            f"{self.prefix} (python {self.version} at {self.python}; "
-            f"{self.reason}){rule}"
-        )
+        text = f"{self.prefix} (python {self.version} at {self.python}; {self.reason})"
+        if self.source in RULES:
+            text += f" [rule {RULES.index(self.source) + 1}, {self.source}]"
+        return text
 
     def to_dict(self):
         """JSON-serialisable form."""
@@ -199,11 +178,7 @@ def _active(facts, where):
             bin_dir = state[var].rstrip("/") + "/bin"
             rank = path.index(bin_dir) if bin_dir in path else len(path)
             candidates.append((rank, var, info))
-    if not candidates:
-        return None
-    candidates.sort(key=lambda c: c[0])
-    _rank, var, info = candidates[0]
-    return var, info
+    return min(candidates, key=lambda c: c[0])[1:] if candidates else None
 
 
 def _env_words(var, facts, where):
@@ -212,24 +187,19 @@ def _env_words(var, facts, where):
 
 
 def _decoys(facts, chosen_prefix):
-    decoys = {}
     path_py = facts.get("image", {}).get("path_python")
     info = _python(facts, "image.path_python")
     if path_py and info and info["prefix"] != chosen_prefix:
-        decoys["python on PATH"] = f"{path_py} (prefix {info['prefix']})"
-    return decoys
-
-
-def _under_usr(prefix):
-    """Whether `prefix` is a system prefix or below ``/usr``."""
-    return _is_system_prefix(prefix) or os.path.normpath(prefix).startswith("/usr/")
+        return {"python on PATH": f"{path_py} (prefix {info['prefix']})"}
+    return {}
 
 
 def _kind(info):
     """What kind of Python an interpreter's facts describe."""
+    prefix = info["prefix"]
     if info.get("conda_base"):
         return "conda-base"
-    if _under_usr(info["prefix"]):
+    if _is_system_prefix(prefix) or os.path.normpath(prefix).startswith("/usr/"):
         return "system"
     if _is_venv(info):
         return "venv"
@@ -268,36 +238,22 @@ def _describe_python(path_py, info):
 
 def _not_found_message(facts):
     image = facts.get("image", {})
-    seen = []
     with_conda = image.get("with_conda")
-    if with_conda:
-        rc = facts.get("with_conda", {}).get("rc")
-        seen.append(
-            f"$WITH_CONDA={with_conda!r} "
-            + ("failed" if rc not in (None, "0") else "activates no venv/conda env")
-        )
-    else:
-        seen.append("$WITH_CONDA is not set")
-    seen.append("no VIRTUAL_ENV/CONDA_PREFIX in its environment")
+    rc = facts.get("with_conda", {}).get("rc")
+    did = "failed" if rc not in (None, "0") else "activates no venv/conda env"
+    seen = [
+        f"$WITH_CONDA={with_conda!r} {did}" if with_conda else "$WITH_CONDA is not set",
+        "no VIRTUAL_ENV/CONDA_PREFIX in its environment",
+    ]
     path_py = image.get("path_python")
-    if path_py:
-        seen.append(
-            "`python` on PATH is "
-            + _describe_python(path_py, _python(facts, "image.path_python"))
-        )
-    else:
-        seen.append("no python on PATH")
+    python = path_py and _describe_python(path_py, _python(facts, "image.path_python"))
+    seen.append(f"`python` on PATH is {python}" if path_py else "no python on PATH")
     pp_prefix = image.get("pythonpath_prefix")
     if pp_prefix:
         info = _python(facts, "image.pythonpath_env")
-        seen.append(
-            f"PYTHONPATH points into {pp_prefix}, "
-            + (
-                _KIND_WORDS[_kind(info)]
-                if info
-                else f"which has no working {pp_prefix}/bin/python"
-            )
-        )
+        kind = info and _KIND_WORDS[_kind(info)]
+        kind = kind or f"which has no working {pp_prefix}/bin/python"
+        seen.append(f"PYTHONPATH points into {pp_prefix}, {kind}")
     return (
         "the base image has no Python environment to install into: "
         + "; ".join(seen)
@@ -309,8 +265,8 @@ def _not_found_message(facts):
     )
 
 
-def _make_target(facts, info, *, source, reason):
-    """The TargetEnv of one interpreter's facts."""
+def _make_target(facts, info, *, source, reason=None):
+    """The TargetEnv of one interpreter's facts (`reason`: the source's words)."""
     image = facts.get("image", {})
     return TargetEnv(
         prefix=info["prefix"],
@@ -319,44 +275,11 @@ def _make_target(facts, info, *, source, reason):
         base_prefix=info.get("base_prefix", ""),
         site=list(info.get("site") or []),
         source=source,
-        reason=reason,
+        reason=reason or _SOURCE_WORDS[source],
         with_conda=image.get("with_conda") if image.get("with_conda_set") else None,
         decoys=_decoys(facts, info["prefix"]),
         image=ImageFacts.from_facts(facts),
         torch=info.get("torch") or None,
-    )
-
-
-def _from_setting(facts, explicit):
-    """Rule 1: the env the setting names (it must be a working env)."""
-    info = _python(facts, "explicit")
-    if info is None:
-        raise TargetEnvNotFoundError(
-            f"target-env.prefix={explicit}: there is no working "
-            f"{explicit}/bin/python (or python3) in the image. Give the prefix "
-            "of a venv or conda env of the base image (the directory holding "
-            "bin/python), or drop the setting to let cotainr-lumi find it."
-        )
-    if _is_system_prefix(info["prefix"]):
-        raise TargetEnvNotFoundError(
-            f"target-env.prefix={explicit} is a system Python (sys.prefix "
-            f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
-            "or conda env, or give --conda-env."
-        )
-    return _make_target(facts, info, source="setting", reason=_SOURCE_WORDS["setting"])
-
-
-def _from_conda_env(facts):
-    """Rule 2: the conda env cotainr created."""
-    info = _python(facts, "explicit")
-    if info is None:
-        raise TargetEnvNotFoundError(
-            "the conda env cotainr created "
-            f"({_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}) has no "
-            "working python; check the conda environment file"
-        )
-    return _make_target(
-        facts, info, source="conda-env", reason=_SOURCE_WORDS["conda-env"]
     )
 
 
@@ -410,10 +333,31 @@ _PLACE_RULES = (
 
 def choose(*, facts, explicit=None, conda_env=False):
     """Choose the target environment from the probe's facts."""
-    if explicit:
-        return _from_setting(facts, explicit)
-    if conda_env:
-        return _from_conda_env(facts)
+    if explicit:  # rule 1: the env the setting names (it must be a working env)
+        info = _python(facts, "explicit")
+        if info is None:
+            raise TargetEnvNotFoundError(
+                f"target-env.prefix={explicit}: there is no working "
+                f"{explicit}/bin/python (or python3) in the image. Give the prefix "
+                "of a venv or conda env of the base image (the directory holding "
+                "bin/python), or drop the setting to let cotainr-lumi find it."
+            )
+        if _is_system_prefix(info["prefix"]):
+            raise TargetEnvNotFoundError(
+                f"target-env.prefix={explicit} is a system Python (sys.prefix "
+                f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
+                "or conda env, or give --conda-env."
+            )
+        return _make_target(facts, info, source="setting")
+    if conda_env:  # rule 2: the conda env cotainr created
+        info = _python(facts, "explicit")
+        if info is None:
+            raise TargetEnvNotFoundError(
+                "the conda env cotainr created "
+                f"({_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}) has no "
+                "working python; check the conda environment file"
+            )
+        return _make_target(facts, info, source="conda-env")
     before = _active(facts, "image")
     target = _from_with_conda(facts, before=before)
     if target is not None:

@@ -6,12 +6,9 @@ remember the line of each key and item (:func:`line_of`).
 """
 
 from collections.abc import Hashable
-import logging
 from pathlib import Path
 
 import yaml
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 class LineDict(dict):

@@ -195,12 +195,9 @@ def _check_rocm(report, facts):
 
 
 def _check_lumi_env(report, facts, *, expected_env):
-    expected = expected_env or profile_env(
-        system_name=facts["labels"].get(LABEL_SYSTEM)
-    )
-    env = facts["env"]
-    for name, value in expected.items():
-        found = env.get(name)
+    system = facts["labels"].get(LABEL_SYSTEM)
+    for name, value in (expected_env or profile_env(system_name=system)).items():
+        found = facts["env"].get(name)
         status = PASS if found == value else FAIL
         report.add(f"env:{name}", status, f"{name}={found!r} (expected {value!r})")
 
@@ -308,24 +305,6 @@ def _check_runtime(report, facts):
         )
 
 
-def _check_is_sif(image):
-    """Raise an InputError unless `image` is a SIF file (checked before Apptainer)."""
-    if not image.is_file():
-        raise InputError(
-            f"{image} is not an image: it is a directory or special file; give the "
-            ".sif file built by cotainr, e.g. cotainr-lumi verify my.sif"
-        )
-    try:
-        sif = apptainer.is_sif(image)
-    except OSError as e:
-        raise InputError(f"Cannot read the image {image}: {e.strerror}.") from None
-    if not sif:
-        raise InputError(
-            f"{image} is not an image: it is not a SIF file (no SIF header); give "
-            "the .sif file built by cotainr"
-        )
-
-
 def probe_inputs():
     """What :mod:`.probe` needs to know of the image layout."""
     return {
@@ -399,7 +378,20 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
     image = Path(image)
     if not image.exists():
         raise InputError(f"The image {image} does not exist.")
-    _check_is_sif(image)
+    if not image.is_file():
+        raise InputError(
+            f"{image} is not an image: it is a directory or special file; give the "
+            ".sif file built by cotainr, e.g. cotainr-lumi verify my.sif"
+        )
+    try:
+        sif = apptainer.is_sif(image)
+    except OSError as e:
+        raise InputError(f"Cannot read the image {image}: {e.strerror}.") from None
+    if not sif:
+        raise InputError(
+            f"{image} is not an image: it is not a SIF file (no SIF header); give "
+            "the .sif file built by cotainr"
+        )
     report = VerifyReport(image=str(image))
     try:
         facts = _probe(image, timeout=timeout)

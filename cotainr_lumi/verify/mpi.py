@@ -1,13 +1,10 @@
 """The MPI rows of ``cotainr-lumi verify``."""
 
-import logging
 from pathlib import Path
 
 from ..imagelayout import MPI_FILE
 from ..stages.lumi_env.mpi import LOAD_CHECK, LOAD_CHECK_MARK, parse_load_check
 from .status import FAIL, NA, PASS
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: How to run the LUMI acceptance job: from its directory, which holds
 #: osu_bw.py (the job reads it from $SLURM_SUBMIT_DIR), with an absolute
@@ -36,9 +33,8 @@ def probe_inputs():
     }
 
 
-def _loaded_row(facts, record):
-    """The ``mpi4py-libmpi`` row."""
-    loaded = parse_load_check(facts["check"]["out"])
+def _loaded_row(facts, record, loaded):
+    """The ``mpi4py-libmpi`` row of the parsed load check."""
     if "error" in loaded:
         if "No module named 'mpi4py'" in loaded["error"]:
             return NA, "mpi4py is not installed in the image"
@@ -57,9 +53,8 @@ def _loaded_row(facts, record):
         if path is None
     ]
     if unresolved:
-        return (
-            FAIL,
-            f"mpi4py loads {', '.join(libraries)} but ldd: {'; '.join(unresolved)}",
+        return FAIL, (
+            f"mpi4py loads {', '.join(libraries)} but ldd: {'; '.join(unresolved)}"
         )
     if not any(Path(lib).name.startswith("libmpi.so.12") for lib in libraries):
         return FAIL, (
@@ -74,13 +69,15 @@ def _loaded_row(facts, record):
 
 def _binding_row(record):
     """The ``mpi-host-binding`` row."""
-    mode = record.get("mode")
+    if record is None:
+        return NA, f"no {MPI_FILE}: built without cotainr-lumi's MPI support"
+    if record.get("mode") == "none":
+        return NA, f"lumi-env mpi: none ({record.get('reason')})"
     host = record.get("host")
     if record.get("pins"):
         pin = record["pins"][0]
-        return (
-            FAIL,
-            f"{pin['user']} pins {pin['library']} with DT_RPATH {pin['entry']!r}",
+        return FAIL, (
+            f"{pin['user']} pins {pin['library']} with DT_RPATH {pin['entry']!r}"
         )
     swap = ""
     if host:
@@ -93,7 +90,7 @@ def _binding_row(record):
             f"MPI4PY_LIBMPI={host['mpi4py-libmpi']}; binds: {','.join(host['binds'])})"
         )
     srun = record.get("srun") or {}
-    if mode == "host":
+    if record.get("mode") == "host":
         return PASS, (
             f"default host: on LUMI, with the module file loaded, {swap}; "
             f"launch with {srun.get('host', 'srun')}; COTAINR_LUMI_MPI=container keeps the image's"
@@ -113,16 +110,10 @@ def mpi_rows(facts):
     has_mpi4py = "No module named 'mpi4py'" not in loaded.get("error", "")
     if not has_mpi4py and (record is None or record.get("mode") in (None, "none")):
         return []
-    if record is None:
-        binding = (NA, f"no {MPI_FILE}: built without cotainr-lumi's MPI support")
-    elif record.get("mode") == "none":
-        binding = (NA, f"lumi-env mpi: none ({record.get('reason')})")
-    else:
-        binding = _binding_row(record)
     check, what, instead = HARDWARE_CHECK
     return [
-        ("mpi4py-libmpi", *_loaded_row(facts, record)),
-        ("mpi-host-binding", *binding),
+        ("mpi4py-libmpi", *_loaded_row(facts, record, loaded)),
+        ("mpi-host-binding", *_binding_row(record)),
         (check, NA, f"needs LUMI hardware: {what}; run: {instead}"),
     ]
 

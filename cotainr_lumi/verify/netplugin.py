@@ -6,18 +6,14 @@ its libraries, the libfabric it uses (the host's Cray one or the image's own,
 as the runtime record or, without one, ``LD_LIBRARY_PATH`` says), rccl-tests.
 """
 
-import logging
 import os
 
 from ..engine import rcclplugin
 from ..stages.lumi_env import network
 from .status import FAIL, NA, PASS
 
-logger = logging.getLogger(f"cotainr.{__name__}")
-
-
 #: Where the plugin may be besides the image's record and ``/opt/aws-ofi-*``.
-PLUGIN_DIRS = ["/opt/aws-ofi-rccl", "/opt/aws-ofi-rccl/lib", "/opt/aws-ofi-rccl/lib64"]
+PLUGIN_DIRS = list(network.AWS_OFI_RCCL_DIRS)
 #: Where rccl-tests may be when the image records none (2024, AI Factory).
 RCCL_TESTS_DIRS = ["/opt/rccltests", "/usr/libexec/rccl-tests"]
 #: Libraries the host provides at run time for a plugin using the host's
@@ -40,31 +36,18 @@ def probe_inputs():
     }
 
 
-def _libfabric_source(net, env):
-    """The image's record; else the image's own when it has one and no Cray's."""
-    runtime = net.get("runtime")
-    if isinstance(runtime, dict) and runtime.get("libfabric") in ("host", "image"):
-        return runtime["libfabric"]
-    cray = any(p.startswith(CRAY_PREFIX) for p in _ld_library_path(env))
-    return "image" if net.get("image_libfabric") and not cray else "host"
-
-
 def _ld_library_path(env):
     return [p for p in (env.get("LD_LIBRARY_PATH") or "").split(":") if p]
 
 
-def search_dirs(net, env):
-    """Where ``dlopen`` looks for a bare name in the image, in order."""
+def _lookup(net, env):
+    """What RCCL looks up; its search_dirs: where ``dlopen`` looks for a bare name."""
     dirs = _ld_library_path(env) + list(net.get("conf_dirs") or [])
     dirs += list(network.DEFAULT_LOADER_DIRS)
-    return list(dict.fromkeys(os.path.normpath(d) for d in dirs))
-
-
-def _lookup(net, env):
     return {
         "named": net.get("named"),
         "files": net.get("plugin_files") or {},
-        "search_dirs": search_dirs(net, env),
+        "search_dirs": list(dict.fromkeys(os.path.normpath(d) for d in dirs)),
     }
 
 
@@ -76,111 +59,75 @@ def loaded_plugin(net, env):
     return plugin
 
 
-def _check_plugin(report, net, env):
-    plugin = loaded_plugin(net, env)
+def _plugin_row(net, env, plugin):
+    """The ``net-plugin`` row: (status, evidence)."""
     if plugin is None:
         why = rcclplugin.advice(**_lookup(net, env))
-        report.add(
-            "net-plugin",
-            FAIL,
-            f"{why} (looked in {', '.join(net.get('searched') or [])}): RCCL falls "
-            "back to TCP sockets between nodes",
+        searched = ", ".join(net.get("searched") or [])
+        return FAIL, (
+            f"{why} (looked in {searched}): RCCL falls back to TCP sockets "
+            "between nodes"
         )
-        return None
     ld_path = {os.path.normpath(p) for p in _ld_library_path(env)}
     where = "LD_LIBRARY_PATH" if plugin["dir"] in ld_path else "the loader's path"
     if net.get("named"):
         where += f", named by NCCL_NET_PLUGIN={net['named']}"
-    report.add(
-        "net-plugin", PASS, f"{plugin['generation']}: {plugin['path']} (on {where})"
-    )
-    return plugin
+    return PASS, f"{plugin['generation']}: {plugin['path']} (on {where})"
 
 
-def _check_deps(report, plugin, *, source):
+def _deps_row(plugin, *, source):
+    """The ``net-plugin-deps`` row: (status, evidence)."""
     if plugin is None:
-        report.add("net-plugin-deps", NA, "no network plugin in the image")
-        return
+        return NA, "no network plugin in the image"
     ldd = plugin.get("ldd") or {}
     deps = ldd.get("deps") or {}
     if not ldd:
-        report.add(
-            "net-plugin-deps",
-            FAIL,
-            f"the probe did not read {plugin['path']}'s libraries",
-        )
-        return
+        return FAIL, f"the probe did not read {plugin['path']}'s libraries"
     missing = [name for name, path in deps.items() if path is None]
     if not deps and ldd.get("rc") not in (0, None):
-        report.add(
-            "net-plugin-deps", FAIL, f"ldd {plugin['path']} failed: {ldd.get('err')}"
-        )
-        return
+        return FAIL, f"ldd {plugin['path']} failed: {ldd.get('err')}"
     host = [m for m in missing if m.startswith(HOST_PROVIDED)]
     if source == "host":
         missing = [m for m in missing if m not in host]
     if missing:
-        report.add(
-            "net-plugin-deps",
-            FAIL,
+        return FAIL, (
             f"{plugin['path']} needs {', '.join(sorted(missing))}, not found in "
-            "the image" + ("" if source == "image" else " or from the host"),
+            "the image" + ("" if source == "image" else " or from the host")
         )
-        return
-    evidence = (
-        f"all {len(deps)} libraries of {os.path.basename(plugin['path'])} resolve"
-    )
     if host and source == "host":
-        evidence = (
+        return PASS, (
             f"{len(deps) - len(host)} of {len(deps)} resolve in the image; "
             f"{', '.join(sorted(host))} come from the host at run time "
             "(/opt/cray and libcxi bound by the module)"
         )
-    report.add("net-plugin-deps", PASS, evidence)
+    name = os.path.basename(plugin["path"])
+    return PASS, f"all {len(deps)} libraries of {name} resolve"
 
 
-def _check_image_libfabric(report, net, plugin, env):
-    resolved = None
-    if plugin is not None:
-        deps = (plugin.get("ldd") or {}).get("deps") or {}
-        resolved = next(
-            (path for name, path in deps.items() if name.startswith("libfabric.so")),
-            None,
-        )
+def _image_libfabric_row(net, plugin, env):
+    """The ``image-libfabric`` row: (status, evidence)."""
+    deps = ((plugin or {}).get("ldd") or {}).get("deps") or {}
+    resolved = next((p for n, p in deps.items() if n.startswith("libfabric.so")), None)
     ld = _ld_library_path(env)  # only host entries before the image's shadow it
     own = os.path.dirname(resolved or "")
     before = ld[: ld.index(own)] if own in ld else ld
     cray = [p for p in before if p.startswith(CRAY_PREFIX)]
     if cray:
-        report.add(
-            "image-libfabric",
-            FAIL,
+        return FAIL, (
             f"LD_LIBRARY_PATH has the host's {cray[0]}: bound at run time it would "
-            "shadow the image's own libfabric/CXI; drop it (and the /opt/cray bind)",
+            "shadow the image's own libfabric/CXI; drop it (and the /opt/cray bind)"
         )
-    elif resolved and resolved.startswith(CRAY_PREFIX):
-        report.add(
-            "image-libfabric", FAIL, f"the plugin resolves libfabric to {resolved}"
-        )
-    elif resolved:
-        report.add(
-            "image-libfabric",
-            PASS,
-            f"the plugin uses the image's {resolved}; no host /opt/cray needed",
-        )
-    elif net.get("image_libfabric"):
-        report.add(
-            "image-libfabric",
-            PASS,
-            f"the image has {net['image_libfabric'][0]}; no host /opt/cray needed",
-        )
-    else:
-        report.add(
-            "image-libfabric",
-            FAIL,
-            "the profile says the image brings its libfabric, but there is no "
-            "libfabric.so.1 on the loader's path",
-        )
+    if resolved and resolved.startswith(CRAY_PREFIX):
+        return FAIL, f"the plugin resolves libfabric to {resolved}"
+    if resolved:
+        return PASS, f"the plugin uses the image's {resolved}; no host /opt/cray needed"
+    if net.get("image_libfabric"):
+        image = net["image_libfabric"][0]
+        return PASS, f"the image has {image}; no host /opt/cray needed"
+    return FAIL, (
+        "the profile says the image brings its libfabric, but there is no "
+        "libfabric.so.1 on the loader's path"
+    )
 
 
 def _check_cray_libfabric(report, env, *, has_plugin):
@@ -205,33 +152,34 @@ def _check_cray_libfabric(report, env, *, has_plugin):
     )
 
 
-def _check_rccl_tests(report, net):
+def _rccl_tests_row(net):
+    """The ``rccl-tests`` row: (status, evidence)."""
     tests = net.get("rccl_tests")
-    where = ", ".join(net.get("rccl_tests_dirs") or [])
     if tests is None:
-        report.add(
-            "rccl-tests",
-            NA,
+        where = ", ".join(net.get("rccl_tests_dirs") or [])
+        return NA, (
             f"no rccl-tests in the image ({where}); the acceptance job "
-            "(examples/slurm/acceptance.sbatch) needs all_reduce_perf",
+            "(examples/slurm/acceptance.sbatch) needs all_reduce_perf"
         )
-    else:
-        report.pass_if(
-            "rccl-tests",
-            tests.get("all_reduce_perf"),
-            f"{tests['dir']}/all_reduce_perf",
-            f"{tests['dir']} has no executable all_reduce_perf",
-        )
+    if tests.get("all_reduce_perf"):
+        return PASS, f"{tests['dir']}/all_reduce_perf"
+    return FAIL, f"{tests['dir']} has no executable all_reduce_perf"
 
 
 def check_network(report, facts):
     """Add the network rows."""
     net, env = facts.get("network") or {}, facts["env"]
-    source = _libfabric_source(net, env)
-    plugin = _check_plugin(report, net, env)
-    _check_deps(report, plugin, source=source)
+    runtime = net.get("runtime")  # whose libfabric: the image's record says
+    if isinstance(runtime, dict) and runtime.get("libfabric") in ("host", "image"):
+        source = runtime["libfabric"]
+    else:  # without one: the image's own when it has one and no Cray's
+        cray = any(p.startswith(CRAY_PREFIX) for p in _ld_library_path(env))
+        source = "image" if net.get("image_libfabric") and not cray else "host"
+    plugin = loaded_plugin(net, env)
+    report.add("net-plugin", *_plugin_row(net, env, plugin))
+    report.add("net-plugin-deps", *_deps_row(plugin, source=source))
     if source == "host":
         _check_cray_libfabric(report, env, has_plugin=plugin is not None)
     else:
-        _check_image_libfabric(report, net, plugin, env)
-    _check_rccl_tests(report, net)
+        report.add("image-libfabric", *_image_libfabric_row(net, plugin, env))
+    report.add("rccl-tests", *_rccl_tests_row(net))

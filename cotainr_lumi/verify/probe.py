@@ -177,9 +177,6 @@ if spec is not None and spec.submodule_search_locations:
 facts["torch"] = torch
 
 
-# -- The network layer: RCCL's plugin, its libraries, rccl-tests (issue 19) ----
-
-
 def conf_dirs():
     """The directories /etc/ld.so.conf.d names (the loader's cache has them)."""
     lines = [

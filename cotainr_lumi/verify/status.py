@@ -1,4 +1,3 @@
 """The statuses of a ``cotainr-lumi verify`` row."""
 
-PASS, FAIL, NA = "PASS", "FAIL", "N/A"
-WARN = "WARN"
+PASS, FAIL, NA, WARN = "PASS", "FAIL", "N/A", "WARN"

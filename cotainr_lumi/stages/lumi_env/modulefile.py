@@ -220,12 +220,6 @@ def wrapper_names(*, root, target):
     return [n for n, path in zip(names, found) if path.is_file()]
 
 
-def _host_copy(text, *, what):
-    """`text` (a script) with the output marker after its first line."""
-    first, _, rest = text.partition("\n")
-    return f"{first}\n# {what}, {MARKER} {__version__}.\n{rest}"
-
-
 def _host_command_text(name, *, image, root):
     """A host command of ``$CONTAINERROOT/bin`` for this image."""
     body = (importlib.resources.files(__package__) / "hostscripts" / name).read_text()
@@ -279,10 +273,11 @@ def _container_root_files(*, settings, root, image_path, user_venv, wrappers):
         for n, s in scripts.items()
     }
     if settings.runscripts:
-        for name in RUNSCRIPTS:
-            files[str(root / "runscripts" / name)] = _host_copy(
-                runscript_text(name),
-                what=f"Host copy of {RUNSCRIPTS_DIR}/{name} (edit a copy)",
+        for name in RUNSCRIPTS:  # with the output marker after the first line
+            first, _, rest = runscript_text(name).partition("\n")
+            what = f"Host copy of {RUNSCRIPTS_DIR}/{name} (edit a copy), {MARKER}"
+            files[str(root / "runscripts" / name)] = (
+                f"{first}\n# {what} {__version__}.\n{rest}"
             )
     files[str(root / "user-software" / "README.cotainr-lumi")] = (
         f"{MARKER} {__version__} for {image_path}.\n"

@@ -158,11 +158,10 @@ def plugin_name_blocks(*, plugin):
         return []
     if value is None:
         return []
-    name = f"{directory}/{rcclplugin.PREFIX}-{value}.so"
     logger.info(
         "RCCL loads %s only when named: NCCL_NET_PLUGIN=%s is set in the image "
         "(a value you set at run time wins).",
-        name,
+        f"{directory}/{rcclplugin.PREFIX}-{value}.so",
         value,
     )
     return [

@@ -78,28 +78,6 @@ def _check_env(env):
             raise SettingError(str(e), path=(name,)) from None
 
 
-def _check_secrets(settings):
-    """One error for the env values that look like secrets and are not allowed."""
-    names = [
-        name
-        for name, value in settings.env.items()
-        if value is not None
-        and name not in settings.allow_secret_env
-        and (SECRET_NAME_RE.search(name) or redact(value) != str(value))
-    ]
-    if names:
-        raise InputError(
-            f"lumi-env: {', '.join(names)} would keep a secret in the image's env "
-            "(a name with TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL or APIKEY, "
-            "or ending in _KEY; a URL with a password), readable by everyone who "
-            "can read the image. Pass it at run time instead: export "
-            f"SINGULARITYENV_{names[0]}=... (or APPTAINERENV_{names[0]}=...) "
-            "before singularity exec; for the build only, give it to the pip "
-            "step's env (recorded as ***). To keep it in the image anyway: --set "
-            f"lumi-env.allow-secret-env=[{','.join(names)}]."
-        )
-
-
 def _check_user_venv(value):
     if (
         not value.startswith(USER_SOFTWARE + "/")
@@ -155,9 +133,7 @@ class LumiEnvSettings(StageSettings):
         True, doc="add the ROCm and aws-ofi-rccl paths the base image lacks"
     )
     path: list[str] = setting(
-        [],
-        doc="directories added to PATH",
-        check=_entries("PATH"),
+        [], doc="directories added to PATH", check=_entries("PATH")
     )
     ld_library_path: list[str] = setting(
         [],
@@ -180,9 +156,7 @@ class LumiEnvSettings(StageSettings):
         check=_directory(MODULE_DIR),
     )
     module_name: Optional[str] = setting(
-        None,
-        doc="the module's name (null: the image's)",
-        check=_check_module_name,
+        None, doc="the module's name (null: the image's)", check=_check_module_name
     )
     module_var_name: Optional[str] = setting(
         None,
@@ -199,7 +173,6 @@ class LumiEnvSettings(StageSettings):
         doc=f"the user venv (null: {USER_SOFTWARE}/venv/<name>)",
         check=_check_user_venv,
     )
-    # -- MPI (stages/lumi_env/mpi.py, docs/mpi.md) ------------------------------
     mpi: str = setting(
         "auto",
         doc="the MPI the image's MPI users run on: container (the image's MPICH), "
@@ -214,8 +187,6 @@ class LumiEnvSettings(StageSettings):
         "lib-abi-mpich/libmpi.so.12), ld-library-path, binds",
         check=check_host_binding,
     )
-
-    # -- The image family's network layer (issue 19; see network.py) ---------
     libfabric: str = setting(
         "auto",
         doc="whose libfabric the network plugin uses: host (Cray's, bound at run "
@@ -247,7 +218,25 @@ class LumiEnvSettings(StageSettings):
     )
 
     def __post_init__(self):
-        _check_secrets(self)
+        """One error for the env values that look like secrets and are not allowed."""
+        names = [
+            name
+            for name, value in self.env.items()
+            if value is not None
+            and name not in self.allow_secret_env
+            and (SECRET_NAME_RE.search(name) or redact(value) != str(value))
+        ]
+        if names:
+            raise InputError(
+                f"lumi-env: {', '.join(names)} would keep a secret in the image's env "
+                "(a name with TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL or APIKEY, "
+                "or ending in _KEY; a URL with a password), readable by everyone who "
+                "can read the image. Pass it at run time instead: export "
+                f"SINGULARITYENV_{names[0]}=... (or APPTAINERENV_{names[0]}=...) "
+                "before singularity exec; for the build only, give it to the pip "
+                "step's env (recorded as ***). To keep it in the image anyway: --set "
+                f"lumi-env.allow-secret-env=[{','.join(names)}]."
+            )
 
     def names(self, *, image_path):
         """The :class:`ModuleNames` of an image, as set or derived from its path."""

@@ -58,15 +58,13 @@ def host_pip_overrides(*, root, environ):
                 "(requirements files can reference local files).",
                 where,
             )
-    config = next(
-        (p for p in map(os.path.expanduser, PIP_CONFIG_FILES) if Path(p).is_file()),
-        None,
-    )
-    if config:
-        logger.info(
-            "Your pip config %s is not used inside the container (no home "
-            "directory there); PIP_* variables are. Put index URLs etc. "
-            "into the pip steps.",
-            config,
-        )
+    for config in map(os.path.expanduser, PIP_CONFIG_FILES):
+        if Path(config).is_file():
+            logger.info(
+                "Your pip config %s is not used inside the container (no home "
+                "directory there); PIP_* variables are. Put index URLs etc. "
+                "into the pip steps.",
+                config,
+            )
+            break
     return overrides

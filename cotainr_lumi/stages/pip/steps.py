@@ -57,17 +57,12 @@ _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 def default_cache_dir():
     """The default host pip cache directory."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".cache"
-    )
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return Path(base) / "cotainr-lumi" / "pip"
 
 
 def _absolute(path, base):
     return Path(os.path.abspath(os.path.join(base, os.path.expanduser(str(path)))))
-
-
-# -- the rules of the keys ----------------------------------------------------
 
 
 def _check_package_names(names):
@@ -86,23 +81,6 @@ def _check_packages(lines):
         raise ValueError(
             "must be a non-empty list of requirement lines such as 'deepspeed==0.16.4'"
         )
-
-
-def _check_env(env):
-    for name, value in env.items():
-        if not _ENV_NAME_RE.fullmatch(name):
-            raise SettingError(f"{name!r} is not a variable name", path=(name,))
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise SettingError(
-                f'must be a string or a number (got {value!r}); quote it, e.g. "1"',
-                path=(name,),
-            )
-        try:
-            str(value).encode("utf-8")
-        except UnicodeEncodeError:
-            raise SettingError(
-                f"is not valid UTF-8 ({value!r}); give it as UTF-8 text", path=(name,)
-            ) from None
 
 
 def _check_pip_args(pip_args):
@@ -137,7 +115,20 @@ def _load_requirements(value, *, origin):
 
 def _load_env(value, *, origin):
     env = convert(type_=dict[str, Any], value=value)
-    _check_env(env)
+    for name, item in env.items():
+        if not _ENV_NAME_RE.fullmatch(name):
+            raise SettingError(f"{name!r} is not a variable name", path=(name,))
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise SettingError(
+                f'must be a string or a number (got {item!r}); quote it, e.g. "1"',
+                path=(name,),
+            )
+        try:
+            str(item).encode("utf-8")
+        except UnicodeEncodeError:
+            raise SettingError(
+                f"is not valid UTF-8 ({item!r}); give it as UTF-8 text", path=(name,)
+            ) from None
     return {k: str(v) for k, v in env.items()}
 
 
@@ -301,17 +292,13 @@ class PipSettings(StageSettings):
     )
 
 
-# -- steps files and command line inputs --------------------------------------
-
-
 def _describe_key(path, *, data):
     """'step 2 ('name'), key 'env.CC'' for ``("steps", 1, "env", "CC")``."""
     if len(path) < 2 or path[0] != "steps" or not isinstance(path[1], int):
         return "key '" + ".".join(str(p) for p in path) + "'"
-    number = path[1] + 1
     step = data["steps"][path[1]]
     name = step.get("name") if isinstance(step, Mapping) else None
-    label = f"step {number}" + (f" ('{name}')" if name else "")
+    label = f"step {path[1] + 1}" + (f" ('{name}')" if name else "")
     rest = ".".join(str(p) for p in path[2:] if not isinstance(p, int))
     return label + (f", key '{rest}'" if rest else "")
 

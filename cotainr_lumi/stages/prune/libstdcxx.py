@@ -15,6 +15,7 @@ import re
 
 from ...engine.elfinfo import read_elf_info, scan_elf_files
 from ...engine.rootfs import SymlinkLoopError, image_path_of, is_inside, resolve_in_root
+from ...engine.targetenv import SYSTEM_PREFIXES
 from .manifest import ManifestEntry
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -35,9 +36,6 @@ STANDARD_LIB_DIRS = (
     "/lib",
     "/usr/lib",
 )
-
-#: Prefixes of the system itself: never treated as an environment to prune.
-SYSTEM_PREFIXES = frozenset({"/", "/usr", "/usr/local"})
 
 _LDCONFIG_LINE = re.compile(
     r"^\s*(?P<name>\S+)\s+\((?P<flags>[^)]*)\).*=>\s*(?P<path>/.*?)\s*$"
@@ -171,27 +169,10 @@ def _libstdcxx_users(*, root, env_prefix, candidates):
     for info in scan_elf_files(root=root, path=env_prefix, skip=skip):
         objects += 1
         versions = info.needs_from(prefix="libstdc++.so.")
-        uses = versions or any(n.startswith("libstdc++.so.") for n in info.needed)
-        if uses:
+        if versions or any(n.startswith("libstdc++.so.") for n in info.needed):
             like = like or info
             needs[info.path] = (info, versions)
     return needs, objects, like
-
-
-def _missing_versions(*, root, needs, system):
-    """Image path of each user -> the versions `system` (None: absent) lacks."""
-    missing = {}
-    for host_path, (info, versions) in needs.items():
-        if system is not None and not info.compatible_with(system.info):
-            continue  # another architecture: never loads the system library
-        if system is None:
-            lacking = set(versions) or {LIBSTDCXX_SONAME}
-        else:
-            lacking = versions - system.info.version_defs
-        if lacking:
-            image = str(image_path_of(root=root, host_path=host_path))
-            missing[image] = sorted(lacking, key=version_sort_key)
-    return missing
 
 
 def _explain(check, *, needs):
@@ -212,13 +193,12 @@ def _explain(check, *, needs):
             f"{system.image_path} does not define"
         )
     else:
-        newest = sorted(
-            {v for _info, vs in needs.values() for v in vs}, key=version_sort_key
-        )
+        versions = {v for _info, vs in needs.values() for v in vs}
+        newest = max(versions, key=version_sort_key, default=None)
         check.reason = (
             f"the base image's {system.image_path} ({system.how}) defines every "
             f"version the {len(needs)} object(s) using libstdc++ need"
-            + (f" (highest: {newest[-1]})" if newest else "")
+            + (f" (highest: {newest})" if newest else "")
         )
 
 
@@ -235,7 +215,17 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
     system = find_system_libstdcxx(
         root=root, ldconfig_text=ldconfig_text, exclude=env_host, like=like
     )
-    missing = _missing_versions(root=root, needs=needs, system=system)
+    missing = {}  # image path of each user -> the versions `system` lacks
+    for host_path, (info, versions) in needs.items():
+        if system is not None and not info.compatible_with(system.info):
+            continue  # another architecture: never loads the system library
+        if system is None:
+            lacking = set(versions) or {LIBSTDCXX_SONAME}
+        else:
+            lacking = versions - system.info.version_defs
+        if lacking:
+            image = str(image_path_of(root=root, host_path=host_path))
+            missing[image] = sorted(lacking, key=version_sort_key)
     check = LibstdcxxCheck(
         env_prefix=env_prefix,
         status="unsafe" if missing else "safe",
@@ -253,9 +243,8 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
 
 def format_missing(*, check, limit=20):
     """The refusal text: objects and the versions they miss."""
-    lines = []
-    for image_path in sorted(check.missing)[:limit]:
-        lines.append(f"  {image_path}: needs {', '.join(check.missing[image_path])}")
+    missing = check.missing
+    lines = [f"  {p}: needs {', '.join(missing[p])}" for p in sorted(missing)[:limit]]
     if len(check.missing) > limit:
         lines.append(f"  ... and {len(check.missing) - limit} more object(s)")
     return "\n".join(lines)

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 import json
-import logging
 
 from ...engine.rootfs import write_file_in_root
 from ...imagelayout import PRUNE_MANIFEST_FILE
-
-logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The version of the manifest format.
 MANIFEST_FORMAT = 1

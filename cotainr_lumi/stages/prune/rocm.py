@@ -16,7 +16,9 @@ import re
 import shutil
 
 from ... import _cotainr
+from ...engine import rocmwindow
 from ...engine.elfinfo import read_elf_info, scan_elf_files
+from ...engine.rocmwindow import base_rocm_version
 from ...engine.rootfs import (
     SymlinkLoopError,
     image_path_of,
@@ -36,26 +38,13 @@ BACKUP_PREFIX = ".cotainr-lumi-prune-backup."
 #: Prefix of the package directories of the newer ROCm wheel layout.
 ROCM_SDK_PREFIX = "_rocm_sdk"
 
-_MAJOR_MINOR = re.compile(r"^\s*(\d+)\.(\d+)")
 _HIP = re.compile(r"^hip\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)['\"]", re.M)
 
 
 def major_minor(*, version):
     """``"6.1"`` from ``"6.1.40091-a8dbc0c19"`` or ``"6.1.3-122"``."""
-    match = _MAJOR_MINOR.match(str(version or ""))
-    return f"{int(match[1])}.{int(match[2])}" if match else None
-
-
-def base_rocm_version(*, root, rocm_path):
-    """The base image's ROCm version from ``$ROCM_PATH/.info/version``."""
-    try:
-        host = resolve_in_root(root=root, path=f"{rocm_path}/.info/version")
-        if not host.is_file() or host.is_symlink():
-            return None
-        with open(host, encoding="utf-8", errors="replace") as f:
-            return f.readline(200).strip() or None
-    except OSError:
-        return None
+    found = rocmwindow.major_minor(version)
+    return found and f"{found[0]}.{found[1]}"
 
 
 def hip_version_of_package(*, version_file):
@@ -84,11 +73,8 @@ def rocm_dirs_of(*, root, rocm_path):
     for image_path in (f"{rocm_path.rstrip('/')}/lib", AMDGPU_LIB_DIR):
         try:
             host = resolve_in_root(root=root, path=image_path)
-        except OSError:
-            continue
-        if not host.is_dir() or host == Path(os.path.abspath(root)):
-            continue
-        try:
+            if not host.is_dir() or host == Path(os.path.abspath(root)):
+                continue
             names = frozenset(os.listdir(host))
         except OSError:
             continue
@@ -354,8 +340,7 @@ def parse_verify_output(*, text):
     for line in text.splitlines():
         if line.startswith("COTAINR_LUMI_NOTFOUND\t"):
             _tag, obj, detail = line.split("\t", 2)
-            missing = detail.strip().split(" ", 1)[0]
-            failures.add((obj, missing))
+            failures.add((obj, detail.strip().split(" ", 1)[0]))
     return failures
 
 
@@ -582,12 +567,11 @@ class RocmDedup:
                     group="rocm-dedup",
                 )
             )
-        saved = sum(a.size for a in all_actions)
         logger.info(
             "Prune: replaced %d bundled ROCm entr%s by links into the base image's ROCm "
             "(%s saved); %d ELF object(s) checked with the image's loader",
             len(all_actions),
             "y" if len(all_actions) == 1 else "ies",
-            format_bytes(size=saved),
+            format_bytes(size=sum(a.size for a in all_actions)),
             checked,
         )
