@@ -39,6 +39,12 @@ def add_options(*, parser):
         "memory on compute nodes)",
     )
     parser.add_argument(
+        "--flatten",
+        action="store_true",
+        help="squash the whole image again, also where the change could be a "
+        "layer on a SIF base (build.layered=false)",
+    )
+    parser.add_argument(
         "--skip-stage",
         dest="skip_stages",
         action="append",
@@ -102,6 +108,7 @@ def request_from_options(*, context, conda_env):
     set_settings = options.pop("set_settings", None) or []
     skip_stages = options.pop("skip_stages", None) or ()
     work_dir = options.pop("work_dir", None)
+    flatten = options.pop("flatten", False)
     lumi_system = options.pop("lumi_system", None)
     if lumi_system and context.system is not None:
         raise InputError(
@@ -113,6 +120,8 @@ def request_from_options(*, context, conda_env):
     )
     if work_dir is not None:
         settings.setdefault("build", {})["work-dir"] = str(work_dir)
+    if flatten:
+        settings.setdefault("build", {})["layered"] = False
     return BuildRequest(
         image_path=context.image_path,
         system=lumi_system or context.system,

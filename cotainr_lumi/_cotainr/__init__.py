@@ -34,7 +34,7 @@ except ImportError as e:  # one message, not a traceback (cli.main says it)
         "it: pip install 'cotainr>=2025.3.0'"
     ) from e
 
-from . import shim
+from . import layering, shim
 
 try:  # a cotainr with the build hook (docs/upstream/)
     from cotainr import plugins as _native
@@ -65,6 +65,8 @@ def cotainr_version():
     return str(getattr(cotainr, "__version__", "unknown"))
 
 
+layering.install(_container.SingularitySandbox)  # before the shim's wrappers
+layered = layering.layered
 _modules = {"cli": _cli, "container": _container, "util": _util, "tracing": _tracing}
 #: Why the shim could not be installed (None: it was, or cotainr has the hook).
 SHIM_PROBLEM = None if NATIVE else shim.install(**_modules, version=cotainr_version())

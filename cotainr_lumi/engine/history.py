@@ -13,7 +13,7 @@ import logging
 import os
 
 from .. import imagelayout
-from .rootfs import resolve_in_root
+from .rootfs import move, resolve_in_root
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -67,7 +67,7 @@ def keep_earlier_build(*, root):
     for record in BUILD_RECORDS:
         source = resolve_in_root(root=root, path=record, follow_final=False)
         if source.exists() or source.is_symlink():
-            os.replace(source, entry / os.path.basename(record))
+            move(source, entry / os.path.basename(record))
     _move_labels(root=root, entry=entry)
     logger.info(
         "The base image was built by cotainr-lumi: its records are kept in %s/%d.",

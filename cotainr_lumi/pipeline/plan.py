@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from .. import _cotainr, apptainer
 from .. import stages as builtin
-from ..engine import imageprobe, rocmwindow, targetenv, workdir
+from ..engine import imageprobe, layer, rocmwindow, targetenv, workdir
 from ..engine.origins import Origin
 from ..engine.settings import load_sections
 from ..engine.stage import Stage
@@ -180,20 +180,39 @@ class BuildPlan:
         return self.conda_envs[0] if self.conda_envs else None
 
     @property
+    def mount_problem(self):
+        """Why the base is unpacked, not mounted read-only (None: mounted)."""
+        base = self.base_image
+        if self.conda_env is not None:
+            return "a conda env is installed"
+        if not (base.is_local_file and apptainer.is_sif(base.resolved)):
+            return "the base image is not a local SIF file"
+        return layer.mount_problem(base.resolved)
+
+    @property
+    def layer_problem(self):
+        """Why the image is squashed whole, not a layer on the base (None: a layer)."""
+        if not self.build_settings.layered:
+            return "--flatten (build.layered=false)"
+        return self.mount_problem
+
+    @property
     def work_dir(self):
         """The build's work directory (:func:`engine.workdir.resolve_work_dir`)."""
         return workdir.resolve_work_dir(self.build_settings.work_dir)
 
     def check_space(self):
         """Refuse a build that will not fit in its work directory."""
-        image = self.base_image.resolved
+        image, unpacked = self.base_image.resolved, None
+        if self.layer_problem is None:
+            unpacked = 0  # a copy of the base and the layer: nothing unpacked
+        elif self.base_image.is_local_file:
+            unpacked = apptainer.unpacked_bytes(image=image)
         return workdir.check_space(
             work_dir=self.work_dir,
             base_image=image,
             conda_env=self.conda_env,
-            unpacked=apptainer.unpacked_bytes(image=image)
-            if self.base_image.is_local_file
-            else None,
+            unpacked=unpacked,
             refuse=self.build_settings.check_space,
         )
 
@@ -214,6 +233,11 @@ class BuildPlan:
             lines += [f"              {line}" for line in answer[1:]]
         mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
         lines.append(f"  pipeline:   {mode}")
+        problem = self.layer_problem
+        lines.append(
+            "  layered:    "
+            + (f"no, the whole image is squashed: {problem}" if problem else "yes")
+        )
         lines += self._describe_steps()
         for reason in self.skipped:
             lines.append(f"  skipped: {reason}")
@@ -253,7 +277,10 @@ class BuildPlan:
 
     def _describe_steps(self):
         """The plan's numbered steps: cotainr's and the stages', in order."""
-        steps = [("cotainr: create the sandbox from the base image", [])]
+        unpack = "create the sandbox from the base image"
+        if self.mount_problem is None:
+            unpack = "mount the base image read-only under a writable dir (no unpack)"
+        steps = [(f"cotainr: {unpack}", [])]
         if self.conda_env is not None:
             steps.append(
                 (
@@ -262,11 +289,16 @@ class BuildPlan:
                 )
             )
         steps += [(stage.name, stage.describe(plan=self)) for stage in self.stages]
+        image = "build the SIF"
+        if self.layer_problem is None:
+            image = "write the change as a squashfs layer on a copy of the base SIF"
         steps.append(
             (
-                "cotainr: add metadata labels and build the SIF (written next to "
+                f"cotainr: add metadata labels and {image} (written next to "
                 "the target, moved into place on success)",
-                [],
+                ["kept if an exec of it shows the layer, else the whole SIF is built"]
+                if self.layer_problem is None
+                else [],
             )
         )
         lines = []

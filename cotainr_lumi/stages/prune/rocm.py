@@ -21,6 +21,7 @@ from ...engine.rootfs import (
     SymlinkLoopError,
     image_path_of,
     is_inside,
+    move,
     resolve_in_root,
     walk_in_root,
 )
@@ -275,7 +276,7 @@ def apply_actions(*, actions):
             backup = action.host_path.with_name(BACKUP_PREFIX + action.host_path.name)
             if os.path.lexists(backup):
                 _remove(backup)
-            os.rename(action.host_path, backup)
+            move(action.host_path, backup)
             action.backup = backup
             done.append(action)
             os.symlink(action.target, action.host_path)
@@ -299,7 +300,7 @@ def rollback(*, actions):
             continue
         if os.path.islink(action.host_path):
             os.unlink(action.host_path)
-        os.rename(action.backup, action.host_path)
+        move(action.backup, action.host_path)
         action.backup = None
 
 
