@@ -95,12 +95,12 @@ def whiteout_arguments(upper):
                 path = os.path.join(inside, name[len(WHITEOUT) :])
                 pseudo.append(f"{_escape(path)} c 0 0 0 0 0")
     if not pseudo:
-        return []
+        return []  # -e takes all the arguments after it: last
     return [
+        *(a for p in pseudo for a in ("-p", p)),
         "-wildcards",
         "-e",
         f"... {WHITEOUT}*",
-        *(a for p in pseudo for a in ("-p", p)),
     ]
 
 

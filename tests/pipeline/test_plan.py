@@ -131,3 +131,33 @@ def test_off_lumi_a_glob_is_planned_as_a_file_that_is_not_here(tmp_path):
     )
     assert not plan.base_image.is_local_file
     assert "(not a file on this machine: the build will fail here)" in plan.describe()
+
+
+def test_the_plan_says_whether_the_build_adds_a_layer_and_why_not(
+    tmp_path, test_profile, monkeypatch
+):
+    from siffile import PARTITION, SQUASHFS, SYSTEM, write_sif
+
+    base = tmp_path / "base.sif"
+    write_sif(base, [(PARTITION, b"system", SQUASHFS, SYSTEM, "")])
+    env = tmp_path / "env.yml"
+    env.write_text("name: x\ndependencies: [python]\n")
+    monkeypatch.setattr("os.geteuid", lambda: 0)  # kernel mounts
+
+    def layered(**request):
+        plan = cotainr_lumi.plan(
+            image_path=tmp_path / "x.sif", system="lumi-test", **request
+        )
+        return [ln for ln in plan.describe().splitlines() if "layered:" in ln][0]
+
+    assert layered(base_image_override=str(base)).endswith("layered:    yes")
+    flatten = {"build": {"layered": False}}
+    assert layered(base_image_override=str(base), settings=flatten).endswith(
+        "no, the whole image is squashed: --flatten (build.layered=false)"
+    )
+    assert layered(base_image_override=str(base), conda_env=env).endswith(
+        ": a conda env is installed"
+    )
+    assert layered(base_image_override=str(tmp_path)).endswith(
+        ": the base image is not a local SIF file"
+    )
