@@ -48,6 +48,16 @@ def _partitions(image):
     return sorted(overlays, key=lambda p: -p.id) + system
 
 
+def overlays(image):
+    """The number of overlay partitions of a SIF (0: none, or not a SIF)."""
+    try:
+        return sum(
+            o.parttype == apptainer.SIF_OVERLAY for o in apptainer.sif_objects(image)
+        )
+    except (OSError, ValueError, struct.error):
+        return 0
+
+
 def mount_problem(image):
     """Why `image` cannot be mounted as a build's base here (None: it can)."""
     fuse = ("squashfuse", "fuse-overlayfs")

@@ -141,6 +141,17 @@ class BuildPlan:
                 f"image where {path} is not a link."
             )
 
+    def check_layers(self):
+        """Refuse to unpack a layered base: Apptainer's unpack leaves its layers out."""
+        problem, base = self.mount_problem, self.base_image
+        if problem and base.is_local_file and layer.overlays(base.resolved):
+            raise InputError(
+                f"The base image {base.given} has layers (SIF overlay partitions) "
+                f"and is not mounted here ({problem}); unpacking it would leave its "
+                "layers out. Build on it as root or with squashfuse and "
+                "fuse-overlayfs on PATH, without a conda env."
+            )
+
     def ask_base_image(self):
         """For a dry run: probe a local base image once (facts, target, problem)."""
         if self.base_target is not None or self.base_facts is not None:

@@ -161,3 +161,21 @@ def test_the_plan_says_whether_the_build_adds_a_layer_and_why_not(
     assert layered(base_image_override=str(tmp_path)).endswith(
         ": the base image is not a local SIF file"
     )
+
+
+def test_a_layered_base_that_would_be_unpacked_is_refused(tmp_path, test_profile):
+    from siffile import OVERLAY, PARTITION, SQUASHFS, SYSTEM, write_sif
+
+    base = tmp_path / "layered.sif"
+    parts = [(SYSTEM, b"system"), (OVERLAY, b"layer")]
+    write_sif(base, [(PARTITION, data, SQUASHFS, kind, "") for kind, data in parts])
+    env = tmp_path / "env.yml"
+    env.write_text("name: x\ndependencies: [python]\n")
+    plan = cotainr_lumi.plan(
+        image_path=tmp_path / "x.sif",
+        system="lumi-test",
+        base_image_override=str(base),
+        conda_env=env,
+    )
+    with pytest.raises(InputError, match=r"has layers .* unpacking it would leave"):
+        plan.check_layers()
