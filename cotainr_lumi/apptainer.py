@@ -6,6 +6,7 @@ cotainr drives ``singularity`` during builds; inspecting a finished ``.sif``
 here once, and nothing of cotainr.
 """
 
+import collections
 import contextlib
 import logging
 import os
@@ -13,7 +14,6 @@ import shutil
 import signal
 import struct
 import subprocess
-from typing import NamedTuple
 
 from .errors import InputError
 
@@ -27,17 +27,10 @@ _SIF_DESCRIPTOR = struct.Struct("<iBIIIqqqqqqq128s384s")
 SIF_PARTITION, SIF_JSON, SIF_SYSTEM, SIF_OVERLAY, SIF_SQUASHFS = 0x4004, 0x4006, 2, 4, 1
 
 
-class SifObject(NamedTuple):
-    """One data object of a SIF (partition fields 0 for other objects)."""
-
-    id: int
-    datatype: int
-    offset: int
-    size: int
-    name: str
-    fstype: int = 0
-    parttype: int = 0
-    arch: int = 0
+#: One data object of a SIF (the partition fields 0 for other objects).
+SifObject = collections.namedtuple(
+    "SifObject", "id datatype offset size name fstype parttype arch", defaults=(0,) * 3
+)
 
 
 def sif_objects(path):
@@ -49,6 +42,8 @@ def sif_objects(path):
         total, offset = struct.unpack_from("<qq", header, 88)
         f.seek(offset)
         table = f.read(total * _SIF_DESCRIPTOR.size)
+    if len(table) != total * _SIF_DESCRIPTOR.size:
+        raise ValueError(f"{path} is cut short")
     objects = []
     for fields in _SIF_DESCRIPTOR.iter_unpack(table):
         datatype, used, id_, _group, _link, offset, size, *_, name, extra = fields
@@ -97,9 +92,7 @@ SANDBOX_METADATA = (
 def _listing(*, image, names=()):
     """``unsquashfs -lls`` of a SIF's root file system (None: cannot read it here)."""
     unsquashfs = shutil.which("unsquashfs")
-    if not unsquashfs:
-        return None
-    system = [o for o in sif_objects(image) if o.parttype == SIF_SYSTEM]
+    system = unsquashfs and [o for o in sif_objects(image) if o.parttype == SIF_SYSTEM]
     if not system:
         return None
     cmd = [unsquashfs, "-o", str(system[0].offset), "-lls", "-d", "", image, *names]

@@ -108,7 +108,6 @@ def request_from_options(*, context, conda_env):
     set_settings = options.pop("set_settings", None) or []
     skip_stages = options.pop("skip_stages", None) or ()
     work_dir = options.pop("work_dir", None)
-    flatten = options.pop("flatten", False)
     lumi_system = options.pop("lumi_system", None)
     if lumi_system and context.system is not None:
         raise InputError(
@@ -120,7 +119,7 @@ def request_from_options(*, context, conda_env):
     )
     if work_dir is not None:
         settings.setdefault("build", {})["work-dir"] = str(work_dir)
-    if flatten:
+    if options.pop("flatten", False):
         settings.setdefault("build", {})["layered"] = False
     return BuildRequest(
         image_path=context.image_path,

@@ -197,14 +197,7 @@ class CommandTimeoutError(CommandError):
 
 
 def command_error_from(error, *, cmd=None):
-    """
-    The :class:`CommandError` a failed sandbox command raised, if it was one.
-
-    cotainr 2025.7 raises a ``ValueError`` from the
-    ``subprocess.CalledProcessError`` of a failed command; later releases
-    (upstream PR #158) re-raise the ``CalledProcessError`` itself. Both mean
-    "the command failed", not "cotainr-lumi has a bug".
-    """
+    """The :class:`CommandError` of a failed command (a ``ValueError`` from it: 2025.7)."""
     if isinstance(error, CommandError):
         return error
     cause = error.__cause__ if isinstance(error, ValueError) else error

@@ -1,13 +1,6 @@
-"""
-cotainr's sandbox as a mounted view of its base (layered builds, issue 30).
-
-While :func:`layered` holds a view (``engine/layer.py``'s ``BaseView``), the
-sandbox of cotainr's ``SingularitySandbox`` is that view mounted instead of
-the base unpacked, and ``build_image`` writes the view's layer when it can.
-"""
+"""cotainr's sandbox: the view :func:`layered` holds, mounted (issue 30)."""
 
 import contextlib
-import functools
 import logging
 from pathlib import Path
 import types
@@ -28,12 +21,16 @@ def layered(view):
         view.unmount()
 
 
-def _enter(original):
-    @functools.wraps(original)
-    def enter(self):
+def install(sandbox):
+    """Wrap ``__enter__``, ``__exit__`` and ``build_image`` of `sandbox` (once)."""
+    if getattr(sandbox, "_cotainr_lumi_layering", False):
+        return
+    enter, exit_, build_image = sandbox.__enter__, sandbox.__exit__, sandbox.build_image
+
+    def mounted_enter(self):
         view, runner = _state.view, getattr(self, "_subprocess_runner", None)
         if view is None or runner is None:
-            return original(self)
+            return enter(self)
 
         def mount_instead_of_unpacking(*, args, **kwargs):
             if "--sandbox" not in map(str, args):
@@ -46,42 +43,24 @@ def _enter(original):
 
         self._subprocess_runner = mount_instead_of_unpacking
         try:
-            return original(self)
+            return enter(self)
         except BaseException:
             view.unmount()
             raise
         finally:
             del self._subprocess_runner
 
-    return enter
-
-
-def _exit(original):
-    @functools.wraps(original)
-    def exit_(self, *args):
+    def unmounted_exit(self, *args):
         if _state.view is not None:  # before cotainr removes the sandbox dir
             _state.view.unmount()
-        return original(self, *args)
+        return exit_(self, *args)
 
-    return exit_
-
-
-def _build_image(original):
-    @functools.wraps(original)
-    def build_image(self, *args, **kwargs):
+    def layer_or_build_image(self, *args, **kwargs):
         view, path = _state.view, kwargs.get("path", args[0] if args else None)
         mounted = view is not None and view.merged == Path(self.sandbox_dir)
-        if mounted and view.write_image(path=path):
-            return None
-        return original(self, *args, **kwargs)
+        if not (mounted and view.write_image(path=path)):
+            return build_image(self, *args, **kwargs)
 
-    return build_image
-
-
-def install(sandbox):
-    """Wrap the methods of cotainr's sandbox class `sandbox` (once)."""
-    if not getattr(sandbox, "_cotainr_lumi_layering", False):
-        sandbox.__enter__ = _enter(sandbox.__enter__)
-        sandbox.__exit__ = _exit(sandbox.__exit__)
-        sandbox.build_image = _build_image(sandbox.build_image)
-        sandbox._cotainr_lumi_layering = True
+    sandbox.__enter__, sandbox.__exit__ = mounted_enter, unmounted_exit
+    sandbox.build_image = layer_or_build_image
+    sandbox._cotainr_lumi_layering = True

@@ -1,12 +1,6 @@
-"""
-Layered builds: the base SIF read-only under a writable upper dir (issue 30).
+"""Layered builds (issue 30): the base SIF mounted under a writable dir, which becomes a layer."""
 
-The stages run on the merged view as on an unpacked sandbox; what they change
-lands in the upper dir (deletions as overlay whiteouts). The image is a copy
-of the base SIF plus that change as a squashfs overlay partition, kept only
-when the runtime in use shows it (an ``exec`` reading this build's labels).
-"""
-
+import contextlib
 import hashlib
 import json
 import logging
@@ -15,7 +9,6 @@ from pathlib import Path
 import re
 import shlex
 import shutil
-import struct
 import subprocess
 
 from .. import apptainer
@@ -31,6 +24,15 @@ OPAQUE = ".wh..wh..opq"
 THIS = "this build"
 #: The name of the SIF object whose JSON ``apptainer inspect`` may show.
 METADATA = "inspect-metadata.json"
+
+
+def sha256_of_file(*, path, chunk_size=4 * 1024 * 1024):
+    """Stream a file through SHA-256."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(chunk_size), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class LayerError(Exception):
@@ -51,11 +53,10 @@ def _partitions(image):
 def overlays(image):
     """The number of overlay partitions of a SIF (0: none, or not a SIF)."""
     try:
-        return sum(
-            o.parttype == apptainer.SIF_OVERLAY for o in apptainer.sif_objects(image)
-        )
-    except (OSError, ValueError, struct.error):
+        objects = apptainer.sif_objects(image)
+    except (OSError, ValueError):
         return 0
+    return sum(o.parttype == apptainer.SIF_OVERLAY for o in objects)
 
 
 def mount_problem(image):
@@ -63,11 +64,9 @@ def mount_problem(image):
     fuse = ("squashfuse", "fuse-overlayfs")
     if os.geteuid() != 0 and not all(map(shutil.which, fuse)):
         return "not root, and squashfuse and fuse-overlayfs are not both on PATH"
-    if not shutil.which("mksquashfs"):
-        return "no mksquashfs on PATH"
     try:
         _partitions(image)
-    except (OSError, ValueError, struct.error, LayerError) as e:
+    except (OSError, ValueError, LayerError) as e:
         return f"the base image cannot be mounted: {e}"
     return None
 
@@ -104,14 +103,8 @@ def whiteout_arguments(upper):
             else:
                 path = os.path.join(inside, name[len(WHITEOUT) :])
                 pseudo.append(f"{_escape(path)} c 0 0 0 0 0")
-    if not pseudo:
-        return []  # -e takes all the arguments after it: last
-    return [
-        *(a for p in pseudo for a in ("-p", p)),
-        "-wildcards",
-        "-e",
-        f"... {WHITEOUT}*",
-    ]
+    exclude = ["-wildcards", "-e", f"... {WHITEOUT}*"]  # -e takes all after it
+    return [*(a for p in pseudo for a in ("-p", p)), *exclude] if pseudo else []
 
 
 def _escape(path):
@@ -119,27 +112,18 @@ def _escape(path):
 
 
 def _run(cmd):
-    try:
-        return subprocess.run(
-            [str(c) for c in cmd], capture_output=True, text=True, check=True
-        )
-    except subprocess.CalledProcessError as e:
-        why = (e.stderr or e.stdout or "").strip().splitlines()[-1:] or ["no message"]
-        raise LayerError(f"{shlex.join(map(str, cmd[:3]))}...: {why[0]}") from None
+    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if done.returncode:
+        why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no message"]
+        raise LayerError(f"{shlex.join(map(str, cmd[:3]))}...: {why[0]}")
 
 
 class BaseView:
-    """
-    A base SIF mounted read-only under a writable upper dir in `work`.
-
-    `layer` False (``--flatten``): the image is squashed whole, from the view.
-    """
+    """A base SIF mounted under a writable dir in `work` (`layer`: not --flatten)."""
 
     def __init__(self, *, base, work, layer=True):
         self.base, self.work, self.layer = Path(base), Path(work), layer
-        self.upper = self.work / "upper"
-        self.mounts = []
-        self.merged = None
+        self.upper, self.mounts, self.merged = self.work / "upper", [], None
 
     def mount(self, *, at):
         """Mount the view at `at` (:class:`LayerError`: nothing left mounted)."""
@@ -190,11 +174,9 @@ class BaseView:
         except (OSError, ValueError, subprocess.SubprocessError, LayerError) as e:
             why = str(e)
         Path(path).unlink(missing_ok=True)
+        runtime = apptainer.runtime()
         logger.warning(
-            "Building the whole image (no layer): the layered image does not run "
-            "with %s here (%s).",
-            apptainer.runtime(),
-            why,
+            "Building the whole image (no layer): %s here: %s.", runtime, why
         )
         return False
 
@@ -227,7 +209,7 @@ class BaseView:
         attributes = metadata.setdefault("data", {}).setdefault("attributes", {})
         text = resolve_in_root(root=self.merged, path=LABELS_FILE).read_text()
         labels = json.JSONDecoder().raw_decode(text)[0]
-        layer = f"layer sha256:{hashlib.sha256(delta.read_bytes()).hexdigest()}"
+        layer = f"layer sha256:{sha256_of_file(path=delta)}"
         layers = labels.get(LABEL_LAYERS, THIS).replace(THIS, layer)
         attributes["labels"] = {**labels, LABEL_LAYERS: layers}
         environment = attributes.get("environment") or {}
@@ -239,11 +221,7 @@ class BaseView:
 def _metadata(image):
     """The SIF object of what ``apptainer inspect`` may show, and its JSON."""
     meta = [o for o in apptainer.sif_objects(image) if o.datatype == apptainer.SIF_JSON]
-    if not meta:
-        return None, {}
-    with open(image, "rb") as f:
+    with open(image, "rb") as f, contextlib.suppress(ValueError, IndexError):
         f.seek(meta[0].offset)
-        try:
-            return meta[0], json.loads(f.read(meta[0].size))
-        except ValueError:
-            return None, {}
+        return meta[0], json.loads(f.read(meta[0].size))
+    return None, {}

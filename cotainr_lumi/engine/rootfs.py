@@ -64,16 +64,6 @@ def resolve_in_root(*, root, path, follow_final=True, confine=False):
     return root.joinpath(*resolved)
 
 
-def move(source, target):
-    """``os.replace``, or copy and remove (a lower layer's directory: EXDEV)."""
-    try:
-        os.replace(source, target)
-    except OSError as e:
-        if e.errno != errno.EXDEV:
-            raise
-        shutil.move(source, target)
-
-
 def image_path_of(*, root, host_path):
     """The image path of a host path that lies inside `root`."""
     rel = Path(os.path.abspath(host_path)).relative_to(os.path.abspath(root))

@@ -146,10 +146,8 @@ class BuildPlan:
         problem, base = self.mount_problem, self.base_image
         if problem and base.is_local_file and layer.overlays(base.resolved):
             raise InputError(
-                f"The base image {base.given} has layers (SIF overlay partitions) "
-                f"and is not mounted here ({problem}); unpacking it would leave its "
-                "layers out. Build on it as root or with squashfuse and "
-                "fuse-overlayfs on PATH, without a conda env."
+                f"The base image {base.given} has layers (SIF overlay partitions) and "
+                f"is not mounted here: {problem}. Unpacking it would leave them out."
             )
 
     def ask_base_image(self):
@@ -244,10 +242,9 @@ class BuildPlan:
             lines += [f"              {line}" for line in answer[1:]]
         mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
         lines.append(f"  pipeline:   {mode}")
-        problem = self.layer_problem
+        no = self.layer_problem
         lines.append(
-            "  layered:    "
-            + (f"no, the whole image is squashed: {problem}" if problem else "yes")
+            f"  layered:    {f'no, the whole image is squashed: {no}' if no else 'yes'}"
         )
         lines += self._describe_steps()
         for reason in self.skipped:
@@ -302,14 +299,13 @@ class BuildPlan:
         steps += [(stage.name, stage.describe(plan=self)) for stage in self.stages]
         image = "build the SIF"
         if self.layer_problem is None:
-            image = "write the change as a squashfs layer on a copy of the base SIF"
+            image = "add the change as a squashfs layer to a copy of the base SIF"
+            image += " (kept if an exec of it shows the layer, else the whole SIF)"
         steps.append(
             (
                 f"cotainr: add metadata labels and {image} (written next to "
                 "the target, moved into place on success)",
-                ["kept if an exec of it shows the layer, else the whole SIF is built"]
-                if self.layer_problem is None
-                else [],
+                [],
             )
         )
         lines = []

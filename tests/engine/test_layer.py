@@ -32,7 +32,6 @@ def test_a_squashfs_sif_can_be_mounted_as_root_with_mksquashfs(tmp_path, monkeyp
     (tmp_path / "c.sif").write_text("not a SIF")
     assert "not a SIF image" in layer.mount_problem(tmp_path / "c.sif")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert layer.mount_problem(tmp_path / "a.sif") == "no mksquashfs on PATH"
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert "squashfuse and fuse-overlayfs" in layer.mount_problem(tmp_path / "a.sif")
 

@@ -12,7 +12,7 @@ import shutil
 import time
 
 from ... import _cotainr, imagelayout
-from ...engine.rootfs import move, resolve_in_root, write_file_in_root
+from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import StageReport
 from ...errors import SECRET_NAME_RE, StageError, redact, redact_env
 from .cache import export_cache, import_cache
@@ -122,13 +122,13 @@ def private_wheel_cache(*, root, step, cache_dir):
     wheels = resolve_in_root(root=root, path=f"{cache_dir}/wheels")
     aside = resolve_in_root(root=root, path=f"{cache_dir}/.wheels-aside")
     if wheels.exists():
-        move(wheels, aside)
+        shutil.move(wheels, aside)
     try:
         yield
     finally:
         shutil.rmtree(wheels, ignore_errors=True)
         if aside.exists():
-            move(aside, wheels)
+            shutil.move(aside, wheels)
 
 
 def install_error(error, *, step, before, staged):

@@ -21,7 +21,6 @@ from ...engine.rootfs import (
     SymlinkLoopError,
     image_path_of,
     is_inside,
-    move,
     resolve_in_root,
     walk_in_root,
 )
@@ -276,7 +275,7 @@ def apply_actions(*, actions):
             backup = action.host_path.with_name(BACKUP_PREFIX + action.host_path.name)
             if os.path.lexists(backup):
                 _remove(backup)
-            move(action.host_path, backup)
+            shutil.move(action.host_path, backup)  # a layer's dir: EXDEV, copied
             action.backup = backup
             done.append(action)
             os.symlink(action.target, action.host_path)
@@ -300,7 +299,7 @@ def rollback(*, actions):
             continue
         if os.path.islink(action.host_path):
             os.unlink(action.host_path)
-        move(action.backup, action.host_path)
+        shutil.move(action.backup, action.host_path)
         action.backup = None
 
 
