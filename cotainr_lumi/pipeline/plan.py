@@ -196,6 +196,8 @@ class BuildPlan:
             return "a conda env is installed"
         if not (base.is_local_file and apptainer.is_sif(base.resolved)):
             return "the base image is not a local SIF file"
+        if not (self.build_settings.layered or layer.overlays(base.resolved)):
+            return self.layer_problem  # as before; a base's layers need the mount
         return layer.mount_problem(base.resolved)
 
     @property
