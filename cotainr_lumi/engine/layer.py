@@ -22,7 +22,6 @@ WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 #: This build's layer in the label :data:`LABEL_LAYERS` (its sha256 in the SIF's).
 THIS = "this build"
-#: The name of the SIF object whose JSON ``apptainer inspect`` may show.
 METADATA = "inspect-metadata.json"
 
 

@@ -177,5 +177,7 @@ def test_a_layered_base_that_would_be_unpacked_is_refused(tmp_path, test_profile
         base_image_override=str(base),
         conda_env=env,
     )
-    with pytest.raises(InputError, match=r"has layers .* Unpacking it would leave them out"):
+    with pytest.raises(
+        InputError, match=r"has layers .* Unpacking it would leave them out"
+    ):
         plan.check_layers()
