@@ -23,12 +23,21 @@ Sections (each a ratio measured in one run, on the same inputs):
    ``--system=<lumi-g-ext on it>`` (no pip steps), so the target env
    discovery and the pruning scans run on a real torch tree (target <= 1.05).
    Not in ``--quick`` (a 1 GB base image; several minutes per run).
+6. layered stacked builds (issue 30): on a small base (the test base) and a
+   ``--big-gb`` base (the test base plus that much random data in 10 MB
+   files; 0: none), a first build with one pip step (whole, ``--flatten``),
+   then on that image one more tiny package as a layer (the default) and
+   squashed whole (``--flatten``); medians of ``--layer-runs``, gzip as
+   Apptainer's default, the ratio layered / whole (issue 30's target: <= 0.1x
+   on ~3 GB, and the layered build growing <= 1.3x from the small base).
 
 Needs what the end-to-end tests need (root on Debian 12, or a native
 Apptainer). ``--quick`` runs each section once on small inputs (used in CI
 so this script cannot rot; no thresholds are asserted anywhere).
 
-Usage: python benchmarks/run.py [--quick] [--runs N] [--sections 1,2,3,4,5]
+Sections 1 and 5 build whole images (``--flatten``), as stock cotainr does.
+
+Usage: python benchmarks/run.py [--quick] [--runs N] [--sections 1,2,3,4,5,6]
 """
 
 import argparse
@@ -50,7 +59,7 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))
 sys.path.insert(0, str(REPO / "tests"))
 
 import layouts  # noqa: E402
-from pkgfixtures import make_sdist, serve_index  # noqa: E402
+from pkgfixtures import make_sdist, make_wheel, serve_index  # noqa: E402
 from prune_fixtures import derive_base_image  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -114,7 +123,7 @@ def section_overhead(work, base, runs):
     for _ in range(runs):
         t, st, _ = build(
             work / "ours.sif",
-            ["--system=bench-lumi"],
+            ["--system=bench-lumi", "--flatten"],
             env={"COTAINR_LUMI_SYSTEMS": str(prof)},
         )
         ours.append(t)
@@ -327,7 +336,7 @@ def section_torch_env(work, base, runs):
     for _ in range(runs):
         t, st, out = build(
             work / "ours.sif",
-            ["--system=bench-torch"],
+            ["--system=bench-torch", "--flatten"],
             env={"COTAINR_LUMI_SYSTEMS": str(prof)},
         )
         ours.append(t)
@@ -364,6 +373,71 @@ def section_torch_env(work, base, runs):
     return rows
 
 
+def section_layered(work, base, runs, big_gb):
+    """6. First build, stacked layered build, stacked whole build; small and big base."""
+    bases = [("small", base)]
+    if big_gb:
+        (work / "big").mkdir()
+        files = int(big_gb * 1024 / 10)
+        big = derive_base_image(
+            apptainer="apptainer",
+            base_image=base,
+            work=work / "big",
+            cases=(),
+            setup=f"mkdir -p /opt/big && for i in $(seq {files}); do "
+            "head -c 10M /dev/urandom > /opt/big/f$i; done",
+        )
+        bases.append(("big", big))
+    for name in ("first", "added"):
+        make_wheel(work, name, "1.0")
+        (work / f"{name}.txt").write_text(f"./{name}-1.0-py3-none-any.whl\n")
+    env = {"APPTAINER_MKSQUASHFS_ARGS": "-comp gzip"}  # Apptainer's default
+    rows, layered = [], {}
+    for label, image in bases:
+        prof = profile(
+            work,
+            "bench-layer",
+            image,
+            settings={"provenance": {"hash-base-image": False}},
+        )
+        env["COTAINR_LUMI_SYSTEMS"] = str(prof)
+        lumi = ["--lumi-system=bench-layer", f"--base-image={work / 'first.sif'}"]
+        times = {"first": [], "layer": [], "whole": []}
+        for _ in range(runs):
+            for kind, image_name, args in (
+                ("first", "first.sif", ["--system=bench-layer", "--flatten"]),
+                ("layer", "layer.sif", lumi),
+                ("whole", "whole.sif", [*lumi, "--flatten"]),
+            ):
+                requirements = "first.txt" if kind == "first" else "added.txt"
+                t, _, _ = build(
+                    work / image_name,
+                    [*args, f"--pip-requirements={requirements}"],
+                    env=env,
+                    cwd=work,
+                )
+                times[kind].append(t)
+        first, layer, whole = (statistics.median(times[k]) for k in times)
+        layered[label] = layer
+        size = image.stat().st_size / 1e9
+        grown = (work / "layer.sif").stat().st_size - (
+            work / "first.sif"
+        ).stat().st_size
+        rows += [
+            (f"{label} base ({size:.2f} GB .sif): first build", f"{first:.1f} s", ""),
+            ("  stacked, squashed whole (--flatten)", f"{whole:.1f} s", "1.00x"),
+            (
+                f"  stacked, as a layer (+{grown / 1024:.0f} KiB)",
+                f"{layer:.1f} s",
+                f"{layer / whole:.2f}x  (target <= 0.1x on ~3 GB)",
+            ),
+        ]
+    if "big" in layered:
+        growth = layered["big"] / layered["small"]
+        rows.append(("layered build, big / small base", "", f"{growth:.2f}x (<= 1.3x)"))
+    return rows
+
+
 def print_table(table):
     """Print rows as an aligned table."""
     width = max(len(r[0]) for r in table)
@@ -384,7 +458,13 @@ def main(argv=None):
     parser.add_argument(
         "--runs", type=int, default=5, help="alternating runs for section 1"
     )
-    parser.add_argument("--sections", default="1,2,3,4,5")
+    parser.add_argument("--sections", default="1,2,3,4,5,6")
+    parser.add_argument(
+        "--layer-runs", type=int, default=3, help="runs of each build of section 6"
+    )
+    parser.add_argument(
+        "--big-gb", type=float, default=3.0, help="the big base of section 6 (GB)"
+    )
     parser.add_argument(
         "--cext-functions",
         type=int,
@@ -419,6 +499,15 @@ def main(argv=None):
         5: (
             "5. stage overhead on a torch-sized env (layout 1)",
             lambda w: section_torch_env(w, base, args.torch_runs),
+        ),
+        6: (
+            "6. layered stacked builds",
+            lambda w: section_layered(
+                w,
+                base,
+                1 if args.quick else args.layer_runs,
+                0 if args.quick else args.big_gb,
+            ),
         ),
     }
     if args.quick:

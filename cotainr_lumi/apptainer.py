@@ -6,13 +6,13 @@ cotainr drives ``singularity`` during builds; inspecting a finished ``.sif``
 here once, and nothing of cotainr.
 """
 
+import collections
 import contextlib
-import functools
 import logging
 import os
-import re
 import shutil
 import signal
+import struct
 import subprocess
 
 from .errors import InputError
@@ -21,6 +21,40 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: A SIF file has this magic after its 32-byte launch line.
 SIF_MAGIC = b"SIF_MAGIC"
+#: A SIF descriptor (github.com/apptainer/sif, pkg/sif/sif.go: rawDescriptor).
+_SIF_DESCRIPTOR = struct.Struct("<iBIIIqqqqqqq128s384s")
+#: The SIF data types and partition types cotainr-lumi reads.
+SIF_PARTITION, SIF_JSON, SIF_SYSTEM, SIF_OVERLAY, SIF_SQUASHFS = 0x4004, 0x4006, 2, 4, 1
+
+
+#: One data object of a SIF (the partition fields 0 for other objects).
+SifObject = collections.namedtuple(
+    "SifObject", "id datatype offset size name fstype parttype arch", defaults=(0,) * 3
+)
+
+
+def sif_objects(path):
+    """The data objects of a SIF, read from its descriptors (ValueError: not one)."""
+    with open(path, "rb") as f:
+        header = f.read(128)
+        if len(header) < 104 or header[32 : 32 + len(SIF_MAGIC)] != SIF_MAGIC:
+            raise ValueError(f"{path} is not a SIF image (or is cut short)")
+        total, offset = struct.unpack_from("<qq", header, 88)
+        f.seek(offset)
+        table = f.read(total * _SIF_DESCRIPTOR.size)
+    if len(table) != total * _SIF_DESCRIPTOR.size:
+        raise ValueError(f"{path} is cut short")
+    objects = []
+    for fields in _SIF_DESCRIPTOR.iter_unpack(table):
+        datatype, used, id_, _group, _link, offset, size, *_, name, extra = fields
+        part = struct.unpack_from("<ii3s", extra) if datatype == SIF_PARTITION else ()
+        if used:
+            name = name.rstrip(b"\0").decode(errors="replace")
+            arch = (int(part[2].rstrip(b"\0") or 0),) if part else ()
+            objects.append(
+                SifObject(id_, datatype, offset, size, name, *part[:2], *arch)
+            )
+    return objects
 
 
 def find_runtime():
@@ -57,26 +91,20 @@ SANDBOX_METADATA = (
 
 def _listing(*, image, names=()):
     """``unsquashfs -lls`` of a SIF's root file system (None: cannot read it here)."""
-    runtime, unsquashfs = find_runtime(), shutil.which("unsquashfs")
-    if not (runtime and unsquashfs):
+    unsquashfs = shutil.which("unsquashfs")
+    system = unsquashfs and [o for o in sif_objects(image) if o.parttype == SIF_SYSTEM]
+    if not system:
         return None
-    run = functools.partial(
-        subprocess.run, capture_output=True, text=True, timeout=120, check=True
-    )
-    system = re.search(
-        r"(\d+)-\d+\s*\|\s*FS\b.*System", run([runtime, "sif", "list", image]).stdout
-    )
-    if system is None:
-        return None
-    cmd = [unsquashfs, "-o", system[1], "-lls", "-d", "", image, *names]
-    return run(cmd).stdout.splitlines()
+    cmd = [unsquashfs, "-o", str(system[0].offset), "-lls", "-d", "", image, *names]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    return run.stdout.splitlines()
 
 
 def unpacked_bytes(*, image):
     """The size of a local SIF's files unpacked, read without running it (or None)."""
     try:
         listing = is_sif(image) and _listing(image=image)
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, ValueError, subprocess.SubprocessError):
         return None
     sizes = [line.split(None, 3)[2] for line in listing or () if line[:1] == "-"]
     return sum(int(size) for size in sizes if size.isdigit()) if listing else None
@@ -87,8 +115,7 @@ def links_in_image(*, image, paths):
     The `paths` that are symbolic links in a local image, read without running it.
 
     ``{path: link target}`` for a directory or a SIF; None when the SIF cannot
-    be read here (that needs ``sif list`` of Apptainer/Singularity and
-    ``unsquashfs``).
+    be read here (that needs ``unsquashfs``).
     """
     if os.path.isdir(image):
         found = {p: os.path.join(image, p.lstrip("/")) for p in paths}

@@ -36,6 +36,12 @@ def add_options(*, parser):
         "memory on compute nodes)",
     )
     parser.add_argument(
+        "--flatten",
+        action="store_true",
+        help="squash the whole image again, also where the change could be a "
+        "layer on a SIF base (build.layered=false)",
+    )
+    parser.add_argument(
         "--skip-stage",
         dest="skip_stages",
         action="append",
@@ -115,6 +121,8 @@ def request_from_options(*, context, conda_env):
     )
     if work_dir is not None:
         settings.setdefault("build", {})["work-dir"] = str(work_dir)
+    if options.pop("flatten", False):
+        settings.setdefault("build", {})["layered"] = False
     return BuildRequest(
         image_path=context.image_path,
         system=lumi_system or context.system,

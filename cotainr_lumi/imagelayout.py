@@ -81,6 +81,8 @@ LABEL_ROCM_SUPPORTED = "cotainr-lumi.rocm.supported"
 LABEL_ROCM_TORCH = "cotainr-lumi.rocm.torch"
 LABEL_HISTORY = "cotainr-lumi.history"
 LABEL_PAD = "cotainr-lumi.labels-pad"
+#: A layered image's layers (``apptainer inspect``): the base, then each layer.
+LABEL_LAYERS = "cotainr-lumi.layers"
 
 # pip: :data:`PIP_PACKAGES_FILE`, :data:`PIP_STEPS_FILE`, :data:`CYCLONEDX_SBOM_FILE`.
 LABEL_PIP_PACKAGES = "cotainr-lumi.pip.packages"

@@ -15,7 +15,7 @@ import os
 import sys
 
 from . import _cotainr, buildoptions, imagelayout
-from .engine import history, rocmwindow, rootfs
+from .engine import history, layer, rocmwindow, rootfs
 from .engine.stage import StageContext
 from .engine.workdir import remove_leftovers, work_dir_environment
 from .errors import CotainrLumiError, InputError, UnknownSystemError, redact
@@ -106,6 +106,8 @@ class LumiBuild:
         self.reports = []
         self.outputs = {}
         self.environment = contextlib.ExitStack()
+        self.cwd = os.getcwd()
+        self.view = None
 
 
 class LumiHook:
@@ -168,6 +170,7 @@ class LumiHook:
             if not plan.extended:
                 return None
             plan.check_base_links()
+            plan.check_layers()
             build = LumiBuild(plan=plan)
             if context.dry_run:
                 plan.ask_base_image()
@@ -184,7 +187,16 @@ class LumiHook:
         log_resolved_base_image(plan.base_image)
         remove_leftovers(work_dir=plan.work_dir, image_path=context.image_path)
         build.environment.enter_context(without_bind_variables())
-        build.environment.enter_context(work_dir_environment(plan.work_dir))
+        work = build.environment.enter_context(work_dir_environment(plan.work_dir))
+        if plan.mount_problem is None:
+            build.view = layer.BaseView(
+                base=plan.base_image.resolved,
+                work=work / "layer",
+                layer=plan.layer_problem is None,
+            )
+            build.environment.enter_context(_cotainr.layered(build.view))
+        else:
+            logger.info("The base image is unpacked: %s.", plan.mount_problem)
         self.last = build
         return plan.describe().splitlines()
 
@@ -210,7 +222,8 @@ class LumiHook:
         )
         current = "cotainr-lumi"
         try:
-            check_base_image_unchanged(build.plan.base_image, used=context.base_image)
+            used = os.path.join(build.cwd, context.base_image)  # cotainr chdir'ed
+            check_base_image_unchanged(build.plan.base_image, used=used)
             root = stage_context.sandbox.root
             rootfs.claim_build_dirs(root=root)
             earlier = history.keep_earlier_build(root=root)
@@ -232,6 +245,9 @@ class LumiHook:
             ) from error
         build.reports = list(stage_context.reports)
         build.labels = dict(stage_context.labels)
+        if build.view is not None and build.view.layer:
+            sha256 = build.labels.get(imagelayout.LABEL_BASE_IMAGE_SHA256)
+            build.labels[imagelayout.LABEL_LAYERS] = build.view.label(sha256=sha256)
         # cotainr records the command line next (cotainr.command): without
         # credentials; finalize gives the caller its own sys.argv back.
         build.environment.callback(setattr, sys, "argv", sys.argv)

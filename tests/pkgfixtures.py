@@ -21,8 +21,8 @@ import threading
 import zipfile
 
 
-def make_wheel(directory, name, version, requires=()):
-    """Write a minimal pure-Python wheel; return its path."""
+def make_wheel(directory, name, version, requires=(), modules=None):
+    """Write a minimal pure-Python wheel (plus `modules`: name -> text); return its path."""
     dist = name.replace("-", "_")
     filename = Path(directory) / f"{dist}-{version}-py3-none-any.whl"
     info = f"{dist}-{version}.dist-info"
@@ -32,6 +32,7 @@ def make_wheel(directory, name, version, requires=()):
         f"Name: {name}\nVersion: {version}\n"
         + "".join(f"Requires-Dist: {r}\n" for r in requires),
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        **{f"{dist}/{module}.py": text for module, text in (modules or {}).items()},
     }
     record = []
     with zipfile.ZipFile(filename, "w") as zf:

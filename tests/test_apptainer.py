@@ -7,6 +7,7 @@ import subprocess
 import time
 
 import pytest
+from siffile import JSON, OVERLAY, PARTITION, SQUASHFS, SYSTEM, write_sif
 
 from cotainr_lumi import apptainer
 from cotainr_lumi.errors import InputError
@@ -154,12 +155,12 @@ def test_the_unpacked_size_of_a_sif_is_the_sum_of_its_listed_files(
     tmp_path, monkeypatch
 ):
     sif = tmp_path / "x.sif"
-    sif.write_bytes(b"#!/usr/bin/env run-singularity\n".ljust(32) + b"SIF_MAGIC")
+    offset = write_sif(sif, [(PARTITION, b"squashfs", SQUASHFS, SYSTEM, "")])[0]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     scripts = {
-        "apptainer": "echo '4    |1       |NONE    |40960-9000    |FS (Squashfs/*System/amd64)'",
-        "unsquashfs": """cat <<'EOF'
+        "unsquashfs": f"""[ "$2" = {offset} ] || exit 9
+cat <<'EOF'
 drwxr-xr-x root/root                53 2026-11-27 04:00 /opt
 -rw-r--r-- root/root              1000 2026-11-27 04:00 /opt/a
 -rwxr-xr-x root/root                24 2026-11-27 04:00 /opt/b c
@@ -173,3 +174,26 @@ EOF""",
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     assert apptainer.unpacked_bytes(image=str(sif)) == 1024
     assert apptainer.unpacked_bytes(image=str(tmp_path / "none.sif")) is None
+
+
+def test_the_objects_of_a_sif_are_read_from_its_descriptors(tmp_path):
+    sif = tmp_path / "x.sif"
+    objects = [
+        (JSON, b"{}", 0, 0, "inspect-metadata.json"),
+        (PARTITION, b"system", SQUASHFS, SYSTEM, ""),
+        (PARTITION, b"layer", SQUASHFS, OVERLAY, ""),
+    ]
+    offsets = write_sif(sif, objects)
+    meta, system, layer = apptainer.sif_objects(sif)
+    assert (meta.id, meta.datatype, meta.name, meta.size) == (1, JSON, objects[0][4], 2)
+    assert (system.parttype, system.fstype, system.arch) == (SYSTEM, SQUASHFS, 2)
+    assert (layer.id, layer.parttype, layer.offset, layer.size) == (
+        3,
+        OVERLAY,
+        offsets[2],
+        5,
+    )
+    assert sif.read_bytes()[layer.offset : layer.offset + layer.size] == b"layer"
+    sif.write_bytes(sif.read_bytes()[:60])  # cut short
+    with pytest.raises(ValueError, match="not a SIF image"):
+        apptainer.sif_objects(sif)

@@ -152,6 +152,7 @@ def test_slurm_scripts_are_valid_bash():
         and "Selected Provider is cxi" in acceptance
     )
     assert "osu_bw.py" in acceptance and "--nodes=2 --ntasks=2" in acceptance
+    assert '--base-image "$sif"' in acceptance and "Layered image:" in acceptance
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ except ImportError as e:  # one message, not a traceback (cli.main says it)
         "it: pip install 'cotainr>=2025.3.0'"
     ) from e
 
-from . import shim
+from . import layering, shim
 
 try:  # a cotainr with the build hook (docs/upstream/)
     from cotainr import plugins as _native
@@ -65,6 +65,8 @@ def cotainr_version():
     return str(getattr(cotainr, "__version__", "unknown"))
 
 
+layering.install(_container.SingularitySandbox)  # before the shim's wrappers
+layered = layering.layered
 _modules = {"cli": _cli, "container": _container, "util": _util, "tracing": _tracing}
 #: Why the shim could not be installed (None: it was, or cotainr has the hook).
 SHIM_PROBLEM = None if NATIVE else shim.install(**_modules, version=cotainr_version())
@@ -195,14 +197,7 @@ class CommandTimeoutError(CommandError):
 
 
 def command_error_from(error, *, cmd=None):
-    """
-    The :class:`CommandError` a failed sandbox command raised, if it was one.
-
-    cotainr 2025.7 raises a ``ValueError`` from the
-    ``subprocess.CalledProcessError`` of a failed command; later releases
-    (upstream PR #158) re-raise the ``CalledProcessError`` itself. Both mean
-    "the command failed", not "cotainr-lumi has a bug".
-    """
+    """The :class:`CommandError` of a failed command (a ``ValueError`` from it: 2025.7)."""
     if isinstance(error, CommandError):
         return error
     cause = error.__cause__ if isinstance(error, ValueError) else error

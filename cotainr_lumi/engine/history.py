@@ -11,6 +11,7 @@ stays: the base's ``$WITH_CONDA`` runs it, and this build chains to it.
 import json
 import logging
 import os
+import shutil
 
 from .. import imagelayout
 from .rootfs import resolve_in_root
@@ -67,7 +68,7 @@ def keep_earlier_build(*, root):
     for record in BUILD_RECORDS:
         source = resolve_in_root(root=root, path=record, follow_final=False)
         if source.exists() or source.is_symlink():
-            os.replace(source, entry / os.path.basename(record))
+            shutil.move(source, entry / os.path.basename(record))  # EXDEV: copies
     _move_labels(root=root, entry=entry)
     logger.info(
         "The base image was built by cotainr-lumi: its records are kept in %s/%d.",

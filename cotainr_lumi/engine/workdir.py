@@ -16,6 +16,7 @@ import tempfile
 from typing import Optional
 
 from ..errors import InputError
+from .layer import unmount_below
 from .settings import StageSettings, setting
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -52,6 +53,11 @@ class BuildSettings(StageSettings):
         True,
         doc="refuse to start when the work directory has less free space "
         "than the build is estimated to need",
+    )
+    layered: bool = setting(
+        True,
+        doc="on a local SIF base without a conda env, add the change as a layer "
+        "to a copy of the base (false, or --flatten: squash the whole image)",
     )
 
 
@@ -157,6 +163,7 @@ def remove_leftovers(*, work_dir, image_path):
             continue
         if mine and _dead(pid):
             if path.is_dir():
+                unmount_below(path)
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)

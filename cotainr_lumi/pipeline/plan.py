@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from .. import _cotainr, apptainer
 from .. import stages as builtin
-from ..engine import imageprobe, rocmwindow, targetenv, workdir
+from ..engine import imageprobe, layer, rocmwindow, targetenv, workdir
 from ..engine.origins import Origin
 from ..engine.settings import load_sections
 from ..engine.stage import Stage
@@ -143,6 +143,15 @@ class BuildPlan:
                 f"image where {path} is not a link."
             )
 
+    def check_layers(self):
+        """Refuse to unpack a layered base: Apptainer's unpack leaves its layers out."""
+        problem, base = self.mount_problem, self.base_image
+        if problem and base.is_local_file and layer.overlays(base.resolved):
+            raise InputError(
+                f"The base image {base.given} has layers (SIF overlay partitions) and "
+                f"is not mounted here: {problem}. Unpacking it would leave them out."
+            )
+
     def ask_base_image(self):
         """For a dry run: probe a local base image once (facts, target, problem)."""
         if self.base_target is not None or self.base_facts is not None:
@@ -182,20 +191,41 @@ class BuildPlan:
         return self.conda_envs[0] if self.conda_envs else None
 
     @property
+    def mount_problem(self):
+        """Why the base is unpacked, not mounted read-only (None: mounted)."""
+        base = self.base_image
+        if self.conda_env is not None:
+            return "a conda env is installed"
+        if not (base.is_local_file and apptainer.is_sif(base.resolved)):
+            return "the base image is not a local SIF file"
+        if not (self.build_settings.layered or layer.overlays(base.resolved)):
+            return self.layer_problem  # as before; a base's layers need the mount
+        return layer.mount_problem(base.resolved)
+
+    @property
+    def layer_problem(self):
+        """Why the image is squashed whole, not a layer on the base (None: a layer)."""
+        if not self.build_settings.layered:
+            return "--flatten (build.layered=false)"
+        return self.mount_problem
+
+    @property
     def work_dir(self):
         """The build's work directory (:func:`engine.workdir.resolve_work_dir`)."""
         return workdir.resolve_work_dir(self.build_settings.work_dir)
 
     def check_space(self):
         """Refuse a build that will not fit in its work directory."""
-        image = self.base_image.resolved
+        image, unpacked = self.base_image.resolved, None
+        if self.layer_problem is None:
+            unpacked = 0  # a copy of the base and the layer: nothing unpacked
+        elif self.base_image.is_local_file:
+            unpacked = apptainer.unpacked_bytes(image=image)
         return workdir.check_space(
             work_dir=self.work_dir,
             base_image=image,
             conda_env=self.conda_env,
-            unpacked=apptainer.unpacked_bytes(image=image)
-            if self.base_image.is_local_file
-            else None,
+            unpacked=unpacked,
             refuse=self.build_settings.check_space,
         )
 
@@ -216,6 +246,10 @@ class BuildPlan:
             lines += [f"              {line}" for line in answer[1:]]
         mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
         lines.append(f"  pipeline:   {mode}")
+        no = self.layer_problem
+        lines.append(
+            f"  layered:    {f'no, the whole image is squashed: {no}' if no else 'yes'}"
+        )
         lines += self._describe_steps()
         for reason in self.skipped:
             lines.append(f"  skipped: {reason}")
@@ -255,7 +289,10 @@ class BuildPlan:
 
     def _describe_steps(self):
         """The plan's numbered steps: cotainr's and the stages', in order."""
-        steps = [("cotainr: create the sandbox from the base image", [])]
+        unpack = "create the sandbox from the base image"
+        if self.mount_problem is None:
+            unpack = "mount the base image read-only under a writable dir (no unpack)"
+        steps = [(f"cotainr: {unpack}", [])]
         if self.conda_env is not None:
             steps.append(
                 (
@@ -264,9 +301,13 @@ class BuildPlan:
                 )
             )
         steps += [(stage.name, stage.describe(plan=self)) for stage in self.stages]
+        image = "build the SIF"
+        if self.layer_problem is None:
+            image = "add the change as a squashfs layer to a copy of the base SIF"
+            image += " (kept if an exec of it shows the layer, else the whole SIF)"
         steps.append(
             (
-                "cotainr: add metadata labels and build the SIF (written next to "
+                f"cotainr: add metadata labels and {image} (written next to "
                 "the target, moved into place on success)",
                 [],
             )

@@ -7,13 +7,13 @@ resolved behind symlinks and its sha256) and a JSON record in the image.
 
 from dataclasses import dataclass
 import datetime
-import hashlib
 import json
 import logging
 import platform
 
 from .. import _cotainr
 from .._version import __version__
+from ..engine.layer import sha256_of_file
 from ..engine.rootfs import write_file_in_root
 from ..engine.settings import StageSettings, setting
 from ..engine.stage import Stage, StageReport
@@ -32,15 +32,6 @@ from ..imagelayout import (
 )
 
 logger = logging.getLogger(f"cotainr.{__name__}")
-
-
-def sha256_of_file(*, path, chunk_size=4 * 1024 * 1024):
-    """Stream a file through SHA-256."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(chunk_size), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _go_json_size(labels):

@@ -27,8 +27,10 @@ def test_quick_benchmark_prints_every_section(apptainer_path, lumi_like_base_ima
         "2. pruning scan",
         "3. bytes saved",
         "4. cached rebuild",
+        "6. layered stacked builds",
     ):
         assert header in out
     assert re.search(r"cotainr --system=lumi-g-ext .*\d+\.\d\d+x", out)
     assert re.search(r"de-duplicated by the prune stage .* \d+%", out)
     assert re.search(r"second build .* [0-9.]+x faster", out)
+    assert re.search(r"stacked, as a layer .* \d+\.\d\dx", out)

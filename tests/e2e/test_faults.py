@@ -147,9 +147,11 @@ def test_full_work_directory_is_one_clear_error(faults, tmp_path, build_times):
     )
     try:
         t0 = time.time()
+        # --flatten: Apptainer copies the whole image there (a layer is tiny).
         proc = _build(
-            faults, tmp_path / "out", work_dir, "--set", "build.check-space=false"
-        )
+            faults, tmp_path / "out", work_dir, "--set", "build.check-space=false",
+            "--flatten",
+        )  # fmt: skip
         output, _ = proc.communicate(timeout=600)
         build_times["work directory full"] = time.time() - t0
         assert proc.returncode == 1, output[-3000:]

@@ -158,3 +158,53 @@ def test_a_glob_is_in_the_file_name_only_and_a_literal_name_is_itself(
     for system in systems:
         plan = cotainr_lumi.plan(image_path=tmp_path / "x.sif", system=system)
         assert plan.base_image.given == f"{odd}/one-[1].sif", system
+
+
+def test_the_plan_says_whether_the_build_adds_a_layer_and_why_not(
+    tmp_path, test_profile, monkeypatch
+):
+    from siffile import PARTITION, SQUASHFS, SYSTEM, write_sif
+
+    base = tmp_path / "base.sif"
+    write_sif(base, [(PARTITION, b"system", SQUASHFS, SYSTEM, "")])
+    env = tmp_path / "env.yml"
+    env.write_text("name: x\ndependencies: [python]\n")
+    monkeypatch.setattr("os.geteuid", lambda: 0)  # kernel mounts
+
+    def layered(**request):
+        plan = cotainr_lumi.plan(
+            image_path=tmp_path / "x.sif", system="lumi-test", **request
+        )
+        return [ln for ln in plan.describe().splitlines() if "layered:" in ln][0]
+
+    assert layered(base_image_override=str(base)).endswith("layered:    yes")
+    flatten = {"build": {"layered": False}}
+    assert layered(base_image_override=str(base), settings=flatten).endswith(
+        "no, the whole image is squashed: --flatten (build.layered=false)"
+    )
+    assert layered(base_image_override=str(base), conda_env=env).endswith(
+        ": a conda env is installed"
+    )
+    assert layered(base_image_override=str(tmp_path)).endswith(
+        ": the base image is not a local SIF file"
+    )
+
+
+def test_a_layered_base_that_would_be_unpacked_is_refused(tmp_path, test_profile):
+    from siffile import OVERLAY, PARTITION, SQUASHFS, SYSTEM, write_sif
+
+    base = tmp_path / "layered.sif"
+    parts = [(SYSTEM, b"system"), (OVERLAY, b"layer")]
+    write_sif(base, [(PARTITION, data, SQUASHFS, kind, "") for kind, data in parts])
+    env = tmp_path / "env.yml"
+    env.write_text("name: x\ndependencies: [python]\n")
+    plan = cotainr_lumi.plan(
+        image_path=tmp_path / "x.sif",
+        system="lumi-test",
+        base_image_override=str(base),
+        conda_env=env,
+    )
+    with pytest.raises(
+        InputError, match=r"has layers .* Unpacking it would leave them out"
+    ):
+        plan.check_layers()

@@ -122,13 +122,13 @@ def private_wheel_cache(*, root, step, cache_dir):
     wheels = resolve_in_root(root=root, path=f"{cache_dir}/wheels")
     aside = resolve_in_root(root=root, path=f"{cache_dir}/.wheels-aside")
     if wheels.exists():
-        os.replace(wheels, aside)
+        shutil.move(wheels, aside)
     try:
         yield
     finally:
         shutil.rmtree(wheels, ignore_errors=True)
         if aside.exists():
-            os.replace(aside, wheels)
+            shutil.move(aside, wheels)
 
 
 def install_error(error, *, step, before, staged):

@@ -261,7 +261,7 @@ def apply_actions(*, actions):
             backup = action.host_path.with_name(BACKUP_PREFIX + action.host_path.name)
             if os.path.lexists(backup):
                 _remove(backup)
-            os.rename(action.host_path, backup)
+            shutil.move(action.host_path, backup)  # a layer's dir: EXDEV, copied
             action.backup = backup
             done.append(action)
             os.symlink(action.target, action.host_path)
@@ -285,7 +285,7 @@ def rollback(*, actions):
             continue
         if os.path.islink(action.host_path):
             os.unlink(action.host_path)
-        os.rename(action.backup, action.host_path)
+        shutil.move(action.backup, action.host_path)
         action.backup = None
 
 

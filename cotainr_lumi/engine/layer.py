@@ -1,0 +1,226 @@
+"""Layered builds (issue 30): the base SIF mounted under a writable dir, which becomes a layer."""
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+import re
+import shlex
+import shutil
+import subprocess
+
+from .. import apptainer
+from ..imagelayout import LABEL_LAYERS, LABELS_FILE
+from .rootfs import resolve_in_root
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: fuse-overlayfs writes a whiteout as a file with this prefix where it cannot mknod.
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+#: This build's layer in the label :data:`LABEL_LAYERS` (its sha256 in the SIF's).
+THIS = "this build"
+METADATA = "inspect-metadata.json"
+
+
+def sha256_of_file(*, path, chunk_size=4 * 1024 * 1024):
+    """Stream a file through SHA-256."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(chunk_size), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class LayerError(Exception):
+    """The base cannot be mounted here (the build unpacks it)."""
+
+
+def _partitions(image):
+    """The base's overlay partitions, newest first, then its system partition."""
+    objects = apptainer.sif_objects(image)
+    parts = [o for o in objects if o.datatype == apptainer.SIF_PARTITION]
+    system = [p for p in parts if p.parttype == apptainer.SIF_SYSTEM]
+    overlays = [p for p in parts if p.parttype == apptainer.SIF_OVERLAY]
+    if len(system) != 1 or any(p.fstype != apptainer.SIF_SQUASHFS for p in parts):
+        raise LayerError("its partitions are not squashfs (one system, overlays)")
+    return sorted(overlays, key=lambda p: -p.id) + system
+
+
+def overlays(image):
+    """The number of overlay partitions of a SIF (0: none, or not a SIF)."""
+    try:
+        objects = apptainer.sif_objects(image)
+    except (OSError, ValueError):
+        return 0
+    return sum(o.parttype == apptainer.SIF_OVERLAY for o in objects)
+
+
+def mount_problem(image):
+    """Why `image` cannot be mounted as a build's base here (None: it can)."""
+    fuse = ("squashfuse", "fuse-overlayfs")
+    if os.geteuid() != 0 and not all(map(shutil.which, fuse)):
+        return "not root, and squashfuse and fuse-overlayfs are not both on PATH"
+    try:
+        _partitions(image)
+    except (OSError, ValueError, LayerError) as e:
+        return f"the base image cannot be mounted: {e}"
+    return None
+
+
+def unmount(path):
+    """Unmount `path`, lazily (a process still in it does not keep it)."""
+    fusermount = shutil.which("fusermount3") or "fusermount"
+    cmd = ["umount", "-l"] if os.geteuid() == 0 else [fusermount, "-u", "-z"]
+    done = subprocess.run([*cmd, str(path)], capture_output=True, text=True)
+    if done.returncode:
+        logger.warning("Could not unmount %s: %s", path, done.stderr.strip())
+
+
+def unmount_below(directory):
+    """Unmount what a killed build left mounted in `directory`, deepest first."""
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return
+    prefix = os.path.realpath(directory) + "/"
+    points = [line.split()[1].replace("\\040", " ") for line in lines]
+    for point in sorted((p for p in points if p.startswith(prefix)), reverse=True):
+        unmount(point)
+
+
+def whiteout_arguments(upper):
+    """The mksquashfs arguments making fuse-overlayfs's ``.wh.`` files overlay whiteouts."""
+    pseudo = []
+    for directory, _dirs, files in os.walk(upper):
+        inside = "/" + os.path.relpath(directory, upper).lstrip(".")
+        for name in sorted(f for f in files if f.startswith(WHITEOUT)):
+            if name == OPAQUE:
+                pseudo.append(f"{_escape(inside)} x trusted.overlay.opaque=y")
+            else:
+                path = os.path.join(inside, name[len(WHITEOUT) :])
+                pseudo.append(f"{_escape(path)} c 0 0 0 0 0")
+    exclude = ["-wildcards", "-e", f"... {WHITEOUT}*"]  # -e takes all after it
+    return [*(a for p in pseudo for a in ("-p", p)), *exclude] if pseudo else []
+
+
+def _escape(path):
+    return re.sub(r'([\\\s"])', r"\\\1", path)
+
+
+def _run(cmd):
+    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if done.returncode:
+        why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no message"]
+        raise LayerError(f"{shlex.join(map(str, cmd[:3]))}...: {why[0]}")
+
+
+class BaseView:
+    """A base SIF mounted under a writable dir in `work` (`layer`: not --flatten)."""
+
+    def __init__(self, *, base, work, layer=True):
+        self.base, self.work, self.layer = Path(base), Path(work), layer
+        self.upper, self.mounts, self.merged = self.work / "upper", [], None
+
+    def mount(self, *, at):
+        """Mount the view at `at` (:class:`LayerError`: nothing left mounted)."""
+        if set(",:") & set(str(self.work)):
+            raise LayerError(f"the work dir {self.work} has a ',' or ':'")
+        fuse = os.geteuid() != 0
+        lowers = []
+        for part in _partitions(self.base):
+            lowers.append(self.work / f"lower-{part.id}")
+            lowers[-1].mkdir(parents=True)
+            mount = ["squashfuse", "-o"] if fuse else ["mount", "-t", "squashfs", "-o"]
+            where = "" if fuse else f"loop,ro,sizelimit={part.size},"
+            self._mount([*mount, f"{where}offset={part.offset}", self.base, lowers[-1]])
+        (self.work / "work").mkdir()
+        self.upper.mkdir()
+        options = "lowerdir={},upperdir={},workdir={}".format(
+            ":".join(map(str, lowers)), self.upper, self.work / "work"
+        )
+        overlay = ["fuse-overlayfs"] if fuse else ["mount", "-t", "overlay", "overlay"]
+        self._mount([*overlay, "-o", options, at])
+        self.merged = Path(at)
+        logger.info("The base image is mounted read-only at %s (no unpack)", at)
+
+    def _mount(self, cmd):
+        try:
+            _run(cmd)
+        except (OSError, LayerError):
+            self.unmount()
+            raise
+        self.mounts.append(cmd[-1])
+
+    def unmount(self):
+        """Unmount everything :meth:`mount` mounted (again: nothing)."""
+        while self.mounts:
+            unmount(self.mounts.pop())
+
+    def write_image(self, *, path):
+        """Write the layered image to `path`; False (said why): build it whole."""
+        if not self.layer:
+            logger.info("--flatten: the whole image is squashed again.")
+            return False
+        labels = resolve_in_root(root=self.merged, path=LABELS_FILE).read_text()
+        try:
+            seen = self._write(Path(path))
+            why = f"it shows no layer: {seen.stderr.strip()[-300:] or 'other labels'}"
+            if seen.returncode == 0 and seen.stdout == labels:
+                return True
+        except (OSError, ValueError, subprocess.SubprocessError, LayerError) as e:
+            why = str(e)
+        Path(path).unlink(missing_ok=True)
+        runtime = apptainer.runtime()
+        logger.warning(
+            "Building the whole image (no layer): %s here: %s.", runtime, why
+        )
+        return False
+
+    def _write(self, path):
+        """The base copied to `path` plus the layer; the runtime's view of it."""
+        delta = self.work / "layer.sqfs"
+        quick = ["-noappend", "-no-progress", "-quiet", "-noI", "-noD", "-noF", "-noX"]
+        _run(["mksquashfs", self.upper, delta, *quick, *whiteout_arguments(self.upper)])
+        shutil.copy(self.base, path)
+        sif, arch = [apptainer.runtime(), "sif"], _partitions(self.base)[-1].arch
+        add = ["add", "--groupid=1", "--datatype=4", "--partfs=1", "--parttype=4"]
+        _run([*sif, *add, f"--partarch={arch}", path, delta])
+        meta, metadata = _metadata(self.base)
+        if meta:  # what `inspect` may show: this build's labels and env files
+            self._update(metadata, delta)
+            (self.work / METADATA).write_text(json.dumps(metadata))
+            _run([*sif, "del", meta.id, path])
+            _run([*sif, *add[:2], "--datatype=6", path, self.work / METADATA])
+        size = delta.stat().st_size
+        logger.info("Layered image: %s plus a %d KiB layer", self.base.name, size >> 10)
+        return apptainer.exec_in_image(image=path, args=["cat", LABELS_FILE])
+
+    def label(self, *, sha256=None):
+        """The label :data:`LABEL_LAYERS`: the base's layers, then this build."""
+        base = self.base.name + (f" sha256:{sha256}" if sha256 else "")
+        attributes = _metadata(self.base)[1].get("data", {}).get("attributes", {})
+        return f"{(attributes.get('labels') or {}).get(LABEL_LAYERS) or base} + {THIS}"
+
+    def _update(self, metadata, delta):
+        attributes = metadata.setdefault("data", {}).setdefault("attributes", {})
+        text = resolve_in_root(root=self.merged, path=LABELS_FILE).read_text()
+        labels = json.JSONDecoder().raw_decode(text)[0]
+        layer = f"layer sha256:{sha256_of_file(path=delta)}"
+        layers = labels.get(LABEL_LAYERS, THIS).replace(THIS, layer)
+        attributes["labels"] = {**labels, LABEL_LAYERS: layers}
+        environment = attributes.get("environment") or {}
+        for name in environment:
+            file = resolve_in_root(root=self.merged, path=name)
+            environment[name] = file.read_text() if file.is_file() else ""
+
+
+def _metadata(image):
+    """The SIF object of what ``apptainer inspect`` may show, and its JSON."""
+    meta = [o for o in apptainer.sif_objects(image) if o.datatype == apptainer.SIF_JSON]
+    with open(image, "rb") as f, contextlib.suppress(ValueError, IndexError):
+        f.seek(meta[0].offset)
+        return meta[0], json.loads(f.read(meta[0].size))
+    return None, {}

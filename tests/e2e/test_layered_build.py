@@ -1,0 +1,240 @@
+"""End-to-end: a stacked build costs what it changes (issue 30's layered builds).
+
+A build on a local SIF base mounts the base read-only under a writable dir;
+the image is the base's file plus one squashfs overlay partition, used only
+when the runtime shows it. Pip steps cannot uninstall; a version change
+removes the old version's files (whiteouts in the layer).
+"""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+import subprocess
+import sys
+
+from hosttools import need_lmod
+from pkgfixtures import make_wheel
+import pytest
+import yaml
+
+from cotainr_lumi.apptainer import SIF_OVERLAY, SIF_SYSTEM, sif_objects
+
+pytestmark = pytest.mark.e2e
+
+COTAINR = Path(sys.executable).with_name("cotainr")
+SYSTEM = "layered-e2e"
+#: The state a test reads back: the packages' versions, the removed module.
+PROBE = (
+    "import importlib.metadata as m, importlib.util as u, added, keep, swap; "
+    "print(keep.VERSION, swap.VERSION, added.VERSION, u.find_spec('swap.old'), "
+    "*[d.version for d in m.distributions() if d.metadata['Name'] == 'swap'])"
+)
+#: What PROBE prints on the stacked image: 1.0 of swap and swap.old are gone.
+STACKED = ["1.0", "2.0", "1.0", "None", "2.0"]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, lumi_like_base_image):
+    work = tmp_path_factory.mktemp("layered")
+    (work / "systems.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "systems": {
+                    SYSTEM: {
+                        "extends": "lumi-g-ext",
+                        "base-image": str(lumi_like_base_image),
+                        "rocm-version": "6.1",
+                    }
+                }
+            }
+        )
+    )
+    make_wheel(work, "keep", "1.0")
+    make_wheel(work, "swap", "1.0", modules={"old": "GONE_IN_2 = True\n"})
+    make_wheel(work, "swap", "2.0")
+    make_wheel(work, "added", "1.0")
+    (work / "first.txt").write_text(
+        "./keep-1.0-py3-none-any.whl\n./swap-1.0-py3-none-any.whl\n"
+    )
+    (work / "second.txt").write_text(
+        "./swap-2.0-py3-none-any.whl\n./added-1.0-py3-none-any.whl\n"
+    )
+    (work / "steps.yml").write_text(
+        yaml.safe_dump(
+            {"steps": [{"requirements": "second.txt", "allow-changes": ["swap"]}]}
+        )
+    )
+    return work
+
+
+def build(work, image, *args, env=None):
+    """``cotainr build IMAGE ARGS`` in `work`; the process (checked)."""
+    system = (
+        ["--lumi-system", SYSTEM] if "--base-image" in args else [f"--system={SYSTEM}"]
+    )
+    proc = subprocess.run(
+        [str(COTAINR), "build", str(image), *system, "--force", *map(str, args)],
+        cwd=work,
+        env={
+            **os.environ,
+            "COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml"),
+            **(env or {}),
+        },
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+def partition_digests(image):
+    """{(parttype, number of that type): sha256 of its bytes} of a SIF."""
+    digests, seen = {}, {}
+    with open(image, "rb") as f:
+        for part in sif_objects(image):
+            if part.parttype in (SIF_SYSTEM, SIF_OVERLAY):
+                f.seek(part.offset)
+                n = seen[part.parttype] = seen.get(part.parttype, 0) + 1
+                digests[part.parttype, n] = hashlib.sha256(
+                    f.read(part.size)
+                ).hexdigest()
+    return digests
+
+
+@pytest.fixture(scope="module")
+def first(work):
+    """An image cotainr-lumi built: keep 1.0, swap 1.0 (with swap.old)."""
+    return build(work, work / "first.sif", "--pip-requirements", "first.txt")
+
+
+@pytest.fixture(scope="module")
+def stacked(work, first):
+    """On it: swap 2.0 (swap.old gone) and added 1.0, as a layer."""
+    return build(
+        work,
+        work / "stacked.sif",
+        "--base-image",
+        "first.sif",
+        "--pip-steps",
+        "steps.yml",
+    )
+
+
+def test_the_first_build_is_the_base_plus_one_layer(work, first, lumi_like_base_image):
+    base, image = (
+        partition_digests(lumi_like_base_image),
+        partition_digests(work / "first.sif"),
+    )
+    assert image[SIF_SYSTEM, 1] == base[SIF_SYSTEM, 1]
+    assert sorted(image) == [(SIF_SYSTEM, 1), (SIF_OVERLAY, 1)]
+    assert "Layered image: " in first.stdout
+
+
+def test_a_stacked_build_adds_one_small_layer_and_runs(
+    work, stacked, apptainer_exec, verify_image, apptainer_path, lumi_like_base_image
+):
+    before, after = (
+        partition_digests(work / "first.sif"),
+        partition_digests(work / "stacked.sif"),
+    )
+    assert {k: after[k] for k in before} == before  # byte for byte: O(change)
+    assert sorted(after) == [(SIF_SYSTEM, 1), (SIF_OVERLAY, 1), (SIF_OVERLAY, 2)]
+    grown = (work / "stacked.sif").stat().st_size - (work / "first.sif").stat().st_size
+    assert 0 < grown < 1024**2, grown
+    assert "The base image is mounted read-only" in stacked.stdout
+    proc = apptainer_exec(work / "stacked.sif", "python3", "-c", PROBE)
+    assert proc.stdout.split() == STACKED, proc.stderr
+    env = {"COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml")}
+    code, statuses, report = verify_image(work / "stacked.sif", env=env)
+    assert code == 0 and "FAIL" not in statuses.values(), report
+    labels = json.loads(
+        subprocess.run(
+            [str(apptainer_path / "apptainer"), "inspect", "--json", "--labels"]
+            + [str(work / "stacked.sif")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )["data"]["attributes"]["labels"]
+    layers = labels["cotainr-lumi.layers"].split(" + ")
+    assert layers[0].startswith(lumi_like_base_image.name + " sha256:")
+    assert layers[1].startswith("layer sha256:") and layers[2] == "this build"
+    sif = subprocess.run(
+        [
+            str(apptainer_path / "apptainer"),
+            "sif",
+            "dump",
+            "2",
+            str(work / "stacked.sif"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    named = json.loads(sif.stdout)["data"]["attributes"]["labels"][
+        "cotainr-lumi.layers"
+    ]
+    assert named.split(" + ")[:2] == layers[:2] and named.split(" + ")[2].startswith(
+        "layer sha256:"
+    )
+
+
+def test_the_module_file_runs_the_layered_image(work, stacked, lmod_init):
+    script = (
+        f'source {lmod_init} && module use "$1" && module load stacked && '
+        f'unset SINGULARITY_BIND && apptainer exec --no-home "$SIF" python3 -c "$2"'
+    )
+    proc = subprocess.run(
+        ["bash", "-c", script, "bash", str(work), PROBE],
+        env={"PATH": os.environ["PATH"], "HOME": str(work)},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.stdout.split() == STACKED, proc.stderr
+
+
+def test_a_runtime_that_ignores_the_layer_gets_the_whole_image(
+    work, first, apptainer_path, apptainer_exec
+):
+    """Apptainer with ``enable overlay = no`` runs the image without its layer."""
+    config = work / "no-overlay.conf"
+    sid = apptainer_path.parent / "root/etc/apptainer/apptainer.conf"  # provisioned
+    conf = sid if sid.is_file() else Path("/etc/apptainer/apptainer.conf")
+    text = conf.read_text()
+    assert "enable overlay = yes" in text, conf
+    config.write_text(text.replace("enable overlay = yes", "enable overlay = no"))
+    wrapped = work / "no-overlay-bin"
+    wrapped.mkdir(exist_ok=True)
+    (wrapped / "apptainer").write_text(
+        f'#!/bin/sh\nexec {apptainer_path / "apptainer"} --config {config} "$@"\n'
+    )
+    (wrapped / "apptainer").chmod(0o755)
+    path = f"{wrapped}:{os.environ['PATH']}"
+    proc = build(
+        work, work / "whole.sif", "--base-image", "first.sif", "--pip-steps", "steps.yml",
+        env={"PATH": path},
+    )  # fmt: skip
+    assert "Building the whole image (no layer)" in proc.stderr
+    assert "shows no layer" in proc.stderr
+    parts = partition_digests(work / "whole.sif")
+    assert sorted(parts) == [(SIF_SYSTEM, 1)]
+    proc = apptainer_exec(work / "whole.sif", "python3", "-c", PROBE)
+    assert proc.stdout.split() == STACKED, proc.stderr
+
+
+def test_flatten_squashes_the_whole_image(work, first, apptainer_exec):
+    proc = build(
+        work, work / "flat.sif", "--base-image", "first.sif", "--pip-steps", "steps.yml",
+        "--flatten",
+    )  # fmt: skip
+    assert "--flatten: the whole image is squashed again." in proc.stdout
+    assert sorted(partition_digests(work / "flat.sif")) == [(SIF_SYSTEM, 1)]
+    proc = apptainer_exec(work / "flat.sif", "python3", "-c", PROBE)
+    assert proc.stdout.split() == STACKED, proc.stderr
+
+
+@pytest.fixture(scope="session")
+def lmod_init():
+    return need_lmod()

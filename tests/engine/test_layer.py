@@ -1,0 +1,100 @@
+"""Layered builds' host side (cotainr_lumi/engine/layer.py)."""
+
+import json
+import os
+from pathlib import Path
+import shutil
+import subprocess
+
+from hosttools import need_root, need_tool
+from siffile import EXT3, JSON, OVERLAY, PARTITION, SQUASHFS, SYSTEM, write_sif
+
+from cotainr_lumi.engine import layer
+
+
+def sif(path, *overlays, labels=None):
+    """A SIF with a squashfs system partition, `overlays` (fs types) and metadata."""
+    objects = [(PARTITION, b"system", SQUASHFS, SYSTEM, "")]
+    objects += [(PARTITION, b"layer", fstype, OVERLAY, "") for fstype in overlays]
+    if labels is not None:
+        data = {"data": {"attributes": {"labels": labels}}}
+        objects.append((JSON, json.dumps(data).encode(), 0, 0, layer.METADATA))
+    write_sif(path, objects)
+    return path
+
+
+def test_a_squashfs_sif_can_be_mounted_as_root_with_mksquashfs(tmp_path, monkeypatch):
+    need_tool("mksquashfs", install="apt-get install -y squashfs-tools")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert layer.mount_problem(sif(tmp_path / "a.sif", SQUASHFS)) is None
+    problem = layer.mount_problem(sif(tmp_path / "b.sif", EXT3))
+    assert "partitions are not squashfs" in problem  # a writable ext3 overlay
+    (tmp_path / "c.sif").write_text("not a SIF")
+    assert "not a SIF image" in layer.mount_problem(tmp_path / "c.sif")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "squashfuse and fuse-overlayfs" in layer.mount_problem(tmp_path / "a.sif")
+
+
+def test_the_partitions_mount_newest_layer_first(tmp_path):
+    parts = layer._partitions(sif(tmp_path / "a.sif", SQUASHFS, SQUASHFS))
+    assert [(p.id, p.parttype) for p in parts] == [
+        (3, OVERLAY),
+        (2, OVERLAY),
+        (1, SYSTEM),
+    ]
+
+
+def test_fuse_whiteout_files_become_overlay_whiteouts(tmp_path):
+    upper = tmp_path / "upper"
+    (upper / "d").mkdir(parents=True)
+    (upper / "a b").mkdir()
+    for name in (".wh.gone", "d/.wh..wh..opq", "d/new", "a b/.wh.x y", "keep"):
+        (upper / name).touch()
+    args = layer.whiteout_arguments(upper)
+    assert args == [
+        *("-p", "/gone c 0 0 0 0 0"),
+        *("-p", "/a\\ b/x\\ y c 0 0 0 0 0"),
+        *("-p", "/d x trusted.overlay.opaque=y"),
+        *("-wildcards", "-e", "... .wh.*"),  # -e last: it takes all after it
+    ]
+    assert layer.whiteout_arguments(tmp_path / "empty") == []
+    need_tool("unsquashfs", install="apt-get install -y squashfs-tools")
+    (upper / "d/.wh..wh..opq").unlink()  # mksquashfs < 4.6 has no xattr pseudo
+    out = tmp_path / "layer.sqfs"
+    subprocess.run(
+        ["mksquashfs", upper, out, "-quiet", *layer.whiteout_arguments(upper)],
+        check=True,
+    )
+    listing = subprocess.run(
+        ["unsquashfs", "-lls", out], capture_output=True, text=True, check=True
+    ).stdout
+    entries = {ln[ln.index("squashfs-root") :]: ln[0] for ln in listing.splitlines()}
+    assert entries["squashfs-root/gone"] == entries["squashfs-root/a b/x y"] == "c"
+    assert entries["squashfs-root/d/new"] == "-"
+    assert not [name for name in entries if "/.wh." in name]
+
+
+def test_the_layers_label_names_the_base_and_its_layers(tmp_path):
+    view = layer.BaseView(base=sif(tmp_path / "b.sif", labels={}), work=tmp_path)
+    assert view.label() == "b.sif + this build"
+    assert view.label(sha256="ab12") == "b.sif sha256:ab12 + this build"
+    earlier = {"cotainr-lumi.layers": "a.sif sha256:ab12 + layer sha256:cd34"}
+    view = layer.BaseView(
+        base=sif(tmp_path / "c.sif", SQUASHFS, labels=earlier), work=tmp_path
+    )
+    assert view.label(sha256="ef56") == f"{earlier['cotainr-lumi.layers']} + this build"
+
+
+def test_a_killed_builds_mounts_are_unmounted(tmp_path):
+    need_root("mounts a tmpfs")
+    build = tmp_path / "cotainr-lumi-build-1-x"
+    for name in ("merged", "lower-1"):
+        (build / name).mkdir(parents=True)
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", build / name], check=True)
+    (build / "merged/file").touch()
+    layer.unmount_below(build)
+    mounts = Path("/proc/self/mounts").read_text()
+    assert str(build) not in mounts
+    assert not (build / "merged/file").exists()
+    shutil.rmtree(build)
