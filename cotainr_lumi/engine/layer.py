@@ -143,6 +143,11 @@ class BaseView:
         )
         overlay = ["fuse-overlayfs"] if fuse else ["mount", "-t", "overlay", "overlay"]
         self._mount([*overlay, "-o", options, at])
+        try:  # as cotainr runs it (a setuid runtime may not see a user's FUSE mount)
+            _run([apptainer.runtime(), "exec", "--writable", "--no-home", at, "true"])
+        except (OSError, LayerError):
+            self.unmount()
+            raise
         self.merged = Path(at)
         logger.info("The base image is mounted read-only at %s (no unpack)", at)
 

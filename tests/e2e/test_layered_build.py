@@ -35,21 +35,12 @@ STACKED = ["1.0", "2.0", "1.0", "None", "2.0"]
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, lumi_like_base_image):
+def work(tmp_path_factory, lumi_like_base_image, write_systems):
     work = tmp_path_factory.mktemp("layered")
-    (work / "systems.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "systems": {
-                    SYSTEM: {
-                        "extends": "lumi-g-ext",
-                        "base-image": str(lumi_like_base_image),
-                        "rocm-version": "6.1",
-                    }
-                }
-            }
-        )
-    )
+    # The base's sha256 is the first entry of the layers label.
+    sha = {"provenance": {"hash-base-image": True}}
+    system = {"base-image": lumi_like_base_image, "settings": sha}
+    write_systems(work / "systems.yaml", {SYSTEM: system})
     make_wheel(work, "keep", "1.0")
     make_wheel(work, "swap", "1.0", modules={"old": "GONE_IN_2 = True\n"})
     make_wheel(work, "swap", "2.0")
@@ -68,26 +59,15 @@ def work(tmp_path_factory, lumi_like_base_image):
     return work
 
 
-def build(work, image, *args, env=None):
-    """``cotainr build IMAGE ARGS`` in `work`; the process (checked)."""
-    system = (
-        ["--lumi-system", SYSTEM] if "--base-image" in args else [f"--system={SYSTEM}"]
-    )
-    proc = subprocess.run(
-        [str(COTAINR), "build", str(image), *system, "--force", *map(str, args)],
-        cwd=work,
-        env={
-            **os.environ,
-            "COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml"),
-            **(env or {}),
-        },
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc
+@pytest.fixture(scope="module")
+def build(work, cotainr_build):
+    """``build(IMAGE, *ARGS)``: ``cotainr build IMAGE ARGS`` in `work` (checked)."""
+
+    def run(image, *args, env=None):
+        by = "--lumi-system" if "--base-image" in args else "--system"
+        return cotainr_build(work, image, by, SYSTEM, "--force", *args, env=env)
+
+    return run
 
 
 def partition_digests(image):
@@ -105,16 +85,15 @@ def partition_digests(image):
 
 
 @pytest.fixture(scope="module")
-def first(work):
+def first(build, work):
     """An image cotainr-lumi built: keep 1.0, swap 1.0 (with swap.old)."""
-    return build(work, work / "first.sif", "--pip-requirements", "first.txt")
+    return build(work / "first.sif", "--pip-requirements", "first.txt")
 
 
 @pytest.fixture(scope="module")
-def stacked(work, first):
+def stacked(build, work, first):
     """On it: swap 2.0 (swap.old gone) and added 1.0, as a layer."""
     return build(
-        work,
         work / "stacked.sif",
         "--base-image",
         "first.sif",
@@ -196,7 +175,7 @@ def test_the_module_file_runs_the_layered_image(work, stacked, lmod_init):
 
 
 def test_a_runtime_that_ignores_the_layer_gets_the_whole_image(
-    work, first, apptainer_path, apptainer_exec
+    build, work, first, apptainer_path, apptainer_exec
 ):
     """Apptainer with ``enable overlay = no`` runs the image without its layer."""
     config = work / "no-overlay.conf"
@@ -213,7 +192,7 @@ def test_a_runtime_that_ignores_the_layer_gets_the_whole_image(
     (wrapped / "apptainer").chmod(0o755)
     path = f"{wrapped}:{os.environ['PATH']}"
     proc = build(
-        work, work / "whole.sif", "--base-image", "first.sif", "--pip-steps", "steps.yml",
+        work / "whole.sif", "--base-image", "first.sif", "--pip-steps", "steps.yml",
         env={"PATH": path},
     )  # fmt: skip
     assert "Building the whole image (no layer)" in proc.stderr
@@ -224,9 +203,9 @@ def test_a_runtime_that_ignores_the_layer_gets_the_whole_image(
     assert proc.stdout.split() == STACKED, proc.stderr
 
 
-def test_flatten_squashes_the_whole_image(work, first, apptainer_exec):
+def test_flatten_squashes_the_whole_image(build, work, first, apptainer_exec):
     proc = build(
-        work, work / "flat.sif", "--base-image", "first.sif", "--pip-steps", "steps.yml",
+        work / "flat.sif", "--base-image", "first.sif", "--pip-steps", "steps.yml",
         "--flatten",
     )  # fmt: skip
     assert "--flatten: the whole image is squashed again." in proc.stdout

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 from hosttools import need_root, need_tool
+import pytest
 from siffile import EXT3, JSON, OVERLAY, PARTITION, SQUASHFS, SYSTEM, write_sif
 
 from cotainr_lumi.engine import layer
@@ -98,3 +99,32 @@ def test_a_killed_builds_mounts_are_unmounted(tmp_path):
     assert str(build) not in mounts
     assert not (build / "merged/file").exists()
     shutil.rmtree(build)
+
+
+def test_a_mount_the_runtime_cannot_run_is_undone(tmp_path, monkeypatch):
+    # LUMI's setuid runtime may not see a user's FUSE mounts (no allow_other):
+    # the view is unmounted and the build unpacks the base instead.
+    done, unmounted = [], []
+
+    def run(cmd):
+        done.append([str(c) for c in cmd])
+        if "exec" in done[-1]:
+            raise layer.LayerError("FATAL: permission denied")
+
+    monkeypatch.setattr(layer, "_run", run)
+    monkeypatch.setattr(layer, "unmount", unmounted.append)
+    monkeypatch.setattr(layer.apptainer, "runtime", lambda: "singularity")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    view = layer.BaseView(base=sif(tmp_path / "a.sif"), work=tmp_path / "build")
+    with pytest.raises(layer.LayerError, match="permission denied"):
+        view.mount(at=tmp_path / "sandbox")
+    assert [c[0] for c in done] == ["squashfuse", "fuse-overlayfs", "singularity"]
+    assert done[-1][1:] == [
+        "exec",
+        "--writable",
+        "--no-home",
+        f"{tmp_path}/sandbox",
+        "true",
+    ]
+    assert unmounted == [tmp_path / "sandbox", tmp_path / "build/lower-1"]
+    assert view.merged is None and view.mounts == []

@@ -7,15 +7,21 @@ import cotainr_lumi
 from cotainr_lumi.errors import InputError
 
 
+@pytest.fixture
+def env(tmp_path):
+    """A conda environment file."""
+    path = tmp_path / "env.yml"
+    path.write_text("name: x\ndependencies: [python]\n")
+    return path
+
+
 @pytest.mark.parametrize("conda", [False, True])
 def test_a_local_base_whose_metadata_links_out_is_refused(
-    tmp_path, test_profile, conda
+    tmp_path, test_profile, conda, env
 ):
     base = tmp_path / "base"  # a sandbox directory as the base image
     (base / ".singularity.d/env").mkdir(parents=True)
     (base / ".singularity.d/labels.json").write_text("{}")
-    env = tmp_path / "env.yml"
-    env.write_text("name: x\ndependencies: [python]\n")
     plan = cotainr_lumi.plan(
         image_path=tmp_path / "x.sif",
         system="lumi-test",
@@ -161,14 +167,12 @@ def test_a_glob_is_in_the_file_name_only_and_a_literal_name_is_itself(
 
 
 def test_the_plan_says_whether_the_build_adds_a_layer_and_why_not(
-    tmp_path, test_profile, monkeypatch
+    tmp_path, test_profile, monkeypatch, env
 ):
     from siffile import PARTITION, SQUASHFS, SYSTEM, write_sif
 
     base = tmp_path / "base.sif"
     write_sif(base, [(PARTITION, b"system", SQUASHFS, SYSTEM, "")])
-    env = tmp_path / "env.yml"
-    env.write_text("name: x\ndependencies: [python]\n")
     monkeypatch.setattr("os.geteuid", lambda: 0)  # kernel mounts
 
     def layered(**request):
@@ -190,14 +194,12 @@ def test_the_plan_says_whether_the_build_adds_a_layer_and_why_not(
     )
 
 
-def test_a_layered_base_that_would_be_unpacked_is_refused(tmp_path, test_profile):
+def test_a_layered_base_that_would_be_unpacked_is_refused(tmp_path, test_profile, env):
     from siffile import OVERLAY, PARTITION, SQUASHFS, SYSTEM, write_sif
 
     base = tmp_path / "layered.sif"
     parts = [(SYSTEM, b"system"), (OVERLAY, b"layer")]
     write_sif(base, [(PARTITION, data, SQUASHFS, kind, "") for kind, data in parts])
-    env = tmp_path / "env.yml"
-    env.write_text("name: x\ndependencies: [python]\n")
     plan = cotainr_lumi.plan(
         image_path=tmp_path / "x.sif",
         system="lumi-test",
