@@ -33,6 +33,8 @@ from prune_fixtures import derive_base_image
 import pytest
 import yaml
 
+from cotainr_lumi.apptainer import SIF_OVERLAY, SIF_PARTITION, sif_objects
+
 pytestmark = pytest.mark.e2e
 
 SYSTEM = "aif-e2e"
@@ -443,6 +445,10 @@ def test_a_second_build_on_the_first_adds_and_replaces_nothing_else(
         image2, env={"COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml")}
     )
     assert code == 0 and report["failed"] == [], json.dumps(report, indent=1)
+    # Issue 30: the AI Factory-like base extended as layers, one per build.
+    parts = [o for o in sif_objects(image2) if o.datatype == SIF_PARTITION]
+    assert [o.parttype for o in parts].count(SIF_OVERLAY) == 2, parts
+    assert "Layered image: " in log
 
 
 def test_the_glob_base_resolves_in_the_latest_release_and_is_recorded(
