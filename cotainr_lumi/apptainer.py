@@ -135,9 +135,12 @@ def links_in_image(*, image, paths):
     return links
 
 
-def exec_in_image(*, image, args, clean_env=True, env=None, timeout=600):
+def exec_in_image(
+    *, image, args, clean_env=True, env=None, timeout=600, writable=False
+):
     """Run a command in an image."""
     cmd = [runtime(), "exec", "--no-home", *(["--cleanenv"] if clean_env else [])]
+    cmd += ["--writable"] if writable else []
     for key, value in (env or {}).items():
         cmd += ["--env", f"{key}={value}"]
     cmd += [os.fspath(image), *args]

@@ -143,11 +143,12 @@ class BaseView:
         )
         overlay = ["fuse-overlayfs"] if fuse else ["mount", "-t", "overlay", "overlay"]
         self._mount([*overlay, "-o", options, at])
-        try:  # as cotainr runs it (a setuid runtime may not see a user's FUSE mount)
-            _run([apptainer.runtime(), "exec", "--writable", "--no-home", at, "true"])
-        except (OSError, LayerError):
+        # Run as cotainr runs it (a setuid runtime may not see a user's FUSE mount).
+        seen = apptainer.exec_in_image(image=at, args=["true"], writable=True)
+        if seen.returncode:
             self.unmount()
-            raise
+            why = seen.stderr.strip().splitlines()[-1:] or ["no message"]
+            raise LayerError(f"the runtime cannot run the mounted base: {why[0]}")
         self.merged = Path(at)
         logger.info("The base image is mounted read-only at %s (no unpack)", at)
 

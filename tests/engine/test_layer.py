@@ -104,27 +104,22 @@ def test_a_killed_builds_mounts_are_unmounted(tmp_path):
 def test_a_mount_the_runtime_cannot_run_is_undone(tmp_path, monkeypatch):
     # LUMI's setuid runtime may not see a user's FUSE mounts (no allow_other):
     # the view is unmounted and the build unpacks the base instead.
-    done, unmounted = [], []
+    done, unmounted, runs = [], [], []
 
-    def run(cmd):
-        done.append([str(c) for c in cmd])
-        if "exec" in done[-1]:
-            raise layer.LayerError("FATAL: permission denied")
+    def exec_in_image(**kwargs):
+        runs.append(kwargs)
+        return subprocess.CompletedProcess([], 255, "", "FATAL: permission denied\n")
 
-    monkeypatch.setattr(layer, "_run", run)
+    monkeypatch.setattr(layer, "_run", lambda cmd: done.append(str(cmd[0])))
     monkeypatch.setattr(layer, "unmount", unmounted.append)
-    monkeypatch.setattr(layer.apptainer, "runtime", lambda: "singularity")
+    monkeypatch.setattr(layer.apptainer, "exec_in_image", exec_in_image)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     view = layer.BaseView(base=sif(tmp_path / "a.sif"), work=tmp_path / "build")
-    with pytest.raises(layer.LayerError, match="permission denied"):
+    with pytest.raises(
+        layer.LayerError, match="cannot run .*: FATAL: permission denied"
+    ):
         view.mount(at=tmp_path / "sandbox")
-    assert [c[0] for c in done] == ["squashfuse", "fuse-overlayfs", "singularity"]
-    assert done[-1][1:] == [
-        "exec",
-        "--writable",
-        "--no-home",
-        f"{tmp_path}/sandbox",
-        "true",
-    ]
+    assert done == ["squashfuse", "fuse-overlayfs"]
+    assert runs == [{"image": tmp_path / "sandbox", "args": ["true"], "writable": True}]
     assert unmounted == [tmp_path / "sandbox", tmp_path / "build/lower-1"]
     assert view.merged is None and view.mounts == []
