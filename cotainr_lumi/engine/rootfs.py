@@ -190,3 +190,11 @@ def claim_build_dirs(*, root):
             link = image_path_of(root=root, host_path=entry.path)
             logger.warning("Removing the base image's link %s.", link)
             entry.host_path.unlink()
+
+
+def resolve_or_none(*, root, path):
+    """:func:`resolve_in_root`, or None for a symlink loop."""
+    try:
+        return resolve_in_root(root=root, path=path)
+    except SymlinkLoopError:
+        return None

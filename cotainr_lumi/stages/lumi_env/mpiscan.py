@@ -16,7 +16,7 @@ from pathlib import PurePosixPath
 import re
 
 from ...engine.elfinfo import read_elf_info, scan_elf_files
-from ...engine.rootfs import SymlinkLoopError, image_path_of, resolve_in_root
+from ...engine.rootfs import image_path_of, resolve_or_none
 from .network import DEFAULT_LOADER_DIRS
 
 #: The MPICH ABI library (MPICH >= 3.1, Cray MPICH's lib-abi-mpich, Intel MPI).
@@ -101,20 +101,12 @@ class MpiScan:
         }
 
 
-def _resolve(*, root, path):
-    """The host path of an image path (None for a symlink loop)."""
-    try:
-        return resolve_in_root(root=root, path=path)
-    except SymlinkLoopError:
-        return None
-
-
 def _conf_dirs(*, root, conf, seen):
     """The directories an ``ld.so.conf`` file names (``include`` followed)."""
     if conf in seen:
         return []
     seen.add(conf)
-    host = _resolve(root=root, path=conf)
+    host = resolve_or_none(root=root, path=conf)
     try:
         lines = host.read_text(errors="replace").splitlines() if host else []
     except OSError:
@@ -125,7 +117,7 @@ def _conf_dirs(*, root, conf, seen):
         if line.startswith("include"):
             # A relative pattern is relative to the file's directory.
             pattern = PurePosixPath(conf).parent / line[len("include") :].strip()
-            parent = _resolve(root=root, path=str(pattern.parent))
+            parent = resolve_or_none(root=root, path=str(pattern.parent))
             if parent is None or not parent.is_dir():
                 continue
             for match in sorted(glob.glob(str(parent / pattern.name))):
@@ -146,7 +138,7 @@ def _find(*, root, name, dirs):
     """The first ``DIR/name`` of `dirs` that is a file in the image (image path)."""
     for directory in dirs:
         path = f"{directory.rstrip('/')}/{name}"
-        host = _resolve(root=root, path=path)
+        host = resolve_or_none(root=root, path=path)
         if host is not None and host.is_file():
             return path
     return None
@@ -162,7 +154,7 @@ def _expand(entry, *, origin):
 
 def _real_image_path(*, root, path):
     """The image path of `path` with its links resolved."""
-    host = _resolve(root=root, path=path)
+    host = resolve_or_none(root=root, path=path)
     return path if host is None else str(image_path_of(root=root, host_path=host))
 
 
@@ -178,8 +170,12 @@ def _speaks_cxi(*, root, library_path, info, dirs):
     fabric = _find(root=root, name=LIBFABRIC, dirs=search)
     if fabric is None:
         return None, False
-    fabric_info = read_elf_info(path=_resolve(root=root, path=fabric))  # _find: a file
-    providers = _resolve(root=root, path=f"{PurePosixPath(fabric).parent}/libfabric")
+    fabric_info = read_elf_info(
+        path=resolve_or_none(root=root, path=fabric)
+    )  # _find: a file
+    providers = resolve_or_none(
+        root=root, path=f"{PurePosixPath(fabric).parent}/libfabric"
+    )
     has_provider = providers is not None and glob.glob(str(providers / "libcxi-fi*.so"))
     return fabric, bool(has_provider or (fabric_info and LIBCXI in fabric_info.needed))
 
@@ -196,7 +192,7 @@ def _libraries(*, root, prefixes, dirs):
             if real is None or real in seen:
                 continue
             seen.add(real)
-            info = read_elf_info(path=_resolve(root=root, path=real))
+            info = read_elf_info(path=resolve_or_none(root=root, path=real))
             if info is None:
                 continue
             cxi = _speaks_cxi(root=root, library_path=real, info=info, dirs=dirs)
@@ -208,7 +204,7 @@ def _distributions(*, root, site_dirs):
     """Image path of each installed file -> ``name version`` (from RECORD)."""
     owners = {}
     for site in site_dirs:
-        host_site = _resolve(root=root, path=site)
+        host_site = resolve_or_none(root=root, path=site)
         if host_site is None or not host_site.is_dir():
             continue
         for record in sorted(host_site.glob("*.dist-info/RECORD")):
@@ -226,7 +222,7 @@ def _distributions(*, root, site_dirs):
 def _mpi4py(*, root, site_dirs):
     """mpi4py's version, directory and whether it loads its library itself."""
     for site in site_dirs:
-        host = _resolve(root=root, path=f"{site.rstrip('/')}/mpi4py/__init__.py")
+        host = resolve_or_none(root=root, path=f"{site.rstrip('/')}/mpi4py/__init__.py")
         if host is None or not host.is_file():
             continue
         text = host.read_text(errors="replace")
@@ -265,7 +261,10 @@ def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
     scan.mpi4py = _mpi4py(root=root, site_dirs=site_dirs)
     owners = _distributions(root=root, site_dirs=site_dirs)
     exe = python and _real_image_path(root=root, path=python)
-    interpreter = (exe, exe and read_elf_info(path=_resolve(root=root, path=exe)))
+    interpreter = (
+        exe,
+        exe and read_elf_info(path=resolve_or_none(root=root, path=exe)),
+    )
     # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
     preloading = scan.mpi4py and scan.mpi4py["abi_aware"] and scan.mpi4py["dir"] + "/"
     seen = {lib.real for lib in scan.libraries}

@@ -12,7 +12,7 @@ import logging
 import os
 from pathlib import Path
 
-from ...engine.rootfs import SymlinkLoopError, resolve_in_root
+from ...engine.rootfs import resolve_or_none
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -21,23 +21,13 @@ PATH_PIP_VARIABLES = ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_REQUIREMENT", "PI
 PIP_CONFIG_FILES = ("~/.config/pip/pip.conf", "~/.pip/pip.conf")
 
 
-def _exists_in_root(*, root, path):
-    try:
-        return resolve_in_root(root=root, path=path).exists()
-    except SymlinkLoopError:
-        return False
-
-
 def host_pip_overrides(*, root, environ):
     """The host pip variables to replace in the container; warn about the rest."""
     overrides = {}
     for name in PATH_PIP_VARIABLES:
         entries = environ.get(name, "").split()
-        missing = [
-            p
-            for p in dict.fromkeys(entries)
-            if p.startswith("/") and not _exists_in_root(root=root, path=p)
-        ]
+        hosts = {p: resolve_or_none(root=root, path=p) for p in entries if p[:1] == "/"}
+        missing = [p for p, host in hosts.items() if not (host and host.exists())]
         if not missing:
             continue
         where = (

@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 import re
 
 from ...engine.elfinfo import read_elf_info, scan_elf_files
-from ...engine.rootfs import SymlinkLoopError, image_path_of, is_inside, resolve_in_root
+from ...engine.rootfs import image_path_of, is_inside, resolve_in_root, resolve_or_none
 from ...engine.targetenv import SYSTEM_PREFIXES
 from .manifest import ManifestEntry
 
@@ -119,9 +119,8 @@ def _env_lib_files(*, root, env_prefix):
         return LibstdcxxCheck(env_prefix=env_prefix, status=status, reason=reason)
 
     loop = "is a symlink loop (too many levels of symbolic links), so its libstdc++ is left alone"
-    try:
-        env_host = resolve_in_root(root=root, path=env_prefix)
-    except SymlinkLoopError:
+    env_host = resolve_or_none(root=root, path=env_prefix)
+    if env_host is None:
         return end("unsupported", f"{env_prefix} {loop}")
     real_prefix = str(image_path_of(root=root, host_path=env_host))
     if real_prefix in SYSTEM_PREFIXES:
@@ -136,9 +135,8 @@ def _env_lib_files(*, root, env_prefix):
             "absent", f"the environment {env_prefix} does not exist in the image"
         )
     lib_image = f"{env_prefix}/lib"
-    try:
-        lib_host = resolve_in_root(root=root, path=lib_image)
-    except SymlinkLoopError:
+    lib_host = resolve_or_none(root=root, path=lib_image)
+    if lib_host is None:
         return end("unsupported", f"{lib_image} {loop}")
     if not lib_host.is_dir():
         return end("absent", f"{lib_image} does not exist")

@@ -20,10 +20,10 @@ from ...engine import rocmwindow
 from ...engine.elfinfo import read_elf_info, scan_elf_files
 from ...engine.rocmwindow import base_rocm_version
 from ...engine.rootfs import (
-    SymlinkLoopError,
     image_path_of,
     is_inside,
     resolve_in_root,
+    resolve_or_none,
     walk_in_root,
 )
 from ...errors import StageError
@@ -94,18 +94,11 @@ class BundleDir:
     overlap: list
 
 
-def _resolve_or_none(*, root, path):
-    try:
-        return resolve_in_root(root=root, path=path)
-    except SymlinkLoopError:
-        return None
-
-
 def _site_subdirs(*, root, site_dirs):
     """``(name, path)`` of the sub-directories (not links) of each site directory."""
     seen = set()
     for site in site_dirs:
-        host = _resolve_or_none(root=root, path=site)
+        host = resolve_or_none(root=root, path=site)
         if host is None or not host.is_dir() or host in seen:
             continue
         seen.add(host)
@@ -392,7 +385,7 @@ class RocmDedup:
     def _site_dirs(self, root, target):
         """The env's site-packages directories (symlink loops are reported, then skipped)."""
         for site in target.site:
-            if _resolve_or_none(root=root, path=site) is None:
+            if resolve_or_none(root=root, path=site) is None:
                 self.skip_or_fail(
                     group="rocm-dedup",
                     what=site,
