@@ -23,11 +23,6 @@ DEFAULT_SYSTEM = "lumi-g-ext"
 LUMI_ENV_STAGE = "lumi-env"
 
 
-def default_lumi_env():
-    """The values expected of every image, unless its system says otherwise."""
-    return expected_env(system_name=None)
-
-
 def expected_env(*, system_name):
     """The values expected of an image of one system (None: the defaults)."""
     packaged = load_systems(files=[PACKAGED_PROFILE], include_stock=False)

@@ -11,7 +11,7 @@ from verifyprobe import run_probe
 from cotainr_lumi.errors import InputError
 from cotainr_lumi.verify import checks as verify
 from cotainr_lumi.verify import netplugin
-from cotainr_lumi.verify.expectedenv import default_lumi_env
+from cotainr_lumi.verify.expectedenv import expected_env
 
 PROBE = Path(verify.__file__).with_name("probe.py")
 
@@ -31,7 +31,7 @@ GOOD = {
             "/opt/rocm/lib:/opt/aws-ofi-rccl"
         ),
         "WITH_CONDA": "true",
-        **default_lumi_env(),
+        **expected_env(system_name=None),
     },
     "labels": {
         "cotainr-lumi.version": "1",

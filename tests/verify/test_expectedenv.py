@@ -4,7 +4,6 @@ import yaml
 from cotainr_lumi.pipeline.profiles import PACKAGED_PROFILE
 from cotainr_lumi.verify.expectedenv import (
     DEFAULT_SYSTEM,
-    default_lumi_env,
     expected_env,
 )
 
@@ -12,10 +11,10 @@ from cotainr_lumi.verify.expectedenv import (
 def test_the_defaults_are_the_packaged_profile_values():
     data = yaml.safe_load(PACKAGED_PROFILE.read_text())
     written = data["systems"][DEFAULT_SYSTEM]["settings"]["lumi-env"]["env"]
-    assert default_lumi_env() == {k: str(v) for k, v in written.items()}
+    assert expected_env(system_name=None) == {k: str(v) for k, v in written.items()}
     # The settings of the hand-built images (sources in systems.yaml).
-    assert default_lumi_env()["CXI_FORK_SAFE"] == "1"
-    assert default_lumi_env()["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"
+    assert expected_env(system_name=None)["CXI_FORK_SAFE"] == "1"
+    assert expected_env(system_name=None)["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"
 
 
 def test_user_files_do_not_change_the_defaults(isolated_config):
@@ -25,13 +24,13 @@ def test_user_files_do_not_change_the_defaults(isolated_config):
         f"systems:\n  {DEFAULT_SYSTEM}:\n    settings:\n"
         "      lumi-env: {env: {CXI_FORK_SAFE: '7'}}\n"
     )
-    assert default_lumi_env()["CXI_FORK_SAFE"] == "1"
+    assert expected_env(system_name=None)["CXI_FORK_SAFE"] == "1"
     assert expected_env(system_name=DEFAULT_SYSTEM)["CXI_FORK_SAFE"] == "7"
 
 
 @pytest.mark.parametrize("name", [None, "", "not-a-profile-system"])
 def test_no_or_unknown_system_expects_the_defaults(name):
-    assert expected_env(system_name=name) == default_lumi_env()
+    assert expected_env(system_name=name) == expected_env(system_name=None)
 
 
 def test_a_system_adds_changes_and_removes_values(tmp_path, monkeypatch):
@@ -53,13 +52,13 @@ def test_a_system_adds_changes_and_removes_values(tmp_path, monkeypatch):
     expected = expected_env(system_name="mine")
     assert expected["HOSTILE"] == "3" and expected["CXI_FORK_SAFE_HP"] == "2"
     assert "RCCL_DEBUG" not in expected
-    assert expected["CXI_FORK_SAFE"] == default_lumi_env()["CXI_FORK_SAFE"]
+    assert expected["CXI_FORK_SAFE"] == expected_env(system_name=None)["CXI_FORK_SAFE"]
     # Settings of a stage the system does not run are not in its images.
-    assert expected_env(system_name="no-lumi-env") == default_lumi_env()
+    assert expected_env(system_name="no-lumi-env") == expected_env(system_name=None)
 
 
 def test_unreadable_profiles_expect_the_defaults(tmp_path, monkeypatch):
     broken = tmp_path / "broken.yaml"
     broken.write_text("systems: [not, a, mapping]\n")
     monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(broken))
-    assert expected_env(system_name="anything") == default_lumi_env()
+    assert expected_env(system_name="anything") == expected_env(system_name=None)

@@ -5,8 +5,8 @@ import logging
 from pathlib import PurePosixPath
 import shlex
 
-from ... import imagelayout
 from ...engine.rootfs import resolve_in_root, write_file_in_root
+from ...imagelayout import RUNSCRIPTS_DIR, WITH_CONDA_FILE
 from . import network
 from .entrypoint import entrypoint_block
 from .envfile import (
@@ -19,14 +19,11 @@ from .envfile import (
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-ENV_FILE = imagelayout.LUMI_ENV_FILE
-RUNSCRIPTS_DIR = imagelayout.RUNSCRIPTS_DIR
 #: The runscripts shipped in ``cotainr_lumi/runscripts/``.
 RUNSCRIPTS = tuple(
     "conda-python-simple conda-python-distributed get-master init-conda-venv "
     "init-user-venv".split()
 )
-WITH_CONDA_FILE = imagelayout.WITH_CONDA_FILE
 #: The value of ``WITH_CONDA`` (works as ``$WITH_CONDA`` and ``eval``).
 WITH_CONDA_VALUE = f". {WITH_CONDA_FILE}"
 #: The comment above the base image's own ``$WITH_CONDA`` in with-conda.sh.

@@ -17,17 +17,17 @@ from ... import _cotainr, imagelayout
 from ...engine.rootfs import write_file_in_root
 from ...engine.stage import Stage, StageReport
 from ...errors import InputError, StageError
-from ...imagelayout import LABEL_MPI, LABEL_MPI_RECORD, MPI_ENV_FILE, MPI_FILE
+from ...imagelayout import (
+    LABEL_MPI,
+    LABEL_MPI_RECORD,
+    MPI_ENV_FILE,
+    MPI_FILE,
+    RUNSCRIPTS_DIR,
+)
+from ...imagelayout import LUMI_ENV_FILE as ENV_FILE
 from . import imagefiles, network
 from .envfile import EnvError, render_env_file, text_problem, validate_name
-from .imagefiles import (
-    ENV_FILE,
-    JIT_CACHES,
-    ROCM_ROOT,
-    RUNSCRIPTS,
-    RUNSCRIPTS_DIR,
-    WITH_CONDA_VALUE,
-)
+from .imagefiles import JIT_CACHES, ROCM_ROOT, RUNSCRIPTS, WITH_CONDA_VALUE
 from .modulefile import image_has_user_software, module_outputs, wrapper_names
 from .mpi import LOAD_CHECK, HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi

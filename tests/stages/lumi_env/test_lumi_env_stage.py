@@ -17,15 +17,12 @@ from cotainr_lumi import _cotainr
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.errors import InputError, StageError
+from cotainr_lumi.imagelayout import LUMI_ENV_FILE as ENV_FILE
+from cotainr_lumi.imagelayout import WITH_CONDA_FILE
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
 from cotainr_lumi.stages import PIPELINE
 from cotainr_lumi.stages.lumi_env import imagefiles
-from cotainr_lumi.stages.lumi_env.imagefiles import (
-    BASE_WITH_CONDA_MARK,
-    ENV_FILE,
-    RUNSCRIPTS,
-    WITH_CONDA_FILE,
-)
+from cotainr_lumi.stages.lumi_env.imagefiles import BASE_WITH_CONDA_MARK, RUNSCRIPTS
 from cotainr_lumi.stages.lumi_env.modulefile import HOST_COMMANDS, MARKER
 from cotainr_lumi.stages.lumi_env.stage import LumiEnvStage
 
