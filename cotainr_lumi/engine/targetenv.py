@@ -148,15 +148,6 @@ class TargetEnv:
         """JSON-serialisable form."""
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data):
-        """Read the form :meth:`to_dict` wrote."""
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        image = known.pop("image", None) or {}
-        image = {k: v for k, v in image.items() if k in ImageFacts.__dataclass_fields__}
-        image["libstdcxx_cache"] = tuple(image.get("libstdcxx_cache", ()))
-        return cls(**known, image=ImageFacts(**image))
-
 
 def _is_system_prefix(prefix):
     return os.path.normpath(prefix or "/") in SYSTEM_PREFIXES

@@ -168,10 +168,7 @@ def write_with_conda(*, root, target):
         base_with_conda=base_with_conda(root=root, target=target),
     )
     write_file_in_root(
-        root=root,
-        path=WITH_CONDA_FILE,
-        content=script + _WITH_CONDA_USER_VENV,
-        mode=0o644,
+        root=root, path=WITH_CONDA_FILE, content=script + _WITH_CONDA_USER_VENV
     )
     return env_prefix
 

@@ -7,7 +7,7 @@ image's MPICH-ABI library at run time (HPE's hybrid model, arXiv 2407.19928).
 ``COTAINR_LUMI_MPI`` switches at run time (the MPI env file reads it).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import importlib.resources
 import json
 import logging
@@ -463,9 +463,9 @@ class MpiPlan:
     reason: str
     binding: Optional[HostBinding]
     scan: object
-    loaded: Optional[dict] = field(default=None)
+    loaded: Optional[dict] = None
     #: What the build found on its host (:func:`discover_host_mpi`).
-    found: Optional[HostMpi] = field(default=None)
+    found: Optional[HostMpi] = None
 
     @property
     def active(self):
