@@ -29,6 +29,18 @@ ELF_MAGIC = b"\x7fELF"
 
 #: The verdef flag of the entry that names the library itself (not a version).
 _VER_FLG_BASE = 0x1
+#: Directories the loader searches after its cache and without LD_LIBRARY_PATH
+#: (glibc defaults and the multiarch directories of Debian/Ubuntu), in order.
+DEFAULT_LOADER_DIRS = (
+    "/lib64",
+    "/usr/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib",
+    "/usr/lib",
+)
 
 
 @dataclass(frozen=True)

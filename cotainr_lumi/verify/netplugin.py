@@ -9,6 +9,7 @@ as the runtime record or, without one, ``LD_LIBRARY_PATH`` says), rccl-tests.
 import os
 
 from ..engine import rcclplugin
+from ..engine.elfinfo import DEFAULT_LOADER_DIRS
 from ..stages.lumi_env import network
 from .status import FAIL, NA, PASS
 
@@ -31,7 +32,7 @@ def probe_inputs():
     return {
         "plugin_patterns": list(rcclplugin.PATTERNS),
         "plugin_dirs": PLUGIN_DIRS,
-        "loader_dirs": list(network.DEFAULT_LOADER_DIRS),
+        "loader_dirs": list(DEFAULT_LOADER_DIRS),
         "rccl_tests_dirs": RCCL_TESTS_DIRS,
     }
 
@@ -43,7 +44,7 @@ def _ld_library_path(env):
 def _lookup(net, env):
     """What RCCL looks up; its search_dirs: where ``dlopen`` looks for a bare name."""
     dirs = _ld_library_path(env) + list(net.get("conf_dirs") or [])
-    dirs += list(network.DEFAULT_LOADER_DIRS)
+    dirs += list(DEFAULT_LOADER_DIRS)
     return {
         "named": net.get("named"),
         "files": net.get("plugin_files") or {},

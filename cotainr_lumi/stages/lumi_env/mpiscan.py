@@ -15,9 +15,8 @@ import os
 from pathlib import PurePosixPath
 import re
 
-from ...engine.elfinfo import read_elf_info, scan_elf_files
+from ...engine.elfinfo import DEFAULT_LOADER_DIRS, read_elf_info, scan_elf_files
 from ...engine.rootfs import image_path_of, resolve_or_none
-from .network import DEFAULT_LOADER_DIRS
 
 #: The MPICH ABI library (MPICH >= 3.1, Cray MPICH's lib-abi-mpich, Intel MPI).
 MPICH_ABI = "libmpi.so.12"

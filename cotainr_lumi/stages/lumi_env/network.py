@@ -15,22 +15,12 @@ import shlex
 
 from ... import imagelayout
 from ...engine import rcclplugin
-from ...engine.elfinfo import read_elf_info
+from ...engine.elfinfo import DEFAULT_LOADER_DIRS, read_elf_info
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from .envfile import default_assignments, path_addition
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: Directories the dynamic loader searches without LD_LIBRARY_PATH (glibc's
-#: trusted directories and Debian/Ubuntu's multiarch directory).
-DEFAULT_LOADER_DIRS = (
-    "/lib",
-    "/lib64",
-    "/usr/lib",
-    "/usr/lib64",
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu",
-)
 #: Where the ROCm base and EasyBuild images keep the plugin.
 AWS_OFI_RCCL_DIRS = (
     "/opt/aws-ofi-rccl",

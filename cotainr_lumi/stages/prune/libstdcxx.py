@@ -13,7 +13,7 @@ import os
 from pathlib import PurePosixPath
 import re
 
-from ...engine.elfinfo import read_elf_info, scan_elf_files
+from ...engine.elfinfo import DEFAULT_LOADER_DIRS, read_elf_info, scan_elf_files
 from ...engine.rootfs import image_path_of, is_inside, resolve_in_root, resolve_or_none
 from ...engine.targetenv import SYSTEM_PREFIXES
 from .manifest import ManifestEntry
@@ -24,18 +24,6 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 LIBSTDCXX_SONAME = "libstdc++.so.6"
 #: The file names removed from ``<env>/lib`` (as the hand-built images do).
 LIBSTDCXX_GLOB = "libstdc++.so*"
-#: Directories the loader searches after its cache (glibc defaults and the
-#: multiarch directories of Debian/Ubuntu), in order.
-STANDARD_LIB_DIRS = (
-    "/lib64",
-    "/usr/lib64",
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu",
-    "/lib/aarch64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/lib",
-    "/usr/lib",
-)
 
 _LDCONFIG_LINE = re.compile(
     r"^\s*(?P<name>\S+)\s+\((?P<flags>[^)]*)\).*=>\s*(?P<path>/.*?)\s*$"
@@ -74,7 +62,7 @@ def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
         if name == LIBSTDCXX_SONAME
     ]
     candidates += [
-        (f"{d}/{LIBSTDCXX_SONAME}", "standard directory") for d in STANDARD_LIB_DIRS
+        (f"{d}/{LIBSTDCXX_SONAME}", "standard directory") for d in DEFAULT_LOADER_DIRS
     ]
     seen = set()
     for image_path, how in candidates:
@@ -177,7 +165,7 @@ def _explain(check, *, needs):
     """Set the status and reason of a check that got as far as the users."""
     system, missing = check.system, check.missing
     if system is None:
-        where = "the image's ld.so.cache and " + ", ".join(STANDARD_LIB_DIRS)
+        where = "the image's ld.so.cache and " + ", ".join(DEFAULT_LOADER_DIRS)
         check.reason = (
             f"the base image has no {LIBSTDCXX_SONAME} (looked in {where})"
             + (f", but {len(needs)} object(s) of the env need it" if needs else "")
