@@ -137,10 +137,9 @@ def _read_profile_file(path):
             key="systems",
         )
     removed = data.get("removed") or {}
-    if not isinstance(removed, dict) or {type(v) for v in removed.values()} - {
-        str,
-        type(None),
-    }:
+    if not isinstance(removed, dict) or not all(
+        v is None or isinstance(v, str) for v in removed.values()
+    ):
         raise ProfileError("must map names to a message", file=path, key="removed")
     return removed, {
         name: _read_system(path=path, name=name, raw=raw, systems=systems)
