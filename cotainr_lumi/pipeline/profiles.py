@@ -82,9 +82,7 @@ class SystemProfile:
 def profile_files():
     """The profile files read, in order."""
     files = [PACKAGED_PROFILE]
-    config_home = os.environ.get("XDG_CONFIG_HOME") or os.path.join(
-        os.path.expanduser("~"), ".config"
-    )
+    config_home = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
     user_file = Path(config_home) / "cotainr-lumi" / "systems.yaml"
     if user_file.is_file():
         files.append(user_file)
