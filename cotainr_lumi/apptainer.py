@@ -136,11 +136,12 @@ def links_in_image(*, image, paths):
 
 
 def exec_in_image(
-    *, image, args, clean_env=True, env=None, timeout=600, writable=False
+    *, image, args, clean_env=True, env=None, timeout=600, writable=False, overlay=None
 ):
-    """Run a command in an image."""
+    """Run a command in an image (`overlay`: a layer on it)."""
     cmd = [runtime(), "exec", "--no-home", *(["--cleanenv"] if clean_env else [])]
     cmd += ["--writable"] if writable else []
+    cmd += ["--overlay", os.fspath(overlay)] if overlay else []
     for key, value in (env or {}).items():
         cmd += ["--env", f"{key}={value}"]
     cmd += [os.fspath(image), *args]
@@ -190,8 +191,7 @@ def env_deadline_hint(text, *, image):
 IMAGE_PYTHON = 'exec "$(command -v python || command -v python3)" -c "$0" "$@"'
 
 
-def python_in_image(*, image, source, args=(), timeout=600):
+def python_in_image(*, image, source, args=(), timeout=600, overlay=None):
     """Run Python source with the image's own python (``python`` or ``python3``)."""
-    return exec_in_image(
-        image=image, args=["bash", "-c", IMAGE_PYTHON, source, *args], timeout=timeout
-    )
+    args = ["bash", "-c", IMAGE_PYTHON, source, *args]
+    return exec_in_image(image=image, args=args, timeout=timeout, overlay=overlay)

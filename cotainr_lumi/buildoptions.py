@@ -42,6 +42,12 @@ def add_options(*, parser):
         "layer on a SIF base (build.layered=false)",
     )
     parser.add_argument(
+        "--layer-only",
+        action="store_true",
+        help="write only the layer at the image path, no copy of the SIF base; "
+        "the module file and shell snippet mount it on the base (build.layer-only)",
+    )
+    parser.add_argument(
         "--skip-stage",
         dest="skip_stages",
         action="append",
@@ -123,6 +129,8 @@ def request_from_options(*, context, conda_env):
         settings.setdefault("build", {})["work-dir"] = str(work_dir)
     if options.pop("flatten", False):
         settings.setdefault("build", {})["layered"] = False
+    if options.pop("layer_only", False):
+        settings.setdefault("build", {})["layer-only"] = True
     return BuildRequest(
         image_path=context.image_path,
         system=lumi_system or context.system,

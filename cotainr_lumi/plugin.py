@@ -193,6 +193,7 @@ class LumiHook:
                 base=plan.base_image.resolved,
                 work=work / "layer",
                 layer=plan.layer_problem is None,
+                only=plan.layer_only,
             )
             build.environment.enter_context(_cotainr.layered(build.view))
         else:
@@ -283,7 +284,13 @@ class LumiHook:
                     cotainr_failure(error, plan=build.plan)
                 ) from error
             return
-        write_outputs(build.outputs)
+        layer = {
+            k: v
+            for r in build.reports
+            for k, v in r.details.pop("layer-outputs", {}).items()
+        }
+        kept = getattr(build.view, "only", False)  # --layer-only, the layer kept
+        write_outputs({**build.outputs, **(layer if kept else {})})
         for report in build.reports:
             hint = (report.details or {}).get("run-hint")
             if hint:

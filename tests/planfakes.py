@@ -18,5 +18,6 @@ def stand_in_plan(**fields):
         rocm_settings=RocmSettings(),
         base_target=None,
         base_facts=None,
+        layer_only=False,
     )
     return SimpleNamespace(**{**defaults, **fields})

@@ -120,8 +120,9 @@ def _run(cmd):
 class BaseView:
     """A base SIF mounted under a writable dir in `work` (`layer`: not --flatten)."""
 
-    def __init__(self, *, base, work, layer=True):
+    def __init__(self, *, base, work, layer=True, only=False):
         self.base, self.work, self.layer = Path(base), Path(work), layer
+        self.only = only  # the image is the layer alone (the base as it is)
         self.upper, self.mounts, self.merged = self.work / "upper", [], None
 
     def mount(self, *, at):
@@ -179,9 +180,11 @@ class BaseView:
         except (OSError, ValueError, subprocess.SubprocessError, LayerError) as e:
             why = str(e)
         Path(path).unlink(missing_ok=True)
-        runtime = apptainer.runtime()
+        self.only = False  # the module file names the whole image
         logger.warning(
-            "Building the whole image (no layer): %s here: %s.", runtime, why
+            "Building the whole image (no layer): %s here: %s.",
+            apptainer.runtime(),
+            why,
         )
         return False
 
@@ -190,6 +193,12 @@ class BaseView:
         delta = self.work / "layer.sqfs"
         quick = ["-noappend", "-no-progress", "-quiet", "-noI", "-noD", "-noF", "-noX"]
         _run(["mksquashfs", self.upper, delta, *quick, *whiteout_arguments(self.upper)])
+        size = delta.stat().st_size >> 10
+        if self.only:  # as the module file runs it
+            shutil.copy(delta, path)
+            logger.info("The layer alone (%d KiB) for the base %s", size, self.base)
+            cat = ["cat", LABELS_FILE]
+            return apptainer.exec_in_image(image=self.base, args=cat, overlay=path)
         shutil.copy(self.base, path)
         sif, arch = [apptainer.runtime(), "sif"], _partitions(self.base)[-1].arch
         add = ["add", "--groupid=1", "--datatype=4", "--partfs=1", "--parttype=4"]
@@ -200,8 +209,7 @@ class BaseView:
             (self.work / METADATA).write_text(json.dumps(metadata))
             _run([*sif, "del", meta.id, path])
             _run([*sif, *add[:2], "--datatype=6", path, self.work / METADATA])
-        size = delta.stat().st_size
-        logger.info("Layered image: %s plus a %d KiB layer", self.base.name, size >> 10)
+        logger.info("Layered image: %s plus a %d KiB layer", self.base.name, size)
         return apptainer.exec_in_image(image=path, args=["cat", LABELS_FILE])
 
     def label(self, *, sha256=None):

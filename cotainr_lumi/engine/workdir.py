@@ -59,6 +59,11 @@ class BuildSettings(StageSettings):
         doc="on a local SIF base without a conda env, add the change as a layer "
         "to a copy of the base (false, or --flatten: squash the whole image)",
     )
+    layer_only: bool = setting(
+        False,
+        doc="with layered: write only the layer, a squashfs file at the image path "
+        "(no copy of the base; the module file mounts it on the base SIF)",
+    )
 
 
 def resolve_work_dir(value):

@@ -210,6 +210,11 @@ class BuildPlan:
         return self.mount_problem
 
     @property
+    def layer_only(self):
+        """Whether the image is only the layer, a squashfs file on the base SIF."""
+        return self.layer_problem is None and self.build_settings.layer_only
+
+    @property
     def work_dir(self):
         """The build's work directory (:func:`engine.workdir.resolve_work_dir`)."""
         return workdir.resolve_work_dir(self.build_settings.work_dir)
@@ -246,9 +251,10 @@ class BuildPlan:
             lines += [f"              {line}" for line in answer[1:]]
         mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
         lines.append(f"  pipeline:   {mode}")
-        no = self.layer_problem
+        no, base = self.layer_problem, self.base_image.resolved
+        yes = f"yes, only the layer (on {base}, no copy)" if self.layer_only else "yes"
         lines.append(
-            f"  layered:    {f'no, the whole image is squashed: {no}' if no else 'yes'}"
+            f"  layered:    {f'no, the whole image is squashed: {no}' if no else yes}"
         )
         lines += self._describe_steps()
         for reason in self.skipped:
@@ -304,6 +310,8 @@ class BuildPlan:
         image = "build the SIF"
         if self.layer_problem is None:
             image = "add the change as a squashfs layer to a copy of the base SIF"
+            if self.layer_only:
+                image = "write only the change, a squashfs layer for the base SIF"
             image += " (kept if an exec of it shows the layer, else the whole SIF)"
         steps.append(
             (

@@ -1,6 +1,7 @@
 """Check a built image against the hand-built LUMI PyTorch image."""
 
 from collections import Counter, namedtuple
+import contextlib
 from dataclasses import dataclass, field
 import json
 import logging
@@ -323,7 +324,22 @@ def probe_inputs():
     }
 
 
-def _probe(image, *, timeout):
+def _base_of_layer(layer):
+    """The base SIF a ``--layer-only`` image (a squashfs file) names in its labels."""
+    cmd = ["unsquashfs", "-cat", layer, LABELS_FILE]
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        text = subprocess.run(cmd, capture_output=True, text=True).stdout
+        base = json.JSONDecoder().raw_decode(text)[0].get(LABEL_BASE_IMAGE_RESOLVED)
+        if base and apptainer.is_sif(base):
+            return Path(base)
+    raise InputError(
+        f"{layer} is not an image: not a SIF file (no SIF header), nor a layer "
+        "(--layer-only) whose base SIF is where its labels say; give the .sif "
+        "file built by cotainr, or the layer with its base in place"
+    )
+
+
+def _probe(image, *, timeout, overlay=None):
     """Run :mod:`.probe` in the image's own python; return its facts."""
     probe = Path(__file__).with_name("probe.py").read_text()
     # The probe gets its own source as its first argument (to re-exec itself).
@@ -332,6 +348,7 @@ def _probe(image, *, timeout):
         source=probe,
         args=[probe, json.dumps(probe_inputs())],
         timeout=timeout,
+        overlay=overlay,
     )
     lines = proc.stdout.strip().splitlines()
     try:
@@ -387,14 +404,10 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
         sif = apptainer.is_sif(image)
     except OSError as e:
         raise InputError(f"Cannot read the image {image}: {e.strerror}.") from None
-    if not sif:
-        raise InputError(
-            f"{image} is not an image: it is not a SIF file (no SIF header); give "
-            "the .sif file built by cotainr"
-        )
+    base = image if sif else _base_of_layer(image)
     report = VerifyReport(image=str(image))
     try:
-        facts = _probe(image, timeout=timeout)
+        facts = _probe(base, timeout=timeout, overlay=None if sif else image)
         checks = [
             ("records", _check_records, {}),
             ("provenance-labels", _check_labels, {}),

@@ -214,6 +214,48 @@ def test_flatten_squashes_the_whole_image(build, work, first, apptainer_exec):
     assert proc.stdout.split() == STACKED, proc.stderr
 
 
+def test_layer_only_writes_the_layer_and_the_module_mounts_it_on_the_base(
+    build, work, first, lmod_init, apptainer_path, verify_image
+):
+    """--layer-only: no copy of the base; SIF is the base, *_OVERLAY the layer."""
+    base, only = (work / "first.sif").resolve(), work / "only.sqfs"
+    digest = hashlib.sha256(base.read_bytes()).hexdigest()
+    proc = build(only, "--base-image", base, "--pip-steps", "steps.yml", "--layer-only")
+    assert "The layer alone (" in proc.stdout, proc.stderr
+    assert hashlib.sha256(base.read_bytes()).hexdigest() == digest  # untouched
+    assert only.read_bytes()[:4] == b"hsqs" and only.stat().st_size < 1024**2
+    labels = subprocess.run(
+        ["unsquashfs", "-cat", only, "/.singularity.d/labels.json"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    labels = json.JSONDecoder().raw_decode(labels)[0]
+    assert labels["cotainr-lumi.base-image.resolved"] == str(base)
+    assert labels["cotainr-lumi.base-image.sha256"] == digest
+    apptainer = apptainer_path / "apptainer"
+    script = (
+        f'source {lmod_init} && module use "$1" && module load only && '
+        f'unset SINGULARITY_BIND && [ "$SIF" = "$3" ] && '
+        f'[ "$SINGULARITY_OVERLAY" = "$4" ] && {apptainer} exec --no-home "$SIF" '
+        'python3 -c "$2"'
+    )
+    module = ["bash", "-c", script, "bash", work, PROBE, base, only]
+    plain = [apptainer, "exec", "--no-home", base, "python3", "-c", PROBE]
+    for cmd, env in (
+        (module, {"HOME": str(work)}),
+        (plain, {"APPTAINER_OVERLAY": str(only)}),  # what the runtime reads
+    ):
+        proc = subprocess.run(
+            list(map(str, cmd)),
+            env={**env, "PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+        )
+        assert proc.stdout.split() == STACKED, proc.stderr
+    env = {"COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml")}
+    code, statuses, report = verify_image(only, env=env)
+    assert code == 0 and "FAIL" not in statuses.values(), report
+
+
 @pytest.fixture(scope="session")
 def lmod_init():
     return need_lmod()

@@ -123,3 +123,30 @@ def test_a_mount_the_runtime_cannot_run_is_undone(tmp_path, monkeypatch):
     assert runs == [{"image": tmp_path / "sandbox", "args": ["true"], "writable": True}]
     assert unmounted == [tmp_path / "sandbox", tmp_path / "build/lower-1"]
     assert view.merged is None and view.mounts == []
+
+
+@pytest.mark.parametrize("shown", [True, False])
+def test_a_layer_only_image_is_checked_on_the_base_as_the_module_runs_it(
+    tmp_path, monkeypatch, shown
+):
+    """--layer-only: the layer at the image path, run as ``exec --overlay LAYER BASE``."""
+    runs, labels = [], '{"a": "b"}'
+
+    def exec_in_image(**kwargs):
+        runs.append(kwargs)
+        return subprocess.CompletedProcess([], 0, labels if shown else "{}", "")
+
+    monkeypatch.setattr(layer, "_run", lambda cmd: Path(cmd[2]).write_text("sqfs"))
+    monkeypatch.setattr(layer.apptainer, "exec_in_image", exec_in_image)
+    monkeypatch.setattr(layer.apptainer, "runtime", lambda: "apptainer")
+    base = sif(tmp_path / "base.sif")
+    view = layer.BaseView(base=base, work=tmp_path, only=True)
+    view.merged = tmp_path / "merged"
+    (view.merged / ".singularity.d").mkdir(parents=True)
+    (view.merged / ".singularity.d/labels.json").write_text(labels)
+    image = tmp_path / "image.sqfs"
+    assert view.write_image(path=image) is shown
+    args = ["cat", "/.singularity.d/labels.json"]
+    assert runs == [{"image": base, "args": args, "overlay": image}]
+    assert image.exists() is shown and view.only is shown  # else: the whole SIF
+    assert base.read_bytes() == sif(tmp_path / "again.sif").read_bytes()

@@ -182,8 +182,21 @@ def test_the_plan_says_whether_the_build_adds_a_layer_and_why_not(
         return [ln for ln in plan.describe().splitlines() if "layered:" in ln][0]
 
     assert layered(base_image_override=str(base)).endswith("layered:    yes")
+    only = {"build": {"layer-only": True}}
+    plan = cotainr_lumi.plan(
+        image_path=tmp_path / "x.sqfs", system="lumi-test",
+        base_image_override=str(base), settings=only,
+    )  # fmt: skip
+    text = plan.describe()
+    assert f"layered:    yes, only the layer (on {base}, no copy)" in text
+    assert "write only the change, a squashfs layer for the base SIF" in text
+    assert "copy of the base" not in text
     flatten = {"build": {"layered": False}}
     assert layered(base_image_override=str(base), settings=flatten).endswith(
+        "no, the whole image is squashed: --flatten (build.layered=false)"
+    )
+    both = {"build": {"layered": False, "layer-only": True}}  # --flatten wins
+    assert layered(base_image_override=str(base), settings=both).endswith(
         "no, the whole image is squashed: --flatten (build.layered=false)"
     )
     assert layered(base_image_override=str(base), conda_env=env).endswith(

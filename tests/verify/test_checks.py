@@ -724,3 +724,25 @@ def test_host_entries_after_the_images_own_libfabric_do_not_shadow_it(mocker, tm
     facts["env"]["LD_LIBRARY_PATH"] = "/opt/cray/pe/lib64:/opt/libfabric/lib"
     rows = {r.check: r.status for r in run_with(mocker, tmp_path, facts).results}
     assert rows["image-libfabric"] == "FAIL"
+
+
+def test_a_layer_only_image_is_verified_on_the_base_its_labels_name(tmp_path, mocker):
+    from hosttools import need_tool
+    from siffile import PARTITION, SQUASHFS, SYSTEM, write_sif
+
+    need_tool("mksquashfs", install="apt-get install -y squashfs-tools")
+    base = tmp_path / "base.sif"
+    write_sif(base, [(PARTITION, b"system", SQUASHFS, SYSTEM, "")])
+    upper = tmp_path / "upper/.singularity.d"
+    upper.mkdir(parents=True)
+    labels = {"cotainr-lumi.base-image.resolved": str(base)}
+    (upper / "labels.json").write_text(json.dumps(labels) + "  pad")
+    layer = tmp_path / "layer.sif"
+    subprocess.run(["mksquashfs", upper.parent, layer, "-quiet"], check=True)
+    probe = mocker.patch.object(verify, "_probe", side_effect=InputError("stop"))
+    with pytest.raises(InputError, match="stop"):
+        verify.verify_image(image=layer)
+    probe.assert_called_once_with(base, timeout=verify.VERIFY_TIMEOUT, overlay=layer)
+    base.unlink()  # moved away: one error that says what a layer needs
+    with pytest.raises(InputError, match="nor a layer .* whose base SIF is where"):
+        verify.verify_image(image=layer)

@@ -100,9 +100,11 @@ def module_ops(
     var=None,
     container_root=None,
     user_software=True,
+    base=None,
 ):
-    """The operations of the module file and snippet, a drop-in for LUST's modules."""
+    """The module file's and snippet's operations (`base`: the image is its layer)."""
     image = check_image_path(image)
+    sif = check_image_path(base) if base else image
     binds = [validate_bind(b) for b in binds]
     name = name or Path(image).stem
     var = check_var_name(var or var_name_of(name))
@@ -114,9 +116,11 @@ def module_ops(
         ("help", _help_text(image=image, var=var, root=root)),
         ("whatis", f"Name: {name}"),
         ("whatis", f"Description: cotainr-lumi container image {image}"),
-        ("setenv", "SIF", image),
-        ("setenv", f"SIF{var}", image),
+        ("setenv", "SIF", sif),
+        ("setenv", f"SIF{var}", sif),
     ]
+    if base:  # the runtimes read these as --overlay
+        ops += [("setenv", f"{v}_OVERLAY", image) for v in ("APPTAINER", "SINGULARITY")]
     if runscripts:
         ops.append(("prepend_path", "SINGULARITYENV_PREPEND_PATH", runscripts, ":"))
     if root:
@@ -231,7 +235,15 @@ def _host_command_text(name, *, image, root):
 
 
 def module_outputs(
-    *, settings, image_path, binds, user_venv, user_software, mpi, wrappers=()
+    *,
+    settings,
+    image_path,
+    binds,
+    user_venv,
+    user_software,
+    mpi,
+    wrappers=(),
+    base=None,
 ):
     """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
     names = settings.names(image_path=image_path)
@@ -250,6 +262,7 @@ def module_outputs(
         var=names.var,
         container_root=names.root,
         user_software=user_software,
+        base=base,
     ) + mpi.module_ops(image=str(image_path))
     outputs = {
         str(names.lua): render(ops, language="lua"),

@@ -208,7 +208,7 @@ class LumiEnvStage(Stage):
             settings=self.settings, root=root, binds=binds, libfabric=libfabric
         )
         self._check_in_sandbox(context=context, mpi=mpi)
-        paths, container_root, outputs = module_outputs(
+        module = dict(
             settings=self.settings,
             binds=binds,
             image_path=image_path,
@@ -218,6 +218,11 @@ class LumiEnvStage(Stage):
             # (No probe for them without a module file.)
             wrappers=names.lua and wrapper_names(root=root, target=context.target_env),
         )
+        paths, container_root, outputs = module_outputs(**module)
+        if context.plan.layer_only and outputs:  # the plugin's, if the layer is kept
+            base = str(context.plan.base_image.resolved)
+            layer = module_outputs(**module, base=base)[2]  # SIF: the base
+            details["layer-outputs"] = {Path(p): text for p, text in layer.items()}
         details.update(
             {
                 "mpi": mpi.record(),

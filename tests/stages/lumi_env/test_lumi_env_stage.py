@@ -89,12 +89,12 @@ def make_root(tmp_path, *, rocm=True, ofi=True, venv=True):
     return root
 
 
-def run_stage(tmp_path, settings, **root_kw):
+def run_stage(tmp_path, settings, plan=None, **root_kw):
     root = make_root(tmp_path, **root_kw)
     sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
     stage = LumiEnvStage(settings=settings)
     assert LumiEnvStage(settings=stage.settings.to_dict()).settings == stage.settings
-    plan = stand_in_plan(image_path=tmp_path / "out" / "torch.sif")
+    plan = plan or stand_in_plan(image_path=tmp_path / "out" / "torch.sif")
     report = stage.run(context=StageContext(sandbox=sandbox, plan=plan))
     return root, report, sandbox
 
@@ -290,6 +290,22 @@ def test_module_dir_and_name_settings(tmp_path):
         if "/mods/" not in o
     )
     assert report.details["user-venv"] == "/user-software/venv/pt"
+
+
+def test_a_layer_only_build_also_reports_the_module_files_for_its_base(tmp_path):
+    """Written instead if the layer is kept: SIF is the base, *_OVERLAY the layer."""
+    image, base = tmp_path / "out/torch.sqfs", "/bases/it's.sif"
+    plan = stand_in_plan(
+        image_path=image, layer_only=True, base_image=SimpleNamespace(resolved=base)
+    )
+    _, report, _ = run_stage(tmp_path, {}, plan=plan)
+    layer = report.details["layer-outputs"]
+    assert sorted(map(str, layer)) == sorted(report.outputs)
+    lua = layer[tmp_path / "out/torch.lua"]
+    assert f'setenv("SIF", "{base}")' in lua
+    assert f'setenv("APPTAINER_OVERLAY", "{image}")' in lua
+    assert f"SINGULARITY_OVERLAY={image}; export" in layer[tmp_path / "out/torch.sh"]
+    assert "OVERLAY" not in report.outputs[str(tmp_path / "out/torch.lua")]
 
 
 def test_container_root_var_name_and_user_venv_settings(tmp_path):

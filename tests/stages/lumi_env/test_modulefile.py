@@ -259,3 +259,24 @@ def test_wrappers_are_the_commands_the_target_env_has(tmp_path):
     lua = outputs[str(tmp_path / "mods/pt.lua")]
     assert "wrappers of the image's python, pip, torchrun, ..." in lua
     assert not any(p.endswith(("/python3", "/ray", "/hf")) for p in outputs)
+
+
+def test_a_layer_only_image_is_mounted_on_its_base_in_lmod_and_sh(tmp_path):
+    """--layer-only: SIF is the base, the runtimes' *_OVERLAY the layer (quoted)."""
+    layer = "/x/it's $(touch " + str(tmp_path / "PWNED") + ") layer.sqfs"
+    base = '/bases/"big" `touch ' + str(tmp_path / "PWNED") + "`.sif"
+    ops = module_ops(image=layer, binds=BINDS, name="img", var="IMG", base=base)
+    (tmp_path / "img.lua").write_text(render(ops, language="lua"))
+    (tmp_path / "img.sh").write_text(render(ops, language="sh"))
+    snippet = subprocess.run(
+        ["sh", "-c", '. "$1"; env -0', "sh", str(tmp_path / "img.sh")],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        check=True,
+    ).stdout
+    shell = dict(e.decode().partition("=")[::2] for e in snippet.split(b"\0") if e)
+    for env in (lmod_env(tmp_path, "img"), shell):
+        assert env["SIF"] == env["SIFIMG"] == base
+        assert env["APPTAINER_OVERLAY"] == env["SINGULARITY_OVERLAY"] == layer
+    assert not (tmp_path / "PWNED").exists()
+    assert "OVERLAY" not in render(module_ops(image=layer, binds=[]), language="sh")
