@@ -284,13 +284,11 @@ class LumiHook:
                     cotainr_failure(error, plan=build.plan)
                 ) from error
             return
-        layer = {
-            k: v
-            for r in build.reports
-            for k, v in r.details.pop("layer-outputs", {}).items()
-        }
-        kept = getattr(build.view, "only", False)  # --layer-only, the layer kept
-        write_outputs({**build.outputs, **(layer if kept else {})})
+        only = build.view is not None and build.view.only and build.view.kept
+        for report in build.reports:  # --layer-only, and the layer kept
+            layer = report.details.pop("layer-outputs", {})  # SIF: the base
+            build.outputs.update(layer if only else {})
+        write_outputs(build.outputs)
         for report in build.reports:
             hint = (report.details or {}).get("run-hint")
             if hint:

@@ -122,7 +122,7 @@ class BaseView:
 
     def __init__(self, *, base, work, layer=True, only=False):
         self.base, self.work, self.layer = Path(base), Path(work), layer
-        self.only = only  # the image is the layer alone (the base as it is)
+        self.only, self.kept = only, False  # only: the layer alone, on the base
         self.upper, self.mounts, self.merged = self.work / "upper", [], None
 
     def mount(self, *, at):
@@ -173,31 +173,27 @@ class BaseView:
             return False
         labels = resolve_in_root(root=self.merged, path=LABELS_FILE).read_text()
         try:
-            seen = self._write(Path(path))
+            seen = self._write(Path(path), labels)
             why = f"it shows no layer: {seen.stderr.strip()[-300:] or 'other labels'}"
             if seen.returncode == 0 and seen.stdout == labels:
+                self.kept = True
                 return True
         except (OSError, ValueError, subprocess.SubprocessError, LayerError) as e:
             why = str(e)
         Path(path).unlink(missing_ok=True)
-        self.only = False  # the module file names the whole image
-        logger.warning(
-            "Building the whole image (no layer): %s here: %s.",
-            apptainer.runtime(),
-            why,
-        )
+        why = f"{apptainer.runtime()} here: {why}"
+        logger.warning("Building the whole image (no layer): %s.", why)
         return False
 
-    def _write(self, path):
-        """The base copied to `path` plus the layer; the runtime's view of it."""
+    def _write(self, path, labels):
+        """The base copied to `path` plus the layer (or it alone); the runtime's view."""
         delta = self.work / "layer.sqfs"
         quick = ["-noappend", "-no-progress", "-quiet", "-noI", "-noD", "-noF", "-noX"]
         _run(["mksquashfs", self.upper, delta, *quick, *whiteout_arguments(self.upper)])
-        size = delta.stat().st_size >> 10
+        size, cat = delta.stat().st_size >> 10, ["cat", LABELS_FILE]
         if self.only:  # as the module file runs it
             shutil.copy(delta, path)
             logger.info("The layer alone (%d KiB) for the base %s", size, self.base)
-            cat = ["cat", LABELS_FILE]
             return apptainer.exec_in_image(image=self.base, args=cat, overlay=path)
         shutil.copy(self.base, path)
         sif, arch = [apptainer.runtime(), "sif"], _partitions(self.base)[-1].arch
@@ -205,12 +201,12 @@ class BaseView:
         _run([*sif, *add, f"--partarch={arch}", path, delta])
         meta, metadata = _metadata(self.base)
         if meta:  # what `inspect` may show: this build's labels and env files
-            self._update(metadata, delta)
+            self._update(metadata, delta, json.JSONDecoder().raw_decode(labels)[0])
             (self.work / METADATA).write_text(json.dumps(metadata))
             _run([*sif, "del", meta.id, path])
             _run([*sif, *add[:2], "--datatype=6", path, self.work / METADATA])
         logger.info("Layered image: %s plus a %d KiB layer", self.base.name, size)
-        return apptainer.exec_in_image(image=path, args=["cat", LABELS_FILE])
+        return apptainer.exec_in_image(image=path, args=cat)
 
     def label(self, *, sha256=None):
         """The label :data:`LABEL_LAYERS`: the base's layers, then this build."""
@@ -218,10 +214,8 @@ class BaseView:
         attributes = _metadata(self.base)[1].get("data", {}).get("attributes", {})
         return f"{(attributes.get('labels') or {}).get(LABEL_LAYERS) or base} + {THIS}"
 
-    def _update(self, metadata, delta):
+    def _update(self, metadata, delta, labels):
         attributes = metadata.setdefault("data", {}).setdefault("attributes", {})
-        text = resolve_in_root(root=self.merged, path=LABELS_FILE).read_text()
-        labels = json.JSONDecoder().raw_decode(text)[0]
         layer = f"layer sha256:{sha256_of_file(path=delta)}"
         layers = labels.get(LABEL_LAYERS, THIS).replace(THIS, layer)
         attributes["labels"] = {**labels, LABEL_LAYERS: layers}

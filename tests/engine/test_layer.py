@@ -148,5 +148,5 @@ def test_a_layer_only_image_is_checked_on_the_base_as_the_module_runs_it(
     assert view.write_image(path=image) is shown
     args = ["cat", "/.singularity.d/labels.json"]
     assert runs == [{"image": base, "args": args, "overlay": image}]
-    assert image.exists() is shown and view.only is shown  # else: the whole SIF
+    assert image.exists() is shown and view.kept is shown  # else: the whole SIF
     assert base.read_bytes() == sif(tmp_path / "again.sif").read_bytes()

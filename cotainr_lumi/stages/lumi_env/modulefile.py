@@ -235,15 +235,7 @@ def _host_command_text(name, *, image, root):
 
 
 def module_outputs(
-    *,
-    settings,
-    image_path,
-    binds,
-    user_venv,
-    user_software,
-    mpi,
-    wrappers=(),
-    base=None,
+    *, settings, image_path, binds, user_venv, user_software, mpi, wrappers, base=None
 ):
     """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
     names = settings.names(image_path=image_path)
