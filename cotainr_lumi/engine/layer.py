@@ -191,10 +191,13 @@ class BaseView:
         quick = ["-noappend", "-no-progress", "-quiet", "-noI", "-noD", "-noF", "-noX"]
         _run(["mksquashfs", self.upper, delta, *quick, *whiteout_arguments(self.upper)])
         size, cat = delta.stat().st_size >> 10, ["cat", LABELS_FILE]
-        if self.only:  # as the module file runs it
+        if self.only:  # as the module file runs it (a list of PATH[:ro])
+            if set(",:") & set(str(path)):
+                raise LayerError(f"{path} has a ',' or ':' (--overlay takes a list)")
             shutil.copy(delta, path)
             logger.info("The layer alone (%d KiB) for the base %s", size, self.base)
-            return apptainer.exec_in_image(image=self.base, args=cat, overlay=path)
+            ro = f"{path}:ro"  # (squashfs: read-only, without a warning)
+            return apptainer.exec_in_image(image=self.base, args=cat, overlay=ro)
         shutil.copy(self.base, path)
         sif, arch = [apptainer.runtime(), "sif"], _partitions(self.base)[-1].arch
         add = ["add", "--groupid=1", "--datatype=4", "--partfs=1", "--parttype=4"]

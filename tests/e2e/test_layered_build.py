@@ -235,14 +235,14 @@ def test_layer_only_writes_the_layer_and_the_module_mounts_it_on_the_base(
     script = (
         f'source {lmod_init} && module use "$1" && module load only && '
         f'unset SINGULARITY_BIND && [ "$SIF" = "$3" ] && '
-        f'[ "$SINGULARITY_OVERLAY" = "$4" ] && {apptainer} exec --no-home "$SIF" '
+        f'[ "$SINGULARITY_OVERLAY" = "$4:ro" ] && {apptainer} exec --no-home "$SIF" '
         'python3 -c "$2"'
     )
     module = ["bash", "-c", script, "bash", work, PROBE, base, only]
     plain = [apptainer, "exec", "--no-home", base, "python3", "-c", PROBE]
     for cmd, env in (
         (module, {"HOME": str(work)}),
-        (plain, {"APPTAINER_OVERLAY": str(only)}),  # what the runtime reads
+        (plain, {"APPTAINER_OVERLAY": f"{only}:ro"}),  # what the runtime reads
     ):
         proc = subprocess.run(
             list(map(str, cmd)),

@@ -125,9 +125,11 @@ def test_a_mount_the_runtime_cannot_run_is_undone(tmp_path, monkeypatch):
     assert view.merged is None and view.mounts == []
 
 
-@pytest.mark.parametrize("shown", [True, False])
+@pytest.mark.parametrize(
+    "name, shown", [("i.sqfs", True), ("i.sqfs", False), ("a,b:c.sqfs", True)]
+)
 def test_a_layer_only_image_is_checked_on_the_base_as_the_module_runs_it(
-    tmp_path, monkeypatch, shown
+    tmp_path, monkeypatch, name, shown
 ):
     """--layer-only: the layer at the image path, run as ``exec --overlay LAYER BASE``."""
     runs, labels = [], '{"a": "b"}'
@@ -144,9 +146,10 @@ def test_a_layer_only_image_is_checked_on_the_base_as_the_module_runs_it(
     view.merged = tmp_path / "merged"
     (view.merged / ".singularity.d").mkdir(parents=True)
     (view.merged / ".singularity.d/labels.json").write_text(labels)
-    image = tmp_path / "image.sqfs"
-    assert view.write_image(path=image) is shown
+    image, kept = tmp_path / name, shown and "," not in name  # else: the whole SIF
+    assert view.write_image(path=image) is kept
     args = ["cat", "/.singularity.d/labels.json"]
-    assert runs == [{"image": base, "args": args, "overlay": image}]
-    assert image.exists() is shown and view.kept is shown  # else: the whole SIF
+    run = {"image": base, "args": args, "overlay": f"{image}:ro"}
+    assert runs == ([] if "," in name else [run])
+    assert image.exists() is kept and view.kept is kept
     assert base.read_bytes() == sif(tmp_path / "again.sif").read_bytes()

@@ -120,7 +120,8 @@ def module_ops(
         ("setenv", f"SIF{var}", sif),
     ]
     if base:  # the runtimes read these as --overlay
-        ops += [("setenv", f"{v}_OVERLAY", image) for v in ("APPTAINER", "SINGULARITY")]
+        ro = f"{image}:ro"  # (squashfs: read-only, without a warning)
+        ops += [("setenv", f"{v}_OVERLAY", ro) for v in ("APPTAINER", "SINGULARITY")]
     if runscripts:
         ops.append(("prepend_path", "SINGULARITYENV_PREPEND_PATH", runscripts, ":"))
     if root:

@@ -303,8 +303,8 @@ def test_a_layer_only_build_also_reports_the_module_files_for_its_base(tmp_path)
     assert sorted(map(str, layer)) == sorted(report.outputs)
     lua = layer[tmp_path / "out/torch.lua"]
     assert f'setenv("SIF", "{base}")' in lua
-    assert f'setenv("APPTAINER_OVERLAY", "{image}")' in lua
-    assert f"SINGULARITY_OVERLAY={image}; export" in layer[tmp_path / "out/torch.sh"]
+    assert f'setenv("APPTAINER_OVERLAY", "{image}:ro")' in lua
+    assert f"SINGULARITY_OVERLAY={image}:ro; export" in layer[tmp_path / "out/torch.sh"]
     assert "OVERLAY" not in report.outputs[str(tmp_path / "out/torch.lua")]
 
 

@@ -277,6 +277,6 @@ def test_a_layer_only_image_is_mounted_on_its_base_in_lmod_and_sh(tmp_path):
     shell = dict(e.decode().partition("=")[::2] for e in snippet.split(b"\0") if e)
     for env in (lmod_env(tmp_path, "img"), shell):
         assert env["SIF"] == env["SIFIMG"] == base
-        assert env["APPTAINER_OVERLAY"] == env["SINGULARITY_OVERLAY"] == layer
+        assert env["APPTAINER_OVERLAY"] == env["SINGULARITY_OVERLAY"] == layer + ":ro"
     assert not (tmp_path / "PWNED").exists()
     assert "OVERLAY" not in render(module_ops(image=layer, binds=[]), language="sh")
