@@ -333,9 +333,8 @@ def _base_of_layer(layer):
         if base and apptainer.is_sif(base):
             return Path(base)
     raise InputError(
-        f"{layer} is not an image: not a SIF file (no SIF header), nor a layer "
-        "(--layer-only) whose base SIF is where its labels say; give the .sif "
-        "file built by cotainr, or the layer with its base in place"
+        f"{layer} is not an image: neither a SIF file nor a layer (--layer-only) "
+        "whose base SIF is where its labels say; give the .sif file cotainr built"
     )
 
 
@@ -407,7 +406,7 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
     base = image if sif else _base_of_layer(image)
     report = VerifyReport(image=str(image))
     try:
-        facts = _probe(base, timeout=timeout, overlay=None if sif else image)
+        facts = _probe(base, timeout=timeout, overlay=None if sif else f"{image}:ro")
         checks = [
             ("records", _check_records, {}),
             ("provenance-labels", _check_labels, {}),

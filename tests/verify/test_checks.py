@@ -742,7 +742,9 @@ def test_a_layer_only_image_is_verified_on_the_base_its_labels_name(tmp_path, mo
     probe = mocker.patch.object(verify, "_probe", side_effect=InputError("stop"))
     with pytest.raises(InputError, match="stop"):
         verify.verify_image(image=layer)
-    probe.assert_called_once_with(base, timeout=verify.VERIFY_TIMEOUT, overlay=layer)
+    probe.assert_called_once_with(
+        base, timeout=verify.VERIFY_TIMEOUT, overlay=f"{layer}:ro"
+    )
     base.unlink()  # moved away: one error that says what a layer needs
     with pytest.raises(InputError, match="nor a layer .* whose base SIF is where"):
         verify.verify_image(image=layer)
