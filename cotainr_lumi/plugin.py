@@ -286,8 +286,10 @@ class LumiHook:
             return
         only = build.view is not None and build.view.only and build.view.kept
         for report in build.reports:  # --layer-only, and the layer kept
-            layer = report.details.pop("layer-outputs", {})  # SIF: the base
-            build.outputs.update(layer if only else {})
+            layer = report.details.pop("layer", None)  # SIF: the base
+            if layer and only:
+                build.outputs.update(layer["outputs"])
+                report.details["run-hint"] = layer["run-hint"]
         write_outputs(build.outputs)
         for report in build.reports:
             hint = (report.details or {}).get("run-hint")

@@ -44,9 +44,10 @@ def test_a_kept_layer_only_image_gets_the_module_files_for_its_base(tmp_path, ke
     lua, hook = tmp_path / "x.lua", LumiHook()
     hook.last = build = LumiBuild(plan=None)
     build.outputs = {lua: "-- cotainr-lumi: SIF is the image"}
-    layer = {lua: "-- cotainr-lumi: SIF is the base"}
-    build.reports = [StageReport(name="lumi-env", details={"layer-outputs": layer})]
+    layer = {"outputs": {lua: "-- cotainr-lumi: SIF is the base"}, "run-hint": "L"}
+    details = {"layer": layer, "run-hint": "W"}
+    build.reports = [StageReport(name="lumi-env", details=details)]
     build.view = SimpleNamespace(only=True, kept=kept)
     hook.finalize(context=None, error=None)
     assert lua.read_text().endswith("the base" if kept else "the image")
-    assert build.reports[0].details == {}  # (the API's details stay JSON)
+    assert details == {"run-hint": "L" if kept else "W"}  # (JSON for the API)

@@ -222,6 +222,7 @@ def test_layer_only_writes_the_layer_and_the_module_mounts_it_on_the_base(
     digest = hashlib.sha256(base.read_bytes()).hexdigest()
     proc = build(only, "--base-image", base, "--pip-steps", "steps.yml", "--layer-only")
     assert "The layer alone (" in proc.stdout, proc.stderr
+    assert f"--overlay {only}:ro {base} " in proc.stdout  # the run hint
     assert hashlib.sha256(base.read_bytes()).hexdigest() == digest  # untouched
     assert only.read_bytes()[:4] == b"hsqs" and only.stat().st_size < 1024**2
     labels = subprocess.run(

@@ -110,8 +110,8 @@ class LumiEnvStage(Stage):
                 raise InputError(f"lumi-env: {problem}. {fix}")
         return [names.lua, names.shell, names.root]
 
-    def _run_hint(self, *, image_path, mpi, binds):
-        """The command to run the image on LUMI."""
+    def _run_hint(self, *, image_path, mpi, binds, base=None):
+        """The command to run the image on LUMI (`base`: the image is its layer)."""
         entry = "conda-python-distributed" if self.settings.runscripts else "python"
         bind_opt = f"-B {shlex.quote(','.join(binds))} " if binds else ""
         lines = ["Run the image on LUMI with:"]
@@ -123,9 +123,10 @@ class LumiEnvStage(Stage):
                 f'srun singularity exec "$SIF" {entry} your_script.py'
             )
             lines.append("or, without the module:")
+        image = shlex.quote(str(image_path))
+        image = f"--overlay {image}:ro {shlex.quote(base)}" if base else image
         lines.append(
-            f"  srun singularity exec {bind_opt}{shlex.quote(str(image_path))} "
-            f"{entry} your_script.py"
+            f"  srun singularity exec {bind_opt}{image} {entry} your_script.py"
         )
         if mpi.active:
             lines.append(f"MPI ({mpi.mode}): launch ranks with {mpi.launch_hint()}")
@@ -219,17 +220,21 @@ class LumiEnvStage(Stage):
             wrappers=names.lua and wrapper_names(root=root, target=context.target_env),
         )
         paths, container_root, outputs = module_outputs(**module)
-        if context.plan.layer_only and outputs:  # the plugin's, if the layer is kept
+        hint = dict(image_path=image_path, mpi=mpi, binds=binds)
+        if context.plan.layer_only:  # the plugin's, if the layer is kept
             base = str(context.plan.base_image.resolved)
             layer = module_outputs(**module, base=base)[2]  # SIF: the base
-            details["layer-outputs"] = {Path(p): text for p, text in layer.items()}
+            details["layer"] = {
+                "outputs": {Path(p): text for p, text in layer.items()},
+                "run-hint": self._run_hint(**hint, base=base),
+            }
         details.update(
             {
                 "mpi": mpi.record(),
                 "module-files": sorted(str(p) for p in (paths or ())),
                 "container-root": str(container_root) if container_root else None,
                 "host-files": sorted(outputs),
-                "run-hint": self._run_hint(image_path=image_path, mpi=mpi, binds=binds),
+                "run-hint": self._run_hint(**hint),
             }
         )
         summary = f"{len(self.env)} variables in {ENV_FILE}"

@@ -5,6 +5,7 @@ The real Apptainer behaviour is covered by tests/e2e/test_lumi_env.py.
 
 import os
 from pathlib import Path
+import shlex
 import subprocess
 from types import SimpleNamespace
 
@@ -299,8 +300,10 @@ def test_a_layer_only_build_also_reports_the_module_files_for_its_base(tmp_path)
         image_path=image, layer_only=True, base_image=SimpleNamespace(resolved=base)
     )
     _, report, _ = run_stage(tmp_path, {}, plan=plan)
-    layer = report.details["layer-outputs"]
+    layer = report.details["layer"]["outputs"]
     assert sorted(map(str, layer)) == sorted(report.outputs)
+    hint = report.details["layer"]["run-hint"]
+    assert f"exec --overlay {image}:ro {shlex.quote(base)} conda-python" in hint
     lua = layer[tmp_path / "out/torch.lua"]
     assert f'setenv("SIF", "{base}")' in lua
     assert f'setenv("APPTAINER_OVERLAY", "{image}:ro")' in lua
