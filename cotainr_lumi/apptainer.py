@@ -189,9 +189,3 @@ def env_deadline_hint(text, *, image):
 
 #: Runs ``$0`` (Python source) with the image's own python, passing ``$1...``.
 IMAGE_PYTHON = 'exec "$(command -v python || command -v python3)" -c "$0" "$@"'
-
-
-def python_in_image(*, image, source, args=(), timeout=600, overlay=None):
-    """Run Python source with the image's own python (``python`` or ``python3``)."""
-    args = ["bash", "-c", IMAGE_PYTHON, source, *args]
-    return exec_in_image(image=image, args=args, timeout=timeout, overlay=overlay)

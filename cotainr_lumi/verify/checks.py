@@ -341,13 +341,11 @@ def _base_of_layer(layer):
 def _probe(image, *, timeout, overlay=None):
     """Run :mod:`.probe` in the image's own python; return its facts."""
     probe = Path(__file__).with_name("probe.py").read_text()
-    # The probe gets its own source as its first argument (to re-exec itself).
-    proc = apptainer.python_in_image(
-        image=image,
-        source=probe,
-        args=[probe, json.dumps(probe_inputs())],
-        timeout=timeout,
-        overlay=overlay,
+    # The image's own python runs it, its source its first argument (to re-exec).
+    inputs = json.dumps(probe_inputs())
+    args = ["bash", "-c", apptainer.IMAGE_PYTHON, probe, probe, inputs]
+    proc = apptainer.exec_in_image(
+        image=image, args=args, timeout=timeout, overlay=overlay
     )
     lines = proc.stdout.strip().splitlines()
     try:
