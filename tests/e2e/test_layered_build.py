@@ -218,7 +218,7 @@ def test_layer_only_writes_the_layer_and_the_module_mounts_it_on_the_base(
     build, work, first, lmod_init, apptainer_path, verify_image
 ):
     """--layer-only: no copy of the base; SIF is the base, *_OVERLAY the layer."""
-    base, only = (work / "first.sif").resolve(), work / "only.sqfs"
+    base, only = (work / "first.sif").resolve(), work.resolve() / "only.sqfs"
     digest = hashlib.sha256(base.read_bytes()).hexdigest()
     proc = build(only, "--base-image", base, "--pip-steps", "steps.yml", "--layer-only")
     assert "The layer alone (" in proc.stdout, proc.stderr
@@ -242,12 +242,12 @@ def test_layer_only_writes_the_layer_and_the_module_mounts_it_on_the_base(
     module = ["bash", "-c", script, "bash", work, PROBE, base, only]
     plain = [apptainer, "exec", "--no-home", base, "python3", "-c", PROBE]
     for cmd, env in (
-        (module, {"HOME": str(work)}),
+        (module, {}),
         (plain, {"APPTAINER_OVERLAY": f"{only}:ro"}),  # what the runtime reads
     ):
         proc = subprocess.run(
             list(map(str, cmd)),
-            env={**env, "PATH": os.environ["PATH"]},
+            env={**env, "HOME": str(work), "PATH": os.environ["PATH"]},
             capture_output=True,
             text=True,
         )
