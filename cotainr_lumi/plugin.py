@@ -170,7 +170,6 @@ class LumiHook:
             if not plan.extended:
                 return None
             plan.check_base_links()
-            plan.check_layers()
             build = LumiBuild(plan=plan)
             if context.dry_run:
                 plan.ask_base_image()

@@ -82,13 +82,14 @@ def resolve_work_dir(value):
     return path.resolve()
 
 
-def estimate_bytes(*, base_image, conda_env, unpacked=None):
+def estimate_bytes(*, base_image, conda_env, unpacked=None, sifs=2):
     """
     The space a build needs at its peak in its work directory (None: unknown).
 
     Measured on the builds of issue 30: the sandbox and Apptainer's copy of it
     (twice the base unpacked: `unpacked`, else :data:`EXPANSION` times the
-    SIF), twice the SIF (the image being written, its partial copy), pip's
+    SIF), `sifs` times the SIF (the image being written and its partial copy;
+    a layered build's copy of the base; none for the layer alone), pip's
     files and the conda env.
     """
     try:
@@ -96,7 +97,7 @@ def estimate_bytes(*, base_image, conda_env, unpacked=None):
     except (OSError, ValueError, TypeError):
         return None
     unpacked = size * EXPANSION if unpacked is None else unpacked
-    needed = 2 * unpacked + 2 * size + HEADROOM_BYTES
+    needed = 2 * unpacked + sifs * size + HEADROOM_BYTES
     return needed + (CONDA_BYTES if conda_env is not None else 0)
 
 
@@ -104,12 +105,10 @@ def _gib(n):
     return f"{n / 1024**3:.1f} GiB"
 
 
-def check_space(*, work_dir, base_image, conda_env, unpacked=None, refuse=True):
-    """Refuse a build that will not fit in its work directory."""
+def check_space(*, work_dir, refuse=True, **build):
+    """Refuse a build that will not fit in its work directory (`build`: the estimate's)."""
     free = shutil.disk_usage(work_dir).free
-    needed = estimate_bytes(
-        base_image=base_image, conda_env=conda_env, unpacked=unpacked
-    )
+    needed = estimate_bytes(**build)
     if needed is not None and needed > free:
         if not refuse:
             logger.warning(

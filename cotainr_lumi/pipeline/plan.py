@@ -104,6 +104,10 @@ class BuildPlan:
     base_target: Any = None
     base_facts: Any = None
     base_problem: Optional[str] = None
+    #: Why the base is unpacked, not mounted read-only (None: mounted).
+    mount_problem: Optional[str] = "not planned"
+    #: Why the image is squashed whole, not a layer on the base (None: a layer).
+    layer_problem: Optional[str] = "not planned"
 
     @property
     def stage_names(self):
@@ -141,15 +145,6 @@ class BuildPlan:
                 "the build writes there before any cotainr-lumi stage runs, and "
                 "a link can lead out of the image (to a host file). Use a base "
                 f"image where {path} is not a link."
-            )
-
-    def check_layers(self):
-        """Refuse to unpack a layered base: Apptainer's unpack leaves its layers out."""
-        problem, base = self.mount_problem, self.base_image
-        if problem and base.is_local_file and layer.overlays(base.resolved):
-            raise InputError(
-                f"The base image {base.given} has layers (SIF overlay partitions) and "
-                f"is not mounted here: {problem}. Unpacking it would leave them out."
             )
 
     def ask_base_image(self):
@@ -191,25 +186,6 @@ class BuildPlan:
         return self.conda_envs[0] if self.conda_envs else None
 
     @property
-    def mount_problem(self):
-        """Why the base is unpacked, not mounted read-only (None: mounted)."""
-        base = self.base_image
-        if self.conda_env is not None:
-            return "a conda env is installed"
-        if not (base.is_local_file and apptainer.is_sif(base.resolved)):
-            return "the base image is not a local SIF file"
-        if not (self.build_settings.layered or layer.overlays(base.resolved)):
-            return self.layer_problem  # as before; a base's layers need the mount
-        return layer.mount_problem(base.resolved)
-
-    @property
-    def layer_problem(self):
-        """Why the image is squashed whole, not a layer on the base (None: a layer)."""
-        if not self.build_settings.layered:
-            return "--flatten (build.layered=false)"
-        return self.mount_problem
-
-    @property
     def layer_only(self):
         """Whether the image is only the layer, a squashfs file on the base SIF."""
         return self.layer_problem is None and self.build_settings.layer_only
@@ -221,9 +197,9 @@ class BuildPlan:
 
     def check_space(self):
         """Refuse a build that will not fit in its work directory."""
-        image, unpacked = self.base_image.resolved, None
-        if self.layer_problem is None:
-            unpacked = 0  # a copy of the base and the layer: nothing unpacked
+        image, unpacked, sifs = self.base_image.resolved, None, 2
+        if self.layer_problem is None:  # nothing unpacked; a copy of the base
+            unpacked, sifs = 0, 0 if self.layer_only else 1
         elif self.base_image.is_local_file:
             unpacked = apptainer.unpacked_bytes(image=image)
         return workdir.check_space(
@@ -231,6 +207,7 @@ class BuildPlan:
             base_image=image,
             conda_env=self.conda_env,
             unpacked=unpacked,
+            sifs=sifs,
             refuse=self.build_settings.check_space,
         )
 
@@ -441,6 +418,25 @@ def _stage_names(*, request, system, overrides):
     return names, extended
 
 
+def _layering(plan):
+    """Why the base is not mounted, and why the image is not a layer (None: it is)."""
+    base, layered = plan.base_image, plan.build_settings.layered
+    flatten = "--flatten (build.layered=false)"
+    layers = base.is_local_file and layer.overlays(base.resolved)
+    if plan.conda_env is not None:
+        mount = "a conda env is installed"
+    elif not (base.is_local_file and apptainer.is_sif(base.resolved)):
+        mount = "the base image is not a local SIF file"
+    else:  # as before when flattening a base without layers, which need the mount
+        mount = layer.mount_problem(base.resolved) if layered or layers else flatten
+    if mount and layers:
+        raise InputError(
+            f"The base image {base.given} has layers (SIF overlay partitions) and "
+            f"is not mounted here: {mount}. Unpacking it would leave them out."
+        )
+    return mount, (mount if layered else flatten)
+
+
 def make_plan(*, request, systems=None):
     """Resolve a request into a plan."""
     if (request.system is None) == (request.base_image is None):
@@ -484,6 +480,7 @@ def make_plan(*, request, systems=None):
         rocm_settings=settings(rocmwindow.SETTINGS_NAME),
         build_settings=settings(workdir.SETTINGS_NAME),
     )
+    plan.mount_problem, plan.layer_problem = _layering(plan)
     for name in names:
         if name in request.skip_stages:
             continue

@@ -213,13 +213,40 @@ def test_a_layered_base_that_would_be_unpacked_is_refused(tmp_path, test_profile
     base = tmp_path / "layered.sif"
     parts = [(SYSTEM, b"system"), (OVERLAY, b"layer")]
     write_sif(base, [(PARTITION, data, SQUASHFS, kind, "") for kind, data in parts])
-    plan = cotainr_lumi.plan(
-        image_path=tmp_path / "x.sif",
-        system="lumi-test",
-        base_image_override=str(base),
-        conda_env=env,
-    )
     with pytest.raises(
         InputError, match=r"has layers .* Unpacking it would leave them out"
     ):
-        plan.check_layers()
+        cotainr_lumi.plan(
+            image_path=tmp_path / "x.sif",
+            system="lumi-test",
+            base_image_override=str(base),
+            conda_env=env,
+        )
+
+
+def test_the_space_estimate_counts_what_each_kind_of_build_writes(
+    tmp_path, test_profile, monkeypatch
+):
+    from siffile import PARTITION, SQUASHFS, SYSTEM, write_sif
+
+    from cotainr_lumi.engine.workdir import HEADROOM_BYTES
+
+    base = tmp_path / "base.sif"
+    write_sif(base, [(PARTITION, b"s" * 4096, SQUASHFS, SYSTEM, "")])
+    size = base.stat().st_size
+    monkeypatch.setattr("os.geteuid", lambda: 0)  # kernel mounts
+    monkeypatch.setattr("cotainr_lumi.apptainer.unpacked_bytes", lambda image: 7000)
+
+    def needed(**build):
+        plan = cotainr_lumi.plan(
+            image_path=tmp_path / "x.sif",
+            system="lumi-test",
+            base_image_override=str(base),
+            settings={"build": build},
+        )
+        return plan.check_space()[0] - HEADROOM_BYTES
+
+    # unpacked twice (the sandbox, Apptainer's copy) and the SIF twice
+    assert needed(layered=False) == 2 * 7000 + 2 * size
+    assert needed() == size  # a copy of the base, the layer (in the headroom)
+    assert needed(**{"layer-only": True}) == 0
