@@ -57,6 +57,19 @@ def sif_objects(path):
     return objects
 
 
+def sif_add(*, image, file, arch=None):
+    """The command adding `file` to a SIF (with `arch`: as an overlay partition)."""
+    kind = ["--datatype=6"]
+    if arch is not None:
+        kind = ["--datatype=4", "--partfs=1", "--parttype=4", f"--partarch={arch}"]
+    return [runtime(), "sif", "add", "--groupid=1", *kind, str(image), str(file)]
+
+
+def sif_delete(*, image, object_id):
+    """The command deleting the object `object_id` from a SIF."""
+    return [runtime(), "sif", "del", str(object_id), str(image)]
+
+
 def find_runtime():
     """The Apptainer (or else Singularity) executable on PATH, or None."""
     return shutil.which("apptainer") or shutil.which("singularity")

@@ -77,9 +77,10 @@ class FakeSingularity:
 
 @pytest.fixture(autouse=True)
 def isolated_config(tmp_path_factory, monkeypatch):
-    """Keep a developer's own profile files and bind variables out of the tests."""
+    """Keep a developer's own profile files, caches and bind variables out of the tests."""
     config_home = tmp_path_factory.mktemp("xdg-config")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(config_home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
     monkeypatch.delenv("COTAINR_LUMI_SYSTEMS", raising=False)
     for name in (
         "SINGULARITY_BIND",

@@ -1,7 +1,6 @@
 """Layered builds (issue 30): the base SIF mounted under a writable dir, which becomes a layer."""
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -13,6 +12,7 @@ import subprocess
 
 from .. import apptainer
 from ..imagelayout import LABEL_LAYERS, LABELS_FILE
+from .digest import sha256_of_file
 from .rootfs import resolve_in_root
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -23,15 +23,6 @@ OPAQUE = ".wh..wh..opq"
 #: This build's layer in the label :data:`LABEL_LAYERS` (its sha256 in the SIF's).
 THIS = "this build"
 METADATA = "inspect-metadata.json"
-
-
-def sha256_of_file(*, path, chunk_size=4 * 1024 * 1024):
-    """Stream a file through SHA-256."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(chunk_size), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class LayerError(Exception):
@@ -124,14 +115,18 @@ class BaseView:
         self.base, self.work, self.layer = Path(base), Path(work), layer
         self.only, self.kept = only, False  # only: the layer alone, on the base
         self.upper, self.mounts, self.merged = self.work / "upper", [], None
+        self.parts, (self.meta, self.metadata) = (), _metadata(self.base)
 
     def mount(self, *, at):
         """Mount the view at `at` (:class:`LayerError`: nothing left mounted)."""
         if set(",:") & set(str(self.work)):
             raise LayerError(f"the work dir {self.work} has a ',' or ':'")
-        fuse = os.geteuid() != 0
-        lowers = []
-        for part in _partitions(self.base):
+        fuse, lowers = os.geteuid() != 0, []
+        self.parts, (self.meta, self.metadata) = (
+            _partitions(self.base),
+            _metadata(self.base),
+        )
+        for part in self.parts:
             lowers.append(self.work / f"lower-{part.id}")
             lowers[-1].mkdir(parents=True)
             mount = ["squashfuse", "-o"] if fuse else ["mount", "-t", "squashfs", "-o"]
@@ -199,26 +194,23 @@ class BaseView:
             ro = f"{path}:ro"  # (squashfs: read-only, without a warning)
             return apptainer.exec_in_image(image=self.base, args=cat, overlay=ro)
         shutil.copy(self.base, path)
-        sif, arch = [apptainer.runtime(), "sif"], _partitions(self.base)[-1].arch
-        add = ["add", "--groupid=1", "--datatype=4", "--partfs=1", "--parttype=4"]
-        _run([*sif, *add, f"--partarch={arch}", path, delta])
-        meta, metadata = _metadata(self.base)
-        if meta:  # what `inspect` may show: this build's labels and env files
-            self._update(metadata, delta, json.JSONDecoder().raw_decode(labels)[0])
-            (self.work / METADATA).write_text(json.dumps(metadata))
-            _run([*sif, "del", meta.id, path])
-            _run([*sif, *add[:2], "--datatype=6", path, self.work / METADATA])
+        _run(apptainer.sif_add(image=path, file=delta, arch=self.parts[-1].arch))
+        if self.meta:  # what `inspect` may show: this build's labels and env files
+            self._update(delta, json.JSONDecoder().raw_decode(labels)[0])
+            (self.work / METADATA).write_text(json.dumps(self.metadata))
+            _run(apptainer.sif_delete(image=path, object_id=self.meta.id))
+            _run(apptainer.sif_add(image=path, file=self.work / METADATA))
         logger.info("Layered image: %s plus a %d KiB layer", self.base.name, size)
         return apptainer.exec_in_image(image=path, args=cat)
 
     def label(self, *, sha256=None):
         """The label :data:`LABEL_LAYERS`: the base's layers, then this build."""
         base = self.base.name + (f" sha256:{sha256}" if sha256 else "")
-        attributes = _metadata(self.base)[1].get("data", {}).get("attributes", {})
+        attributes = self.metadata.get("data", {}).get("attributes", {})
         return f"{(attributes.get('labels') or {}).get(LABEL_LAYERS) or base} + {THIS}"
 
-    def _update(self, metadata, delta, labels):
-        attributes = metadata.setdefault("data", {}).setdefault("attributes", {})
+    def _update(self, delta, labels):
+        attributes = self.metadata.setdefault("data", {}).setdefault("attributes", {})
         layer = f"layer sha256:{sha256_of_file(path=delta)}"
         layers = labels.get(LABEL_LAYERS, THIS).replace(THIS, layer)
         attributes["labels"] = {**labels, LABEL_LAYERS: layers}

@@ -13,7 +13,7 @@ import platform
 
 from .. import _cotainr
 from .._version import __version__
-from ..engine.layer import sha256_of_file
+from ..engine.digest import remembered_sha256
 from ..engine.rootfs import write_file_in_root
 from ..engine.settings import StageSettings, setting
 from ..engine.stage import Stage, StageReport
@@ -89,8 +89,7 @@ class ProvenanceStage(Stage):
         base = plan.base_image
         sha256 = ""
         if base.is_local_file and self.settings.hash_base_image:
-            logger.info("Computing the sha256 of %s", base.resolved)
-            sha256 = sha256_of_file(path=base.resolved)
+            sha256 = remembered_sha256(path=base.resolved)
         stages = plan.stage_names
         labels = {
             LABEL_VERSION: __version__,

@@ -11,14 +11,7 @@ import pytest
 from cotainr_lumi import _cotainr, _version, build
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
-from cotainr_lumi.stages.provenance import sha256_of_file, stock_cotainr_pad
-
-
-def test_sha256_streams_in_chunks(tmp_path):
-    f = tmp_path / "blob"
-    data = os.urandom(3 * 1024 + 7)
-    f.write_bytes(data)
-    assert sha256_of_file(path=f, chunk_size=1024) == hashlib.sha256(data).hexdigest()
+from cotainr_lumi.stages.provenance import stock_cotainr_pad
 
 
 def test_labels_record_given_and_resolved_base_image(

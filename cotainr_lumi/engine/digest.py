@@ -1,0 +1,69 @@
+"""The sha256 of a file, remembered per user while the file is unchanged."""
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+import stat
+import tempfile
+
+logger = logging.getLogger(f"cotainr.{__name__}")
+
+#: The most files remembered (the newest).
+KEEP = 64
+
+
+def sha256_of_file(*, path, chunk_size=4 * 1024 * 1024):
+    """Stream a file through SHA-256."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(chunk_size), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def default_cache_file():
+    """The user's file of remembered digests."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "cotainr-lumi" / "sha256.json"
+
+
+def remembered_sha256(*, path, cache_file=None):
+    """
+    The sha256 of `path`, read again only when the file may have changed.
+
+    A digest is reused while the file's device, inode, size, mtime and ctime
+    are those it was computed at (a write changes the ctime, which no user can
+    set back). Only a cache file that is the user's own, not a link and not
+    writable by others is trusted.
+    """
+    real = os.path.realpath(path)
+    info = os.stat(real)
+    stamp = [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns]
+    stamp.append(info.st_ctime_ns)
+    cache_file = Path(cache_file or default_cache_file())
+    known = {}
+    with contextlib.suppress(OSError, ValueError):
+        own = cache_file.lstat()
+        if own.st_uid == os.getuid() and stat.S_ISREG(own.st_mode):
+            if not own.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                known = dict(json.loads(cache_file.read_text()))
+    entry = known.pop(real, None)
+    if isinstance(entry, list) and entry[:-1] == stamp:
+        logger.info("The sha256 of %s is remembered (the file is unchanged)", real)
+        known[real] = entry
+        return entry[-1]
+    logger.info("Computing the sha256 of %s", real)
+    known[real] = [*stamp, sha256_of_file(path=real)]
+    try:
+        cache_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=cache_file.parent) as f:
+            json.dump(dict(list(known.items())[-KEEP:]), f)
+            f.flush()
+            os.link(f.name, f"{f.name}.json")  # (the temporary file goes)
+        os.replace(f"{f.name}.json", cache_file)
+    except OSError as e:
+        logger.debug("Could not remember the sha256 in %s: %s", cache_file, e)
+    return known[real][-1]

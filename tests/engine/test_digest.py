@@ -1,0 +1,69 @@
+import hashlib
+import os
+
+import pytest
+
+from cotainr_lumi.engine import digest
+
+
+def test_sha256_streams_in_chunks(tmp_path):
+    f = tmp_path / "blob"
+    data = os.urandom(3 * 1024 + 7)
+    f.write_bytes(data)
+    expected = hashlib.sha256(data).hexdigest()
+    assert digest.sha256_of_file(path=f, chunk_size=1024) == expected
+
+
+@pytest.fixture
+def counted(mocker):
+    return mocker.patch.object(
+        digest, "sha256_of_file", side_effect=digest.sha256_of_file
+    )
+
+
+def test_an_unchanged_file_is_read_once_and_a_changed_one_again(tmp_path, counted):
+    f, cache = tmp_path / "base.sif", tmp_path / "cache" / "sha256.json"
+    f.write_bytes(b"one")
+    link = tmp_path / "link.sif"
+    link.symlink_to(f)
+    first = digest.remembered_sha256(path=f, cache_file=cache)
+    assert first == hashlib.sha256(b"one").hexdigest()
+    assert digest.remembered_sha256(path=link, cache_file=cache) == first
+    assert counted.call_count == 1
+    assert oct(cache.parent.stat().st_mode & 0o777) == "0o700"
+    before = f.stat()
+    f.write_bytes(b"two")  # same size, mtime set back: only the ctime moved
+    os.utime(f, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (
+        digest.remembered_sha256(path=f, cache_file=cache)
+        == hashlib.sha256(b"two").hexdigest()
+    )
+    assert counted.call_count == 2
+    assert [p.name for p in cache.parent.iterdir()] == ["sha256.json"]
+
+
+def test_a_cache_file_others_can_write_or_a_link_is_not_trusted(tmp_path, counted):
+    f, cache = tmp_path / "base.sif", tmp_path / "sha256.json"
+    f.write_bytes(b"one")
+    digest.remembered_sha256(path=f, cache_file=cache)
+    cache.chmod(0o666)
+    digest.remembered_sha256(path=f, cache_file=cache)
+    assert counted.call_count == 2
+    cache.chmod(0o600)
+    cache.rename(tmp_path / "real.json")
+    cache.symlink_to(tmp_path / "real.json")
+    digest.remembered_sha256(path=f, cache_file=cache)
+    assert counted.call_count == 3
+
+
+def test_a_cache_that_cannot_be_written_still_gives_the_digest(tmp_path, counted):
+    f, blocker = tmp_path / "base.sif", tmp_path / "a-file"
+    f.write_bytes(b"one")
+    blocker.write_text("")
+    found = digest.remembered_sha256(path=f, cache_file=blocker / "sha256.json")
+    assert found == hashlib.sha256(b"one").hexdigest()
+
+
+def test_the_default_cache_is_the_users(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert digest.default_cache_file() == tmp_path / "cotainr-lumi" / "sha256.json"
