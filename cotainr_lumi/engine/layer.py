@@ -122,10 +122,7 @@ class BaseView:
         if set(",:") & set(str(self.work)):
             raise LayerError(f"the work dir {self.work} has a ',' or ':'")
         fuse, lowers = os.geteuid() != 0, []
-        self.parts, (self.meta, self.metadata) = (
-            _partitions(self.base),
-            _metadata(self.base),
-        )
+        self.parts = _partitions(self.base)
         for part in self.parts:
             lowers.append(self.work / f"lower-{part.id}")
             lowers[-1].mkdir(parents=True)
