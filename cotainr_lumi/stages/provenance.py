@@ -62,7 +62,7 @@ class ProvenanceSettings(StageSettings):
     """The settings of the provenance stage."""
 
     hash_base_image: bool = setting(
-        True, doc="record the sha256 of a local base image (reads all of it)"
+        True, doc="record the sha256 of a local base image (read once per file)"
     )
 
 

@@ -26,7 +26,8 @@ multiarch library directory ``/usr/lib/x86_64-linux-gnu``) by
   tree: ``torch 2.10.0+rocm7.0`` as an installed distribution, ``torch/lib``
   with copies of the base's ROCm 7 libraries and ``rocblas/``, and a
   ``libtorch_hip.so`` whose RUNPATH prefers ``/opt/rocm/lib`` (the recipe
-  patches it so);
+  patches it so); and ``aifswap 1.0`` (with ``aifswap/old.py``), which a
+  build replaces;
 - ``MPIR_CVAR_*`` GPU settings in the image's environment, in
   ``10-docker2singularity.sh`` as Apptainer writes the ``ENV`` lines of the
   OCI archive the recipe builds the SIF from; ``/.sbom.json``
@@ -124,6 +125,14 @@ mkdir -p "$D"
 printf 'Metadata-Version: 2.1\nName: torch\nVersion: {TORCH_VERSION}\n' >"$D/METADATA"
 echo pip >"$D/INSTALLER"
 : >"$D/RECORD"
+# A pure-Python distribution a build replaces (its aifswap/old.py goes).
+mkdir -p {SITE}/aifswap {SITE}/aifswap-1.0.dist-info
+echo 'VERSION = "1.0"' >{SITE}/aifswap/__init__.py
+echo 'GONE_IN_2 = True' >{SITE}/aifswap/old.py
+printf 'Metadata-Version: 2.1\nName: aifswap\nVersion: 1.0\n' \
+    >{SITE}/aifswap-1.0.dist-info/METADATA
+printf 'aifswap/%s,,\n' __init__.py old.py >{SITE}/aifswap-1.0.dist-info/RECORD
+printf 'aifswap-1.0.dist-info/%s,,\n' METADATA RECORD >>{SITE}/aifswap-1.0.dist-info/RECORD
 
 # The image's environment, as the recipe's ENV lines make it.
 cat >/.singularity.d/env/10-docker2singularity.sh <<'EOF'

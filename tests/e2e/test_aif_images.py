@@ -33,7 +33,7 @@ from prune_fixtures import derive_base_image
 import pytest
 import yaml
 
-from cotainr_lumi.apptainer import SIF_OVERLAY, SIF_PARTITION, sif_objects
+from cotainr_lumi.apptainer import SIF_OVERLAY, SIF_PARTITION, SIF_SYSTEM, sif_objects
 
 pytestmark = pytest.mark.e2e
 
@@ -74,21 +74,28 @@ def work(
     )
     (work / "wheels").mkdir()
     first = make_wheel(work / "wheels", "basepkg", "1.0")
-    (work / "first.txt").write_text(f"./wheels/{first.name}\n")
+    swap = make_wheel(work / "wheels", "aifswap", "2.0")
+    (work / "first.txt").write_text(f"./wheels/{first.name}\n./wheels/{swap.name}\n")
+    step = {"requirements": "first.txt", "allow-changes": ["aifswap"]}
+    (work / "first.yml").write_text(yaml.safe_dump({"steps": [step]}))
     return work, base
 
 
 @pytest.fixture(scope="module")
 def first(work, cotainr_build):
-    """The AI Factory-like base extended with one pip step (and its module)."""
+    """The AI Factory-like base extended with one pip step (and its module).
+
+    It adds basepkg 1.0 and replaces the base's aifswap 1.0 by 2.0 (which has
+    no ``aifswap/old.py``), as a layer on the base.
+    """
     work, _base = work
     image = work / "first.sif"
     proc = cotainr_build(
         work,
         image,
         f"--system={SYSTEM}",
-        "--pip-requirements",
-        "first.txt",
+        "--pip-steps",
+        "first.yml",
         f"--set=lumi-env.module-dir={work / 'modules'}",
         name="aif: first cotainr build",
     )
@@ -202,6 +209,36 @@ def test_the_pip_step_lands_in_the_venv_and_torch_is_pruned(first, apptainer_exe
     assert f"{torch_lib}/librccl.so.1" in linked
     proc = apptainer_exec(image, "readlink", "-f", f"{torch_lib}/librccl.so.1")
     assert proc.stdout.strip().startswith(f"{aif_layout.ROCM}/lib/")
+
+
+def test_the_first_build_is_a_layer_that_adds_replaces_and_removes(
+    work, first, apptainer_exec
+):
+    _work, base = work
+    image, log = first
+    parts = {
+        sif: [o for o in sif_objects(sif) if o.datatype == SIF_PARTITION]
+        for sif in (image, base)
+    }
+    assert [o.parttype for o in parts[base]] == [SIF_SYSTEM]
+    assert sorted(o.parttype for o in parts[image]) == [SIF_SYSTEM, SIF_OVERLAY]
+    assert "Layered image: " in log
+    contents = []
+    for sif in (image, base):  # the base's squashfs, byte for byte
+        system = [o for o in parts[sif] if o.parttype == SIF_SYSTEM][0]
+        with open(sif, "rb") as f:
+            f.seek(system.offset)
+            contents.append(f.read(system.size))
+    assert contents[0] == contents[1]
+    script = (
+        "import aifswap, basepkg, importlib.metadata as m, importlib.util as u; "
+        "print(aifswap.VERSION, basepkg.VERSION, u.find_spec('aifswap.old'), "
+        "*sorted(d.version for d in m.distributions() if d.metadata['Name'] == 'aifswap'))"
+    )
+    proc = apptainer_exec(image, "python", "-c", script)
+    assert proc.stdout.split() == ["2.0", "1.0", "None", "2.0"], proc.stderr
+    proc = apptainer_exec(image, "ls", aif_layout.SITE)
+    assert "aifswap-1.0.dist-info" not in proc.stdout.split(), proc.stdout
 
 
 def test_the_familys_runtime_settings(first, image_runtime):
