@@ -429,10 +429,16 @@ def _layering(plan):
         mount = "the base image is not a local SIF file"
     else:  # as before when flattening a base without layers, which need the mount
         mount = layer.mount_problem(base.resolved) if layered or layers else flatten
-    if mount and layers:
+    if layers and (mount or not plan.extended):
+        fix = "stock cotainr unpacks it: build with --lumi-system NAME, which mounts it"
+        if mount:
+            fix = (
+                f"it is not mounted here ({mount}): squash it whole first where "
+                "it mounts (--flatten, without --conda-env) and build on that"
+            )
         raise InputError(
-            f"The base image {base.given} has layers (SIF overlay partitions) and "
-            f"is not mounted here: {mount}. Unpacking it would leave them out."
+            f"The base image {base.given} has layers (SIF overlay partitions), "
+            f"which unpacking it would leave out; {fix}."
         )
     return mount, (mount if layered else flatten)
 

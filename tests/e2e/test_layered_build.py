@@ -203,7 +203,9 @@ def test_a_runtime_that_ignores_the_layer_gets_the_whole_image(
     assert proc.stdout.split() == STACKED, proc.stderr
 
 
-def test_flatten_squashes_the_whole_image(build, work, first, apptainer_exec):
+def test_flatten_squashes_the_whole_image(
+    build, work, first, apptainer_exec, cotainr_build
+):
     proc = build(
         work / "flat.sif", "--base-image", "first.sif", "--pip-steps", "steps.yml",
         "--flatten",
@@ -212,6 +214,11 @@ def test_flatten_squashes_the_whole_image(build, work, first, apptainer_exec):
     assert sorted(partition_digests(work / "flat.sif")) == [(SIF_SYSTEM, 1)]
     proc = apptainer_exec(work / "flat.sif", "python3", "-c", PROBE)
     assert proc.stdout.split() == STACKED, proc.stderr
+    # Stock cotainr would unpack the layered first.sif without its layer.
+    stock = cotainr_build(work, work / "stock.sif", "--base-image=first.sif", ok=False)
+    assert stock.returncode != 0 and not (work / "stock.sif").exists()
+    assert "has layers (SIF overlay partitions)" in stock.stderr, stock.output
+    assert "Traceback" not in stock.output
 
 
 def test_layer_only_writes_the_layer_and_the_module_mounts_it_on_the_base(

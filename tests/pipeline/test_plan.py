@@ -213,15 +213,16 @@ def test_a_layered_base_that_would_be_unpacked_is_refused(tmp_path, test_profile
     base = tmp_path / "layered.sif"
     parts = [(SYSTEM, b"system"), (OVERLAY, b"layer")]
     write_sif(base, [(PARTITION, data, SQUASHFS, kind, "") for kind, data in parts])
-    with pytest.raises(
-        InputError, match=r"has layers .* Unpacking it would leave them out"
-    ):
+    with pytest.raises(InputError, match=r"has layers .* not mounted here \(a conda"):
         cotainr_lumi.plan(
             image_path=tmp_path / "x.sif",
             system="lumi-test",
             base_image_override=str(base),
             conda_env=env,
         )
+    # Stock cotainr (no cotainr-lumi system or settings) would unpack it too.
+    with pytest.raises(InputError, match=r"stock cotainr unpacks it: .*--lumi-system"):
+        cotainr_lumi.plan(image_path=tmp_path / "x.sif", base_image=str(base))
 
 
 def test_the_space_estimate_counts_what_each_kind_of_build_writes(
