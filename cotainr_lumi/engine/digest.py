@@ -41,17 +41,16 @@ def remembered_sha256(*, path, cache_file=None):
     """
     real = os.path.realpath(path)
     info = os.stat(real)
-    stamp = [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns]
-    stamp.append(info.st_ctime_ns)
+    stamp = [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
     cache_file = Path(cache_file or default_cache_file())
     known = {}
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, TypeError):
         own = cache_file.lstat()
         if own.st_uid == os.getuid() and stat.S_ISREG(own.st_mode):
             if not own.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
                 known = dict(json.loads(cache_file.read_text()))
     entry = known.pop(real, None)
-    if isinstance(entry, list) and entry[:-1] == stamp:
+    if isinstance(entry, list) and entry[:-1] == stamp and isinstance(entry[-1], str):
         logger.info("The sha256 of %s is remembered (the file is unchanged)", real)
         known[real] = entry
         return entry[-1]
@@ -59,11 +58,10 @@ def remembered_sha256(*, path, cache_file=None):
     known[real] = [*stamp, sha256_of_file(path=real)]
     try:
         cache_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=cache_file.parent) as f:
+        fd, partial = tempfile.mkstemp(dir=cache_file.parent, suffix=".partial")
+        with os.fdopen(fd, "w") as f:
             json.dump(dict(list(known.items())[-KEEP:]), f)
-            f.flush()
-            os.link(f.name, f"{f.name}.json")  # (the temporary file goes)
-        os.replace(f"{f.name}.json", cache_file)
+        os.replace(partial, cache_file)
     except OSError as e:
         logger.debug("Could not remember the sha256 in %s: %s", cache_file, e)
     return known[real][-1]

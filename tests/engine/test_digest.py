@@ -67,3 +67,15 @@ def test_a_cache_that_cannot_be_written_still_gives_the_digest(tmp_path, counted
 def test_the_default_cache_is_the_users(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert digest.default_cache_file() == tmp_path / "cotainr-lumi" / "sha256.json"
+
+
+@pytest.mark.parametrize("text", ["5", "[1, 2]", "{", '{"x": 1}', "null"])
+def test_a_broken_cache_file_is_read_as_empty(tmp_path, counted, text):
+    f, cache = tmp_path / "base.sif", tmp_path / "sha256.json"
+    f.write_bytes(b"one")
+    cache.write_text(text)
+    cache.chmod(0o600)
+    found = digest.remembered_sha256(path=f, cache_file=cache)
+    assert found == hashlib.sha256(b"one").hexdigest() and counted.call_count == 1
+    assert digest.remembered_sha256(path=f, cache_file=cache) == found
+    assert counted.call_count == 1
