@@ -264,23 +264,20 @@ class HostBinding:
         return ("" if self.discover else self.libmpi), ":".join(static)
 
     def _cover(self, path):
-        """(bind, source, destination) of the deepest bind bringing `path` in."""
-        covers = []
+        """(bind, source, host path) of the deepest bind bringing `path` in."""
+        covers = [(-1, None, None, None)]
         for bind in self.binds:
             src, _, rest = bind.partition(":")
-            dst = rest.partition(":")[0] or src
-            dst = dst.rstrip("/") or "/"
+            dst = (rest.partition(":")[0] or src).rstrip("/") or "/"
             if path == dst or path.startswith(dst + "/"):
-                covers.append((bind, src, dst))
-        return max(covers, key=lambda c: len(c[2]), default=(None, None, None))
+                rest = path[len(dst.rstrip("/")) :]
+                host = src.rstrip("/") + rest if rest else src
+                covers.append((len(dst), bind, src, host))
+        return max(covers, key=lambda c: c[0])[1:]
 
     def host_path(self, path):
         """The host path behind an image path (None when no bind covers it)."""
-        bind, src, dst = self._cover(path)
-        if bind is None:
-            return None
-        rest = path[len(dst.rstrip("/")) :]
-        return src.rstrip("/") + rest if rest else src
+        return self._cover(path)[2]
 
     def host_problems(self):
         """What of the binding is missing here (where its bind's source exists)."""
@@ -288,8 +285,7 @@ class HostBinding:
         paths += [p for p in self.ld_library_path if "*" not in p]
         problems = []
         for path in dict.fromkeys(paths):
-            bind, src, _ = self._cover(path)
-            host = self.host_path(path)
+            bind, src, host = self._cover(path)
             if bind and os.path.exists(src) and not os.path.exists(host):
                 problems.append(
                     f"{path} is {host} on this host (bind {bind}), which does not exist"

@@ -157,21 +157,24 @@ def _real_image_path(*, root, path):
     return path if host is None else str(image_path_of(root=root, host_path=host))
 
 
-def _speaks_cxi(*, root, library_path, info, dirs):
+def find_needed(*, root, name, info, origin, ld_path=()):
+    """The image path where the loader finds `name` for `info` in `origin` (or None)."""
+    own = [*(() if info.runpath else info.rpath), *ld_path, *info.runpath]
+    search = [d for p in own if p and (d := _expand(p, origin=origin))]
+    return _find(root=root, name=name, dirs=search + library_dirs(root=root))
+
+
+def _speaks_cxi(*, root, library_path, info):
     """(libfabric image path or None, whether the library speaks CXI)."""
     if LIBCXI in info.needed:
         return None, True
     if LIBFABRIC not in info.needed:
         return None, False
     origin = str(PurePosixPath(library_path).parent)
-    own = info.runpath or info.rpath
-    search = [e for e in (_expand(p, origin=origin) for p in own) if e] + list(dirs)
-    fabric = _find(root=root, name=LIBFABRIC, dirs=search)
+    fabric = find_needed(root=root, name=LIBFABRIC, info=info, origin=origin)
     if fabric is None:
         return None, False
-    fabric_info = read_elf_info(
-        path=resolve_or_none(root=root, path=fabric)
-    )  # _find: a file
+    fabric_info = read_elf_info(path=resolve_or_none(root=root, path=fabric))  # a file
     providers = resolve_or_none(
         root=root, path=f"{PurePosixPath(fabric).parent}/libfabric"
     )
@@ -194,7 +197,7 @@ def _libraries(*, root, prefixes, dirs):
             info = read_elf_info(path=resolve_or_none(root=root, path=real))
             if info is None:
                 continue
-            cxi = _speaks_cxi(root=root, library_path=real, info=info, dirs=dirs)
+            cxi = _speaks_cxi(root=root, library_path=real, info=info)
             found.append(MpiLibrary(path, real, info.soname or name, where, *cxi))
     return found
 

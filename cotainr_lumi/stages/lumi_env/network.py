@@ -18,6 +18,7 @@ from ...engine import rcclplugin
 from ...engine.elfinfo import DEFAULT_LOADER_DIRS, read_elf_info
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from .envfile import default_assignments, path_addition
+from .mpiscan import LIBFABRIC, find_needed
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -70,8 +71,6 @@ def decide_libfabric(*, settings, root, image_ld_path=str):
     """The setting, or for auto: image if the plugin finds libfabric in it, else host."""
     if settings.libfabric != "auto":
         return settings.libfabric
-    from .mpiscan import LIBFABRIC, _expand, _find, library_dirs  # imports us
-
     plugin = _profile_plugin(settings=settings, root=root)
     for name in plugin["files"] if plugin else ():
         path = f"{plugin['dir']}/{name}"
@@ -79,11 +78,10 @@ def decide_libfabric(*, settings, root, image_ld_path=str):
         info = read_elf_info(path=host) if host.is_file() else None
         if info is None or LIBFABRIC not in info.needed:
             continue
-        # The loader's order: RPATH (without RUNPATH), LD_LIBRARY_PATH, RUNPATH.
-        own = () if info.runpath else info.rpath
-        own = [*own, *(image_ld_path() or "").split(":"), *info.runpath]
-        dirs = [d for p in own if p and (d := _expand(p, origin=plugin["dir"]))]
-        found = _find(root=root, name=LIBFABRIC, dirs=dirs + library_dirs(root=root))
+        ld_path = (image_ld_path() or "").split(":")
+        found = find_needed(
+            root=root, name=LIBFABRIC, info=info, origin=plugin["dir"], ld_path=ld_path
+        )
         where = f"the image's {found}" if found else "not in the image"
         logger.info("%s needs %s: %s", path, LIBFABRIC, where)
         return "image" if found else "host"
