@@ -125,19 +125,16 @@ def module_ops(
     if runscripts:
         ops.append(("prepend_path", "SINGULARITYENV_PREPEND_PATH", runscripts, ":"))
     if root:
-        sub = {n: f"{root}/{n}" for n in ("bin", "runscripts", "user-software")}
         ops += [
             ("setenv", "CONTAINERROOT", root),
             ("setenv", f"EBROOT{var}", root),
-            ("prepend_path", "PATH", sub["bin"], ":"),
+            ("prepend_path", "PATH", f"{root}/bin", ":"),
         ]
         if runscripts:
-            ops += [
-                ("setenv", v, sub["runscripts"])
-                for v in ("RUNSCRIPTS", f"RUNSCRIPTS{var}")
-            ]
+            names = ("RUNSCRIPTS", f"RUNSCRIPTS{var}")
+            ops += [("setenv", v, f"{root}/runscripts") for v in names]
         if user_software:
-            home = sub["user-software"]
+            home = f"{root}/user-software"
             squashfs = _bind(f"{home}.squashfs:{USER_SOFTWARE_DIR}:image-src=/")
             branches = [
                 ("file", f"{home}.squashfs", [squashfs]),
@@ -236,7 +233,7 @@ def _host_command_text(name, *, image, root):
 
 
 def module_outputs(
-    *, settings, image_path, binds, user_venv, user_software, mpi, wrappers, base=None
+    *, settings, image_path, binds, user_software, mpi, wrappers, base=None
 ):
     """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
     names = settings.names(image_path=image_path)
@@ -264,7 +261,7 @@ def module_outputs(
             settings=settings,
             root=names.root,
             image_path=image_path,
-            user_venv=user_venv,
+            user_venv=names.user_venv,
             wrappers=wrappers,
         ),
     }
