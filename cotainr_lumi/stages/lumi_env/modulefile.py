@@ -16,14 +16,12 @@ import shlex
 
 from ..._version import __version__
 from ...engine.rootfs import resolve_in_root
-from ...engine.stage import OUTPUT_MARKER
+from ...engine.stage import OUTPUT_MARKER as MARKER
 from ...imagelayout import RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
 from .envfile import check_text, printable, sh_op
 from .imagefiles import RUNSCRIPTS, runscript_text
 
 logger = logging.getLogger(f"cotainr.{__name__}")
-
-MARKER = OUTPUT_MARKER
 
 
 def lua_quote(text):

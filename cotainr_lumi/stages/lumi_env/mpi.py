@@ -319,7 +319,7 @@ def discover_host_mpi(*, setting, env=None):
         ["sh", "-c", discovery_program(), "sh", *binding.argv()],
         capture_output=True,
         text=True,
-        env=os.environ if env is None else env,
+        env=env,
         check=False,
     )
     out = dict(ln.split(" ", 1) for ln in proc.stdout.splitlines() if " " in ln)
@@ -591,7 +591,6 @@ def plan_mpi(*, root, target, requested, host_setting, stage, libfabric="host"):
         raise StageError(str(e), stage=stage) from None
     if mode == "host":
         check_host_paths(binding=binding, error=lambda m: StageError(m, stage=stage))
-    # A pin stops a host build; a warning in container mode.
     if scan.pins and mode == "host":
         setting = mode if requested == mode else f"{requested} -> {mode}"
         raise StageError(

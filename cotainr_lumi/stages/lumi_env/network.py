@@ -162,7 +162,7 @@ def plugin_blocks(*, settings, root, found):
     """Env file blocks for the plugin: its directory, its name; `found` gets it."""
     plugin = _profile_plugin(settings=settings, root=root)
     if plugin is None:
-        other = _profile_plugin(settings=settings, root=root, dirs=KNOWN_PLUGIN_DIRS)
+        other = find_plugin(root=root, dirs=KNOWN_PLUGIN_DIRS)
         if other is not None:
             fits = (
                 "lumi-g-ext or lumi-g-ext-pytorch"
@@ -185,13 +185,10 @@ def plugin_blocks(*, settings, root, found):
     return blocks + plugin_name_blocks(plugin=plugin)
 
 
-def _profile_plugin(*, settings, root, dirs=None):
+def _profile_plugin(*, settings, root):
     """RCCL's network plugin in the profile's directories (None: none)."""
-    return find_plugin(
-        root=root,
-        dirs=settings.net_plugin_dirs if dirs is None else dirs,
-        named=None if dirs else settings.env.get("NCCL_NET_PLUGIN"),
-    )
+    named = settings.env.get("NCCL_NET_PLUGIN")
+    return find_plugin(root=root, dirs=settings.net_plugin_dirs, named=named)
 
 
 #: The host family's libfabric when the image's LD_LIBRARY_PATH names none
