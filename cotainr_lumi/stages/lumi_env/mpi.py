@@ -7,7 +7,7 @@ image's MPICH-ABI library at run time (HPE's hybrid model, arXiv 2407.19928).
 ``COTAINR_LUMI_MPI`` switches at run time (the MPI env file reads it).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import importlib.resources
 import json
 import logging
@@ -197,8 +197,13 @@ def _check_libmpi(value):
 
 
 @dataclass(frozen=True)
-class MpiHostSettings(StageSettings):
-    """The keys of ``lumi-env.mpi-host``: the host binding of a base family."""
+class HostBinding(StageSettings):
+    """
+    The keys of ``lumi-env.mpi-host``: the host binding of a base family.
+
+    As :meth:`from_setting` reads them, ``ld_library_path`` starts with the
+    directory of ``libmpi`` and the lists are tuples.
+    """
 
     libmpi: Optional[str] = setting(
         None,
@@ -220,28 +225,15 @@ class MpiHostSettings(StageSettings):
         check=each(validate_bind),
     )
 
-
-@dataclass(frozen=True)
-class HostBinding:
-    """The host binding, read (see :class:`MpiHostSettings`)."""
-
-    libmpi: str
-    ld_library_path: tuple
-    binds: tuple
-
     @classmethod
     def from_setting(cls, value):
         """The binding of a ``lumi-env.mpi-host`` value (None without ``libmpi``)."""
-        read = MpiHostSettings.complete(
-            read_declared(schema=MpiHostSettings, raw=value or {}, origin=Origin())
-        )
+        read = cls.complete(read_declared(schema=cls, raw=value or {}, origin=Origin()))
         if not read.libmpi:
             return None
-        own = (
-            [] if read.libmpi == DISCOVER else [str(PurePosixPath(read.libmpi).parent)]
-        )
-        order = list(dict.fromkeys([*own, *read.ld_library_path]))
-        return cls(read.libmpi, tuple(order), tuple(read.binds))
+        own = [] if read.discover else [str(PurePosixPath(read.libmpi).parent)]
+        order = tuple(dict.fromkeys([*own, *read.ld_library_path]))
+        return replace(read, ld_library_path=order, binds=tuple(read.binds))
 
     @property
     def discover(self):
