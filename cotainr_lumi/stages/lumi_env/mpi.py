@@ -23,12 +23,7 @@ from typing import Optional
 from ...engine.origins import Origin
 from ...engine.settings import SettingError, StageSettings, each, read_declared, setting
 from ...errors import StageError
-from .envfile import (
-    computed_default,
-    printable,
-    read_host_value,
-    validate_path_entry,
-)
+from .envfile import computed_default, printable, read_host_value, validate_path_entry
 from .modulefile import validate_bind
 from .mpiscan import MPICH_ABI, MpiScan, scan_mpi
 

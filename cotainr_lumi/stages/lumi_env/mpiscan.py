@@ -1,12 +1,11 @@
 """
 Find the MPI of an image statically (pyelftools, no container run).
 
-The MPI libraries (``libmpi.so.12``, the MPICH ABI Cray MPICH provides;
-``libmpi.so.40``, Open MPI) in the environment's ``lib/`` and the loader's
-directories; whether they speak CXI (need ``libcxi.so.1``, or load a
-libfabric that does); the ELF files that need them; and the pins: users
-whose ``DT_RPATH`` (or the interpreter's) holds a ``libmpi.so.12``, searched
-before ``LD_LIBRARY_PATH``, so no run-time setting can swap that library.
+The MPI libraries in the environment's ``lib/`` and the loader's directories;
+whether they speak CXI (need ``libcxi.so.1``, or load a libfabric that does);
+the ELF files that need them; and the pins: users whose ``DT_RPATH`` (or the
+interpreter's) holds a ``libmpi.so.12``, searched before ``LD_LIBRARY_PATH``,
+so no run-time setting can swap that library.
 """
 
 from dataclasses import asdict, dataclass, field

@@ -2,11 +2,8 @@
 The network layer of an image: RCCL's network plugin, libfabric, rccl-tests.
 
 LUMI's image families keep these in different places (``systems.yaml``).
-The stage finds the plugin in the profile's directories, puts it on
-``LD_LIBRARY_PATH`` when the loader would not search there, names it in
-``NCCL_NET_PLUGIN`` when RCCL would not load it by default, decides whose
-libfabric it uses from the image (:func:`decide_libfabric`) and records it
-all (:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`) for ``cotainr-lumi verify``.
+The stage makes RCCL load the plugin and records it all
+(:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`) for ``cotainr-lumi verify``.
 """
 
 import json

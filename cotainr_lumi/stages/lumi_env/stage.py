@@ -215,15 +215,13 @@ class LumiEnvStage(Stage):
                 "outputs": {Path(p): text for p, text in layer.items()},
                 "run-hint": self._run_hint(**hint, base=base),
             }
-        details.update(
-            {
-                "mpi": mpi.record(),
-                "module-files": sorted(str(p) for p in (paths or ())),
-                "container-root": str(container_root) if container_root else None,
-                "host-files": sorted(outputs),
-                "run-hint": self._run_hint(**hint),
-            }
-        )
+        details |= {
+            "mpi": mpi.record(),
+            "module-files": sorted(str(p) for p in (paths or ())),
+            "container-root": str(container_root) if container_root else None,
+            "host-files": sorted(outputs),
+            "run-hint": self._run_hint(**hint),
+        }
         summary = f"{len(self.env)} variables in {ENV_FILE}"
         if self.settings.runscripts:
             summary += f", runscripts in {RUNSCRIPTS_DIR}"
