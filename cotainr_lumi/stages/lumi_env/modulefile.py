@@ -123,16 +123,17 @@ def module_ops(
     if runscripts:
         ops.append(("prepend_path", "SINGULARITYENV_PREPEND_PATH", runscripts, ":"))
     if root:
+        sub = {n: f"{root}/{n}" for n in ("bin", "runscripts", "user-software")}
         ops += [
             ("setenv", "CONTAINERROOT", root),
             ("setenv", f"EBROOT{var}", root),
-            ("prepend_path", "PATH", f"{root}/bin", ":"),
+            ("prepend_path", "PATH", sub["bin"], ":"),
         ]
         if runscripts:
             names = ("RUNSCRIPTS", f"RUNSCRIPTS{var}")
-            ops += [("setenv", v, f"{root}/runscripts") for v in names]
+            ops += [("setenv", v, sub["runscripts"]) for v in names]
         if user_software:
-            home = f"{root}/user-software"
+            home = sub["user-software"]
             squashfs = _bind(f"{home}.squashfs:{USER_SOFTWARE_DIR}:image-src=/")
             branches = [
                 ("file", f"{home}.squashfs", [squashfs]),
