@@ -181,10 +181,10 @@ def _speaks_cxi(*, root, library_path, info):
     return fabric, bool(has_provider or (fabric_info and LIBCXI in fabric_info.needed))
 
 
-def _libraries(*, root, prefixes, dirs):
+def _libraries(*, root, prefixes):
     """The MPI libraries of the image, the env's first."""
     places = [(f"{p.rstrip('/')}/lib", "env") for p in prefixes]
-    places += [(d, "system") for d in dirs]
+    places += [(d, "system") for d in library_dirs(root=root)]
     found, seen = [], set()
     for directory, where in places:
         for name in (MPICH_ABI, OPEN_MPI):
@@ -257,8 +257,7 @@ def _pin(*, root, user, interpreter):
 
 def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
     """Find the MPI of an image."""
-    dirs = library_dirs(root=root)
-    scan = MpiScan(libraries=_libraries(root=root, prefixes=prefixes, dirs=dirs))
+    scan = MpiScan(libraries=_libraries(root=root, prefixes=prefixes))
     scan.mpi4py = _mpi4py(root=root, site_dirs=site_dirs)
     owners = _distributions(root=root, site_dirs=site_dirs)
     exe = python and _real_image_path(root=root, path=python)

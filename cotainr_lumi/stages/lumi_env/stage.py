@@ -123,8 +123,7 @@ class LumiEnvStage(Stage):
     def describe(self, *, plan):
         """Describe the env file, runscripts, binds and module file."""
         lines = [f"env file {ENV_FILE} (defaults, overridable at run time):"]
-        for name, value in self.env.items():
-            lines.append(f"  {name}={shlex.quote(str(value))}")
+        lines += [f"  {name}={shlex.quote(str(v))}" for name, v in self.env.items()]
         dropped = [k for k, v in self.settings.env.items() if v is None]
         if dropped:
             lines.append(f"  not set: {', '.join(dropped)}")
