@@ -16,14 +16,12 @@ import shlex
 
 from ..._version import __version__
 from ...engine.rootfs import resolve_in_root
-from ...engine.stage import OUTPUT_MARKER
+from ...engine.stage import OUTPUT_MARKER as MARKER
 from ...imagelayout import RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
 from .envfile import check_text, printable, sh_op
 from .imagefiles import RUNSCRIPTS, runscript_text
 
 logger = logging.getLogger(f"cotainr.{__name__}")
-
-MARKER = OUTPUT_MARKER
 
 
 def lua_quote(text):
@@ -132,10 +130,8 @@ def module_ops(
             ("prepend_path", "PATH", sub["bin"], ":"),
         ]
         if runscripts:
-            ops += [
-                ("setenv", v, sub["runscripts"])
-                for v in ("RUNSCRIPTS", f"RUNSCRIPTS{var}")
-            ]
+            names = ("RUNSCRIPTS", f"RUNSCRIPTS{var}")
+            ops += [("setenv", v, sub["runscripts"]) for v in names]
         if user_software:
             home = sub["user-software"]
             squashfs = _bind(f"{home}.squashfs:{USER_SOFTWARE_DIR}:image-src=/")
@@ -236,7 +232,7 @@ def _host_command_text(name, *, image, root):
 
 
 def module_outputs(
-    *, settings, image_path, binds, user_venv, user_software, mpi, wrappers, base=None
+    *, settings, image_path, binds, user_software, mpi, wrappers, base=None
 ):
     """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
     names = settings.names(image_path=image_path)
@@ -264,7 +260,7 @@ def module_outputs(
             settings=settings,
             root=names.root,
             image_path=image_path,
-            user_venv=user_venv,
+            user_venv=names.user_venv,
             wrappers=wrappers,
         ),
     }

@@ -7,7 +7,7 @@ image's MPICH-ABI library at run time (HPE's hybrid model, arXiv 2407.19928).
 ``COTAINR_LUMI_MPI`` switches at run time (the MPI env file reads it).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import importlib.resources
 import json
 import logging
@@ -23,12 +23,7 @@ from typing import Optional
 from ...engine.origins import Origin
 from ...engine.settings import SettingError, StageSettings, each, read_declared, setting
 from ...errors import StageError
-from .envfile import (
-    computed_default,
-    printable,
-    read_host_value,
-    validate_path_entry,
-)
+from .envfile import computed_default, printable, read_host_value, validate_path_entry
 from .modulefile import validate_bind
 from .mpiscan import MPICH_ABI, MpiScan, scan_mpi
 
@@ -197,8 +192,13 @@ def _check_libmpi(value):
 
 
 @dataclass(frozen=True)
-class MpiHostSettings(StageSettings):
-    """The keys of ``lumi-env.mpi-host``: the host binding of a base family."""
+class HostBinding(StageSettings):
+    """
+    The keys of ``lumi-env.mpi-host``: the host binding of a base family.
+
+    As :meth:`from_setting` reads them, ``ld_library_path`` starts with the
+    directory of ``libmpi`` and the lists are tuples.
+    """
 
     libmpi: Optional[str] = setting(
         None,
@@ -220,28 +220,15 @@ class MpiHostSettings(StageSettings):
         check=each(validate_bind),
     )
 
-
-@dataclass(frozen=True)
-class HostBinding:
-    """The host binding, read (see :class:`MpiHostSettings`)."""
-
-    libmpi: str
-    ld_library_path: tuple
-    binds: tuple
-
     @classmethod
     def from_setting(cls, value):
         """The binding of a ``lumi-env.mpi-host`` value (None without ``libmpi``)."""
-        read = MpiHostSettings.complete(
-            read_declared(schema=MpiHostSettings, raw=value or {}, origin=Origin())
-        )
+        read = cls.complete(read_declared(schema=cls, raw=value or {}, origin=Origin()))
         if not read.libmpi:
             return None
-        own = (
-            [] if read.libmpi == DISCOVER else [str(PurePosixPath(read.libmpi).parent)]
-        )
-        order = list(dict.fromkeys([*own, *read.ld_library_path]))
-        return cls(read.libmpi, tuple(order), tuple(read.binds))
+        own = [] if read.discover else [str(PurePosixPath(read.libmpi).parent)]
+        order = tuple(dict.fromkeys([*own, *read.ld_library_path]))
+        return replace(read, ld_library_path=order, binds=tuple(read.binds))
 
     @property
     def discover(self):
@@ -264,23 +251,20 @@ class HostBinding:
         return ("" if self.discover else self.libmpi), ":".join(static)
 
     def _cover(self, path):
-        """(bind, source, destination) of the deepest bind bringing `path` in."""
-        covers = []
+        """(bind, source, host path) of the deepest bind bringing `path` in."""
+        covers = [(-1, None, None, None)]
         for bind in self.binds:
             src, _, rest = bind.partition(":")
-            dst = rest.partition(":")[0] or src
-            dst = dst.rstrip("/") or "/"
+            dst = (rest.partition(":")[0] or src).rstrip("/") or "/"
             if path == dst or path.startswith(dst + "/"):
-                covers.append((bind, src, dst))
-        return max(covers, key=lambda c: len(c[2]), default=(None, None, None))
+                rest = path[len(dst.rstrip("/")) :]
+                host = src.rstrip("/") + rest if rest else src
+                covers.append((len(dst), bind, src, host))
+        return max(covers, key=lambda c: c[0])[1:]
 
     def host_path(self, path):
         """The host path behind an image path (None when no bind covers it)."""
-        bind, src, dst = self._cover(path)
-        if bind is None:
-            return None
-        rest = path[len(dst.rstrip("/")) :]
-        return src.rstrip("/") + rest if rest else src
+        return self._cover(path)[2]
 
     def host_problems(self):
         """What of the binding is missing here (where its bind's source exists)."""
@@ -288,8 +272,7 @@ class HostBinding:
         paths += [p for p in self.ld_library_path if "*" not in p]
         problems = []
         for path in dict.fromkeys(paths):
-            bind, src, _ = self._cover(path)
-            host = self.host_path(path)
+            bind, src, host = self._cover(path)
             if bind and os.path.exists(src) and not os.path.exists(host):
                 problems.append(
                     f"{path} is {host} on this host (bind {bind}), which does not exist"
@@ -323,7 +306,7 @@ def discover_host_mpi(*, setting, env=None):
         ["sh", "-c", discovery_program(), "sh", *binding.argv()],
         capture_output=True,
         text=True,
-        env=os.environ if env is None else env,
+        env=env,
         check=False,
     )
     out = dict(ln.split(" ", 1) for ln in proc.stdout.splitlines() if " " in ln)
@@ -595,7 +578,6 @@ def plan_mpi(*, root, target, requested, host_setting, stage, libfabric="host"):
         raise StageError(str(e), stage=stage) from None
     if mode == "host":
         check_host_paths(binding=binding, error=lambda m: StageError(m, stage=stage))
-    # A pin stops a host build; a warning in container mode.
     if scan.pins and mode == "host":
         setting = mode if requested == mode else f"{requested} -> {mode}"
         raise StageError(

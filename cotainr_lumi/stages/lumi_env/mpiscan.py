@@ -1,12 +1,11 @@
 """
 Find the MPI of an image statically (pyelftools, no container run).
 
-The MPI libraries (``libmpi.so.12``, the MPICH ABI Cray MPICH provides;
-``libmpi.so.40``, Open MPI) in the environment's ``lib/`` and the loader's
-directories; whether they speak CXI (need ``libcxi.so.1``, or load a
-libfabric that does); the ELF files that need them; and the pins: users
-whose ``DT_RPATH`` (or the interpreter's) holds a ``libmpi.so.12``, searched
-before ``LD_LIBRARY_PATH``, so no run-time setting can swap that library.
+The MPI libraries in the environment's ``lib/`` and the loader's directories;
+whether they speak CXI (need ``libcxi.so.1``, or load a libfabric that does);
+the ELF files that need them; and the pins: users whose ``DT_RPATH`` (or the
+interpreter's) holds a ``libmpi.so.12``, searched before ``LD_LIBRARY_PATH``,
+so no run-time setting can swap that library.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -157,21 +156,24 @@ def _real_image_path(*, root, path):
     return path if host is None else str(image_path_of(root=root, host_path=host))
 
 
-def _speaks_cxi(*, root, library_path, info, dirs):
+def find_needed(*, root, name, info, origin, ld_path=()):
+    """The image path where the loader finds `name` for `info` in `origin` (or None)."""
+    own = [*(() if info.runpath else info.rpath), *ld_path, *info.runpath]
+    search = [d for p in own if p and (d := _expand(p, origin=origin))]
+    return _find(root=root, name=name, dirs=search + library_dirs(root=root))
+
+
+def _speaks_cxi(*, root, library_path, info):
     """(libfabric image path or None, whether the library speaks CXI)."""
     if LIBCXI in info.needed:
         return None, True
     if LIBFABRIC not in info.needed:
         return None, False
     origin = str(PurePosixPath(library_path).parent)
-    own = info.runpath or info.rpath
-    search = [e for e in (_expand(p, origin=origin) for p in own) if e] + list(dirs)
-    fabric = _find(root=root, name=LIBFABRIC, dirs=search)
+    fabric = find_needed(root=root, name=LIBFABRIC, info=info, origin=origin)
     if fabric is None:
         return None, False
-    fabric_info = read_elf_info(
-        path=resolve_or_none(root=root, path=fabric)
-    )  # _find: a file
+    fabric_info = read_elf_info(path=resolve_or_none(root=root, path=fabric))  # a file
     providers = resolve_or_none(
         root=root, path=f"{PurePosixPath(fabric).parent}/libfabric"
     )
@@ -179,10 +181,10 @@ def _speaks_cxi(*, root, library_path, info, dirs):
     return fabric, bool(has_provider or (fabric_info and LIBCXI in fabric_info.needed))
 
 
-def _libraries(*, root, prefixes, dirs):
+def _libraries(*, root, prefixes):
     """The MPI libraries of the image, the env's first."""
     places = [(f"{p.rstrip('/')}/lib", "env") for p in prefixes]
-    places += [(d, "system") for d in dirs]
+    places += [(d, "system") for d in library_dirs(root=root)]
     found, seen = [], set()
     for directory, where in places:
         for name in (MPICH_ABI, OPEN_MPI):
@@ -194,7 +196,7 @@ def _libraries(*, root, prefixes, dirs):
             info = read_elf_info(path=resolve_or_none(root=root, path=real))
             if info is None:
                 continue
-            cxi = _speaks_cxi(root=root, library_path=real, info=info, dirs=dirs)
+            cxi = _speaks_cxi(root=root, library_path=real, info=info)
             found.append(MpiLibrary(path, real, info.soname or name, where, *cxi))
     return found
 
@@ -255,8 +257,7 @@ def _pin(*, root, user, interpreter):
 
 def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
     """Find the MPI of an image."""
-    dirs = library_dirs(root=root)
-    scan = MpiScan(libraries=_libraries(root=root, prefixes=prefixes, dirs=dirs))
+    scan = MpiScan(libraries=_libraries(root=root, prefixes=prefixes))
     scan.mpi4py = _mpi4py(root=root, site_dirs=site_dirs)
     owners = _distributions(root=root, site_dirs=site_dirs)
     exe = python and _real_image_path(root=root, path=python)

@@ -2,11 +2,8 @@
 The network layer of an image: RCCL's network plugin, libfabric, rccl-tests.
 
 LUMI's image families keep these in different places (``systems.yaml``).
-The stage finds the plugin in the profile's directories, puts it on
-``LD_LIBRARY_PATH`` when the loader would not search there, names it in
-``NCCL_NET_PLUGIN`` when RCCL would not load it by default, decides whose
-libfabric it uses from the image (:func:`decide_libfabric`) and records it
-all (:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`) for ``cotainr-lumi verify``.
+The stage makes RCCL load the plugin and records it all
+(:data:`cotainr_lumi.imagelayout.RUNTIME_FILE`) for ``cotainr-lumi verify``.
 """
 
 import json
@@ -18,6 +15,7 @@ from ...engine import rcclplugin
 from ...engine.elfinfo import DEFAULT_LOADER_DIRS, read_elf_info
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from .envfile import default_assignments, path_addition
+from .mpiscan import LIBFABRIC, find_needed
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -70,8 +68,6 @@ def decide_libfabric(*, settings, root, image_ld_path=str):
     """The setting, or for auto: image if the plugin finds libfabric in it, else host."""
     if settings.libfabric != "auto":
         return settings.libfabric
-    from .mpiscan import LIBFABRIC, _expand, _find, library_dirs  # imports us
-
     plugin = _profile_plugin(settings=settings, root=root)
     for name in plugin["files"] if plugin else ():
         path = f"{plugin['dir']}/{name}"
@@ -79,11 +75,10 @@ def decide_libfabric(*, settings, root, image_ld_path=str):
         info = read_elf_info(path=host) if host.is_file() else None
         if info is None or LIBFABRIC not in info.needed:
             continue
-        # The loader's order: RPATH (without RUNPATH), LD_LIBRARY_PATH, RUNPATH.
-        own = () if info.runpath else info.rpath
-        own = [*own, *(image_ld_path() or "").split(":"), *info.runpath]
-        dirs = [d for p in own if p and (d := _expand(p, origin=plugin["dir"]))]
-        found = _find(root=root, name=LIBFABRIC, dirs=dirs + library_dirs(root=root))
+        ld_path = (image_ld_path() or "").split(":")
+        found = find_needed(
+            root=root, name=LIBFABRIC, info=info, origin=plugin["dir"], ld_path=ld_path
+        )
         where = f"the image's {found}" if found else "not in the image"
         logger.info("%s needs %s: %s", path, LIBFABRIC, where)
         return "image" if found else "host"
@@ -164,7 +159,7 @@ def plugin_blocks(*, settings, root, found):
     """Env file blocks for the plugin: its directory, its name; `found` gets it."""
     plugin = _profile_plugin(settings=settings, root=root)
     if plugin is None:
-        other = _profile_plugin(settings=settings, root=root, dirs=KNOWN_PLUGIN_DIRS)
+        other = find_plugin(root=root, dirs=KNOWN_PLUGIN_DIRS)
         if other is not None:
             fits = (
                 "lumi-g-ext or lumi-g-ext-pytorch"
@@ -187,13 +182,10 @@ def plugin_blocks(*, settings, root, found):
     return blocks + plugin_name_blocks(plugin=plugin)
 
 
-def _profile_plugin(*, settings, root, dirs=None):
+def _profile_plugin(*, settings, root):
     """RCCL's network plugin in the profile's directories (None: none)."""
-    return find_plugin(
-        root=root,
-        dirs=settings.net_plugin_dirs if dirs is None else dirs,
-        named=None if dirs else settings.env.get("NCCL_NET_PLUGIN"),
-    )
+    named = settings.env.get("NCCL_NET_PLUGIN")
+    return find_plugin(root=root, dirs=settings.net_plugin_dirs, named=named)
 
 
 #: The host family's libfabric when the image's LD_LIBRARY_PATH names none

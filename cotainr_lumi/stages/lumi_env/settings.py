@@ -5,16 +5,13 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Union
 
-from ... import imagelayout
 from ...engine.settings import SettingError, StageSettings, each, setting
 from ...errors import SECRET_NAME_RE, InputError, redact
+from ...imagelayout import USER_SOFTWARE_DIR
 from .envfile import text_problem, validate_name, validate_path_entry, validate_value
 from .modulefile import check_var_name, validate_bind, var_name_of
 from .mpi import check_host_binding, check_mode
 from .network import AWS_OFI_RCCL_DIRS, check_gdr_level, check_libfabric
-
-USER_SOFTWARE = imagelayout.USER_SOFTWARE_DIR
-
 
 #: The rules of :func:`.envfile.text_problem` for the module's places.
 MODULE_DIR = dict(
@@ -80,12 +77,12 @@ def _check_env(env):
 
 def _check_user_venv(value):
     if (
-        not value.startswith(USER_SOFTWARE + "/")
+        not value.startswith(USER_SOFTWARE_DIR + "/")
         or text_problem(value, what="")
         or "/../" in value + "/"
     ):
         raise ValueError(
-            f"must be a path below {USER_SOFTWARE}/ without ',', ':', '..' or "
+            f"must be a path below {USER_SOFTWARE_DIR}/ without ',', ':', '..' or "
             f"white space (got {value!r})"
         )
 
@@ -170,7 +167,7 @@ class LumiEnvSettings(StageSettings):
     )
     user_venv: Optional[str] = setting(
         None,
-        doc=f"the user venv (null: {USER_SOFTWARE}/venv/<name>)",
+        doc=f"the user venv (null: {USER_SOFTWARE_DIR}/venv/<name>)",
         check=_check_user_venv,
     )
     mpi: str = setting(
@@ -243,7 +240,7 @@ class LumiEnvSettings(StageSettings):
         image_path = Path(image_path)
         name = self.module_name or image_path.stem
         var = self.module_var_name or var_name_of(name)
-        venv = self.user_venv or f"{USER_SOFTWARE}/venv/{var.lower()}"
+        venv = self.user_venv or f"{USER_SOFTWARE_DIR}/venv/{var.lower()}"
         if not self.module_file:
             return ModuleNames(name, var, venv, None, None, None)
         folder = image_path.parent

@@ -17,27 +17,15 @@ from ... import _cotainr, imagelayout
 from ...engine.rootfs import write_file_in_root
 from ...engine.stage import Stage, StageReport
 from ...errors import InputError, StageError
-from ...imagelayout import (
-    LABEL_MPI,
-    LABEL_MPI_RECORD,
-    MPI_ENV_FILE,
-    MPI_FILE,
-    RUNSCRIPTS_DIR,
-)
 from ...imagelayout import LUMI_ENV_FILE as ENV_FILE
+from ...imagelayout import MPI_ENV_FILE, MPI_FILE, RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
 from . import imagefiles, network
 from .envfile import EnvError, render_env_file, text_problem, validate_name
 from .imagefiles import JIT_CACHES, ROCM_ROOT, RUNSCRIPTS, WITH_CONDA_VALUE
 from .modulefile import image_has_user_software, module_outputs, wrapper_names
 from .mpi import LOAD_CHECK, HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
-from .settings import (
-    CONTAINER_ROOT,
-    MODULE_DIR,
-    USER_SOFTWARE,
-    LumiEnvSettings,
-    module_name_problem,
-)
+from .settings import CONTAINER_ROOT, MODULE_DIR, LumiEnvSettings, module_name_problem
 
 
 class LumiEnvStage(Stage):
@@ -135,8 +123,7 @@ class LumiEnvStage(Stage):
     def describe(self, *, plan):
         """Describe the env file, runscripts, binds and module file."""
         lines = [f"env file {ENV_FILE} (defaults, overridable at run time):"]
-        for name, value in self.env.items():
-            lines.append(f"  {name}={shlex.quote(str(value))}")
+        lines += [f"  {name}={shlex.quote(str(v))}" for name, v in self.env.items()]
         dropped = [k for k, v in self.settings.env.items() if v is None]
         if dropped:
             lines.append(f"  not set: {', '.join(dropped)}")
@@ -184,7 +171,7 @@ class LumiEnvStage(Stage):
             f"  SIF, SIF{names.var}, CONTAINERROOT={names.root} (bin/: start-shell, "
             "make-squashfs, unmake-squashfs, wrappers of the env's python, pip, "
             "torchrun, ... (those it has); runscripts/; user-software/ "
-            f"mounted at {USER_SOFTWARE}), RUNSCRIPTS, EBROOT{names.var}",
+            f"mounted at {USER_SOFTWARE_DIR}), RUNSCRIPTS, EBROOT{names.var}",
             f"  user venv {names.user_venv} "
             "(source /runscripts/init-conda-venv; active when present)",
         ]
@@ -213,7 +200,6 @@ class LumiEnvStage(Stage):
             settings=self.settings,
             binds=binds,
             image_path=image_path,
-            user_venv=names.user_venv,
             user_software=user_software,
             mpi=mpi,
             # (No probe for them without a module file.)
@@ -228,15 +214,13 @@ class LumiEnvStage(Stage):
                 "outputs": {Path(p): text for p, text in layer.items()},
                 "run-hint": self._run_hint(**hint, base=base),
             }
-        details.update(
-            {
-                "mpi": mpi.record(),
-                "module-files": sorted(str(p) for p in (paths or ())),
-                "container-root": str(container_root) if container_root else None,
-                "host-files": sorted(outputs),
-                "run-hint": self._run_hint(**hint),
-            }
-        )
+        details |= {
+            "mpi": mpi.record(),
+            "module-files": sorted(str(p) for p in (paths or ())),
+            "container-root": str(container_root) if container_root else None,
+            "host-files": sorted(outputs),
+            "run-hint": self._run_hint(**hint),
+        }
         summary = f"{len(self.env)} variables in {ENV_FILE}"
         if self.settings.runscripts:
             summary += f", runscripts in {RUNSCRIPTS_DIR}"
@@ -279,8 +263,8 @@ class LumiEnvStage(Stage):
             imagelayout.LABEL_BINDS: ",".join(binds),
             imagelayout.LABEL_ENV_FILE: ENV_FILE,
             imagelayout.LABEL_ENV: ",".join(self.env),
-            LABEL_MPI: mpi.mode,
-            LABEL_MPI_RECORD: MPI_FILE,
+            imagelayout.LABEL_MPI: mpi.mode,
+            imagelayout.LABEL_MPI_RECORD: MPI_FILE,
             imagelayout.LABEL_RUNTIME: imagelayout.RUNTIME_FILE,
         }
         entry = details["search-paths"].pop("oci-entrypoint")

@@ -245,7 +245,6 @@ def test_wrappers_are_the_commands_the_target_env_has(tmp_path):
         settings=settings,
         image_path=image,
         binds=[],
-        user_venv="/user-software/venv/pt",
         user_software=True,
         mpi=mpi,
         wrappers=names,
