@@ -199,19 +199,13 @@ class PipStep(StepSettings):
 
     def to_dict(self):
         """The step in the steps format (absolute paths; for records: redacted)."""
-        return {
-            "name": self.name,
-            "requirements": [str(p) for p in self.requirements],
-            "packages": [redact(p) for p in self.packages],
-            "no-build-isolation": self.no_build_isolation,
-            "env": redact_env(self.env),
-            "pip-args": [redact(a) for a in self.pip_args],
-            "index-url": self.index_url and redact(self.index_url),
-            "extra-index-urls": [redact(u) for u in self.extra_index_urls],
-            "allow-changes": sorted(self.allow_changes),
-            "source": self.source,
-            "base-dir": str(self.base_dir),
-        }
+        data = {k: v for k, v in super().to_dict().items() if k != "number"}
+        for key in ("packages", "pip-args", "extra-index-urls"):
+            data[key] = [redact(v) for v in data[key]]
+        data["index-url"] = self.index_url and redact(self.index_url)
+        data["env"] = redact_env(self.env)
+        data["base-dir"] = str(self.base_dir)
+        return data
 
 
 def _load_step(raw, *, number, origin, label):
