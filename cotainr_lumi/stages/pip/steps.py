@@ -336,12 +336,7 @@ def steps_from_inputs(*, inputs):
             if not path.is_file():
                 raise InputError(f"--pip-requirements {value}: no such file ({path}).")
             settings["steps"].append(
-                PipStep(
-                    number=1,
-                    source=str(value),
-                    requirements=[path],
-                    base_dir=path.parent,
-                )
+                PipStep(source=str(value), requirements=[path], base_dir=path.parent)
             )
         else:
             loaded = load_steps_file(path=path)
