@@ -18,7 +18,6 @@ import shutil
 from ... import _cotainr
 from ...engine import rocmwindow
 from ...engine.elfinfo import read_elf_info, scan_elf_files
-from ...engine.rocmwindow import base_rocm_version
 from ...engine.rootfs import (
     image_path_of,
     is_inside,
@@ -411,7 +410,7 @@ class RocmDedup:
 
     def _base_rocm(self, rocm_path):
         """The base image's ROCm major.minor (or None) and where it comes from."""
-        base_text = base_rocm_version(root=self.root, rocm_path=rocm_path)
+        base_text = rocmwindow.base_rocm_version(root=self.root, rocm_path=rocm_path)
         base_mm = major_minor(version=base_text)
         system = self.context.plan.system
         profile = system.rocm_version if system is not None else None
@@ -431,11 +430,10 @@ class RocmDedup:
         rocm_path = target.image.rocm_path or "/opt/rocm"
         site_dirs = self._site_dirs(root, target)
         rocm_dirs = rocm_dirs_of(root=root, rocm_path=rocm_path)
-        info = {
+        info = manifest.facts["rocm-dedup"] = {
             "rocm-path": rocm_path,
             "rocm-dirs": [d.real_image_path for d in rocm_dirs],
         }
-        manifest.facts["rocm-dedup"] = info
         self._note_rocm_sdk(root, site_dirs, info)
         if not rocm_dirs:
             logger.info(
@@ -548,18 +546,18 @@ class RocmDedup:
             )
             apply_actions(actions=all_actions)
         commit(actions=all_actions)
-        for action in all_actions:
-            self.manifest.entries.append(
-                ManifestEntry(
-                    path=action.image_path,
-                    action="symlinked",
-                    size=action.size,
-                    reason=action.reason,
-                    kind=action.kind,
-                    target=action.target,
-                    group="rocm-dedup",
-                )
+        self.manifest.entries += [
+            ManifestEntry(
+                path=a.image_path,
+                action="symlinked",
+                size=a.size,
+                reason=a.reason,
+                kind=a.kind,
+                target=a.target,
+                group="rocm-dedup",
             )
+            for a in all_actions
+        ]
         logger.info(
             "Prune: replaced %d bundled ROCm entr%s by links into the base image's ROCm "
             "(%s saved); %d ELF object(s) checked with the image's loader",
