@@ -105,9 +105,7 @@ def pip_command(*, step, requirement_files, constraints, cache_dir, python="pyth
         cmd += ["--index-url", step.index_url]
     for url in step.extra_index_urls:
         cmd += ["--extra-index-url", url]
-    cmd += step.pip_args
-    if constraints:
-        cmd += ["-c", constraints]
+    cmd += [*step.pip_args, "-c", constraints]
     for path in requirement_files:
         cmd += ["-r", path]
     return cmd
@@ -319,9 +317,8 @@ class PipRun:
                 self._run_step(step=step, scan=scan)
                 for step, scan in zip(self.steps, self.scans)
             ]
-        cache = str(self.cache_dir) if self.settings.cache else None
-        record = {"target": info, "steps": records, "cache": {"dir": cache}}
-        record["cache"].update(cache_stats)
+        cache = {"dir": str(self.cache_dir) if self.settings.cache else None}
+        record = {"target": info, "steps": records, "cache": cache | cache_stats}
         record["check"] = self._pip_check()
         return info, record
 

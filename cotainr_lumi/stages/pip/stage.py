@@ -65,8 +65,6 @@ class PipStage(Stage):
         self.scans = [scan_step(step=step) for step in self.steps]
         self.cache_dir = Path(self.settings.cache_dir or default_cache_dir())
 
-    # -- configuration -----------------------------------------------------
-
     @classmethod
     def add_arguments(cls, *, parser):
         """Add ``--pip-requirements`` and ``--pip-steps`` (one list, in order)."""

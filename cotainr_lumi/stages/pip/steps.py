@@ -3,10 +3,9 @@ The input of the ``pip`` stage: ordered pip steps, as settings or a file.
 
 The stage settings are the input format, the same in a system profile, the
 Python API and a steps file (``--pip-steps FILE``, paths relative to it;
-elsewhere relative to the current directory). The settings loader
-(:mod:`cotainr_lumi.engine.settings`) reads every form into :class:`PipStep`
-objects; the keys are declared, with their docs, in :class:`StepSettings` and
-:class:`PipSettings`. A step given as a string is ``{requirements: FILE}``.
+elsewhere relative to the current directory); their keys are declared, with
+their docs, in :class:`StepSettings` and :class:`PipSettings`. A step given as
+a string is ``{requirements: FILE}``.
 """
 
 from collections.abc import Mapping
