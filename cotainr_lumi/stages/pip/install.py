@@ -1,7 +1,5 @@
 """Running a pip stage's steps in the sandbox: staging, pinning, pip, records."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 import logging

@@ -9,8 +9,6 @@ the step lists it in ``allow-changes``. Credentials and secret ``env`` values
 reach pip only (records show ``***``).
 """
 
-from __future__ import annotations
-
 import dataclasses
 from pathlib import Path
 import shlex
