@@ -414,11 +414,9 @@ def _write_labels(sandbox_dir, labels):
     with contextlib.suppress(ValueError):  # also an empty file
         text = path.read_text().strip() if path.is_file() else ""
         metadata = json.JSONDecoder().raw_decode(text)[0]
-    if not isinstance(metadata, dict):
-        metadata = {}
-    metadata = {k: v for k, v in metadata.items() if not k.startswith("cotainr.")}
-    metadata.update(labels)
-    path.write_text(json.dumps(metadata))
+    kept = metadata.items() if isinstance(metadata, dict) else ()
+    metadata = {k: v for k, v in kept if not k.startswith("cotainr.")}
+    path.write_text(json.dumps({**metadata, **labels}))
 
 
 def _build_image(original, version):

@@ -8,8 +8,6 @@ cache entries by renaming, so a linked host file is never modified in place
 and builds can share the host cache.
 """
 
-from __future__ import annotations
-
 import logging
 import os
 from pathlib import Path

@@ -1,7 +1,5 @@
 """Running a pip stage's steps in the sandbox: staging, pinning, pip, records."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 import logging
@@ -25,7 +23,7 @@ from .protect import (
     parse_pip_check,
     parse_pip_list,
 )
-from .requirements import stage_step
+from .requirements import StagedStep
 from .sbom import write_sboms
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -105,9 +103,7 @@ def pip_command(*, step, requirement_files, constraints, cache_dir, python="pyth
         cmd += ["--index-url", step.index_url]
     for url in step.extra_index_urls:
         cmd += ["--extra-index-url", url]
-    cmd += step.pip_args
-    if constraints:
-        cmd += ["-c", constraints]
+    cmd += [*step.pip_args, "-c", constraints]
     for path in requirement_files:
         cmd += ["-r", path]
     return cmd
@@ -168,7 +164,7 @@ class PipRun:
     def __init__(self, *, stage, context):
         self.settings, self.steps, self.scans = stage.settings, stage.steps, stage.scans
         self.cache_dir, self.context = stage.cache_dir, context
-        self.sandbox = context.sandbox
+        self.sandbox, self.root = context.sandbox, context.sandbox.root
         self._pip_env = {}  # host pip variables replaced (see hostenv)
         self._target = None
         self._base_packages = None  # before the first step (pip list form)
@@ -229,12 +225,11 @@ class PipRun:
     @contextlib.contextmanager
     def _work_dir(self):
         """A fresh :data:`WORK_DIR`, with the host pip cache in it when on."""
-        root = self.sandbox.root
-        work = resolve_in_root(root=root, path=WORK_DIR)
+        work = resolve_in_root(root=self.root, path=WORK_DIR)
         if work.exists():
             shutil.rmtree(work)
         work.mkdir(parents=True)
-        cache = resolve_in_root(root=root, path=CACHE_DIR)
+        cache = resolve_in_root(root=self.root, path=CACHE_DIR)
         stats = {}
         try:
             if self.settings.cache:
@@ -283,7 +278,7 @@ class PipRun:
         installed, packages = self._listed or self._pip_list()
         records = {PACKAGES_FILE: packages}
         details["sbom"] = write_sboms(
-            root=self.sandbox.root,
+            root=self.root,
             image_name=Path(self.context.plan.image_path).name,
             packages=packages,
             base_packages=self._base_packages,
@@ -295,7 +290,7 @@ class PipRun:
             records[STEPS_FILE] = details
         for path, data in records.items():
             text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-            write_file_in_root(root=self.sandbox.root, path=path, content=text)
+            write_file_in_root(root=self.root, path=path, content=text)
         torch = installed.get("torch")
         summary += f"{len(installed)} distributions"
         summary += f" (torch {torch[1]})" if torch else ""
@@ -314,15 +309,14 @@ class PipRun:
             info.get("executable"),
             info.get("pip"),
         )
-        self._pip_env = host_pip_overrides(root=self.sandbox.root, environ=os.environ)
+        self._pip_env = host_pip_overrides(root=self.root, environ=os.environ)
         with self._work_dir() as cache_stats:
             records = [
                 self._run_step(step=step, scan=scan)
                 for step, scan in zip(self.steps, self.scans)
             ]
-        cache = str(self.cache_dir) if self.settings.cache else None
-        record = {"target": info, "steps": records, "cache": {"dir": cache}}
-        record["cache"].update(cache_stats)
+        cache = {"dir": str(self.cache_dir) if self.settings.cache else None}
+        record = {"target": info, "steps": records, "cache": cache | cache_stats}
         record["check"] = self._pip_check()
         return info, record
 
@@ -330,7 +324,7 @@ class PipRun:
         """``pip check``'s broken requirements after the steps: warned about, or fatal."""
         if self.settings.check == "off":
             return None
-        path = resolve_in_root(root=self.sandbox.root, path=CHECK_FILE)
+        path = resolve_in_root(root=self.root, path=CHECK_FILE)
         text = path.read_text(errors="replace") if path.is_file() else ""
         broken = parse_pip_check(text=text)
         if not broken and "No broken requirements found." not in text:
@@ -362,26 +356,25 @@ class PipRun:
         )
         shown = [redact(arg) for arg in cmd]
         logger.info("Running: %s", shlex.join(shown))
-        root = self.sandbox.root
         try:
-            with private_wheel_cache(root=root, step=step, cache_dir=cache_dir):
+            with private_wheel_cache(root=self.root, step=step, cache_dir=cache_dir):
                 self._run(cmd, env=step.env, script=f"unset {UNSET_PIP_VARIABLES}; ")
         except _cotainr.CommandError as e:
             raise install_error(e, step=step, before=before, staged=staged) from e
         finally:  # pip has read them: the image keeps them without credentials
             for path in staged.kept_files:
-                text = resolve_in_root(root=root, path=path).read_text()
-                write_file_in_root(root=root, path=path, content=redact(text))
+                text = resolve_in_root(root=self.root, path=path).read_text()
+                write_file_in_root(root=self.root, path=path, content=redact(text))
         return shown
 
     def _run_step(self, *, step, scan):
         """Stage, pin, install and check one step; return its record."""
-        root = self.sandbox.root
+        root = self.root
         logger.info("pip %s", step.title)
         t0 = time.time()
         keep_dir = f"{PIP_DIR}/step{step.number}"
         staging_dir = f"{WORK_DIR}/staging/step{step.number}"
-        staged = stage_step(
+        staged = StagedStep(
             scan=scan, root=root, keep_dir=keep_dir, staging_dir=staging_dir
         )
         before, packages = self._listed or self._pip_list()

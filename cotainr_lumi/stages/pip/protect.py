@@ -7,8 +7,6 @@ resolver then keeps e.g. the installed ROCm torch, and its conflict output is
 explained. After the step the package lists are checked again.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 import json
 import logging

@@ -393,15 +393,15 @@ def _check_tree_to_stage(src, *, root):
 class StagedStep:
     """A scanned step staged into the sandbox (paths in the image <- on the host)."""
 
-    def __init__(self, *, root, keep_dir, staging_dir):
+    def __init__(self, *, scan, root, keep_dir, staging_dir):
         self.root = Path(root)
         self.keep_dir = PurePosixPath(keep_dir)
         self.staging_dir = PurePosixPath(staging_dir)
-        self.requirement_files: list[str] = []
         self.kept_files: dict[str, str] = {}
         self.staged: dict[str, str] = {}
         self._kept: dict[ReqFile, str] = {}
         self._staged: dict[Path, str] = {}
+        self.requirement_files = [self._stage_file(rf) for rf in scan.files]
 
     def _kept_name(self, rf):
         stem = rf.path.name if rf.path is not None else "packages.txt"
@@ -463,10 +463,3 @@ class StagedStep:
                 staged = shlex.quote(staged)
         note = f"  # cotainr-lumi: was {ref.original}"
         return f"{ref.prefix}{staged}{ref.suffix}{note}"
-
-
-def stage_step(*, scan, root, keep_dir, staging_dir):
-    """Stage a scanned step into the sandbox."""
-    staged = StagedStep(root=root, keep_dir=keep_dir, staging_dir=staging_dir)
-    staged.requirement_files = [staged._stage_file(rf) for rf in scan.files]
-    return staged

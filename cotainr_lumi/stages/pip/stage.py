@@ -5,15 +5,9 @@ Each step is one ``pip install`` by the target environment's interpreter
 (:mod:`cotainr_lumi.engine.targetenv`), with that env activated, so a package
 built with ``no-build-isolation`` builds against what earlier steps installed.
 Everything installed before a step is pinned for it (:mod:`.protect`) unless
-the step lists it in ``allow-changes``. The image keeps the rewritten
-requirement files and ``protected-constraints.txt`` in
-``/opt/cotainr-lumi/pip/stepN/``, ``steps.json``, ``packages.json`` and
-``pip-check.txt`` (``pip check`` after the last step, which warns about broken
-requirements or, with ``check: strict``, stops the build); credentials and
-secret ``env`` values reach pip only (records show ``***``).
+the step lists it in ``allow-changes``. Credentials and secret ``env`` values
+reach pip only (records show ``***``).
 """
-
-from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
@@ -38,6 +32,20 @@ from .steps import PipSettings, default_cache_dir, steps_from_inputs
 
 __all__ = ["PACKAGES_FILE", "WORK_DIR", "PipStage"]
 
+#: The command line options, in the order of ``--help``; each adds to one list.
+_OPTIONS = {
+    "requirements": (
+        "pip: install this requirements file as one step after the conda env "
+        "(repeatable: one step per file, in order, mixed with --pip-steps in "
+        "command line order); installed packages are protected from later steps"
+    ),
+    "steps": (
+        "pip: a YAML file of pip steps with per-step settings (no-build-isolation, "
+        "env, pip-args, index-url, extra-index-urls, allow-changes); paths in it "
+        "are relative to the file (repeatable)"
+    ),
+}
+
 
 class PipStage(Stage):
     """Ordered pip steps that cannot clobber installed packages."""
@@ -55,37 +63,18 @@ class PipStage(Stage):
         self.scans = [scan_step(step=step) for step in self.steps]
         self.cache_dir = Path(self.settings.cache_dir or default_cache_dir())
 
-    # -- configuration -----------------------------------------------------
-
     @classmethod
     def add_arguments(cls, *, parser):
         """Add ``--pip-requirements`` and ``--pip-steps`` (one list, in order)."""
-        parser.add_argument(
-            "--pip-requirements",
-            dest="pip_inputs",
-            action="append",
-            type=lambda value: ("requirements", value),
-            metavar="FILE",
-            help=(
-                "pip: install this requirements file as one step after the "
-                "conda env (repeatable: one step per file, in order, mixed with "
-                "--pip-steps in command line order); installed packages are "
-                "protected from later steps"
-            ),
-        )
-        parser.add_argument(
-            "--pip-steps",
-            dest="pip_inputs",
-            action="append",
-            type=lambda value: ("steps", value),
-            metavar="FILE",
-            help=(
-                "pip: a YAML file of pip steps with per-step settings "
-                "(no-build-isolation, env, pip-args, index-url, "
-                "extra-index-urls, allow-changes); paths in it are relative to "
-                "the file (repeatable)"
-            ),
-        )
+        for kind, help_text in _OPTIONS.items():
+            parser.add_argument(
+                f"--pip-{kind}",
+                dest="pip_inputs",
+                action="append",
+                type=lambda value, kind=kind: (kind, value),
+                metavar="FILE",
+                help=help_text,
+            )
 
     @classmethod
     def settings_from_args(cls, *, args):
@@ -125,11 +114,10 @@ class PipStage(Stage):
                 constraints=f"{keep}/protected-constraints.txt",
                 cache_dir=CACHE_DIR if cache else None,
             )
-            lines.append(f"{step.title}:")
             env = "".join(
                 f"{k}={shlex.quote(v)} " for k, v in redact_env(step.env).items()
             )
-            lines.append(f"  {env}{shlex.join(cmd)}")
+            lines += [f"{step.title}:", f"  {env}{shlex.join(cmd)}"]
             lines += [f"  requirements: {path}" for path in step.requirements]
             lines += [f"  package: {pkg}" for pkg in step.packages]
             lines += [f"  stages: {item}" for item in scan.local_inputs]

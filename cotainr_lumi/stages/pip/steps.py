@@ -3,10 +3,9 @@ The input of the ``pip`` stage: ordered pip steps, as settings or a file.
 
 The stage settings are the input format, the same in a system profile, the
 Python API and a steps file (``--pip-steps FILE``, paths relative to it;
-elsewhere relative to the current directory). The settings loader
-(:mod:`cotainr_lumi.engine.settings`) reads every form into :class:`PipStep`
-objects; the keys are declared, with their docs, in :class:`StepSettings` and
-:class:`PipSettings`. A step given as a string is ``{requirements: FILE}``.
+elsewhere relative to the current directory); their keys are declared, with
+their docs, in :class:`StepSettings` and :class:`PipSettings`. A step given as
+a string is ``{requirements: FILE}``.
 """
 
 from collections.abc import Mapping
@@ -199,19 +198,13 @@ class PipStep(StepSettings):
 
     def to_dict(self):
         """The step in the steps format (absolute paths; for records: redacted)."""
-        return {
-            "name": self.name,
-            "requirements": [str(p) for p in self.requirements],
-            "packages": [redact(p) for p in self.packages],
-            "no-build-isolation": self.no_build_isolation,
-            "env": redact_env(self.env),
-            "pip-args": [redact(a) for a in self.pip_args],
-            "index-url": self.index_url and redact(self.index_url),
-            "extra-index-urls": [redact(u) for u in self.extra_index_urls],
-            "allow-changes": sorted(self.allow_changes),
-            "source": self.source,
-            "base-dir": str(self.base_dir),
-        }
+        data = {k: v for k, v in super().to_dict().items() if k != "number"}
+        for key in ("packages", "pip-args", "extra-index-urls"):
+            data[key] = [redact(v) for v in data[key]]
+        data["index-url"] = self.index_url and redact(self.index_url)
+        data["env"] = redact_env(self.env)
+        data["base-dir"] = str(self.base_dir)
+        return data
 
 
 def _load_step(raw, *, number, origin, label):
@@ -342,12 +335,7 @@ def steps_from_inputs(*, inputs):
             if not path.is_file():
                 raise InputError(f"--pip-requirements {value}: no such file ({path}).")
             settings["steps"].append(
-                PipStep(
-                    number=1,
-                    source=str(value),
-                    requirements=[path],
-                    base_dir=path.parent,
-                )
+                PipStep(source=str(value), requirements=[path], base_dir=path.parent)
             )
         else:
             loaded = load_steps_file(path=path)

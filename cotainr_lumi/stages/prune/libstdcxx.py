@@ -161,31 +161,28 @@ def _libstdcxx_users(*, root, env_prefix, candidates):
     return needs, objects, like
 
 
-def _explain(check, *, needs):
-    """Set the status and reason of a check that got as far as the users."""
-    system, missing = check.system, check.missing
-    if system is None:
+def _reason(*, system, missing, needs):
+    """Why removing the env's libstdc++ is safe or not, once its users are known."""
+    if system is None:  # then every user is missing: unsafe
         where = "the image's ld.so.cache and " + ", ".join(DEFAULT_LOADER_DIRS)
-        check.reason = (
-            f"the base image has no {LIBSTDCXX_SONAME} (looked in {where})"
-            + (f", but {len(needs)} object(s) of the env need it" if needs else "")
+        but = (
+            f", but {len(needs)} object(s) of the env need it"
+            if needs
+            else "; no ELF object of the environment uses libstdc++"
         )
-        if not needs:
-            check.status = "safe"
-            check.reason += "; no ELF object of the environment uses libstdc++"
-    elif missing:
-        check.reason = (
+        return f"the base image has no {LIBSTDCXX_SONAME} (looked in {where}){but}"
+    if missing:
+        return (
             f"{len(missing)} ELF object(s) need versions that the base image's "
             f"{system.image_path} does not define"
         )
-    else:
-        versions = {v for _info, vs in needs.values() for v in vs}
-        newest = max(versions, key=version_sort_key, default=None)
-        check.reason = (
-            f"the base image's {system.image_path} ({system.how}) defines every "
-            f"version the {len(needs)} object(s) using libstdc++ need"
-            + (f" (highest: {newest})" if newest else "")
-        )
+    versions = {v for _info, vs in needs.values() for v in vs}
+    newest = max(versions, key=version_sort_key, default=None)
+    return (
+        f"the base image's {system.image_path} ({system.how}) defines every "
+        f"version the {len(needs)} object(s) using libstdc++ need"
+        + (f" (highest: {newest})" if newest else "")
+    )
 
 
 def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
@@ -212,10 +209,10 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
         if lacking:
             image = str(image_path_of(root=root, host_path=host_path))
             missing[image] = sorted(lacking, key=version_sort_key)
-    check = LibstdcxxCheck(
+    return LibstdcxxCheck(
         env_prefix=env_prefix,
         status="unsafe" if missing else "safe",
-        reason="",
+        reason=_reason(system=system, missing=missing, needs=needs),
         candidates=candidates,
         lib_dir=lib_host,
         system=system,
@@ -223,8 +220,6 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
         objects_checked=objects,
         requirers=len(needs),
     )
-    _explain(check, needs=needs)
-    return check
 
 
 def format_missing(*, check, limit=20):

@@ -18,7 +18,6 @@ import shutil
 from ... import _cotainr
 from ...engine import rocmwindow
 from ...engine.elfinfo import read_elf_info, scan_elf_files
-from ...engine.rocmwindow import base_rocm_version
 from ...engine.rootfs import (
     image_path_of,
     is_inside,
@@ -382,21 +381,17 @@ class RocmDedup:
         self.target, self.manifest = target, manifest
         self.skip_or_fail = skip_or_fail
 
-    def _site_dirs(self, root, target):
-        """The env's site-packages directories (symlink loops are reported, then skipped)."""
-        for site in target.site:
-            if resolve_or_none(root=root, path=site) is None:
+    def _note_left_alone(self, info):
+        """Report what site-packages has that is left alone: symlink loops, ROCm wheels."""
+        for site in self.target.site:
+            if resolve_or_none(root=self.root, path=site) is None:
                 self.skip_or_fail(
                     group="rocm-dedup",
                     what=site,
                     reason=f"{site} is a symlink loop (too many levels of symbolic "
                     "links), so nothing in it is de-duplicated",
                 )
-        return target.site
-
-    def _note_rocm_sdk(self, root, site_dirs, info):
-        """Say so when ROCm comes as separate wheels (left in place)."""
-        sdk = find_rocm_sdk_packages(root=root, site_dirs=site_dirs)
+        sdk = find_rocm_sdk_packages(root=self.root, site_dirs=self.target.site)
         if not sdk:
             return
         info["rocm-sdk-packages"] = sdk
@@ -411,7 +406,7 @@ class RocmDedup:
 
     def _base_rocm(self, rocm_path):
         """The base image's ROCm major.minor (or None) and where it comes from."""
-        base_text = base_rocm_version(root=self.root, rocm_path=rocm_path)
+        base_text = rocmwindow.base_rocm_version(root=self.root, rocm_path=rocm_path)
         base_mm = major_minor(version=base_text)
         system = self.context.plan.system
         profile = system.rocm_version if system is not None else None
@@ -429,14 +424,12 @@ class RocmDedup:
         """De-duplicate what is safe; record it in the manifest."""
         root, target, manifest = self.root, self.target, self.manifest
         rocm_path = target.image.rocm_path or "/opt/rocm"
-        site_dirs = self._site_dirs(root, target)
         rocm_dirs = rocm_dirs_of(root=root, rocm_path=rocm_path)
-        info = {
+        info = manifest.facts["rocm-dedup"] = {
             "rocm-path": rocm_path,
             "rocm-dirs": [d.real_image_path for d in rocm_dirs],
         }
-        manifest.facts["rocm-dedup"] = info
-        self._note_rocm_sdk(root, site_dirs, info)
+        self._note_left_alone(info)
         if not rocm_dirs:
             logger.info(
                 "Prune: ROCm: the base image has no %s/lib or %s",
@@ -451,7 +444,9 @@ class RocmDedup:
             return
         base_mm, source = self._base_rocm(rocm_path)
         info["base-rocm"] = {"major-minor": base_mm, "source": source}
-        bundles = find_bundle_dirs(root=root, site_dirs=site_dirs, rocm_dirs=rocm_dirs)
+        bundles = find_bundle_dirs(
+            root=root, site_dirs=target.site, rocm_dirs=rocm_dirs
+        )
         if not bundles:
             logger.info(
                 "Prune: ROCm: no installed package bundles libraries the base image has"
@@ -548,18 +543,18 @@ class RocmDedup:
             )
             apply_actions(actions=all_actions)
         commit(actions=all_actions)
-        for action in all_actions:
-            self.manifest.entries.append(
-                ManifestEntry(
-                    path=action.image_path,
-                    action="symlinked",
-                    size=action.size,
-                    reason=action.reason,
-                    kind=action.kind,
-                    target=action.target,
-                    group="rocm-dedup",
-                )
+        self.manifest.entries += [
+            ManifestEntry(
+                path=a.image_path,
+                action="symlinked",
+                size=a.size,
+                reason=a.reason,
+                kind=a.kind,
+                target=a.target,
+                group="rocm-dedup",
             )
+            for a in all_actions
+        ]
         logger.info(
             "Prune: replaced %d bundled ROCm entr%s by links into the base image's ROCm "
             "(%s saved); %d ELF object(s) checked with the image's loader",

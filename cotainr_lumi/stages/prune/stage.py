@@ -1,7 +1,5 @@
 """The prune stage: remove what the base image provides, when provably safe."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 import functools
 import logging

@@ -10,9 +10,9 @@ import pytest
 
 from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.stages.pip.requirements import (
+    StagedStep,
     moving_vcs_ref,
     scan_step,
-    stage_step,
 )
 from cotainr_lumi.stages.pip.steps import PipStep
 
@@ -71,7 +71,7 @@ def test_scan_and_stage_rewrites_every_local_reference(tmp_path, project):
 
     root = tmp_path / "sandbox"
     root.mkdir()
-    staged = stage_step(scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING)
+    staged = StagedStep(scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING)
     assert staged.requirement_files == [f"{KEEP}/requirements.txt"]
     assert set(staged.kept_files) == {
         f"{KEEP}/requirements.txt",
@@ -121,7 +121,7 @@ def test_symlinked_wheel_is_staged_as_its_target(tmp_path, project):
     req = project / "r.txt"
     req.write_text(f"linked/{real.name}\n")
     root = tmp_path / "sandbox"
-    staged = stage_step(
+    staged = StagedStep(
         scan=scan_step(step=_step(tmp_path, requirements=[req])),
         root=root,
         keep_dir=KEEP,
@@ -136,7 +136,7 @@ def test_symlinked_wheel_is_staged_as_its_target(tmp_path, project):
 def test_inline_packages_are_relative_to_the_base_dir(tmp_path, project):
     step = _step(tmp_path, packages=["./proj", "deepspeed==0.16.4"], base_dir=project)
     root = tmp_path / "sandbox"
-    staged = stage_step(
+    staged = StagedStep(
         scan=scan_step(step=step), root=root, keep_dir=KEEP, staging_dir=STAGING
     )
     assert staged.requirement_files == [f"{KEEP}/packages.txt"]
@@ -190,11 +190,11 @@ def test_absolute_path_missing_on_host_is_looked_up_in_the_image(tmp_path):
     ]
     root = tmp_path / "sandbox"
     with pytest.raises(StageError, match="nor in the image"):
-        stage_step(scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING)
+        StagedStep(scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING)
     wheel = root / "opt/wheels/apex-1.0-cp311-cp311-linux_x86_64.whl"
     wheel.parent.mkdir(parents=True)
     wheel.write_bytes(b"")
-    staged = stage_step(scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING)
+    staged = StagedStep(scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING)
     text = (root / KEEP.lstrip("/") / "r.txt").read_text()
     assert text == "/opt/wheels/apex-1.0-cp311-cp311-linux_x86_64.whl\n"
     assert staged.staged == {}
@@ -212,7 +212,7 @@ def test_same_file_names_get_distinct_kept_names(tmp_path):
             tmp_path / "b" / "requirements.txt",
         ],
     )
-    staged = stage_step(
+    staged = StagedStep(
         scan=scan_step(step=step),
         root=tmp_path / "sb",
         keep_dir=KEEP,
@@ -308,7 +308,7 @@ def test_include_chain_within_the_limit_is_scanned_and_staged(tmp_path):
     scan = scan_step(step=_step(tmp_path, requirements=[tmp_path / "r0.txt"]))
     root = tmp_path / "root"
     root.mkdir()
-    staged = stage_step(scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING)
+    staged = StagedStep(scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING)
     assert len(staged.kept_files) == depth + 1
 
 
@@ -382,7 +382,7 @@ def test_fuzz_requirement_files_scan_and_stage_or_one_clear_error(lines):
         root.mkdir()
         before = {p for p in tmp.rglob("*") if not p.is_relative_to(root)}
         try:
-            staged = stage_step(
+            staged = StagedStep(
                 scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING
             )
         except StageError as e:  # an absolute path in neither place, or ..
@@ -413,5 +413,5 @@ def test_a_directory_holding_the_sandbox_is_never_copied_into_it(tmp_path):
     root.mkdir()
     scan = scan_step(step=_step(tmp_path, requirements=[req], base_dir=src))
     with pytest.raises(StageError, match="holds the image being built"):
-        stage_step(scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING)
+        StagedStep(scan=scan, root=root, keep_dir=KEEP, staging_dir=STAGING)
     assert list(root.rglob("*")) == []

@@ -7,10 +7,10 @@ import shutil
 import elfbuild
 import pytest
 
+from cotainr_lumi.engine.rocmwindow import base_rocm_version
 from cotainr_lumi.stages.prune.rocm import (
     BACKUP_PREFIX,
     apply_actions,
-    base_rocm_version,
     commit,
     elf_objects_below,
     find_bundle_dirs,
