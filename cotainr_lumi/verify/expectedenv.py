@@ -52,10 +52,8 @@ def window_for(*, labels):
         systems = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
     # The packaged profile, read first, always has DEFAULT_SYSTEM.
     system = systems.get(labels.get(LABEL_SYSTEM)) or systems[DEFAULT_SYSTEM]
-    settings = rocmwindow.RocmSettings.complete(
-        system.stage_settings(rocmwindow.SETTINGS_NAME)
-    )
-    profile = rocmwindow.Window.from_text(settings.supported, source=settings.source)
+    settings = system.stage_settings(rocmwindow.SETTINGS_NAME)
+    profile = rocmwindow.RocmSettings.complete(settings).window
     recorded = rocmwindow.Window.from_text(labels.get(LABEL_ROCM_SUPPORTED))
     if recorded is None or str(profile) == str(recorded):
         return profile  # none recorded, or the same range with its source
