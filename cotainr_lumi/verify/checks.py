@@ -9,24 +9,8 @@ import os
 from pathlib import Path
 import subprocess
 
-from .. import apptainer
+from .. import apptainer, imagelayout
 from ..errors import InputError
-from ..imagelayout import (
-    LABEL_BASE_IMAGE,
-    LABEL_BASE_IMAGE_RESOLVED,
-    LABEL_PIP_PACKAGES,
-    LABEL_STAGES,
-    LABEL_SYSTEM,
-    LABEL_VERSION,
-    LABELS_FILE,
-    MPI_FILE,
-    PIP_PACKAGES_FILE,
-    PROVENANCE_FILE,
-    PRUNE_MANIFEST_FILE,
-    RUNSCRIPTS_DIR,
-    RUNTIME_FILE,
-    TARGET_ENV_FILE,
-)
 from . import netplugin
 from .expectedenv import check_rocm_driver
 from .expectedenv import expected_env as profile_env
@@ -38,20 +22,20 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: Labels every cotainr-lumi image carries (provenance stage).
 REQUIRED_LABELS = (
-    LABEL_VERSION,
-    LABEL_SYSTEM,
-    LABEL_BASE_IMAGE,
-    LABEL_BASE_IMAGE_RESOLVED,
-    LABEL_STAGES,
+    imagelayout.LABEL_VERSION,
+    imagelayout.LABEL_SYSTEM,
+    imagelayout.LABEL_BASE_IMAGE,
+    imagelayout.LABEL_BASE_IMAGE_RESOLVED,
+    imagelayout.LABEL_STAGES,
 )
 #: The JSON records the probe reads, and what each holds (its top level).
 RECORDS = {
-    TARGET_ENV_FILE: "object",
-    PRUNE_MANIFEST_FILE: "object",
-    PIP_PACKAGES_FILE: "array",
-    PROVENANCE_FILE: "object",
-    MPI_FILE: "object",
-    RUNTIME_FILE: "object",
+    imagelayout.TARGET_ENV_FILE: "object",
+    imagelayout.PRUNE_MANIFEST_FILE: "object",
+    imagelayout.PIP_PACKAGES_FILE: "array",
+    imagelayout.PROVENANCE_FILE: "object",
+    imagelayout.MPI_FILE: "object",
+    imagelayout.RUNTIME_FILE: "object",
 }
 #: The most bytes of a record (or labels.json) the probe reads, and the
 #: deepest nesting it passes on: beyond either the record is a FAIL row.
@@ -152,19 +136,19 @@ def _check_labels(report, facts):
     report.pass_if(
         "provenance-labels",
         not missing,
-        f"system={labels.get(LABEL_SYSTEM)} "
-        f"base={labels.get(LABEL_BASE_IMAGE_RESOLVED)} "
-        f"stages={labels.get(LABEL_STAGES)}",
+        f"system={labels.get(imagelayout.LABEL_SYSTEM)} "
+        f"base={labels.get(imagelayout.LABEL_BASE_IMAGE_RESOLVED)} "
+        f"stages={labels.get(imagelayout.LABEL_STAGES)}",
         f"missing labels: {', '.join(missing)}",
     )
-    pkg = labels.get(LABEL_PIP_PACKAGES)
-    size = facts.get("files", {}).get(PIP_PACKAGES_FILE)
+    pkg = labels.get(imagelayout.LABEL_PIP_PACKAGES)
+    size = facts.get("files", {}).get(imagelayout.PIP_PACKAGES_FILE)
     report.pass_if(
         "package-list",
         pkg and size,
         f"{pkg} ({size} bytes)",
-        f"no package list (label {LABEL_PIP_PACKAGES} -> "
-        f"{PIP_PACKAGES_FILE}); build with the pip stage",
+        f"no package list (label {imagelayout.LABEL_PIP_PACKAGES} -> "
+        f"{imagelayout.PIP_PACKAGES_FILE}); build with the pip stage",
     )
 
 
@@ -196,7 +180,7 @@ def _check_rocm(report, facts):
 
 
 def _check_lumi_env(report, facts, *, expected_env):
-    system = facts["labels"].get(LABEL_SYSTEM)
+    system = facts["labels"].get(imagelayout.LABEL_SYSTEM)
     for name, value in (expected_env or profile_env(system_name=system)).items():
         found = facts["env"].get(name)
         status = PASS if found == value else FAIL
@@ -226,7 +210,7 @@ def _check_target_env(report, facts):
         report.add(
             "target-env",
             NA,
-            f"no {TARGET_ENV_FILE} (not built by this cotainr-lumi); "
+            f"no {imagelayout.TARGET_ENV_FILE} (not built by this cotainr-lumi); "
             f"inspected the `python` on PATH ({facts['python']})",
         )
     else:
@@ -285,7 +269,7 @@ def _check_runtime(report, facts):
     missing = [n for n, s in scripts.items() if not s["executable"]]
     master = scripts["get-master"].get("run", {}).get("out", "").strip()
     found = (
-        f"{RUNSCRIPTS_DIR} on PATH: {facts['runscripts_on_path']}; get-master "
+        f"{imagelayout.RUNSCRIPTS_DIR} on PATH: {facts['runscripts_on_path']}; get-master "
         f"'{SAMPLE_NODELIST}' -> {master!r}"
     )
     report.pass_if(
@@ -307,18 +291,18 @@ def _check_runtime(report, facts):
 
 
 def probe_inputs():
-    """What :mod:`.probe` needs to know of the image layout."""
+    """What :mod:`.probe` needs to know of the image imagelayout."""
     return {
-        "labels_file": LABELS_FILE,
-        "target_env_file": TARGET_ENV_FILE,
+        "labels_file": imagelayout.LABELS_FILE,
+        "target_env_file": imagelayout.TARGET_ENV_FILE,
         "records": RECORDS,
         "max_record_bytes": MAX_RECORD_BYTES,
         "max_record_depth": MAX_RECORD_DEPTH,
-        "prune_manifest_file": PRUNE_MANIFEST_FILE,
-        "runscripts_dir": RUNSCRIPTS_DIR,
+        "prune_manifest_file": imagelayout.PRUNE_MANIFEST_FILE,
+        "runscripts_dir": imagelayout.RUNSCRIPTS_DIR,
         "runscripts": list(REQUIRED_RUNSCRIPTS),
         "sample_nodelist": SAMPLE_NODELIST,
-        "runtime_file": RUNTIME_FILE,
+        "runtime_file": imagelayout.RUNTIME_FILE,
         "mpi": mpi_probe_inputs(),
         **netplugin.probe_inputs(),
     }
@@ -326,10 +310,14 @@ def probe_inputs():
 
 def _base_of_layer(layer):
     """The base SIF a ``--layer-only`` image (a squashfs file) names in its labels."""
-    cmd = ["unsquashfs", "-cat", layer, LABELS_FILE]
+    cmd = ["unsquashfs", "-cat", layer, imagelayout.LABELS_FILE]
     with contextlib.suppress(OSError, ValueError, AttributeError):
         text = subprocess.run(cmd, capture_output=True, text=True).stdout
-        base = json.JSONDecoder().raw_decode(text)[0].get(LABEL_BASE_IMAGE_RESOLVED)
+        base = (
+            json.JSONDecoder()
+            .raw_decode(text)[0]
+            .get(imagelayout.LABEL_BASE_IMAGE_RESOLVED)
+        )
         if base and apptainer.is_sif(base):
             return Path(base)
     raise InputError(
@@ -368,7 +356,7 @@ def _check_records(report, facts):
     report.pass_if(
         "records",
         not problems,
-        f"no malformed {LABELS_FILE} or record",
+        f"no malformed {imagelayout.LABELS_FILE} or record",
         "; ".join(f"{where}: {why}" for where, why in problems.items()),
     )
 
