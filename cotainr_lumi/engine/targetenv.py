@@ -173,8 +173,7 @@ def _active(facts, where):
 
 
 def _env_words(var, facts, where):
-    name = {"virtual_env": "VIRTUAL_ENV", "conda_prefix": "CONDA_PREFIX"}[var]
-    return f"{name}={facts[where][var]}"
+    return f"{var.upper()}={facts[where][var]}"  # VIRTUAL_ENV=... or CONDA_PREFIX=...
 
 
 def _decoys(facts, chosen_prefix):
