@@ -158,11 +158,10 @@ def describe_lines(*, plan):
     if torch:
         first += f", torch {torch.get('version') or '?'}"
     first += f"; {window.words()}" if window else "; no supported range stated"
-    lines = [first]
     found = problems(window=window, base_rocm=base, torch=torch)
     strict = plan.rocm_settings.strict
-    for problem in found:
-        lines.append(("ERROR (strict): " if strict else "WARNING: ") + problem)
+    tag = "ERROR (strict): " if strict else "WARNING: "
+    lines = [first, *(tag + p for p in found)]
     if found and strict:
         lines.append("the build would stop here (strict)")
     return lines

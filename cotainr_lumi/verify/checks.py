@@ -329,7 +329,6 @@ def _base_of_layer(layer):
 def _probe(image, *, timeout, overlay=None):
     """Run :mod:`.probe` in the image's own python; return its facts."""
     probe = Path(__file__).with_name("probe.py").read_text()
-    # The image's own python runs it, its source its first argument (to re-exec).
     inputs = json.dumps(probe_inputs())
     args = ["bash", "-c", apptainer.IMAGE_PYTHON, probe, probe, inputs]
     proc = apptainer.exec_in_image(

@@ -241,14 +241,13 @@ def network_facts():
     tests_dirs = INPUTS["rccl_tests_dirs"]
     if record.get("rccl-tests"):
         tests_dirs = [record["rccl-tests"]]
-    tests = next(
-        (
-            {"dir": d, "all_reduce_perf": os.access(f"{d}/all_reduce_perf", os.X_OK)}
-            for d in tests_dirs
-            if os.path.isdir(d)
-        ),
-        None,
-    )
+    tests = None
+    for d in filter(os.path.isdir, tests_dirs):
+        tests = {
+            "dir": d,
+            "all_reduce_perf": os.access(f"{d}/all_reduce_perf", os.X_OK),
+        }
+        break
     return {
         "runtime": runtime,
         "searched": dirs,
