@@ -159,7 +159,7 @@ def _python(facts, where):
 
 
 def _active(facts, where):
-    """The env active in one state: (variable, python facts) or None."""
+    """The env active in one state: (``VAR=value`` naming it, python facts) or None."""
     state = facts.get(where, {})
     path = [p.rstrip("/") for p in (state.get("path") or "").split(":") if p]
     candidates = []
@@ -168,12 +168,8 @@ def _active(facts, where):
         if state.get(var) and info and not _is_system_prefix(info["prefix"]):
             bin_dir = state[var].rstrip("/") + "/bin"
             rank = path.index(bin_dir) if bin_dir in path else len(path)
-            candidates.append((rank, var, info))
+            candidates.append((rank, f"{var.upper()}={state[var]}", info))
     return min(candidates, key=lambda c: c[0])[1:] if candidates else None
-
-
-def _env_words(var, facts, where):
-    return f"{var.upper()}={facts[where][var]}"  # VIRTUAL_ENV=... or CONDA_PREFIX=...
 
 
 def _decoys(facts, chosen_prefix):
@@ -291,11 +287,8 @@ def _from_with_conda(facts, *, before):
     after = _active(facts, "with_conda")
     if after is None:
         return None
-    var, info = after
-    reason = (
-        f"from the base image's $WITH_CONDA ({with_conda!r} sets "
-        f"{_env_words(var, facts, 'with_conda')})"
-    )
+    named_by, info = after
+    reason = f"from the base image's $WITH_CONDA ({with_conda!r} sets {named_by})"
     if before is not None and before[1]["prefix"] == info["prefix"]:
         reason += "; already active in its environment"
     return _make_target(facts, info, source="with-conda", reason=reason)
@@ -353,11 +346,8 @@ def choose(*, facts, explicit=None, conda_env=False):
     if target is not None:
         return target
     if before is not None:
-        var, info = before
-        reason = (
-            f"active in the base image's environment "
-            f"({_env_words(var, facts, 'image')})"
-        )
+        named_by, info = before
+        reason = f"active in the base image's environment ({named_by})"
         return _make_target(facts, info, source="active-env", reason=reason)
     image = facts.get("image", {})
     for source, place, where, reason in _PLACE_RULES:
