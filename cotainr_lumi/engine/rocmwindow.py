@@ -176,11 +176,7 @@ def _torch_in_sandbox(*, root, target):
         except OSError:
             continue
         found = dict(_TORCH_VERSION_PY.findall(text))
-        return {
-            "dir": f"{site}/torch",
-            "version": found.get("__version__", ""),
-            "hip": found.get("hip", ""),
-        }
+        return {"version": found.get("__version__", ""), "hip": found.get("hip", "")}
     return None
 
 

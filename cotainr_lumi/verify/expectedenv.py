@@ -35,11 +35,9 @@ def expected_env(*, system_name):
     for system in systems:
         if system and LUMI_ENV_STAGE in system.stages:
             env = system.stage_settings(LUMI_ENV_STAGE).get("env") or {}
-            for key, value in env.items():
-                if value is None:
-                    expected.pop(key, None)
-                else:
-                    expected[key] = str(value)
+            expected.update((k, str(v)) for k, v in env.items() if v is not None)
+            for key in (k for k, v in env.items() if v is None):
+                expected.pop(key, None)
     return expected
 
 
