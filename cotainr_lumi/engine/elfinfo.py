@@ -218,6 +218,3 @@ def scan_elf_files(*, root, path, skip=()):
             info = read_elf_info(path=entry.path)
             if info is not None:
                 yield info
-
-
-__all__ = ["ELF_MAGIC", "ElfInfo", "read_elf_info", "scan_elf_files"]

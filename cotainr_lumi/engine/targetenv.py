@@ -384,9 +384,8 @@ def describe_lines(*, plan):
         ]
     answer = plan.base_target
     if isinstance(answer, TargetEnv):
-        lines = [answer.describe()]
-        lines += [f"not the target: {d}" for d in answer.decoys.values()]
-        return lines
+        decoys = [f"not the target: {d}" for d in answer.decoys.values()]
+        return [answer.describe(), *decoys]
     if isinstance(answer, TargetEnvNotFoundError):
         return [f"none: {answer} (the build would stop before installing)"]
     return [LOOKS_FOR]
