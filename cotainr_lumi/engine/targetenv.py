@@ -23,6 +23,8 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 SETTINGS_NAME = "target-env"
 #: Prefixes of system Pythons: never a target.
 SYSTEM_PREFIXES = ("/usr", "/usr/local", "/")
+#: The conda env cotainr creates from ``--conda-env``.
+CONDA_ENV = f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
 
 _SOURCE_WORDS = {
     "setting": "named explicitly (target-env.prefix)",
@@ -336,9 +338,8 @@ def choose(*, facts, explicit=None, conda_env=False):
         info = _python(facts, "explicit")
         if info is None:
             raise TargetEnvNotFoundError(
-                "the conda env cotainr created "
-                f"({_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}) has no "
-                "working python; check the conda environment file"
+                f"the conda env cotainr created ({CONDA_ENV}) has no working python; "
+                "check the conda environment file"
             )
         return _make_target(facts, info, source="conda-env")
     before = _active(facts, "image")
@@ -378,10 +379,7 @@ def describe_lines(*, plan):
     if explicit:
         return [f"{explicit} ({_SOURCE_WORDS['setting']}; checked at build start)"]
     if plan.conda_env is not None:
-        return [
-            f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME} "
-            f"({_SOURCE_WORDS['conda-env']} {plan.conda_env.name})"
-        ]
+        return [f"{CONDA_ENV} ({_SOURCE_WORDS['conda-env']} {plan.conda_env.name})"]
     answer = plan.base_target
     if isinstance(answer, TargetEnv):
         decoys = [f"not the target: {d}" for d in answer.decoys.values()]
