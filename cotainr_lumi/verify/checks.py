@@ -11,11 +11,7 @@ import subprocess
 
 from .. import apptainer, imagelayout
 from ..errors import InputError
-from . import netplugin
-from .expectedenv import check_rocm_driver
-from .expectedenv import expected_env as profile_env
-from .mpi import ACCEPTANCE_JOB, check_mpi
-from .mpi import probe_inputs as mpi_probe_inputs
+from . import expectedenv, mpi, netplugin
 from .status import FAIL, NA, PASS, WARN
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -54,13 +50,13 @@ HARDWARE_CHECKS = (
     (
         "rccl-bandwidth",
         "rccl-tests all_reduce_perf >= 29 GB/s bus bandwidth on 4 nodes x 8 GCDs",
-        f"{ACCEPTANCE_JOB} (on LUMI-G)",
+        f"{mpi.ACCEPTANCE_JOB} (on LUMI-G)",
     ),
     (
         "rccl-net-plugin",
         'NCCL_DEBUG=INFO shows the OFI plugin ("NET/OFI Using aws-ofi-rccl", or '
         '"Using network Libfabric" with aws-ofi-nccl) and the cxi provider',
-        f"{ACCEPTANCE_JOB} (on LUMI-G)",
+        f"{mpi.ACCEPTANCE_JOB} (on LUMI-G)",
     ),
     (
         "gpus-visible",
@@ -181,7 +177,8 @@ def _check_rocm(report, facts):
 
 def _check_lumi_env(report, facts, *, expected_env):
     system = facts["labels"].get(imagelayout.LABEL_SYSTEM)
-    for name, value in (expected_env or profile_env(system_name=system)).items():
+    expected = expected_env or expectedenv.expected_env(system_name=system)
+    for name, value in expected.items():
         found = facts["env"].get(name)
         status = PASS if found == value else FAIL
         report.add(f"env:{name}", status, f"{name}={found!r} (expected {value!r})")
@@ -303,7 +300,7 @@ def probe_inputs():
         "runscripts": list(REQUIRED_RUNSCRIPTS),
         "sample_nodelist": SAMPLE_NODELIST,
         "runtime_file": imagelayout.RUNTIME_FILE,
-        "mpi": mpi_probe_inputs(),
+        "mpi": mpi.probe_inputs(),
         **netplugin.probe_inputs(),
     }
 
@@ -401,9 +398,9 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
             ("target-env", _check_target_env, {}),
             ("env-libstdcxx", _check_libstdcxx, {}),
             ("torch-rocm-duplicates", _check_torch, {}),
-            ("rocm-driver", check_rocm_driver, {"strict": strict}),
+            ("rocm-driver", expectedenv.check_rocm_driver, {"strict": strict}),
             ("runscripts", _check_runtime, {}),
-            ("mpi-host-binding", check_mpi, {}),
+            ("mpi-host-binding", mpi.check_mpi, {}),
         ]
         for row, check, kwargs in checks:
             _guarded(report, row, check, facts, **kwargs)
