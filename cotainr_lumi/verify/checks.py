@@ -16,14 +16,6 @@ from .status import FAIL, NA, PASS, WARN
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: Labels every cotainr-lumi image carries (provenance stage).
-REQUIRED_LABELS = (
-    imagelayout.LABEL_VERSION,
-    imagelayout.LABEL_SYSTEM,
-    imagelayout.LABEL_BASE_IMAGE,
-    imagelayout.LABEL_BASE_IMAGE_RESOLVED,
-    imagelayout.LABEL_STAGES,
-)
 #: The JSON records the probe reads, and what each holds (its top level).
 RECORDS = {
     imagelayout.TARGET_ENV_FILE: "object",
@@ -33,6 +25,14 @@ RECORDS = {
     imagelayout.MPI_FILE: "object",
     imagelayout.RUNTIME_FILE: "object",
 }
+#: Labels every cotainr-lumi image carries (provenance stage).
+REQUIRED_LABELS = (
+    imagelayout.LABEL_VERSION,
+    imagelayout.LABEL_SYSTEM,
+    imagelayout.LABEL_BASE_IMAGE,
+    imagelayout.LABEL_BASE_IMAGE_RESOLVED,
+    imagelayout.LABEL_STAGES,
+)
 #: The most bytes of a record (or labels.json) the probe reads, and the
 #: deepest nesting it passes on: beyond either the record is a FAIL row.
 MAX_RECORD_BYTES = 64 * 1024**2

@@ -43,8 +43,7 @@ def _ld_library_path(env):
 
 def _lookup(net, env):
     """What RCCL looks up; its search_dirs: where ``dlopen`` looks for a bare name."""
-    dirs = _ld_library_path(env) + list(net.get("conf_dirs") or [])
-    dirs += list(DEFAULT_LOADER_DIRS)
+    dirs = [*_ld_library_path(env), *(net.get("conf_dirs") or []), *DEFAULT_LOADER_DIRS]
     return {
         "named": net.get("named"),
         "files": net.get("plugin_files") or {},
