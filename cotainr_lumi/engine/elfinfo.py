@@ -68,10 +68,15 @@ class ElfInfo:
         return (self.elfclass, self.machine) == (other.elfclass, other.machine)
 
 
+def _open_fd(path):
+    """Open a file read-only without following a symlink in its last component."""
+    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+
+
 def read_elf_info(*, path):
     """Read the dynamic-linking facts of an ELF file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = _open_fd(path)
     except OSError as e:
         logger.debug("Cannot open %s: %s", path, e)
         return None

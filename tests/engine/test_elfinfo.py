@@ -62,15 +62,21 @@ def test_non_elf_truncated_and_symlinked_files_are_not_read(tmp_path, kit):
 def test_non_elf_files_cost_one_small_read(tmp_path, mocker):
     data = tmp_path / "big.dat"
     data.write_bytes(b"x" * 1_000_000)
-    opens = mocker.spy(elfinfo.os, "open")
+    fds = []
+    real_open = elfinfo._open_fd
+
+    def spy(path):
+        fds.append(real_open(path))
+        return fds[-1]
+
+    mocker.patch.object(elfinfo, "_open_fd", side_effect=spy)
     reads = mocker.spy(elfinfo.os, "read")
     fdopen = mocker.spy(elfinfo.os, "fdopen")
     assert read_elf_info(path=data) is None
-    fd = opens.spy_return
-    assert opens.call_count == 1 and reads.call_args_list == [mocker.call(fd, 4)]
+    assert len(fds) == 1 and reads.call_args_list == [mocker.call(fds[0], 4)]
     fdopen.assert_not_called()  # no buffered stream for a non-ELF file
     with pytest.raises(OSError):
-        os.fstat(fd)  # closed
+        os.fstat(fds[0])  # closed
 
 
 def test_cached_structs_read_like_plain_pyelftools(kit):
