@@ -17,8 +17,8 @@ from typing import Any
 
 from .. import _cotainr, apptainer, imagelayout
 from ..errors import StageError
-from . import targetenv
 from .rootfs import write_file_in_root
+from .targetenv import SETTINGS_NAME, TargetEnvNotFoundError, choose, timeout_message
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -147,25 +147,25 @@ def probe_build(*, sandbox, plan, labels):
     """The build's one probe; the answer is recorded in the image and a label."""
     timeout = plan.target_settings.probe_timeout
     explicit = plan.target_settings.prefix or None
-    conda_env = plan.conda_env is not None and targetenv.CONDA_ENV
+    conda_env = plan.conda_env is not None and (
+        f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
+    )
     try:
         command = probe_command(explicit=explicit or conda_env or None)
         output = sandbox.run(command, timeout=timeout).stdout or ""
     except _cotainr.CommandTimeoutError:
-        raise StageError(
-            targetenv.timeout_message(timeout), stage=targetenv.SETTINGS_NAME
-        ) from None
+        raise StageError(timeout_message(timeout), stage=SETTINGS_NAME) from None
     except _cotainr.CommandError as e:
         raise StageError(
             "could not start the container to find its Python environment",
-            stage=targetenv.SETTINGS_NAME,
+            stage=SETTINGS_NAME,
             details=e.error_lines(),
         ) from e
     try:
-        target = targetenv.choose(
+        target = choose(
             facts=parse_probe(text=output), explicit=explicit, conda_env=conda_env
         )
-    except targetenv.TargetEnvNotFoundError as e:
+    except TargetEnvNotFoundError as e:
         logger.info("No target Python environment: %s", e)
         return e
     logger.info("Target Python environment: %s", target.describe())
