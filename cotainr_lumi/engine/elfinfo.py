@@ -50,7 +50,6 @@ class ElfInfo:
     path: str
     elfclass: int
     machine: str
-    elftype: str
     soname: str | None = None
     needed: tuple[str, ...] = ()
     rpath: tuple[str, ...] = ()
@@ -164,7 +163,6 @@ def _read_open_elf(stream, *, path):
         path=path,
         elfclass=elf.elfclass,
         machine=elf["e_machine"],
-        elftype=elf["e_type"],
         soname=next(filter(None, reversed(strings["DT_SONAME"])), None),
         needed=tuple(strings["DT_NEEDED"]),
         rpath=_split_paths(strings["DT_RPATH"]),
@@ -223,6 +221,3 @@ def scan_elf_files(*, root, path, skip=()):
             info = read_elf_info(path=entry.path)
             if info is not None:
                 yield info
-
-
-__all__ = ["ELF_MAGIC", "ElfInfo", "read_elf_info", "scan_elf_files"]

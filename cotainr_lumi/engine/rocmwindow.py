@@ -30,35 +30,6 @@ _TORCH_VERSION_PY = re.compile(
 )
 
 
-def _check_range(value):
-    window = Window.from_text(value)
-    if window is None or window.low > window.high:
-        raise ValueError(
-            "must be a range of ROCm major.minor versions LOW-HIGH such as "
-            f'"6.1-7.0" (got {value!r})'
-        )
-
-
-@dataclass(frozen=True)
-class RocmSettings(StageSettings):
-    """The settings section ``rocm``."""
-
-    supported: Optional[str] = setting(
-        None,
-        doc="the ROCm major.minor range LUMI's GPU driver supports, e.g. "
-        "6.1-7.0 (null: not checked)",
-        check=_check_range,
-    )
-    source: Optional[str] = setting(
-        None, doc="where the support team states that range (shown in messages)"
-    )
-    strict: bool = setting(
-        False,
-        doc="stop the build when the base's ROCm or torch's is outside the "
-        "range or they disagree (else warn)",
-    )
-
-
 def major_minor(version):
     """The major.minor of a version string."""
     match = _MAJOR_MINOR.match(str(version or ""))
@@ -79,11 +50,21 @@ class Window:
 
     @classmethod
     def from_text(cls, text, *, source=""):
-        """The window of ``"LOW-HIGH"``."""
+        """The window of ``"LOW-HIGH"`` (None: not such a range)."""
         match = _RANGE.match(str(text or ""))
         if match:
             return cls(*(major_minor(v) for v in match.groups()), source=source or "")
         return None
+
+    @classmethod
+    def check(cls, text):
+        """Raise ValueError unless `text` is a range ``LOW-HIGH``, LOW <= HIGH."""
+        window = cls.from_text(text)
+        if window is None or window.low > window.high:
+            raise ValueError(
+                "must be a range of ROCm major.minor versions LOW-HIGH such as "
+                f'"6.1-7.0" (got {text!r})'
+            )
 
     def __contains__(self, version):
         return self.low <= version <= self.high
@@ -95,6 +76,31 @@ class Window:
         """The range and its source, for messages."""
         source = f" ({self.source})" if self.source else ""
         return f"LUMI's GPU driver supports ROCm {self}{source}"
+
+
+@dataclass(frozen=True)
+class RocmSettings(StageSettings):
+    """The settings section ``rocm``."""
+
+    supported: Optional[str] = setting(
+        None,
+        doc="the ROCm major.minor range LUMI's GPU driver supports, e.g. "
+        "6.1-7.0 (null: not checked)",
+        check=Window.check,
+    )
+    source: Optional[str] = setting(
+        None, doc="where the support team states that range (shown in messages)"
+    )
+    strict: bool = setting(
+        False,
+        doc="stop the build when the base's ROCm or torch's is outside the "
+        "range or they disagree (else warn)",
+    )
+
+    @property
+    def window(self):
+        """The supported range (None: not checked)."""
+        return Window.from_text(self.supported, source=self.source)
 
 
 def torch_rocm(torch):
@@ -133,15 +139,9 @@ def problems(*, window, base_rocm, torch):
     return found
 
 
-def window_of(*, plan):
-    """The supported range of a plan."""
-    settings = plan.rocm_settings
-    return Window.from_text(settings.supported, source=settings.source)
-
-
 def describe_lines(*, plan):
     """What the dry run says about the ROCm versions."""
-    window = window_of(plan=plan)
+    window = plan.rocm_settings.window
     base = (plan.base_facts or {}).get("image", {}).get("rocm_version") or None
     profile = plan.system.rocm_version if plan.system is not None else None
     torch = getattr(plan.base_target, "torch", None)  # what the dry run saw
@@ -158,11 +158,10 @@ def describe_lines(*, plan):
     if torch:
         first += f", torch {torch.get('version') or '?'}"
     first += f"; {window.words()}" if window else "; no supported range stated"
-    lines = [first]
     found = problems(window=window, base_rocm=base, torch=torch)
     strict = plan.rocm_settings.strict
-    for problem in found:
-        lines.append(("ERROR (strict): " if strict else "WARNING: ") + problem)
+    tag = "ERROR (strict): " if strict else "WARNING: "
+    lines = [first, *(tag + p for p in found)]
     if found and strict:
         lines.append("the build would stop here (strict)")
     return lines
@@ -177,11 +176,7 @@ def _torch_in_sandbox(*, root, target):
         except OSError:
             continue
         found = dict(_TORCH_VERSION_PY.findall(text))
-        return {
-            "dir": f"{site}/torch",
-            "version": found.get("__version__", ""),
-            "hip": found.get("hip", ""),
-        }
+        return {"version": found.get("__version__", ""), "hip": found.get("hip", "")}
     return None
 
 
@@ -199,7 +194,7 @@ def base_rocm_version(*, root, rocm_path):
 
 def check_build(*, context, phase):
     """Check a running build; warn, or stop when strict."""
-    window = window_of(plan=context.plan)
+    window = context.plan.rocm_settings.window
     root = context.sandbox.root
     target = context.known_target_env()
     rocm_path = (target.image.rocm_path if target is not None else "") or "/opt/rocm"

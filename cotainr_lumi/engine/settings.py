@@ -11,6 +11,7 @@ error, worded by the source's :class:`cotainr_lumi.engine.origins.Origin`.
 """
 
 from collections.abc import Mapping
+import contextlib
 import copy
 import dataclasses
 from dataclasses import dataclass
@@ -196,12 +197,9 @@ def convert(*, type_, value):
     if origin is Union:
         if value is None and _NONE in args:
             return None
-        for arg in args:
-            if arg is not _NONE:
-                try:
-                    return convert(type_=arg, value=value)
-                except SettingError:
-                    continue
+        for arg in (a for a in args if a is not _NONE):
+            with contextlib.suppress(SettingError):
+                return convert(type_=arg, value=value)
         raise problem
     if origin is list:
         if not isinstance(value, (list, tuple)):

@@ -72,15 +72,8 @@ class StageContext:
     plan: Any
     reports: list[StageReport] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
-    _target: Any = field(default=None, init=False, repr=False)  # see probe_target_env
-
-    def probe_target_env(self):
-        """The build's one probe of the image: the TargetEnv or why there is none."""
-        if self._target is None:
-            self._target = imageprobe.probe_build(
-                sandbox=self.sandbox, plan=self.plan, labels=self.labels
-            )
-        return self._target
+    #: The probe's answer: a TargetEnv, or the TargetEnvNotFoundError saying why not.
+    _target: Any = field(default=None, init=False, repr=False)
 
     def known_target_env(self):
         """The target env if the probe already ran (None otherwise: no probe)."""
@@ -89,15 +82,17 @@ class StageContext:
     @property
     def target_env(self) -> Optional[targetenv.TargetEnv]:
         """The target Python environment (None when the image has none)."""
-        self.probe_target_env()
+        if self._target is None:  # the build's one probe of the image
+            self._target = imageprobe.probe_build(
+                sandbox=self.sandbox, plan=self.plan, labels=self.labels
+            )
         return self.known_target_env()
 
     def require_target_env(self, *, stage):
         """The target env, or a StageError of `stage` saying why there is none."""
-        found = self.probe_target_env()
-        if isinstance(found, targetenv.TargetEnvNotFoundError):
-            raise StageError(str(found), stage=stage)
-        return found
+        if self.target_env is None:
+            raise StageError(str(self._target), stage=stage)
+        return self._target
 
 
 class Stage(ABC):

@@ -23,6 +23,8 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 SETTINGS_NAME = "target-env"
 #: Prefixes of system Pythons: never a target.
 SYSTEM_PREFIXES = ("/usr", "/usr/local", "/")
+#: The conda env cotainr creates from ``--conda-env``.
+CONDA_ENV = f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
 
 _SOURCE_WORDS = {
     "setting": "named explicitly (target-env.prefix)",
@@ -159,7 +161,7 @@ def _python(facts, where):
 
 
 def _active(facts, where):
-    """The env active in one state: (variable, python facts) or None."""
+    """The env active in one state: (``VAR=value`` naming it, python facts) or None."""
     state = facts.get(where, {})
     path = [p.rstrip("/") for p in (state.get("path") or "").split(":") if p]
     candidates = []
@@ -168,13 +170,8 @@ def _active(facts, where):
         if state.get(var) and info and not _is_system_prefix(info["prefix"]):
             bin_dir = state[var].rstrip("/") + "/bin"
             rank = path.index(bin_dir) if bin_dir in path else len(path)
-            candidates.append((rank, var, info))
+            candidates.append((rank, f"{var.upper()}={state[var]}", info))
     return min(candidates, key=lambda c: c[0])[1:] if candidates else None
-
-
-def _env_words(var, facts, where):
-    name = {"virtual_env": "VIRTUAL_ENV", "conda_prefix": "CONDA_PREFIX"}[var]
-    return f"{name}={facts[where][var]}"
 
 
 def _decoys(facts, chosen_prefix):
@@ -292,11 +289,8 @@ def _from_with_conda(facts, *, before):
     after = _active(facts, "with_conda")
     if after is None:
         return None
-    var, info = after
-    reason = (
-        f"from the base image's $WITH_CONDA ({with_conda!r} sets "
-        f"{_env_words(var, facts, 'with_conda')})"
-    )
+    named_by, info = after
+    reason = f"from the base image's $WITH_CONDA ({with_conda!r} sets {named_by})"
     if before is not None and before[1]["prefix"] == info["prefix"]:
         reason += "; already active in its environment"
     return _make_target(facts, info, source="with-conda", reason=reason)
@@ -344,9 +338,8 @@ def choose(*, facts, explicit=None, conda_env=False):
         info = _python(facts, "explicit")
         if info is None:
             raise TargetEnvNotFoundError(
-                "the conda env cotainr created "
-                f"({_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}) has no "
-                "working python; check the conda environment file"
+                f"the conda env cotainr created ({CONDA_ENV}) has no working python; "
+                "check the conda environment file"
             )
         return _make_target(facts, info, source="conda-env")
     before = _active(facts, "image")
@@ -354,11 +347,8 @@ def choose(*, facts, explicit=None, conda_env=False):
     if target is not None:
         return target
     if before is not None:
-        var, info = before
-        reason = (
-            f"active in the base image's environment "
-            f"({_env_words(var, facts, 'image')})"
-        )
+        named_by, info = before
+        reason = f"active in the base image's environment ({named_by})"
         return _make_target(facts, info, source="active-env", reason=reason)
     image = facts.get("image", {})
     for source, place, where, reason in _PLACE_RULES:
@@ -389,15 +379,11 @@ def describe_lines(*, plan):
     if explicit:
         return [f"{explicit} ({_SOURCE_WORDS['setting']}; checked at build start)"]
     if plan.conda_env is not None:
-        return [
-            f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME} "
-            f"({_SOURCE_WORDS['conda-env']} {plan.conda_env.name})"
-        ]
+        return [f"{CONDA_ENV} ({_SOURCE_WORDS['conda-env']} {plan.conda_env.name})"]
     answer = plan.base_target
     if isinstance(answer, TargetEnv):
-        lines = [answer.describe()]
-        lines += [f"not the target: {d}" for d in answer.decoys.values()]
-        return lines
+        decoys = [f"not the target: {d}" for d in answer.decoys.values()]
+        return [answer.describe(), *decoys]
     if isinstance(answer, TargetEnvNotFoundError):
         return [f"none: {answer} (the build would stop before installing)"]
     return [LOOKS_FOR]

@@ -9,50 +9,30 @@ import os
 from pathlib import Path
 import subprocess
 
-from .. import apptainer
+from .. import apptainer, imagelayout
 from ..errors import InputError
-from ..imagelayout import (
-    LABEL_BASE_IMAGE,
-    LABEL_BASE_IMAGE_RESOLVED,
-    LABEL_PIP_PACKAGES,
-    LABEL_STAGES,
-    LABEL_SYSTEM,
-    LABEL_VERSION,
-    LABELS_FILE,
-    MPI_FILE,
-    PIP_PACKAGES_FILE,
-    PROVENANCE_FILE,
-    PRUNE_MANIFEST_FILE,
-    RUNSCRIPTS_DIR,
-    RUNTIME_FILE,
-    TARGET_ENV_FILE,
-)
-from . import netplugin
-from .expectedenv import check_rocm_driver
-from .expectedenv import expected_env as profile_env
-from .mpi import ACCEPTANCE_JOB, check_mpi
-from .mpi import probe_inputs as mpi_probe_inputs
+from . import expectedenv, mpi, netplugin
 from .status import FAIL, NA, PASS, WARN
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: Labels every cotainr-lumi image carries (provenance stage).
-REQUIRED_LABELS = (
-    LABEL_VERSION,
-    LABEL_SYSTEM,
-    LABEL_BASE_IMAGE,
-    LABEL_BASE_IMAGE_RESOLVED,
-    LABEL_STAGES,
-)
 #: The JSON records the probe reads, and what each holds (its top level).
 RECORDS = {
-    TARGET_ENV_FILE: "object",
-    PRUNE_MANIFEST_FILE: "object",
-    PIP_PACKAGES_FILE: "array",
-    PROVENANCE_FILE: "object",
-    MPI_FILE: "object",
-    RUNTIME_FILE: "object",
+    imagelayout.TARGET_ENV_FILE: "object",
+    imagelayout.PRUNE_MANIFEST_FILE: "object",
+    imagelayout.PIP_PACKAGES_FILE: "array",
+    imagelayout.PROVENANCE_FILE: "object",
+    imagelayout.MPI_FILE: "object",
+    imagelayout.RUNTIME_FILE: "object",
 }
+#: Labels every cotainr-lumi image carries (provenance stage).
+REQUIRED_LABELS = (
+    imagelayout.LABEL_VERSION,
+    imagelayout.LABEL_SYSTEM,
+    imagelayout.LABEL_BASE_IMAGE,
+    imagelayout.LABEL_BASE_IMAGE_RESOLVED,
+    imagelayout.LABEL_STAGES,
+)
 #: The most bytes of a record (or labels.json) the probe reads, and the
 #: deepest nesting it passes on: beyond either the record is a FAIL row.
 MAX_RECORD_BYTES = 64 * 1024**2
@@ -70,13 +50,13 @@ HARDWARE_CHECKS = (
     (
         "rccl-bandwidth",
         "rccl-tests all_reduce_perf >= 29 GB/s bus bandwidth on 4 nodes x 8 GCDs",
-        f"{ACCEPTANCE_JOB} (on LUMI-G)",
+        f"{mpi.ACCEPTANCE_JOB} (on LUMI-G)",
     ),
     (
         "rccl-net-plugin",
         'NCCL_DEBUG=INFO shows the OFI plugin ("NET/OFI Using aws-ofi-rccl", or '
         '"Using network Libfabric" with aws-ofi-nccl) and the cxi provider',
-        f"{ACCEPTANCE_JOB} (on LUMI-G)",
+        f"{mpi.ACCEPTANCE_JOB} (on LUMI-G)",
     ),
     (
         "gpus-visible",
@@ -152,19 +132,19 @@ def _check_labels(report, facts):
     report.pass_if(
         "provenance-labels",
         not missing,
-        f"system={labels.get(LABEL_SYSTEM)} "
-        f"base={labels.get(LABEL_BASE_IMAGE_RESOLVED)} "
-        f"stages={labels.get(LABEL_STAGES)}",
+        f"system={labels.get(imagelayout.LABEL_SYSTEM)} "
+        f"base={labels.get(imagelayout.LABEL_BASE_IMAGE_RESOLVED)} "
+        f"stages={labels.get(imagelayout.LABEL_STAGES)}",
         f"missing labels: {', '.join(missing)}",
     )
-    pkg = labels.get(LABEL_PIP_PACKAGES)
-    size = facts.get("files", {}).get(PIP_PACKAGES_FILE)
+    pkg = labels.get(imagelayout.LABEL_PIP_PACKAGES)
+    size = facts.get("files", {}).get(imagelayout.PIP_PACKAGES_FILE)
     report.pass_if(
         "package-list",
         pkg and size,
         f"{pkg} ({size} bytes)",
-        f"no package list (label {LABEL_PIP_PACKAGES} -> "
-        f"{PIP_PACKAGES_FILE}); build with the pip stage",
+        f"no package list (label {imagelayout.LABEL_PIP_PACKAGES} -> "
+        f"{imagelayout.PIP_PACKAGES_FILE}); build with the pip stage",
     )
 
 
@@ -196,8 +176,9 @@ def _check_rocm(report, facts):
 
 
 def _check_lumi_env(report, facts, *, expected_env):
-    system = facts["labels"].get(LABEL_SYSTEM)
-    for name, value in (expected_env or profile_env(system_name=system)).items():
+    system = facts["labels"].get(imagelayout.LABEL_SYSTEM)
+    expected = expected_env or expectedenv.expected_env(system_name=system)
+    for name, value in expected.items():
         found = facts["env"].get(name)
         status = PASS if found == value else FAIL
         report.add(f"env:{name}", status, f"{name}={found!r} (expected {value!r})")
@@ -226,7 +207,7 @@ def _check_target_env(report, facts):
         report.add(
             "target-env",
             NA,
-            f"no {TARGET_ENV_FILE} (not built by this cotainr-lumi); "
+            f"no {imagelayout.TARGET_ENV_FILE} (not built by this cotainr-lumi); "
             f"inspected the `python` on PATH ({facts['python']})",
         )
     else:
@@ -285,7 +266,7 @@ def _check_runtime(report, facts):
     missing = [n for n, s in scripts.items() if not s["executable"]]
     master = scripts["get-master"].get("run", {}).get("out", "").strip()
     found = (
-        f"{RUNSCRIPTS_DIR} on PATH: {facts['runscripts_on_path']}; get-master "
+        f"{imagelayout.RUNSCRIPTS_DIR} on PATH: {facts['runscripts_on_path']}; get-master "
         f"'{SAMPLE_NODELIST}' -> {master!r}"
     )
     report.pass_if(
@@ -307,29 +288,33 @@ def _check_runtime(report, facts):
 
 
 def probe_inputs():
-    """What :mod:`.probe` needs to know of the image layout."""
+    """What :mod:`.probe` needs to know of the image imagelayout."""
     return {
-        "labels_file": LABELS_FILE,
-        "target_env_file": TARGET_ENV_FILE,
+        "labels_file": imagelayout.LABELS_FILE,
+        "target_env_file": imagelayout.TARGET_ENV_FILE,
         "records": RECORDS,
         "max_record_bytes": MAX_RECORD_BYTES,
         "max_record_depth": MAX_RECORD_DEPTH,
-        "prune_manifest_file": PRUNE_MANIFEST_FILE,
-        "runscripts_dir": RUNSCRIPTS_DIR,
+        "prune_manifest_file": imagelayout.PRUNE_MANIFEST_FILE,
+        "runscripts_dir": imagelayout.RUNSCRIPTS_DIR,
         "runscripts": list(REQUIRED_RUNSCRIPTS),
         "sample_nodelist": SAMPLE_NODELIST,
-        "runtime_file": RUNTIME_FILE,
-        "mpi": mpi_probe_inputs(),
+        "runtime_file": imagelayout.RUNTIME_FILE,
+        "mpi": mpi.probe_inputs(),
         **netplugin.probe_inputs(),
     }
 
 
 def _base_of_layer(layer):
     """The base SIF a ``--layer-only`` image (a squashfs file) names in its labels."""
-    cmd = ["unsquashfs", "-cat", layer, LABELS_FILE]
+    cmd = ["unsquashfs", "-cat", layer, imagelayout.LABELS_FILE]
     with contextlib.suppress(OSError, ValueError, AttributeError):
         text = subprocess.run(cmd, capture_output=True, text=True).stdout
-        base = json.JSONDecoder().raw_decode(text)[0].get(LABEL_BASE_IMAGE_RESOLVED)
+        base = (
+            json.JSONDecoder()
+            .raw_decode(text)[0]
+            .get(imagelayout.LABEL_BASE_IMAGE_RESOLVED)
+        )
         if base and apptainer.is_sif(base):
             return Path(base)
     raise InputError(
@@ -341,7 +326,6 @@ def _base_of_layer(layer):
 def _probe(image, *, timeout, overlay=None):
     """Run :mod:`.probe` in the image's own python; return its facts."""
     probe = Path(__file__).with_name("probe.py").read_text()
-    # The image's own python runs it, its source its first argument (to re-exec).
     inputs = json.dumps(probe_inputs())
     args = ["bash", "-c", apptainer.IMAGE_PYTHON, probe, probe, inputs]
     proc = apptainer.exec_in_image(
@@ -368,7 +352,7 @@ def _check_records(report, facts):
     report.pass_if(
         "records",
         not problems,
-        f"no malformed {LABELS_FILE} or record",
+        f"no malformed {imagelayout.LABELS_FILE} or record",
         "; ".join(f"{where}: {why}" for where, why in problems.items()),
     )
 
@@ -414,9 +398,9 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
             ("target-env", _check_target_env, {}),
             ("env-libstdcxx", _check_libstdcxx, {}),
             ("torch-rocm-duplicates", _check_torch, {}),
-            ("rocm-driver", check_rocm_driver, {"strict": strict}),
+            ("rocm-driver", expectedenv.check_rocm_driver, {"strict": strict}),
             ("runscripts", _check_runtime, {}),
-            ("mpi-host-binding", check_mpi, {}),
+            ("mpi-host-binding", mpi.check_mpi, {}),
         ]
         for row, check, kwargs in checks:
             _guarded(report, row, check, facts, **kwargs)

@@ -35,11 +35,9 @@ def expected_env(*, system_name):
     for system in systems:
         if system and LUMI_ENV_STAGE in system.stages:
             env = system.stage_settings(LUMI_ENV_STAGE).get("env") or {}
-            for key, value in env.items():
-                if value is None:
-                    expected.pop(key, None)
-                else:
-                    expected[key] = str(value)
+            expected.update((k, str(v)) for k, v in env.items() if v is not None)
+            for key in (k for k, v in env.items() if v is None):
+                expected.pop(key, None)
     return expected
 
 
@@ -52,10 +50,8 @@ def window_for(*, labels):
         systems = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
     # The packaged profile, read first, always has DEFAULT_SYSTEM.
     system = systems.get(labels.get(LABEL_SYSTEM)) or systems[DEFAULT_SYSTEM]
-    settings = rocmwindow.RocmSettings.complete(
-        system.stage_settings(rocmwindow.SETTINGS_NAME)
-    )
-    profile = rocmwindow.Window.from_text(settings.supported, source=settings.source)
+    settings = system.stage_settings(rocmwindow.SETTINGS_NAME)
+    profile = rocmwindow.RocmSettings.complete(settings).window
     recorded = rocmwindow.Window.from_text(labels.get(LABEL_ROCM_SUPPORTED))
     if recorded is None or str(profile) == str(recorded):
         return profile  # none recorded, or the same range with its source

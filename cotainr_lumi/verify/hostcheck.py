@@ -10,7 +10,7 @@ import os
 from pathlib import Path, PurePosixPath
 import re
 
-from ..engine.rocmwindow import RocmSettings, Window, major_minor
+from ..engine.rocmwindow import RocmSettings, major_minor
 from ..engine.rootfs import image_path_of, resolve_in_root
 from ..errors import InputError
 from ..pipeline.profiles import get_system, load_systems
@@ -95,8 +95,7 @@ def _read(root, path):
 
 
 def _rocm_rows(system, root):
-    settings = RocmSettings.complete(system.stage_settings("rocm"))
-    window = Window.from_text(settings.supported, source=settings.source)
+    window = RocmSettings.complete(system.stage_settings("rocm")).window
     if window is None:
         return
     names = sorted(_try(root, "/opt", os.listdir, []))

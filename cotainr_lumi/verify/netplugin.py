@@ -43,8 +43,7 @@ def _ld_library_path(env):
 
 def _lookup(net, env):
     """What RCCL looks up; its search_dirs: where ``dlopen`` looks for a bare name."""
-    dirs = _ld_library_path(env) + list(net.get("conf_dirs") or [])
-    dirs += list(DEFAULT_LOADER_DIRS)
+    dirs = [*_ld_library_path(env), *(net.get("conf_dirs") or []), *DEFAULT_LOADER_DIRS]
     return {
         "named": net.get("named"),
         "files": net.get("plugin_files") or {},
@@ -131,25 +130,21 @@ def _image_libfabric_row(net, plugin, env):
     )
 
 
-def _check_cray_libfabric(report, env, *, has_plugin):
-    if not has_plugin:
-        report.add("cray-libfabric", NA, "no aws-ofi-rccl plugin in the image")
-        return
-    entries = [
-        p
-        for p in _ld_library_path(env)
-        if os.path.normpath(p).startswith(CRAY_LIBFABRIC_PREFIX)
-    ]
-    report.pass_if(
-        "cray-libfabric",
-        entries,
-        f"LD_LIBRARY_PATH has {entries[0] if entries else ''} (the host's, bound "
-        "with /opt/cray at run time; check the version exists on LUMI: "
-        "ls /opt/cray/libfabric)",
+def _cray_libfabric_row(plugin, env):
+    """The ``cray-libfabric`` row: (status, evidence)."""
+    if plugin is None:
+        return NA, "no aws-ofi-rccl plugin in the image"
+    for entry in _ld_library_path(env):
+        if os.path.normpath(entry).startswith(CRAY_LIBFABRIC_PREFIX):
+            return PASS, (
+                f"LD_LIBRARY_PATH has {entry} (the host's, bound with /opt/cray at "
+                "run time; check the version exists on LUMI: ls /opt/cray/libfabric)"
+            )
+    return FAIL, (
         f"no {CRAY_LIBFABRIC_PREFIX}<version>/lib64 on LD_LIBRARY_PATH: "
         "aws-ofi-rccl cannot load the host's libfabric and RCCL falls back "
         "to TCP sockets; build on a LUMI ROCm base image (they set it) or "
-        "add it with the lumi-env `ld-library-path` setting",
+        "add it with the lumi-env `ld-library-path` setting"
     )
 
 
@@ -180,7 +175,7 @@ def check_network(report, facts):
     report.add("net-plugin", *_plugin_row(net, env, plugin))
     report.add("net-plugin-deps", *_deps_row(plugin, source=source))
     if source == "host":
-        _check_cray_libfabric(report, env, has_plugin=plugin is not None)
+        report.add("cray-libfabric", *_cray_libfabric_row(plugin, env))
     else:
         report.add("image-libfabric", *_image_libfabric_row(net, plugin, env))
     report.add("rccl-tests", *_rccl_tests_row(net))

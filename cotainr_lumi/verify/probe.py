@@ -105,8 +105,7 @@ def entry(path):
 # The build's answer to "which Python environment" (engine/targetenv.py).
 target_env = load(INPUTS["target_env_file"])
 # Run as the target env's own interpreter (not whatever `python` is first
-# on PATH): verify looks at the env the build installed into. The source of
-# this file is argv[1], the inputs argv[2] (see checks.verify_image).
+# on PATH): verify looks at the env the build installed into.
 if (
     isinstance(target_env, dict)
     and isinstance(target_env.get("python"), str)
@@ -242,14 +241,13 @@ def network_facts():
     tests_dirs = INPUTS["rccl_tests_dirs"]
     if record.get("rccl-tests"):
         tests_dirs = [record["rccl-tests"]]
-    tests = next(
-        (
-            {"dir": d, "all_reduce_perf": os.access(f"{d}/all_reduce_perf", os.X_OK)}
-            for d in tests_dirs
-            if os.path.isdir(d)
-        ),
-        None,
-    )
+    tests = None
+    for d in filter(os.path.isdir, tests_dirs):
+        tests = {
+            "dir": d,
+            "all_reduce_perf": os.access(f"{d}/all_reduce_perf", os.X_OK),
+        }
+        break
     return {
         "runtime": runtime,
         "searched": dirs,

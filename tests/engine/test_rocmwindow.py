@@ -46,8 +46,7 @@ def test_problems_outside_the_window_and_disagreement():
 def test_every_shipped_profile_states_lusts_window():
     systems = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
     for name, system in systems.items():
-        settings = rocmwindow.RocmSettings.complete(system.stage_settings("rocm"))
-        window = Window.from_text(settings.supported, source=settings.source)
+        window = rocmwindow.RocmSettings.complete(system.stage_settings("rocm")).window
         assert str(window) == "6.1-7.0" and window.source == LUST, name
         rocm = major_minor(system.rocm_version)
         # lumi-g-ext-rocm-6.0 was removed (systems.yaml `removed:`).
