@@ -73,7 +73,8 @@ def test_the_dry_run_shows_the_space_a_build_needs_measured(
     for flatten, expected in (
         # The sandbox and Apptainer's copy of it, twice the SIF, 2 GiB for pip.
         (["--flatten"], 2 * unpacked + 2 * sif + 2 * 1024**3),
-        ([], 2 * sif + 2 * 1024**3),  # a layer: nothing unpacked
+        ([], sif + 2 * 1024**3),  # a layer: nothing unpacked, a copy of the base
+        (["--layer-only"], 2 * 1024**3),  # the layer alone: no copy either
     ):
         proc = cotainr_build(
             tmp_path,
