@@ -60,24 +60,7 @@ class BuildResult:
     plan_text: str = ""
 
     def report(self, name):
-        """
-        The report of one stage.
-
-        Parameters
-        ----------
-        name : str
-            The stage name.
-
-        Returns
-        -------
-        report : StageReport
-            The report.
-
-        Raises
-        ------
-        KeyError
-            If the stage did not run.
-        """
+        """The report of the stage `name` (KeyError: the stage did not run)."""
         for report in self.reports:
             if report.name == name:
                 return report
