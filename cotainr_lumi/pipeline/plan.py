@@ -234,20 +234,17 @@ class BuildPlan:
             f"  layered:    {f'no, the whole image is squashed: {no}' if no else yes}"
         )
         lines += self._describe_steps()
-        for reason in self.skipped:
-            lines.append(f"  skipped: {reason}")
+        lines += [f"  skipped: {reason}" for reason in self.skipped]
         return redact("\n".join(lines))
 
     def _describe_inputs(self):
         """The plan's lines on the image, system, base image and conda env."""
         lines = []
         exists = ""
-        if self.image_exists:
-            exists = (
-                " (exists: will be replaced when the build succeeds)"
-                if self.request.force
-                else " (exists: the build will refuse; pass --force to overwrite)"
-            )
+        if self.image_exists and self.request.force:
+            exists = " (exists: will be replaced when the build succeeds)"
+        elif self.image_exists:
+            exists = " (exists: the build will refuse; pass --force to overwrite)"
         lines.append(f"  image:      {self.image_path}{exists}")
         if self.system is not None:
             kind = "stock cotainr system" if self.system.stock else "profile"
