@@ -155,20 +155,16 @@ def as_stage_error(error, *, stage):
         return StageError(
             str(command_error), stage=stage, details=command_error.error_lines()
         )
-    if isinstance(error, FileNotFoundError):
-        if error.filename == "singularity":
-            return StageError(
-                "the 'singularity' command was not found. Install Apptainer "
-                "(or SingularityCE) so that 'singularity' is on PATH; on this "
-                "project's test machines run scripts/provision-apptainer.sh.",
-                stage=stage,
-            )
-        return StageError(str(error), stage=stage)
+    if isinstance(error, FileNotFoundError) and error.filename == "singularity":
+        return StageError(
+            "the 'singularity' command was not found. Install Apptainer "
+            "(or SingularityCE) so that 'singularity' is on PATH; on this "
+            "project's test machines run scripts/provision-apptainer.sh.",
+            stage=stage,
+        )
     if isinstance(error, (OSError, ValueError, RuntimeError)):
-        details = None
-        cause = error.__cause__
-        if cause is not None and getattr(cause, "stderr", None):
-            details = "\n".join(cause.stderr.splitlines()[-20:])
+        stderr = getattr(error.__cause__, "stderr", None)
+        details = "\n".join(stderr.splitlines()[-20:]) if stderr else None
         return StageError(str(error), stage=stage, details=details)
     logger.debug("Unexpected error in %s", stage, exc_info=error)
     return StageError(
