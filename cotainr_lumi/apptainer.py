@@ -185,12 +185,7 @@ def exec_in_image(
 
 
 def env_deadline_hint(text, *, image):
-    """
-    What to do when `text` has Apptainer's "context deadline exceeded".
-
-    Apptainer gives an image's ``/.singularity.d/env`` scripts 60 s, then
-    stops with that one line.
-    """
+    """What to do when `text` has Apptainer's "context deadline exceeded"."""
     if "context deadline exceeded" not in text:
         return ""
     return (
