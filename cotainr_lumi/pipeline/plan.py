@@ -22,7 +22,6 @@ from .profiles import (
     ENGINE_SECTIONS,
     SystemProfile,
     get_system,
-    load_systems,
     merge_mappings,
     sections,
 )
@@ -452,7 +451,6 @@ def make_plan(*, request, systems=None):
     overrides = load_sections(sections=tree, raw=request.settings, origin=Origin())
     system = None
     if request.system is not None:
-        systems = load_systems() if systems is None else systems
         system = get_system(name=request.system, systems=systems)
     names, extended = _stage_names(request=request, system=system, overrides=overrides)
 
