@@ -176,12 +176,8 @@ def exec_in_image(
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise
-    return subprocess.CompletedProcess(
-        cmd,
-        proc.returncode,
-        out.decode("utf-8", errors="replace"),
-        err.decode("utf-8", errors="replace"),
-    )
+    text = [output.decode("utf-8", errors="replace") for output in (out, err)]
+    return subprocess.CompletedProcess(cmd, proc.returncode, *text)
 
 
 def env_deadline_hint(text, *, image):
