@@ -273,11 +273,9 @@ class BuildPlan:
             unpack = "mount the base image read-only under a writable dir (no unpack)"
         steps = [(f"cotainr: {unpack}", [])]
         if self.conda_env is not None:
+            updates = [f"then update it with {f.name}" for f in self.conda_envs[1:]]
             steps.append(
-                (
-                    f"cotainr: install the conda env {self.conda_env.name}",
-                    [f"then update it with {f.name}" for f in self.conda_envs[1:]],
-                )
+                (f"cotainr: install the conda env {self.conda_env.name}", updates)
             )
         steps += [(stage.name, stage.describe(plan=self)) for stage in self.stages]
         image = "build the SIF"
@@ -286,13 +284,8 @@ class BuildPlan:
             if self.layer_only:
                 image = "write only the change, a squashfs layer for the base SIF"
             image += " (kept if an exec of it shows the layer, else the whole SIF)"
-        steps.append(
-            (
-                f"cotainr: add metadata labels and {image} (written next to "
-                "the target, moved into place on success)",
-                [],
-            )
-        )
+        image += " (written next to the target, moved into place on success)"
+        steps.append((f"cotainr: add metadata labels and {image}", []))
         lines = []
         for number, (title, details) in enumerate(steps, 1):
             lines.append(f"  {number}. {title}")
