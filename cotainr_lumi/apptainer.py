@@ -176,21 +176,12 @@ def exec_in_image(
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise
-    return subprocess.CompletedProcess(
-        cmd,
-        proc.returncode,
-        out.decode("utf-8", errors="replace"),
-        err.decode("utf-8", errors="replace"),
-    )
+    text = [output.decode("utf-8", errors="replace") for output in (out, err)]
+    return subprocess.CompletedProcess(cmd, proc.returncode, *text)
 
 
 def env_deadline_hint(text, *, image):
-    """
-    What to do when `text` has Apptainer's "context deadline exceeded".
-
-    Apptainer gives an image's ``/.singularity.d/env`` scripts 60 s, then
-    stops with that one line.
-    """
+    """What to do when `text` has Apptainer's "context deadline exceeded"."""
     if "context deadline exceeded" not in text:
         return ""
     return (

@@ -139,6 +139,4 @@ def request_from_options(*, context, conda_env):
         conda_env=conda_env,
         settings=settings,
         skip_stages=tuple(skip_stages),
-        force=False,
-        accept_licenses=False,
     )

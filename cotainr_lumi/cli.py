@@ -30,10 +30,7 @@ class Verify:
     """
 
     def __init__(self, *, image, json=False, strict=False, timeout=600):
-        """Construct the "verify" subcommand."""
-        self.image = image
-        self.json = json
-        self.strict = strict
+        self.image, self.json, self.strict = image, json, strict
         self.timeout = timeout
 
     def report(self):
@@ -72,7 +69,6 @@ class CheckHost(Verify):
     """
 
     def __init__(self, *, json=False, system=None, root="/"):
-        """Construct the "check-host" subcommand."""
         self.json, self.system, self.root = json, system, root
 
     def report(self):
@@ -134,7 +130,6 @@ class CotainrLumiCLI:
     """Build Apptainer/Singularity containers for LUMI with cotainr-lumi."""
 
     def __init__(self, *, args=None):
-        """Construct the command line interface."""
         args = list(sys.argv[1:] if args is None else args)
         self.name = next((a for a in args if not a.startswith("-")), None)
         if self.name in ("build", "info"):  # cotainr's, with the plugin active

@@ -56,9 +56,7 @@ class ProfileError(CotainrLumiError):
 
     def __init__(self, message, *, file=None, line=None, system=None, key=None):
         self.file = None if file is None else str(file)
-        self.line = line
-        self.system = system
-        self.key = key
+        self.line, self.system, self.key = line, system, key
         where = [f"file {self.file}"] if file is not None else []
         where += [f"line {line}"] if line is not None else []
         where += [f"{n} '{v}'" for n, v in (("system", system), ("key", key)) if v]
@@ -123,8 +121,7 @@ class StageError(CotainrLumiError):
     """
 
     def __init__(self, message, *, stage, details=None):
-        self.stage = stage
-        self.details = details
+        self.stage, self.details = stage, details
         text = f"Stage '{stage}' failed: {message}"
         if details:
             text += "\n" + clip_output(details.rstrip())

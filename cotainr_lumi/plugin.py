@@ -182,7 +182,7 @@ class LumiHook:
                 return plan.describe().splitlines()
             plan.check_space()
         except CotainrLumiError as e:
-            raise _cotainr.plugin_error(str(e), exit_code=e.exit_code) from e
+            raise _cotainr.plugin_error(e) from e
         log_resolved_base_image(plan.base_image)
         remove_leftovers(work_dir=plan.work_dir, image_path=context.image_path)
         build.environment.enter_context(without_bind_variables())
@@ -240,9 +240,7 @@ class LumiHook:
             build.outputs = check_outputs(stage_context.reports)
         except Exception as e:
             error = as_stage_error(e, stage=current)
-            raise _cotainr.plugin_error(
-                str(error), exit_code=error.exit_code
-            ) from error
+            raise _cotainr.plugin_error(error) from error
         build.reports = list(stage_context.reports)
         build.labels = dict(stage_context.labels)
         if build.view is not None and build.view.layer:

@@ -72,11 +72,11 @@ _modules = {"cli": _cli, "container": _container, "util": _util, "tracing": _tra
 SHIM_PROBLEM = None if NATIVE else shim.install(**_modules, version=cotainr_version())
 
 
-def plugin_error(message, *, exit_code=1):
-    """A :data:`PluginError` (cotainr's or the shim's) with `exit_code`."""
-    error = PluginError(message)
-    error.exit_code = exit_code
-    return error
+def plugin_error(error):
+    """A :data:`PluginError` (cotainr's or the shim's) of a message or an error."""
+    plugin = PluginError(str(error))
+    plugin.exit_code = getattr(error, "exit_code", 1)
+    return plugin
 
 
 def check_cotainr_version():

@@ -185,7 +185,7 @@ def work_dir_environment(work_dir):
     build_dir = Path(
         tempfile.mkdtemp(prefix=f"{BUILD_DIR_PREFIX}{os.getpid()}-", dir=work_dir)
     )
-    saved = {name: os.environ.get(name) for name in TMP_VARIABLES}
+    saved = {name: os.environ[name] for name in TMP_VARIABLES if name in os.environ}
     saved_tempdir = tempfile.tempdir
     os.environ.update(dict.fromkeys(TMP_VARIABLES, str(build_dir)))
     tempfile.tempdir = str(build_dir)
@@ -194,9 +194,7 @@ def work_dir_environment(work_dir):
         yield build_dir
     finally:
         tempfile.tempdir = saved_tempdir
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        for name in TMP_VARIABLES:
+            os.environ.pop(name, None)
+        os.environ.update(saved)
         shutil.rmtree(build_dir, ignore_errors=True)

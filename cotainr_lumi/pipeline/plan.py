@@ -22,7 +22,6 @@ from .profiles import (
     ENGINE_SECTIONS,
     SystemProfile,
     get_system,
-    load_systems,
     merge_mappings,
     sections,
 )
@@ -234,20 +233,17 @@ class BuildPlan:
             f"  layered:    {f'no, the whole image is squashed: {no}' if no else yes}"
         )
         lines += self._describe_steps()
-        for reason in self.skipped:
-            lines.append(f"  skipped: {reason}")
+        lines += [f"  skipped: {reason}" for reason in self.skipped]
         return redact("\n".join(lines))
 
     def _describe_inputs(self):
         """The plan's lines on the image, system, base image and conda env."""
         lines = []
         exists = ""
-        if self.image_exists:
-            exists = (
-                " (exists: will be replaced when the build succeeds)"
-                if self.request.force
-                else " (exists: the build will refuse; pass --force to overwrite)"
-            )
+        if self.image_exists and self.request.force:
+            exists = " (exists: will be replaced when the build succeeds)"
+        elif self.image_exists:
+            exists = " (exists: the build will refuse; pass --force to overwrite)"
         lines.append(f"  image:      {self.image_path}{exists}")
         if self.system is not None:
             kind = "stock cotainr system" if self.system.stock else "profile"
@@ -277,11 +273,9 @@ class BuildPlan:
             unpack = "mount the base image read-only under a writable dir (no unpack)"
         steps = [(f"cotainr: {unpack}", [])]
         if self.conda_env is not None:
+            updates = [f"then update it with {f.name}" for f in self.conda_envs[1:]]
             steps.append(
-                (
-                    f"cotainr: install the conda env {self.conda_env.name}",
-                    [f"then update it with {f.name}" for f in self.conda_envs[1:]],
-                )
+                (f"cotainr: install the conda env {self.conda_env.name}", updates)
             )
         steps += [(stage.name, stage.describe(plan=self)) for stage in self.stages]
         image = "build the SIF"
@@ -290,13 +284,8 @@ class BuildPlan:
             if self.layer_only:
                 image = "write only the change, a squashfs layer for the base SIF"
             image += " (kept if an exec of it shows the layer, else the whole SIF)"
-        steps.append(
-            (
-                f"cotainr: add metadata labels and {image} (written next to "
-                "the target, moved into place on success)",
-                [],
-            )
-        )
+        image += " (written next to the target, moved into place on success)"
+        steps.append((f"cotainr: add metadata labels and {image}", []))
         lines = []
         for number, (title, details) in enumerate(steps, 1):
             lines.append(f"  {number}. {title}")
@@ -455,7 +444,6 @@ def make_plan(*, request, systems=None):
     overrides = load_sections(sections=tree, raw=request.settings, origin=Origin())
     system = None
     if request.system is not None:
-        systems = load_systems() if systems is None else systems
         system = get_system(name=request.system, systems=systems)
     names, extended = _stage_names(request=request, system=system, overrides=overrides)
 

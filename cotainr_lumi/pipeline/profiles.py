@@ -86,16 +86,15 @@ def profile_files():
     user_file = Path(config_home) / "cotainr-lumi" / "systems.yaml"
     if user_file.is_file():
         files.append(user_file)
-    for entry in os.environ.get(PROFILES_ENV_VAR, "").split(":"):
-        if entry.strip():
-            path = Path(entry).expanduser()
-            if not path.is_file():
-                raise ProfileError(
-                    f"{PROFILES_ENV_VAR} names {entry!r}, which is not a file. "
-                    f"Fix or unset {PROFILES_ENV_VAR}.",
-                    file=entry,
-                )
-            files.append(path)
+    for entry in filter(str.strip, os.environ.get(PROFILES_ENV_VAR, "").split(":")):
+        path = Path(entry).expanduser()
+        if not path.is_file():
+            raise ProfileError(
+                f"{PROFILES_ENV_VAR} names {entry!r}, which is not a file. "
+                f"Fix or unset {PROFILES_ENV_VAR}.",
+                file=entry,
+            )
+        files.append(path)
     return files
 
 
@@ -104,12 +103,12 @@ PROFILE_FORMAT_VERSION = 1
 
 
 def _read_profile_file(path):
-    """Parse one profile file into ``{name: mapping}``, settings typed."""
+    """One profile file's ``removed`` and ``{name: mapping}`` (settings typed)."""
     data = read_yaml(
         path=path, error=lambda message: ProfileError(f"the file {message}", file=path)
     )
     if data is None:
-        return {}
+        return {}, {}
     if not isinstance(data, dict) or set(data) - {"systems", "version", "removed"}:
         raise ProfileError(
             "the top level must be a mapping with a 'systems' key "

@@ -60,24 +60,7 @@ class BuildResult:
     plan_text: str = ""
 
     def report(self, name):
-        """
-        The report of one stage.
-
-        Parameters
-        ----------
-        name : str
-            The stage name.
-
-        Returns
-        -------
-        report : StageReport
-            The report.
-
-        Raises
-        ------
-        KeyError
-            If the stage did not run.
-        """
+        """The report of the stage `name` (KeyError: the stage did not run)."""
         for report in self.reports:
             if report.name == name:
                 return report
@@ -172,20 +155,16 @@ def as_stage_error(error, *, stage):
         return StageError(
             str(command_error), stage=stage, details=command_error.error_lines()
         )
-    if isinstance(error, FileNotFoundError):
-        if error.filename == "singularity":
-            return StageError(
-                "the 'singularity' command was not found. Install Apptainer "
-                "(or SingularityCE) so that 'singularity' is on PATH; on this "
-                "project's test machines run scripts/provision-apptainer.sh.",
-                stage=stage,
-            )
-        return StageError(str(error), stage=stage)
+    if isinstance(error, FileNotFoundError) and error.filename == "singularity":
+        return StageError(
+            "the 'singularity' command was not found. Install Apptainer "
+            "(or SingularityCE) so that 'singularity' is on PATH; on this "
+            "project's test machines run scripts/provision-apptainer.sh.",
+            stage=stage,
+        )
     if isinstance(error, (OSError, ValueError, RuntimeError)):
-        details = None
-        cause = error.__cause__
-        if cause is not None and getattr(cause, "stderr", None):
-            details = "\n".join(cause.stderr.splitlines()[-20:])
+        stderr = getattr(error.__cause__, "stderr", None)
+        details = "\n".join(stderr.splitlines()[-20:]) if stderr else None
         return StageError(str(error), stage=stage, details=details)
     logger.debug("Unexpected error in %s", stage, exc_info=error)
     return StageError(

@@ -57,6 +57,11 @@ def test_removed_drops_a_system_and_null_defines_it_again(tmp_path):
         profiles.load_systems(files=[bad], include_stock=False)
 
 
+def test_an_empty_profile_file_defines_nothing(tmp_path):
+    empty = write(tmp_path / "empty.yaml", "")
+    assert profiles.load_systems(files=[empty], include_stock=False) == {}
+
+
 def test_user_file_and_env_var_files_override_in_order(
     tmp_path, monkeypatch, isolated_config
 ):
