@@ -24,25 +24,21 @@ def sha256_of_file(*, path, chunk_size=4 * 1024 * 1024):
     return digest.hexdigest()
 
 
-def default_cache_file():
-    """The user's file of remembered digests."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "cotainr-lumi" / "sha256.json"
-
-
 def remembered_sha256(*, path, cache_file=None):
     """
     The sha256 of `path`, read again only when the file may have changed.
 
     A digest is reused while the file's device, inode, size, mtime and ctime
     are those it was computed at (a write changes the ctime, which no user can
-    set back). Only a cache file that is the user's own, not a link and not
-    writable by others is trusted.
+    set back). Only a `cache_file` (``$XDG_CACHE_HOME/cotainr-lumi/sha256.json``)
+    that is the user's own, not a link and not writable by others is trusted.
     """
     real = os.path.realpath(path)
     info = os.stat(real)
     stamp = [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
-    cache_file = Path(cache_file or default_cache_file())
+    if cache_file is None:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        cache_file = Path(cache) / "cotainr-lumi" / "sha256.json"
     known = {}
     with contextlib.suppress(OSError, ValueError, TypeError):
         own = cache_file.lstat()

@@ -66,7 +66,9 @@ def test_a_cache_that_cannot_be_written_still_gives_the_digest(tmp_path, counted
 
 def test_the_default_cache_is_the_users(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert digest.default_cache_file() == tmp_path / "cotainr-lumi" / "sha256.json"
+    (tmp_path / "base.sif").write_bytes(b"one")
+    digest.remembered_sha256(path=tmp_path / "base.sif")
+    assert (tmp_path / "cotainr-lumi" / "sha256.json").is_file()
 
 
 @pytest.mark.parametrize("text", ["5", "[1, 2]", "{", '{"x": 1}', "null"])
