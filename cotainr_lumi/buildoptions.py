@@ -3,7 +3,7 @@
 import argparse
 
 from . import stages as builtin
-from .engine.origins import OptionOrigin
+from .engine.origins import Origin
 from .engine.settings import load_sections
 from .engine.yamlfile import read_yaml_text
 from .errors import InputError, quoted
@@ -94,7 +94,7 @@ def stage_settings(*, set_settings, stage_args):
     """The settings the stage options and ``--set`` give, in that order."""
 
     def load(stage, values, *, option):
-        origin, raw = OptionOrigin(option=option), {stage: values}
+        origin, raw = Origin(option=option), {stage: values}
         return load_sections(sections=sections(), raw=raw, origin=origin)[stage]
 
     settings = {}

@@ -18,27 +18,17 @@ def dotted(path):
 
 
 class Origin:
-    """Settings given in Python (the API): an error names the key."""
+    """Settings given in Python (the API) or by an `option`: an error names both."""
 
-    option = None
-
-    def __init__(self, *, base_dir=None, label=None):
+    def __init__(self, *, base_dir=None, label=None, option=None):
         self.base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
-        self.label = label
+        self.label, self.option = label, option
 
     def error(self, *, path, message):
         """The error for a problem at `path` (and the option that gave it)."""
         what = f"setting {dotted(path)}" if path else "settings"
         where = f" ({self.option})" if self.option else ""
         return InputError(f"Invalid {what}{where}: {message}")
-
-
-class OptionOrigin(Origin):
-    """Settings from a command line option: an error names the option."""
-
-    def __init__(self, *, option):
-        super().__init__()
-        self.option = option
 
 
 class FileOrigin(Origin):

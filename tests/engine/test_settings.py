@@ -7,7 +7,6 @@ import pytest
 
 from cotainr_lumi.engine.origins import (
     FileOrigin,
-    OptionOrigin,
     Origin,
     ProfileOrigin,
     dotted,
@@ -133,7 +132,7 @@ def test_one_loader_one_error_per_problem():
 
 
 def test_errors_name_the_option():
-    origin = OptionOrigin(option="--set 'x=y'")
+    origin = Origin(option="--set 'x=y'")
     with pytest.raises(InputError) as info:
         load_tree(raw={"test-settings-demo": {"jobs": "4"}}, origin=origin)
     assert str(info.value) == (
