@@ -10,9 +10,11 @@ adds the metadata and builds the image; the hook runs the plan's stages
 """
 
 import contextlib
+from dataclasses import dataclass, field
 import logging
 import os
 import sys
+from typing import Any
 
 from . import _cotainr, buildoptions, imagelayout
 from .engine import history, layer, rocmwindow, rootfs
@@ -84,30 +86,17 @@ def system_problem(name):
     return message and str(UnknownSystemError(name, available=(), removed=message))
 
 
+@dataclass
 class LumiBuild:
-    """
-    One cotainr-lumi build: its plan and, once run, its labels and reports.
+    """One cotainr-lumi build: its plan and, once run, what to label and write."""
 
-    Attributes
-    ----------
-    plan : :class:`cotainr_lumi.pipeline.plan.BuildPlan`
-        The plan.
-    labels : dict of str to str
-        The labels the stages added.
-    reports : list of :class:`cotainr_lumi.engine.stage.StageReport`
-        One report per stage.
-    outputs : dict of :class:`pathlib.Path` to str
-        The host files to write once the image is built.
-    """
-
-    def __init__(self, *, plan):
-        self.plan = plan
-        self.labels = {}
-        self.reports = []
-        self.outputs = {}
-        self.environment = contextlib.ExitStack()
-        self.cwd = os.getcwd()
-        self.view = None
+    plan: Any  # BuildPlan
+    labels: dict = field(default_factory=dict)  # the stages' labels
+    reports: list = field(default_factory=list)  # one StageReport per stage
+    outputs: dict = field(default_factory=dict)  # host files, once built
+    environment: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    cwd: str = field(default_factory=os.getcwd)
+    view: Any = None  # the mounted base of a layered build
 
 
 class LumiHook:

@@ -36,10 +36,7 @@ class FileOrigin(Origin):
 
     def __init__(self, *, file, data, what, describe=None):
         super().__init__(base_dir=Path(file).parent, label=str(file))
-        self.file = file
-        self.data = data
-        self.what = what
-        self.describe = describe
+        self.file, self.data, self.what, self.describe = file, data, what, describe
 
     def error(self, *, path, message):
         """The error for a problem at ``(stage, *path)`` in the file."""
@@ -57,9 +54,7 @@ class ProfileOrigin(Origin):
 
     def __init__(self, *, file, system, data):
         super().__init__()
-        self.file = file
-        self.system = system
-        self.data = data
+        self.file, self.system, self.data = file, system, data
 
     def error(self, *, path, message):
         """The error for a problem at ``settings.<path>`` of the system."""
