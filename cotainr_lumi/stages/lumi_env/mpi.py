@@ -257,8 +257,8 @@ class HostBinding(StageSettings):
             src, _, rest = bind.partition(":")
             dst = (rest.partition(":")[0] or src).rstrip("/") or "/"
             if path == dst or path.startswith(dst + "/"):
-                rest = path[len(dst.rstrip("/")) :]
-                host = src.rstrip("/") + rest if rest else src
+                below = path[len(dst.rstrip("/")) :]
+                host = src.rstrip("/") + below if below else src
                 covers.append((len(dst), bind, src, host))
         return max(covers, key=lambda c: c[0])[1:]
 
