@@ -25,7 +25,7 @@ from .errors import (
 try:
     from .api import build, plan
     from .engine.stage import Stage, StageContext, StageReport
-    from .pipeline.run import BuildResult
+    from .pipeline.build import BuildResult
 except UnsupportedCotainrError as missing:  # no cotainr: the command says so
     _MISSING_COTAINR = missing
 

@@ -1,12 +1,12 @@
 """The Python API for build scripts (an example: ``examples/api_build.py``)."""
 
 import logging
-import time
 
 from . import _cotainr
 from .errors import CotainrLumiError, ImageExistsError, StageError
+from .pipeline import describe
+from .pipeline.build import Build, BuildResult
 from .pipeline.plan import BuildRequest, make_plan
-from .pipeline.run import BuildResult
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -50,7 +50,7 @@ def plan(
     Returns
     -------
     plan : :class:`cotainr_lumi.pipeline.plan.BuildPlan`
-        The plan; ``plan.describe()`` is the ``--dry-run`` text.
+        The plan; ``build(dry_run=True, ...)`` gives its ``--dry-run`` text.
 
     Raises
     ------
@@ -94,7 +94,7 @@ def build(
 
     Returns
     -------
-    result : :class:`cotainr_lumi.pipeline.run.BuildResult`
+    result : :class:`cotainr_lumi.pipeline.build.BuildResult`
         Image path, labels and per-stage reports.
 
     Raises
@@ -111,38 +111,33 @@ def build(
     )
     if setup_logging:
         _cotainr.setup_cli_logging(log_settings=log_settings)
-    result = BuildResult(
-        image_path=build_plan.image_path,
-        system=build_plan.system.name if build_plan.system else None,
-        base_image=build_plan.base_image.given,
-        dry_run=dry_run,
-    )
     if dry_run:
-        build_plan.ask_base_image()
-    result.plan_text = build_plan.describe()
-    if dry_run:
-        return result
+        text, _answer = describe.dry_run(build_plan)
+        return BuildResult(
+            image_path=build_plan.image_path,
+            system=build_plan.facts.system,
+            base_image=build_plan.base_image.given,
+            dry_run=True,
+            plan_text=text,
+        )
     return _run_build(
-        build_plan=build_plan,
-        result=result,
-        verbosity=verbosity,
-        log_to_file=log_to_file,
+        build=Build(plan=build_plan), verbosity=verbosity, log_to_file=log_to_file
     )
 
 
-def _run_build(*, build_plan, result, **build_args):
-    """Run cotainr's build of the plan with the hook; fill in `result`."""
+def _run_build(*, build, **build_args):
+    """Run cotainr's build of `build`'s plan with cotainr-lumi taking part."""
     from .plugin import HOOK
 
+    build_plan = build.plan
     if build_plan.image_exists and not build_plan.request.force:
         raise ImageExistsError(
             f"The image {build_plan.image_path} already exists. Pass --force "
             "(force=True) to replace it, or choose another path."
         )
-    t_start = time.time()
     try:
-        with HOOK.planned(build_plan):
-            build = _cotainr.build_command()(
+        with HOOK.running(build):
+            cotainr_build = _cotainr.build_command()(
                 image_path=build_plan.image_path,
                 base_image=build_plan.base_image.given,
                 conda_env=build_plan.request.conda_env,
@@ -151,14 +146,11 @@ def _run_build(*, build_plan, result, **build_args):
                 force=True,
                 **build_args,
             )
-            build.execute()
+            cotainr_build.execute()
     except _cotainr.PluginError as e:
         if isinstance(e.__cause__, CotainrLumiError):
             raise e.__cause__ from None
         raise StageError(str(e), stage="cotainr") from e
-    if HOOK.last is None:  # pragma: no cover - plan() found an extended build
+    if build.result is None:  # pragma: no cover - plan() found an extended build
         raise StageError("the cotainr-lumi hook did not run", stage="cotainr")
-    result.labels = dict(HOOK.last.labels)
-    result.reports = list(HOOK.last.reports)
-    result.duration = time.time() - t_start
-    return result
+    return build.result

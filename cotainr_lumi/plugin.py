@@ -10,30 +10,19 @@ adds the metadata and builds the image; the hook runs the plan's stages
 """
 
 import contextlib
-from dataclasses import dataclass, field
 import logging
 import os
+from pathlib import Path
 import sys
-from typing import Any
 
-from . import _cotainr, buildoptions, imagelayout
-from .engine import history, layer, rocmwindow, rootfs
-from .engine.stage import StageContext
-from .engine.workdir import remove_leftovers, work_dir_environment
+from . import _cotainr, buildoptions
+from .engine import history
 from .errors import CotainrLumiError, InputError, UnknownSystemError, redact
+from .pipeline import describe
+from .pipeline.build import Build
+from .pipeline.checks import cotainr_failure, refuse_base_links
 from .pipeline.plan import make_plan, match_base_image
 from .pipeline.profiles import load_systems
-from .pipeline.run import (
-    as_stage_error,
-    check_base_image_unchanged,
-    check_outputs,
-    cotainr_failure,
-    log_resolved_base_image,
-    run_stage,
-    without_bind_variables,
-    write_outputs,
-)
-from .stages.provenance import stock_cotainr_pad
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -83,44 +72,38 @@ def system_problem(name):
         message = load_systems(include_stock=False).removed.get(name)
     except CotainrLumiError:
         message = None
-    return message and str(UnknownSystemError(name, available=(), removed=message))
-
-
-@dataclass
-class LumiBuild:
-    """One cotainr-lumi build: its plan and, once run, what to label and write."""
-
-    plan: Any  # BuildPlan
-    labels: dict = field(default_factory=dict)  # the stages' labels
-    reports: list = field(default_factory=list)  # one StageReport per stage
-    outputs: dict = field(default_factory=dict)  # host files, once built
-    environment: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
-    cwd: str = field(default_factory=os.getcwd)
-    view: Any = None  # the mounted base of a layered build
+    if not message:
+        return None
+    return str(UnknownSystemError(name, available=(), removed=message))
 
 
 class LumiHook:
     """
     cotainr-lumi's build hook (API version 1, ``docs/upstream/seam-api.md``).
 
+    It adapts the hook's calls to the steps of
+    :class:`cotainr_lumi.pipeline.build.Build`, where a build happens.
+
     Attributes
     ----------
-    last : LumiBuild or None
+    build : Build or None
         The build of the last :meth:`prepare` that took part.
     """
 
     api_version = 1
 
     def __init__(self):
-        self.last = None
-        self._handed = None  # a plan the Python API made (see :meth:`planned`)
+        self.build = None
+        self._handed = None  # a build the Python API made (see :meth:`running`)
+        self._base_used = None
+        self._argv = None
 
     @contextlib.contextmanager
-    def planned(self, plan):
-        """Meanwhile, :meth:`prepare` takes `plan` instead of making one."""
-        self._handed = plan
+    def running(self, build):
+        """Meanwhile, :meth:`prepare` takes `build` instead of making one."""
+        self._handed = build
         try:
-            yield
+            yield build
         finally:
             self._handed = None
 
@@ -134,6 +117,15 @@ class LumiHook:
             The plugin's group of the ``build`` parser.
         """
         buildoptions.add_options(parser=parser)
+
+    def _build_of(self, context):
+        """The build of `context`: the API's, or one of the options' plan."""
+        if self._handed is not None:
+            return self._handed
+        request = buildoptions.request_from_options(
+            context=context, conda_env=list(context.conda_env_files) or None
+        )
+        return Build(plan=make_plan(request=request))
 
     def prepare(self, *, context):
         """
@@ -149,49 +141,35 @@ class LumiHook:
         lines : list of str or None
             The plan, for ``--dry-run``.
         """
-        self.last = None
+        self.build = None
         try:
-            plan = self._handed or make_plan(
-                request=buildoptions.request_from_options(
-                    context=context, conda_env=list(context.conda_env_files) or None
-                )
-            )
-            if not plan.extended:
+            build = self._build_of(context)
+            if not build.plan.extended:
                 return None
-            plan.check_base_links()
-            build = LumiBuild(plan=plan)
+            refuse_base_links(build.plan)
             if context.dry_run:
-                plan.ask_base_image()
-                self.last = build
-                if plan.base_problem:  # the plan, then a non-zero exit (as stated)
-                    print(plan.describe())
-                    raise InputError(
-                        f"the dry run could not ask the base image: {plan.base_problem}"
-                    )
-                return plan.describe().splitlines()
-            plan.check_space()
+                return _dry_run_lines(build.plan)
+            build.start()
         except CotainrLumiError as e:
             raise _cotainr.plugin_error(e) from e
-        log_resolved_base_image(plan.base_image)
-        remove_leftovers(work_dir=plan.work_dir, image_path=context.image_path)
-        build.environment.enter_context(without_bind_variables())
-        work = build.environment.enter_context(work_dir_environment(plan.work_dir))
-        if plan.mount_problem is None:
-            build.view = layer.BaseView(
-                base=plan.base_image.resolved,
-                work=work / "layer",
-                layer=plan.layer_problem is None,
-                only=plan.layer_only,
-            )
-            build.environment.enter_context(_cotainr.layered(build.view))
-        else:
-            logger.info("The base image is unpacked: %s.", plan.mount_problem)
-        self.last = build
-        return plan.describe().splitlines()
+        self.build = build
+        self._base_used = os.path.abspath(context.base_image)  # (cotainr chdirs)
+        return []
+
+    def sandbox(self, *, context, sandbox_dir):
+        """
+        Mount the base image at `sandbox_dir` for a layered build.
+
+        Returns
+        -------
+        release : context manager or None
+            Unmounts it on exit; None: cotainr unpacks the base image.
+        """
+        return self.build.sandbox(sandbox_dir=sandbox_dir)
 
     def customize(self, *, sandbox, context):
         """
-        Run the plan's stages on the sandbox, after cotainr's conda step.
+        Run the stages on the sandbox, after cotainr's conda step.
 
         Parameters
         ----------
@@ -205,43 +183,34 @@ class LumiHook:
         labels : dict of str to str
             The labels the stages add.
         """
-        build = self.last
-        stage_context = StageContext(
-            sandbox=_cotainr.Sandbox(stock=sandbox), plan=build.plan
-        )
-        current = "cotainr-lumi"
         try:
-            used = os.path.join(build.cwd, context.base_image)  # cotainr chdir'ed
-            check_base_image_unchanged(build.plan.base_image, used=used)
-            root = stage_context.sandbox.root
-            rootfs.claim_build_dirs(root=root)
-            earlier = history.keep_earlier_build(root=root)
-            if earlier is not None:
-                stage_context.labels[imagelayout.LABEL_HISTORY] = str(earlier)
-            current = rocmwindow.SETTINGS_NAME
-            rocmwindow.check_build(context=stage_context, phase="start")
-            for stage in build.plan.stages:
-                current = stage.name
-                run_stage(stage=stage, context=stage_context)
-            current = rocmwindow.SETTINGS_NAME
-            rocmwindow.check_build(context=stage_context, phase="end")
-            current = "outputs"
-            build.outputs = check_outputs(stage_context.reports)
-        except Exception as e:
-            error = as_stage_error(e, stage=current)
-            raise _cotainr.plugin_error(error) from error
-        build.reports = list(stage_context.reports)
-        build.labels = dict(stage_context.labels)
-        if build.view is not None and build.view.layer:
-            sha256 = build.labels.get(imagelayout.LABEL_BASE_IMAGE_SHA256)
-            build.labels[imagelayout.LABEL_LAYERS] = build.view.label(sha256=sha256)
+            labels = self.build.customize(
+                sandbox=_cotainr.Sandbox(stock=sandbox),
+                base_image_used=self._base_used,
+            )
+        except CotainrLumiError as e:
+            raise _cotainr.plugin_error(e) from e
         # cotainr records the command line next (cotainr.command): without
         # credentials; finalize gives the caller its own sys.argv back.
-        build.environment.callback(setattr, sys, "argv", sys.argv)
+        self._argv = sys.argv
         sys.argv = [redact(arg) for arg in sys.argv]
-        base = history.read_labels(root=stage_context.sandbox.root) or {}
-        final = {**base, **build.labels, "cotainr.command": " ".join(sys.argv)}
-        return {**build.labels, **stock_cotainr_pad(labels=final)}
+        base = history.read_labels(root=Path(sandbox.sandbox_dir)) or {}
+        final = {**base, **labels, "cotainr.command": " ".join(sys.argv)}
+        return {**labels, **_cotainr.stock_cotainr_pad(labels=final)}
+
+    def write_image(self, *, sandbox, context, path):
+        """
+        Write the image at `path` when cotainr-lumi writes it.
+
+        Returns
+        -------
+        written : bool
+            False: cotainr builds the image.
+        """
+        try:
+            return self.build.write_image(path=path)
+        except CotainrLumiError as e:
+            raise _cotainr.plugin_error(e) from e
 
     def finalize(self, *, context, error):
         """
@@ -254,33 +223,25 @@ class LumiHook:
         error : BaseException or None
             What stopped the build, or None once the image is in place.
         """
-        build = self.last
+        build = self.build
         if build is None:
             return
-        build.environment.close()
-        if error is not None:
-            logger.warning(
-                "No image was written to %s (an existing image is kept).",
-                context.image_path,
-            )
-            if isinstance(error, Exception) and not isinstance(
-                error, _cotainr.PluginError
-            ):
-                raise _cotainr.plugin_error(
-                    cotainr_failure(error, plan=build.plan)
-                ) from error
-            return
-        only = build.view is not None and build.view.only and build.view.kept
-        for report in build.reports:  # --layer-only, and the layer kept
-            layer = report.details.pop("layer", None)  # SIF: the base
-            if layer and only:
-                build.outputs.update(layer["outputs"])
-                report.details["run-hint"] = layer["run-hint"]
-        write_outputs(build.outputs)
-        for report in build.reports:
-            hint = (report.details or {}).get("run-hint")
-            if hint:
-                logger.info("%s", hint)
+        if self._argv is not None:
+            sys.argv = self._argv
+            self._argv = None
+        build.finish(error=error)
+        if isinstance(error, Exception) and not isinstance(error, _cotainr.PluginError):
+            failure = cotainr_failure(error, plan=build.plan)
+            raise _cotainr.plugin_error(failure) from error
+
+
+def _dry_run_lines(plan):
+    """The dry run's lines; the plan, then one error when the base could not be asked."""
+    text, answer = describe.dry_run(plan)
+    if answer.problem:  # the plan, then a non-zero exit (as stated)
+        print(text)
+        raise InputError(f"the dry run could not ask the base image: {answer.problem}")
+    return text.splitlines()
 
 
 #: Turns cotainr-lumi off (the start-up hook's switch too; the hook is
@@ -315,4 +276,4 @@ def __getattr__(name):
 HOOK = LumiHook()
 
 
-__all__ = ["HOOK", "LumiBuild", "LumiHook", "disabled", "systems"]
+__all__ = ["HOOK", "LumiHook", "disabled", "systems"]

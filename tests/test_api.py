@@ -118,6 +118,6 @@ def test_the_build_runs_the_plan_the_api_made(
         settings={"provenance": {"hash-base-image": False}},
     )
     assert len(made) == 1  # planned once: cotainr's build hook takes that plan
-    assert plugin.HOOK.last.plan is made[0]
+    assert plugin.HOOK.build.plan is made[0]
     assert result.labels["cotainr-lumi.system"] == "lumi-test"
     assert plugin.HOOK._handed is None  # handed back after the build

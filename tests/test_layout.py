@@ -97,7 +97,7 @@ def test_the_layout_is_found():
     names = {name for name, _ in IMPORTS}
     assert {"engine.stage", "stages.pip.stage", "stages.prune.stage"} <= names
     assert "stages.lumi_env.stage" in names and "_cotainr" in names
-    assert {"pipeline.plan", "pipeline.profiles", "pipeline.run"} <= names
+    assert {"pipeline.plan", "pipeline.profiles", "pipeline.build"} <= names
 
 
 @pytest.mark.parametrize("module,imports", IMPORTS, ids=[n for n, _ in IMPORTS])

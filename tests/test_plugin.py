@@ -31,23 +31,3 @@ def test_the_switch_is_the_start_up_hooks():
     from cotainr_lumi._cotainr._startup import _cotainr_plugins_hook as hook
 
     assert plugin.DISABLE_ENV_VAR in hook.DISABLE_ENV_VARS
-
-
-@pytest.mark.parametrize("kept", [True, False])
-def test_a_kept_layer_only_image_gets_the_module_files_for_its_base(tmp_path, kept):
-    """The stage reports both; the whole image (the layer not kept) keeps SIF."""
-    from types import SimpleNamespace
-
-    from cotainr_lumi.engine.stage import StageReport
-    from cotainr_lumi.plugin import LumiBuild, LumiHook
-
-    lua, hook = tmp_path / "x.lua", LumiHook()
-    hook.last = build = LumiBuild(plan=None)
-    build.outputs = {lua: "-- cotainr-lumi: SIF is the image"}
-    layer = {"outputs": {lua: "-- cotainr-lumi: SIF is the base"}, "run-hint": "L"}
-    details = {"layer": layer, "run-hint": "W"}
-    build.reports = [StageReport(name="lumi-env", details=details)]
-    build.view = SimpleNamespace(only=True, kept=kept)
-    hook.finalize(context=None, error=None)
-    assert lua.read_text().endswith("the base" if kept else "the image")
-    assert details == {"run-hint": "L" if kept else "W"}  # (JSON for the API)

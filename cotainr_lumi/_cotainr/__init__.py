@@ -21,6 +21,7 @@ import sys
 import threading
 
 from ..errors import UnsupportedCotainrError, clip_output
+from ..imagelayout import LABEL_PAD
 
 try:
     import cotainr
@@ -34,7 +35,7 @@ except ImportError as e:  # one message, not a traceback (cli.main says it)
         "it: pip install 'cotainr>=2025.3.0'"
     ) from e
 
-from . import layering, shim
+from . import shim
 
 try:  # a cotainr with the build hook (docs/upstream/)
     from cotainr import plugins as _native
@@ -65,11 +66,32 @@ def cotainr_version():
     return str(getattr(cotainr, "__version__", "unknown"))
 
 
-layering.install(_container.SingularitySandbox)  # before the shim's wrappers
-layered = layering.layered
 _modules = {"cli": _cli, "container": _container, "util": _util, "tracing": _tracing}
 #: Why the shim could not be installed (None: it was, or cotainr has the hook).
 SHIM_PROBLEM = None if NATIVE else shim.install(**_modules, version=cotainr_version())
+
+
+def _go_json_size(labels):
+    """The size of labels.json as Apptainer writes it (Go: tabs, raw UTF-8, <>& escaped)."""
+    text = json.dumps(labels, indent="\t", ensure_ascii=False)
+    return len(text.encode()) + 5 * sum(text.count(c) for c in "<>&")
+
+
+def stock_cotainr_pad(*, labels):
+    """
+    A label that keeps stock cotainr's rewrite of this labels.json valid.
+
+    cotainr 2025.7.1 and older rewrite labels.json in place, compact and without
+    truncating it (fixed by patch 0003 of docs/upstream/series): a build on an
+    image whose Apptainer-written labels.json is longer than the rewrite fails.
+    Each "\u00b7" is 2 bytes in Apptainer's file and 6 in cotainr's, so enough of
+    them make the rewrite the longer one, even with an empty new cotainr.command.
+    """
+    labels = {k: v for k, v in labels.items() if k != LABEL_PAD}
+    short = {k: "" if k == "cotainr.command" else v for k, v in labels.items()}
+    # + 8 Apptainer labels (1 byte each in tabs and newlines) and a margin.
+    excess = _go_json_size(labels) - len(json.dumps(short)) + 8 + 16
+    return {LABEL_PAD: "\u00b7" * max(1, -(-excess // 4))}
 
 
 def plugin_error(error):

@@ -70,6 +70,8 @@ RELIED_ON = (
     ("cli", "Build.add_arguments"),
     ("cli", "Build.__init__"),
     ("cli", "Build.execute"),
+    ("container", "SingularitySandbox.__enter__"),
+    ("container", "SingularitySandbox.__exit__"),
     ("container", "SingularitySandbox.add_metadata"),
     ("container", "SingularitySandbox.build_image"),
     ("container", "SingularitySandbox.add_to_env"),
@@ -419,7 +421,66 @@ def _write_labels(sandbox_dir, labels):
     path.write_text(json.dumps({**metadata, **labels}))
 
 
+def _ask_hooks(method, **kwargs):
+    """The first answer of the taking-part hooks' `method` that is not None/False."""
+    for _name, (hook, context, _lines) in _taking_part().items():
+        ask = getattr(hook, method, None)
+        answer = ask(context=context, **kwargs) if ask is not None else None
+        if answer:
+            return answer
+    return None
+
+
+def _enter(original):
+    @functools.wraps(original)
+    def enter(self):
+        runner = getattr(self, "_subprocess_runner", None)
+        if not _taking_part() or runner is None:
+            return original(self)
+
+        def provided_or_unpacked(*, args, **kwargs):
+            if "--sandbox" not in map(str, args):
+                return runner(args=args, **kwargs)
+            release = _ask_hooks("sandbox", sandbox_dir=Path(self.sandbox_dir))
+            if release is None:
+                return runner(args=args, **kwargs)
+            release.__enter__()
+            self._shim_release = release
+            return None
+
+        self._subprocess_runner = provided_or_unpacked
+        try:
+            return original(self)
+        except BaseException:
+            _release(self)
+            raise
+        finally:
+            del self._subprocess_runner
+
+    return enter
+
+
+def _release(sandbox):
+    """Exit the sandbox a plugin provided (before cotainr removes its directory)."""
+    release = vars(sandbox).pop("_shim_release", None)
+    if release is not None:
+        release.__exit__(None, None, None)
+
+
+def _exit(original):
+    @functools.wraps(original)
+    def exit_(self, *args):
+        _release(self)
+        return original(self, *args)
+
+    return exit_
+
+
 def _build_image(original, version):
+    def write(sandbox, path):
+        if not _ask_hooks("write_image", sandbox=sandbox, path=Path(path)):
+            original(sandbox, path=path)
+
     @functools.wraps(original)
     def build_image(self, *args, **kwargs):
         if _taking_part() and not _state.build._shim_customized:
@@ -431,15 +492,14 @@ def _build_image(original, version):
         target = _state.build and _state.build._shim_target
         path = kwargs.get("path", args[0] if args else None)
         if not target or path is None or Path(path) != target:
-            return original(self, *args, **kwargs)  # e.g. cotainr's own partial
+            return write(self, path)  # e.g. cotainr's own partial
         # cotainr writes the image itself: build it aside, replace when complete.
         partial = _partial_path(target)
         try:
-            result = original(self, path=partial)
+            write(self, partial)
             os.replace(partial, target)
         finally:
             partial.unlink(missing_ok=True)
-        return result
 
     return build_image
 
@@ -554,5 +614,7 @@ def install(*, cli, container, util, tracing, version):
     sandbox.add_metadata = _add_metadata(sandbox.add_metadata)
     sandbox.add_to_env = _add_to_env(sandbox.add_to_env)
     sandbox.build_image = _build_image(sandbox.build_image, version)
+    sandbox.__enter__ = _enter(sandbox.__enter__)
+    sandbox.__exit__ = _exit(sandbox.__exit__)
     cli.main = _main(cli.main)
     return None

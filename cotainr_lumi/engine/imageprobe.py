@@ -8,17 +8,25 @@ other stages need (``CONDA_EXE``, ``ROCM_PATH``, the loader cache's
 ``libstdc++``). A dry run runs it in a local base image.
 """
 
+from dataclasses import dataclass, field
 import json
 import logging
 import os
 import re
 import subprocess
-from typing import Any
+from typing import Any, Optional
 
 from .. import _cotainr, apptainer, imagelayout
 from ..errors import StageError
 from .rootfs import write_file_in_root
-from .targetenv import SETTINGS_NAME, TargetEnvNotFoundError, choose, timeout_message
+from .targetenv import (
+    CONDA_ENV,
+    SETTINGS_NAME,
+    TargetEnv,
+    TargetEnvNotFoundError,
+    choose,
+    timeout_message,
+)
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -143,18 +151,38 @@ def probe_command(*, explicit=None):
     return [*CLEAN_ENV, *shell, explicit or ""]
 
 
-def probe_build(*, sandbox, plan, labels):
-    """The build's one probe; the answer is recorded in the image and a label."""
-    timeout = plan.target_settings.probe_timeout
-    explicit = plan.target_settings.prefix or None
-    conda_env = plan.conda_env is not None and (
-        f"{_cotainr.CONDA_PREFIX}/envs/{_cotainr.CONDA_ENV_NAME}"
-    )
+@dataclass(frozen=True)
+class TargetAnswer:
+    """
+    The build's answer on its target Python environment.
+
+    Attributes
+    ----------
+    env : TargetEnv or None
+        The target env (None: there is none).
+    problem : str
+        Why there is none.
+    labels : dict of str to str
+        The label naming it.
+    """
+
+    env: Optional[TargetEnv] = None
+    problem: str = ""
+    labels: dict = field(default_factory=dict)
+
+
+def probe_build(*, sandbox, build):
+    """The build's one probe, before the stages; recorded in the image and a label."""
+    settings = build.target_settings
+    explicit = settings.prefix or None
+    conda_env = bool(build.conda_envs) and CONDA_ENV
     try:
         command = probe_command(explicit=explicit or conda_env or None)
-        output = sandbox.run(command, timeout=timeout).stdout or ""
+        output = sandbox.run(command, timeout=settings.probe_timeout).stdout or ""
     except _cotainr.CommandTimeoutError:
-        raise StageError(timeout_message(timeout), stage=SETTINGS_NAME) from None
+        raise StageError(
+            timeout_message(settings.probe_timeout), stage=SETTINGS_NAME
+        ) from None
     except _cotainr.CommandError as e:
         raise StageError(
             "could not start the container to find its Python environment",
@@ -167,7 +195,7 @@ def probe_build(*, sandbox, plan, labels):
         )
     except TargetEnvNotFoundError as e:
         logger.info("No target Python environment: %s", e)
-        return e
+        return TargetAnswer(problem=str(e))
     logger.info("Target Python environment: %s", target.describe())
     for decoy in target.decoys.values():
         logger.info("Not the target: %s", decoy)
@@ -176,8 +204,9 @@ def probe_build(*, sandbox, plan, labels):
         path=imagelayout.TARGET_ENV_FILE,
         content=json.dumps(target.to_dict(), indent=2, sort_keys=True) + "\n",
     )
-    labels[imagelayout.LABEL_TARGET_ENV] = target.prefix
-    return target
+    return TargetAnswer(
+        env=target, labels={imagelayout.LABEL_TARGET_ENV: target.prefix}
+    )
 
 
 def probe_image_facts(*, image, explicit=None, timeout=120):

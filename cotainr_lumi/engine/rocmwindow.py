@@ -139,30 +139,56 @@ def problems(*, window, base_rocm, torch):
     return found
 
 
-def describe_lines(*, plan):
-    """What the dry run says about the ROCm versions."""
-    window = plan.rocm_settings.window
-    base = (plan.base_facts or {}).get("image", {}).get("rocm_version") or None
-    profile = plan.system.rocm_version if plan.system is not None else None
-    torch = getattr(plan.base_target, "torch", None)  # what the dry run saw
-    if not torch:
-        explicit = (plan.base_facts or {}).get("explicit", {}).get("python")
-        torch = explicit.get("torch") if isinstance(explicit, dict) else None
+def _dry_run_torch(*, facts, target):
+    """The torch the dry run saw: of the target env, else of the explicit prefix."""
+    torch = getattr(target, "torch", None)
+    if torch:
+        return torch
+    explicit = (facts or {}).get("explicit", {}).get("python")
+    if isinstance(explicit, dict):
+        return explicit.get("torch")
+    return None
+
+
+def describe_lines(*, settings, profile_rocm, facts, target):
+    """
+    What the dry run says about the ROCm versions.
+
+    Parameters
+    ----------
+    settings : RocmSettings
+        The rocm settings.
+    profile_rocm : str or None
+        The profile's rocm-version.
+    facts : dict or None
+        The dry run's probe facts of the base image.
+    target : TargetEnv or other
+        The target env the dry run found.
+    """
+    window = settings.window
+    base = (facts or {}).get("image", {}).get("rocm_version") or None
+    torch = _dry_run_torch(facts=facts, target=target)
     if base:
         first = f"base image ROCm {base}"
-    elif profile:
-        first = f"base image ROCm {profile} (the profile's rocm-version; not asked)"
-        base = profile
+    elif profile_rocm:
+        first = (
+            f"base image ROCm {profile_rocm} (the profile's rocm-version; not asked)"
+        )
+        base = profile_rocm
     else:
         first = "base image ROCm unknown (checked when the build starts)"
     if torch:
         first += f", torch {torch.get('version') or '?'}"
-    first += f"; {window.words()}" if window else "; no supported range stated"
+    if window:
+        first += f"; {window.words()}"
+    else:
+        first += "; no supported range stated"
     found = problems(window=window, base_rocm=base, torch=torch)
-    strict = plan.rocm_settings.strict
-    tag = "ERROR (strict): " if strict else "WARNING: "
+    tag = "WARNING: "
+    if settings.strict:
+        tag = "ERROR (strict): "
     lines = [first, *(tag + p for p in found)]
-    if found and strict:
+    if found and settings.strict:
         lines.append("the build would stop here (strict)")
     return lines
 
@@ -192,28 +218,9 @@ def base_rocm_version(*, root, rocm_path):
         return None
 
 
-def check_build(*, context, phase):
-    """Check a running build; warn, or stop when strict."""
-    window = context.plan.rocm_settings.window
-    root = context.sandbox.root
-    target = context.known_target_env()
-    rocm_path = (target.image.rocm_path if target is not None else "") or "/opt/rocm"
-    base = base_rocm_version(root=root, rocm_path=rocm_path)
-    found = problems(window=window, base_rocm=base, torch=None)
-    if phase != "start":  # the end: only what torch adds (the start said the rest)
-        torch = _torch_in_sandbox(root=root, target=target)
-        found = [
-            p
-            for p in problems(window=window, base_rocm=base, torch=torch)
-            if p not in found
-        ]
-        if base:
-            context.labels[imagelayout.LABEL_ROCM_VERSION] = base
-        if window is not None:
-            context.labels[imagelayout.LABEL_ROCM_SUPPORTED] = str(window)
-        if (built_for := torch_rocm(torch)) is not None:
-            context.labels[imagelayout.LABEL_ROCM_TORCH] = _text(built_for)
-    if found and context.plan.rocm_settings.strict:
+def _report(found, *, settings):
+    """Warn about what was `found`; stop when strict."""
+    if found and settings.strict:
         raise StageError(
             "; ".join(found)
             + ". The build stops because the profile or --set asks for it "
@@ -222,3 +229,45 @@ def check_build(*, context, phase):
         )
     for problem in found:
         logger.warning("ROCm: %s.", problem)
+
+
+def _base_rocm(*, root, target):
+    """The base image's ROCm version, found through the target env's ROCM_PATH."""
+    rocm_path = "/opt/rocm"
+    if target is not None and target.image.rocm_path:
+        rocm_path = target.image.rocm_path
+    return base_rocm_version(root=root, rocm_path=rocm_path)
+
+
+def check_start(*, root, target, settings):
+    """Check the base image's ROCm when the build starts; warn, or stop when strict."""
+    base = _base_rocm(root=root, target=target)
+    _report(
+        problems(window=settings.window, base_rocm=base, torch=None), settings=settings
+    )
+
+
+def check_end(*, root, target, settings):
+    """
+    Check what torch adds at the end of the build; warn, or stop when strict.
+
+    Returns
+    -------
+    labels : dict of str to str
+        The ROCm labels of the image.
+    """
+    window = settings.window
+    base = _base_rocm(root=root, target=target)
+    torch = _torch_in_sandbox(root=root, target=target)
+    said = problems(window=window, base_rocm=base, torch=None)
+    found = problems(window=window, base_rocm=base, torch=torch)
+    _report([p for p in found if p not in said], settings=settings)
+    labels = {}
+    if base:
+        labels[imagelayout.LABEL_ROCM_VERSION] = base
+    if window is not None:
+        labels[imagelayout.LABEL_ROCM_SUPPORTED] = str(window)
+    built_for = torch_rocm(torch)
+    if built_for is not None:
+        labels[imagelayout.LABEL_ROCM_TORCH] = _text(built_for)
+    return labels

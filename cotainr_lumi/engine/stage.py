@@ -1,16 +1,106 @@
-"""The stage interface: one step run on the sandbox after cotainr's conda step."""
+"""The stage contract: what a stage is given and what it reports back."""
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 from ..errors import StageError
-from . import imageprobe, targetenv
 from .origins import Origin
 from .settings import NoSettings, load_settings
+from .targetenv import TargetEnv, TargetEnvSettings
 
 
-@dataclass
+@dataclass(frozen=True)
+class BaseImage:
+    """
+    The base image as given and as resolved.
+
+    Attributes
+    ----------
+    given : str
+        The base image as the user or the profile named it.
+    resolved : str
+        The real path of a local file (links resolved), else `given`.
+    is_local_file : bool
+        Whether it is a file on this machine.
+    pattern : str or None
+        The profile's glob that matched `given`.
+    """
+
+    given: str
+    resolved: str
+    is_local_file: bool
+    pattern: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class BuildFacts:
+    """
+    What every stage may read of the build: fixed when the plan is made.
+
+    Attributes
+    ----------
+    image_path : pathlib.Path
+        The absolute path of the image being built.
+    system : str or None
+        The system name (None for a ``--base-image`` build).
+    profile_sources : tuple of str
+        The profile files that define the system.
+    base_image : BaseImage
+        The base image.
+    conda_envs : tuple of pathlib.Path
+        cotainr's conda environment files, in order.
+    stages : tuple of (str, dict)
+        Each stage of the build, in order, with its settings.
+    layer_only : bool
+        Whether the image is only a layer on the base SIF (``--layer-only``).
+    rocm_version : str or None
+        The profile's ROCm version of the base image.
+    target_settings : TargetEnvSettings
+        How the target Python environment is chosen.
+    target_text : str
+        The target environment in words, for the dry run.
+    """
+
+    image_path: Path
+    system: Optional[str]
+    profile_sources: tuple[str, ...]
+    base_image: BaseImage
+    conda_envs: tuple[Path, ...]
+    stages: tuple[tuple[str, Mapping[str, Any]], ...]
+    layer_only: bool
+    rocm_version: Optional[str]
+    target_settings: TargetEnvSettings
+    target_text: str = ""
+
+    @property
+    def stage_names(self):
+        """The names of the stages, in order."""
+        return [name for name, _settings in self.stages]
+
+
+@dataclass(frozen=True)
+class HostFiles:
+    """
+    Files to write next to the image once it is in place, and how to run it.
+
+    Attributes
+    ----------
+    files : mapping of pathlib.Path to str
+        Absolute path to content (executable when it starts with ``#!``).
+        Each must contain :data:`OUTPUT_MARKER`; an existing file without it
+        is never overwritten.
+    run_hint : str
+        How to run the image (printed at the end of the build).
+    """
+
+    files: Mapping[Path, str] = field(default_factory=dict)
+    run_hint: str = ""
+
+
+@dataclass(frozen=True)
 class StageReport:
     """
     What a stage did.
@@ -21,35 +111,37 @@ class StageReport:
         The stage name.
     summary : str
         One line for the build log.
-    details : dict
-        JSON-serialisable details (returned by the Python API).
-    labels : dict of str to str
+    labels : mapping of str to str
         Labels to add to the image metadata.
+    record : dict
+        The stage's record (JSON-serialisable; what it wrote into the
+        image), returned by the Python API.
+    host_files : HostFiles
+        The host files for the image.
+    layer_host_files : HostFiles or None
+        For ``--layer-only``: the host files for the layer on its base,
+        written instead of `host_files` when the layer is kept.
     duration : float
-        Wall time in seconds (set by the pipeline).
-    outputs : dict of str to str
-        Host files to write next to the image once it is in place (absolute
-        path to content, executable when it starts with ``#!``). Each must
-        contain :data:`OUTPUT_MARKER`; an existing file without it is never
-        overwritten.
+        Wall time in seconds (set by the driver).
     """
 
     name: str
     summary: str = ""
-    details: dict[str, Any] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    record: Mapping[str, Any] = field(default_factory=dict)
+    host_files: HostFiles = field(default_factory=HostFiles)
+    layer_host_files: Optional[HostFiles] = None
     duration: float = 0.0
-    outputs: dict[str, str] = field(default_factory=dict)
 
 
-#: Text every host file written from :attr:`StageReport.outputs` must contain.
+#: Text every host file of :class:`HostFiles` must contain.
 OUTPUT_MARKER = "generated by cotainr-lumi"
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageContext:
     """
-    What a running stage gets to work with.
+    What a running stage is given.
 
     Attributes
     ----------
@@ -57,42 +149,28 @@ class StageContext:
         The sandbox being built (``sandbox.root`` on the host; resolve image
         paths with :mod:`cotainr_lumi.engine.rootfs`, run commands with
         ``sandbox.run(...)``).
-    plan : :class:`cotainr_lumi.pipeline.plan.BuildPlan`
-        The resolved build plan.
-    reports : list of StageReport
-        The reports of the stages that already ran, in order.
-    labels : dict of str to str
-        Labels collected so far.
+    build : BuildFacts
+        The build.
     target_env : TargetEnv or None
-        The image's target Python environment, from the build's one probe of
-        the image (run when first read); None when there is none.
+        The image's target Python environment, from the build's one probe
+        of the image before the stages; None when there is none.
+    target_problem : str
+        Why there is no target environment.
+    earlier : tuple of StageReport
+        The reports of the stages that ran before, in order.
     """
 
     sandbox: Any
-    plan: Any
-    reports: list[StageReport] = field(default_factory=list)
-    labels: dict[str, str] = field(default_factory=dict)
-    #: The probe's answer: a TargetEnv, or the TargetEnvNotFoundError saying why not.
-    _target: Any = field(default=None, init=False, repr=False)
-
-    def known_target_env(self):
-        """The target env if the probe already ran (None otherwise: no probe)."""
-        return self._target if isinstance(self._target, targetenv.TargetEnv) else None
-
-    @property
-    def target_env(self) -> Optional[targetenv.TargetEnv]:
-        """The target Python environment (None when the image has none)."""
-        if self._target is None:  # the build's one probe of the image
-            self._target = imageprobe.probe_build(
-                sandbox=self.sandbox, plan=self.plan, labels=self.labels
-            )
-        return self.known_target_env()
+    build: BuildFacts
+    target_env: Optional[TargetEnv] = None
+    target_problem: str = ""
+    earlier: tuple[StageReport, ...] = ()
 
     def require_target_env(self, *, stage):
         """The target env, or a StageError of `stage` saying why there is none."""
         if self.target_env is None:
-            raise StageError(str(self._target), stage=stage)
-        return self._target
+            raise StageError(self.target_problem, stage=stage)
+        return self.target_env
 
 
 class Stage(ABC):
@@ -112,6 +190,9 @@ class Stage(ABC):
 
     #: The name profiles and ``--set`` use for this stage.
     name: ClassVar[str] = ""
+    #: Whether the stage runs in every cotainr-lumi build, also of a stock
+    #: system that only has other stages' settings (``--set``).
+    always: ClassVar[bool] = False
     settings_class: ClassVar[type] = NoSettings
 
     def __init__(self, *, settings=None):
@@ -134,16 +215,16 @@ class Stage(ABC):
         """The setting overrides the parsed options of :meth:`add_arguments` give."""
         return {}
 
-    def describe(self, *, plan) -> list[str]:
-        """Lines on what the stage will do, for the dry-run plan."""
+    def describe(self, *, build) -> list[str]:
+        """Lines on what the stage will do, for the dry-run plan (no I/O)."""
         return []
 
-    def planned_outputs(self, *, plan) -> list:
+    def planned_outputs(self, *, build) -> list:
         """The host paths the stage will write (checked apart when planning)."""
         return []
 
-    def enabled(self, *, plan) -> bool:
-        """Whether the stage runs in this build (default: True)."""
+    def enabled(self) -> bool:
+        """Whether the stage runs with its settings (default: True)."""
         return True
 
     @abstractmethod
@@ -154,7 +235,7 @@ class Stage(ABC):
         Parameters
         ----------
         context : StageContext
-            The sandbox, plan and earlier reports.
+            The sandbox, the build, the target env and earlier reports.
 
         Returns
         -------

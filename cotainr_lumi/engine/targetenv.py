@@ -373,14 +373,25 @@ LOOKS_FOR = (
 )
 
 
-def describe_lines(*, plan):
-    """The plan's lines on the target env (asked, or what the build looks for)."""
-    explicit = plan.target_settings.prefix
-    if explicit:
-        return [f"{explicit} ({_SOURCE_WORDS['setting']}; checked at build start)"]
-    if plan.conda_env is not None:
-        return [f"{CONDA_ENV} ({_SOURCE_WORDS['conda-env']} {plan.conda_env.name})"]
-    answer = plan.base_target
+def describe_lines(*, settings, conda_env, answer):
+    """
+    The dry run's lines on the target env.
+
+    Parameters
+    ----------
+    settings : TargetEnvSettings
+        The target-env settings.
+    conda_env : pathlib.Path or None
+        cotainr's conda environment file.
+    answer : TargetEnv, TargetEnvNotFoundError or None
+        What the base image said (None: not asked).
+    """
+    if settings.prefix:
+        return [
+            f"{settings.prefix} ({_SOURCE_WORDS['setting']}; checked at build start)"
+        ]
+    if conda_env is not None:
+        return [f"{CONDA_ENV} ({_SOURCE_WORDS['conda-env']} {conda_env.name})"]
     if isinstance(answer, TargetEnv):
         decoys = [f"not the target: {d}" for d in answer.decoys.values()]
         return [answer.describe(), *decoys]

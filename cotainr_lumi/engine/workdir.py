@@ -90,48 +90,47 @@ def estimate_bytes(*, base_image, conda_env, unpacked=None, sifs=2):
     (twice the base unpacked: `unpacked`, else :data:`EXPANSION` times the
     SIF), `sifs` times the SIF (the image being written and its partial copy;
     a layered build's copy of the base; none for the layer alone), pip's
-    files and the conda env.
+    files and the conda env (when `conda_env` is true).
     """
     try:
         size = os.stat(base_image).st_size
     except (OSError, ValueError, TypeError):
         return None
-    unpacked = size * EXPANSION if unpacked is None else unpacked
+    if unpacked is None:
+        unpacked = size * EXPANSION
     needed = 2 * unpacked + sifs * size + HEADROOM_BYTES
-    return needed + (CONDA_BYTES if conda_env is not None else 0)
+    if conda_env:
+        needed += CONDA_BYTES
+    return needed
 
 
 def _gib(n):
     return f"{n / 1024**3:.1f} GiB"
 
 
-def check_space(*, work_dir, refuse=True, **build):
-    """Refuse a build that will not fit in its work directory (`build`: the estimate's)."""
-    free = shutil.disk_usage(work_dir).free
-    needed = estimate_bytes(**build)
-    if needed is not None and needed > free:
-        if not refuse:
-            logger.warning(
-                "The build may need about %s in %s; %s is free (build.check-space "
-                "is off).",
-                _gib(needed),
-                work_dir,
-                _gib(free),
-            )
-            return needed, free
-        raise InputError(
-            f"The build needs about {_gib(needed)} in its work directory "
-            f"{work_dir} (the base image unpacked and Apptainer's copy of it, the "
-            f"image, the conda env and pip's files) but only {_gib(free)} is free there. Choose a larger "
-            "file system with --work-dir DIR (or build.work-dir in a site "
-            "profile); on LUMI a directory in /flash/project_... or "
-            "/scratch/project_..., not /tmp, which is in memory on compute nodes. "
-            "(--set build.check-space=false starts anyway.)"
+def check_space(*, work_dir, needed, free, refuse=True):
+    """Refuse a build that needs more than is `free` in `work_dir` (else warn)."""
+    if needed is None or needed <= free:
+        return
+    if not refuse:
+        logger.warning(
+            "The build may need about %s in %s; %s is free (build.check-space is off).",
+            _gib(needed),
+            work_dir,
+            _gib(free),
         )
-    return needed, free
+        return
+    raise InputError(
+        f"The build needs about {_gib(needed)} in its work directory "
+        f"{work_dir} (the base image unpacked and Apptainer's copy of it, the "
+        f"image, the conda env and pip's files) but only {_gib(free)} is free "
+        "there. Choose a larger file system with --work-dir DIR (or "
+        "build.work-dir in a site profile); on LUMI a directory in "
+        "/flash/project_... or /scratch/project_..., not /tmp, which is in "
+        "memory on compute nodes. (--set build.check-space=false starts anyway.)"
+    )
 
 
-#: A build's own directory in the work directory: PREFIX + its process id + "-".
 BUILD_DIR_PREFIX = "cotainr-lumi-build-"
 
 

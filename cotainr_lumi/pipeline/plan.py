@@ -6,18 +6,16 @@ import logging
 import os
 from pathlib import Path
 import re
-import subprocess
 from typing import Any, Optional
 
 from .. import _cotainr, apptainer
 from .. import stages as builtin
-from ..engine import imageprobe, layer, rocmwindow, targetenv, workdir
+from ..engine import layer, rocmwindow, targetenv, workdir
 from ..engine.origins import Origin
 from ..engine.settings import load_sections
-from ..engine.stage import Stage
+from ..engine.stage import BaseImage, BuildFacts, Stage
 from ..engine.yamlfile import read_yaml
-from ..errors import InputError, quoted, redact
-from ..imagelayout import ENV_SCRIPTS_DIR
+from ..errors import InputError, quoted
 from .profiles import (
     ENGINE_SECTIONS,
     SystemProfile,
@@ -31,7 +29,7 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 _URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-@dataclass
+@dataclass(frozen=True)
 class BuildRequest:
     """What the user asked for."""
 
@@ -46,23 +44,21 @@ class BuildRequest:
     accept_licenses: bool = False
 
 
-@dataclass
-class BaseImage:
-    """The base image as given and as resolved."""
+def base_image_from_spec(spec, *, pattern=None):
+    """The base image `spec` names, resolved when it is a local file."""
+    spec = str(spec)
+    path = Path(spec).expanduser()
+    if not _URI_RE.match(spec) and path.is_file():
+        resolved = os.path.realpath(path)
+        return BaseImage(
+            given=spec, resolved=resolved, is_local_file=True, pattern=pattern
+        )
+    return BaseImage(given=spec, resolved=spec, is_local_file=False, pattern=pattern)
 
-    given: str
-    resolved: str
-    is_local_file: bool
-    pattern: Optional[str] = None  # the profile's glob that matched `given`
 
-    @classmethod
-    def from_spec(cls, spec):
-        """Resolve a base image spec."""
-        spec = str(spec)
-        path = Path(spec).expanduser()
-        if not _URI_RE.match(spec) and path.is_file():
-            return cls(given=spec, resolved=os.path.realpath(path), is_local_file=True)
-        return cls(given=spec, resolved=spec, is_local_file=False)
+def is_uri(spec):
+    """Whether a base image spec is a URI (``docker://...``)."""
+    return bool(_URI_RE.match(spec))
 
 
 def match_base_image(spec, *, system):
@@ -77,220 +73,63 @@ def match_base_image(spec, *, system):
     found = sorted(glob.glob(pattern))
     if len(found) == 1:
         return found[0]
-    what = f"{len(found)} files: {', '.join(found)}" if found else "no file"
+    what = "no file"
+    if found:
+        what = f"{len(found)} files: {', '.join(found)}"
     raise InputError(
         f"The base image {spec} of system {system} matches {what}; it must match "
         f"one. Pin one with --lumi-system {system} --base-image FILE."
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class BuildPlan:
-    """The resolved plan."""
+    """
+    The resolved plan of a build: fixed once made (no I/O of its own).
+
+    Attributes
+    ----------
+    mount_problem : str or None
+        Why the base is unpacked, not mounted read-only (None: mounted).
+    layer_problem : str or None
+        Why the image is squashed whole, not a layer on the base (None: a layer).
+    facts : BuildFacts
+        What the stages read of the build.
+    """
 
     request: BuildRequest
     image_path: Path
     system: Optional[SystemProfile]
     base_image: BaseImage
     conda_envs: tuple[Path, ...]
-    stages: list[Stage]
-    skipped: list[str]
+    stages: tuple[Stage, ...]
+    skipped: tuple[str, ...]
     extended: bool
     image_exists: bool
+    work_dir: Path
     target_settings: targetenv.TargetEnvSettings
     build_settings: workdir.BuildSettings
     rocm_settings: rocmwindow.RocmSettings
-    base_target: Any = None
-    base_facts: Any = None
-    base_problem: Optional[str] = None
-    #: Why the base is unpacked, not mounted read-only (None: mounted).
-    mount_problem: Optional[str] = "not planned"
-    #: Why the image is squashed whole, not a layer on the base (None: a layer).
-    layer_problem: Optional[str] = "not planned"
-
-    @property
-    def stage_names(self):
-        """The names of the stages to run, in order."""
-        return [stage.name for stage in self.stages]
-
-    @property
-    def target_environment(self):
-        """Where Python packages go in this build, in words."""
-        return targetenv.describe_lines(plan=self)[0]
-
-    def check_base_links(self):
-        """Refuse a local base image whose metadata Apptainer writes is a link."""
-        image = self.base_image.resolved
-        if not (self.base_image.is_local_file or os.path.isdir(image)):
-            return
-        paths = apptainer.SANDBOX_METADATA
-        if self.conda_env is not None:  # cotainr's conda step appends there
-            paths += (ENV_SCRIPTS_DIR, f"{ENV_SCRIPTS_DIR}/92-cotainr-env.sh")
-        try:
-            links = apptainer.links_in_image(image=image, paths=paths)
-        except (OSError, subprocess.SubprocessError) as e:
-            links = None
-            logger.debug("Listing the base image failed: %s", e)
-        if links is None:
-            logger.warning(
-                "Could not read the base image %s without running it (no "
-                "unsquashfs?); its /.singularity.d is not checked for links.",
-                image,
-            )
-        if links:
-            path, target = next(iter(links.items()))
-            raise InputError(
-                f"The base image's {path} is a symbolic link (to {target}); "
-                "the build writes there before any cotainr-lumi stage runs, and "
-                "a link can lead out of the image (to a host file). Use a base "
-                f"image where {path} is not a link."
-            )
-
-    def ask_base_image(self):
-        """For a dry run: probe a local base image once (facts, target, problem)."""
-        if self.base_target is not None or self.base_facts is not None:
-            return
-        if not self.base_image.is_local_file:
-            return
-        explicit = self.target_settings.prefix or None
-        timeout = self.target_settings.probe_timeout
-        try:
-            self.base_facts = imageprobe.probe_image_facts(
-                image=self.base_image.resolved, explicit=explicit, timeout=timeout
-            )
-        except subprocess.TimeoutExpired:
-            self.base_problem = imageprobe.timeout_message(timeout)
-        except (OSError, subprocess.CalledProcessError) as e:
-            text = (getattr(e, "stderr", None) or "").strip()
-            why = " | ".join(text.splitlines()[-3:])[-300:] or getattr(
-                e, "strerror", f"exit status {getattr(e, 'returncode', '')}, no message"
-            )
-            self.base_problem = (
-                f"the probe of the base image failed ({why})"
-                + apptainer.env_deadline_hint(text, image="the base image")
-            )
-        if self.base_problem:
-            self.base_target = targetenv.TargetEnvNotFoundError(self.base_problem)
-            return
-        if self.base_facts is None or explicit or self.conda_env is not None:
-            return
-        try:
-            self.base_target = targetenv.choose(facts=self.base_facts)
-        except targetenv.TargetEnvNotFoundError as e:
-            self.base_target = e
+    mount_problem: Optional[str]
+    layer_problem: Optional[str]
+    facts: BuildFacts
 
     @property
     def conda_env(self):
         """The conda environment file that creates the env (None: no env)."""
-        return self.conda_envs[0] if self.conda_envs else None
+        if self.conda_envs:
+            return self.conda_envs[0]
+        return None
+
+    @property
+    def stage_names(self):
+        """The names of the stages to run, in order."""
+        return self.facts.stage_names
 
     @property
     def layer_only(self):
         """Whether the image is only the layer, a squashfs file on the base SIF."""
-        return self.layer_problem is None and self.build_settings.layer_only
-
-    @property
-    def work_dir(self):
-        """The build's work directory (:func:`engine.workdir.resolve_work_dir`)."""
-        return workdir.resolve_work_dir(self.build_settings.work_dir)
-
-    def check_space(self):
-        """Refuse a build that will not fit in its work directory."""
-        image, unpacked, sifs = self.base_image.resolved, None, 2
-        if self.layer_problem is None:  # nothing unpacked; a copy of the base
-            unpacked, sifs = 0, 0 if self.layer_only else 1
-        elif self.base_image.is_local_file:
-            unpacked = apptainer.unpacked_bytes(image=image)
-        return workdir.check_space(
-            work_dir=self.work_dir,
-            base_image=image,
-            conda_env=self.conda_env,
-            unpacked=unpacked,
-            sifs=sifs,
-            refuse=self.build_settings.check_space,
-        )
-
-    def describe(self):
-        """The dry-run description of the plan."""
-        lines = ["cotainr-lumi build plan (dry run: nothing is built)"]
-        lines += self._describe_inputs()
-        needed, free = self.check_space()
-        estimate = f"needs about {needed / 1024**3:.1f} GiB, " if needed else ""
-        lines.append(
-            f"  work dir:   {self.work_dir} ({estimate}{free / 1024**3:.1f} GiB free)"
-        )
-        for title, answer in (
-            ("target env", targetenv.describe_lines(plan=self)),
-            ("rocm", rocmwindow.describe_lines(plan=self)),
-        ):
-            lines.append(f"  {title + ':':<11} {answer[0]}")
-            lines += [f"              {line}" for line in answer[1:]]
-        mode = "extended cotainr-lumi pipeline" if self.extended else "stock cotainr"
-        lines.append(f"  pipeline:   {mode}")
-        no, base = self.layer_problem, self.base_image.resolved
-        yes = f"yes, only the layer (on {base}, no copy)" if self.layer_only else "yes"
-        lines.append(
-            f"  layered:    {f'no, the whole image is squashed: {no}' if no else yes}"
-        )
-        lines += self._describe_steps()
-        lines += [f"  skipped: {reason}" for reason in self.skipped]
-        return redact("\n".join(lines))
-
-    def _describe_inputs(self):
-        """The plan's lines on the image, system, base image and conda env."""
-        lines = []
-        exists = ""
-        if self.image_exists and self.request.force:
-            exists = " (exists: will be replaced when the build succeeds)"
-        elif self.image_exists:
-            exists = " (exists: the build will refuse; pass --force to overwrite)"
-        lines.append(f"  image:      {self.image_path}{exists}")
-        if self.system is not None:
-            kind = "stock cotainr system" if self.system.stock else "profile"
-            lines.append(
-                f"  system:     {self.system.name} ({kind}: "
-                f"{', '.join(self.system.sources)})"
-            )
-        else:
-            lines.append("  system:     none (--base-image)")
-        lines.append(f"  base image: {self.base_image.given}")
-        if self.base_image.pattern:
-            lines.append(f"    matched by: {self.base_image.pattern}")
-        if self.base_image.is_local_file:
-            if self.base_image.resolved != os.path.abspath(self.base_image.given):
-                lines.append(f"    resolved: {self.base_image.resolved}")
-        elif not _URI_RE.match(self.base_image.given):
-            lines.append("    (not a file on this machine: the build will fail here)")
-        lines.append(
-            "  conda env:  " + (", ".join(map(str, self.conda_envs)) or "none")
-        )
-        return lines
-
-    def _describe_steps(self):
-        """The plan's numbered steps: cotainr's and the stages', in order."""
-        unpack = "create the sandbox from the base image"
-        if self.mount_problem is None:
-            unpack = "mount the base image read-only under a writable dir (no unpack)"
-        steps = [(f"cotainr: {unpack}", [])]
-        if self.conda_env is not None:
-            updates = [f"then update it with {f.name}" for f in self.conda_envs[1:]]
-            steps.append(
-                (f"cotainr: install the conda env {self.conda_env.name}", updates)
-            )
-        steps += [(stage.name, stage.describe(plan=self)) for stage in self.stages]
-        image = "build the SIF"
-        if self.layer_problem is None:
-            image = "add the change as a squashfs layer to a copy of the base SIF"
-            if self.layer_only:
-                image = "write only the change, a squashfs layer for the base SIF"
-            image += " (kept if an exec of it shows the layer, else the whole SIF)"
-        image += " (written next to the target, moved into place on success)"
-        steps.append((f"cotainr: add metadata labels and {image}", []))
-        lines = []
-        for number, (title, details) in enumerate(steps, 1):
-            lines.append(f"  {number}. {title}")
-            lines += [f"       {detail}" for detail in details]
-        return lines
+        return self.facts.layer_only
 
 
 def _absolute(path, *, what):
@@ -357,11 +196,11 @@ def _conda_envs(request):
     return files
 
 
-def _check_outputs_apart(plan):
+def _check_outputs_apart(image_path, stages, facts):
     """No output of the build (image, module files, ...) lands on another."""
-    outputs = [("the image", Path(os.path.abspath(plan.image_path)))]
-    for stage in plan.stages:
-        for path in stage.planned_outputs(plan=plan):
+    outputs = [("the image", Path(os.path.abspath(image_path)))]
+    for stage in stages:
+        for path in stage.planned_outputs(build=facts):
             outputs.append((f"{stage.name}'s output", Path(os.path.abspath(path))))
     for i, (what, path) in enumerate(outputs):
         for other_what, other in outputs[:i]:
@@ -373,71 +212,118 @@ def _check_outputs_apart(plan):
                 )
 
 
-def _stage_names(*, request, system, overrides):
-    """The stages of the build in order, and whether it is extended."""
-    if system is None and request.base_image_override:
-        raise InputError(
-            "--base-image-override only applies to --system builds; "
-            "use --base-image alone."
-        )
-    given = [name for name in overrides if name not in ENGINE_SECTIONS]
+def _is_extended(*, system, given, overrides):
+    """Whether cotainr-lumi takes part: a system of its own, or settings given."""
     stock = system is None or system.stock
-    extended = not stock or bool(given or overrides.get(targetenv.SETTINGS_NAME))
-    if stock and (given or (system is None and extended)):
-        names = [
-            stage.name
-            for stage in builtin.PIPELINE
-            if stage.name in given or stage.name == "provenance"
-        ]
+    return not stock or bool(given) or bool(overrides.get(targetenv.SETTINGS_NAME))
+
+
+def _stage_names(*, request, system, given, extended):
+    """The stages of the build in order."""
+    if system is not None and not system.stock:
+        names = list(system.stages)
+    elif extended:  # a stock build with stage settings: those stages
+        names = [s.name for s in builtin.PIPELINE if s.name in given or s.always]
     else:
-        names = list(system.stages) if system is not None else []
+        names = []
+    listed = ", ".join(names) or "none"
     unknown = sorted(name for name in given if name not in names)
     if unknown:
         raise InputError(
             f"Settings were given for stage(s) {', '.join(unknown)}, "
-            f"which this build does not run (its stages: "
-            f"{', '.join(names) or 'none'})."
+            f"which this build does not run (its stages: {listed})."
         )
     for name in request.skip_stages:
         if name not in names:
             raise InputError(
-                f"Cannot skip stage {name!r}: this build's stages are "
-                f"{', '.join(names) or 'none'}."
+                f"Cannot skip stage {name!r}: this build's stages are {listed}."
             )
-    return names, extended
+    return names
 
 
-def _layering(plan):
-    """Why the base is not mounted, and why the image is not a layer (None: it is)."""
-    base, layered = plan.base_image, plan.build_settings.layered
-    flatten = "--flatten (build.layered=false)"
-    layers = base.is_local_file and layer.overlays(base.resolved)
-    if plan.conda_env is not None:
-        mount = "a conda env is installed"
-    elif not (base.is_local_file and apptainer.is_sif(base.resolved)):
-        mount = "the base image is not a local SIF file"
-    else:  # as before when flattening a base without layers, which need the mount
-        mount = layer.mount_problem(base.resolved) if layered or layers else flatten
-    if layers and (mount or not plan.extended):
-        fix = "stock cotainr unpacks it: build with --lumi-system NAME, which mounts it"
-        if mount:
-            fix = (
-                f"it is not mounted here ({mount}): squash it whole first where "
-                "it mounts (--flatten, without --conda-env) and build on that"
-            )
-        raise InputError(
-            f"The base image {base.given} has layers (SIF overlay partitions), "
-            f"which unpacking it would leave out; {fix}."
+def _mount_problem(*, base, layered, layers, conda_envs):
+    """Why the base is not mounted read-only (None: it is)."""
+    if conda_envs:
+        return "a conda env is installed"
+    if not (base.is_local_file and apptainer.is_sif(base.resolved)):
+        return "the base image is not a local SIF file"
+    if not (layered or layers):  # flattening a base without layers: unpacked
+        return "--flatten (build.layered=false)"
+    return layer.mount_problem(base.resolved)
+
+
+def _refuse_unpacking_layers(*, base, mount):
+    """Stop before a base's layers would be left out by unpacking it."""
+    fix = "stock cotainr unpacks it: build with --lumi-system NAME, which mounts it"
+    if mount:
+        fix = (
+            f"it is not mounted here ({mount}): squash it whole first where "
+            "it mounts (--flatten, without --conda-env) and build on that"
         )
-    return mount, (mount if layered else flatten)
+    raise InputError(
+        f"The base image {base.given} has layers (SIF overlay partitions), "
+        f"which unpacking it would leave out; {fix}."
+    )
 
 
-def make_plan(*, request, systems=None):
-    """Resolve a request into a plan."""
+def _layering(*, base, build_settings, conda_envs, extended):
+    """Why the base is not mounted, and why the image is not a layer (None: it is)."""
+    layered = build_settings.layered
+    layers = base.is_local_file and layer.overlays(base.resolved)
+    mount = _mount_problem(
+        base=base, layered=layered, layers=layers, conda_envs=conda_envs
+    )
+    if layers and (mount or not extended):
+        _refuse_unpacking_layers(base=base, mount=mount)
+    if not layered:
+        return mount, "--flatten (build.layered=false)"
+    return mount, mount
+
+
+def _base_image(request, system):
+    """The base image the request names, or its system's (a glob matched)."""
+    spec = request.base_image or request.base_image_override
+    if spec:
+        return base_image_from_spec(spec)
+    matched = match_base_image(system.base_image, system=system.name)
+    pattern = None
+    if matched != system.base_image:
+        pattern = system.base_image
+    return base_image_from_spec(matched, pattern=pattern)
+
+
+def _check_request(request):
+    """Refuse what the options cannot mean together."""
     if (request.system is None) == (request.base_image is None):
         raise InputError(
             "Give exactly one of a system (--system) and a base image (--base-image)."
         )
+    if request.system is None and request.base_image_override:
+        raise InputError(
+            "--base-image-override only applies to --system builds; "
+            "use --base-image alone."
+        )
+
+
+def _stages(names, *, request, settings):
+    """The stages to run (instantiated), and those skipped with the reason."""
+    classes = {stage.name: stage for stage in builtin.PIPELINE}
+    stages = []
+    skipped = [f"{n} (skipped on request)" for n in names if n in request.skip_stages]
+    for name in names:
+        if name in request.skip_stages:
+            continue
+        stage = classes[name](settings=settings(name))
+        if stage.enabled():
+            stages.append(stage)
+        else:
+            skipped.append(f"{name} (disabled by its settings)")
+    return tuple(stages), tuple(skipped)
+
+
+def make_plan(*, request, systems=None):
+    """Resolve a request into a plan."""
+    _check_request(request)
     image_path = _image_path(request)
     conda_envs = _conda_envs(request)
     tree = sections()
@@ -445,43 +331,50 @@ def make_plan(*, request, systems=None):
     system = None
     if request.system is not None:
         system = get_system(name=request.system, systems=systems)
-    names, extended = _stage_names(request=request, system=system, overrides=overrides)
+    given = [name for name in overrides if name not in ENGINE_SECTIONS]
+    extended = _is_extended(system=system, given=given, overrides=overrides)
+    names = _stage_names(request=request, system=system, given=given, extended=extended)
 
     def settings(name):
         profile = system.stage_settings(name) if system is not None else {}
         return tree[name].complete(merge_mappings(profile, overrides.get(name, {})))
 
-    classes = {stage.name: stage for stage in builtin.PIPELINE}
-    spec = request.base_image or request.base_image_override
-    base = BaseImage.from_spec(
-        spec or match_base_image(system.base_image, system=system.name)
+    base = _base_image(request, system)
+    build_settings = settings(workdir.SETTINGS_NAME)
+    mount, layer_problem = _layering(
+        base=base,
+        build_settings=build_settings,
+        conda_envs=conda_envs,
+        extended=extended,
     )
-    if not spec and base.given != system.base_image:
-        base.pattern = system.base_image
-    plan = BuildPlan(
+    stages, skipped = _stages(names, request=request, settings=settings)
+    facts = BuildFacts(
+        image_path=image_path,
+        system=system.name if system is not None else None,
+        profile_sources=tuple(system.sources) if system is not None else (),
+        base_image=base,
+        conda_envs=conda_envs,
+        stages=tuple((s.name, s.settings.to_dict()) for s in stages),
+        layer_only=layer_problem is None and build_settings.layer_only,
+        rocm_version=system.rocm_version if system is not None else None,
+        target_settings=settings(targetenv.SETTINGS_NAME),
+    )
+    _check_outputs_apart(image_path, stages, facts)
+    return BuildPlan(
         request=request,
         image_path=image_path,
         system=system,
         base_image=base,
         conda_envs=conda_envs,
-        stages=[],
-        skipped=[
-            f"{n} (skipped on request)" for n in names if n in request.skip_stages
-        ],
+        stages=stages,
+        skipped=skipped,
         extended=extended,
         image_exists=image_path.exists(),
-        target_settings=settings(targetenv.SETTINGS_NAME),
+        work_dir=workdir.resolve_work_dir(build_settings.work_dir),
+        target_settings=facts.target_settings,
+        build_settings=build_settings,
         rocm_settings=settings(rocmwindow.SETTINGS_NAME),
-        build_settings=settings(workdir.SETTINGS_NAME),
+        mount_problem=mount,
+        layer_problem=layer_problem,
+        facts=facts,
     )
-    plan.mount_problem, plan.layer_problem = _layering(plan)
-    for name in names:
-        if name in request.skip_stages:
-            continue
-        stage = classes[name](settings=settings(name))
-        if stage.enabled(plan=plan):
-            plan.stages.append(stage)
-        else:
-            plan.skipped.append(f"{name} (disabled by its settings)")
-    _check_outputs_apart(plan)
-    return plan

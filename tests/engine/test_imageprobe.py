@@ -3,7 +3,7 @@
 import os
 import subprocess
 
-from planfakes import stand_in_plan
+from planfakes import build_facts
 import pytest
 
 from cotainr_lumi import apptainer
@@ -63,9 +63,7 @@ class NoisySandbox:
 
 def test_a_20_mb_line_makes_a_short_error(tmp_path):
     with pytest.raises(StageError) as info:
-        imageprobe.probe_build(
-            sandbox=NoisySandbox(tmp_path), plan=stand_in_plan(), labels={}
-        )
+        imageprobe.probe_build(sandbox=NoisySandbox(tmp_path), build=build_facts())
     message = str(info.value)
     assert len(message.encode()) < 5000
     assert "could not start the container" in message

@@ -1,13 +1,14 @@
 """The ROCm versions LUMI's driver supports (engine/rocmwindow.py) and the profiles."""
 
+from planfakes import plan_text
 import pytest
 
 from cotainr_lumi import buildoptions
 from cotainr_lumi.engine import rocmwindow
 from cotainr_lumi.engine.rocmwindow import Window, major_minor, problems, torch_rocm
-from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.errors import InputError, StageError
+from cotainr_lumi.pipeline import describe
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
 from cotainr_lumi.pipeline.profiles import PACKAGED_PROFILE, load_systems
 from tests.hookcontext import hook_context
@@ -74,17 +75,19 @@ def _plan(tmp_path, **kw):
 
 def test_dry_run_says_it_from_the_profile_and_from_the_base(tmp_path):
     plan = _plan(tmp_path, system="lumi-g-ext-rocm-6.0")
-    text = plan.describe()
+    text = plan_text(plan)
     assert "rocm:       base image ROCm 6.0 (the profile's rocm-version" in text
     assert "WARNING: the base image's ROCm 6.0 is outside" in text
     plan = _plan(tmp_path, system="lumi-aif-torch")
-    plan.base_facts = {
+    facts = {
         "image": {"rocm_version": "7.0.2-56"},
         "explicit": {"python": {"torch": {"version": "2.10.0+rocm7.0"}}},
     }
-    line = next(ln for ln in plan.describe().splitlines() if "rocm:" in ln)
+    answer = describe.BaseAnswer(facts=facts)
+    text = describe.describe(plan, answer=answer, space=(None, 0))
+    line = next(ln for ln in text.splitlines() if "rocm:" in ln)
     assert "base image ROCm 7.0.2-56, torch 2.10.0+rocm7.0; LUMI's GPU driver" in line
-    assert "WARNING" not in plan.describe()
+    assert "WARNING" not in text
 
 
 def test_strict_from_set_or_the_profile(tmp_path):
@@ -98,16 +101,11 @@ def test_strict_from_set_or_the_profile(tmp_path):
     )
     plan = make_plan(request=request, systems=_systems(tmp_path))
     assert plan.rocm_settings.strict
-    text = plan.describe()
+    text = plan_text(plan)
     assert "ERROR (strict): the base image's ROCm 6.0" in text
     assert "the build would stop here (strict)" in text
     with pytest.raises(InputError, match="rocm.supported: must be a range"):
         _plan(tmp_path, system="lumi-g-ext", settings={"rocm": {"supported": "7"}})
-
-
-class Sandbox:
-    def __init__(self, root):
-        self.root = root
 
 
 def _root(tmp_path, rocm="6.0.3-39", torch_version=None):
@@ -123,23 +121,27 @@ def _root(tmp_path, rocm="6.0.3-39", torch_version=None):
     return root, site
 
 
-def _context(tmp_path, plan, **kw):
+def _check(tmp_path, plan, **kw):
+    """The build's checks at start and end: (start, end) of rocmwindow."""
     root, site = _root(tmp_path, **kw)
-    context = StageContext(sandbox=Sandbox(root), plan=plan)
-    context._target = TargetEnv(prefix="/opt/venv", python="/x", site=[site])
-    return context
+    target = TargetEnv(prefix="/opt/venv", python="/x", site=[site])
+    given = dict(root=root, target=target, settings=plan.rocm_settings)
+    return (
+        lambda: rocmwindow.check_start(**given),
+        lambda: rocmwindow.check_end(**given),
+    )
 
 
 def test_a_build_warns_and_labels(tmp_path, caplog):
     plan = _plan(tmp_path, system="lumi-g-ext-rocm-6.0")
-    context = _context(tmp_path, plan, torch_version="2.10.0+rocm7.0")
-    rocmwindow.check_build(context=context, phase="start")
+    start, end = _check(tmp_path, plan, torch_version="2.10.0+rocm7.0")
+    start()
     assert "ROCm: the base image's ROCm 6.0.3-39 is outside" in caplog.text
     caplog.clear()
-    rocmwindow.check_build(context=context, phase="end")
+    labels = end()
     # The base's problem is said once; torch disagreeing with it is new.
     assert "is outside" not in caplog.text and "but the base image has" in caplog.text
-    assert context.labels == {
+    assert labels == {
         "cotainr-lumi.rocm.version": "6.0.3-39",
         "cotainr-lumi.rocm.supported": "6.1-7.0",
         "cotainr-lumi.rocm.torch": "7.0",
@@ -150,14 +152,14 @@ def test_a_strict_build_stops_with_one_error(tmp_path):
     plan = _plan(
         tmp_path, system="lumi-g-ext-rocm-6.0", settings={"rocm": {"strict": True}}
     )
-    context = _context(tmp_path, plan)
+    start, _end = _check(tmp_path, plan)
     with pytest.raises(StageError, match="outside what LUMI's GPU driver") as e:
-        rocmwindow.check_build(context=context, phase="start")
+        start()
     assert e.value.stage == "rocm" and "rocm.strict=false" in str(e.value)
     # Inside the window: nothing to say.
     plan = _plan(tmp_path, system="lumi-aif-torch", settings={"rocm": {"strict": True}})
-    context = _context(
+    start, end = _check(
         tmp_path / "b", plan, rocm="7.0.2", torch_version="2.10.0+rocm7.0"
     )
-    rocmwindow.check_build(context=context, phase="start")
-    rocmwindow.check_build(context=context, phase="end")
+    start()
+    end()

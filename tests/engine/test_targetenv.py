@@ -4,10 +4,11 @@ import json
 import subprocess
 import sys
 
-from planfakes import stand_in_plan
+from planfakes import build_facts, plan_text, stage_context
 import pytest
 
 from cotainr_lumi._cotainr import CommandError
+from cotainr_lumi.engine import imageprobe
 from cotainr_lumi.engine.imageprobe import PROBE_SCRIPT, parse_probe
 from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.engine.targetenv import (
@@ -17,6 +18,7 @@ from cotainr_lumi.engine.targetenv import (
 )
 from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.imagelayout import TARGET_ENV_FILE
+from cotainr_lumi.pipeline import describe
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
 
 M = "COTAINR_LUMI_TARGET_ENV"
@@ -253,16 +255,17 @@ def test_one_probe_per_build_fills_the_context(tmp_path):
         **{"image.virtual_env": {"python": py(VENV, base_prefix=ENV)}},
     )
     sandbox = ProbeSandbox(tmp_path, text)
-    context = StageContext(sandbox=sandbox, plan=stand_in_plan())
-    target = context.target_env
+    answer = imageprobe.probe_build(sandbox=sandbox, build=build_facts())
+    target = answer.env
+    context = StageContext(sandbox=sandbox, build=build_facts(), target_env=target)
     assert isinstance(target, TargetEnv) and target.prefix == VENV
     assert context.require_target_env(stage="pip") is target
-    assert len(sandbox.commands) == 1  # read three times, asked once
+    assert len(sandbox.commands) == 1
     assert target.image.rocm_path == "/opt/rocm"
     assert target.image.libstdcxx_cache == (
         "\tlibstdc++.so.6 (libc6,x86-64) => /usr/lib64/libstdc++.so.6",
     )
-    assert context.labels == {"cotainr-lumi.target-env": VENV}
+    assert answer.labels == {"cotainr-lumi.target-env": VENV}
     recorded = json.loads((tmp_path / TARGET_ENV_FILE.lstrip("/")).read_text())
     assert recorded == json.loads(json.dumps(target.to_dict()))
 
@@ -270,21 +273,20 @@ def test_one_probe_per_build_fills_the_context(tmp_path):
 def test_an_image_without_an_env_is_said_once_by_the_stage_that_needs_one(tmp_path):
     text = facts_text(image={"path_python": "/usr/bin/python3"})
     sandbox = ProbeSandbox(tmp_path, text)
-    context = StageContext(sandbox=sandbox, plan=stand_in_plan())
+    context = stage_context(sandbox)
     assert context.target_env is None
     with pytest.raises(
         StageError, match="no Python environment to install into"
     ) as info:
         context.require_target_env(stage="pip")
     assert info.value.stage == "pip"
-    assert len(sandbox.commands) == 1 and context.labels == {}
+    assert len(sandbox.commands) == 1
     assert not (tmp_path / TARGET_ENV_FILE.lstrip("/")).exists()
 
 
 def test_a_container_that_does_not_start_fails_the_probe(tmp_path):
-    context = StageContext(sandbox=ProbeSandbox(tmp_path, None), plan=stand_in_plan())
     with pytest.raises(StageError, match="could not start the container") as info:
-        context.target_env  # noqa: B018
+        stage_context(ProbeSandbox(tmp_path, None))
     assert info.value.stage == "target-env" and "FATAL" in str(info.value)
 
 
@@ -302,27 +304,28 @@ def test_setting_in_plan_and_dry_run_text(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # no apptainer: cannot ask
     plan = _plan(tmp_path, settings={"target-env": {"prefix": ENV}, "pip": {}})
     assert plan.target_settings.prefix == ENV
-    text = plan.describe()
+    text = plan_text(plan)
     assert f"target env: {ENV} (named explicitly (target-env.prefix)" in text
     plan = _plan(tmp_path, settings={"pip": {}})
-    plan.ask_base_image()
-    assert plan.base_target is None
-    assert "the env its $WITH_CONDA activates" in plan.describe()
+    assert describe.ask_base_image(plan).target is None
+    assert "the env its $WITH_CONDA activates" in plan_text(plan)
 
 
 def test_dry_run_says_what_the_base_image_answered(tmp_path):
     plan = _plan(tmp_path, settings={"pip": {}})
-    plan.base_target = choose(facts=layout1())
-    text = plan.describe()
+
+    def text_of(target):
+        answer = describe.BaseAnswer(target=target)
+        return describe.describe(plan, answer=answer, space=(None, 0))
+
+    text = text_of(choose(facts=layout1()))
     assert (
         f"target env: {ENV} (python 3.12.1 at {ENV}/bin/python; from the base image's $WITH_CONDA"
         in text
     )
     assert f"not the target: {BASE}/bin/python" in text
-    plan.base_target = TargetEnvNotFoundError(
-        "the base image has no Python environment"
-    )
-    assert "none: the base image has no Python environment" in plan.describe()
+    missing = TargetEnvNotFoundError("the base image has no Python environment")
+    assert "none: the base image has no Python environment" in text_of(missing)
 
 
 def test_bad_setting_is_one_clear_error(tmp_path):

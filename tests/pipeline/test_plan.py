@@ -1,10 +1,12 @@
 """The build plan (cotainr_lumi/pipeline/plan.py)."""
 
+from planfakes import plan_text
 import pytest
 import yaml
 
 import cotainr_lumi
 from cotainr_lumi.errors import InputError
+from cotainr_lumi.pipeline import checks
 
 
 @pytest.fixture
@@ -29,20 +31,20 @@ def test_a_local_base_whose_metadata_links_out_is_refused(
         conda_env=env if conda else None,
         accept_licenses=True,
     )
-    plan.check_base_links()  # no links
+    checks.refuse_base_links(plan)  # no links
     host = tmp_path / "host"
     host.mkdir()
     (base / ".singularity.d/env").rmdir()
     (base / ".singularity.d/env").symlink_to(host)
     if conda:  # cotainr's conda step would append to the host's directory
         with pytest.raises(InputError, match=r"/\.singularity\.d/env is a symbolic"):
-            plan.check_base_links()
+            checks.refuse_base_links(plan)
     else:  # the stages replace the link inside the sandbox (claim_build_dirs)
-        plan.check_base_links()
+        checks.refuse_base_links(plan)
     (base / ".singularity.d/labels.json").unlink()
     (base / ".singularity.d/labels.json").symlink_to(host / "labels.json")
     with pytest.raises(InputError, match=f"labels.json is a symbolic link .to {host}"):
-        plan.check_base_links()
+        checks.refuse_base_links(plan)
     assert list(host.iterdir()) == []
 
 
@@ -91,7 +93,7 @@ def test_a_glob_base_image_resolves_to_its_one_file_in_the_latest_release(
         new / "lumi-multitorch-torch-u24r70f21m50t210-20260807_115122.sif"
     )
     assert plan.base_image.pattern.endswith("lumi-multitorch-torch-*.sif")
-    text = plan.describe()
+    text = plan_text(plan)
     assert f"base image: {matched}" in text and "matched by: " in text
 
 
@@ -137,7 +139,7 @@ def test_off_lumi_a_glob_is_planned_as_a_file_that_is_not_here(tmp_path):
         "/lumi-multitorch/lumi-multitorch-torch-*.sif"
     )
     assert not plan.base_image.is_local_file
-    assert "(not a file on this machine: the build will fail here)" in plan.describe()
+    assert "(not a file on this machine: the build will fail here)" in plan_text(plan)
 
 
 def test_a_glob_is_in_the_file_name_only_and_a_literal_name_is_itself(
@@ -179,7 +181,7 @@ def test_the_plan_says_whether_the_build_adds_a_layer_and_why_not(
         plan = cotainr_lumi.plan(
             image_path=tmp_path / "x.sif", system="lumi-test", **request
         )
-        return [ln for ln in plan.describe().splitlines() if "layered:" in ln][0]
+        return [ln for ln in plan_text(plan).splitlines() if "layered:" in ln][0]
 
     assert layered(base_image_override=str(base)).endswith("layered:    yes")
     only = {"build": {"layer-only": True}}
@@ -187,7 +189,7 @@ def test_the_plan_says_whether_the_build_adds_a_layer_and_why_not(
         image_path=tmp_path / "x.sqfs", system="lumi-test",
         base_image_override=str(base), settings=only,
     )  # fmt: skip
-    text = plan.describe()
+    text = plan_text(plan)
     assert f"layered:    yes, only the layer (on {base}, no copy)" in text
     assert "write only the change, a squashfs layer for the base SIF" in text
     assert "copy of the base" not in text
@@ -245,7 +247,7 @@ def test_the_space_estimate_counts_what_each_kind_of_build_writes(
             base_image_override=str(base),
             settings={"build": build},
         )
-        return plan.check_space()[0] - HEADROOM_BYTES
+        return checks.space_needed(plan)[0] - HEADROOM_BYTES
 
     # unpacked twice (the sandbox, Apptainer's copy) and the SIF twice
     assert needed(layered=False) == 2 * 7000 + 2 * size

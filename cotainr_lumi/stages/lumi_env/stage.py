@@ -15,7 +15,7 @@ import shlex
 
 from ... import _cotainr, imagelayout
 from ...engine.rootfs import write_file_in_root
-from ...engine.stage import Stage, StageReport
+from ...engine.stage import HostFiles, Stage, StageReport
 from ...errors import InputError, StageError
 from ...imagelayout import LUMI_ENV_FILE as ENV_FILE
 from ...imagelayout import MPI_ENV_FILE, MPI_FILE, RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
@@ -79,9 +79,9 @@ class LumiEnvStage(Stage):
         """The variables set as defaults (``None`` values dropped)."""
         return {k: v for k, v in self.settings.env.items() if v is not None}
 
-    def planned_outputs(self, *, plan):
+    def planned_outputs(self, *, build):
         """The module file, shell snippet and CONTAINERROOT; derived names checked."""
-        names = self.settings.names(image_path=plan.image_path)
+        names = self.settings.names(image_path=build.image_path)
         if names.lua is None:
             return []
         fix = (
@@ -120,7 +120,7 @@ class LumiEnvStage(Stage):
             lines.append(f"MPI ({mpi.mode}): launch ranks with {mpi.launch_hint()}")
         return "\n".join(lines)
 
-    def describe(self, *, plan):
+    def describe(self, *, build):
         """Describe the env file, runscripts, binds and module file."""
         lines = [f"env file {ENV_FILE} (defaults, overridable at run time):"]
         lines += [f"  {name}={shlex.quote(str(v))}" for name, v in self.env.items()]
@@ -162,7 +162,7 @@ class LumiEnvStage(Stage):
         lines += describe_mpi(
             requested=self.settings.mpi, host_setting=self.settings.mpi_host
         )
-        names = self.settings.names(image_path=plan.image_path)
+        names = self.settings.names(image_path=build.image_path)
         if names.lua is None:
             return [*lines, "no module file (module-file: false)"]
         return [
@@ -179,11 +179,11 @@ class LumiEnvStage(Stage):
     def run(self, *, context):
         """Write the env file, runscripts and with-conda.sh; report the outputs."""
         root = context.sandbox.root
-        image_path = Path(context.plan.image_path)
+        image_path = Path(context.build.image_path)
         libfabric, mpi, binds = self._network_and_mpi(context=context)
         names = self.settings.names(image_path=image_path)
         user_software = not image_has_user_software(root=root)
-        details = self._write_image_files(
+        record = self._write_image_files(
             root=root,
             # The build's one probe of the image (never `python` on PATH).
             target=context.target_env if self.settings.with_conda else None,
@@ -192,34 +192,40 @@ class LumiEnvStage(Stage):
             user_venv=names.user_venv,
             libfabric=libfabric,
         )
-        details["runtime"] = network.write_runtime_record(
+        record["runtime"] = network.write_runtime_record(
             settings=self.settings, root=root, binds=binds, libfabric=libfabric
         )
         self._check_in_sandbox(context=context, mpi=mpi)
+        wrappers = None
+        if names.lua is not None:  # (no probe for them without a module file)
+            wrappers = wrapper_names(root=root, target=context.target_env)
         module = dict(
             settings=self.settings,
             binds=binds,
             image_path=image_path,
             user_software=user_software,
             mpi=mpi,
-            # (No probe for them without a module file.)
-            wrappers=names.lua and wrapper_names(root=root, target=context.target_env),
+            wrappers=wrappers,
         )
         paths, container_root, outputs = module_outputs(**module)
         hint = dict(image_path=image_path, mpi=mpi, binds=binds)
-        if context.plan.layer_only:  # the plugin's, if the layer is kept
-            base = str(context.plan.base_image.resolved)
+        host_files = HostFiles(
+            files={Path(p): text for p, text in outputs.items()},
+            run_hint=self._run_hint(**hint),
+        )
+        layer_host_files = None
+        if context.build.layer_only:  # used if the layer is kept
+            base = str(context.build.base_image.resolved)
             layer = module_outputs(**module, base=base)[2]  # SIF: the base
-            details["layer"] = {
-                "outputs": {Path(p): text for p, text in layer.items()},
-                "run-hint": self._run_hint(**hint, base=base),
-            }
-        details |= {
+            layer_host_files = HostFiles(
+                files={Path(p): text for p, text in layer.items()},
+                run_hint=self._run_hint(**hint, base=base),
+            )
+        record |= {
             "mpi": mpi.record(),
             "module-files": sorted(str(p) for p in (paths or ())),
             "container-root": str(container_root) if container_root else None,
-            "host-files": sorted(outputs),
-            "run-hint": self._run_hint(**hint),
+            "host-files": sorted(str(p) for p in outputs),
         }
         summary = f"{len(self.env)} variables in {ENV_FILE}"
         if self.settings.runscripts:
@@ -229,9 +235,10 @@ class LumiEnvStage(Stage):
         return StageReport(
             name=self.name,
             summary=f"{summary}; {mpi.summary()}",
-            details=details,
-            labels=self._labels(binds=binds, mpi=mpi, details=details),
-            outputs=outputs,
+            record=record,
+            labels=self._labels(binds=binds, mpi=mpi, record=record),
+            host_files=host_files,
+            layer_host_files=layer_host_files,
         )
 
     def _network_and_mpi(self, *, context):
@@ -257,7 +264,7 @@ class LumiEnvStage(Stage):
         binds = list(dict.fromkeys([*self.settings.binds, *own, *mpi.binds()]))
         return libfabric, mpi, binds
 
-    def _labels(self, *, binds, mpi, details):
+    def _labels(self, *, binds, mpi, record):
         """The image labels of the stage."""
         labels = {
             imagelayout.LABEL_BINDS: ",".join(binds),
@@ -267,7 +274,7 @@ class LumiEnvStage(Stage):
             imagelayout.LABEL_MPI_RECORD: MPI_FILE,
             imagelayout.LABEL_RUNTIME: imagelayout.RUNTIME_FILE,
         }
-        entry = details["search-paths"].pop("oci-entrypoint")
+        entry = record["search-paths"].pop("oci-entrypoint")
         if entry:
             labels[imagelayout.LABEL_OCI_ENTRYPOINT] = entry
         if self.settings.runscripts:

@@ -279,11 +279,11 @@ class PipRun:
         records = {PACKAGES_FILE: packages}
         details["sbom"] = write_sboms(
             root=self.root,
-            image_name=Path(self.context.plan.image_path).name,
+            image_name=Path(self.context.build.image_path).name,
             packages=packages,
             base_packages=self._base_packages,
             target_prefix=self._target.prefix,
-            base_image=self.context.plan.base_image.given,
+            base_image=self.context.build.base_image.given,
         )
         if self.steps:
             labels[imagelayout.LABEL_PIP_STEPS] = STEPS_FILE
@@ -294,7 +294,7 @@ class PipRun:
         torch = installed.get("torch")
         summary += f"{len(installed)} distributions"
         summary += f" (torch {torch[1]})" if torch else ""
-        return StageReport(name="pip", summary=summary, details=details, labels=labels)
+        return StageReport(name="pip", summary=summary, record=details, labels=labels)
 
     def _run_steps(self):
         """Check pip, run every step; (target info, the steps record)."""

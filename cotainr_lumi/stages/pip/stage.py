@@ -82,10 +82,10 @@ class PipStage(Stage):
         inputs = getattr(args, "pip_inputs", None)
         return steps_from_inputs(inputs=inputs) if inputs else {}
 
-    def describe(self, *, plan):
+    def describe(self, *, build):
         """The steps, their pip commands, protection and cache."""
         lines = [
-            f"target: {plan.target_environment}",
+            f"target: {build.target_text}",
             "pip runs as the target env's own interpreter (<env>/bin/python -m pip), "
             "with the env activated",
         ]

@@ -408,8 +408,7 @@ class RocmDedup:
         """The base image's ROCm major.minor (or None) and where it comes from."""
         base_text = rocmwindow.base_rocm_version(root=self.root, rocm_path=rocm_path)
         base_mm = major_minor(version=base_text)
-        system = self.context.plan.system
-        profile = system.rocm_version if system is not None else None
+        profile = self.context.build.rocm_version
         if base_mm is None and profile:
             return profile, "the profile's rocm-version"
         if base_mm and profile and base_mm != profile:

@@ -40,14 +40,14 @@ class PruneStage(Stage):
     name = "prune"
     settings_class = PruneSettings
 
-    def enabled(self, *, plan):
+    def enabled(self):
         """Run when at least one pruning is on."""
         return bool(self.settings.libstdcxx or self.settings.rocm_dedup)
 
-    def describe(self, *, plan):
+    def describe(self, *, build):
         """Describe the checks and actions (the sandbox does not exist yet)."""
         lines = [
-            f"environment: {plan.target_environment} (torch/lib in its site-packages; "
+            f"environment: {build.target_text} (torch/lib in its site-packages; "
             "libstdc++ in <env>/lib)"
         ]
         if self.settings.libstdcxx:
@@ -61,7 +61,7 @@ class PruneStage(Stage):
         else:
             lines.append("libstdc++: kept (libstdcxx: false)")
         if self.settings.rocm_dedup:
-            rocm = plan.system.rocm_version if plan.system is not None else None
+            rocm = build.rocm_version
             says = f"; profile says {rocm}" if rocm else ""
             base = f"the base image's ROCm ($ROCM_PATH/.info/version{says})"
             lines.append(
@@ -107,7 +107,7 @@ class PruneStage(Stage):
         return StageReport(
             name=self.name,
             summary=summary,
-            details={**manifest.to_dict(), "warnings": manifest.warnings},
+            record={**manifest.to_dict(), "warnings": manifest.warnings},
             labels={
                 LABEL_PRUNE_MANIFEST: PRUNE_MANIFEST_FILE,
                 LABEL_PRUNE_BYTES_SAVED: str(manifest.bytes_saved),

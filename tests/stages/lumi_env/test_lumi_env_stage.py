@@ -9,13 +9,13 @@ import shlex
 import subprocess
 from types import SimpleNamespace
 
-from planfakes import stand_in_plan
+from planfakes import build_facts, plan_text, stage_context
 import pytest
 from targetenv_fakes import is_probe, probe_stdout
 
 import cotainr_lumi
 from cotainr_lumi import _cotainr
-from cotainr_lumi.engine.stage import StageContext
+from cotainr_lumi.engine.stage import BaseImage
 from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.imagelayout import LUMI_ENV_FILE as ENV_FILE
@@ -90,13 +90,13 @@ def make_root(tmp_path, *, rocm=True, ofi=True, venv=True):
     return root
 
 
-def run_stage(tmp_path, settings, plan=None, **root_kw):
+def run_stage(tmp_path, settings, build=None, **root_kw):
     root = make_root(tmp_path, **root_kw)
     sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
     stage = LumiEnvStage(settings=settings)
     assert LumiEnvStage(settings=stage.settings.to_dict()).settings == stage.settings
-    plan = plan or stand_in_plan(image_path=tmp_path / "out" / "torch.sif")
-    report = stage.run(context=StageContext(sandbox=sandbox, plan=plan))
+    build = build or build_facts(image_path=tmp_path / "out" / "torch.sif")
+    report = stage.run(context=stage_context(sandbox, build=build))
     return root, report, sandbox
 
 
@@ -140,9 +140,9 @@ def test_stage_writes_env_file_runscripts_and_reports_outputs(tmp_path):
         report.labels["cotainr-lumi.env"]
         == "CXI_FORK_SAFE,FI_CXI_DEFAULT_CQ_SIZE,NCCL_SOCKET_IFNAME"
     )
-    outputs = report.outputs
+    outputs = report.host_files.files
     croot = tmp_path / "out/torch.root"
-    assert sorted(outputs) == sorted(
+    assert sorted(map(str, outputs)) == sorted(
         [
             str(tmp_path / "out/torch.lua"),
             str(tmp_path / "out/torch.sh"),
@@ -151,24 +151,24 @@ def test_stage_writes_env_file_runscripts_and_reports_outputs(tmp_path):
             str(croot / "user-software/README.cotainr-lumi"),
         ]
     )
-    assert report.details["container-root"] == str(croot)
-    assert report.details["user-venv"] == "/user-software/venv/torch"
+    assert report.record["container-root"] == str(croot)
+    assert report.record["user-venv"] == "/user-software/venv/torch"
     for name in HOST_COMMANDS:
-        text = outputs[str(croot / "bin" / name)]
+        text = outputs[croot / "bin" / name]
         assert text.startswith("#!/bin/bash\n") and MARKER in text
         assert f"default_sif={tmp_path / 'out/torch.sif'}" in text
-    lua = outputs[str(tmp_path / "out/torch.lua")]
+    lua = outputs[tmp_path / "out/torch.lua"]
     assert 'setenv("SIFTORCH", ' in lua
     assert f'setenv("EBROOTTORCH", "{croot}")' in lua
     env_file = (root / ENV_FILE.lstrip("/")).read_text()
     assert "COTAINR_LUMI_USER_VENV" in env_file
-    assert str(tmp_path / "out/torch.sif") in outputs[str(tmp_path / "out/torch.lua")]
-    assert "module load torch" in report.details["run-hint"]
+    assert str(tmp_path / "out/torch.sif") in outputs[tmp_path / "out/torch.lua"]
+    assert "module load torch" in report.host_files.run_hint
     assert (
         "-B /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/pfs"
-        in report.details["run-hint"]
+        in report.host_files.run_hint
     )
-    assert report.details["search-paths"] == {
+    assert report.record["search-paths"] == {
         "rocm": "/opt/rocm",
         "aws-ofi-rccl": "/opt/aws-ofi-rccl",
     }
@@ -249,9 +249,9 @@ def test_without_rocm_runscripts_conda_or_module_file(tmp_path):
         and "MIOPEN_USER_DB_PATH" not in env
     )
     assert not (root / "runscripts").exists()
-    assert report.outputs == {} and report.details["module-files"] == []
-    assert "module load" not in report.details["run-hint"]
-    assert len(sandbox.calls) == 1  # no probe without with-conda and MPI
+    assert report.host_files.files == {} and report.record["module-files"] == []
+    assert "module load" not in report.host_files.run_hint
+    assert len(sandbox.calls) == 2  # the build's probe, then the start check
 
 
 def test_conda_environment_is_activated_with_conda_sh(tmp_path):
@@ -264,11 +264,7 @@ def test_conda_environment_is_activated_with_conda_sh(tmp_path):
         probe=f"prefix={prefix}\nconda_prefix={prefix}\nconda_exe=/opt/cotainr/conda/bin/conda\n",
     )
     stage = LumiEnvStage(settings={})
-    stage.run(
-        context=StageContext(
-            sandbox=sandbox, plan=stand_in_plan(image_path=tmp_path / "a.sif")
-        )
-    )
+    stage.run(context=stage_context(sandbox, image_path=tmp_path / "a.sif"))
     text = (root / WITH_CONDA_FILE.lstrip("/")).read_text()
     assert f"conda activate {prefix}" in text
     assert ". /opt/cotainr/conda/etc/profile.d/conda.sh" in text
@@ -278,7 +274,7 @@ def test_module_dir_and_name_settings(tmp_path):
     _, report, _ = run_stage(
         tmp_path, {"module-dir": str(tmp_path / "mods"), "module-name": "pt"}
     )
-    outputs = sorted(report.outputs)
+    outputs = sorted(map(str, report.host_files.files))
     assert [o for o in outputs if "/mods/" in o] == [
         str(tmp_path / "mods/pt.lua"),
         str(tmp_path / "mods/pt.sh"),
@@ -290,25 +286,27 @@ def test_module_dir_and_name_settings(tmp_path):
         for o in outputs
         if "/mods/" not in o
     )
-    assert report.details["user-venv"] == "/user-software/venv/pt"
+    assert report.record["user-venv"] == "/user-software/venv/pt"
 
 
 def test_a_layer_only_build_also_reports_the_module_files_for_its_base(tmp_path):
     """Written instead if the layer is kept: SIF is the base, *_OVERLAY the layer."""
     image, base = tmp_path / "out/torch.sqfs", "/bases/it's.sif"
-    plan = stand_in_plan(
-        image_path=image, layer_only=True, base_image=SimpleNamespace(resolved=base)
+    build = build_facts(
+        image_path=image,
+        layer_only=True,
+        base_image=BaseImage(given=base, resolved=base, is_local_file=True),
     )
-    _, report, _ = run_stage(tmp_path, {}, plan=plan)
-    layer = report.details["layer"]["outputs"]
-    assert sorted(map(str, layer)) == sorted(report.outputs)
-    hint = report.details["layer"]["run-hint"]
+    _, report, _ = run_stage(tmp_path, {}, build=build)
+    layer = report.layer_host_files.files
+    assert sorted(map(str, layer)) == sorted(map(str, report.host_files.files))
+    hint = report.layer_host_files.run_hint
     assert f"exec --overlay {image}:ro {shlex.quote(base)} conda-python" in hint
     lua = layer[tmp_path / "out/torch.lua"]
     assert f'setenv("SIF", "{base}")' in lua
     assert f'setenv("APPTAINER_OVERLAY", "{image}:ro")' in lua
     assert f"SINGULARITY_OVERLAY={image}:ro; export" in layer[tmp_path / "out/torch.sh"]
-    assert "OVERLAY" not in report.outputs[str(tmp_path / "out/torch.lua")]
+    assert "OVERLAY" not in report.host_files.files[tmp_path / "out/torch.lua"]
 
 
 def test_container_root_var_name_and_user_venv_settings(tmp_path):
@@ -320,11 +318,11 @@ def test_container_root_var_name_and_user_venv_settings(tmp_path):
             "user-venv": "/user-software/venv/pytorch",
         },
     )
-    lua = report.outputs[str(tmp_path / "out/torch.lua")]
+    lua = report.host_files.files[tmp_path / "out/torch.lua"]
     assert 'setenv("SIFPYTORCH"' in lua
     assert f'setenv("EBROOTPYTORCH", "{tmp_path / "croot"}")' in lua
-    assert str(tmp_path / "croot/bin/start-shell") in report.outputs
-    assert report.details["user-venv"] == "/user-software/venv/pytorch"
+    assert tmp_path / "croot/bin/start-shell" in report.host_files.files
+    assert report.record["user-venv"] == "/user-software/venv/pytorch"
 
 
 @pytest.mark.parametrize(
@@ -348,9 +346,7 @@ def test_broken_env_file_fails_the_stage(tmp_path):
     sandbox = FakeSandbox(root, fail_check=True)
     with pytest.raises(StageError, match="does not start"):
         LumiEnvStage(settings={}).run(
-            context=StageContext(
-                sandbox=sandbox, plan=stand_in_plan(image_path=tmp_path / "a.sif")
-            )
+            context=stage_context(sandbox, image_path=tmp_path / "a.sif")
         )
 
 
@@ -429,7 +425,7 @@ def test_api_build_and_dry_run_plan(tmp_path, fake_singularity, lumi_env_profile
     plan = cotainr_lumi.plan(
         image_path=tmp_path / "pt.sif", system="lumi-env-test", settings=settings
     )
-    text = plan.describe()
+    text = plan_text(plan)
     assert "CXI_FORK_SAFE=1" in text and "EXTRA='$(x)'" in text
     assert "not set: NCCL_SOCKET_IFNAME, NCCL_NET_GDR_LEVEL" in text
     assert "runscripts in /runscripts (on PATH): conda-python-simple" in text
@@ -448,7 +444,7 @@ def test_api_build_and_dry_run_plan(tmp_path, fake_singularity, lumi_env_profile
     assert env_label[0] == "CXI_FORK_SAFE" and env_label[-1] == "EXTRA"
     assert "PYTORCH_ROCM_ARCH" in env_label and "NCCL_SOCKET_IFNAME" not in env_label
     report = result.report("lumi-env")
-    assert str(tmp_path / "pt.lua") in report.outputs
+    assert tmp_path / "pt.lua" in report.host_files.files
     # The pipeline wrote the module file and shell snippet next to the image.
     assert 'setenv("SIF"' in (tmp_path / "pt.lua").read_text()
     # Two binds, and the /user-software bind (SquashFS file or directory).
@@ -478,9 +474,9 @@ def test_base_image_runscripts_are_replaced_with_a_note(tmp_path, caplog):
     (root / "runscripts/my-own").write_text("#!/bin/bash\nmine\n")
     sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
     stage = LumiEnvStage(settings=LUMI_SETTINGS)
-    plan = stand_in_plan(image_path=tmp_path / "out" / "torch.sif")
+    context = stage_context(sandbox, image_path=tmp_path / "out" / "torch.sif")
     with caplog.at_level("INFO", logger="cotainr.cotainr_lumi"):
-        stage.run(context=StageContext(sandbox=sandbox, plan=plan))
+        stage.run(context=context)
     replaced = [r for r in caplog.messages if r.startswith("Replacing")]
     assert replaced == [
         "Replacing the base image's /runscripts/conda-python-distributed "
@@ -494,7 +490,7 @@ def test_base_image_runscripts_are_replaced_with_a_note(tmp_path, caplog):
     # Building again on an image that has ours: nothing to note.
     caplog.clear()
     with caplog.at_level("INFO", logger="cotainr.cotainr_lumi"):
-        stage.run(context=StageContext(sandbox=sandbox, plan=plan))
+        stage.run(context=context)
     assert not [r for r in caplog.messages if r.startswith("Replacing")]
 
 

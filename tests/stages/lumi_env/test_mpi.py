@@ -13,11 +13,10 @@ import subprocess
 from types import SimpleNamespace
 
 import elfbuild
-from planfakes import stand_in_plan
+from planfakes import stage_context
 import pytest
 from targetenv_fakes import is_probe, probe_stdout
 
-from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.errors import CotainrLumiError, InputError, StageError
 from cotainr_lumi.imagelayout import MPI_ENV_FILE, MPI_FILE
 from cotainr_lumi.stages.lumi_env.modulefile import render
@@ -436,8 +435,8 @@ def run_stage(tmp_path, root, settings, loaded=None):
     }
     sandbox = MpiSandbox(root, loaded=loaded)
     stage = LumiEnvStage(settings={"module-dir": str(tmp_path / "mod"), **settings})
-    plan = stand_in_plan(image_path=tmp_path / "out" / "mpi.sif")
-    return stage.run(context=StageContext(sandbox=sandbox, plan=plan)), sandbox
+    context = stage_context(sandbox, image_path=tmp_path / "out" / "mpi.sif")
+    return stage.run(context=context), sandbox
 
 
 HOST_SETTING = {
@@ -470,17 +469,17 @@ def test_stage_records_and_binds_the_host_mpich(tmp_path, libs):
     assert len(sandbox.calls) == 2 and sandbox.calls[1][:2] == ["bash", "-c"]
     env_file = at(root, MPI_ENV_FILE).read_text()
     assert "*) _cl_lib=" + CRAY_LIB in env_file
-    lua = report.outputs[str(tmp_path / "mod/mpi.lua")]
+    lua = report.host_files.files[tmp_path / "mod/mpi.lua"]
     assert 'append_path("SINGULARITY_BIND", "/usr/lib64/libjansson.so.4", ",")' in lua
     # The profile's library, checked on load by the discovery program.
     assert "capture(" in lua and CRAY_LIB in lua and "LmodMessage" in lua
-    shell = report.outputs[str(tmp_path / "mod/mpi.sh")]
+    shell = report.host_files.files[tmp_path / "mod/mpi.sh"]
     assert "$(eval " in shell and CRAY_LIB in shell
     # The comment names the library whole (a wrapped path cannot be found).
     assert any(CRAY_LIB in line for line in shell.splitlines() if line[:1] == "#")
     assert (
         "MPI (host): launch ranks with srun (LUMI's default --mpi=cray_shasta"
-        in (report.details["run-hint"])
+        in report.host_files.run_hint
     )
     assert "MPI: host" in report.summary
 
@@ -514,7 +513,7 @@ def test_stage_without_mpi_changes_nothing(tmp_path):
     assert report.labels["cotainr-lumi.mpi"] == "none"
     assert report.labels["cotainr-lumi.binds"] == "/opt/cray"
     assert not at(root, MPI_ENV_FILE).exists()
-    assert "cray_shasta" not in report.outputs[str(tmp_path / "mod/mpi.lua")]
+    assert "cray_shasta" not in report.host_files.files[tmp_path / "mod/mpi.lua"]
 
 
 def test_stage_stops_on_a_pin_with_the_fix(tmp_path, libs):
@@ -541,9 +540,9 @@ def test_a_pin_is_a_warning_when_the_image_keeps_its_mpich(tmp_path, libs, caplo
     assert report.labels["cotainr-lumi.mpi"] == "container"
     assert "COTAINR_LUMI_MPI=host would not reach it" in caplog.text
     # srun's --mpi default for the image's MPICH, as the AI Factory's module.
-    lua = report.outputs[str(tmp_path / "mod/mpi.lua")]
+    lua = report.host_files.files[tmp_path / "mod/mpi.lua"]
     assert 'pushenv("SLURM_MPI_TYPE", "pmi2")' in lua
-    shell = report.outputs[str(tmp_path / "mod/mpi.sh")]
+    shell = report.host_files.files[tmp_path / "mod/mpi.sh"]
     assert "|| SLURM_MPI_TYPE=pmi2; export SLURM_MPI_TYPE" in shell
 
 
@@ -553,7 +552,7 @@ def test_host_mode_leaves_srun_at_lumis_default(tmp_path, libs):
     report, _ = run_stage(tmp_path, root, {"mpi-host": HOST_SETTING})
     assert report.labels["cotainr-lumi.mpi"] == "host"
     for name in ("mpi.lua", "mpi.sh"):
-        assert "SLURM_MPI_TYPE" not in report.outputs[str(tmp_path / "mod" / name)]
+        assert "SLURM_MPI_TYPE" not in report.host_files.files[tmp_path / "mod" / name]
 
 
 def test_stage_stops_when_the_host_library_is_missing_here(tmp_path, libs):

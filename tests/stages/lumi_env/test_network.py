@@ -4,11 +4,10 @@ import json
 import subprocess
 
 from elfbuild import plain_lib
-from planfakes import stand_in_plan
+from planfakes import stage_context
 import pytest
 from test_lumi_env_stage import FakeSandbox, make_root, source_env
 
-from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.imagelayout import RUNTIME_FILE
 from cotainr_lumi.pipeline.profiles import PACKAGED_PROFILE, load_systems
 from cotainr_lumi.stages.lumi_env import network
@@ -29,9 +28,9 @@ def run_stage(tmp_path, settings, *, aif=False, ofi=True):
     if aif:
         add_aif_plugin(root)
     sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
-    plan = stand_in_plan(image_path=tmp_path / "out" / "torch.sif")
     stage = LumiEnvStage(settings=settings)
-    return root, stage.run(context=StageContext(sandbox=sandbox, plan=plan)), sandbox
+    context = stage_context(sandbox, image_path=tmp_path / "out" / "torch.sif")
+    return root, stage.run(context=context), sandbox
 
 
 def add_aif_plugin(root, name="librccl-net-ofi.so", *, decoy=True):
@@ -155,7 +154,7 @@ def test_aif_family_settings_in_the_image(tmp_path):
     assert env["FI_MR_CACHE_MONITOR"] == "userfaultfd"
     # The plugin is in a directory the loader searches anyway.
     assert env["LD_LIBRARY_PATH"] == "/base:/opt/rocm/lib"
-    assert report.details["search-paths"]["aws-ofi-nccl"] == MULTIARCH
+    assert report.record["search-paths"]["aws-ofi-nccl"] == MULTIARCH
     # RCCL loads librccl-net-ofi.so only when named; a run-time value wins.
     assert env["NCCL_NET_PLUGIN"] == "ofi"
     assert (
@@ -176,12 +175,12 @@ def test_aif_family_settings_in_the_image(tmp_path):
     }
     assert record["rccl-tests-found"] is True
     assert report.labels["cotainr-lumi.runtime"] == RUNTIME_FILE
-    assert report.details["runtime"] == record
+    assert report.record["runtime"] == record
 
 
 def test_rccl_tests_the_image_lacks_are_said(tmp_path, caplog):
     _, report, _ = run_stage(tmp_path, profile_settings("lumi-aif-torch"), ofi=False)
-    assert report.details["runtime"]["rccl-tests-found"] is False
+    assert report.record["runtime"]["rccl-tests-found"] is False
     assert "rccl-tests are in /usr/libexec/rccl-tests" in caplog.text
 
 
@@ -211,7 +210,7 @@ def test_a_2024_system_on_an_ai_factory_base_says_which_system_fits(tmp_path, ca
     root, report, _ = run_stage(
         tmp_path, profile_settings("lumi-g-ext"), aif=True, ofi=False
     )
-    assert "aws-ofi-nccl" not in report.details["search-paths"]
+    assert "aws-ofi-nccl" not in report.record["search-paths"]
     assert "has aws-ofi-nccl in /usr/lib/x86_64-linux-gnu" in caplog.text
     assert "--system=lumi-aif-torch" in caplog.text
     caplog.clear()
@@ -264,9 +263,8 @@ def test_the_image_family_gets_no_host_libfabric_binds(tmp_path):
     root = make_root(tmp_path, ofi=False)
     _plugin_needing_libfabric(root, tmp_path, fabric_dir="/usr/lib64")
     sandbox = FakeSandbox(root, probe="prefix=/opt/env\nconda_prefix=\nconda_exe=\n")
-    plan = stand_in_plan(image_path=tmp_path / "out" / "torch.sif")
     report = LumiEnvStage(settings=settings).run(
-        context=StageContext(sandbox=sandbox, plan=plan)
+        context=stage_context(sandbox, image_path=tmp_path / "out" / "torch.sif")
     )
     binds = report.labels["cotainr-lumi.binds"].split(",")
     assert "/opt/cray" not in binds and "/usr/lib64/libcxi.so.1" not in binds

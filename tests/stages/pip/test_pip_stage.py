@@ -7,19 +7,18 @@ from pathlib import Path
 import shlex
 import subprocess
 
-from planfakes import stand_in_plan
+from planfakes import plan_text, stage_context
 import pytest
 from targetenv_fakes import is_probe, probe_stdout
 
 from cotainr_lumi import _cotainr
-from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
 from cotainr_lumi.stages.pip.install import CHECK_FILE, STEPS_FILE
 from cotainr_lumi.stages.pip.stage import PACKAGES_FILE, WORK_DIR, PipStage
 
 PREFIX = "/opt/cotainr/conda/envs/conda_container_env"
-PLAN = stand_in_plan(image_path=Path("x.sif"))
+BUILD = {"image_path": Path("x.sif")}
 
 
 class FakeSandbox:
@@ -161,7 +160,7 @@ def test_plan_describes_target_commands_and_staging(inputs, tmp_path):
         )
     )
     assert plan.stage_names == ["pip", "provenance"]
-    text = plan.describe()
+    text = plan_text(plan)
     assert "target: found in the base image when the build starts" in text
     assert "$WITH_CONDA" in text
     assert f"pip cache: {inputs / 'c'}" in text
@@ -186,11 +185,11 @@ def test_no_steps_records_the_package_list_only(tmp_path):
     )
     assert plan.stage_names == ["pip", "provenance"]
     assert "no pip steps: record the environment's package list only" in (
-        plan.describe()
+        plan_text(plan)
     )
     stage = plan.stages[0]
     sandbox = FakeSandbox(tmp_path / "sb", {"numpy": "2.1.0", "torch": "2.13.0"})
-    report = stage.run(context=StageContext(sandbox=sandbox, plan=plan))
+    report = stage.run(context=stage_context(sandbox, build=plan.facts))
     assert sandbox.installs() == []
     last = sandbox.commands[-1][0]
     assert shlex.split(last[2].rsplit("; exec ", 1)[1])[:4] == [
@@ -229,7 +228,7 @@ def test_no_steps_and_no_pip_warns_and_goes_on(tmp_path, mocker, caplog):
     stage = PipStage(settings={"cache": False})
     sandbox = _sandbox_without_python(tmp_path, mocker)
     with caplog.at_level("WARNING", logger="cotainr.cotainr_lumi"):
-        report = stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
+        report = stage.run(context=stage_context(sandbox, probe=False, **BUILD))
     assert "No pip steps and no package list" in caplog.text
     assert report.labels == {}
     assert not sandbox.host(PACKAGES_FILE).exists()
@@ -274,7 +273,7 @@ def test_run_installs_steps_in_order_with_exact_commands(inputs, tmp_path):
             sandbox.installed["ext"] = "0.1"
 
     sandbox.on_install = on_install
-    report = stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
+    report = stage.run(context=stage_context(sandbox, **BUILD))
 
     (cmd1, env1), (cmd2, env2) = sandbox.installs()
     assert cmd1 == [
@@ -356,11 +355,11 @@ def test_run_installs_steps_in_order_with_exact_commands(inputs, tmp_path):
         "cotainr-lumi.sbom": "/opt/cotainr-lumi/sbom.cdx.json",
     }
     # The SBOM says what the steps added.
-    assert "torch" in report.details["sbom"]["added"]
-    assert report.details["sbom"]["aif"] is None  # the base has no /.sbom.json
+    assert "torch" in report.record["sbom"]["added"]
+    assert report.record["sbom"]["aif"] is None  # the base has no /.sbom.json
     assert "torch 2.13.0+cpu" in report.summary
-    assert report.details["steps"][0]["added"]["torch"] == "2.13.0+cpu"
-    assert report.details["target"]["prefix"] == PREFIX
+    assert report.record["steps"][0]["added"]["torch"] == "2.13.0+cpu"
+    assert report.record["target"]["prefix"] == PREFIX
 
 
 CONFLICT_STDERR = """\
@@ -389,7 +388,7 @@ def test_protection_conflict_names_package_version_and_requirement(inputs, tmp_p
 
     sandbox.on_install = on_install
     with pytest.raises(StageError) as info:
-        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
+        stage.run(context=stage_context(sandbox, **BUILD))
     text = str(info.value)
     assert (
         "step 1 (pip settings, step 1) would change protected package(s) torch" in text
@@ -423,7 +422,7 @@ def test_other_pip_failure_shows_step_source_and_pip_errors(inputs, tmp_path):
 
     sandbox.on_install = on_install
     with pytest.raises(StageError) as info:
-        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
+        stage.run(context=stage_context(sandbox, **BUILD))
     text = str(info.value)
     assert "pip install failed in step 1 (pip settings, step 1) (exit status 1)" in text
     assert "No module named 'torch'" in text
@@ -444,7 +443,7 @@ def test_changes_that_slip_through_are_caught(inputs, tmp_path):
     with pytest.raises(
         StageError, match=r"changed protected package\(s\) torch despite"
     ) as info:
-        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
+        stage.run(context=stage_context(sandbox, **BUILD))
     assert "torch 2.13.0+cpu -> 2.12.0" in str(info.value)
     assert "numpy" not in str(info.value).split("constraints:")[1].split("Add")[0]
 
@@ -453,7 +452,7 @@ def test_no_python_in_the_container(inputs, tmp_path, mocker):
     stage = PipStage(settings={"steps": ["torch.txt"]})
     sandbox = _sandbox_without_python(tmp_path, mocker)
     with pytest.raises(StageError, match="could not start the container"):
-        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
+        stage.run(context=stage_context(sandbox, **BUILD))
 
 
 def test_system_python_only_is_refused_before_installing(inputs, tmp_path):
@@ -463,7 +462,7 @@ def test_system_python_only_is_refused_before_installing(inputs, tmp_path):
         args, 0, stdout=probe_stdout(None), stderr=""
     )
     with pytest.raises(StageError) as info:
-        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
+        stage.run(context=stage_context(sandbox, **BUILD))
     text = str(info.value)
     assert "no Python environment to install into" in text
     assert "/usr/bin/python3 (prefix /usr), a system Python" in text
@@ -483,7 +482,7 @@ def test_host_find_links_missing_in_the_container_is_said_once_and_left_out(
     stage = _stage_from_cli(
         ["--pip-requirements", "torch.txt", "--pip-steps", "steps.yml"]
     )
-    stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
+    stage.run(context=stage_context(sandbox, **BUILD))
     installs = sandbox.installs()
     assert len(installs) == 2
     for _, env in installs:
@@ -509,7 +508,7 @@ def test_host_pip_variables_that_exist_in_the_container_are_untouched(
     monkeypatch.setenv("PIP_FIND_LINKS", "/wheels")
     caplog.set_level("WARNING", logger="cotainr")
     stage = _stage_from_cli(["--pip-requirements", "torch.txt"])
-    stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
+    stage.run(context=stage_context(sandbox, **BUILD))
     assert all("PIP_FIND_LINKS" not in env for _, env in sandbox.installs())
     assert "PIP_FIND_LINKS" not in caplog.text
 
@@ -563,7 +562,7 @@ def test_credentials_and_step_secrets_reach_pip_only(inputs, tmp_path, caplog):
 
     sandbox.on_install = on_install
     caplog.set_level("INFO")
-    report = plan.stages[0].run(context=StageContext(sandbox=sandbox, plan=plan))
+    report = plan.stages[0].run(context=stage_context(sandbox, build=plan.facts))
     # pip got every credential and the variable.
     assert "https://user:s3cret@pypi.example.org/simple" in seen["argv"]
     assert "--find-links=https://c:pw-arg@f.example.org/" in seen["argv"]
@@ -572,9 +571,9 @@ def test_credentials_and_step_secrets_reach_pip_only(inputs, tmp_path, caplog):
     # Nothing kept, recorded, logged or planned has them.
     recorded = [
         _all_text(sandbox.root),
-        json.dumps(report.details),
+        json.dumps(report.record),
         caplog.text,
-        plan.describe(),
+        plan_text(plan),
     ]
     for text in recorded:
         assert [s for s in SECRETS if s in text] == []
@@ -583,14 +582,14 @@ def test_credentials_and_step_secrets_reach_pip_only(inputs, tmp_path, caplog):
         "-i https://***@idx.example.org/simple",
         "--find-links https://bob:***@links.example.org/",
     ]
-    step = report.details["steps"][0]
+    step = report.record["steps"][0]
     assert step["env"] == {"HF_TOKEN": "***", "MAX_JOBS": "2"}
     assert "https://user:***@pypi.example.org/simple" in step["command"]
     assert (
         "Looking in indexes: https://user:***@pypi.example.org/simple; token ***"
         in (caplog.text)
     )
-    assert "HF_TOKEN='***' MAX_JOBS=2" in plan.describe()
+    assert "HF_TOKEN='***' MAX_JOBS=2" in plan_text(plan)
     # Only while the stage runs.
     assert logging.getLogRecordFactory() is logging.LogRecord
 
@@ -610,7 +609,7 @@ def test_a_failing_step_shows_no_credentials(inputs, tmp_path):
 
     sandbox.on_install = on_install
     with pytest.raises(StageError) as info:
-        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
+        stage.run(context=stage_context(sandbox, **BUILD))
     text = str(info.value)
     assert "ERROR: 403 for https://user:***@pypi.example.org/simple (HF_TOKEN=***)" in (
         text
@@ -631,7 +630,7 @@ def test_pip_check_after_the_last_step(inputs, tmp_path, caplog, mode):
     stage = PipStage(settings={"steps": steps, "check": mode})
     sandbox = FakeSandbox(tmp_path / "sb", {"pip": "24.0"})
     sandbox.check_output = "WARNING: noise\n" + PIP_CHECK_OUTPUT
-    context = StageContext(sandbox=sandbox, plan=PLAN)
+    context = stage_context(sandbox, **BUILD)
     if mode == "strict":
         with pytest.raises(StageError) as info:
             stage.run(context=context)
@@ -664,6 +663,6 @@ def test_pip_check_without_broken_requirements_is_quiet(inputs, tmp_path, caplog
     stage = PipStage(settings={"steps": [{"packages": ["x"]}], "check": "strict"})
     sandbox = FakeSandbox(tmp_path / "sb", {"pip": "24.0"})
     with caplog.at_level(logging.WARNING):
-        stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
+        stage.run(context=stage_context(sandbox, **BUILD))
     assert json.loads(sandbox.host(STEPS_FILE).read_text())["check"] == []
     assert not [r for r in caplog.records if "pip check" in r.getMessage()]

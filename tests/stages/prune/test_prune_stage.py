@@ -10,17 +10,15 @@ import os
 from pathlib import Path
 import shutil
 import subprocess
-from types import SimpleNamespace
 
 import elfbuild
-from planfakes import stand_in_plan
+from planfakes import plan_text, stage_context
 import pytest
 from targetenv_fakes import is_probe, probe_stdout
 from test_libstdcxx import DEB_DIR, install_lib
 from test_rocm import make_rocm
 
 from cotainr_lumi import _cotainr
-from cotainr_lumi.engine.stage import StageContext
 from cotainr_lumi.errors import InputError, ProfileError, StageError
 from cotainr_lumi.imagelayout import LABEL_PRUNE_MANIFEST as MANIFEST_LABEL
 from cotainr_lumi.imagelayout import PRUNE_MANIFEST_FILE as MANIFEST_PATH
@@ -78,10 +76,7 @@ class FakeSandbox:
 
 
 def context_for(sandbox, rocm_version="6.1"):
-    plan = stand_in_plan(
-        system=SimpleNamespace(rocm_version=rocm_version, name="lumi-test")
-    )
-    return StageContext(sandbox=sandbox, plan=plan)
+    return stage_context(sandbox, rocm_version=rocm_version, system="lumi-test")
 
 
 @pytest.fixture
@@ -161,7 +156,7 @@ def test_rocm_version_mismatch_skips_or_fails(root, strict, caplog):
     report = stage.run(context=context_for(FakeSandbox(root)))
     assert not any(p.is_symlink() for p in torch_lib(root).iterdir())
     assert "ROCm version mismatch" in caplog.text and "6.0.32830" in caplog.text
-    assert any("mismatch" in w for w in report.details["warnings"])
+    assert any("mismatch" in w for w in report.record["warnings"])
     assert any(
         s["group"] == "rocm-dedup" and "mismatch" in s["reason"]
         for s in read_manifest(root)["skipped"]
@@ -195,7 +190,7 @@ def test_unresolved_after_dedup_rolls_back(root, strict, kit):
             stage.run(context=context_for(sandbox))
     else:
         report = stage.run(context=context_for(sandbox))
-        assert "could not resolve" in report.details["warnings"][0]
+        assert "could not resolve" in report.record["warnings"][0]
     lib = torch_lib(root)
     assert not any(p.is_symlink() for p in lib.iterdir())
     assert (lib / "librccl.so.1").read_bytes() == original
@@ -250,16 +245,14 @@ def test_switches_keep_everything(root):
     )
     assert (root / ENV.lstrip("/") / "lib/libstdc++.so.6.0.30").is_file()
     assert not any(p.is_symlink() for p in torch_lib(root).iterdir())
-    assert report.details["entries"] == [] and len(report.details["skipped"]) == 2
-    assert not PruneStage(settings={"libstdcxx": False, "rocm-dedup": False}).enabled(
-        plan=stand_in_plan()
-    )
+    assert report.record["entries"] == [] and len(report.record["skipped"]) == 2
+    assert not PruneStage(settings={"libstdcxx": False, "rocm-dedup": False}).enabled()
 
 
 def test_rocm_sdk_layout_is_reported(root, caplog):
     (root / SITE.lstrip("/") / "_rocm_sdk_libraries_gfx90X/lib").mkdir(parents=True)
     report = PruneStage().run(context=context_for(FakeSandbox(root)))
-    assert any("_rocm_sdk_" in w for w in report.details["warnings"])
+    assert any("_rocm_sdk_" in w for w in report.record["warnings"])
     assert "newer ROCm wheel layout" in caplog.text
     assert read_manifest(root)["facts"]["rocm-dedup"]["rocm-sdk-packages"] == [
         f"{SITE}/_rocm_sdk_libraries_gfx90X"
@@ -270,7 +263,7 @@ def test_no_python_in_image(root):
     report = PruneStage().run(
         context=context_for(FakeSandbox(root, prefix="", site=()))
     )
-    assert "no Python environment" in report.details["warnings"][0]
+    assert "no Python environment" in report.record["warnings"][0]
     with pytest.raises(StageError, match="strict"):
         PruneStage(settings={"strict": True}).run(
             context=context_for(FakeSandbox(root, prefix="", site=()))
@@ -317,7 +310,7 @@ def test_profile_settings_and_dry_run_description(tmp_path, monkeypatch):
         "rocm-dedup": True,
         "strict": False,
     }
-    text = "\n".join(stage.describe(plan=plan))
+    text = "\n".join(stage.describe(build=plan.facts))
     assert "libstdc++: kept" in text
     assert (
         "torch.version.hip" in text
@@ -325,7 +318,7 @@ def test_profile_settings_and_dry_run_description(tmp_path, monkeypatch):
         and "SONAMEs match" in text
     )
     assert MANIFEST_PATH in text and "skip with a warning" in text
-    assert "prune" in plan.describe()
+    assert "prune" in plan_text(plan)
     bad = tmp_path / "bad.yaml"
     bad.write_text(profile.read_text().replace("strict: true", "strict: maybe"))
     monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(bad))
@@ -364,7 +357,7 @@ def test_symlink_loop_in_the_env_is_skipped_with_a_warning(root, where, caplog):
     caplog.set_level("WARNING", logger="cotainr")
     report = PruneStage().run(context=context_for(FakeSandbox(root)))
     assert "symlink loop" in caplog.text
-    assert any("symlink loop" in w for w in report.details["warnings"])
+    assert any("symlink loop" in w for w in report.record["warnings"])
     manifest = read_manifest(root)
     assert any("symlink loop" in skip["reason"] for skip in manifest["skipped"])
     entries = manifest["entries"]
