@@ -309,7 +309,8 @@ def discover_host_mpi(*, setting, env=None):
         env=env,
         check=False,
     )
-    out = dict(ln.split(" ", 1) for ln in proc.stdout.splitlines() if " " in ln)
+    # Lines as the module file's parser sees them: split at "\n" only.
+    out = dict(ln.split(" ", 1) for ln in proc.stdout.split("\n") if " " in ln)
     if "libmpi" not in out:
         problem = out.get("problem") or f"discovery failed: {proc.stderr.strip()}"
         return HostMpi(None, (), None, None, problem)
