@@ -25,7 +25,7 @@ import pytest
 
 from cotainr_lumi import cli
 from cotainr_lumi.verify.hostcheck import check_host
-from cotainr_lumi.verify.status import FAIL, NA, PASS
+from cotainr_lumi.verify.status import FAIL, NA, PASS, WARN
 
 
 @pytest.fixture
@@ -216,3 +216,31 @@ def test_a_relative_root_works_and_one_with_a_colon_is_one_error(
     code, out, err = _run(["--root", "a:b"], capsys)
     assert code == 2 and out == "" and err.count("\n") == 1
     assert f"--root {tmp_path}/a:b: host paths are looked up through binds" in err
+
+
+def test_a_rocm_7_system_with_a_host_binding_warns_gpu_aware_mpi(
+    tmp_path, profile, monkeypatch
+):
+    """LUMI's Update-202601: no Cray MPICH up to PE 25.09 is GPU-aware with ROCm 7."""
+    assert facts("lumi-update-202601")["gpu-aware-mpi-with-rocm7"].startswith("none")
+    site = tmp_path / "rocm7.yaml"
+    site.write_text(
+        "systems:\n  my-rocm7:\n    extends: lumi-2026\n"
+        '    rocm-version: "7.0"\n    settings:\n      rocm: {supported: "6.1-7.0"}\n'
+    )
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", f"{profile}:{site}")
+    root = lumi_2026(tmp_path / "root")
+    report = check_host(root=root, system="my-rocm7")
+    status, words = _rows(report)["mpi-gpu-aware"]
+    assert status == WARN and "ROCm 7.0" in words and "PE 25.09" in words
+    assert "MPICH_GPU_SUPPORT_ENABLED" in words and not report.failed
+    # ROCm 6.2 (lumi-2026): no such row.
+    assert "mpi-gpu-aware" not in _rows(check_host(root=root, system="lumi-2026"))
+
+
+def test_lumi_g_ext_checks_its_conditional_libjansson_bind(tmp_path):
+    root = lumi_2026(tmp_path / "root")
+    rows = _rows(check_host(root=root, system="lumi-g-ext"))
+    status, words = rows["bind /usr/lib64/libjansson.so.4"]
+    jansson = Path(facts("lust-ccpe-25.09")["host-libjansson"]).name
+    assert status == PASS and f"-> /usr/lib64/{jansson}" in words
