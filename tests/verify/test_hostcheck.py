@@ -6,6 +6,7 @@ show it: all four PEs installed, 25.03 the default.
 
 import json
 from pathlib import Path
+import re
 import shutil
 
 from hostroot import (
@@ -244,3 +245,26 @@ def test_lumi_g_ext_checks_its_conditional_libjansson_bind(tmp_path):
     status, words = rows["bind /usr/lib64/libjansson.so.4"]
     jansson = Path(facts("lust-ccpe-25.09")["host-libjansson"]).name
     assert status == PASS and f"-> /usr/lib64/{jansson}" in words
+
+
+def test_readme_example_is_what_check_host_prints(tmp_path, monkeypatch):
+    """README's check-host example: produced on this host tree, and labelled so."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    label = "produced on a host tree built from LUMI's published facts, not on LUMI"
+    assert label in " ".join(readme.split())
+    block = readme.split("$ cotainr-lumi check-host --root /tmp/lumi-host/root")[1]
+    lines = block.split("```")[0].splitlines()[2:]
+    site = tmp_path / "site.yaml"
+    write_profile(site)
+    site.write_text(site.read_text().replace("  lumi-2024:", "  my-lumi:"))
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(site))
+    root = lumi_2026(tmp_path / "lumi-host/root")
+    report = check_host(root=root, system="my-lumi")
+    got = {r.check: (r.status, r.evidence) for r in report.results}
+    for line in lines[:-1]:
+        status, check, evidence = re.split(r"\s{2,}", line, maxsplit=2)
+        shown = re.escape(evidence).replace(r"\.\.\.", ".*")
+        assert got[check][0] == status, line
+        assert re.fullmatch(shown, got[check][1]), (line, got[check][1])
+    summary = lines[-1].replace("/tmp/lumi-host/root", str(root))
+    assert report.summary() == summary
