@@ -21,6 +21,7 @@ from hostroot import (
 from hosttools import LMOD_INIT, need_lmod, need_tool
 import pytest
 
+from cotainr_lumi.pipeline.profiles import get_system, load_systems
 from cotainr_lumi.stages.lumi_env.modulefile import render
 from cotainr_lumi.stages.lumi_env.mpi import (
     HostBinding,
@@ -290,3 +291,30 @@ def test_the_shell_snippet_agrees_and_is_shellcheck_clean(tmp_path):
         ["sh", "-c", empty], capture_output=True, text=True, check=True
     )
     assert proc.stderr.count("no Cray MPICH for the container") == 1
+
+
+def _in_container(cray, entry):
+    """Whether `entry` resolves with only the host's /opt/cray bound."""
+    path = cray
+    for part in entry.removeprefix("/opt/cray/").split("/"):
+        path = path / part
+        target = os.readlink(path) if path.is_symlink() else None
+        if target and target.startswith("/") and not target.startswith("/opt/cray/"):
+            return False  # a link out of the bind: dangling in the container
+    return path.is_dir()
+
+
+def test_lumi_g_ext_finds_directories_a_container_can_reach(tmp_path):
+    """XPMEM's default/ links through /etc/alternatives (lust-ccpe-25.09)."""
+    cray = lumi_tree(tmp_path)
+    system = get_system(name="lumi-g-ext", systems=load_systems())
+    host = system.stage_settings("lumi-env")["mpi-host"]
+    got = discover_host_mpi(
+        setting={**host, "binds": [f"{cray}:/opt/cray"]},
+        env={"PATH": os.environ["PATH"]},
+    )
+    xpmem = facts("lust-ccpe-25.09")["xpmem-dir"] + "/lib64"
+    assert xpmem in got.ld_library_path
+    assert not _in_container(cray, "/opt/cray/xpmem/default/lib64")
+    for entry in got.ld_library_path:
+        assert _in_container(cray, entry), entry
