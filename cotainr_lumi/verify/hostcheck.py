@@ -113,14 +113,21 @@ def _rocm_rows(system, root):
         yield f"{check} {window}", not out if found else NA, words, fix
 
 
+def _gpu_rows(system, root):
+    """The WARN of a ROCm 7 system with a host MPI binding (Update-202601)."""
+    host_mpi = system.stage_settings("lumi-env").get("mpi-host") or {}
+    if not host_mpi.get("libmpi"):
+        return
+    caveat = gpu_aware_caveat(system.rocm_version)
+    if caveat:
+        yield "mpi-gpu-aware", WARN, caveat, ""
+
+
 def _mpi_rows(system, root):
     """The rows of a system's host MPI binding (``lumi-env.mpi-host``)."""
     raw = system.stage_settings("lumi-env").get("mpi-host") or {}
     if not raw.get("libmpi"):
         return
-    caveat = gpu_aware_caveat(system.rocm_version)
-    if caveat:
-        yield "mpi-gpu-aware", WARN, caveat, ""
     paths = [raw["libmpi"], *(raw.get("ld-library-path") or [])]
     if raw["libmpi"] == "discover" or any("*" in p for p in paths):
         binds = [
@@ -171,7 +178,7 @@ def check_host(*, root="/", system=None):
     for one in chosen:
         kinds = [_base_image_rows, _rocm_rows]
         if "lumi-env" in one.stages:
-            kinds += [_bind_rows, _mpi_rows]
+            kinds += [_bind_rows, _gpu_rows, _mpi_rows]
         for kind in kinds:
             for check, ok, words, fix in kind(one, Path(root)):
                 status = _status(ok)

@@ -645,12 +645,6 @@ def plan_mpi(*, root, target, requested, host_setting, stage, libfabric="host"):
             "COTAINR_LUMI_MPI=host would not reach it",
             _pin_text(scan.pins),
         )
-    caveat = None
-    if binding is not None and target is not None:
-        caveat = gpu_aware_caveat(target.image.rocm_version)
-        if caveat:
-            logger.warning("MPI: %s", caveat)
-    absent = absent_binds(binding=binding, root=root)
     return MpiPlan(
         requested,
         mode,
@@ -658,9 +652,19 @@ def plan_mpi(*, root, target, requested, host_setting, stage, libfabric="host"):
         binding,
         scan,
         found=found,
-        absent=absent,
-        gpu_caveat=caveat,
+        absent=absent_binds(binding=binding, root=root),
+        gpu_caveat=_gpu_caveat(binding=binding, target=target),
     )
+
+
+def _gpu_caveat(*, binding, target):
+    """:func:`gpu_aware_caveat` of an image with a host binding (logged)."""
+    if binding is None or target is None:
+        return None
+    caveat = gpu_aware_caveat(target.image.rocm_version)
+    if caveat:
+        logger.warning("MPI: %s", caveat)
+    return caveat
 
 
 def describe(*, requested, host_setting):
