@@ -73,9 +73,9 @@ def _help_text(*, image, var, root):
         text += (
             f", CONTAINERROOT ({root}), RUNSCRIPTS (host copies of the\n"
             "runscripts) and puts start-shell, list-packages, make-squashfs and\n"
-            "unmake-squashfs on PATH, and wrappers of the image's python, pip,\n"
-            "torchrun, ... (those its env has), which run these in the container\n"
-            "with the same arguments.\n"
+            "unmake-squashfs on PATH, and wrappers of the image's python, pip, torchrun, ...\n"
+            "(those its env has), which run these in the container with the same\n"
+            "arguments.\n"
             "$CONTAINERROOT/user-software (or user-software.squashfs, after\n"
             f"make-squashfs) is mounted at {USER_SOFTWARE_DIR}; a venv there is active in\n"
             f"the container (source {RUNSCRIPTS_DIR}/init-conda-venv creates it)"
