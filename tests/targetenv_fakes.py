@@ -25,6 +25,7 @@ def probe_stdout(
     conda_exe="",
     rocm_path="/opt/rocm",
     ldcache=(),
+    rocm_version="",
 ):
     """The probe's output for an image whose env files activate `prefix`.
 
@@ -37,6 +38,7 @@ def probe_stdout(
         f"{MARK} image with_conda ",
         f"{MARK} image conda_exe {conda_exe}",
         f"{MARK} image rocm_path {rocm_path}",
+        f"{MARK} image rocm_version {rocm_version}",
         *(f"{MARK} image ldcache {line}" for line in ldcache),
     ]
     if prefix is None:

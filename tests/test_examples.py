@@ -7,6 +7,7 @@ from pathlib import Path
 import subprocess
 import sys
 
+from hosttools import need_tool
 import pytest
 import yaml
 
@@ -152,38 +153,64 @@ def test_slurm_scripts_are_valid_bash():
         and "Selected Provider is cxi" in acceptance
     )
     assert "osu_bw.py" in acceptance and "--nodes=2 --ntasks=2" in acceptance
-    assert '--base-image "$sif"' in acceptance and "Layered image:" in acceptance
+    assert '--base-image "$sif"' in acceptance and "--flatten" in acceptance
+    assert "#SBATCH --nodes=2" in acceptance
 
 
-@pytest.mark.parametrize(
-    "active, srun_args, expect",
-    [
-        # The host's Cray MPICH: plain srun (LUMI's default cray_shasta PMI).
-        ("host", "--nodes=2 --ntasks=2 --ntasks-per-node=1 singularity", "CRAY MPICH"),
-        # The image's own MPICH (AI Factory images): srun --mpi=pmi2.
-        ("container", "--ntasks-per-node=1 --mpi=pmi2 singularity", "MPICH"),
-    ],
-)
-def test_the_acceptance_jobs_mpi_part_follows_the_images_mode(
-    tmp_path, active, srun_args, expect
+def test_the_acceptance_job_is_shellcheck_clean_and_sources_cleanly():
+    shellcheck = need_tool("shellcheck", install="apt-get install -y shellcheck")
+    job = EXAMPLES / "slurm" / "acceptance.sbatch"
+    proc = subprocess.run([shellcheck, str(job)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+    # Sourced under the strictest options it only defines its functions.
+    script = (
+        'set -euo pipefail; source "$1"; row PASS a "one\nline"; row SKIP b c; '
+        'table x.sif zstd; echo "ok $?"; row FAIL c d; table x.sif zstd || echo "failed"'
+    )
+    proc = subprocess.run(
+        ["bash", "-c", script, "bash", str(job)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "Acceptance of x.sif (squashfs compression: zstd)" in lines
+    assert lines.count("ok 0") == 1 and lines[-1] == "failed"
+    assert "PASS   a                            one line" in lines
+
+
+# The fake image's answers: labels, imports, the MPI mode, each program.
+FAKE_SINGULARITY = """#!/bin/bash
+echo "singularity $* COTAINR_LUMI_MPI=${{SINGULARITYENV_COTAINR_LUMI_MPI-}}" >>{log}
+case "$*" in
+  "inspect --labels"*) printf '%s\\n' "cotainr-lumi.system: lumi-g-ext" \\
+      "cotainr-lumi.binds: /opt/cray" "cotainr-lumi.compression: zstd" ;;
+  *"import mpi4py"* | *"import torch"*) exit 0 ;;
+  *COTAINR_LUMI_MPI_ACTIVE*) printf %s {active} ;;
+  *osu_bw.py*) echo "# MPI library: {expect} Version: x"; echo "4194304 20000.0" ;;
+  *Get_library_version*) echo "rank 0 of 2 CRAY MPICH version 8.1.32.110"
+      echo "rank 1 of 2 CRAY MPICH version 8.1.32.110" ;;
+  *second_group.py*) {torch} ;;
+  *) echo "NET/OFI Using aws-ofi-rccl"; echo "Selected Provider is cxi"
+     echo "# Avg bus bandwidth    : 100" ;;
+esac
+"""
+
+
+def run_acceptance(
+    tmp_path, *, active, expect, torch="echo second_group: DONE", env=None
 ):
-    """The sbatch script with fake singularity/srun/rocm tools: what it launches."""
+    """The sbatch script with fake singularity/srun/cotainr tools: what it does."""
     fakes = tmp_path / "bin"
     fakes.mkdir()
     log = tmp_path / "calls.log"
     fake = {
-        # The image: mpi4py imports; its env file's active MPI mode; the
-        # MPI bandwidth program prints what osu_bw.py prints.
-        "singularity": f"""#!/bin/bash
-echo "singularity $* COTAINR_LUMI_MPI=${{SINGULARITYENV_COTAINR_LUMI_MPI-}}" >>{log}
-case "$*" in
-  *"import mpi4py"*) exit 0 ;;
-  *COTAINR_LUMI_MPI_ACTIVE*) printf %s {active} ;;
-  *osu_bw.py*) echo "# MPI library: {expect} Version: x"; echo "4194304 20000.0" ;;
-  *) echo "# Avg bus bandwidth    : 100" ;;
-esac
-""",
-        "cotainr-lumi": f'#!/bin/bash\necho "cotainr-lumi $*" >>{log}\n',
+        "singularity": FAKE_SINGULARITY.format(
+            log=log, active=active, expect=expect, torch=torch
+        ),
+        "cotainr-lumi": f'#!/bin/bash\necho "cotainr-lumi $*" >>{log}\n'
+        'echo "check-host /: 17 PASS, 0 FAIL, 0 N/A"\n',
+        # A build: its image path's shell snippet sets SIF.
+        "cotainr": f'#!/bin/bash\necho "cotainr $*" >>{log}\n'
+        'echo "export SIF=$2" >"${2%.*}.sh"; echo "Layered image: stand-in"\n',
         "srun": f"""#!/bin/bash
 echo "srun $*" >>{log}
 while [[ $1 == -* ]]; do shift; done
@@ -193,6 +220,9 @@ exec "$@"
     for name, text in fake.items():
         (fakes / name).write_text(text)
         (fakes / name).chmod(0o755)
+    (tmp_path / "x.sh").write_text(
+        "export COTAINR_LUMI_MPI_HOST_LIBMPI=/opt/cray/pe/lib-abi-mpich/libmpi.so.12\n"
+    )
     proc = subprocess.run(
         [
             "bash",
@@ -204,19 +234,71 @@ exec "$@"
             "SLURM_JOB_ID": "7",
             "SLURM_SUBMIT_DIR": str(tmp_path),
             "HOME": str(tmp_path),
+            **(env or {}),
         },
         cwd=tmp_path,
         capture_output=True,
         text=True,
         check=False,
+        timeout=120,
     )
-    calls = log.read_text()
+    return proc, log.read_text()
+
+
+@pytest.mark.parametrize(
+    "active, srun_args, expect",
+    [
+        # The host's Cray MPICH: plain srun (LUMI's default cray_shasta PMI).
+        ("host", "--nodes=2 --ntasks=2 --ntasks-per-node=1 singularity", "CRAY MPICH"),
+        # The image's own MPICH (AI Factory images): srun --mpi=pmi2.
+        ("container", "--ntasks-per-node=1 --mpi=pmi2 singularity", "MPICH"),
+    ],
+)
+def test_the_acceptance_job_checks_in_order_and_ends_with_one_table(
+    tmp_path, active, srun_args, expect
+):
+    proc, calls = run_acceptance(tmp_path, active=active, expect=expect)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    commands = [c.split()[0] for c in calls.splitlines()]
+    # check-host first (after reading the labels), then the three builds.
+    first = commands.index("cotainr-lumi")
+    assert "srun" not in commands[:first] and "cotainr" not in commands[:first]
+    builds = [c for c in calls.splitlines() if c.startswith("cotainr build")]
+    assert len(builds) == 3 and "--flatten" in builds[0] and "--layer-only" in builds[2]
     mpi_srun = [c for c in calls.splitlines() if c.startswith("srun") and "osu_bw" in c]
     assert len(mpi_srun) == 1 and srun_args in mpi_srun[0], calls
-    assert "cotainr-lumi check-host" in calls  # the host facts, on the node
     assert f"osu_bw.py COTAINR_LUMI_MPI={active}" in calls
-    assert f"MPI mode: {active}" in proc.stdout
-    assert "PASS: MPI bandwidth 20000.0 MB/s" in proc.stdout, proc.stdout + proc.stderr
+    assert "Get_library_version" in calls and "COTAINR_LUMI_MPI=host" in calls
+    table = proc.stdout.split("Acceptance of ")[1].splitlines()
+    assert table[0].endswith("(squashfs compression: cotainr-lumi.compression=zstd)")
+    rows = {line.split()[1]: line.split()[0] for line in table[2:]}
+    assert rows == {
+        "check-host": "PASS",
+        "build-full": "PASS",
+        "build-layered": "PASS",
+        "build-layer-only": "PASS",
+        "rccl-ofi-plugin": "PASS",
+        "rccl-cxi": "PASS",
+        "rccl-bus-bandwidth": "PASS",
+        "osu-bandwidth": "PASS",
+        "mpi4py-host-cray-mpich": "PASS",
+        "torch-second-group": "PASS",
+    }, proc.stdout
+    assert "20000.0 MB/s >= 10000 MB/s" in proc.stdout and "12242 MB/s" in proc.stdout
+
+
+def test_a_hung_second_process_group_is_a_fail_row_not_a_hung_job(tmp_path):
+    """laifs-container-recipes #44: the first all_reduce on a new group never returns."""
+    proc, _ = run_acceptance(
+        tmp_path,
+        active="host",
+        expect="CRAY MPICH",
+        torch="sleep 600",
+        env={"PG_DEADLINE_S": "2"},
+    )
+    assert proc.returncode == 1
+    line = next(x for x in proc.stdout.splitlines() if "torch-second-group" in x)
+    assert line.startswith("FAIL") and "laifs #28/#44" in line
 
 
 def test_the_osu_bandwidth_script_runs_the_osu_bw_loop():

@@ -14,9 +14,9 @@ from ..engine.rocmwindow import RocmSettings, major_minor
 from ..engine.rootfs import image_path_of, resolve_in_root
 from ..errors import InputError
 from ..pipeline.profiles import get_system, load_systems
-from ..stages.lumi_env.mpi import HostBinding, discover_host_mpi
+from ..stages.lumi_env.mpi import HostBinding, discover_host_mpi, gpu_aware_caveat
 from .checks import VerifyReport
-from .status import FAIL, NA, PASS
+from .status import FAIL, NA, PASS, WARN
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -72,6 +72,7 @@ def _bind_rows(system, root):
     settings = system.stage_settings("lumi-env")
     host_mpi = settings.get("mpi-host") or {}
     binds = [*(settings.get("binds") or []), *(host_mpi.get("binds") or [])]
+    binds += host_mpi.get("binds-if-absent") or []
     fix = "remove the bind or give where it moved in lumi-env binds"
     for src in (bind.partition(":")[0] for bind in binds):
         ok, words = _exists(root, src, file=".so" in PurePosixPath(src).name)
@@ -112,6 +113,16 @@ def _rocm_rows(system, root):
         yield f"{check} {window}", not out if found else NA, words, fix
 
 
+def _gpu_rows(system, root):
+    """The WARN of a ROCm 7 system with a host MPI binding (Update-202601)."""
+    host_mpi = system.stage_settings("lumi-env").get("mpi-host") or {}
+    if not host_mpi.get("libmpi"):
+        return
+    caveat = gpu_aware_caveat(system.rocm_version)
+    if caveat:
+        yield "mpi-gpu-aware", WARN, caveat, ""
+
+
 def _mpi_rows(system, root):
     """The rows of a system's host MPI binding (``lumi-env.mpi-host``)."""
     raw = system.stage_settings("lumi-env").get("mpi-host") or {}
@@ -128,7 +139,7 @@ def _mpi_rows(system, root):
             f"the module file finds {found.libmpi} ({found.source}); LD_LIBRARY_PATH "
             f"{':'.join(found.ld_library_path)}"
         )
-        fix = "load cray-mpich or set lumi-env.mpi-host.libmpi (COTAINR_LUMI_MPI=container works meanwhile)"
+        fix = "load cray-mpich (or cray-mpich-abi) or set lumi-env.mpi-host.libmpi (COTAINR_LUMI_MPI=container works meanwhile)"
         yield "mpi-host", not found.problem, words, fix
         return
     binding = HostBinding.from_setting(raw)
@@ -142,6 +153,13 @@ def _mpi_rows(system, root):
         if host != path:
             words = f"{path} is {words}"
         yield f"mpi {path}", ok, words, f"set lumi-env.mpi-host.{key}"
+
+
+def _status(ok):
+    """The status of a row's answer (True, False, N/A or WARN)."""
+    if ok in (NA, WARN):
+        return ok
+    return PASS if ok else FAIL
 
 
 def check_host(*, root="/", system=None):
@@ -160,10 +178,10 @@ def check_host(*, root="/", system=None):
     for one in chosen:
         kinds = [_base_image_rows, _rocm_rows]
         if "lumi-env" in one.stages:
-            kinds += [_bind_rows, _mpi_rows]
+            kinds += [_bind_rows, _gpu_rows, _mpi_rows]
         for kind in kinds:
             for check, ok, words, fix in kind(one, Path(root)):
-                status = ok if ok == NA else PASS if ok else FAIL
+                status = _status(ok)
                 row = rows.setdefault(check, [status, words, []])
                 if status == FAIL:  # the worst of the systems' answers, with the fix
                     row[:2] = (

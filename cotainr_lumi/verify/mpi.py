@@ -3,8 +3,13 @@
 from pathlib import Path
 
 from ..imagelayout import MPI_FILE
-from ..stages.lumi_env.mpi import LOAD_CHECK, LOAD_CHECK_MARK, parse_load_check
-from .status import FAIL, NA, PASS
+from ..stages.lumi_env.mpi import (
+    LOAD_CHECK,
+    LOAD_CHECK_MARK,
+    gpu_aware_caveat,
+    parse_load_check,
+)
+from .status import FAIL, NA, PASS, WARN
 
 #: How to run the LUMI acceptance job: from its directory, which holds
 #: osu_bw.py (the job reads it from $SLURM_SUBMIT_DIR), with an absolute
@@ -18,8 +23,9 @@ ACCEPTANCE_JOB = (
 HARDWARE_CHECK = (
     "mpi-osu-bandwidth",
     "OSU point-to-point bandwidth (osu_bw, 4 MiB messages) >= 10 GB/s between "
-    "two nodes through the host's Cray MPICH (COTAINR_LUMI_MPI=host), and "
-    "MPI.Get_library_version() naming Cray MPICH",
+    "two nodes through the host's Cray MPICH (COTAINR_LUMI_MPI=host; LUMI's user "
+    "guide: 12.2 GB/s on the host's Cray MPICH, 2.4 GB/s on a container MPI "
+    "without CXI), and MPI.Get_library_version() naming Cray MPICH",
     f"{ACCEPTANCE_JOB} (on LUMI-G; MPI part with the image's module file next to it)",
 )
 
@@ -118,7 +124,22 @@ def mpi_rows(facts):
     ]
 
 
+def gpu_aware_row(facts):
+    """The ``mpi-gpu-aware`` WARN of an image with a host binding on ROCm 7 (or None)."""
+    mpi = facts.get("mpi") if isinstance(facts.get("mpi"), dict) else {}
+    record = mpi.get("record") if isinstance(mpi.get("record"), dict) else {}
+    if not record.get("host") or record.get("mode") == "none":
+        return None
+    caveat = gpu_aware_caveat((facts.get("rocm") or {}).get("version_file"))
+    if caveat is None:
+        return None
+    return "mpi-gpu-aware", WARN, caveat
+
+
 def check_mpi(report, facts):
     """Add the MPI rows of the probe's facts to a report."""
     for check, status, evidence in mpi_rows(facts.get("mpi")):
         report.add(check, status, evidence)
+    row = gpu_aware_row(facts)
+    if row:
+        report.add(*row)

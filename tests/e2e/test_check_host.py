@@ -6,7 +6,7 @@ from pathlib import Path
 import subprocess
 import sys
 
-from hostroot import lumi_2026, write_profile
+from hostroot import facts, libfabric_dir, lumi_2026, write_profile
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -25,31 +25,30 @@ def _check_host(*args, profile):
 
 
 def test_check_host_passes_today_and_reports_moved_facts(tmp_path):
+    """On a host tree built from LUMI's published facts (tests/hostroot.py)."""
     profile = write_profile(tmp_path / "site.yaml")
     today = str(lumi_2026(tmp_path / "today"))
     proc = _check_host("--root", today, "--system", "lumi-2026", profile=profile)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"check-host {today}: 17 PASS, 0 FAIL, 0 N/A" in proc.stdout
-    # After the next update: the driver is newer, the image link re-pointed.
-    moved = str(
-        lumi_2026(
-            tmp_path / "moved",
-            driver="7.1.70100",
-            image_target="lumi-rocm-rocm-6.3.4-dockerhash-20260115.sif",
-        )
-    )
+    assert f"check-host {today}: 18 PASS, 0 FAIL, 0 N/A" in proc.stdout
+    # After the next update: the driver is newer, the image link re-pointed
+    # (at a real name of LUST's with ROCm 6.0).
+    other = Path(facts("lust-pytorch-user-md")["example-image"]).name
+    moved = str(lumi_2026(tmp_path / "moved", driver="7.1.70100", image_target=other))
     proc = _check_host("--root", moved, "--system", "lumi-2026", profile=profile)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     failed = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
     assert len(failed) == 2 and "rocm.supported" in failed[1], proc.stdout
-    # A profile written for CPE 24.03, checked as JSON: the MPI rows name the fix.
+    # LUST's 24.03 bindings, as JSON: PE 24.03 is still installed, its
+    # libfabric is not (the row names the fix).
     proc = _check_host(
         "--root", today, "--system", "lumi-2024", "--json", profile=profile
     )
     assert proc.returncode == 1, proc.stderr
     rows = {r["check"]: r for r in json.loads(proc.stdout)["results"]}
+    assert rows["mpi /opt/cray/pe/pmi/6.1.14/lib"]["status"] == "PASS"
     row = rows["mpi /opt/cray/libfabric/1.15.2.0/lib64"]
     assert row["status"] == "FAIL"
-    assert "it may be /opt/cray/libfabric/1.22.0/lib64" in row["evidence"]
+    assert f"it may be {libfabric_dir()}" in row["evidence"]
     proc = _check_host("--root", str(tmp_path / "none"), profile=profile)
     assert proc.returncode == 2 and proc.stderr.startswith("cotainr: error: --root")

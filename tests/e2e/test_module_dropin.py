@@ -108,7 +108,8 @@ def test_lust_user_software_workflow_as_documented(image):
             modules,
             'printf "%s\\n" "$SIF" "$SIFPYTORCH" "$CONTAINERROOT" "$RUNSCRIPTS" '
             '"$EBROOTPYTORCH" "$SINGULARITYENV_PREPEND_PATH" "$SINGULARITY_BIND"; '
-            "command -v make-squashfs unmake-squashfs start-shell python pip",
+            "command -v make-squashfs unmake-squashfs start-shell list-packages "
+            "python pip",
             env={"SINGULARITYENV_PREPEND_PATH": "/mine"},
         )
     ).splitlines()
@@ -123,7 +124,14 @@ def test_lust_user_software_workflow_as_documented(image):
     ]
     assert out[7:] == [
         str(root / "bin" / n)
-        for n in ("make-squashfs", "unmake-squashfs", "start-shell", "python", "pip")
+        for n in (
+            "make-squashfs",
+            "unmake-squashfs",
+            "start-shell",
+            "list-packages",
+            "python",
+            "pip",
+        )
     ]
     assert os.access(root / "runscripts" / "conda-python-distributed", os.X_OK)
 
@@ -132,12 +140,15 @@ def test_lust_user_software_workflow_as_documented(image):
         'singularity exec "$SIF" pip list',
         "singularity exec \"$SIF\" bash -c '$WITH_CONDA ; pip list'",
         "start-shell -c 'pip list'",
+        "list-packages",  # LUST's host command
+        'singularity exec "$SIF" "$CONTAINERROOT/bin/list-packages"',  # in it
     ):
         assert "imagepkg" in ok(module_run(modules, script)), script
 
     # LUST's wrappers, for the commands the env has: they run in its container.
     assert sorted(p.name for p in (root / "bin").iterdir()) == sorted(
-        "make-squashfs unmake-squashfs start-shell python python3 python3.11 "
+        "make-squashfs unmake-squashfs start-shell list-packages python python3 "
+        "python3.11 "
         "pip pip3 pip3.11".split()
     )
     out = ok(
@@ -179,6 +190,7 @@ def test_lust_user_software_workflow_as_documented(image):
         assert lines[-3].startswith("/user-software/venv/pytorch/"), script
         assert lines[-2].startswith(layouts.ENV + "/"), script
     assert "userpkg" in ok(module_run(modules, 'singularity exec "$SIF" pip list'))
+    assert "userpkg" in ok(module_run(modules, "list-packages"))
 
     # make-squashfs, remove the directory, reload: the SquashFS file is mounted.
     ok(module_run(modules, "make-squashfs"))

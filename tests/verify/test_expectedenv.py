@@ -1,3 +1,4 @@
+import artefacts
 import pytest
 import yaml
 
@@ -12,9 +13,16 @@ def test_the_defaults_are_the_packaged_profile_values():
     data = yaml.safe_load(PACKAGED_PROFILE.read_text())
     written = data["systems"][DEFAULT_SYSTEM]["settings"]["lumi-env"]["env"]
     assert expected_env(system_name=None) == {k: str(v) for k, v in written.items()}
-    # The settings of the hand-built images (sources in systems.yaml).
-    assert expected_env(system_name=None)["CXI_FORK_SAFE"] == "1"
-    assert expected_env(system_name=None)["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"
+    # The settings of the hand-built images, as AMD's recipes wrote them.
+    expected = expected_env(system_name=None)
+    cxi = artefacts.load("amd-aws-ofi-rccl-cxi-env")
+    for name, value in cxi.facts["env"].items():
+        assert expected[name] == value, cxi.source.cite()
+    # systems.yaml cites where those lines really were.
+    assert cxi.facts["removed-by"][:7] in PACKAGED_PROFILE.read_text()
+    network = artefacts.load("amd-lumi-containers-network-2025").facts["env"]
+    assert expected["NCCL_SOCKET_IFNAME"] == network["NCCL_SOCKET_IFNAME"]
+    assert expected["FI_MR_CACHE_MONITOR"] == network["FI_MR_CACHE_MONITOR"]
 
 
 def test_user_files_do_not_change_the_defaults(isolated_config):

@@ -144,3 +144,17 @@ def test_a_discover_image_passes_with_or_without_a_build_host_mpich():
     )
     status, text = rows(facts)["mpi-host-binding"]
     assert status == "PASS" and "(at build: none)" in text
+
+
+def test_a_rocm_7_image_with_a_host_binding_warns_gpu_aware_mpi():
+    """LUMI's Update-202601: no Cray MPICH up to PE 25.09 is GPU-aware with ROCm 7."""
+    facts = {"mpi": FACTS, "rocm": {"version_file": "7.0.2-56"}}
+    check, status, text = verify_mpi.gpu_aware_row(facts)
+    assert (check, status) == ("mpi-gpu-aware", "WARN")
+    assert "ROCm 7.0.2-56" in text and "PE 25.09" in text
+    assert "MPICH_GPU_SUPPORT_ENABLED" in text
+    # ROCm 6, no host binding, or no MPI: no row.
+    assert verify_mpi.gpu_aware_row(dict(facts, rocm={"version_file": "6.2.4"})) is None
+    no_host = dict(FACTS, record=dict(RECORD, host=None))
+    assert verify_mpi.gpu_aware_row(dict(facts, mpi=no_host)) is None
+    assert verify_mpi.gpu_aware_row({"rocm": {"version_file": "7.0"}}) is None

@@ -72,9 +72,10 @@ def _help_text(*, image, var, root):
     if root:
         text += (
             f", CONTAINERROOT ({root}), RUNSCRIPTS (host copies of the\n"
-            "runscripts) and puts start-shell, make-squashfs and unmake-squashfs on\n"
-            "PATH, and wrappers of the image's python, pip, torchrun, ... (those its\n"
-            "env has), which run these in the container with the same arguments.\n"
+            "runscripts) and puts start-shell, list-packages, make-squashfs and\n"
+            "unmake-squashfs on PATH, and wrappers of the image's python, pip, torchrun, ...\n"
+            "(those its env has), which run these in the container with the same\n"
+            "arguments.\n"
             "$CONTAINERROOT/user-software (or user-software.squashfs, after\n"
             f"make-squashfs) is mounted at {USER_SOFTWARE_DIR}; a venv there is active in\n"
             f"the container (source {RUNSCRIPTS_DIR}/init-conda-venv creates it)"
@@ -203,7 +204,7 @@ def render(ops, *, language):
 
 
 #: The host commands in ``$CONTAINERROOT/bin`` (``cotainr_lumi/.../hostscripts/``).
-HOST_COMMANDS = ("make-squashfs", "unmake-squashfs", "start-shell")
+HOST_COMMANDS = ("make-squashfs", "unmake-squashfs", "start-shell", "list-packages")
 #: Commands of the target env that get a copy of ``hostscripts/python``
 #: (LUST's PyTorch modules' wrappers; X.Y: the env's Python version).
 WRAPPED = (

@@ -21,11 +21,12 @@ import textwrap
 from typing import Optional
 
 from ...engine.origins import Origin
+from ...engine.rocmwindow import major_minor
 from ...engine.settings import SettingError, StageSettings, each, read_declared, setting
 from ...errors import StageError
 from .envfile import computed_default, printable, read_host_value, validate_path_entry
 from .modulefile import validate_bind
-from .mpiscan import MPICH_ABI, MpiScan, scan_mpi
+from .mpiscan import MPICH_ABI, MpiScan, image_library, scan_mpi
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -141,8 +142,8 @@ def mpi_module_ops(*, mode, binding, image):
     ops = []
     if binding is not None:
         which = (
-            "finds LUMI's Cray MPICH on load: a loaded cray-mpich, else the default "
-            "PE's (docs/mpi.md). Cray MPICH 8.1 (MPICH 3.4) and 9.0 (MPICH 4.1) "
+            "finds LUMI's Cray MPICH on load: a loaded cray-mpich-abi or "
+            "cray-mpich, else the default PE's (docs/mpi.md). Cray MPICH 8.1 (MPICH 3.4) and 9.0 (MPICH 4.1) "
             "share sonames, not libraries: the one found is used"
             if binding.discover
             else f"uses {binding.libmpi} (lumi-env.mpi-host)"
@@ -216,7 +217,13 @@ class HostBinding(StageSettings):
     binds: list[str] = setting(
         [],
         doc="what the module file binds for it (SRC[:DST]): the library, its "
-        "directories and the host libraries they need (libjansson, libcxi)",
+        "directories and the host libraries they need (libcxi)",
+        check=each(validate_bind),
+    )
+    binds_if_absent: list[str] = setting(
+        [],
+        doc="host libraries bound only into an image without a library of that "
+        "name (libjansson.so.4: LUST's PyTorch page)",
         check=each(validate_bind),
     )
 
@@ -228,7 +235,12 @@ class HostBinding(StageSettings):
             return None
         own = [] if read.discover else [str(PurePosixPath(read.libmpi).parent)]
         order = tuple(dict.fromkeys([*own, *read.ld_library_path]))
-        return replace(read, ld_library_path=order, binds=tuple(read.binds))
+        return replace(
+            read,
+            ld_library_path=order,
+            binds=tuple(read.binds),
+            binds_if_absent=tuple(read.binds_if_absent),
+        )
 
     @property
     def discover(self):
@@ -280,6 +292,34 @@ class HostBinding(StageSettings):
         return problems
 
 
+#: LUMI-training-materials User-Updates/Update-202601 (index.md L80-81): no
+#: Cray MPICH of the PEs up to 25.09 (cray-mpich 9.0.1) does GPU-aware MPI
+#: with ROCm 7.
+GPU_AWARE_CAVEAT = (
+    "no Cray MPICH up to PE 25.09 (cray-mpich 9.0.1) does GPU-aware MPI with "
+    "ROCm 7 (LUMI's January 2026 update notes): pass host buffers to MPI and "
+    "leave MPICH_GPU_SUPPORT_ENABLED unset; the host binding sets nothing GPU-aware"
+)
+
+
+def gpu_aware_caveat(rocm_version):
+    """:data:`GPU_AWARE_CAVEAT` for an image of ROCm `rocm_version` 7 or newer."""
+    version = major_minor(rocm_version)
+    if version and version[0] >= 7:
+        return f"ROCm {rocm_version}: {GPU_AWARE_CAVEAT}"
+    return None
+
+
+def absent_binds(*, binding, root):
+    """{bind: the image's library of that name, or None (then it is bound)}."""
+    found = {}
+    for bind in binding.binds_if_absent if binding else ():
+        src, _, rest = bind.partition(":")
+        name = PurePosixPath(rest.partition(":")[0] or src).name
+        found[bind] = image_library(root=root, name=name)
+    return found
+
+
 def discovery_program():
     """``hostscripts/discover-mpi`` (POSIX sh), without its comment lines."""
     text = importlib.resources.files(__package__) / "hostscripts" / "discover-mpi"
@@ -309,7 +349,8 @@ def discover_host_mpi(*, setting, env=None):
         env=env,
         check=False,
     )
-    out = dict(ln.split(" ", 1) for ln in proc.stdout.splitlines() if " " in ln)
+    # Lines as the module file's parser sees them: split at "\n" only.
+    out = dict(ln.split(" ", 1) for ln in proc.stdout.split("\n") if " " in ln)
     if "libmpi" not in out:
         problem = out.get("problem") or f"discovery failed: {proc.stderr.strip()}"
         return HostMpi(None, (), None, None, problem)
@@ -449,6 +490,10 @@ class MpiPlan:
     loaded: Optional[dict] = None
     #: What the build found on its host (:func:`discover_host_mpi`).
     found: Optional[HostMpi] = None
+    #: binds-if-absent: {bind: the image's own library, or None (bound)}.
+    absent: Optional[dict] = None
+    #: :func:`gpu_aware_caveat` of the image (None: none applies).
+    gpu_caveat: Optional[str] = None
 
     @property
     def active(self):
@@ -474,7 +519,10 @@ class MpiPlan:
 
     def binds(self):
         """The binds the module file adds (none in ``none`` mode)."""
-        return list(self.binding.binds) if self.active and self.binding else []
+        if not (self.active and self.binding):
+            return []
+        lacking = [b for b, own in (self.absent or {}).items() if own is None]
+        return [*self.binding.binds, *lacking]
 
     def module_ops(self, *, image):
         """The module file's MPI operations (none in ``none`` mode)."""
@@ -516,7 +564,9 @@ class MpiPlan:
             "libmpi": lib or None,
             "ld-library-path": path.split(":") if path else [],
             "mpi4py-libmpi": lib or f"${HOST_LIBMPI_VAR}",
-            "binds": list(self.binding.binds),
+            "binds": self.binds(),
+            "binds-if-absent": self.absent or {},
+            "gpu-aware-caveat": self.gpu_caveat,
             "source": found.source,
             "version": found.version,
             "line": found.version and ".".join(found.version.split(".")[:2]),
@@ -595,7 +645,26 @@ def plan_mpi(*, root, target, requested, host_setting, stage, libfabric="host"):
             "COTAINR_LUMI_MPI=host would not reach it",
             _pin_text(scan.pins),
         )
-    return MpiPlan(requested, mode, reason, binding, scan, found=found)
+    return MpiPlan(
+        requested,
+        mode,
+        reason,
+        binding,
+        scan,
+        found=found,
+        absent=absent_binds(binding=binding, root=root),
+        gpu_caveat=_gpu_caveat(binding=binding, target=target),
+    )
+
+
+def _gpu_caveat(*, binding, target):
+    """:func:`gpu_aware_caveat` of an image with a host binding (logged)."""
+    if binding is None or target is None:
+        return None
+    caveat = gpu_aware_caveat(target.image.rocm_version)
+    if caveat:
+        logger.warning("MPI: %s", caveat)
+    return caveat
 
 
 def describe(*, requested, host_setting):

@@ -142,6 +142,11 @@ def _find(*, root, name, dirs):
     return None
 
 
+def image_library(*, root, name):
+    """The image path of library `name` in the loader's directories (or None)."""
+    return _find(root=root, name=name, dirs=library_dirs(root=root))
+
+
 def _expand(entry, *, origin):
     """A search path entry with ``$ORIGIN`` expanded (None for other tokens)."""
     text = entry.replace("${ORIGIN}", "$ORIGIN").replace("$ORIGIN", origin)

@@ -169,8 +169,8 @@ class LumiEnvStage(Stage):
             *lines,
             f"module file {names.lua}, shell snippet {names.shell}",
             f"  SIF, SIF{names.var}, CONTAINERROOT={names.root} (bin/: start-shell, "
-            "make-squashfs, unmake-squashfs, wrappers of the env's python, pip, "
-            "torchrun, ... (those it has); runscripts/; user-software/ "
+            "list-packages, make-squashfs, unmake-squashfs, wrappers of the env's "
+            "python, pip, torchrun, ... (those it has); runscripts/; user-software/ "
             f"mounted at {USER_SOFTWARE_DIR}), RUNSCRIPTS, EBROOT{names.var}",
             f"  user venv {names.user_venv} "
             "(source /runscripts/init-conda-venv; active when present)",

@@ -1,4 +1,4 @@
-"""Tests of the host commands make-squashfs, unmake-squashfs and start-shell (real bash).
+"""Tests of the host commands make-squashfs, unmake-squashfs, start-shell and list-packages (real bash).
 
 The commands are rendered as the lumi-env stage writes them to
 ``$CONTAINERROOT/bin`` (a header with ``default_sif`` and ``default_root``,
@@ -12,6 +12,7 @@ from pathlib import Path
 import shlex
 import subprocess
 
+import artefacts
 from hosttools import need_tool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,7 +21,7 @@ import pytest
 import cotainr_lumi
 
 HOSTSCRIPTS = Path(cotainr_lumi.__file__).parent / "stages" / "lumi_env" / "hostscripts"
-NAMES = ("make-squashfs", "unmake-squashfs", "start-shell", "python")
+NAMES = ("make-squashfs", "unmake-squashfs", "start-shell", "list-packages", "python")
 
 
 def render(name, *, sif, root, script=None):
@@ -393,6 +394,41 @@ def test_host_commands_are_shellcheck_clean():
             text=True,
         )
         assert proc.returncode == 0, (name, proc.stdout)
+
+
+# --- list-packages (as LUST's PyTorch 2.7.1 module's) ---------------------------
+
+
+def test_list_packages_lists_the_images_packages_with_pips_arguments(
+    tmp_path, fake_singularity
+):
+    """LUST's list-packages: `singularity exec $SIF pip3 list` on the host."""
+    lust = artefacts.load("lust-pytorch-2.7.1").facts
+    assert "list-packages" in lust["host-commands"]
+    sif = tmp_path / "my image, v1.sif"
+    sif.write_text("sif")
+    proc = run(
+        "list-packages",
+        tmp_path / "root",
+        "--format=json",
+        sif=sif,
+        path=f"{fake_singularity}:/usr/bin:/bin",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\0")[:-1] == [
+        "exec",
+        str(sif),
+        *"python3 -m pip list --format=json".split(),
+    ]
+    # No image: one message and a non-zero exit, as LUST's (which exits 1).
+    proc = run(
+        "list-packages",
+        tmp_path / "root",
+        sif=tmp_path / "gone.sif",
+        path=f"{fake_singularity}:/usr/bin:/bin",
+    )
+    assert_one_message(proc, "list-packages")
+    assert "gone.sif" in proc.stderr and lust["list-packages"]["no-image"] == "exit 1"
 
 
 # --- python (the wrappers: copies of one script named python, pip, torchrun...) ----

@@ -451,7 +451,7 @@ def test_api_build_and_dry_run_plan(tmp_path, fake_singularity, lumi_env_profile
     assert (tmp_path / "pt.sh").read_text().count("SINGULARITY_BIND=") == 4
     # The host commands are executable; user-software/ exists.
     croot = tmp_path / "pt.root"
-    for name in ("make-squashfs", "unmake-squashfs", "start-shell"):
+    for name in HOST_COMMANDS:
         assert os.access(croot / "bin" / name, os.X_OK), name
     assert (croot / "user-software").is_dir()
     assert not os.access(croot / "user-software/README.cotainr-lumi", os.X_OK)

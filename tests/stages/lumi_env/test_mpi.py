@@ -411,15 +411,16 @@ def test_container_default_can_be_switched_to_host_at_run_time(tmp_path, host_li
 class MpiSandbox:
     """A sandbox directory answering the probe, the env check and mpi4py's check."""
 
-    def __init__(self, root, *, loaded):
+    def __init__(self, root, *, loaded, rocm_version=""):
         self.root = root
         self.loaded = loaded
+        self.rocm_version = rocm_version
         self.calls = []
 
     def run(self, args, *, env=None, timeout=None):
         self.calls.append(list(args))
         if is_probe(args):
-            out = probe_stdout(ENV, var="VIRTUAL_ENV")
+            out = probe_stdout(ENV, var="VIRTUAL_ENV", rocm_version=self.rocm_version)
         elif "COTAINR_LUMI_MPI_CHECK" in args[-1]:
             # The start check runs mpi4py's check after its own "ok".
             out = "ok\nCOTAINR_LUMI_MPI_CHECK " + json.dumps(self.loaded) + "\n"
@@ -428,12 +429,12 @@ class MpiSandbox:
         return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
 
 
-def run_stage(tmp_path, root, settings, loaded=None):
+def run_stage(tmp_path, root, settings, loaded=None, rocm_version=""):
     loaded = loaded or {
         "library_version": "MPICH Version: 5.0.2",
         "libmpi": [f"{ENV}/lib/libmpi.so.12"],
     }
-    sandbox = MpiSandbox(root, loaded=loaded)
+    sandbox = MpiSandbox(root, loaded=loaded, rocm_version=rocm_version)
     stage = LumiEnvStage(settings={"module-dir": str(tmp_path / "mod"), **settings})
     context = stage_context(sandbox, image_path=tmp_path / "out" / "mpi.sif")
     return stage.run(context=context), sandbox
@@ -442,7 +443,9 @@ def run_stage(tmp_path, root, settings, loaded=None):
 HOST_SETTING = {
     "libmpi": CRAY_LIB,
     "ld-library-path": ["/opt/cray/pe/lib64"],
-    "binds": ["/opt/cray", "/usr/lib64/libjansson.so.4"],
+    "binds": ["/opt/cray"],
+    # LUST's condition (tests/artefacts/lust-pytorch-user-md.yaml).
+    "binds-if-absent": ["/usr/lib64/libjansson.so.4"],
 }
 
 
@@ -465,6 +468,8 @@ def test_stage_records_and_binds_the_host_mpich(tmp_path, libs):
     )
     assert record["host"]["ld-library-path"][0] == str(Path(CRAY_LIB).parent)
     assert record["loaded-at-build"]["library_version"] == "MPICH Version: 5.0.2"
+    assert record["host"]["binds-if-absent"] == {"/usr/lib64/libjansson.so.4": None}
+    assert record["host"]["gpu-aware-caveat"] is None
     # One start of the container after the probe: the env file and mpi4py.
     assert len(sandbox.calls) == 2 and sandbox.calls[1][:2] == ["bash", "-c"]
     env_file = at(root, MPI_ENV_FILE).read_text()
@@ -643,3 +648,38 @@ def test_the_images_own_mpich_without_a_host_binding_still_sets_srun_pmi2():
         == '[ -n "${SLURM_MPI_TYPE-}" ] || SLURM_MPI_TYPE=pmi2; export SLURM_MPI_TYPE'
     )
     assert mpi_module_ops(mode="host", binding=None, image="/x.sif") == []
+
+
+def test_libjansson_is_bound_only_into_an_image_without_its_own(tmp_path, libs):
+    """LUST's PyTorch page: newer images carry their own, the host's can break them."""
+    root = wheel_env(tmp_path / "root", libs)
+    (root / ".singularity.d/env").mkdir(parents=True)
+    own = elfbuild.plain_lib(
+        at(root, "/usr/lib/x86_64-linux-gnu/libjansson.so.4"), soname="libjansson.so.4"
+    )
+    report, _ = run_stage(tmp_path, root, {"binds": ["/pfs"], "mpi-host": HOST_SETTING})
+    assert report.labels["cotainr-lumi.binds"] == "/pfs,/opt/cray"
+    record = json.loads(at(root, MPI_FILE).read_text())
+    found = record["host"]["binds-if-absent"]["/usr/lib64/libjansson.so.4"]
+    assert found == "/usr/lib/x86_64-linux-gnu/libjansson.so.4" and own.is_file()
+    lua = report.outputs[str(tmp_path / "mod/mpi.lua")]
+    assert '"/usr/lib64/libjansson.so.4"' not in lua
+
+
+def test_a_rocm_7_image_gets_the_caveat_and_no_gpu_aware_setting(
+    tmp_path, libs, caplog
+):
+    """Update-202601: no Cray MPICH up to PE 25.09 does GPU-aware MPI with ROCm 7."""
+    root = wheel_env(tmp_path / "root", libs)
+    (root / ".singularity.d/env").mkdir(parents=True)
+    report, _ = run_stage(
+        tmp_path, root, {"mpi-host": HOST_SETTING}, rocm_version="7.0.2-56"
+    )
+    record = json.loads(at(root, MPI_FILE).read_text())
+    caveat = record["host"]["gpu-aware-caveat"]
+    assert caveat.startswith("ROCm 7.0.2-56: no Cray MPICH up to PE 25.09")
+    assert caveat in caplog.text
+    texts = [at(root, MPI_ENV_FILE).read_text(), *report.outputs.values()]
+    for text in texts:
+        for word in ("MPICH_GPU_SUPPORT_ENABLED", "gtl", "LD_PRELOAD"):
+            assert word not in text.replace(caveat, "")

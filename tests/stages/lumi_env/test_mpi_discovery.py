@@ -1,15 +1,27 @@
 """Tests of the host MPI discovery (mpi.discover_host_mpi, hostscripts/discover-mpi).
 
-Host trees laid out like LUMI after its January 2026 update, in a test root
-bound at /opt/cray: the rules in order, in Python, real Lmod and POSIX sh.
+The host is tests/hostroot.py's tree built from LUMI's published facts (all
+four PEs installed, 25.03 the default; its /opt/cray bound at /opt/cray):
+the rules in order, in Python, real Lmod and POSIX sh.
 """
 
 import os
 import subprocess
 
+from hostroot import (
+    DEFAULT_LINK,
+    abi_library,
+    default_mpich,
+    facts,
+    libfabric_dir,
+    lumi_2026,
+    mpich_dir,
+    mpich_versions,
+)
 from hosttools import LMOD_INIT, need_lmod, need_tool
 import pytest
 
+from cotainr_lumi.pipeline.profiles import get_system, load_systems
 from cotainr_lumi.stages.lumi_env.modulefile import render
 from cotainr_lumi.stages.lumi_env.mpi import (
     HostBinding,
@@ -18,34 +30,12 @@ from cotainr_lumi.stages.lumi_env.mpi import (
     mpi_module_ops,
 )
 
-GNU = "ofi/gnu/12.3"
+NEWEST = mpich_versions()["25.09"]  # 9.0.1: installed, not the default
 
 
-def abi(version, gnu=GNU):
-    return f"/opt/cray/pe/mpich/{version}/{gnu}/lib-abi-mpich/libmpi.so.12"
-
-
-def lumi_tree(root, versions=("8.1.32", "9.0.1"), *, default=None, relative=False):
-    """`root`/cray like LUMI: Cray MPICH versions, pe/lib64 linking to `default`."""
-    cray = root / "cray"
-    for version in versions:
-        for sub in ("lib", "lib-abi-mpich"):
-            (cray / f"pe/mpich/{version}/{GNU}/{sub}").mkdir(parents=True)
-        (cray / f"pe/mpich/{version}/{GNU}/lib/libmpi_gnu_123.so.12").touch()
-        (cray / abi(version).removeprefix("/opt/cray/")).touch()
-    (cray / "pe/mpich/8.1.29/ofi/gnu/12.3/lib").mkdir(parents=True)  # no ABI dir
-    for v in ("1.15.2.0", "1.22.0"):
-        (cray / f"libfabric/{v}/lib64").mkdir(parents=True)
-    (cray / "pe/lib64").mkdir(parents=True, exist_ok=True)
-    if default:
-        target = f"{GNU}/lib/libmpi_gnu_123.so.12"
-        target = (
-            f"../mpich/{default}/{target}"
-            if relative
-            else f"{cray}/pe/mpich/{default}/{target}"
-        )
-        (cray / "pe/lib64/libmpi_gnu_123.so.12").symlink_to(target)
-    return cray
+def lumi_tree(root):
+    """LUMI's /opt/cray (tests/hostroot.py) under `root`; its host path."""
+    return lumi_2026(root / "host") / "opt/cray"
 
 
 def setting(cray, libmpi="discover"):
@@ -62,55 +52,75 @@ def found(cray, **env):
     )
 
 
+def dir_of(path):
+    return path.rsplit("/", 1)[0]
+
+
 @pytest.mark.parametrize("relative", [False, True])
-def test_the_default_pe_link_decides_absolute_or_relative(tmp_path, relative):
-    cray = lumi_tree(tmp_path, default="8.1.32", relative=relative)
+def test_the_default_pe_wins_over_the_newest_installed(tmp_path, relative):
+    cray = lumi_tree(tmp_path)
+    if relative:  # a variation: LUMI's link is absolute (lumi-course-102-cpe-2026)
+        link = cray / "pe/lib64/libmpi_gnu_123.so.12"
+        link.unlink()
+        link.symlink_to(f"../mpich/{default_mpich()}/ofi/gnu/12.3/lib/{link.name}")
     got = found(cray)
-    assert got.libmpi == abi("8.1.32") and got.version == "8.1.32"
-    assert got.source == "default PE (/opt/cray/pe/lib64)" and got.problem is None
+    assert got.libmpi == abi_library(default_mpich()) != abi_library(NEWEST)
+    assert got.version == default_mpich() and got.problem is None
+    assert got.source == "default PE (/opt/cray/pe/lib64)"
     assert got.ld_library_path == (
-        abi("8.1.32").rsplit("/", 1)[0],
+        dir_of(abi_library(default_mpich())),
         "/opt/cray/pe/lib64",
-        "/opt/cray/libfabric/1.22.0/lib64",  # the newest installed
+        libfabric_dir(),  # the newest installed
     )
 
 
-def test_a_link_written_for_opt_cray_is_followed_into_the_test_root(tmp_path):
-    cray = lumi_tree(tmp_path)
-    link = cray / "pe/lib64/libmpi_gnu_123.so.12"
-    link.symlink_to(f"/opt/cray/pe/mpich/9.0.1/{GNU}/lib/libmpi_gnu_123.so.12")
-    got = found(cray)
-    assert got.libmpi == abi("9.0.1") and got.version == "9.0.1"
-
-
 def test_a_loaded_cray_mpich_wins_with_its_library_path_first(tmp_path):
-    cray = lumi_tree(tmp_path, default="8.1.32")
-    loaded = f"{cray}/pe/mpich/9.0.1/{GNU}"
+    cray = lumi_tree(tmp_path)
+    # LUMI/25.09 loaded: its cray-mpich's directories (lumi-course-102-cpe-2026).
+    loaded = mpich_dir(NEWEST)
     got = found(
         cray,
         CRAY_MPICH_DIR=loaded,
         CRAY_LD_LIBRARY_PATH=f"{loaded}/lib:/somewhere/else",
     )
-    assert got.libmpi == abi("9.0.1") and got.source.startswith("cray-mpich module")
+    ldd = facts("lumi-course-102-cpe-2026")["ldd"]["cray-ld-library-path-first"]
+    assert got.libmpi == abi_library(NEWEST) and got.source.startswith("cray-mpich ")
     assert got.ld_library_path[:3] == (
-        abi("9.0.1").rsplit("/", 1)[0],
-        f"/opt/cray/pe/mpich/9.0.1/{GNU}/lib",
+        dir_of(abi_library(NEWEST)),
+        dir_of(ldd),
         "/opt/cray/pe/lib64",
     )
 
 
-def test_the_default_directory_then_the_newest_installed(tmp_path):
-    cray = lumi_tree(tmp_path, ("8.1.32", "9.0.1", "10.0.0"))
-    (cray / "pe/mpich/11.0.0/ofi").mkdir(parents=True)  # newest, but no library
-    got = found(cray)
-    assert got.libmpi == abi("10.0.0") and got.source == "newest installed"
-    (cray / "pe/mpich/default").symlink_to("9.0.1")
-    got = found(cray)
-    assert (
-        got.libmpi
-        == "/opt/cray/pe/mpich/default/ofi/gnu/12.3/lib-abi-mpich/libmpi.so.12"
+def test_a_loaded_cray_mpich_abi_is_hpes_route(tmp_path):
+    """HPE's CUG 2026 tutorial: `module load cray-mpich-abi`, its CRAY_LD_LIBRARY_PATH."""
+    cray = lumi_tree(tmp_path)
+    assert facts("hpe-cug26-cray-mpich-abi")["module"] == "cray-mpich-abi"
+    abi_dir = dir_of(abi_library(NEWEST))
+    got = found(cray, CRAY_LD_LIBRARY_PATH=abi_dir)
+    assert got.libmpi == abi_library(NEWEST) and got.version == NEWEST
+    assert got.source == "cray-mpich-abi module (CRAY_LD_LIBRARY_PATH)"
+    assert got.ld_library_path[:2] == (abi_dir, "/opt/cray/pe/lib64")
+    # It wins over another cray-mpich's CRAY_MPICH_DIR (it is the ABI library).
+    got = found(
+        cray, CRAY_LD_LIBRARY_PATH=abi_dir, CRAY_MPICH_DIR=mpich_dir(default_mpich())
     )
-    assert got.version == "9.0.1" and "mpich/default" in got.source
+    assert got.libmpi == abi_library(NEWEST)
+
+
+def test_without_the_default_link_the_newest_installed_says_it_may_not_be_default(
+    tmp_path,
+):
+    cray = lumi_tree(tmp_path)
+    (cray / DEFAULT_LINK.removeprefix("/opt/cray/")).unlink()
+    got = found(cray)
+    assert got.libmpi == abi_library(NEWEST) and got.version == NEWEST
+    assert got.source.startswith("newest installed") and "default PE" in got.source
+    # A variation no LUMI source shows: /opt/cray/pe/mpich/default.
+    (cray / "pe/mpich/default").symlink_to(default_mpich())
+    got = found(cray)
+    assert got.libmpi == abi_library("default")
+    assert got.version == default_mpich() and "mpich/default" in got.source
 
 
 def test_nothing_found_is_one_message_naming_the_paths(tmp_path):
@@ -121,15 +131,85 @@ def test_nothing_found_is_one_message_naming_the_paths(tmp_path):
     assert f"{tmp_path}/cray/pe/lib64/libmpi_gnu_*.so.12" in got.problem
     assert "export COTAINR_LUMI_MPI=container" in got.problem
     assert "\n" not in got.problem
+    # A hostile $CRAY_MPICH_DIR in the message is not a line of its own.
+    lines = raw(tmp_path / "cray", {"CRAY_MPICH_DIR": INJECTED})
+    assert len(lines) == 1 and lines[0].startswith("problem ")
 
 
 def test_a_fixed_profile_library_overrides_discovery(tmp_path):
-    cray = lumi_tree(tmp_path, default="9.0.1")
-    fixed = setting(cray, abi("8.1.32"))
+    cray = lumi_tree(tmp_path)
+    fixed = setting(cray, abi_library(NEWEST))
     got = discover_host_mpi(setting=fixed, env={"PATH": os.environ["PATH"]})
-    assert got.libmpi == abi("8.1.32") and got.source == "lumi-env.mpi-host.libmpi"
-    gone = discover_host_mpi(setting=setting(cray, abi("8.1.29")), env={})
-    assert gone.libmpi is None and f"{cray}/pe/mpich/8.1.29" in gone.problem
+    assert (
+        got.libmpi == abi_library(NEWEST) and got.source == "lumi-env.mpi-host.libmpi"
+    )
+    # 8.1.25 (amd-server-files-tree, March 2025) is not installed any more.
+    gone = discover_host_mpi(setting=setting(cray, abi_library("8.1.25")), env={})
+    assert gone.libmpi is None and f"{cray}/pe/mpich/8.1.25" in gone.problem
+
+
+def raw(cray, env):
+    """discover-mpi's lines, as the module file's parser reads them."""
+    proc = subprocess.run(
+        [
+            "sh",
+            "-c",
+            discovery_program(),
+            "sh",
+            *HostBinding.from_setting(setting(cray)).argv(),
+        ],
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return proc.stdout.split("\n")[:-1]
+
+
+#: Hostile values (issue 38): newlines, ':', spaces and quotes.
+INJECTED = "/opt/cray/pe/mpich/x\nlibmpi /evil/libmpi.so.12\npath /evil"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"CRAY_MPICH_DIR": INJECTED},
+        {"CRAY_LD_LIBRARY_PATH": INJECTED},
+        {"CRAY_MPICH_DIR": mpich_dir(NEWEST), "CRAY_LD_LIBRARY_PATH": INJECTED},
+        {"CRAY_LD_LIBRARY_PATH": f"{INJECTED}/lib-abi-mpich"},
+        {"CRAY_LD_LIBRARY_PATH": '/opt/cray/a b:/opt/cray/it\'s "q"::/elsewhere'},
+    ],
+)
+def test_hostile_environment_values_print_nothing_to_misparse(tmp_path, env):
+    cray = lumi_tree(tmp_path)
+    lines = raw(cray, env)
+    keys = [line.split(" ", 1)[0] for line in lines]
+    assert keys == ["libmpi", "path", "source", "version"], lines
+    assert "/evil" not in "".join(lines)
+    got = found(cray, **env)
+    assert got.libmpi in (abi_library(default_mpich()), abi_library(NEWEST))
+    if "a b" in env.get("CRAY_LD_LIBRARY_PATH", ""):
+        assert got.ld_library_path[0] == dir_of(abi_library(default_mpich()))
+    # Lmod reads the same: the library found, never the injected one.
+    (tmp_path / "x.lua").write_text(render(ops(cray), language="lua"))
+    lua_env, _ = lmod(tmp_path, "module load x", env)
+    assert lua_env["COTAINR_LUMI_MPI_HOST_LIBMPI"] == got.libmpi
+    assert lua_env["COTAINR_LUMI_MPI_HOST_PATH"] == ":".join(got.ld_library_path)
+
+
+def test_spaces_and_quotes_of_a_loaded_module_reach_the_path_verbatim(tmp_path):
+    cray = lumi_tree(tmp_path)
+    odd = '/opt/cray/a b/it\'s "q"'
+    got = found(cray, CRAY_MPICH_DIR=mpich_dir(NEWEST), CRAY_LD_LIBRARY_PATH=odd)
+    assert got.ld_library_path[:2] == (dir_of(abi_library(NEWEST)), odd)
+
+
+def test_a_host_directory_with_a_newline_or_colon_is_no_version(tmp_path):
+    cray = lumi_tree(tmp_path)
+    for name in ("9.9.9\nlibmpi x", "9.9:9"):
+        (cray / "libfabric" / name / "lib64").mkdir(parents=True)
+    got = found(cray)
+    assert got.ld_library_path[-1] == libfabric_dir()
 
 
 def ops(cray, *, mode="host"):
@@ -157,16 +237,17 @@ def lmod(module_dir, script, env=None):
 
 
 def test_the_module_file_discovers_on_load_and_unload_reverses(tmp_path):
-    cray = lumi_tree(tmp_path, default="8.1.32")
+    cray = lumi_tree(tmp_path)
     (tmp_path / "x.lua").write_text(render(ops(cray), language="lua"))
     env, _ = lmod(tmp_path, "module load x")
-    assert env["COTAINR_LUMI_MPI_HOST_LIBMPI"] == abi("8.1.32")
-    assert env["COTAINR_LUMI_MPI_HOST_PATH"].endswith(
-        "/opt/cray/libfabric/1.22.0/lib64"
-    )
-    loaded = {"CRAY_MPICH_DIR": f"{cray}/pe/mpich/9.0.1/{GNU}"}
-    env, _ = lmod(tmp_path, "module load x", loaded)
-    assert env["COTAINR_LUMI_MPI_HOST_LIBMPI"] == abi("9.0.1")
+    assert env["COTAINR_LUMI_MPI_HOST_LIBMPI"] == abi_library(default_mpich())
+    assert env["COTAINR_LUMI_MPI_HOST_PATH"].endswith(libfabric_dir())
+    for loaded in (
+        {"CRAY_MPICH_DIR": mpich_dir(NEWEST)},
+        {"CRAY_LD_LIBRARY_PATH": dir_of(abi_library(NEWEST))},  # cray-mpich-abi
+    ):
+        env, _ = lmod(tmp_path, "module load x", loaded)
+        assert env["COTAINR_LUMI_MPI_HOST_LIBMPI"] == abi_library(NEWEST)
     env, _ = lmod(tmp_path, "module load x && module unload x")
     assert "COTAINR_LUMI_MPI_HOST_LIBMPI" not in env
     assert "COTAINR_LUMI_MPI_HOST_PATH" not in env
@@ -185,7 +266,7 @@ def test_the_module_file_says_once_when_nothing_is_found(tmp_path):
 
 
 def test_the_shell_snippet_agrees_and_is_shellcheck_clean(tmp_path):
-    cray = lumi_tree(tmp_path, default="9.0.1", relative=True)
+    cray = lumi_tree(tmp_path)
     snippet = render(ops(cray), language="sh")
     shellcheck = need_tool("shellcheck", install="apt-get install -y shellcheck")
     for text in (snippet, discovery_program()):
@@ -202,10 +283,38 @@ def test_the_shell_snippet_agrees_and_is_shellcheck_clean(tmp_path):
             text=True,
             check=True,
         ).stdout
-        assert out.startswith(abi("9.0.1") + "|" + abi("9.0.1").rsplit("/", 1)[0] + ":")
+        lib = abi_library(default_mpich())
+        assert out.startswith(f"{lib}|{dir_of(lib)}:")
     (tmp_path / "empty").mkdir()
     empty = render(ops(tmp_path / "empty"), language="sh")
     proc = subprocess.run(
         ["sh", "-c", empty], capture_output=True, text=True, check=True
     )
     assert proc.stderr.count("no Cray MPICH for the container") == 1
+
+
+def _in_container(cray, entry):
+    """Whether `entry` resolves with only the host's /opt/cray bound."""
+    path = cray
+    for part in entry.removeprefix("/opt/cray/").split("/"):
+        path = path / part
+        target = os.readlink(path) if path.is_symlink() else None
+        if target and target.startswith("/") and not target.startswith("/opt/cray/"):
+            return False  # a link out of the bind: dangling in the container
+    return path.is_dir()
+
+
+def test_lumi_g_ext_finds_directories_a_container_can_reach(tmp_path):
+    """XPMEM's default/ links through /etc/alternatives (lust-ccpe-25.09)."""
+    cray = lumi_tree(tmp_path)
+    system = get_system(name="lumi-g-ext", systems=load_systems())
+    host = system.stage_settings("lumi-env")["mpi-host"]
+    got = discover_host_mpi(
+        setting={**host, "binds": [f"{cray}:/opt/cray"]},
+        env={"PATH": os.environ["PATH"]},
+    )
+    xpmem = facts("lust-ccpe-25.09")["xpmem-dir"] + "/lib64"
+    assert xpmem in got.ld_library_path
+    assert not _in_container(cray, "/opt/cray/xpmem/default/lib64")
+    for entry in got.ld_library_path:
+        assert _in_container(cray, entry), entry
