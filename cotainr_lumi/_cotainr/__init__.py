@@ -45,6 +45,9 @@ NATIVE = getattr(_native, "HOOK_API_VERSION", None) == shim.HOOK_API_VERSION
 _api = _native if NATIVE else shim
 BuildContext, PluginError = _api.BuildContext, _api.PluginError
 BuildInterruptedError = shim.BuildInterruptedError
+#: Whether the hook may mount the base instead of cotainr's unpack (the
+#: shim's does; a native hook says so with ``SANDBOX_PROVIDER``).
+PROVIDES_SANDBOX = not NATIVE or bool(getattr(_native, "SANDBOX_PROVIDER", False))
 
 
 def _conda_prefix():

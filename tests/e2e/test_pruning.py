@@ -259,7 +259,7 @@ def test_rocm_version_mismatch_is_left_alone(
     image = tmp_path / "mismatch.sif"
     caplog.set_level(logging.WARNING, logger="cotainr")
     result = cotainr_lumi.build(image_path=image, system="prune-e2e-d", force=True)
-    details = result.report("prune").details
+    details = result.report("prune").record
     assert any(
         "ROCm version mismatch" in w and "6.1.40093" in w for w in details["warnings"]
     )
