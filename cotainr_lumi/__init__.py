@@ -22,18 +22,26 @@ from .errors import (
     UnsupportedCotainrError,
 )
 
-try:
-    from .api import build, plan
-    from .engine.stage import Stage, StageContext, StageReport
-    from .pipeline.build import BuildResult
-except UnsupportedCotainrError as missing:  # no cotainr: the command says so
-    _MISSING_COTAINR = missing
+#: The API's names and the module each comes from (imported when first used,
+#: so that loading the plugin for ``cotainr info`` stays quick).
+_LAZY = {
+    "build": "api",
+    "plan": "api",
+    "BuildResult": "pipeline.build",
+    "Stage": "engine.stage",
+    "StageContext": "engine.stage",
+    "StageReport": "engine.stage",
+}
 
-    def __getattr__(name):
-        """The API without cotainr: its names raise why."""
-        if name in __all__:
-            raise _MISSING_COTAINR
+
+def __getattr__(name):
+    """The API's names, imported on first use (cotainr missing: why)."""
+    import importlib
+
+    if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f".{_LAZY[name]}", __name__)
+    return getattr(module, name)
 
 
 __all__ = [

@@ -1,14 +1,11 @@
-"""The cotainr-lumi options of ``cotainr build`` and the request they make."""
+"""
+The cotainr-lumi options of ``cotainr build`` and the request they make.
 
-import argparse
+Adding the options imports no stage (``cotainr build --help`` stays quick);
+the options are turned into settings when a build is planned.
+"""
 
-from . import stages as builtin
-from .engine.origins import Origin
-from .engine.settings import load_sections
-from .engine.yamlfile import read_yaml_text
 from .errors import InputError, quoted
-from .pipeline.plan import BuildRequest
-from .pipeline.profiles import merge_mappings, sections
 
 
 def add_options(*, parser):
@@ -54,12 +51,81 @@ def add_options(*, parser):
         metavar="STAGE",
         help="do not run this stage of the system (repeatable)",
     )
-    for stage in builtin.PIPELINE:
-        stage.add_arguments(parser=parser)
+    parser.add_argument(
+        "--pip-requirements",
+        dest="pip_inputs",
+        action="append",
+        type=_requirements_file,
+        metavar="FILE",
+        help="pip: install this requirements file as one step after the conda env "
+        "(repeatable: one step per file, in order, mixed with --pip-steps in "
+        "command line order); installed packages are protected from later steps",
+    )
+    parser.add_argument(
+        "--pip-steps",
+        dest="pip_inputs",
+        action="append",
+        type=_steps_file,
+        metavar="FILE",
+        help="pip: a YAML file of pip steps with per-step settings "
+        "(no-build-isolation, env, pip-args, index-url, extra-index-urls, "
+        "allow-changes); paths in it are relative to the file (repeatable)",
+    )
+    parser.add_argument(
+        "--env",
+        dest="lumi_env_set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="lumi-env: set a default environment variable in the image "
+        "(overridable at run time; repeatable)",
+    )
+
+
+def _requirements_file(value):
+    return ("requirements", value)
+
+
+def _steps_file(value):
+    return ("steps", value)
+
+
+def _env_settings(texts):
+    """The lumi-env settings of ``--env NAME=VALUE`` options."""
+    from .stages.lumi_env.envfile import EnvError, validate_name
+
+    env = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        if not sep:
+            raise InputError(
+                f"--env {text!r}: expected NAME=VALUE (to drop a profile "
+                "default: --set 'lumi-env.env={NAME: null}')"
+            )
+        try:
+            validate_name(name)
+        except EnvError as e:
+            raise InputError(f"--env {text!r}: {e}") from None
+        env[name] = value
+    return {"env": env}
+
+
+def option_settings(options):
+    """The stage settings of the options ``--pip-*`` and ``--env``, by stage."""
+    settings = {}
+    if options.get("pip_inputs"):
+        from .stages.pip.steps import steps_from_inputs
+
+        settings["pip"] = steps_from_inputs(inputs=options["pip_inputs"])
+    if options.get("lumi_env_set"):
+        settings["lumi-env"] = _env_settings(options["lumi_env_set"])
+    return settings
 
 
 def _parse_set(text):
     """``STAGE.KEY=VALUE`` or ``STAGE=MAPPING`` (YAML): (stage, key or "", value)."""
+    from .engine.yamlfile import read_yaml_text
+
     name, sep, raw_value = text.partition("=")
     stage, dot, key = name.partition(".")
     if not sep or not stage or (dot and not key):
@@ -90,18 +156,20 @@ def _parse_set(text):
     return stage, key, value
 
 
-def stage_settings(*, set_settings, stage_args):
+def stage_settings(*, set_settings, options):
     """The settings the stage options and ``--set`` give, in that order."""
+    from .engine.origins import Origin
+    from .engine.settings import load_sections
+    from .pipeline.profiles import merge_mappings, sections
 
     def load(stage, values, *, option):
-        origin, raw = Origin(option=option), {stage: values}
+        origin = Origin(option=option)
+        raw = {stage: values}
         return load_sections(sections=sections(), raw=raw, origin=origin)[stage]
 
     settings = {}
-    for stage in builtin.PIPELINE:
-        if overrides := stage.settings_from_args(args=stage_args):
-            option = f"the {stage.name} options"
-            settings[stage.name] = load(stage.name, overrides, option=option)
+    for stage, overrides in option_settings(options).items():
+        settings[stage] = load(stage, overrides, option=f"the {stage} options")
     for text in set_settings:
         stage, key, value = _parse_set(text)
         if key:  # checked now, to name the option; STAGE={...} when planned
@@ -112,6 +180,8 @@ def stage_settings(*, set_settings, stage_args):
 
 def request_from_options(*, context, conda_env):
     """The build request of a build hook's context."""
+    from .pipeline.plan import BuildRequest
+
     options = dict(context.options)
     set_settings = options.pop("set_settings", None) or []
     skip_stages = options.pop("skip_stages", None) or ()
@@ -122,9 +192,7 @@ def request_from_options(*, context, conda_env):
             "--lumi-system goes with --base-image (build as that system on "
             "another base image); with --system, leave it out."
         )
-    settings = stage_settings(
-        set_settings=set_settings, stage_args=argparse.Namespace(**options)
-    )
+    settings = stage_settings(set_settings=set_settings, options=options)
     if work_dir is not None:
         settings.setdefault("build", {})["work-dir"] = str(work_dir)
     if options.pop("flatten", False):

@@ -15,14 +15,8 @@ import os
 from pathlib import Path
 import sys
 
-from . import _cotainr, buildoptions
-from .engine import history
+from . import _cotainr
 from .errors import CotainrLumiError, InputError, UnknownSystemError, redact
-from .pipeline import describe
-from .pipeline.build import Build
-from .pipeline.checks import cotainr_failure, refuse_base_links
-from .pipeline.plan import make_plan, match_base_image
-from .pipeline.profiles import load_systems
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -40,6 +34,8 @@ def systems():
         of the cotainr-lumi profiles (not cotainr's own). Empty (with a
         warning) when a profile file is invalid.
     """
+    from .pipeline.profiles import load_systems
+
     global _listing_systems
     if _listing_systems or disabled():  # load_systems() asks cotainr for its own
         return {}
@@ -60,6 +56,8 @@ def systems():
 
 def _base_image(system):
     """The file a glob base image matches (the glob when not one: the build says)."""
+    from .pipeline.plan import match_base_image
+
     try:
         return match_base_image(system.base_image, system=system.name)
     except InputError:
@@ -68,6 +66,8 @@ def _base_image(system):
 
 def system_problem(name):
     """The one line for a ``--system`` the profiles retired (else None)."""
+    from .pipeline.profiles import load_systems
+
     try:
         message = load_systems(include_stock=False).removed.get(name)
     except CotainrLumiError:
@@ -116,10 +116,16 @@ class LumiHook:
         parser : argument group
             The plugin's group of the ``build`` parser.
         """
+        from . import buildoptions
+
         buildoptions.add_options(parser=parser)
 
     def _build_of(self, context):
         """The build of `context`: the API's, or one of the options' plan."""
+        from . import buildoptions
+        from .pipeline.build import Build
+        from .pipeline.plan import make_plan
+
         if self._handed is not None:
             return self._handed
         request = buildoptions.request_from_options(
@@ -141,6 +147,8 @@ class LumiHook:
         lines : list of str or None
             The plan, for ``--dry-run``.
         """
+        from .pipeline.checks import refuse_base_links
+
         self.build = None
         try:
             build = self._build_of(context)
@@ -190,6 +198,8 @@ class LumiHook:
             )
         except CotainrLumiError as e:
             raise _cotainr.plugin_error(e) from e
+        from .engine import history
+
         # cotainr records the command line next (cotainr.command): without
         # credentials; finalize gives the caller its own sys.argv back.
         self._argv = sys.argv
@@ -229,6 +239,8 @@ class LumiHook:
         if self._argv is not None:
             sys.argv = self._argv
             self._argv = None
+        from .pipeline.checks import cotainr_failure
+
         build.finish(error=error)
         if isinstance(error, Exception) and not isinstance(error, _cotainr.PluginError):
             failure = cotainr_failure(error, plan=build.plan)
@@ -237,6 +249,8 @@ class LumiHook:
 
 def _dry_run_lines(plan):
     """The dry run's lines; the plan, then one error when the base could not be asked."""
+    from .pipeline import describe
+
     text, answer = describe.dry_run(plan)
     if answer.problem:  # the plan, then a non-zero exit (as stated)
         print(text)

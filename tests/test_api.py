@@ -111,7 +111,7 @@ def test_the_build_runs_the_plan_the_api_made(
         side_effect=lambda **kw: made.append(make_plan(**kw)) or made[-1]
     )
     mocker.patch.object(api, "make_plan", counted)
-    mocker.patch.object(plugin, "make_plan", counted)
+    mocker.patch("cotainr_lumi.pipeline.plan.make_plan", counted)
     result = cotainr_lumi.build(
         image_path=tmp_path / "a.sif",
         system="lumi-test",

@@ -206,15 +206,6 @@ class Stage(ABC):
             settings = self.settings_class.complete(given)
         self.settings = settings
 
-    @classmethod  # noqa: B027
-    def add_arguments(cls, *, parser) -> None:
-        """Add this stage's options to the ``cotainr build`` parser."""
-
-    @classmethod
-    def settings_from_args(cls, *, args) -> dict[str, Any]:
-        """The setting overrides the parsed options of :meth:`add_arguments` give."""
-        return {}
-
     def describe(self, *, build) -> list[str]:
         """Lines on what the stage will do, for the dry-run plan (no I/O)."""
         return []

@@ -1,5 +1,6 @@
 """The shim's build hook on stock cotainr: a plugin's sandbox and image (shim.py)."""
 
+import argparse
 import contextlib
 
 from cotainr import cli
@@ -53,6 +54,7 @@ def stub(monkeypatch):
     def install(**kwargs):
         hook = StubHook(**kwargs)
         monkeypatch.setattr(shim, "hooks", lambda: {"stub": hook})
+        cli.Build.add_arguments(parser=argparse.ArgumentParser())  # its options
         return hook
 
     return install

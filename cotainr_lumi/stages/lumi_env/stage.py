@@ -20,7 +20,7 @@ from ...errors import InputError, StageError
 from ...imagelayout import LUMI_ENV_FILE as ENV_FILE
 from ...imagelayout import MPI_ENV_FILE, MPI_FILE, RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
 from . import imagefiles, network
-from .envfile import EnvError, render_env_file, text_problem, validate_name
+from .envfile import render_env_file, text_problem
 from .imagefiles import JIT_CACHES, ROCM_ROOT, RUNSCRIPTS, WITH_CONDA_VALUE
 from .modulefile import image_has_user_software, module_outputs, wrapper_names
 from .mpi import LOAD_CHECK, HostBinding, check_host_paths, plan_mpi
@@ -42,37 +42,6 @@ class LumiEnvStage(Stage):
                 binding=HostBinding.from_setting(self.settings.mpi_host),
                 error=InputError,
             )
-
-    @classmethod
-    def add_arguments(cls, *, parser):
-        """Add ``--env`` (the rest of lumi-env is ``--set lumi-env.KEY=VALUE``)."""
-        parser.add_argument(
-            "--env",
-            dest="lumi_env_set",
-            action="append",
-            default=[],
-            metavar="NAME=VALUE",
-            help="lumi-env: set a default environment variable in the image "
-            "(overridable at run time; repeatable)",
-        )
-
-    @classmethod
-    def settings_from_args(cls, *, args):
-        """Turn ``--env`` into settings."""
-        env = {}
-        for text in getattr(args, "lumi_env_set", None) or []:
-            name, sep, value = text.partition("=")
-            if not sep:
-                raise InputError(
-                    f"--env {text!r}: expected NAME=VALUE (to drop a profile "
-                    "default: --set 'lumi-env.env={NAME: null}')"
-                )
-            try:
-                validate_name(name)
-            except EnvError as e:
-                raise InputError(f"--env {text!r}: {e}") from None
-            env[name] = value
-        return {"env": env} if env else {}
 
     @property
     def env(self):

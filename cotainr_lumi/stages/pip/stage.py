@@ -28,23 +28,9 @@ from .install import (
     pip_command,
 )
 from .requirements import scan_step
-from .steps import PipSettings, default_cache_dir, steps_from_inputs
+from .steps import PipSettings, default_cache_dir
 
 __all__ = ["PACKAGES_FILE", "WORK_DIR", "PipStage"]
-
-#: The command line options, in the order of ``--help``; each adds to one list.
-_OPTIONS = {
-    "requirements": (
-        "pip: install this requirements file as one step after the conda env "
-        "(repeatable: one step per file, in order, mixed with --pip-steps in "
-        "command line order); installed packages are protected from later steps"
-    ),
-    "steps": (
-        "pip: a YAML file of pip steps with per-step settings (no-build-isolation, "
-        "env, pip-args, index-url, extra-index-urls, allow-changes); paths in it "
-        "are relative to the file (repeatable)"
-    ),
-}
 
 
 class PipStage(Stage):
@@ -62,25 +48,6 @@ class PipStage(Stage):
         ]
         self.scans = [scan_step(step=step) for step in self.steps]
         self.cache_dir = Path(self.settings.cache_dir or default_cache_dir())
-
-    @classmethod
-    def add_arguments(cls, *, parser):
-        """Add ``--pip-requirements`` and ``--pip-steps`` (one list, in order)."""
-        for kind, help_text in _OPTIONS.items():
-            parser.add_argument(
-                f"--pip-{kind}",
-                dest="pip_inputs",
-                action="append",
-                type=lambda value, kind=kind: (kind, value),
-                metavar="FILE",
-                help=help_text,
-            )
-
-    @classmethod
-    def settings_from_args(cls, *, args):
-        """The pip settings given on the command line."""
-        inputs = getattr(args, "pip_inputs", None)
-        return steps_from_inputs(inputs=inputs) if inputs else {}
 
     def describe(self, *, build):
         """The steps, their pip commands, protection and cache."""

@@ -389,18 +389,6 @@ def test_module_dir_must_be_able_to_hold_files(tmp_path):
         assert stage.settings.module_dir == str(fine)
 
 
-def test_cli_options_become_settings():
-    args = SimpleNamespace(lumi_env_set=["A=1", "B=x=y", "C="])
-    assert LumiEnvStage.settings_from_args(args=args) == {
-        "env": {"A": "1", "B": "x=y", "C": ""}
-    }
-    none_given = SimpleNamespace(lumi_env_set=[])
-    assert LumiEnvStage.settings_from_args(args=none_given) == {}
-    for bad in (["NOEQUALS"], ["PATH=/x"], ["1X=2"]):
-        with pytest.raises(InputError, match="--env"):
-            LumiEnvStage.settings_from_args(args=SimpleNamespace(lumi_env_set=bad))
-
-
 @pytest.fixture
 def lumi_env_profile(tmp_path, base_image, monkeypatch):
     path = tmp_path / "systems.yaml"

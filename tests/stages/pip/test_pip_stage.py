@@ -11,7 +11,7 @@ from planfakes import plan_text, stage_context
 import pytest
 from targetenv_fakes import is_probe, probe_stdout
 
-from cotainr_lumi import _cotainr
+from cotainr_lumi import _cotainr, buildoptions
 from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
 from cotainr_lumi.stages.pip.install import CHECK_FILE, STEPS_FILE
@@ -108,18 +108,20 @@ def inputs(tmp_path, monkeypatch):
     return work
 
 
-def _stage_from_cli(argv):
+def _settings_from_cli(argv):
     parser = argparse.ArgumentParser()
-    PipStage.add_arguments(parser=parser)
+    buildoptions.add_options(parser=parser)
     args = parser.parse_args(argv)
-    return PipStage(settings=PipStage.settings_from_args(args=args))
+    return buildoptions.option_settings(vars(args)).get("pip", {})
+
+
+def _stage_from_cli(argv):
+    return PipStage(settings=_settings_from_cli(argv))
 
 
 def test_cli_options_become_settings_in_order(inputs):
-    parser = argparse.ArgumentParser()
-    PipStage.add_arguments(parser=parser)
-    assert PipStage.settings_from_args(args=parser.parse_args([])) == {}
-    args = parser.parse_args(
+    assert _settings_from_cli([]) == {}
+    settings = _settings_from_cli(
         [
             "--pip-requirements",
             "torch.txt",
@@ -127,7 +129,6 @@ def test_cli_options_become_settings_in_order(inputs):
             "steps.yml",
         ]
     )
-    settings = PipStage.settings_from_args(args=args)
     stage = PipStage(settings=settings)
     assert [s.source for s in stage.steps] == [
         "torch.txt",
