@@ -219,7 +219,7 @@ class Build:
         written : bool
             True when the image is written; False: cotainr builds it.
         """
-        if self.view is None or not self.view.layer:
+        if self.view is None:
             return False
         return self.view.write_image(path=Path(path))
 
