@@ -8,86 +8,114 @@ the options are turned into settings when a build is planned.
 from .errors import InputError, quoted
 
 
-def add_options(*, parser):
-    """Add the cotainr-lumi options to a ``build`` parser."""
-    parser.add_argument(
-        "--lumi-system",
-        metavar="NAME",
-        help="with --base-image: build as the cotainr-lumi system NAME does, on "
-        "this base image (e.g. an image you built with NAME, to add packages to it)",
-    )
-    parser.add_argument(
-        "--set",
-        dest="set_settings",
-        action="append",
-        metavar="STAGE.KEY=VALUE",
-        help="override a stage setting of the system profile, as STAGE.KEY=VALUE "
-        "with VALUE in YAML, or a whole stage's settings as STAGE=MAPPING "
-        "(repeatable)",
-    )
-    parser.add_argument(
-        "--work-dir",
-        metavar="DIR",
-        help="put the sandbox and Apptainer's temporary files in DIR (a file "
-        "system with room for the unpacked image; on LUMI not /tmp, which is in "
-        "memory on compute nodes)",
-    )
-    parser.add_argument(
-        "--flatten",
-        action="store_true",
-        help="squash the whole image again, also where the change could be a "
-        "layer on a SIF base (build.layered=false)",
-    )
-    parser.add_argument(
-        "--layer-only",
-        action="store_true",
-        help="write only the layer at the image path, no copy of the SIF base; "
-        "the module file and shell snippet mount it on the base (build.layer-only)",
-    )
-    parser.add_argument(
-        "--skip-stage",
-        dest="skip_stages",
-        action="append",
-        metavar="STAGE",
-        help="do not run this stage of the system (repeatable)",
-    )
-    parser.add_argument(
-        "--pip-requirements",
-        dest="pip_inputs",
-        action="append",
-        type=_requirements_file,
-        metavar="FILE",
-        help="pip: install this requirements file as one step after the conda env "
-        "(repeatable: one step per file, in order, mixed with --pip-steps in "
-        "command line order); installed packages are protected from later steps",
-    )
-    parser.add_argument(
-        "--pip-steps",
-        dest="pip_inputs",
-        action="append",
-        type=_steps_file,
-        metavar="FILE",
-        help="pip: a YAML file of pip steps with per-step settings "
-        "(no-build-isolation, env, pip-args, index-url, extra-index-urls, "
-        "allow-changes); paths in it are relative to the file (repeatable)",
-    )
-    parser.add_argument(
-        "--env",
-        dest="lumi_env_set",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="lumi-env: set a default environment variable in the image "
-        "(overridable at run time; repeatable)",
-    )
-
-
 def _requirements_file(value):
     return ("requirements", value)
 
 
 def _steps_file(value):
     return ("steps", value)
+
+
+#: The options, in the order of ``--help``: name and ``add_argument`` keywords.
+OPTIONS = (
+    (
+        "--lumi-system",
+        dict(
+            metavar="NAME",
+            help="with --base-image: build as the cotainr-lumi system NAME does, "
+            "on this base image (e.g. an image you built with NAME, to add "
+            "packages to it)",
+        ),
+    ),
+    (
+        "--set",
+        dict(
+            dest="set_settings",
+            action="append",
+            metavar="STAGE.KEY=VALUE",
+            help="override a stage setting of the system profile, as "
+            "STAGE.KEY=VALUE with VALUE in YAML, or a whole stage's settings as "
+            "STAGE=MAPPING (repeatable)",
+        ),
+    ),
+    (
+        "--work-dir",
+        dict(
+            metavar="DIR",
+            help="put the sandbox and Apptainer's temporary files in DIR (a file "
+            "system with room for the unpacked image; on LUMI not /tmp, which is "
+            "in memory on compute nodes)",
+        ),
+    ),
+    (
+        "--flatten",
+        dict(
+            action="store_true",
+            help="squash the whole image again, also where the change could be a "
+            "layer on a SIF base (build.layered=false)",
+        ),
+    ),
+    (
+        "--layer-only",
+        dict(
+            action="store_true",
+            help="write only the layer at the image path, no copy of the SIF "
+            "base; the module file and shell snippet mount it on the base "
+            "(build.layer-only)",
+        ),
+    ),
+    (
+        "--skip-stage",
+        dict(
+            dest="skip_stages",
+            action="append",
+            metavar="STAGE",
+            help="do not run this stage of the system (repeatable)",
+        ),
+    ),
+    (
+        "--pip-requirements",
+        dict(
+            dest="pip_inputs",
+            action="append",
+            type=_requirements_file,
+            metavar="FILE",
+            help="pip: install this requirements file as one step after the "
+            "conda env (repeatable: one step per file, in order, mixed with "
+            "--pip-steps in command line order); installed packages are "
+            "protected from later steps",
+        ),
+    ),
+    (
+        "--pip-steps",
+        dict(
+            dest="pip_inputs",
+            action="append",
+            type=_steps_file,
+            metavar="FILE",
+            help="pip: a YAML file of pip steps with per-step settings "
+            "(no-build-isolation, env, pip-args, index-url, extra-index-urls, "
+            "allow-changes); paths in it are relative to the file (repeatable)",
+        ),
+    ),
+    (
+        "--env",
+        dict(
+            dest="lumi_env_set",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="lumi-env: set a default environment variable in the image "
+            "(overridable at run time; repeatable)",
+        ),
+    ),
+)
+
+
+def add_options(*, parser):
+    """Add the cotainr-lumi options to a ``build`` parser."""
+    for name, keywords in OPTIONS:
+        parser.add_argument(name, **keywords)
 
 
 def _env_settings(texts):

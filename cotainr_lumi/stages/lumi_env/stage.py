@@ -184,11 +184,8 @@ class LumiEnvStage(Stage):
         )
         layer_host_files = None
         if context.build.layer_only:  # used if the layer is kept
-            base = str(context.build.base_image.resolved)
-            layer = module_outputs(**module, base=base)[2]  # SIF: the base
-            layer_host_files = HostFiles(
-                files={Path(p): text for p, text in layer.items()},
-                run_hint=self._run_hint(**hint, base=base),
+            layer_host_files = self._layer_host_files(
+                base=str(context.build.base_image.resolved), module=module, hint=hint
             )
         record |= {
             "mpi": mpi.record(),
@@ -208,6 +205,14 @@ class LumiEnvStage(Stage):
             labels=self._labels(binds=binds, mpi=mpi, record=record),
             host_files=host_files,
             layer_host_files=layer_host_files,
+        )
+
+    def _layer_host_files(self, *, base, module, hint):
+        """The host files of ``--layer-only``: SIF is the base, the layer on it."""
+        layer = module_outputs(**module, base=base)[2]
+        return HostFiles(
+            files={Path(p): text for p, text in layer.items()},
+            run_hint=self._run_hint(**hint, base=base),
         )
 
     def _network_and_mpi(self, *, context):
