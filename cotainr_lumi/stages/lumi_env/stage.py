@@ -193,19 +193,23 @@ class LumiEnvStage(Stage):
             "container-root": str(container_root) if container_root else None,
             "host-files": sorted(str(p) for p in outputs),
         }
-        summary = f"{len(self.env)} variables in {ENV_FILE}"
-        if self.settings.runscripts:
-            summary += f", runscripts in {RUNSCRIPTS_DIR}"
-        if outputs:
-            summary += f", module file {paths[0]}"
         return StageReport(
             name=self.name,
-            summary=f"{summary}; {mpi.summary()}",
+            summary=self._summary(module_file=paths and paths[0], mpi=mpi),
             record=record,
             labels=self._labels(binds=binds, mpi=mpi, record=record),
             host_files=host_files,
             layer_host_files=layer_host_files,
         )
+
+    def _summary(self, *, module_file, mpi):
+        """The stage's line in the build log."""
+        summary = f"{len(self.env)} variables in {ENV_FILE}"
+        if self.settings.runscripts:
+            summary += f", runscripts in {RUNSCRIPTS_DIR}"
+        if module_file:
+            summary += f", module file {module_file}"
+        return f"{summary}; {mpi.summary()}"
 
     def _layer_host_files(self, *, base, module, hint):
         """The host files of ``--layer-only``: SIF is the base, the layer on it."""
