@@ -54,7 +54,10 @@ def stub(monkeypatch):
     def install(**kwargs):
         hook = StubHook(**kwargs)
         monkeypatch.setattr(shim, "hooks", lambda: {"stub": hook})
-        cli.Build.add_arguments(parser=argparse.ArgumentParser())  # its options
+        # The stub's options, recorded on the class; the recording is undone.
+        for name in ("_shim_plugin_options", "_shim_own_options"):
+            monkeypatch.setattr(cli.Build, name, None, raising=False)
+        cli.Build.add_arguments(parser=argparse.ArgumentParser())
         return hook
 
     return install

@@ -662,7 +662,7 @@ def test_libjansson_is_bound_only_into_an_image_without_its_own(tmp_path, libs):
     record = json.loads(at(root, MPI_FILE).read_text())
     found = record["host"]["binds-if-absent"]["/usr/lib64/libjansson.so.4"]
     assert found == "/usr/lib/x86_64-linux-gnu/libjansson.so.4" and own.is_file()
-    lua = report.outputs[str(tmp_path / "mod/mpi.lua")]
+    lua = report.host_files.files[tmp_path / "mod/mpi.lua"]
     assert '"/usr/lib64/libjansson.so.4"' not in lua
 
 
@@ -679,7 +679,7 @@ def test_a_rocm_7_image_gets_the_caveat_and_no_gpu_aware_setting(
     caveat = record["host"]["gpu-aware-caveat"]
     assert caveat.startswith("ROCm 7.0.2-56: no Cray MPICH up to PE 25.09")
     assert caveat in caplog.text
-    texts = [at(root, MPI_ENV_FILE).read_text(), *report.outputs.values()]
+    texts = [at(root, MPI_ENV_FILE).read_text(), *report.host_files.files.values()]
     for text in texts:
         for word in ("MPICH_GPU_SUPPORT_ENABLED", "gtl", "LD_PRELOAD"):
             assert word not in text.replace(caveat, "")
