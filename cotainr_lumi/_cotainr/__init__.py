@@ -122,6 +122,17 @@ def stock_systems_file():
     return Path(getattr(_util, "systems_file", "systems.json"))
 
 
+def site_systems_file():
+    """LUST's ``systems.json``: its cotainr module's ($EBROOTCOTAINR), else cotainr's.
+
+    LUST's module writes it into its install directory, beside the cotainr
+    package, where cotainr reads it (None: neither exists).
+    """
+    root = os.environ.get("EBROOTCOTAINR", "").strip()
+    candidates = [Path(root) / "systems.json"] if root else []
+    return next((p for p in [*candidates, stock_systems_file()] if p.is_file()), None)
+
+
 def make_log_settings(*, verbosity=0, log_to_file=False, no_color=False):
     """Cotainr log settings (`log_to_file` True: a time-stamped file here)."""
     if log_to_file is True:

@@ -54,6 +54,7 @@ class BaseImage:
     resolved: str
     is_local_file: bool
     pattern: Optional[str] = None  # the profile's glob that matched `given`
+    link: Optional[str] = None  # where `given` points, when a link (one step)
 
     @classmethod
     def from_spec(cls, spec):
@@ -61,7 +62,11 @@ class BaseImage:
         spec = str(spec)
         path = Path(spec).expanduser()
         if not _URI_RE.match(spec) and path.is_file():
-            return cls(given=spec, resolved=os.path.realpath(path), is_local_file=True)
+            link = None
+            if path.is_symlink():
+                link = os.path.normpath(path.parent.absolute() / os.readlink(path))
+            real = os.path.realpath(path)
+            return cls(given=spec, resolved=real, is_local_file=True, link=link)
         return cls(given=spec, resolved=spec, is_local_file=False)
 
 
@@ -256,6 +261,11 @@ class BuildPlan:
         lines.append(f"  base image: {self.base_image.given}")
         if self.base_image.pattern:
             lines.append(f"    matched by: {self.base_image.pattern}")
+        site = self.system.site_base if self.system is not None else None
+        if site and not (self.request.base_image or self.request.base_image_override):
+            lines.append(f"    from: {site.origin()}")
+        if self.base_image.link:
+            lines.append(f"    a link to: {self.base_image.link}")
         if self.base_image.is_local_file:
             if self.base_image.resolved != os.path.abspath(self.base_image.given):
                 lines.append(f"    resolved: {self.base_image.resolved}")
