@@ -232,16 +232,17 @@ def site_systems():
         path=path,
         error=lambda message: ProfileError(f"LUST's systems.json {message}", file=path),
     )
+    problem = (
+        'LUST\'s systems.json must map system names to {"base-image": IMAGE}; '
+        "fix the file or unset EBROOTCOTAINR"
+    )
+    if not isinstance(data, dict):
+        raise ProfileError(problem, file=path)
     bases = {}
-    for name, system in (data if isinstance(data, dict) else {None: None}).items():
+    for name, system in data.items():
         image = system.get("base-image") if isinstance(system, dict) else None
         if not isinstance(name, str) or not isinstance(image, str) or not image:
-            raise ProfileError(
-                "LUST's systems.json must map system names to "
-                '{"base-image": IMAGE}; fix the file or unset EBROOTCOTAINR',
-                file=path,
-                system=name,
-            )
+            raise ProfileError(problem, file=path, system=name)
         bases[name] = image
     return str(path), bases
 

@@ -96,18 +96,21 @@ def _site_rows(system, _root):
     site = system.site_base
     if site is None:
         return
-    ok, words = NA, f"no LUST systems.json; builds use the built-in {site.default}"
-    if site.site == site.default:
-        ok, words = True, f"the same as the built-in default: {site.default}"
+    check = f"site {site.name}" + (f" of {site.site_file}" if site.site else "")
+    default = site.default
+    if site.site == default:
+        yield check, True, f"the same as the built-in default: {default}", ""
     elif site.site:
-        ok, words = WARN, f"{site.site}; builds use it, not the built-in {site.default}"
+        yield check, WARN, f"{site.site}; builds use it, not the built-in {default}", ""
     elif site.site_file:
-        ok, words = (
+        yield (
+            check,
             WARN,
-            f"{site.site_file} has no {site.name}; builds use {site.default}",
+            f"{site.site_file} has no {site.name}; builds use {default}",
+            "",
         )
-    where = f" of {site.site_file}" if site.site else ""
-    yield f"site {site.name}{where}", ok, words, ""
+    else:
+        yield check, NA, f"no LUST systems.json; builds use the built-in {default}", ""
 
 
 def _read(root, path):

@@ -19,7 +19,7 @@ from ...engine.stage import Stage, StageReport
 from ...errors import InputError, StageError
 from ...imagelayout import LUMI_ENV_FILE as ENV_FILE
 from ...imagelayout import MPI_ENV_FILE, MPI_FILE, RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
-from . import imagefiles, network
+from . import entrypoint, imagefiles, network
 from .envfile import EnvError, render_env_file, text_problem, validate_name
 from .imagefiles import JIT_CACHES, ROCM_ROOT, RUNSCRIPTS, WITH_CONDA_VALUE
 from .modulefile import image_has_user_software, module_outputs, wrapper_names
@@ -267,7 +267,7 @@ class LumiEnvStage(Stage):
             imagelayout.LABEL_MPI_RECORD: MPI_FILE,
             imagelayout.LABEL_RUNTIME: imagelayout.RUNTIME_FILE,
         }
-        entry = details["search-paths"].pop("oci-entrypoint")
+        entry = details["oci-entrypoint"]
         if entry:
             labels[imagelayout.LABEL_OCI_ENTRYPOINT] = entry
         if self.settings.runscripts:
@@ -292,12 +292,14 @@ class LumiEnvStage(Stage):
         )
         content = render_env_file(header=header, blocks=blocks)
         write_file_in_root(root=root, path=ENV_FILE, content=content)
+        entry = entrypoint.write_entrypoint_env(root=root)
         if self.settings.runscripts:
             imagefiles.write_runscripts(root=root)
         if mpi.active:
             write_file_in_root(root=root, path=MPI_ENV_FILE, content=mpi.env_file())
         return {
             "env-file": ENV_FILE,
+            "oci-entrypoint": entry,
             "env": dict(self.env),
             "search-paths": found,
             "python-prefix": env_prefix,
