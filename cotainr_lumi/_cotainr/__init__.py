@@ -123,11 +123,7 @@ def stock_systems_file():
 
 
 def site_systems_file():
-    """LUST's ``systems.json``: its cotainr module's ($EBROOTCOTAINR), else cotainr's.
-
-    LUST's module writes it into its install directory, beside the cotainr
-    package, where cotainr reads it (None: neither exists).
-    """
+    """LUST's ``systems.json``: in $EBROOTCOTAINR, else cotainr's own (None: neither)."""
     root = os.environ.get("EBROOTCOTAINR", "").strip()
     candidates = [Path(root) / "systems.json"] if root else []
     return next((p for p in [*candidates, stock_systems_file()] if p.is_file()), None)

@@ -25,15 +25,9 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 #: The reporter's first line.
 MARKER = "cotainr-lumi-entrypoint-env"
 #: The build's run: a one-node job's environment as Slurm sets it.
-PROBE_JOB = {
-    "SLURM_JOB_ID": "1",
-    "SLURM_JOB_NUM_NODES": "1",
-    "SLURM_NNODES": "1",
-    "SLURM_NTASKS": "1",
-    "SLURM_NODEID": "0",
-    "SLURM_PROCID": "0",
-    "SLURM_LOCALID": "0",
-}
+PROBE_JOB = dict(
+    SLURM_JOB_ID="1", SLURM_NNODES="1", SLURM_PROCID="0", SLURM_LOCALID="0"
+)
 #: Seconds the build waits for each run (Apptainer's own limit for env files).
 PROBE_TIMEOUT = 60
 #: Shell and runtime state, never taken over from the runscript.
@@ -68,10 +62,7 @@ def _run(root, args):
 
 
 def problem(before, after):
-    """Why the runscript does more than prepare the environment (None: it does not).
-
-    `before` and `after` are the reporter's runs without and with the runscript.
-    """
+    """Why the runscript does more than prepare the env (reporter runs without, with it)."""
     if before is None or after is None:
         return f"did not finish within {PROBE_TIMEOUT} s"
     if before.returncode or not before.stdout.startswith(MARKER):
