@@ -251,19 +251,12 @@ class BuildPlan:
             exists = " (exists: the build will refuse; pass --force to overwrite)"
         lines.append(f"  image:      {self.image_path}{exists}")
         if self.system is not None:
-            kind = "stock cotainr system" if self.system.stock else "profile"
-            lines.append(
-                f"  system:     {self.system.name} ({kind}: "
-                f"{', '.join(self.system.sources)})"
-            )
+            lines += self.system.describe_lines()
         else:
             lines.append("  system:     none (--base-image)")
         lines.append(f"  base image: {self.base_image.given}")
         if self.base_image.pattern:
             lines.append(f"    matched by: {self.base_image.pattern}")
-        site = self.system.site_base if self.system is not None else None
-        if site and not (self.request.base_image or self.request.base_image_override):
-            lines.append(f"    from: {site.origin()}")
         if self.base_image.link:
             lines.append(f"    a link to: {self.base_image.link}")
         if self.base_image.is_local_file:

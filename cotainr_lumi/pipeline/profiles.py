@@ -103,6 +103,14 @@ class SystemProfile:
         """The settings of one stage."""
         return copy.deepcopy(self.settings.get(name, {}))
 
+    def describe_lines(self):
+        """The dry run's lines on the system: its files, where its base comes from."""
+        kind = "stock cotainr system" if self.stock else "profile"
+        lines = [f"  system:     {self.name} ({kind}: {', '.join(self.sources)})"]
+        if self.site_base:
+            lines.append(f"    its base image from: {self.site_base.origin()}")
+        return lines
+
 
 def profile_files():
     """The profile files read, in order."""
@@ -247,12 +255,21 @@ def site_systems():
     return str(path), bases
 
 
-def _follow_site(raw, *, set_base, set_follows):
-    """Give the systems that follow LUST's systems.json its base images."""
+def _last_with(definitions, key):
+    return next((d for d in reversed(definitions) if key in d), None)
+
+
+def _follow_site(raw, *, history):
+    """Give the systems that follow LUST's systems.json its base images.
+
+    Not those whose base-image a file after the one setting `follows` sets.
+    """
     followers = {
-        name: definition["follows"]
-        for name, definition in raw.items()
-        if definition.get("follows") and set_base.get(name) == set_follows.get(name)
+        name: raw[name]["follows"]
+        for name, defined in history.items()
+        if name in raw
+        and raw[name].get("follows")
+        and _last_with(defined, "base-image") is _last_with(defined, "follows")
     }
     if not followers:
         return {}
@@ -273,7 +290,7 @@ def load_systems(*, files=None, include_stock=True):
     """Read, merge, resolve and validate all systems."""
     files = profile_files() if files is None else [Path(f) for f in files]
     raw, sources, removed = {}, {}, {}
-    set_base, set_follows = {}, {}  # the file that last set each
+    history = {}  # each system's definitions, in the order read
     for path in files:
         gone, defined = _read_profile_file(path)
         removed.update(gone)
@@ -281,9 +298,7 @@ def load_systems(*, files=None, include_stock=True):
             removed.pop(name, None)  # defined again after its removal
             raw[name] = merge_mappings(raw.get(name, {}), definition)
             sources.setdefault(name, []).append(str(path))
-            for key, last in (("base-image", set_base), ("follows", set_follows)):
-                if key in definition:
-                    last[name] = path
+            history.setdefault(name, []).append(definition)
     systems = Systems()
     systems.removed = {name: text for name, text in removed.items() if text}
     for name in systems.removed:
@@ -299,7 +314,7 @@ def load_systems(*, files=None, include_stock=True):
                     stock=True,
                 )
 
-    site_bases = _follow_site(raw, set_base=set_base, set_follows=set_follows)
+    site_bases = _follow_site(raw, history=history)
     for name in raw:
         system = _resolve(name=name, raw=raw, sources=sources)
         systems[name] = dataclasses.replace(system, site_base=site_bases.get(name))

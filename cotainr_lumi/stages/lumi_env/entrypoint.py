@@ -63,9 +63,9 @@ def _run(root, args):
 
 def problem(before, after):
     """Why the runscript does more than prepare the env (reporter runs without, with it)."""
-    if before is None or after is None:
+    if None in (before, after):
         return f"did not finish within {PROBE_TIMEOUT} s"
-    if before.returncode or not before.stdout.startswith(MARKER):
+    if not before.stdout.startswith(MARKER):
         return f"could not be checked: /bin/sh fails here ({_clip(before.stderr)})"
     if after.returncode:
         return f"exited with status {after.returncode} ({_clip(after.stderr)})"
