@@ -152,7 +152,7 @@ def test_discover_finds_the_default_pe_and_follows_it_and_says_when_none(
     assert status == PASS and f"finds {abi_library(default_mpich())}" in words
     assert "(default PE (/opt/cray/pe/lib64))" in words
     # A '*' is the newest installed: 25.09's PMI, not the default PE's (so
-    # lumi-g-ext takes PMI from /opt/cray/pe/lib64, the default PE's).
+    # lumi-g-ext-rocm-6.2 takes PMI from /opt/cray/pe/lib64, the default PE's).
     assert f"/opt/cray/pe/pmi/{pmi_versions()['25.09']}/lib" in words
     # The default PE moved to 25.09: the same profile follows it.
     nine = root / mpich_dir(mpich_versions()["25.09"]).lstrip("/")
