@@ -3,7 +3,8 @@ cotainr-lumi: LUMI extensions for the cotainr container builder.
 
 Adds stages to cotainr's build pipeline (ordered pip steps after conda,
 safety-checked pruning, LUMI runtime injection, provenance) and registers
-them as the system ``lumi-g-ext``, so that ``cotainr build --system=lumi-g-ext``
+them as systems such as ``lumi-g-ext`` (LUST's ``lumi-g`` base image) and
+``lumi-g-ext-rocm-6.2``, so that ``cotainr build --system=lumi-g-ext-rocm-6.2``
 yields an image equivalent to the hand-built LUMI PyTorch image.
 
 Copyright the cotainr-lumi developers.

@@ -10,7 +10,7 @@ them). Paths are absolute paths inside the image; label names are the keys of
 ENV_SCRIPTS_DIR = "/.singularity.d/env"
 #: The labels of the image (``apptainer inspect --labels``).
 LABELS_FILE = "/.singularity.d/labels.json"
-#: Apptainer's runscript (an OCI ENTRYPOINT is its ``OCI_ENTRYPOINT=`` line).
+#: What ``run`` runs: the image's runscript (an OCI ENTRYPOINT is run by it).
 RUNSCRIPT_FILE = "/.singularity.d/runscript"
 #: The lumi-env stage's env file, sourced after cotainr's ``92-cotainr-env.sh``.
 LUMI_ENV_FILE = f"{ENV_SCRIPTS_DIR}/93-cotainr-lumi-env.sh"
@@ -18,9 +18,14 @@ LUMI_ENV_FILE = f"{ENV_SCRIPTS_DIR}/93-cotainr-lumi-env.sh"
 #: Apptainer's ``99-base.sh``, where ``APPTAINERENV_``/``SINGULARITYENV_`` and
 #: ``--env`` values are applied, so it sees those run-time overrides.
 MPI_ENV_FILE = f"{ENV_SCRIPTS_DIR}/99-cotainr-lumi-mpi.sh"
+#: The env file giving ``exec`` the environment the runscript prepares: the
+#: last one (after ``99-runtimevars.sh``), so the runscript sees all the others.
+ENTRYPOINT_ENV_FILE = f"{ENV_SCRIPTS_DIR}/99-zz-cotainr-lumi-entrypoint.sh"
 
 #: Everything cotainr-lumi records in the image lives below this directory.
 RECORDS_DIR = "/opt/cotainr-lumi"
+#: The entry point's report: its process's environment, one NAME=VALUE a line.
+ENTRYPOINT_REPORTER_FILE = f"{RECORDS_DIR}/entrypoint-env"
 #: The build's answer to "which Python environment" (engine/targetenv.py).
 TARGET_ENV_FILE = f"{RECORDS_DIR}/target-env.json"
 #: The provenance stage's JSON record.

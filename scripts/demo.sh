@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Try cotainr-lumi locally: provision Apptainer and a LUMI-like base image,
-# build an example lumi-g-ext image with the stock `cotainr build`, verify it
+# build an example lumi-g-ext-rocm-6.2 image with the stock `cotainr build`, verify it
 # and print how to run it. Usage: scripts/demo.sh [OUT.sif]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -12,14 +12,14 @@ bin_dir=$("$repo/scripts/provision-apptainer.sh")
 export PATH="$bin_dir:$PATH"
 base=$("$repo/tests/e2e/base_image/build-base-image.sh")
 
-# The demo system: lumi-g-ext with the LUMI-like test base image.
+# The demo system: lumi-g-ext-rocm-6.2 with the LUMI-like test base image.
 profile=$(mktemp --suffix=.yaml)
 trap 'rm -f "$profile"' EXIT
 cat >"$profile" <<YAML
 systems:
   lumi-demo:
-    extends: lumi-g-ext
-    description: lumi-g-ext on the local LUMI-like test base image
+    extends: lumi-g-ext-rocm-6.2
+    description: lumi-g-ext-rocm-6.2 on the local LUMI-like test base image
     base-image: $base
     rocm-version: "6.1"
 YAML
@@ -38,6 +38,6 @@ Built $out. Try it:
   apptainer inspect --labels $out
   apptainer exec $out python -c 'import tqdm, sys; print(sys.prefix, tqdm.__version__)'
   apptainer exec $out get-master 'nid[005252-005254,005256],nid007000'
-On LUMI, build with --system=lumi-g-ext and run with the module file written
+On LUMI, build with --system=lumi-g-ext-rocm-6.2 and run with the module file written
 next to the image (module use DIR; module load NAME).
 EOT

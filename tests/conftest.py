@@ -14,6 +14,7 @@ from pathlib import Path
 import subprocess
 import sys
 
+import artefacts
 import pytest
 
 from cotainr_lumi._cotainr import CONDA_PREFIX
@@ -82,6 +83,7 @@ def isolated_config(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(config_home))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
     monkeypatch.delenv("COTAINR_LUMI_SYSTEMS", raising=False)
+    monkeypatch.delenv("EBROOTCOTAINR", raising=False)  # LUST's cotainr module
     for name in (
         "SINGULARITY_BIND",
         "APPTAINER_BIND",
@@ -143,13 +145,32 @@ def test_profile(tmp_path, base_image, monkeypatch):
     path.write_text(
         "systems:\n"
         "  lumi-test:\n"
-        "    extends: lumi-g-ext\n"
+        "    extends: lumi-g-ext-rocm-6.2\n"
         f"    base-image: {base_image}\n"
         '    rocm-version: "6.1"\n'
         "    stages: [provenance]\n"
     )
     monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(path))
     return path
+
+
+@pytest.fixture
+def lust_cotainr_module(tmp_path, monkeypatch):
+    """Load "LUST's cotainr module": ``(slug) -> its systems.json``.
+
+    Writes the systems of the artefact `slug` (tests/artefacts/) as the
+    module's ``systems.json`` in its install directory, $EBROOTCOTAINR.
+    """
+
+    def load(slug):
+        root = tmp_path / f"EBROOTCOTAINR-{slug}"
+        root.mkdir()
+        path = root / artefacts.load(slug).facts["systems-file"]
+        path.write_text(json.dumps(artefacts.load(slug).facts["systems"], indent=2))
+        monkeypatch.setenv("EBROOTCOTAINR", str(root))
+        return path
+
+    return load
 
 
 def read_labels(image):

@@ -182,7 +182,7 @@ def lumi_2026(root, *, driver=None, image_target=None):
 
 def _system(name, *, image, libmpi, paths):
     return (
-        f"  {name}:\n    extends: lumi-g-ext\n    base-image: {image}\n"
+        f"  {name}:\n    extends: lumi-g-ext-rocm-6.2\n    base-image: {image}\n"
         '    rocm-version: "6.2"\n    settings:\n'
         '      rocm: {supported: "6.1-7.0"}\n'
         f"      lumi-env:\n        binds: [{', '.join(BINDS)}]\n"

@@ -8,6 +8,7 @@ import sys
 import time
 from unittest import mock
 
+import artefacts
 import cotainr.cli as stock_cli
 import pytest
 
@@ -164,7 +165,7 @@ def test_unknown_system_exits_non_zero_listing_systems(tmp_path, mocker, capsys)
         run_cli(mocker, ["build", str(tmp_path / "x.sif"), "--system=no-such"])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert "no-such" in err and "lumi-g-ext" in err and "lumi-g-ext-rocm-6.1" in err
+    assert "no-such" in err and "lumi-g-ext" in err and "lumi-g-ext-rocm-6.2" in err
 
 
 def test_set_and_override_options(
@@ -228,7 +229,7 @@ def test_info_lists_added_and_stock_systems(mocker, capsys):
     out = capsys.readouterr().out
     # cotainr's own info lists the plugin's systems.
     assert "\t- lumi-g-ext\n".expandtabs(4) in out
-    assert "- lumi-g-ext-rocm-6.1" in out and "lumi-g-ext-rocm-6.0" not in out
+    assert "- lumi-g-ext-rocm-6.4" in out and "lumi-g-ext-rocm-6.1" not in out
 
 
 def test_cotainr_lumi_command_gives_the_same_build(
@@ -432,7 +433,35 @@ def test_a_removed_system_is_one_error_pointing_to_its_successor(
         # system_problem (not proposed upstream: docs/upstream/seam-api.md),
         # and names the systems there are.
         listed = err.partition("Available systems:")[2]
-        assert "lumi-g-ext-rocm-6.1" in listed and "rocm-6.0" not in listed
+        assert "lumi-g-ext-rocm-6.2" in listed and "rocm-6.0" not in listed
         return
     assert "'lumi-g-ext-rocm-6.0' was removed: ROCm 6.0.3 left LUMI" in err
-    assert "--system=lumi-g-ext-rocm-6.1 or newer" in err
+    assert "--system=lumi-g-ext-rocm-6.2 or lumi-g-ext (ROCm 6.4)" in err
+
+
+# -- Issue 37: lumi-g-ext is LUST's lumi-g -----------------------------------
+
+
+def test_dry_run_of_lumi_g_ext_shows_lusts_current_lumi_g(tmp_path, mocker, capsys):
+    lust = artefacts.load("lust-cotainr-2025.7.1")
+    run_cli(
+        mocker, ["build", str(tmp_path / "x.sif"), "--system=lumi-g-ext", "--dry-run"]
+    )
+    out = capsys.readouterr().out
+    lumi_g = lust.facts["systems"]["lumi-g"]["base-image"]
+    assert f"base image: {lumi_g}\n" in out, lust.source.cite()
+    assert "from: built-in default (no $EBROOTCOTAINR/systems.json" in out
+
+
+def test_dry_run_of_lumi_g_ext_shows_the_base_of_the_sites_systems_json(
+    tmp_path, mocker, capsys, lust_cotainr_module
+):
+    path = lust_cotainr_module("lust-cotainr-2025.03.0")
+    lust = artefacts.load("lust-cotainr-2025.03.0")
+    run_cli(
+        mocker, ["build", str(tmp_path / "x.sif"), "--system=lumi-g-ext", "--dry-run"]
+    )
+    out = capsys.readouterr().out
+    lumi_g = lust.facts["systems"]["lumi-g"]["base-image"]
+    assert f"Base image: {lumi_g}\n" in out  # what cotainr builds from
+    assert f"base image: {lumi_g}\n" in out and f"from: lumi-g of {path}\n" in out

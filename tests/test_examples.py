@@ -22,24 +22,19 @@ DRY_RUNS = {
         "--conda-env=env.yml",
         "--pip-steps=pip-steps.yml",
     ],
-    "pytorch-rocm6.1": [
-        "--system=lumi-g-ext-rocm-6.1",
-        "--conda-env=env.yml",
-        "--pip-steps=pip-steps.yml",
-    ],
-    "minimal": ["--system=lumi-g-ext", "--conda-env=env.yml"],
+    "minimal": ["--system=lumi-g-ext-rocm-6.2", "--conda-env=env.yml"],
     "extend-lumi-pytorch": [
         "--base-image=/appl/local/containers/easybuild-sif-images/lumi-pytorch.sif",
-        "--lumi-system=lumi-g-ext",
+        "--lumi-system=lumi-g-ext-pytorch",
         "--pip-requirements=requirements.txt",
     ],
-    "demo": ["--system=lumi-g-ext", "--pip-requirements=requirements.txt"],
+    "demo": ["--system=lumi-g-ext-rocm-6.2", "--pip-requirements=requirements.txt"],
     "extend-lumi-aif": [
         "--system=lumi-aif-torch",
         "--pip-requirements=requirements.txt",
     ],
     "mpi4py": [
-        "--system=lumi-g-ext",
+        "--system=lumi-g-ext-rocm-6.2",
         "--conda-env=env.yml",
         "--pip-steps=pip-steps.yml",
     ],
@@ -75,7 +70,7 @@ def test_example_dry_runs(name, tmp_path, monkeypatch, capsys):
     for option in DRY_RUNS[name]:
         if option.startswith(("--pip-steps", "--pip-requirements", "--conda-env")):
             assert option.split("=", 1)[1] in out
-    if name in ("mpi4py", "pytorch-rocm6.2", "pytorch-rocm6.1"):
+    if name in ("mpi4py", "pytorch-rocm6.2"):
         # The host binding the build will use once it finds the MPI.
         assert "MPI (lumi-env.mpi=auto)" in out
         assert "host: discover; LD_LIBRARY_PATH first /opt/cray/pe/lib64:" in out
@@ -87,7 +82,7 @@ def test_example_dry_runs(name, tmp_path, monkeypatch, capsys):
         assert "apex.git@master: 'master' is a branch" in out
 
 
-@pytest.mark.parametrize("version", ["6.2", "6.1"])
+@pytest.mark.parametrize("version", ["6.2"])
 def test_pytorch_examples_express_the_hand_built_stack(version):
     steps = yaml.safe_load(
         (EXAMPLES / f"pytorch-rocm{version}" / "pip-steps.yml").read_text()

@@ -147,6 +147,13 @@ def stock_systems_file():
     return Path(getattr(_util, "systems_file", "systems.json"))
 
 
+def site_systems_file():
+    """LUST's ``systems.json``: in $EBROOTCOTAINR, else cotainr's own (None: neither)."""
+    root = os.environ.get("EBROOTCOTAINR", "").strip()
+    candidates = [Path(root) / "systems.json"] if root else []
+    return next((p for p in [*candidates, stock_systems_file()] if p.is_file()), None)
+
+
 def make_log_settings(*, verbosity=0, log_to_file=False, no_color=False):
     """Cotainr log settings (`log_to_file` True: a time-stamped file here)."""
     if log_to_file is True:

@@ -27,12 +27,15 @@ class BaseImage:
         Whether it is a file on this machine.
     pattern : str or None
         The profile's glob that matched `given`.
+    link : str or None
+        Where `given` points when it is a link (one step).
     """
 
     given: str
     resolved: str
     is_local_file: bool
     pattern: Optional[str] = None
+    link: Optional[str] = None
 
 
 @dataclass(frozen=True)

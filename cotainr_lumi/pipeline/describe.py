@@ -81,15 +81,13 @@ def _inputs(plan):
     if plan.system is None:
         lines.append("  system:     none (--base-image)")
     else:
-        kind = "profile"
-        if plan.system.stock:
-            kind = "stock cotainr system"
-        sources = ", ".join(plan.system.sources)
-        lines.append(f"  system:     {plan.system.name} ({kind}: {sources})")
+        lines += plan.system.describe_lines()
     base = plan.base_image
     lines.append(f"  base image: {base.given}")
     if base.pattern:
         lines.append(f"    matched by: {base.pattern}")
+    if base.link:
+        lines.append(f"    a link to: {base.link}")
     if base.is_local_file and base.resolved != os.path.abspath(base.given):
         lines.append(f"    resolved: {base.resolved}")
     if not base.is_local_file and not is_uri(base.given):

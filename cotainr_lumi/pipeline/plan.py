@@ -49,9 +49,15 @@ def base_image_from_spec(spec, *, pattern=None):
     spec = str(spec)
     path = Path(spec).expanduser()
     if not _URI_RE.match(spec) and path.is_file():
-        resolved = os.path.realpath(path)
+        link = None
+        if path.is_symlink():
+            link = os.path.normpath(path.parent.absolute() / os.readlink(path))
         return BaseImage(
-            given=spec, resolved=resolved, is_local_file=True, pattern=pattern
+            given=spec,
+            resolved=os.path.realpath(path),
+            is_local_file=True,
+            pattern=pattern,
+            link=link,
         )
     return BaseImage(given=spec, resolved=spec, is_local_file=False, pattern=pattern)
 

@@ -7,12 +7,16 @@ over keys of earlier ones: the package's ``systems.yaml``, the user's
 ``COTAINR_LUMI_SYSTEMS`` (colon-separated). cotainr's own systems stay
 available as *stock* systems unless a profile defines the same name. A system
 has ``extends``, ``description``, ``base-image``, ``rocm-version``, ``stages``
-(of the pipeline, in order) and ``settings`` (a section per stage or engine
-section). The top-level ``removed`` maps retired system names to the message
-a build naming them gets (a later definition or null brings one back).
+(of the pipeline, in order), ``settings`` (a section per stage or engine
+section) and ``follows`` (not inherited): where LUST's cotainr module is
+loaded, the base image of that system of its ``systems.json`` replaces
+``base-image``, unless a later file sets ``base-image``. The top-level
+``removed`` maps retired system names to the message a build naming them gets
+(a later definition or null brings one back).
 """
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 import logging
 import os
@@ -20,6 +24,7 @@ from pathlib import Path
 import re
 from typing import Any, Optional
 
+from .. import _cotainr
 from .. import stages as builtin
 from ..engine import rocmwindow, targetenv, workdir
 from ..engine.origins import ProfileOrigin
@@ -53,12 +58,31 @@ def sections():
 
 _SYSTEM_KEYS = {
     "extends",
+    "follows",
     "description",
     "base-image",
     "rocm-version",
     "stages",
     "settings",
 }
+
+
+@dataclass(frozen=True)
+class SiteBase:
+    """A base image that follows a system of LUST's ``systems.json``."""
+
+    name: str  # the system of systems.json
+    default: str  # the profile's base-image
+    site_file: Optional[str] = None  # the systems.json read (None: none found)
+    site: Optional[str] = None  # its base-image of `name` (None: not there)
+
+    def origin(self):
+        """Where the base image comes from, in words."""
+        if self.site:
+            return f"{self.name} of {self.site_file}"
+        if self.site_file:
+            return f"built-in default ({self.site_file} has no {self.name})"
+        return "built-in default (no $EBROOTCOTAINR/systems.json of LUST's cotainr)"
 
 
 @dataclass(frozen=True)
@@ -73,10 +97,19 @@ class SystemProfile:
     rocm_version: Optional[str] = None
     sources: tuple[str, ...] = ()
     stock: bool = False
+    site_base: Optional[SiteBase] = None
 
     def stage_settings(self, name):
         """The settings of one stage."""
         return copy.deepcopy(self.settings.get(name, {}))
+
+    def describe_lines(self):
+        """The dry run's lines on the system: its files, where its base comes from."""
+        kind = "stock cotainr system" if self.stock else "profile"
+        lines = [f"  system:     {self.name} ({kind}: {', '.join(self.sources)})"]
+        if self.site_base:
+            lines.append(f"    its base image from: {self.site_base.origin()}")
+        return lines
 
 
 def profile_files():
@@ -162,6 +195,15 @@ def _read_system(*, path, name, raw, systems):
             system=name,
             key=unknown[0],
         )
+    follows = raw.get("follows")
+    if follows is not None and (not isinstance(follows, str) or not follows.strip()):
+        raise ProfileError(
+            "must name a system of LUST's systems.json, e.g. lumi-g",
+            file=path,
+            line=line_of(data=raw, path=("follows",)),
+            system=name,
+            key="follows",
+        )
     system = dict(raw)
     if "settings" in raw:
         system["settings"] = load_sections(
@@ -189,10 +231,66 @@ class Systems(dict):
     removed: dict = {}
 
 
+def site_systems():
+    """(the file, {name: base-image}) of LUST's ``systems.json``; (None, {}) if none."""
+    path = _cotainr.site_systems_file()
+    if path is None:
+        return None, {}
+    data = read_yaml(
+        path=path,
+        error=lambda message: ProfileError(f"LUST's systems.json {message}", file=path),
+    )
+    problem = (
+        'LUST\'s systems.json must map system names to {"base-image": IMAGE}; '
+        "fix the file or unset EBROOTCOTAINR"
+    )
+    if not isinstance(data, dict):
+        raise ProfileError(problem, file=path)
+    bases = {}
+    for name, system in data.items():
+        image = system.get("base-image") if isinstance(system, dict) else None
+        if not isinstance(name, str) or not isinstance(image, str) or not image:
+            raise ProfileError(problem, file=path, system=name)
+        bases[name] = image
+    return str(path), bases
+
+
+def _last_with(definitions, key):
+    return next((d for d in reversed(definitions) if key in d), None)
+
+
+def _follow_site(raw, *, history):
+    """Give the systems that follow LUST's systems.json its base images.
+
+    Not those whose base-image a file after the one setting `follows` sets.
+    """
+    followers = {
+        name: raw[name]["follows"]
+        for name, defined in history.items()
+        if name in raw
+        and raw[name].get("follows")
+        and _last_with(defined, "base-image") is _last_with(defined, "follows")
+    }
+    if not followers:
+        return {}
+    site_file, bases = site_systems()
+    found = {}
+    for name, site_name in followers.items():
+        found[name] = SiteBase(
+            name=site_name,
+            default=raw[name]["base-image"],
+            site_file=site_file,
+            site=bases.get(site_name),
+        )
+        raw[name]["base-image"] = bases.get(site_name) or raw[name]["base-image"]
+    return found
+
+
 def load_systems(*, files=None, include_stock=True):
     """Read, merge, resolve and validate all systems."""
     files = profile_files() if files is None else [Path(f) for f in files]
     raw, sources, removed = {}, {}, {}
+    history = {}  # each system's definitions, in the order read
     for path in files:
         gone, defined = _read_profile_file(path)
         removed.update(gone)
@@ -200,13 +298,12 @@ def load_systems(*, files=None, include_stock=True):
             removed.pop(name, None)  # defined again after its removal
             raw[name] = merge_mappings(raw.get(name, {}), definition)
             sources.setdefault(name, []).append(str(path))
+            history.setdefault(name, []).append(definition)
     systems = Systems()
     systems.removed = {name: text for name, text in removed.items() if text}
     for name in systems.removed:
         raw.pop(name, None)
     if include_stock:
-        from .. import _cotainr
-
         for name, definition in _cotainr.stock_systems().items():
             if name not in raw:
                 systems[name] = SystemProfile(
@@ -217,8 +314,10 @@ def load_systems(*, files=None, include_stock=True):
                     stock=True,
                 )
 
+    site_bases = _follow_site(raw, history=history)
     for name in raw:
-        systems[name] = _resolve(name=name, raw=raw, sources=sources)
+        system = _resolve(name=name, raw=raw, sources=sources)
+        systems[name] = dataclasses.replace(system, site_base=site_bases.get(name))
     return systems
 
 

@@ -77,6 +77,7 @@ class ProvenanceStage(Stage):
             "base-image": {
                 "given": base.given,
                 "pattern": base.pattern,
+                "link": base.link,
                 "resolved": base.resolved,
                 "sha256": sha256 or None,
             },

@@ -18,7 +18,7 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The system of the packaged profile whose lumi-env settings and ROCm range
 #: are expected of every image that names none.
-DEFAULT_SYSTEM = "lumi-g-ext"
+DEFAULT_SYSTEM = "lumi-g-ext-rocm-6.2"
 #: The stage whose settings hold the env values.
 LUMI_ENV_STAGE = "lumi-env"
 

@@ -91,6 +91,28 @@ def _base_image_rows(system, root):
         yield f"base-image {PurePosixPath(image).name}", ok, words, fix
 
 
+def _site_rows(system, _root):
+    """LUST's systems.json (`follows`) against the profile's base image."""
+    site = system.site_base
+    if site is None:
+        return
+    check = f"site {site.name}" + (f" of {site.site_file}" if site.site else "")
+    default = site.default
+    if site.site == default:
+        yield check, True, f"the same as the built-in default: {default}", ""
+    elif site.site:
+        yield check, WARN, f"{site.site}; builds use it, not the built-in {default}", ""
+    elif site.site_file:
+        yield (
+            check,
+            WARN,
+            f"{site.site_file} has no {site.name}; builds use {default}",
+            "",
+        )
+    else:
+        yield check, NA, f"no LUST systems.json; builds use the built-in {default}", ""
+
+
 def _read(root, path):
     return _try(root, path, lambda f: f.read_text(errors="replace").strip() or None)
 
@@ -176,7 +198,7 @@ def check_host(*, root="/", system=None):
     chosen = [get_system(name=system, systems=systems)] if system else systems.values()
     rows = {}
     for one in chosen:
-        kinds = [_base_image_rows, _rocm_rows]
+        kinds = [_site_rows, _base_image_rows, _rocm_rows]
         if "lumi-env" in one.stages:
             kinds += [_bind_rows, _gpu_rows, _mpi_rows]
         for kind in kinds:

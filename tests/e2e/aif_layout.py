@@ -18,9 +18,13 @@ multiarch library directory ``/usr/lib/x86_64-linux-gnu``) by
   (needs libfabric and libcxi; RCCL loads it only as ``NCCL_NET_PLUGIN=ofi``),
   and a decoy ``libnccl-net.so`` (NCCL's name, which RCCL never loads);
   ``/usr/libexec/rccl-tests/all_reduce_perf``; the OCI entry point
-  ``/opt/oci-entrypoint.sh`` (``FI_HMEM_DISABLE_P2P=1`` on one node without
-  ``SLURM_GPUS_ON_NODE``) named by ``OCI_ENTRYPOINT=`` in
-  ``/.singularity.d/runscript``, as Apptainer writes an OCI ``ENTRYPOINT``;
+  ``/opt/oci-entrypoint.sh`` of the newest recorded release (:data:`RELEASE`,
+  written from its artefact by ``tests/entrypoints.py``: ``#!/usr/bin/env
+  bash``, ``FI_HMEM_DISABLE_P2P`` on one node without GPUs, the GPU binding
+  ``ROCR_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES`` when opted in) and the
+  runscript Apptainer itself writes for it, taken from a sandbox Apptainer
+  builds of a one-file OCI image with that ``ENTRYPOINT``
+  (:func:`oci_entrypoint`);
 - the venv ``/opt/venv`` (Debian's python3 -m venv), exposed only through
   ``PATH`` and ``PYTHONPATH`` (no ``VIRTUAL_ENV``), holding a torch-like
   tree: ``torch 2.10.0+rocm7.0`` as an installed distribution, ``torch/lib``
@@ -35,11 +39,88 @@ multiarch library directory ``/usr/lib/x86_64-linux-gnu``) by
 - ``/usr/bin/python3`` (Debian's) stays: the system python decoy.
 """
 
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+
+import entrypoints
+
 VENV = "/opt/venv"
 SITE = f"{VENV}/lib/python3.11/site-packages"
 ROCM = "/opt/rocm-7.0.2"
 MULTIARCH = "/usr/lib/x86_64-linux-gnu"
 TORCH_VERSION = "2.10.0+rocm7.0"
+#: The release whose entry point the base has.
+RELEASE = "20260807"
+
+
+def _blob(blobs, data, media_type):
+    digest = hashlib.sha256(data).hexdigest()
+    (blobs / digest).write_bytes(data)
+    return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
+
+
+def oci_entrypoint(*, apptainer, work):
+    """A sandbox of a one-file OCI image whose ENTRYPOINT is RELEASE's entry point.
+
+    Apptainer builds it from an OCI layout written here, so its runscript is
+    Apptainer's own for that ENTRYPOINT (``OCI_ENTRYPOINT=``, no CMD).
+    """
+    form = entrypoints.facts(RELEASE)
+    script = entrypoints.script(RELEASE).encode()
+    layout = work / "oci-entrypoint"
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        for name in ("opt", form["path"].lstrip("/")):
+            info = tarfile.TarInfo(name)
+            info.mode = 0o755
+            if name == "opt":
+                info.type = tarfile.DIRTYPE
+            else:
+                info.size = len(script)
+            tar.addfile(info, io.BytesIO(script) if info.isfile() else None)
+    layer = layer.getvalue()
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Entrypoint": form["entrypoint"]},
+        "rootfs": {
+            "type": "layers",
+            "diff_ids": [f"sha256:{hashlib.sha256(layer).hexdigest()}"],
+        },
+    }
+    oci = "application/vnd.oci.image"
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": f"{oci}.manifest.v1+json",
+        "config": _blob(blobs, json.dumps(config).encode(), f"{oci}.config.v1+json"),
+        "layers": [_blob(blobs, layer, f"{oci}.layer.v1.tar")],
+    }
+    index = [_blob(blobs, json.dumps(manifest).encode(), f"{oci}.manifest.v1+json")]
+    (layout / "index.json").write_text(
+        json.dumps({"schemaVersion": 2, "manifests": index})
+    )
+    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    sandbox = work / "oci-entrypoint-sandbox"
+    proc = subprocess.run(
+        [apptainer, "build", "--sandbox", str(sandbox), f"oci:{layout}"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sandbox
+
+
+def setup(*, oci_sandbox):
+    """The script deriving the base, with the entry point of `oci_sandbox`."""
+    return SETUP.replace("@OCI_SANDBOX@", str(oci_sandbox))
+
 
 SETUP = rf"""
 set -euo pipefail
@@ -93,15 +174,10 @@ ldconfig
 mkdir -p /usr/libexec/rccl-tests /usr/libexec/osu-micro-benchmarks
 printf '#!/bin/sh\necho "stub all_reduce_perf"\n' >/usr/libexec/rccl-tests/all_reduce_perf
 chmod 755 /usr/libexec/rccl-tests/all_reduce_perf
-# The OCI entry point (containerfiles/mpich/Ubuntu_Rocm_Slingshot, index
-# 018f2e6d) and the runscript Apptainer makes of an OCI ENTRYPOINT.
-printf '%s\n' '#!/bin/bash' \
-    'if [ "${{SLURM_NNODES}}" = 1 ] && [ -z "${{SLURM_GPUS_ON_NODE}}" ]; then' \
-    '    export FI_HMEM_DISABLE_P2P=1' 'fi' 'exec "$@"' >/opt/oci-entrypoint.sh
-chmod 755 /opt/oci-entrypoint.sh
-printf '%s\n' '#!/bin/sh' "OCI_ENTRYPOINT='\"/opt/oci-entrypoint.sh\"'" "OCI_CMD=''" \
-    'exec /opt/oci-entrypoint.sh "$@"' >/.singularity.d/runscript
-chmod 755 /.singularity.d/runscript
+# The release's OCI entry point and Apptainer's runscript for it.
+cp @OCI_SANDBOX@/opt/oci-entrypoint.sh /opt/oci-entrypoint.sh
+cp @OCI_SANDBOX@/.singularity.d/runscript /.singularity.d/runscript
+chmod 755 /opt/oci-entrypoint.sh /.singularity.d/runscript
 
 # The venv with a ROCm 7 torch-like tree.
 /usr/bin/python3 -m venv {VENV}

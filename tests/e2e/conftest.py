@@ -22,7 +22,7 @@ Session-scoped fixtures:
 ``write_systems`` -> callable ``(path, systems)``
     Adds test systems (name -> entry) to the profile file `path` (made when
     missing) and returns `path`. An entry without ``extends`` extends
-    ``lumi-g-ext`` with ROCm 6.1 (the LUMI-like base's); every entry gets
+    ``lumi-g-ext-rocm-6.2`` with ROCm 6.1 (the LUMI-like base's); every entry gets
     ``provenance.hash-base-image: false`` unless it says otherwise, and its
     ``base-image`` as a string.
 ``cotainr_build`` -> callable ``(work, *args, systems=None, systems_file=None,
@@ -202,7 +202,7 @@ def _write_systems(path, systems):
     data = yaml.safe_load(path.read_text()) if path.exists() else {"systems": {}}
     for name, entry in systems.items():
         if "extends" not in entry:
-            entry = {"extends": "lumi-g-ext", "rocm-version": "6.1", **entry}
+            entry = {"extends": "lumi-g-ext-rocm-6.2", "rocm-version": "6.1", **entry}
         settings = entry.get("settings", {})
         provenance = {"hash-base-image": False, **settings.get("provenance", {})}
         data["systems"][name] = {

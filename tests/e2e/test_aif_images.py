@@ -27,6 +27,7 @@ import time
 import aif_layout
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
+import entrypoints
 from hosttools import need_lmod
 from pkgfixtures import make_wheel, serve_index
 from prune_fixtures import derive_base_image
@@ -48,12 +49,14 @@ def work(
     """The derived AI Factory-like base, the test system and the wheels."""
     work = tmp_path_factory.mktemp("aif")
     t0 = time.time()
+    apptainer = str(apptainer_path / "apptainer")
+    oci = aif_layout.oci_entrypoint(apptainer=apptainer, work=work)
     base = derive_base_image(
-        apptainer=str(apptainer_path / "apptainer"),
+        apptainer=apptainer,
         base_image=lumi_like_base_image,
         work=work,
         cases=(),
-        setup=aif_layout.SETUP,
+        setup=aif_layout.setup(oci_sandbox=oci),
         python=f"{aif_layout.VENV}/bin/python",
     )
     build_times["aif: derive base"] = time.time() - t0
@@ -467,6 +470,10 @@ def test_a_second_build_on_the_first_adds_and_replaces_nothing_else(
         apptainer_exec(image2, "cat", "/.singularity.d/labels.json").stdout
     )
     assert labels["cotainr-lumi.history"] == "1"
+    # The first build's entry-point env file did not mislead this build's run.
+    first_labels = cat_json(apptainer_exec, image1, "/.singularity.d/labels.json")
+    entry = "cotainr-lumi.oci-entrypoint"
+    assert labels[entry] == first_labels[entry] and "FI_HMEM" in labels[entry]
     first_provenance = cat_json(
         apptainer_exec, image2, "/opt/cotainr-lumi/history/1/provenance.json"
     )
@@ -520,27 +527,70 @@ def test_the_glob_base_resolves_in_the_latest_release_and_is_recorded(
     assert "--lumi-system aif-e2e-any --base-image FILE" in output
 
 
-@pytest.mark.parametrize(
-    ("env", "expected"),
-    [
-        ({"SLURM_NNODES": "1"}, "1"),
-        ({"SLURM_NNODES": "1", "SLURM_GPUS_ON_NODE": "8"}, "unset"),
-        ({"SLURM_NNODES": "2"}, "unset"),
-        ({}, "unset"),
-    ],
-)
-def test_exec_gets_the_oci_entrypoints_environment(
-    first, apptainer_exec, env, expected
-):
-    image, log = first
-    script = 'echo "${FI_HMEM_DISABLE_P2P-unset} ${SLURM_NNODES-unset}"'
-    proc = apptainer_exec(image, "sh", "-c", script, env=env)
+#: Job environments as Slurm sets them (ROCR_VISIBLE_DEVICES for a GPU job),
+#: plus the entry point's opt-ins, which users export themselves.
+JOBS = {
+    "no job": {},
+    "one node, CPU": {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NNODES": "1",
+        "SLURM_NTASKS": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+    },
+    "two nodes, 8 GPUs each, rank 11": {
+        "SLURM_JOB_ID": "4243",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NNODES": "2",
+        "SLURM_NTASKS": "16",
+        "SLURM_NTASKS_PER_NODE": "8",
+        "SLURM_NODEID": "1",
+        "SLURM_PROCID": "11",
+        "SLURM_LOCALID": "3",
+        "SLURM_GPUS_ON_NODE": "8",
+        "SLURM_JOB_NODELIST": "nid[005252-005253]",
+        "ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+        "ROCR_USE_SLURM_LOCALID": "1",
+        "MAP_HIP_TO_ROCR_VISIBLE_DEVICES": "1",
+    },
+}
+SHOWN = ("FI_HMEM_DISABLE_P2P", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def _seen(apptainer_path, action, image, env):
+    """What `apptainer ACTION image env` prints of SHOWN (no $: run's eval)."""
+    proc = subprocess.run(
+        [str(apptainer_path / "apptainer"), action, "--no-home", str(image), "env"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == [expected, env.get("SLURM_NNODES", "unset")]
-    labels = json.loads(
-        apptainer_exec(image, "cat", "/.singularity.d/labels.json").stdout
-    )
+    found = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    return {name: found.get(name, "unset") for name in SHOWN}, proc.stderr
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_exec_and_run_agree_on_the_entry_points_environment(
+    first, apptainer_path, apptainer_exec, job
+):
+    # Issue 37: today's AI Factory entry point (#!/usr/bin/env bash, GPU
+    # binding), run by Apptainer's own runscript; exec gets what run gets.
+    image, log = first
+    env = JOBS[job]
+    ran, _ = _seen(apptainer_path, "run", image, env)
+    execed, err = _seen(apptainer_path, "exec", image, env)
+    assert execed == ran and "cotainr-lumi" not in err, err[-2000:]
+    want = {name: env.get(name, "unset") for name in SHOWN}
+    assert ran == {**want, **entrypoints.expected(aif_layout.RELEASE, env)}
+    labels = cat_json(apptainer_exec, image, "/.singularity.d/labels.json")
     assert labels["cotainr-lumi.oci-entrypoint"] == (
-        "reproduced: /opt/oci-entrypoint.sh (FI_HMEM_DISABLE_P2P)"
+        "applied at each start but run's: /.singularity.d/runscript runs "
+        "/opt/cotainr-lumi/entrypoint-env and the variables it changed are set "
+        "(in a one-node job: FI_HMEM_DISABLE_P2P)"
     )
-    assert "Reproducing the environment of /opt/oci-entrypoint.sh" in log
+    assert "exec gets the environment /.singularity.d/runscript prepares" in log

@@ -209,7 +209,7 @@ def test_newer_libstdcxx_refuses_with_the_list(
         tmp_path / "systems.yaml",
         {
             "prune-e2e-b": {
-                "extends": "lumi-g-ext",
+                "extends": "lumi-g-ext-rocm-6.2",
                 "base-image": str(lumi_like_base_image),
                 "stages": ["prune-e2e-fixture", "prune", "provenance"],
                 "settings": {"prune-e2e-fixture": {"cases": ["libstdcxx-newer"]}},
@@ -240,7 +240,7 @@ def test_rocm_version_mismatch_is_left_alone(
         tmp_path / "systems.yaml",
         {
             "prune-e2e-d": {
-                "extends": "lumi-g-ext",
+                "extends": "lumi-g-ext-rocm-6.2",
                 "base-image": str(lumi_like_base_image_rocm60),
                 "rocm-version": "6.0",
                 "stages": ["prune-e2e-fixture", "prune", "provenance"],

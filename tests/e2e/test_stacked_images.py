@@ -83,7 +83,7 @@ def test_the_dry_run_shows_the_space_a_build_needs_measured(
             *flatten,
             "--base-image",
             lumi_like_base_image,
-            "--lumi-system=lumi-g-ext",
+            "--lumi-system=lumi-g-ext-rocm-6.2",
             timeout=300,
         )
         shown = float(re.search(r"needs about ([0-9.]+) GiB", proc.stdout)[1])

@@ -1,4 +1,4 @@
-"""End-to-end: images built with lumi-g-ext pass `cotainr-lumi verify`;
+"""End-to-end: images built with lumi-g-ext-rocm-6.2 pass `cotainr-lumi verify`;
 a deliberately broken one (pruning skipped) fails exactly the expected rows;
 odd images (issue 29: malformed labels and records, a hanging python, env
 scripts that never finish or print 2 MB) give FAIL rows or one message, never
@@ -49,7 +49,7 @@ def images(tmp_path_factory, rocm_torch_base_image, cotainr_build, write_systems
 
 def test_full_lumi_g_ext_image_passes_verify(images, verify_image, e2e_facts):
     code, rows, report = verify_image(images["full"][0])
-    e2e_facts["lumi-g-ext (ROCm base + env), verify"] = ", ".join(
+    e2e_facts["lumi-g-ext-rocm-6.2 (ROCm base + env), verify"] = ", ".join(
         f"{c} {s}" for c, s in rows.items()
     )
     assert code == 0, json.dumps(report, indent=1)
@@ -104,7 +104,7 @@ def test_verify_text_output_and_missing_image(images, tmp_path):
 def test_the_lumi_g_ext_familys_runtime_settings(images, image_runtime):
     # The 2024 family (LUMI ROCm base images): the host's Cray libfabric and
     # libcxi bound, aws-ofi-rccl, GDR level 3 only in the distributed runscript.
-    labels, env, runtime = image_runtime("lumi-g-ext image", images["full"][0])
+    labels, env, runtime = image_runtime("lumi-g-ext-rocm-6.2 image", images["full"][0])
     binds = labels["cotainr-lumi.binds"].split(",")
     assert {"/opt/cray", "/usr/lib64/libcxi.so.1", "/var/spool/slurmd"} <= set(binds)
     assert env["FI_MR_CACHE_MONITOR"] == "userfaultfd"

@@ -97,6 +97,33 @@ def test_a_glob_base_image_resolves_to_its_one_file_in_the_latest_release(
     assert f"base image: {matched}" in text and "matched by: " in text
 
 
+LATEST = "/appl/local/laifs/containers/lumi-multitorch-latest.sif"
+
+
+def test_lumi_multitorch_latest_is_accepted_resolved_and_recorded(
+    tmp_path, laif, monkeypatch
+):
+    # LUMI's docs give users the link lumi-multitorch-latest.sif to the newest
+    # release's full image (lumi-userguide PR #315; DeiC-HPC/cotainr#171).
+    containers, new = laif
+    packaged = cotainr_lumi.plan(
+        image_path=tmp_path / "x.sif", system="lumi-aif-latest"
+    )
+    assert packaged.system.base_image == LATEST
+    latest = containers / "lumi-multitorch-latest.sif"
+    full = "lumi-multitorch-full-u24r70f21m50t210-20260807_115122.sif"
+    latest.symlink_to(f"{new.name}/{full}")
+    for request in (
+        dict(system="lumi-aif-latest", base_image_override=str(latest)),
+        dict(base_image=str(latest)),  # as #171 gave it
+    ):
+        plan = cotainr_lumi.plan(image_path=tmp_path / "x.sif", **request)
+        assert plan.base_image.given == str(latest)
+        assert plan.base_image.link == str(new / full)  # where it pointed
+        assert plan.base_image.resolved == str(new / full)
+    assert f"a link to: {new / full}" in plan_text(plan)
+
+
 @pytest.mark.parametrize(
     ("system", "found"), [("laif-any", "matches 2 files: "), ("laif-none", "no file")]
 )

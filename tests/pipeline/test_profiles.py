@@ -1,3 +1,4 @@
+import artefacts
 import pytest
 
 from cotainr_lumi.errors import ProfileError, UnknownSystemError
@@ -9,21 +10,34 @@ def write(path, text):
     return path
 
 
-def test_packaged_profile_defines_lumi_g_ext_and_rocm_variants():
+def test_the_packaged_systems_are_lusts_current_cotainr_systems():
+    # LUST's cotainr 2025.7.1 module: lumi-g, rocm-6.2, rocm-6.4 (no rocm-6.1).
+    lust = artefacts.load("lust-cotainr-2025.7.1")
     systems = profiles.load_systems(
         files=[profiles.PACKAGED_PROFILE], include_stock=False
     )
-    assert {"lumi-g-ext", "lumi-g-ext-rocm-6.1", "lumi-g-ext-rocm-6.2"} <= set(systems)
+    for ours, theirs in (
+        ("lumi-g-ext", "lumi-g"),
+        ("lumi-g-ext-rocm-6.2", "rocm-6.2"),
+        ("lumi-g-ext-rocm-6.4", "rocm-6.4"),
+    ):
+        want = lust.facts["systems"][theirs]["base-image"]
+        assert systems[ours].base_image == want, lust.source.cite()
+        assert systems[ours].site_base.name == theirs
+    assert (
+        "lumi-g-ext-rocm-6.1" not in systems and "rocm-6.1" not in lust.facts["systems"]
+    )
     ext = systems["lumi-g-ext"]
-    assert ext.rocm_version == "6.2"
-    assert ext.base_image.startswith("/appl/local/containers/cotainr-baseimages/")
-    assert ext.stages[-1] == "provenance"
-    old = systems["lumi-g-ext-rocm-6.1"]
-    assert old.rocm_version == "6.1" and "6.1.3" in old.base_image
-    # variants inherit the stage list and settings
-    assert old.stages == ext.stages and old.settings == ext.settings
-    assert "lumi-g-ext-rocm-6.0" not in systems
-    assert "rocm-6.1" in systems.removed["lumi-g-ext-rocm-6.0"]
+    # The AI Factory mpich image's family: its own libfabric, no venv, no
+    # host MPI binding; a --conda-env goes into cotainr's conda env.
+    assert ext.rocm_version == "6.4" and ext.stages[-1] == "provenance"
+    assert ext.stage_settings("lumi-env")["libfabric"] == "image"
+    assert ext.stage_settings("lumi-env")["mpi-host"]["libmpi"] is None
+    assert ext.stage_settings("target-env")["prefix"] is None
+    rocm62 = systems["lumi-g-ext-rocm-6.2"]
+    assert rocm62.rocm_version == "6.2"
+    assert rocm62.stage_settings("lumi-env")["libfabric"] == "auto"
+    assert "--system=lumi-g-ext-rocm-6.2" in systems.removed["lumi-g-ext-rocm-6.1"]
 
 
 def test_a_removed_system_is_one_error_naming_the_replacement():
@@ -31,18 +45,18 @@ def test_a_removed_system_is_one_error_naming_the_replacement():
         profiles.get_system(name="lumi-g-ext-rocm-6.0")
     text = str(info.value)
     assert text.startswith("System 'lumi-g-ext-rocm-6.0' was removed: ROCm 6.0.3")
-    assert "--system=lumi-g-ext-rocm-6.1" in text and info.value.exit_code == 2
+    assert "--system=lumi-g-ext-rocm-6.2" in text and info.value.exit_code == 2
 
 
 def test_removed_drops_a_system_and_null_defines_it_again(tmp_path):
     site = write(
         tmp_path / "site.yaml",
-        "removed: {lumi-g-ext-rocm-6.1: 'use 6.2'}\n",
+        "removed: {lumi-g-ext-rocm-6.4: 'use lumi-g-ext'}\n",
     )
     systems = profiles.load_systems(
         files=[profiles.PACKAGED_PROFILE, site], include_stock=False
     )
-    assert "lumi-g-ext-rocm-6.1" not in systems
+    assert "lumi-g-ext-rocm-6.4" not in systems
     back = write(
         tmp_path / "back.yaml",
         "removed: {lumi-g-ext-rocm-6.0: null}\nsystems:\n  lumi-g-ext-rocm-6.0:"
@@ -78,7 +92,7 @@ def test_user_file_and_env_var_files_override_in_order(
     ext = systems["lumi-g-ext"]
     assert ext.base_image == "/home/me/copy.sif"  # user override
     assert ext.description == "site text"  # site file read last
-    assert ext.rocm_version == "6.2"  # untouched keys kept (merge, not replace)
+    assert ext.rocm_version == "6.4"  # untouched keys kept (merge, not replace)
     assert ext.sources == (str(profiles.PACKAGED_PROFILE), str(user), str(site))
     assert systems["mine"].base_image == "/home/me/copy.sif"
 
@@ -187,7 +201,7 @@ def test_unknown_system_lists_available():
     with pytest.raises(UnknownSystemError) as info:
         profiles.get_system(name="no-such")
     assert "no-such" in str(info.value)
-    assert "lumi-g-ext" in str(info.value) and "lumi-g-ext-rocm-6.1" in str(info.value)
+    assert "lumi-g-ext" in str(info.value) and "lumi-g-ext-rocm-6.2" in str(info.value)
     assert "lumi-g-ext" in info.value.available
 
 
@@ -197,3 +211,69 @@ def test_non_utf8_profile_names_the_file(tmp_path):
     with pytest.raises(ProfileError, match="not UTF-8 text") as info:
         profiles.load_systems(files=[f], include_stock=False)
     assert str(f) in str(info.value)
+
+
+# -- LUST's systems.json: lumi-g-ext follows the site's lumi-g (issue 37) ------
+
+
+def test_without_lusts_module_the_built_in_defaults_say_so():
+    systems = profiles.load_systems()
+    site = systems["lumi-g-ext"].site_base
+    assert site.site_file is None and site.site is None
+    assert site.origin().startswith("built-in default (no $EBROOTCOTAINR/systems.json")
+    assert systems["lumi-aif-torch"].site_base is None  # follows nothing
+
+
+def test_lumi_g_ext_follows_the_lumi_g_of_lusts_systems_json(
+    tmp_path, lust_cotainr_module, monkeypatch
+):
+    # The older module (2025.03.0): its lumi-g is the ROCm 6.0.3 image, it has
+    # rocm-6.2 but no rocm-6.4.
+    path = lust_cotainr_module("lust-cotainr-2025.03.0")
+    lust = artefacts.load("lust-cotainr-2025.03.0").facts["systems"]
+    systems = profiles.load_systems()
+    ext, rocm62, rocm64 = (
+        systems[n] for n in ("lumi-g-ext", "lumi-g-ext-rocm-6.2", "lumi-g-ext-rocm-6.4")
+    )
+    assert ext.base_image == lust["lumi-g"]["base-image"]
+    assert ext.site_base.origin() == f"lumi-g of {path}"
+    assert ext.site_base.default != ext.base_image  # the built-in one, kept
+    assert rocm62.base_image == lust["rocm-6.2"]["base-image"]
+    assert rocm64.base_image == rocm64.site_base.default
+    assert rocm64.site_base.origin() == f"built-in default ({path} has no rocm-6.4)"
+    # A system extending a follower inherits the followed base.
+    mine = write(tmp_path / "mine.yaml", "systems:\n  mine:\n    extends: lumi-g-ext\n")
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(mine))
+    assert profiles.load_systems()["mine"].base_image == lust["lumi-g"]["base-image"]
+
+
+def test_a_profile_file_setting_base_image_wins_over_lusts_file(
+    tmp_path, lust_cotainr_module, monkeypatch
+):
+    lust_cotainr_module("lust-cotainr-2025.03.0")
+    site = write(
+        tmp_path / "site.yaml", "systems:\n  lumi-g-ext:\n    base-image: /mine.sif\n"
+    )
+    monkeypatch.setenv("COTAINR_LUMI_SYSTEMS", str(site))
+    ext = profiles.load_systems()["lumi-g-ext"]
+    assert ext.base_image == "/mine.sif" and ext.site_base is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[1, 2]", '{"lumi-g": {"base-image": 3}}', '{"lumi-g": "x"}', "{not json"],
+)
+def test_a_broken_lust_systems_json_is_one_error_naming_it(tmp_path, monkeypatch, text):
+    (tmp_path / "systems.json").write_text(text)
+    monkeypatch.setenv("EBROOTCOTAINR", str(tmp_path))
+    with pytest.raises(ProfileError, match="systems.json") as info:
+        profiles.load_systems()
+    assert str(tmp_path / "systems.json") in str(info.value)
+
+
+def test_follows_must_name_a_system(tmp_path):
+    bad = write(
+        tmp_path / "bad.yaml", "systems:\n  s:\n    base-image: x.sif\n    follows: 3\n"
+    )
+    with pytest.raises(ProfileError, match="must name a system of LUST's"):
+        profiles.load_systems(files=[bad], include_stock=False)

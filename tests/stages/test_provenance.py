@@ -40,6 +40,10 @@ def test_labels_record_given_and_resolved_base_image(
     assert labels["cotainr-lumi.provenance"] == "/opt/cotainr-lumi/provenance.json"
     record = captured["record"]
     assert record["base-image"]["sha256"] == labels["cotainr-lumi.base-image.sha256"]
+    # A link (as LUMI's lumi-multitorch-latest.sif): where it pointed, one step.
+    assert record["base-image"]["link"] == str(
+        base_image.parent / "lumi-rocm-6.1.3.sif"
+    )
     assert (
         record["system"] == "lumi-test" and record["stages"][0]["name"] == "provenance"
     )

@@ -152,7 +152,7 @@ def test_discover_finds_the_default_pe_and_follows_it_and_says_when_none(
     assert status == PASS and f"finds {abi_library(default_mpich())}" in words
     assert "(default PE (/opt/cray/pe/lib64))" in words
     # A '*' is the newest installed: 25.09's PMI, not the default PE's (so
-    # lumi-g-ext takes PMI from /opt/cray/pe/lib64, the default PE's).
+    # lumi-g-ext-rocm-6.2 takes PMI from /opt/cray/pe/lib64, the default PE's).
     assert f"/opt/cray/pe/pmi/{pmi_versions()['25.09']}/lib" in words
     # The default PE moved to 25.09: the same profile follows it.
     nine = root / mpich_dir(mpich_versions()["25.09"]).lstrip("/")
@@ -239,9 +239,9 @@ def test_a_rocm_7_system_with_a_host_binding_warns_gpu_aware_mpi(
     assert "mpi-gpu-aware" not in _rows(check_host(root=root, system="lumi-2026"))
 
 
-def test_lumi_g_ext_checks_its_conditional_libjansson_bind(tmp_path):
+def test_lumi_g_ext_rocm_6_2_checks_its_conditional_libjansson_bind(tmp_path):
     root = lumi_2026(tmp_path / "root")
-    rows = _rows(check_host(root=root, system="lumi-g-ext"))
+    rows = _rows(check_host(root=root, system="lumi-g-ext-rocm-6.2"))
     status, words = rows["bind /usr/lib64/libjansson.so.4"]
     jansson = Path(facts("lust-ccpe-25.09")["host-libjansson"]).name
     assert status == PASS and f"-> /usr/lib64/{jansson}" in words
@@ -268,3 +268,27 @@ def test_readme_example_is_what_check_host_prints(tmp_path, monkeypatch):
         assert re.fullmatch(shown, got[check][1]), (line, got[check][1])
     summary = lines[-1].replace("/tmp/lumi-host/root", str(root))
     assert report.summary() == summary
+
+
+# -- Issue 37: LUST's systems.json against the built-in defaults ---------------
+
+
+def test_lusts_systems_json_is_compared_with_the_built_in_defaults(
+    tmp_path, lust_cotainr_module
+):
+    root = lumi_2026(tmp_path / "root")
+    rows = _rows(check_host(root=root))
+    assert rows["site lumi-g"][0] == NA  # no module loaded
+    assert "builds use the built-in /appl/local/" in rows["site lumi-g"][1]
+    current = lust_cotainr_module("lust-cotainr-2025.7.1")
+    rows = _rows(check_host(root=root))
+    for name in ("lumi-g", "rocm-6.2", "rocm-6.4"):  # LUST's current module
+        status, words = rows[f"site {name} of {current}"]
+        assert status == PASS and "the same as the built-in default" in words
+    older = lust_cotainr_module("lust-cotainr-2025.03.0")
+    rows = _rows(check_host(root=root))
+    status, words = rows[f"site lumi-g of {older}"]
+    assert status == WARN and "lumi-rocm-rocm-6.0.3.sif; builds use it, not " in words
+    assert "[lumi-g-ext]" in words
+    status, words = rows["site rocm-6.4"]
+    assert status == WARN and f"{older} has no rocm-6.4" in words

@@ -8,7 +8,6 @@ import shlex
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...imagelayout import RUNSCRIPTS_DIR, WITH_CONDA_FILE
 from . import network
-from .entrypoint import entrypoint_block
 from .envfile import (
     default_assignments,
     forced_assignment,
@@ -245,9 +244,7 @@ def env_file_blocks(*, settings, root, target, user_venv, libfabric):
             "# The image's Python environment, active from the start.",
             path_addition(name="PATH", entries=[target.bin_dir], position="prepend"),
         ]
-    entry, found["oci-entrypoint"] = entrypoint_block(root=root)
     blocks += [
-        entry,
         "# LUST's user-software workflow: the user venv (init-conda-venv).",
         default_assignments({"COTAINR_LUMI_USER_VENV": user_venv}),
         _USER_VENV_BLOCK,

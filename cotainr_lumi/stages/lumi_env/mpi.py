@@ -402,7 +402,7 @@ def resolve_mode(*, requested, scan, binding):
         raise ValueError(
             "lumi-env.mpi is 'host', but this system has no host binding "
             "(lumi-env.mpi-host.libmpi is not set): give one in the system profile "
-            "(see lumi-g-ext in cotainr_lumi/systems.yaml) or use lumi-env.mpi=container"
+            "(see lumi-g-ext-rocm-6.2 in cotainr_lumi/systems.yaml) or use lumi-env.mpi=container"
         )
     if requested == "container" and not scan.mpich:
         raise ValueError(

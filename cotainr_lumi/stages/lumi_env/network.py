@@ -162,7 +162,7 @@ def plugin_blocks(*, settings, root, found):
         other = find_plugin(root=root, dirs=KNOWN_PLUGIN_DIRS)
         if other is not None:
             fits = (
-                "lumi-g-ext or lumi-g-ext-pytorch"
+                "lumi-g-ext-rocm-6.2 or lumi-g-ext-pytorch"
                 if other["dir"] in AWS_OFI_RCCL_DIRS
                 else "lumi-aif-torch or lumi-aif-full"
             )

@@ -4,7 +4,7 @@ The lumi-env stage: LUMI runtime settings, runscripts, binds and module file.
 Into the image: the env file (profile variables as defaults, MIOpen cache,
 ROCm and network plugin paths, ``/runscripts`` on ``PATH``, ``WITH_CONDA``),
 the runscripts, ``with-conda.sh``, the MPI env file and record (:mod:`.mpi`),
-and labels. Next to the image (``report.outputs``, written by the pipeline):
+and labels. Next to the image (``report.host_files``, written by the driver):
 an Lmod module file, a shell snippet and ``CONTAINERROOT``, for the binds a
 SIF cannot hold.
 """
@@ -19,7 +19,7 @@ from ...engine.stage import HostFiles, Stage, StageReport
 from ...errors import InputError, StageError
 from ...imagelayout import LUMI_ENV_FILE as ENV_FILE
 from ...imagelayout import MPI_ENV_FILE, MPI_FILE, RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
-from . import imagefiles, network
+from . import entrypoint, imagefiles, network
 from .envfile import render_env_file, text_problem
 from .imagefiles import JIT_CACHES, ROCM_ROOT, RUNSCRIPTS, WITH_CONDA_VALUE
 from .modulefile import image_has_user_software, module_outputs, wrapper_names
@@ -252,7 +252,7 @@ class LumiEnvStage(Stage):
             imagelayout.LABEL_MPI_RECORD: MPI_FILE,
             imagelayout.LABEL_RUNTIME: imagelayout.RUNTIME_FILE,
         }
-        entry = record["search-paths"].pop("oci-entrypoint")
+        entry = record["oci-entrypoint"]
         if entry:
             labels[imagelayout.LABEL_OCI_ENTRYPOINT] = entry
         if self.settings.runscripts:
@@ -277,12 +277,14 @@ class LumiEnvStage(Stage):
         )
         content = render_env_file(header=header, blocks=blocks)
         write_file_in_root(root=root, path=ENV_FILE, content=content)
+        entry = entrypoint.write_entrypoint_env(root=root)
         if self.settings.runscripts:
             imagefiles.write_runscripts(root=root)
         if mpi.active:
             write_file_in_root(root=root, path=MPI_ENV_FILE, content=mpi.env_file())
         return {
             "env-file": ENV_FILE,
+            "oci-entrypoint": entry,
             "env": dict(self.env),
             "search-paths": found,
             "python-prefix": env_prefix,

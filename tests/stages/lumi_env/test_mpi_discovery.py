@@ -304,10 +304,10 @@ def _in_container(cray, entry):
     return path.is_dir()
 
 
-def test_lumi_g_ext_finds_directories_a_container_can_reach(tmp_path):
+def test_lumi_g_ext_rocm_6_2_finds_directories_a_container_can_reach(tmp_path):
     """XPMEM's default/ links through /etc/alternatives (lust-ccpe-25.09)."""
     cray = lumi_tree(tmp_path)
-    system = get_system(name="lumi-g-ext", systems=load_systems())
+    system = get_system(name="lumi-g-ext-rocm-6.2", systems=load_systems())
     host = system.stage_settings("lumi-env")["mpi-host"]
     got = discover_host_mpi(
         setting={**host, "binds": [f"{cray}:/opt/cray"]},

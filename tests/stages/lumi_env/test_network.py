@@ -185,7 +185,7 @@ def test_rccl_tests_the_image_lacks_are_said(tmp_path, caplog):
 
 
 def test_2024_family_keeps_its_settings(tmp_path):
-    settings = profile_settings("lumi-g-ext")
+    settings = profile_settings("lumi-g-ext-rocm-6.2")
     root, report, _ = run_stage(tmp_path, settings)
     env = source_env(root, env={"LD_LIBRARY_PATH": "/base"})
     assert env[network.GDR_VARIABLE] == "3"
@@ -199,7 +199,7 @@ def test_2024_family_keeps_its_settings(tmp_path):
 def test_the_plan_says_where_the_plugin_is_and_the_gdr_default():
     for name, gdr in (
         ("lumi-aif-torch", "leaves NCCL_NET_GDR_LEVEL to RCCL"),
-        ("lumi-g-ext", "NCCL_NET_GDR_LEVEL=3 unless you set it"),
+        ("lumi-g-ext-rocm-6.2", "NCCL_NET_GDR_LEVEL=3 unless you set it"),
     ):
         stage = LumiEnvStage(settings=profile_settings(name))
         lines = "\n".join(network.describe_lines(settings=stage.settings))
@@ -208,14 +208,14 @@ def test_the_plan_says_where_the_plugin_is_and_the_gdr_default():
 
 def test_a_2024_system_on_an_ai_factory_base_says_which_system_fits(tmp_path, caplog):
     root, report, _ = run_stage(
-        tmp_path, profile_settings("lumi-g-ext"), aif=True, ofi=False
+        tmp_path, profile_settings("lumi-g-ext-rocm-6.2"), aif=True, ofi=False
     )
     assert "aws-ofi-nccl" not in report.record["search-paths"]
     assert "has aws-ofi-nccl in /usr/lib/x86_64-linux-gnu" in caplog.text
     assert "--system=lumi-aif-torch" in caplog.text
     caplog.clear()
     run_stage(tmp_path / "b", profile_settings("lumi-aif-torch"), ofi=True)
-    assert "--system=lumi-g-ext" in caplog.text
+    assert "--system=lumi-g-ext-rocm-6.2" in caplog.text
 
 
 def _plugin_needing_libfabric(root, tmp_path, *, fabric_dir=None, runpath=None):
