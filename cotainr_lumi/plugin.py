@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from . import _cotainr, buildoptions, imagelayout
-from .engine import history, layer, rocmwindow, rootfs
+from .engine import digest, history, layer, rocmwindow, rootfs
 from .engine.stage import StageContext
 from .engine.workdir import remove_leftovers, work_dir_environment
 from .errors import CotainrLumiError, InputError, UnknownSystemError, redact
@@ -170,6 +170,9 @@ class LumiHook:
                     )
                 return plan.describe().splitlines()
             plan.check_space()
+            if plan.base_image.is_local_file:  # read once, checked at the end
+                plan.base_image.pinned = digest.Pinned(plan.base_image.resolved)
+                build.environment.callback(plan.base_image.pinned.file.close)
         except CotainrLumiError as e:
             raise _cotainr.plugin_error(e) from e
         log_resolved_base_image(plan.base_image)
@@ -179,6 +182,7 @@ class LumiHook:
         if plan.mount_problem is None:
             build.view = layer.BaseView(
                 base=plan.base_image.resolved,
+                pinned=plan.base_image.pinned,
                 work=work / "layer",
                 layer=plan.layer_problem is None,
                 only=plan.layer_only,
@@ -225,6 +229,7 @@ class LumiHook:
                 run_stage(stage=stage, context=stage_context)
             current = rocmwindow.SETTINGS_NAME
             rocmwindow.check_build(context=stage_context, phase="end")
+            check_base_image_unchanged(build.plan.base_image, used=used)
             current = "outputs"
             build.outputs = check_outputs(stage_context.reports)
         except Exception as e:

@@ -23,6 +23,7 @@ LAYERS = {
     "_version": 0,
     "imagelayout": 0,
     "apptainer": 0,
+    "safeio": 0,
     "_cotainr": 1,
     "engine": 2,
     "stages": 3,

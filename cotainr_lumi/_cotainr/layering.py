@@ -37,7 +37,9 @@ def install(sandbox):
                 return runner(args=args, **kwargs)
             try:
                 return view.mount(at=Path(self.sandbox_dir))
-            except Exception as e:  # noqa: BLE001 - unpacked as without layers
+            except (OSError, view.Error) as e:  # its layers need the mount
+                if view.layers:
+                    raise view.refused(e) from None
                 logger.warning("The base image is unpacked (not mounted): %s", e)
                 return runner(args=args, **kwargs)
 

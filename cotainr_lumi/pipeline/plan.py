@@ -54,6 +54,7 @@ class BaseImage:
     resolved: str
     is_local_file: bool
     pattern: Optional[str] = None  # the profile's glob that matched `given`
+    pinned: Any = field(default=None, compare=False)  # a build's digest.Pinned
 
     @classmethod
     def from_spec(cls, spec):
@@ -418,16 +419,13 @@ def _layering(plan):
         mount = "the base image is not a local SIF file"
     else:  # as before when flattening a base without layers, which need the mount
         mount = layer.mount_problem(base.resolved) if layered or layers else flatten
-    if layers and (mount or not plan.extended):
-        fix = "stock cotainr unpacks it: build with --lumi-system NAME, which mounts it"
-        if mount:
-            fix = (
-                f"it is not mounted here ({mount}): squash it whole first where "
-                "it mounts (--flatten, without --conda-env) and build on that"
-            )
+    if layers and mount:
+        raise layer.refusal(base.given, mount)
+    if layers and not plan.extended:
         raise InputError(
             f"The base image {base.given} has layers (SIF overlay partitions), "
-            f"which unpacking it would leave out; {fix}."
+            "which unpacking it would leave out; stock cotainr unpacks it: build "
+            "with --lumi-system NAME, which mounts it."
         )
     return mount, (mount if layered else flatten)
 

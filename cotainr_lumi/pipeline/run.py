@@ -176,6 +176,8 @@ def as_stage_error(error, *, stage):
 
 def cotainr_failure(error, *, plan):
     """One line for a failure of cotainr's own steps (sandbox, conda, image)."""
+    if isinstance(error, CotainrLumiError):  # said by cotainr-lumi's own parts
+        return error
     cause = error.__cause__ if error.__cause__ is not None else error
     lines = (getattr(cause, "stderr", None) or "").strip().splitlines()
     detail = " | ".join(lines[-3:]) if lines else f"{type(error).__name__}: {error}"
@@ -218,6 +220,8 @@ def check_base_image_unchanged(base, *, used):
     """Stop when the base image cotainr `used` is not the file the plan resolved."""
     if not base.is_local_file:
         return
+    if base.pinned is not None:
+        base.pinned.check()
     now = os.path.realpath(used)
     if now != base.resolved:
         raise StageError(

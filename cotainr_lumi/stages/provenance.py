@@ -89,7 +89,7 @@ class ProvenanceStage(Stage):
         base = plan.base_image
         sha256 = ""
         if base.is_local_file and self.settings.hash_base_image:
-            sha256 = remembered_sha256(path=base.resolved)
+            sha256 = remembered_sha256(path=base.resolved, pinned=base.pinned)
         stages = plan.stage_names
         labels = {
             LABEL_VERSION: __version__,

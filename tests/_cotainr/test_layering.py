@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from cotainr_lumi._cotainr import layering
 
 
@@ -30,12 +32,20 @@ layering.install(Sandbox)
 
 
 class View:
-    def __init__(self, log, *, fails=False, writes=True):
+    Error = RuntimeError  # engine/layer.py's LayerError
+
+    def __init__(self, log, *, fails=None, writes=True, layers=0):
         self.log, self.fails, self.writes, self.merged = log, fails, writes, None
+        self.layers = layers
 
     def mount(self, *, at):
         if self.fails:
-            raise OSError("no loop devices")
+            raise self.fails
+        self.merged = at
+        self.log.append(("mount", str(at)))
+
+    def refused(self, problem):
+        return ValueError(f"refused: {problem}")
         self.merged = at
         self.log.append(("mount", str(at)))
 
@@ -63,7 +73,10 @@ def test_a_view_is_mounted_instead_of_unpacked_and_unmounted_first():
 
 def test_a_view_that_cannot_be_mounted_or_written_is_cotainrs_build(caplog):
     log = []
-    with layering.layered(View(log, fails=True)), Sandbox(log) as sandbox:
+    with (
+        layering.layered(View(log, fails=OSError("no loop devices"))),
+        Sandbox(log) as sandbox,
+    ):
         sandbox.build_image(path="x.sif")
     assert log[0] == ("run", "singularity build --sandbox /s b")
     assert ("squash", "x.sif") in log and ("layer", "x.sif") not in log
@@ -76,3 +89,21 @@ def test_a_view_that_cannot_be_mounted_or_written_is_cotainrs_build(caplog):
     with Sandbox(log) as sandbox:  # no view: cotainr's own
         sandbox.build_image(path="x.sif")
     assert log[0] == ("run", "singularity build --sandbox /s b")
+
+
+@pytest.mark.parametrize("error", [OSError("no loop devices"), RuntimeError("FATAL")])
+def test_a_base_with_layers_that_cannot_be_mounted_is_refused_not_unpacked(error):
+    log = []
+    view = View(log, fails=error, layers=2)
+    with pytest.raises(ValueError, match=f"refused: {error}"):
+        with layering.layered(view), Sandbox(log):
+            pass
+    assert ("run", "singularity build --sandbox /s b") not in log
+
+
+def test_only_the_mount_errors_are_caught():
+    log = []
+    with pytest.raises(KeyError):  # e.g. a bug: not "unpacked (not mounted)"
+        with layering.layered(View(log, fails=KeyError("bug"))), Sandbox(log):
+            pass
+    assert ("run", "singularity build --sandbox /s b") not in log

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+import shutil
 import subprocess
 import sys
 
@@ -45,6 +46,8 @@ def work(tmp_path_factory, lumi_like_base_image, write_systems):
     make_wheel(work, "swap", "1.0", modules={"old": "GONE_IN_2 = True\n"})
     make_wheel(work, "swap", "2.0")
     make_wheel(work, "added", "1.0")
+    # A package's own file named as a whiteout of pip (site-packages/pip).
+    make_wheel(work, "whout", "1.0", files={".wh.pip": "not a whiteout\n"})
     (work / "first.txt").write_text(
         "./keep-1.0-py3-none-any.whl\n./swap-1.0-py3-none-any.whl\n"
     )
@@ -63,9 +66,9 @@ def work(tmp_path_factory, lumi_like_base_image, write_systems):
 def build(work, cotainr_build):
     """``build(IMAGE, *ARGS)``: ``cotainr build IMAGE ARGS`` in `work` (checked)."""
 
-    def run(image, *args, env=None):
+    def run(image, *args, env=None, ok=True):
         by = "--lumi-system" if "--base-image" in args else "--system"
-        return cotainr_build(work, image, by, SYSTEM, "--force", *args, env=env)
+        return cotainr_build(work, image, by, SYSTEM, "--force", *args, env=env, ok=ok)
 
     return run
 
@@ -262,6 +265,99 @@ def test_layer_only_writes_the_layer_and_the_module_mounts_it_on_the_base(
     env = {"COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml")}
     code, statuses, report = verify_image(only, env=env)
     assert code == 0 and "FAIL" not in statuses.values(), report
+
+
+#: ``mount`` failing as the layered build calls it (as root), not as Apptainer does.
+FAILING_MOUNT = (
+    'case " $* " in *sizelimit=*) echo "mount: simulated" >&2; exit 32;; esac\n'
+    f'exec {shutil.which("mount")} "$@"'
+)
+
+
+def wrapped(work, name, **scripts):
+    """A directory of ``NAME`` scripts (sh bodies) before PATH; returns {"PATH": ...}."""
+    bin_dir = work / name
+    bin_dir.mkdir(exist_ok=True)
+    for command, body in scripts.items():
+        (bin_dir / command).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / command).chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def refused_without_trace(proc, image):
+    """One error, exit non-zero, no image and no partial image beside it."""
+    assert proc.returncode != 0, proc.output[-3000:]
+    assert proc.stderr.count("cotainr: error:") == 1, proc.output[-3000:]
+    assert "Traceback" not in proc.output
+    assert not [p for p in image.parent.iterdir() if p.name.startswith(image.name)]
+    assert not [p for p in image.parent.iterdir() if ".partial-" in p.name]
+
+
+@pytest.mark.parametrize("fault", ["mount", "runtime"])
+def test_a_layered_base_that_does_not_mount_is_refused_not_unpacked(
+    build, work, first, apptainer_path, fault
+):
+    """A failing mount, or a runtime that cannot run the mounted view (issue 38, 1)."""
+    real = apptainer_path / "apptainer"
+    runtime = (
+        'case " $* " in *" --writable "*" true ") '
+        'echo "FATAL: simulated: the mount is not seen" >&2; exit 255;; esac\n'
+        f'exec {real} "$@"'
+    )
+    scripts = {"mount": FAILING_MOUNT}
+    if fault == "runtime":
+        scripts = {"apptainer": runtime, "singularity": runtime}
+    env = wrapped(work, f"no-{fault}", **scripts)
+    image = work / f"refused-{fault}.sif"
+    proc = build(image, "--base-image", "first.sif", env=env, ok=False)
+    refused_without_trace(proc, image)
+    assert "first.sif has layers (SIF overlay partitions)" in proc.stderr
+    assert "simulated" in proc.stderr and "--flatten" in proc.stderr
+    assert "unpacked (not mounted)" not in proc.output
+
+
+def test_a_base_without_layers_that_does_not_mount_is_unpacked(build, work):
+    env = wrapped(work, "no-mount", mount=FAILING_MOUNT)
+    proc = build(work / "unpacked.sif", env=env)
+    assert "The base image is unpacked (not mounted): mount -t squashfs" in proc.stderr
+    assert sorted(partition_digests(work / "unpacked.sif")) == [(SIF_SYSTEM, 1)]
+
+
+def test_a_base_renamed_over_mid_build_gives_no_mixed_image(
+    build, work, first, lumi_like_base_image
+):
+    """Another file is renamed over the base once the view is mounted (issue 38, 2)."""
+    moving, other = work / "moving.sif", work / "other.sif"
+    shutil.copyfile(work / "first.sif", moving)
+    shutil.copyfile(lumi_like_base_image, other)
+    real = shutil.which("mount")
+    mount = (
+        f'{real} "$@" || exit\n'
+        f'case " $* " in *" -t overlay "*) mv -f {other} {moving};; esac'
+    )
+    env = wrapped(work, "renaming-mount", mount=mount)
+    image = work / "moved.sif"
+    proc = build(image, "--base-image", moving.name, "--pip-steps", "steps.yml",
+                 env=env, ok=False)  # fmt: skip
+    assert not other.exists()  # renamed over it meanwhile
+    refused_without_trace(proc, image)
+    assert f"The base image {moving} changed during the build" in proc.stderr
+
+
+@pytest.mark.parametrize("flatten", [False, True])
+def test_a_packages_wh_file_stays_a_file(build, work, first, apptainer_exec, flatten):
+    """A wheel's ``.wh.pip`` is no whiteout of pip (issue 38, 3)."""
+    (work / "whout.txt").write_text("./whout-1.0-py3-none-any.whl\n")
+    image = work / f"whout-{flatten}.sif"
+    args = ["--base-image", "first.sif", "--pip-requirements", "whout.txt"]
+    proc = build(image, *args, *(["--flatten"] * flatten))
+    assert ("Layered image: " in proc.stdout) != flatten, proc.output[-2000:]
+    script = (
+        "import os, pip; site = os.path.dirname(os.path.dirname(pip.__file__)); "
+        "print(open(os.path.join(site, '.wh.pip')).read().strip())"
+    )
+    run = apptainer_exec(image, "python3", "-c", script)
+    assert run.stdout.strip() == "not a whiteout", run.stderr
 
 
 @pytest.fixture(scope="session")
