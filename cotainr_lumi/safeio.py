@@ -2,6 +2,8 @@
 
 import os
 import stat
+import subprocess
+import threading
 
 #: The most bytes read of a label file, a record or a SIF's JSON object.
 MAX_RECORD_BYTES = 64 * 1024**2
@@ -30,4 +32,33 @@ def read_bounded(path, *, limit=MAX_RECORD_BYTES):
         data = f.read(limit + 1)
     if len(data) > limit:
         raise OSError(f"{path} is larger than {limit} bytes (not read)")
+    return data
+
+
+def output_bounded(cmd, *, limit=MAX_RECORD_BYTES, timeout=120):
+    """
+    The standard output of `cmd`, at most `limit` bytes, within `timeout` s.
+
+    OSError when it prints more or does not finish in time (it is stopped).
+    """
+    expired = []
+
+    def stop():
+        expired.append(timeout)
+        proc.kill()
+
+    with subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    ) as proc:
+        timer = threading.Timer(timeout, stop)
+        timer.start()
+        try:
+            data = proc.stdout.read(limit + 1)
+        finally:
+            timer.cancel()
+            proc.kill()
+    if expired:
+        raise OSError(f"{cmd[0]} did not finish within {timeout} s")
+    if len(data) > limit:
+        raise OSError(f"{cmd[0]} printed more than {limit} bytes (not read)")
     return data

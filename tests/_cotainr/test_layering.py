@@ -46,8 +46,6 @@ class View:
 
     def refused(self, problem):
         return ValueError(f"refused: {problem}")
-        self.merged = at
-        self.log.append(("mount", str(at)))
 
     def unmount(self):
         self.log.append(("unmount",))

@@ -93,7 +93,9 @@ def test_fuse_overlayfs_writes_wh_files_and_refuses_them_from_users(tmp_path):
         (tmp_path / name).mkdir(parents=True)
     (tmp_path / "lower/gone").write_text("x")
     (tmp_path / "lower/d/old").write_text("y")
-    dirs = "lowerdir={0}/lower,upperdir={0}/upper,workdir={0}/work".format(tmp_path)
+    dirs = (
+        f"lowerdir={tmp_path}/lower,upperdir={tmp_path}/upper,workdir={tmp_path}/work"
+    )
     env = {**os.environ, "FUSE_OVERLAYFS_DISABLE_OVL_WHITEOUT": "1"}
     subprocess.run(["fuse-overlayfs", "-o", dirs, tmp_path / "m"], env=env, check=True)
     try:

@@ -1,8 +1,12 @@
 """``cotainr-lumi check-host`` on a test root laid out like LUMI after January 2026."""
 
 import json
+import os
+import stat
+import threading
 
 from hostroot import MPICH, SIF_DIR, lumi_2026, write_profile
+from hosttools import need_root
 import pytest
 
 from cotainr_lumi import cli
@@ -184,3 +188,30 @@ def test_a_relative_root_works_and_one_with_a_colon_is_one_error(
     code, out, err = _run(["--root", "a:b"], capsys)
     assert code == 2 and out == "" and err.count("\n") == 1
     assert f"--root {tmp_path}/a:b: host paths are looked up through binds" in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_version_files_that_are_no_files_neither_hang_nor_fill_memory(
+    tmp_path, profile, kind
+):
+    """A FIFO hung check-host; a character device ate 23 GB (issue 38, 6)."""
+    root = lumi_2026(tmp_path / "root")
+    for name in ("sys/module/amdgpu/version", "opt/rocm-6.3.4/.info/version"):
+        path = root / name
+        path.unlink()
+        if kind == "fifo":
+            os.mkfifo(path)
+        else:
+            need_root("makes a character device (/dev/zero's numbers)")
+            os.mknod(path, 0o644 | stat.S_IFCHR, os.makedev(1, 5))
+    done = []
+    thread = threading.Thread(
+        target=lambda: done.append(check_host(root=root, system="lumi-2026")),
+        daemon=True,
+    )
+    thread.start()
+    thread.join(timeout=60)
+    assert done, "check-host hung"
+    rows = _rows(done[0])
+    assert "host ROCm unreadable here" in rows["rocm-host 6.1-7.0"][1]
+    assert rows["rocm-driver 6.1-7.0"][0] == NA

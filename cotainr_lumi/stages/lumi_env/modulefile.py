@@ -10,6 +10,7 @@ pipeline never replaces a user's own file of the same name.
 
 import importlib.resources
 import logging
+import os
 from pathlib import Path
 import re
 import shlex
@@ -99,8 +100,14 @@ def module_ops(
     container_root=None,
     user_software=True,
     base=None,
+    base_stamp=None,
 ):
-    """The module file's and snippet's operations (`base`: the image is its layer)."""
+    """
+    The module file's and snippet's operations.
+
+    `base`: the image is its layer, for the base whose ``stat -c '%s %Y'`` is
+    `base_stamp` (a module loading on another base stops with one message).
+    """
     image = check_image_path(image)
     sif = check_image_path(base) if base else image
     binds = [validate_bind(b) for b in binds]
@@ -114,6 +121,7 @@ def module_ops(
         ("help", _help_text(image=image, var=var, root=root)),
         ("whatis", f"Name: {name}"),
         ("whatis", f"Description: cotainr-lumi container image {image}"),
+        *([("same_base", *base_check(base, image, base_stamp))] if base else []),
         ("setenv", "SIF", sif),
         ("setenv", f"SIF{var}", sif),
     ]
@@ -163,7 +171,27 @@ if cl.libmpi then setenv({2}, cl.libmpi) end
 if cl.path then setenv({3}, cl.path) end""",
     "file": "isFile({0})",
     "dir": "isDir({0})",
+    "same_base": 'if mode() == "load" and capture({3}) ~= {1} .. "\\n" then '
+    "LmodError({2}) end",
 }
+
+
+def layer_base(base_image):
+    """The base of a ``--layer-only`` image, and its ``stat -L -c '%s %Y'`` now."""
+    pinned = base_image.pinned  # the file the build read
+    info = os.stat(pinned.path if pinned else base_image.resolved)
+    stamp = f"{info.st_size} {int(info.st_mtime)}"
+    return {"base": str(base_image.resolved), "base_stamp": stamp}
+
+
+def base_check(base, layer, stamp):
+    """(base, its stamp, the message, the shell command printing the stamp)."""
+    message = (
+        f"the base image {base} is not the one the layer {layer} was built on "
+        "(its size or time changed); put that base back, or build the layer again"
+    )
+    command = f"stat -L -c '%s %Y' -- {shlex.quote(base)} 2>/dev/null"
+    return base, stamp, message, command
 
 
 def lua_op(kind, *args):
@@ -221,18 +249,40 @@ def wrapper_names(*, root, target):
     return [n for n, path in zip(names, found) if path.is_file()]
 
 
-def _host_command_text(name, *, image, root):
-    """A host command of ``$CONTAINERROOT/bin`` for this image."""
+def _host_command_text(name, *, image, root, base=None, base_stamp=None):
+    """A host command of ``$CONTAINERROOT/bin`` for this image (or layer on `base`)."""
     body = (importlib.resources.files(__package__) / "hostscripts" / name).read_text()
-    return (
-        f"#!/bin/bash\n# {name}: {MARKER} {__version__} for {image}.\n"
-        f"default_sif={shlex.quote(str(image))}\n"
-        f"default_root={shlex.quote(str(root))}\n{body}"
-    )
+    sif = base or image
+    head = [
+        f"#!/bin/bash\n# {name}: {MARKER} {__version__} for {image}.",
+        f"default_sif={shlex.quote(str(sif))}",
+        f"default_root={shlex.quote(str(root))}",
+    ]
+    if base and name in ("python", "start-shell"):  # run the layer on its base
+        _, stamp, message, stat = base_check(base, image, base_stamp)
+        overlay = shlex.quote(f"{image}:ro")
+        head += [
+            'if [[ ${SIF:-$default_sif} == "$default_sif" ]]; then',
+            f"    if [[ $({stat}) != {shlex.quote(stamp)} ]]; then",
+            f"        printf '%s: %s\\n' \"${{0##*/}}\" {shlex.quote(message)} >&2",
+            "        exit 2",
+            "    fi",
+            f"    export APPTAINER_OVERLAY={overlay} SINGULARITY_OVERLAY={overlay}",
+            "fi",
+        ]
+    return "\n".join([*head, body])
 
 
 def module_outputs(
-    *, settings, image_path, binds, user_software, mpi, wrappers, base=None
+    *,
+    settings,
+    image_path,
+    binds,
+    user_software,
+    mpi,
+    wrappers,
+    base=None,
+    base_stamp=None,
 ):
     """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
     names = settings.names(image_path=image_path)
@@ -252,6 +302,7 @@ def module_outputs(
         container_root=names.root,
         user_software=user_software,
         base=base,
+        base_stamp=base_stamp,
     ) + mpi.module_ops(image=str(image_path))
     outputs = {
         str(names.lua): render(ops, language="lua"),
@@ -262,16 +313,20 @@ def module_outputs(
             image_path=image_path,
             user_venv=names.user_venv,
             wrappers=wrappers,
+            base=(base, base_stamp),
         ),
     }
     return (names.lua, names.shell), names.root, outputs
 
 
-def _container_root_files(*, settings, root, image_path, user_venv, wrappers):
+def _container_root_files(*, settings, root, image_path, user_venv, wrappers, base):
     """CONTAINERROOT's files: host commands, runscripts, user-software."""
     scripts = {**{n: n for n in HOST_COMMANDS}, **dict.fromkeys(wrappers, "python")}
+    base, stamp = base
     files = {
-        str(root / "bin" / n): _host_command_text(s, image=image_path, root=root)
+        str(root / "bin" / n): _host_command_text(
+            s, image=image_path, root=root, base=base, base_stamp=stamp
+        )
         for n, s in scripts.items()
     }
     if settings.runscripts:
