@@ -224,13 +224,21 @@ def test_flatten_squashes_the_whole_image(
     assert "Traceback" not in stock.output
 
 
-def test_layer_only_writes_the_layer_and_the_module_mounts_it_on_the_base(
-    build, work, first, lmod_init, apptainer_path, verify_image
-):
-    """--layer-only: no copy of the base; SIF is the base, *_OVERLAY the layer."""
-    base, only = (work / "first.sif").resolve(), work.resolve() / "only.sqfs"
+@pytest.fixture(scope="module")
+def layer_only(build, work, first):
+    """A --layer-only build on a copy of first.sif: (base, layer, sha256, build)."""
+    base, only = work.resolve() / "only-base.sif", work.resolve() / "only.sqfs"
+    shutil.copyfile(work / "first.sif", base)
     digest = hashlib.sha256(base.read_bytes()).hexdigest()
     proc = build(only, "--base-image", base, "--pip-steps", "steps.yml", "--layer-only")
+    return base, only, digest, proc
+
+
+def test_layer_only_writes_the_layer_and_the_module_mounts_it_on_the_base(
+    work, layer_only, lmod_init, apptainer_path, verify_image
+):
+    """--layer-only: no copy of the base; SIF is the base, *_OVERLAY the layer."""
+    base, only, digest, proc = layer_only
     assert "The layer alone (" in proc.stdout, proc.stderr
     assert f"--overlay {only}:ro {base} " in proc.stdout  # the run hint
     assert hashlib.sha256(base.read_bytes()).hexdigest() == digest  # untouched
@@ -358,6 +366,35 @@ def test_a_packages_wh_file_stays_a_file(build, work, first, apptainer_exec, fla
     )
     run = apptainer_exec(image, "python3", "-c", script)
     assert run.stdout.strip() == "not a whiteout", run.stderr
+
+
+def test_a_layer_only_image_runs_without_the_module_and_never_on_another_base(
+    work, layer_only, lmod_init, verify_image, lumi_like_base_image
+):
+    """The host wrappers alone (issue 38, 5); a base swapped (issue 38, 4)."""
+    base, only, _, _ = layer_only
+    env = {"HOME": str(work), "PATH": os.environ["PATH"]}
+    python = [str(work / "only.root/bin/python3"), "-c", PROBE]
+    proc = subprocess.run(python, env=env, capture_output=True, text=True)
+    assert proc.stdout.split() == STACKED, proc.stderr
+    kept = base.with_name("only-base.kept")
+    os.rename(base, kept)
+    try:
+        shutil.copyfile(lumi_like_base_image, base)  # another base at its path
+        code, statuses, report = verify_image(only, env={"XDG_CACHE_HOME": str(work)})
+        assert code == 1 and statuses["layer-base"] == "FAIL", report
+        module = (
+            f'source {lmod_init} && module use "$1" && module load only && echo $SIF'
+        )
+        for cmd in (python, ["bash", "-c", module, "bash", work]):
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            assert proc.returncode != 0 and str(base) not in proc.stdout, proc.stdout
+            message = " ".join(proc.stderr.split())
+            assert f"the base image {base} is not the one the layer" in message
+    finally:
+        os.replace(kept, base)
+    code, statuses, report = verify_image(only, env={"XDG_CACHE_HOME": str(work)})
+    assert statuses["layer-base"] == "PASS", report
 
 
 @pytest.fixture(scope="session")
