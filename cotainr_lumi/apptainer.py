@@ -55,19 +55,18 @@ def sif_objects(path):
         table = f.read(total * _SIF_DESCRIPTOR.size)
     if len(table) != total * _SIF_DESCRIPTOR.size:
         raise _malformed(path, "its descriptors are cut short")
-    objects = []
-    for fields in _SIF_DESCRIPTOR.iter_unpack(table):
-        datatype, used, id_, _group, _link, offset, length, *_, name, extra = fields
-        if used and not (0 <= offset and 0 <= length <= size - offset):
-            raise _malformed(path, f"object {id_} lies outside the file")
-        part = struct.unpack_from("<ii3s", extra) if datatype == SIF_PARTITION else ()
-        if used:
-            name = name.rstrip(b"\0").decode(errors="replace")
-            arch = (int(part[2].rstrip(b"\0") or 0),) if part else ()
-            objects.append(
-                SifObject(id_, datatype, offset, length, name, *part[:2], *arch)
-            )
-    return objects
+    descriptors = _SIF_DESCRIPTOR.iter_unpack(table)
+    return [_sif_object(path, size, d) for d in descriptors if d[1]]  # used
+
+
+def _sif_object(path, size, fields):
+    datatype, _used, id_, _group, _link, offset, length, *_, name, extra = fields
+    if not (0 <= offset and 0 <= length <= size - offset):
+        raise _malformed(path, f"object {id_} lies outside the file")
+    part = struct.unpack_from("<ii3s", extra) if datatype == SIF_PARTITION else ()
+    name = name.rstrip(b"\0").decode(errors="replace")
+    arch = (int(part[2].rstrip(b"\0") or 0),) if part else ()
+    return SifObject(id_, datatype, offset, length, name, *part[:2], *arch)
 
 
 def _malformed(path, what):

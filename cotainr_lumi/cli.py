@@ -155,7 +155,7 @@ class CotainrLumiCLI:
             parser.print_help()
             raise SystemExit(0)
         self.subcommand = options.pop("command")(**options)
-        quiet = -1 if options.get("json") else 0  # stdout: the JSON report alone
+        quiet = -int(options.get("json", False))  # --json: the report alone on stdout
         _cotainr.setup_cli_logging(
             log_settings=_cotainr.make_log_settings(verbosity=quiet)
         )

@@ -68,6 +68,16 @@ class Pinned:
         )
 
 
+def _trusted(cache_file):
+    """The digests the user's own cache file holds ({} when not trusted)."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        own = cache_file.lstat()
+        if own.st_uid == os.getuid() and stat.S_ISREG(own.st_mode):
+            if not own.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                return dict(json.loads(safeio.read_bounded(cache_file)))
+    return {}
+
+
 def remembered_sha256(*, path, cache_file=None, pinned=None):
     """
     The sha256 of `path` (of the `pinned` file), read again only when it may have changed.
@@ -85,12 +95,7 @@ def remembered_sha256(*, path, cache_file=None, pinned=None):
     if cache_file is None:
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
         cache_file = Path(cache) / "cotainr-lumi" / "sha256.json"
-    known = {}
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        own = cache_file.lstat()
-        if own.st_uid == os.getuid() and stat.S_ISREG(own.st_mode):
-            if not own.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                known = dict(json.loads(safeio.read_bounded(cache_file)))
+    known = _trusted(cache_file)
     entry = known.pop(real, None)
     if isinstance(entry, list) and entry[:-1] == stamp and isinstance(entry[-1], str):
         logger.info("The sha256 of %s is remembered (the file is unchanged)", real)

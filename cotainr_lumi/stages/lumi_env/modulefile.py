@@ -102,12 +102,7 @@ def module_ops(
     base=None,
     base_stamp=None,
 ):
-    """
-    The module file's and snippet's operations.
-
-    `base`: the image is its layer, for the base whose ``stat -c '%s %Y'`` is
-    `base_stamp` (a module loading on another base stops with one message).
-    """
+    """The module file's and snippet's operations (`base`: the image is its layer)."""
     image = check_image_path(image)
     sif = check_image_path(base) if base else image
     binds = [validate_bind(b) for b in binds]
@@ -121,7 +116,7 @@ def module_ops(
         ("help", _help_text(image=image, var=var, root=root)),
         ("whatis", f"Name: {name}"),
         ("whatis", f"Description: cotainr-lumi container image {image}"),
-        *([("same_base", *base_check(base, image, base_stamp))] if base else []),
+        *_same_base(base, image, base_stamp),
         ("setenv", "SIF", sif),
         ("setenv", f"SIF{var}", sif),
     ]
@@ -182,6 +177,13 @@ def layer_base(base_image):
     info = os.stat(pinned.path if pinned else base_image.resolved)
     stamp = f"{info.st_size} {int(info.st_mtime)}"
     return {"base": str(base_image.resolved), "base_stamp": stamp}
+
+
+def _same_base(base, layer, stamp):
+    """The operation stopping a module of a layer on another base ([]: no base)."""
+    if not base:
+        return []
+    return [("same_base", *base_check(base, layer, stamp))]
 
 
 def base_check(base, layer, stamp):
