@@ -37,12 +37,7 @@ SifObject = collections.namedtuple(
 
 
 def sif_objects(path):
-    """
-    The data objects of a SIF, read from its descriptors.
-
-    ValueError: not a SIF; InputError: a SIF whose header or descriptors are
-    malformed (every read is bounded by the file and :data:`MAX_DESCRIPTORS`).
-    """
+    """The data objects of a SIF (ValueError: not one; InputError: malformed)."""
     with safeio.open_regular(path) as f:
         header = f.read(128)
         if len(header) < 104 or header[32 : 32 + len(SIF_MAGIC)] != SIF_MAGIC:

@@ -49,12 +49,6 @@ class Pinned:
         self.stamp = _stamp(os.fstat(self.file.fileno()))
         self.path = f"/proc/{os.getpid()}/fd/{self.file.fileno()}"
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_):
-        self.file.close()
-
     def check(self):
         """Raise InputError unless the name still leads to the unchanged file."""
         with contextlib.suppress(OSError):
@@ -88,7 +82,8 @@ def remembered_sha256(*, path, cache_file=None, pinned=None):
     that is the user's own, not a link and not writable by others is trusted.
     """
     if pinned is None:
-        with Pinned(path) as pinned:
+        pinned = Pinned(path)
+        with pinned.file:
             return remembered_sha256(path=path, cache_file=cache_file, pinned=pinned)
     pinned.check()
     real, stamp = pinned.name, pinned.stamp

@@ -55,7 +55,7 @@ def _partitions(image):
 
 
 def overlays(image):
-    """The number of overlay partitions of a SIF (0: none, or not a SIF; malformed: InputError)."""
+    """The number of overlay partitions of a SIF (0: none, or not a SIF)."""
     try:
         objects = apptainer.sif_objects(image)
     except (OSError, ValueError):
@@ -123,11 +123,7 @@ def _run(cmd):
 
 
 class BaseView:
-    """
-    A base SIF mounted under a writable dir in `work` (`layer`: not --flatten).
-
-    Every read of the base goes through `pinned` (:class:`.digest.Pinned`; by default its own).
-    """
+    """A base SIF, read through `pinned`, mounted under a writable dir in `work`."""
 
     Error = LayerError  # what :meth:`mount` raises (besides OSError)
 
@@ -145,15 +141,13 @@ class BaseView:
         """Mount the view at `at` (:class:`LayerError`: nothing left mounted)."""
         if set(",:") & set(str(self.work)):
             raise LayerError(f"the work dir {self.work} has a ',' or ':'")
-        lowers = []
+        fuse, lowers = self.fuse, []
         self.parts = _partitions(self.source)
         for part in self.parts:
             lowers.append(self.work / f"lower-{part.id}")
             lowers[-1].mkdir(parents=True)
-            mount = (
-                ["squashfuse", "-o"] if self.fuse else ["mount", "-t", "squashfs", "-o"]
-            )
-            where = "" if self.fuse else f"loop,ro,sizelimit={part.size},"
+            mount = ["squashfuse", "-o"] if fuse else ["mount", "-t", "squashfs", "-o"]
+            where = "" if fuse else f"loop,ro,sizelimit={part.size},"
             self._mount(
                 [*mount, f"{where}offset={part.offset}", self.source, lowers[-1]]
             )
@@ -162,9 +156,7 @@ class BaseView:
         options = "lowerdir={},upperdir={},workdir={}".format(
             ":".join(map(str, lowers)), self.upper, self.work / "work"
         )
-        overlay = (
-            ["fuse-overlayfs"] if self.fuse else ["mount", "-t", "overlay", "overlay"]
-        )
+        overlay = ["fuse-overlayfs"] if fuse else ["mount", "-t", "overlay", "overlay"]
         self._mount([*overlay, "-o", options, at])
         # Run as cotainr runs it (a setuid runtime may not see a user's FUSE mount).
         try:

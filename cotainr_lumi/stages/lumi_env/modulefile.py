@@ -8,6 +8,7 @@ operations (:func:`module_ops`); both start with :data:`MARKER`, so the
 pipeline never replaces a user's own file of the same name.
 """
 
+from dataclasses import dataclass
 import importlib.resources
 import logging
 import os
@@ -100,11 +101,10 @@ def module_ops(
     container_root=None,
     user_software=True,
     base=None,
-    base_stamp=None,
 ):
     """The module file's and snippet's operations (`base`: the image is its layer)."""
     image = check_image_path(image)
-    sif = check_image_path(base) if base else image
+    sif = check_image_path(base.path) if base else image
     binds = [validate_bind(b) for b in binds]
     name = name or Path(image).stem
     var = check_var_name(var or var_name_of(name))
@@ -116,7 +116,7 @@ def module_ops(
         ("help", _help_text(image=image, var=var, root=root)),
         ("whatis", f"Name: {name}"),
         ("whatis", f"Description: cotainr-lumi container image {image}"),
-        *_same_base(base, image, base_stamp),
+        *_same_base(base, image),
         ("setenv", "SIF", sif),
         ("setenv", f"SIF{var}", sif),
     ]
@@ -171,29 +171,34 @@ if cl.path then setenv({3}, cl.path) end""",
 }
 
 
-def layer_base(base_image):
-    """The base of a ``--layer-only`` image, and its ``stat -L -c '%s %Y'`` now."""
-    pinned = base_image.pinned  # the file the build read
-    info = os.stat(pinned.path if pinned else base_image.resolved)
-    stamp = f"{info.st_size} {int(info.st_mtime)}"
-    return {"base": str(base_image.resolved), "base_stamp": stamp}
+@dataclass(frozen=True)
+class LayerBase:
+    """The base a ``--layer-only`` image runs on, and its ``stat -L -c '%s %Y'``."""
+
+    path: str
+    stamp: str
+
+    @classmethod
+    def of(cls, base_image):
+        """The plan's base image as the build read it."""
+        pinned = base_image.pinned
+        info = os.stat(pinned.path if pinned else base_image.resolved)
+        return cls(str(base_image.resolved), f"{info.st_size} {int(info.st_mtime)}")
+
+    def check(self, layer):
+        """(the message for another base, the shell command printing its stamp)."""
+        message = (
+            f"the base image {self.path} is not the one the layer {layer} was built "
+            "on (its size or time changed); put that base back, or build the layer again"
+        )
+        return message, f"stat -L -c '%s %Y' -- {shlex.quote(self.path)} 2>/dev/null"
 
 
-def _same_base(base, layer, stamp):
+def _same_base(base, layer):
     """The operation stopping a module of a layer on another base ([]: no base)."""
     if not base:
         return []
-    return [("same_base", *base_check(base, layer, stamp))]
-
-
-def base_check(base, layer, stamp):
-    """(base, its stamp, the message, the shell command printing the stamp)."""
-    message = (
-        f"the base image {base} is not the one the layer {layer} was built on "
-        "(its size or time changed); put that base back, or build the layer again"
-    )
-    command = f"stat -L -c '%s %Y' -- {shlex.quote(base)} 2>/dev/null"
-    return base, stamp, message, command
+    return [("same_base", base.path, base.stamp, *base.check(layer))]
 
 
 def lua_op(kind, *args):
@@ -251,21 +256,21 @@ def wrapper_names(*, root, target):
     return [n for n, path in zip(names, found) if path.is_file()]
 
 
-def _host_command_text(name, *, image, root, base=None, base_stamp=None):
+def _host_command_text(name, *, image, root, base=None):
     """A host command of ``$CONTAINERROOT/bin`` for this image (or layer on `base`)."""
     body = (importlib.resources.files(__package__) / "hostscripts" / name).read_text()
-    sif = base or image
+    sif = base.path if base else image
     head = [
         f"#!/bin/bash\n# {name}: {MARKER} {__version__} for {image}.",
         f"default_sif={shlex.quote(str(sif))}",
         f"default_root={shlex.quote(str(root))}",
     ]
     if base and name in ("python", "start-shell"):  # run the layer on its base
-        _, stamp, message, stat = base_check(base, image, base_stamp)
+        message, stat = base.check(image)
         overlay = shlex.quote(f"{image}:ro")
         head += [
             'if [[ ${SIF:-$default_sif} == "$default_sif" ]]; then',
-            f"    if [[ $({stat}) != {shlex.quote(stamp)} ]]; then",
+            f"    if [[ $({stat}) != {shlex.quote(base.stamp)} ]]; then",
             f"        printf '%s: %s\\n' \"${{0##*/}}\" {shlex.quote(message)} >&2",
             "        exit 2",
             "    fi",
@@ -276,15 +281,7 @@ def _host_command_text(name, *, image, root, base=None, base_stamp=None):
 
 
 def module_outputs(
-    *,
-    settings,
-    image_path,
-    binds,
-    user_software,
-    mpi,
-    wrappers,
-    base=None,
-    base_stamp=None,
+    *, settings, image_path, binds, user_software, mpi, wrappers, base=None
 ):
     """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
     names = settings.names(image_path=image_path)
@@ -304,7 +301,6 @@ def module_outputs(
         container_root=names.root,
         user_software=user_software,
         base=base,
-        base_stamp=base_stamp,
     ) + mpi.module_ops(image=str(image_path))
     outputs = {
         str(names.lua): render(ops, language="lua"),
@@ -315,7 +311,7 @@ def module_outputs(
             image_path=image_path,
             user_venv=names.user_venv,
             wrappers=wrappers,
-            base=(base, base_stamp),
+            base=base,
         ),
     }
     return (names.lua, names.shell), names.root, outputs
@@ -324,10 +320,9 @@ def module_outputs(
 def _container_root_files(*, settings, root, image_path, user_venv, wrappers, base):
     """CONTAINERROOT's files: host commands, runscripts, user-software."""
     scripts = {**{n: n for n in HOST_COMMANDS}, **dict.fromkeys(wrappers, "python")}
-    base, stamp = base
     files = {
         str(root / "bin" / n): _host_command_text(
-            s, image=image_path, root=root, base=base, base_stamp=stamp
+            s, image=image_path, root=root, base=base
         )
         for n, s in scripts.items()
     }

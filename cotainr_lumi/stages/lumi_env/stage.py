@@ -23,8 +23,8 @@ from . import imagefiles, network
 from .envfile import EnvError, render_env_file, text_problem, validate_name
 from .imagefiles import JIT_CACHES, ROCM_ROOT, RUNSCRIPTS, WITH_CONDA_VALUE
 from .modulefile import (
+    LayerBase,
     image_has_user_software,
-    layer_base,
     module_outputs,
     wrapper_names,
 )
@@ -213,11 +213,11 @@ class LumiEnvStage(Stage):
         paths, container_root, outputs = module_outputs(**module)
         hint = dict(image_path=image_path, mpi=mpi, binds=binds)
         if context.plan.layer_only:  # the plugin's, if the layer is kept
-            base = layer_base(context.plan.base_image)
-            layer = module_outputs(**module, **base)[2]  # SIF: the base
+            base = LayerBase.of(context.plan.base_image)
+            layer = module_outputs(**module, base=base)[2]  # SIF: the base
             details["layer"] = {
                 "outputs": {Path(p): text for p, text in layer.items()},
-                "run-hint": self._run_hint(**hint, base=base["base"]),
+                "run-hint": self._run_hint(**hint, base=base.path),
             }
         details |= {
             "mpi": mpi.record(),

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import pytest
 
 import cotainr_lumi
-from cotainr_lumi.stages.lumi_env.modulefile import _host_command_text, layer_base
+from cotainr_lumi.stages.lumi_env.modulefile import LayerBase, _host_command_text
 
 HOSTSCRIPTS = Path(cotainr_lumi.__file__).parent / "stages" / "lumi_env" / "hostscripts"
 NAMES = ("make-squashfs", "unmake-squashfs", "start-shell", "python")
@@ -478,8 +478,8 @@ def test_a_layer_only_wrapper_runs_the_layer_on_its_base_without_the_module(
     """``$CONTAINERROOT/bin/python``: SIF unset, the layer on the base (issue 38, 5)."""
     base, layer = tmp_path / "base v1.sif", tmp_path / "my.sqfs"
     base.write_text("the base")
-    stamp = layer_base(SimpleNamespace(resolved=str(base), pinned=None))
-    text = _host_command_text(name, image=layer, root=tmp_path / "root", **stamp)
+    on_base = LayerBase.of(SimpleNamespace(resolved=str(base), pinned=None))
+    text = _host_command_text(name, image=layer, root=tmp_path / "root", base=on_base)
     fake = tmp_path / "fakebin"
     fake.mkdir()
     (fake / "singularity").write_text(

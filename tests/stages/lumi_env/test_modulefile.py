@@ -13,9 +13,9 @@ import pytest
 from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.stages.lumi_env.modulefile import (
     MARKER,
+    LayerBase,
     check_image_path,
     check_var_name,
-    layer_base,
     lua_quote,
     module_ops,
     module_outputs,
@@ -269,8 +269,8 @@ def test_a_layer_only_image_is_mounted_on_its_base_in_lmod_and_sh(tmp_path):
     base = f'{tmp_path}/"big" `touch {tmp_path / "PWNED"}` $(touch ..).sif'
     Path(base).parent.mkdir(parents=True)
     Path(base).write_text("the base")
-    stamp = layer_base(SimpleNamespace(resolved=base, pinned=None))
-    ops = module_ops(image=layer, binds=BINDS, name="img", var="IMG", **stamp)
+    on_base = LayerBase.of(SimpleNamespace(resolved=base, pinned=None))
+    ops = module_ops(image=layer, binds=BINDS, name="img", var="IMG", base=on_base)
     (tmp_path / "img.lua").write_text(render(ops, language="lua"))
     (tmp_path / "img.sh").write_text(render(ops, language="sh"))
     snippet = subprocess.run(
@@ -292,8 +292,10 @@ def test_a_layer_only_module_and_snippet_stop_on_another_base(tmp_path):
     need_lmod()
     base = tmp_path / "it's base.sif"
     base.write_text("the base")
-    stamp = layer_base(SimpleNamespace(resolved=str(base), pinned=None))
-    ops = module_ops(image=tmp_path / "my.sqfs", binds=[], runscripts=None, **stamp)
+    on_base = LayerBase.of(SimpleNamespace(resolved=str(base), pinned=None))
+    ops = module_ops(
+        image=tmp_path / "my.sqfs", binds=[], runscripts=None, base=on_base
+    )
     (tmp_path / "my.lua").write_text(render(ops, language="lua"))
     (tmp_path / "my.sh").write_text(render(ops, language="sh"))
     snippet = ["sh", "-c", '. "$1" && printf %s "$SIF"', "sh", tmp_path / "my.sh"]
