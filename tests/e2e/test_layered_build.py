@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 
-from hosttools import need_lmod
+from hosttools import need_lmod, need_tool
 from pkgfixtures import make_wheel
 import pytest
 import yaml
@@ -275,11 +275,12 @@ def test_layer_only_writes_the_layer_and_the_module_mounts_it_on_the_base(
     assert code == 0 and "FAIL" not in statuses.values(), report
 
 
-#: ``mount`` failing as the layered build calls it (as root), not as Apptainer does.
-FAILING_MOUNT = (
-    'case " $* " in *sizelimit=*) echo "mount: simulated" >&2; exit 32;; esac\n'
-    f'exec {shutil.which("mount")} "$@"'
-)
+def failing_mount():
+    """``mount`` failing as the layered build calls it (as root), not as Apptainer does."""
+    return (
+        'case " $* " in *sizelimit=*) echo "mount: simulated" >&2; exit 32;; esac\n'
+        f'exec {need_tool("mount", install="apt-get install -y mount")} "$@"'
+    )
 
 
 def wrapped(work, name, **scripts):
@@ -312,7 +313,7 @@ def test_a_layered_base_that_does_not_mount_is_refused_not_unpacked(
         'echo "FATAL: simulated: the mount is not seen" >&2; exit 255;; esac\n'
         f'exec {real} "$@"'
     )
-    scripts = {"mount": FAILING_MOUNT}
+    scripts = {"mount": failing_mount()}
     if fault == "runtime":
         scripts = {"apptainer": runtime, "singularity": runtime}
     env = wrapped(work, f"no-{fault}", **scripts)
@@ -325,7 +326,7 @@ def test_a_layered_base_that_does_not_mount_is_refused_not_unpacked(
 
 
 def test_a_base_without_layers_that_does_not_mount_is_unpacked(build, work):
-    env = wrapped(work, "no-mount", mount=FAILING_MOUNT)
+    env = wrapped(work, "no-mount", mount=failing_mount())
     proc = build(work / "unpacked.sif", env=env)
     assert "The base image is unpacked (not mounted): mount -t squashfs" in proc.stderr
     assert sorted(partition_digests(work / "unpacked.sif")) == [(SIF_SYSTEM, 1)]
@@ -338,7 +339,7 @@ def test_a_base_renamed_over_mid_build_gives_no_mixed_image(
     moving, other = work / "moving.sif", work / "other.sif"
     shutil.copyfile(work / "first.sif", moving)
     shutil.copyfile(lumi_like_base_image, other)
-    real = shutil.which("mount")
+    real = need_tool("mount", install="apt-get install -y mount")
     mount = (
         f'{real} "$@" || exit\n'
         f'case " $* " in *" -t overlay "*) mv -f {other} {moving};; esac'

@@ -295,10 +295,10 @@ def test_module_dir_and_name_settings(tmp_path):
 
 def test_a_layer_only_build_also_reports_the_module_files_for_its_base(tmp_path):
     """Written instead if the layer is kept: SIF is the base, *_OVERLAY the layer."""
-    image, base = tmp_path / "out/torch.sqfs", "/bases/it's.sif"
-    plan = stand_in_plan(
-        image_path=image, layer_only=True, base_image=SimpleNamespace(resolved=base)
-    )
+    image, base = tmp_path / "out/torch.sqfs", f"{tmp_path}/it's.sif"
+    Path(base).write_text("the base")
+    base_image = SimpleNamespace(resolved=base, pinned=None)
+    plan = stand_in_plan(image_path=image, layer_only=True, base_image=base_image)
     _, report, _ = run_stage(tmp_path, {}, plan=plan)
     layer = report.details["layer"]["outputs"]
     assert sorted(map(str, layer)) == sorted(report.outputs)
