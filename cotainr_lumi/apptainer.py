@@ -15,6 +15,7 @@ import signal
 import struct
 import subprocess
 
+from . import safeio
 from .errors import InputError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -25,6 +26,8 @@ SIF_MAGIC = b"SIF_MAGIC"
 _SIF_DESCRIPTOR = struct.Struct("<iBIIIqqqqqqq128s384s")
 #: The SIF data types and partition types cotainr-lumi reads.
 SIF_PARTITION, SIF_JSON, SIF_SYSTEM, SIF_OVERLAY, SIF_SQUASHFS = 0x4004, 0x4006, 2, 4, 1
+#: The most descriptors read (Apptainer's images have 48 slots).
+MAX_DESCRIPTORS = 4096
 
 
 #: One data object of a SIF (the partition fields 0 for other objects).
@@ -34,27 +37,38 @@ SifObject = collections.namedtuple(
 
 
 def sif_objects(path):
-    """The data objects of a SIF, read from its descriptors (ValueError: not one)."""
-    with open(path, "rb") as f:
+    """The data objects of a SIF (ValueError: not one; InputError: malformed)."""
+    with safeio.open_regular(path) as f:
         header = f.read(128)
         if len(header) < 104 or header[32 : 32 + len(SIF_MAGIC)] != SIF_MAGIC:
             raise ValueError(f"{path} is not a SIF image (or is cut short)")
         total, offset = struct.unpack_from("<qq", header, 88)
+        size = os.fstat(f.fileno()).st_size
+        if not 0 <= total <= MAX_DESCRIPTORS or not 0 <= offset <= size:
+            raise _malformed(path, f"{total} descriptors at offset {offset}")
         f.seek(offset)
         table = f.read(total * _SIF_DESCRIPTOR.size)
     if len(table) != total * _SIF_DESCRIPTOR.size:
-        raise ValueError(f"{path} is cut short")
-    objects = []
-    for fields in _SIF_DESCRIPTOR.iter_unpack(table):
-        datatype, used, id_, _group, _link, offset, size, *_, name, extra = fields
-        part = struct.unpack_from("<ii3s", extra) if datatype == SIF_PARTITION else ()
-        if used:
-            name = name.rstrip(b"\0").decode(errors="replace")
-            arch = (int(part[2].rstrip(b"\0") or 0),) if part else ()
-            objects.append(
-                SifObject(id_, datatype, offset, size, name, *part[:2], *arch)
-            )
-    return objects
+        raise _malformed(path, "its descriptors are cut short")
+    descriptors = _SIF_DESCRIPTOR.iter_unpack(table)
+    return [_sif_object(path, size, d) for d in descriptors if d[1]]  # used
+
+
+def _sif_object(path, size, fields):
+    datatype, _used, id_, _group, _link, offset, length, *_, name, extra = fields
+    if not (0 <= offset and 0 <= length <= size - offset):
+        raise _malformed(path, f"object {id_} lies outside the file")
+    part = struct.unpack_from("<ii3s", extra) if datatype == SIF_PARTITION else ()
+    name = name.rstrip(b"\0").decode(errors="replace")
+    arch = (int(part[2].rstrip(b"\0") or 0),) if part else ()
+    return SifObject(id_, datatype, offset, length, name, *part[:2], *arch)
+
+
+def _malformed(path, what):
+    return InputError(
+        f"{path} is not a valid SIF image: {what} (a malformed header). Use the "
+        "image as Apptainer built it (copy or download it again)."
+    )
 
 
 def sif_add(*, image, file, arch=None):
@@ -89,7 +103,7 @@ def runtime():
 
 def is_sif(path):
     """Whether a file is a SIF image (by its magic, without Apptainer)."""
-    with open(path, "rb") as f:
+    with safeio.open_regular(path) as f:
         return f.read(32 + len(SIF_MAGIC))[32:] == SIF_MAGIC
 
 

@@ -155,7 +155,10 @@ class CotainrLumiCLI:
             parser.print_help()
             raise SystemExit(0)
         self.subcommand = options.pop("command")(**options)
-        _cotainr.setup_cli_logging(log_settings=_cotainr.make_log_settings())
+        quiet = -int(options.get("json", False))  # --json: the report alone on stdout
+        _cotainr.setup_cli_logging(
+            log_settings=_cotainr.make_log_settings(verbosity=quiet)
+        )
 
     def execute(self):
         """Run the subcommand; one error line for a failed build stage."""

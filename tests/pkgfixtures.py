@@ -21,8 +21,9 @@ import threading
 import zipfile
 
 
-def make_wheel(directory, name, version, requires=(), modules=None):
-    """Write a minimal pure-Python wheel (plus `modules`: name -> text); return its path."""
+def make_wheel(directory, name, version, requires=(), modules=None, files=None):
+    """Write a minimal pure-Python wheel (plus `modules`: name -> text, and `files`:
+    path in site-packages -> text); return its path."""
     dist = name.replace("-", "_")
     filename = Path(directory) / f"{dist}-{version}-py3-none-any.whl"
     info = f"{dist}-{version}.dist-info"
@@ -33,6 +34,7 @@ def make_wheel(directory, name, version, requires=(), modules=None):
         + "".join(f"Requires-Dist: {r}\n" for r in requires),
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
         **{f"{dist}/{module}.py": text for module, text in (modules or {}).items()},
+        **(files or {}),
     }
     record = []
     with zipfile.ZipFile(filename, "w") as zf:

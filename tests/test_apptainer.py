@@ -3,6 +3,7 @@ import json
 import os
 from pathlib import Path
 import signal
+import struct
 import subprocess
 import time
 
@@ -197,3 +198,40 @@ def test_the_objects_of_a_sif_are_read_from_its_descriptors(tmp_path):
     sif.write_bytes(sif.read_bytes()[:60])  # cut short
     with pytest.raises(ValueError, match="not a SIF image"):
         apptainer.sif_objects(sif)
+
+
+@pytest.mark.parametrize(
+    "total, offset, what",
+    [
+        (2**40, 128, "1099511627776 descriptors"),  # the issue's: a MemoryError
+        (-1, 128, "-1 descriptors"),
+        (3, 2**62, "at offset"),
+        (48, 128, "cut short"),
+    ],
+)
+def test_a_malformed_sif_header_is_one_input_error(tmp_path, total, offset, what):
+    sif = tmp_path / "x.sif"
+    write_sif(sif, [(PARTITION, b"system", SQUASHFS, SYSTEM, "")])
+    data = bytearray(sif.read_bytes())
+    struct.pack_into("<qq", data, 88, total, offset)
+    sif.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=f"not a valid SIF image: .*{what}"):
+        apptainer.sif_objects(sif)
+
+
+def test_a_sif_object_outside_the_file_is_one_input_error(tmp_path):
+    sif = tmp_path / "x.sif"
+    write_sif(sif, [(PARTITION, b"system", SQUASHFS, SYSTEM, "")])
+    data = bytearray(sif.read_bytes())
+    struct.pack_into("<q", data, 128 + 25, 2**40)  # the object's size
+    sif.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="object 1 lies outside the file"):
+        apptainer.sif_objects(sif)
+
+
+def test_a_fifo_is_no_sif_and_is_never_opened(tmp_path):
+    os.mkfifo(tmp_path / "x.sif")  # opening it for reading would block
+    with pytest.raises(OSError, match="not a regular file"):
+        apptainer.is_sif(tmp_path / "x.sif")
+    with pytest.raises(OSError, match="not a regular file"):
+        apptainer.sif_objects(tmp_path / "x.sif")

@@ -394,3 +394,19 @@ def test_an_env_value_too_long_for_linux_is_refused_at_dry_run(
     assert code == 2
     one_error(err, "more than the 65536 bytes")
     assert len(err) < 1000
+
+
+def test_a_malformed_sif_header_is_one_error_in_a_dry_run(
+    mocker, capsys, tmp_path, env_profile, base_image
+):
+    """2^40 descriptors: a MemoryError traceback before (issue 38, 7)."""
+    from siffile import PARTITION, SQUASHFS, SYSTEM, write_sif
+
+    sif = base_image.resolve()
+    write_sif(sif, [(PARTITION, b"system", SQUASHFS, SYSTEM, "")])
+    data = bytearray(sif.read_bytes())
+    data[88:96] = (2**40).to_bytes(8, "little")
+    sif.write_bytes(bytes(data))
+    code, err = dry_run(mocker, capsys, tmp_path)
+    assert code == 2
+    one_error(err, str(sif), "not a valid SIF image", "1099511627776 descriptors")

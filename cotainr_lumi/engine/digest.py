@@ -9,6 +9,9 @@ from pathlib import Path
 import stat
 import tempfile
 
+from .. import safeio
+from ..errors import InputError
+
 logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The most files remembered (the newest).
@@ -24,34 +27,77 @@ def sha256_of_file(*, path, chunk_size=4 * 1024 * 1024):
     return digest.hexdigest()
 
 
-def remembered_sha256(*, path, cache_file=None):
+def _stamp(info):
+    return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
+class Pinned:
     """
-    The sha256 of `path`, read again only when the file may have changed.
+    A file held open for a whole build (a base image on a shared file system).
+
+    Read it through :attr:`path` (the held descriptor: the same inode and bytes
+    whatever is renamed over its name); :meth:`check` stops with one error when
+    its name now leads to another file, or the file was written to.
+    """
+
+    def __init__(self, name):
+        self.name = os.path.realpath(name)
+        try:
+            self.file = safeio.open_regular(self.name)
+        except OSError as e:
+            raise InputError(f"Cannot read the base image {name}: {e}") from None
+        self.stamp = _stamp(os.fstat(self.file.fileno()))
+        self.path = f"/proc/{os.getpid()}/fd/{self.file.fileno()}"
+
+    def check(self):
+        """Raise InputError unless the name still leads to the unchanged file."""
+        with contextlib.suppress(OSError):
+            now = [_stamp(os.stat(self.name)), _stamp(os.fstat(self.file.fileno()))]
+            if now == [self.stamp, self.stamp]:
+                return
+        raise InputError(
+            f"The base image {self.name} changed during the build (another file was "
+            "put at its path, or it was written to); no image was written. Build "
+            "again once it is left alone, or from a copy of it."
+        )
+
+
+def _trusted(cache_file):
+    """The digests the user's own cache file holds ({} when not trusted)."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        own = cache_file.lstat()
+        if own.st_uid == os.getuid() and stat.S_ISREG(own.st_mode):
+            if not own.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                return dict(json.loads(safeio.read_bounded(cache_file)))
+    return {}
+
+
+def remembered_sha256(*, path, cache_file=None, pinned=None):
+    """
+    The sha256 of `path` (of the `pinned` file), read again only when it may have changed.
 
     A digest is reused while the file's device, inode, size, mtime and ctime
     are those it was computed at (a write changes the ctime, which no user can
     set back). Only a `cache_file` (``$XDG_CACHE_HOME/cotainr-lumi/sha256.json``)
     that is the user's own, not a link and not writable by others is trusted.
     """
-    real = os.path.realpath(path)
-    info = os.stat(real)
-    stamp = [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+    if pinned is None:
+        pinned = Pinned(path)
+        with pinned.file:
+            return remembered_sha256(path=path, cache_file=cache_file, pinned=pinned)
+    pinned.check()
+    real, stamp = pinned.name, pinned.stamp
     if cache_file is None:
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
         cache_file = Path(cache) / "cotainr-lumi" / "sha256.json"
-    known = {}
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        own = cache_file.lstat()
-        if own.st_uid == os.getuid() and stat.S_ISREG(own.st_mode):
-            if not own.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                known = dict(json.loads(cache_file.read_text()))
+    known = _trusted(cache_file)
     entry = known.pop(real, None)
     if isinstance(entry, list) and entry[:-1] == stamp and isinstance(entry[-1], str):
         logger.info("The sha256 of %s is remembered (the file is unchanged)", real)
         known[real] = entry
         return entry[-1]
     logger.info("Computing the sha256 of %s", real)
-    known[real] = [*stamp, sha256_of_file(path=real)]
+    known[real] = [*stamp, sha256_of_file(path=pinned.path)]
     try:
         cache_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, partial = tempfile.mkstemp(dir=cache_file.parent, suffix=".partial")

@@ -10,14 +10,18 @@ import shlex
 import shutil
 import subprocess
 
-from .. import apptainer
+from .. import apptainer, safeio
+from ..errors import InputError
 from ..imagelayout import LABEL_LAYERS, LABELS_FILE
-from .digest import sha256_of_file
+from .digest import Pinned, sha256_of_file
 from .rootfs import resolve_in_root
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-#: fuse-overlayfs writes a whiteout as a file with this prefix where it cannot mknod.
+#: fuse-overlayfs writes a whiteout as an empty file with this prefix where it
+#: cannot mknod, and refuses such names from users (EINVAL; its main.c,
+#: create_whiteout and ovl_lookup, v1.10). The kernel's overlay writes a
+#: character device 0/0 (and lets a package ship a ``.wh.`` file).
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 #: This build's layer in the label :data:`LABEL_LAYERS` (its sha256 in the SIF's).
@@ -26,7 +30,17 @@ METADATA = "inspect-metadata.json"
 
 
 class LayerError(Exception):
-    """The base cannot be mounted here (the build unpacks it)."""
+    """The base cannot be mounted here (unpacked, unless it has layers)."""
+
+
+def refusal(image, problem):
+    """The error for a base with layers that is not mounted (unpacking drops them)."""
+    return InputError(
+        f"The base image {image} has layers (SIF overlay partitions), which "
+        f"unpacking it would leave out; it is not mounted here ({problem}): "
+        "squash it whole first where it mounts (--flatten, without --conda-env) "
+        "and build on that."
+    )
 
 
 def _partitions(image):
@@ -109,26 +123,34 @@ def _run(cmd):
 
 
 class BaseView:
-    """A base SIF mounted under a writable dir in `work` (`layer`: not --flatten)."""
+    """A base SIF, read through `pinned`, mounted under a writable dir in `work`."""
 
-    def __init__(self, *, base, work, layer=True, only=False):
+    Error = LayerError  # what :meth:`mount` raises (besides OSError)
+
+    def __init__(self, *, base, work, pinned=None, layer=True, only=False):
         self.base, self.work, self.layer = Path(base), Path(work), layer
+        self.pinned = pinned or Pinned(base)
+        self.source = self.pinned.path
         self.only, self.kept = only, False  # only: the layer alone, on the base
         self.upper, self.mounts, self.merged = self.work / "upper", [], None
-        self.parts, (self.meta, self.metadata) = (), _metadata(self.base)
+        self.parts, (self.meta, self.metadata) = (), _metadata(self.source)
+        self.fuse = os.geteuid() != 0  # squashfuse and fuse-overlayfs
+        self.layers = overlays(self.source)
 
     def mount(self, *, at):
         """Mount the view at `at` (:class:`LayerError`: nothing left mounted)."""
         if set(",:") & set(str(self.work)):
             raise LayerError(f"the work dir {self.work} has a ',' or ':'")
-        fuse, lowers = os.geteuid() != 0, []
-        self.parts = _partitions(self.base)
+        fuse, lowers = self.fuse, []
+        self.parts = _partitions(self.source)
         for part in self.parts:
             lowers.append(self.work / f"lower-{part.id}")
             lowers[-1].mkdir(parents=True)
             mount = ["squashfuse", "-o"] if fuse else ["mount", "-t", "squashfs", "-o"]
             where = "" if fuse else f"loop,ro,sizelimit={part.size},"
-            self._mount([*mount, f"{where}offset={part.offset}", self.base, lowers[-1]])
+            self._mount(
+                [*mount, f"{where}offset={part.offset}", self.source, lowers[-1]]
+            )
         (self.work / "work").mkdir()
         self.upper.mkdir()
         options = "lowerdir={},upperdir={},workdir={}".format(
@@ -137,13 +159,22 @@ class BaseView:
         overlay = ["fuse-overlayfs"] if fuse else ["mount", "-t", "overlay", "overlay"]
         self._mount([*overlay, "-o", options, at])
         # Run as cotainr runs it (a setuid runtime may not see a user's FUSE mount).
-        seen = apptainer.exec_in_image(image=at, args=["true"], writable=True)
+        try:
+            seen = apptainer.exec_in_image(
+                image=at, args=["true"], writable=True, timeout=300
+            )
+        except subprocess.SubprocessError as e:
+            seen = subprocess.CompletedProcess(e.cmd, -1, "", str(e))
         if seen.returncode:
             self.unmount()
             why = seen.stderr.strip().splitlines()[-1:] or ["no message"]
             raise LayerError(f"the runtime cannot run the mounted base: {why[0]}")
         self.merged = Path(at)
         logger.info("The base image is mounted read-only at %s (no unpack)", at)
+
+    def refused(self, problem):
+        """The error for this base when it cannot be mounted (it has layers)."""
+        return refusal(self.base, problem)
 
     def _mount(self, cmd):
         try:
@@ -163,16 +194,19 @@ class BaseView:
         if not self.layer:
             logger.info("--flatten: the whole image is squashed again.")
             return False
-        labels = resolve_in_root(root=self.merged, path=LABELS_FILE).read_text()
         try:
+            labels = _read(resolve_in_root(root=self.merged, path=LABELS_FILE))
             seen = self._write(Path(path), labels)
             why = f"it shows no layer: {seen.stderr.strip()[-300:] or 'other labels'}"
             if seen.returncode == 0 and seen.stdout == labels:
+                self.pinned.check()  # the same base at the end
                 self.kept = True
                 return True
         except (OSError, ValueError, subprocess.SubprocessError, LayerError) as e:
             why = str(e)
-        Path(path).unlink(missing_ok=True)
+        finally:
+            if not self.kept:
+                Path(path).unlink(missing_ok=True)
         why = f"{apptainer.runtime()} here: {why}"
         logger.warning("Building the whole image (no layer): %s.", why)
         return False
@@ -181,8 +215,10 @@ class BaseView:
         """The base copied to `path` plus the layer (or it alone); the runtime's view."""
         delta = self.work / "layer.sqfs"
         quick = ["-noappend", "-no-progress", "-quiet", "-noI", "-noD", "-noF", "-noX"]
-        _run(["mksquashfs", self.upper, delta, *quick, *whiteout_arguments(self.upper)])
+        whiteouts = whiteout_arguments(self.upper) if self.fuse else []
+        _run(["mksquashfs", self.upper, delta, *quick, *whiteouts])
         size, cat = delta.stat().st_size >> 10, ["cat", LABELS_FILE]
+        self.pinned.check()
         if self.only:  # as the module file runs it (a list of PATH[:ro])
             if set(",:") & set(str(path)):
                 raise LayerError(f"{path} has a ',' or ':' (--overlay takes a list)")
@@ -190,7 +226,7 @@ class BaseView:
             logger.info("The layer alone (%d KiB) for the base %s", size, self.base)
             ro = f"{path}:ro"  # (squashfs: read-only, without a warning)
             return apptainer.exec_in_image(image=self.base, args=cat, overlay=ro)
-        shutil.copy(self.base, path)
+        shutil.copyfile(self.source, path)
         _run(apptainer.sif_add(image=path, file=delta, arch=self.parts[-1].arch))
         if self.meta:  # what `inspect` may show: this build's labels and env files
             self._update(delta, json.JSONDecoder().raw_decode(labels)[0])
@@ -214,13 +250,20 @@ class BaseView:
         environment = attributes.get("environment") or {}
         for name in environment:
             file = resolve_in_root(root=self.merged, path=name)
-            environment[name] = file.read_text() if file.is_file() else ""
+            environment[name] = _read(file) if file.is_file() else ""
+
+
+def _read(path):
+    """A text file of the image, bounded (OSError: not a regular file, or too large)."""
+    return safeio.read_bounded(path).decode("utf-8", errors="replace")
 
 
 def _metadata(image):
     """The SIF object of what ``apptainer inspect`` may show, and its JSON."""
     meta = [o for o in apptainer.sif_objects(image) if o.datatype == apptainer.SIF_JSON]
-    with open(image, "rb") as f, contextlib.suppress(ValueError, IndexError):
+    if not meta or meta[0].size > safeio.MAX_RECORD_BYTES:
+        return None, {}
+    with open(image, "rb") as f, contextlib.suppress(ValueError):
         f.seek(meta[0].offset)
         return meta[0], json.loads(f.read(meta[0].size))
     return None, {}

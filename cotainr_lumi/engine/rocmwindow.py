@@ -12,7 +12,7 @@ import logging
 import re
 from typing import Optional
 
-from .. import imagelayout
+from .. import imagelayout, safeio
 from ..errors import StageError
 from .rootfs import resolve_in_root
 from .settings import StageSettings, setting
@@ -198,7 +198,8 @@ def _torch_in_sandbox(*, root, target):
     for site in target.site if target is not None else ():
         try:
             path = resolve_in_root(root=root, path=f"{site}/torch/version.py")
-            text = path.read_text(errors="replace")[:20000]
+            with safeio.open_regular(path) as f:  # no FIFO, no device
+                text = f.read(20000).decode(errors="replace")
         except OSError:
             continue
         found = dict(_TORCH_VERSION_PY.findall(text))

@@ -29,6 +29,9 @@ class BaseImage:
         The profile's glob that matched `given`.
     link : str or None
         Where `given` points when it is a link (one step).
+    pinned : :class:`cotainr_lumi.engine.digest.Pinned` or None
+        The file held open for the whole build (set when the build starts):
+        read through it, whatever happens to its path meanwhile.
     """
 
     given: str
@@ -36,6 +39,7 @@ class BaseImage:
     is_local_file: bool
     pattern: Optional[str] = None
     link: Optional[str] = None
+    pinned: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import time
 from typing import Optional
 
 from .. import imagelayout
-from ..engine import history, imageprobe, layer, rocmwindow, rootfs, workdir
+from ..engine import digest, history, imageprobe, layer, rocmwindow, rootfs, workdir
 from ..engine.stage import StageContext
 from ..errors import CotainrLumiError
 from . import checks, hostfiles
@@ -96,6 +96,7 @@ class Build:
 
     def __init__(self, *, plan: BuildPlan):
         self.plan = plan
+        self.facts = plan.facts  # with the base held open once started
         self.labels = {}
         self.reports = []
         self.host_files = None
@@ -110,18 +111,29 @@ class Build:
         checks.check_space(plan, refuse=plan.build_settings.check_space)
         checks.log_resolved_base_image(plan.base_image)
         workdir.remove_leftovers(work_dir=plan.work_dir, image_path=plan.image_path)
+        self._pin_base()
         self._environment.enter_context(checks.without_bind_variables())
         work = workdir.work_dir_environment(plan.work_dir)
         work = self._environment.enter_context(work)
         if plan.mount_problem is None:
             self.view = layer.BaseView(
                 base=plan.base_image.resolved,
+                pinned=self.facts.base_image.pinned,
                 work=work / "layer",
                 layer=plan.layer_problem is None,
                 only=plan.layer_only,
             )
         else:
             logger.info("The base image is unpacked: %s.", plan.mount_problem)
+
+    def _pin_base(self):
+        """Hold a local base image open: every later read is of this file."""
+        base = self.plan.base_image
+        if not base.is_local_file:
+            return
+        pinned = digest.Pinned(base.resolved)
+        self._environment.callback(pinned.file.close)
+        self.facts = replace(self.facts, base_image=replace(base, pinned=pinned))
 
     def sandbox(self, *, sandbox_dir):
         """
@@ -136,7 +148,9 @@ class Build:
             return None
         try:
             self.view.mount(at=Path(sandbox_dir))
-        except layer.LayerError as e:
+        except (OSError, layer.LayerError) as e:
+            if self.view.layers:  # unpacking would leave them out
+                raise self.view.refused(e) from None
             logger.warning("The base image is unpacked (not mounted): %s", e)
             self.view = None
             return None
@@ -161,15 +175,16 @@ class Build:
             The labels of the image.
         """
         plan = self.plan
+        base = self.facts.base_image
         root = sandbox.root
         with blamed("cotainr-lumi"):
-            checks.check_base_image_unchanged(plan.base_image, used=base_image_used)
+            checks.check_base_image_unchanged(base, used=base_image_used)
             rootfs.claim_build_dirs(root=root)
             earlier = history.keep_earlier_build(root=root)
         if earlier is not None:
             self.labels[imagelayout.LABEL_HISTORY] = str(earlier)
         with blamed(imageprobe.SETTINGS_NAME):
-            target = imageprobe.probe_build(sandbox=sandbox, build=plan.facts)
+            target = imageprobe.probe_build(sandbox=sandbox, build=self.facts)
         self.labels.update(target.labels)
         with blamed(rocmwindow.SETTINGS_NAME):
             rocmwindow.check_start(
@@ -178,7 +193,7 @@ class Build:
         for stage in plan.stages:
             context = StageContext(
                 sandbox=sandbox,
-                build=plan.facts,
+                build=self.facts,
                 target_env=target.env,
                 target_problem=target.problem,
                 earlier=tuple(self.reports),
@@ -190,6 +205,8 @@ class Build:
                 root=root, target=target.env, settings=plan.rocm_settings
             )
         self.labels.update(rocm_labels)
+        with blamed("cotainr-lumi"):  # the stages read the base it still is
+            checks.check_base_image_unchanged(base, used=base_image_used)
         with blamed("outputs"):
             self.host_files = hostfiles.checked(self.reports)
         if self.view is not None and self.view.layer:

@@ -117,6 +117,8 @@ def check_base_image_unchanged(base, *, used):
     """Stop when the base image cotainr `used` is not the file the plan resolved."""
     if not base.is_local_file:
         return
+    if base.pinned is not None:
+        base.pinned.check()
     now = os.path.realpath(used)
     if now != base.resolved:
         raise StageError(
@@ -179,6 +181,8 @@ def _free_space_hint(plan):
 
 def cotainr_failure(error, *, plan):
     """One line for a failure of cotainr's own steps (sandbox, conda, image)."""
+    if isinstance(error, CotainrLumiError):  # said by cotainr-lumi's own parts
+        return error
     cause = error
     if error.__cause__ is not None:
         cause = error.__cause__

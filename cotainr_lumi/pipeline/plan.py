@@ -262,15 +262,12 @@ def _mount_problem(*, base, layered, layers, conda_envs):
 
 def _refuse_unpacking_layers(*, base, mount):
     """Stop before a base's layers would be left out by unpacking it."""
-    fix = "stock cotainr unpacks it: build with --lumi-system NAME, which mounts it"
     if mount:
-        fix = (
-            f"it is not mounted here ({mount}): squash it whole first where "
-            "it mounts (--flatten, without --conda-env) and build on that"
-        )
+        raise layer.refusal(base.given, mount)
     raise InputError(
         f"The base image {base.given} has layers (SIF overlay partitions), "
-        f"which unpacking it would leave out; {fix}."
+        "which unpacking it would leave out; stock cotainr unpacks it: build "
+        "with --lumi-system NAME, which mounts it."
     )
 
 

@@ -97,7 +97,7 @@ class ProvenanceStage(Stage):
         base = build.base_image
         sha256 = ""
         if base.is_local_file and self.settings.hash_base_image:
-            sha256 = remembered_sha256(path=base.resolved)
+            sha256 = remembered_sha256(path=base.resolved, pinned=base.pinned)
         labels = {
             LABEL_VERSION: __version__,
             LABEL_COTAINR_VERSION: _cotainr.cotainr_version(),

@@ -1,7 +1,6 @@
 """Check a built image against the hand-built LUMI PyTorch image."""
 
 from collections import Counter, namedtuple
-import contextlib
 from dataclasses import dataclass, field
 import json
 import logging
@@ -9,7 +8,8 @@ import os
 from pathlib import Path
 import subprocess
 
-from .. import apptainer, imagelayout
+from .. import apptainer, imagelayout, safeio
+from ..engine.digest import remembered_sha256
 from ..errors import InputError
 from . import expectedenv, mpi, netplugin
 from .status import FAIL, NA, PASS, WARN
@@ -35,7 +35,7 @@ REQUIRED_LABELS = (
 )
 #: The most bytes of a record (or labels.json) the probe reads, and the
 #: deepest nesting it passes on: beyond either the record is a FAIL row.
-MAX_RECORD_BYTES = 64 * 1024**2
+MAX_RECORD_BYTES = safeio.MAX_RECORD_BYTES
 MAX_RECORD_DEPTH = 64
 #: The most seconds ``verify`` runs in the image, all probes together.
 VERIFY_TIMEOUT = 600
@@ -306,20 +306,37 @@ def probe_inputs():
 
 
 def _base_of_layer(layer):
-    """The base SIF a ``--layer-only`` image (a squashfs file) names in its labels."""
-    cmd = ["unsquashfs", "-cat", layer, imagelayout.LABELS_FILE]
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        text = subprocess.run(cmd, capture_output=True, text=True).stdout
-        base = (
-            json.JSONDecoder()
-            .raw_decode(text)[0]
-            .get(imagelayout.LABEL_BASE_IMAGE_RESOLVED)
-        )
-        if base and apptainer.is_sif(base):
-            return Path(base)
+    """The base SIF a ``--layer-only`` image (a squashfs file) names, and its labels."""
+    cmd = ["unsquashfs", "-cat", str(layer), imagelayout.LABELS_FILE]
+    try:  # bounded: the labels are the layer's, the base whatever its label names
+        text = safeio.output_bounded(cmd).decode(errors="replace")
+        labels = json.JSONDecoder().raw_decode(text)[0]
+        base = labels.get(imagelayout.LABEL_BASE_IMAGE_RESOLVED)
+        if base and apptainer.is_sif(base):  # a regular file (no FIFO, no device)
+            return Path(base), labels
+        why = f"its base {base} is not a SIF file"
+    except (OSError, ValueError, AttributeError) as e:
+        why = str(e)[:500]
     raise InputError(
         f"{layer} is not an image: neither a SIF file nor a layer (--layer-only) "
-        "whose base SIF is where its labels say; give the .sif file cotainr built"
+        f"whose base SIF is where its labels say ({why}); give the .sif file "
+        "cotainr built"
+    )
+
+
+def _check_layer_base(report, base, labels):
+    """The ``layer-base`` row: the base is the file the layer was built on (sha256)."""
+    recorded = labels.get(imagelayout.LABEL_BASE_IMAGE_SHA256)
+    if not recorded:
+        report.add("layer-base", NA, f"{base}: the layer records no sha256 of it")
+        return
+    found = remembered_sha256(path=base)
+    report.pass_if(
+        "layer-base",
+        found == recorded,
+        f"{base}: sha256 {found} as the layer records",
+        f"{base} is not the base this layer was built on (sha256 {found}, the "
+        f"layer records {recorded}): put that base back, or build the layer again",
     )
 
 
@@ -385,8 +402,11 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
         sif = apptainer.is_sif(image)
     except OSError as e:
         raise InputError(f"Cannot read the image {image}: {e.strerror}.") from None
-    base = image if sif else _base_of_layer(image)
     report = VerifyReport(image=str(image))
+    base = image
+    if not sif:
+        base, labels = _base_of_layer(image)
+        _check_layer_base(report, base, labels)
     try:
         facts = _probe(base, timeout=timeout, overlay=None if sif else f"{image}:ro")
         checks = [

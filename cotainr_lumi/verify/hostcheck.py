@@ -10,6 +10,7 @@ import os
 from pathlib import Path, PurePosixPath
 import re
 
+from .. import safeio
 from ..engine.rocmwindow import RocmSettings, major_minor
 from ..engine.rootfs import image_path_of, resolve_in_root
 from ..errors import InputError
@@ -113,8 +114,14 @@ def _site_rows(system, _root):
         yield check, NA, f"no LUST systems.json; builds use the built-in {default}", ""
 
 
+def _head(path):
+    """A version file's text: a regular file only (no FIFO, no device), 4 KiB."""
+    with safeio.open_regular(path) as f:
+        return f.read(4096).decode(errors="replace").strip() or None
+
+
 def _read(root, path):
-    return _try(root, path, lambda f: f.read_text(errors="replace").strip() or None)
+    return _try(root, path, _head)
 
 
 def _rocm_rows(system, root):

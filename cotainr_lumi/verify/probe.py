@@ -42,7 +42,9 @@ def ldd(path):
 
 
 def read(path, limit=200000):
-    """Read a text file, or None."""
+    """Read a text file, or None (also for a FIFO or device: never opened)."""
+    if not os.path.isfile(path):
+        return None
     try:
         with open(path, errors="replace") as f:
             return f.read(limit)
@@ -62,6 +64,9 @@ def check_depth(value, level=0):
 def load(path, kind="object"):
     """A JSON record, or None (absent; malformed: the reason goes to PROBLEMS)."""
     limit = INPUTS["max_record_bytes"]
+    if os.path.exists(path) and not os.path.isfile(path):
+        PROBLEMS[path] = "not a regular file (not read)"
+        return None
     try:
         with open(path, "rb") as f:
             data = f.read(limit + 1)

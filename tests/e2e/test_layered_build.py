@@ -10,10 +10,11 @@ import hashlib
 import json
 import os
 from pathlib import Path
+import shutil
 import subprocess
 import sys
 
-from hosttools import need_lmod
+from hosttools import need_lmod, need_tool
 from pkgfixtures import make_wheel
 import pytest
 import yaml
@@ -45,6 +46,8 @@ def work(tmp_path_factory, lumi_like_base_image, write_systems):
     make_wheel(work, "swap", "1.0", modules={"old": "GONE_IN_2 = True\n"})
     make_wheel(work, "swap", "2.0")
     make_wheel(work, "added", "1.0")
+    # A package's own file named as a whiteout of pip (site-packages/pip).
+    make_wheel(work, "whout", "1.0", files={".wh.pip": "not a whiteout\n"})
     (work / "first.txt").write_text(
         "./keep-1.0-py3-none-any.whl\n./swap-1.0-py3-none-any.whl\n"
     )
@@ -63,9 +66,9 @@ def work(tmp_path_factory, lumi_like_base_image, write_systems):
 def build(work, cotainr_build):
     """``build(IMAGE, *ARGS)``: ``cotainr build IMAGE ARGS`` in `work` (checked)."""
 
-    def run(image, *args, env=None):
+    def run(image, *args, env=None, ok=True):
         by = "--lumi-system" if "--base-image" in args else "--system"
-        return cotainr_build(work, image, by, SYSTEM, "--force", *args, env=env)
+        return cotainr_build(work, image, by, SYSTEM, "--force", *args, env=env, ok=ok)
 
     return run
 
@@ -221,13 +224,21 @@ def test_flatten_squashes_the_whole_image(
     assert "Traceback" not in stock.output
 
 
-def test_layer_only_writes_the_layer_and_the_module_mounts_it_on_the_base(
-    build, work, first, lmod_init, apptainer_path, verify_image
-):
-    """--layer-only: no copy of the base; SIF is the base, *_OVERLAY the layer."""
-    base, only = (work / "first.sif").resolve(), work.resolve() / "only.sqfs"
+@pytest.fixture(scope="module")
+def layer_only(build, work, first):
+    """A --layer-only build on a copy of first.sif: (base, layer, sha256, build)."""
+    base, only = work.resolve() / "only-base.sif", work.resolve() / "only.sqfs"
+    shutil.copyfile(work / "first.sif", base)
     digest = hashlib.sha256(base.read_bytes()).hexdigest()
     proc = build(only, "--base-image", base, "--pip-steps", "steps.yml", "--layer-only")
+    return base, only, digest, proc
+
+
+def test_layer_only_writes_the_layer_and_the_module_mounts_it_on_the_base(
+    work, layer_only, lmod_init, apptainer_path, verify_image
+):
+    """--layer-only: no copy of the base; SIF is the base, *_OVERLAY the layer."""
+    base, only, digest, proc = layer_only
     assert "The layer alone (" in proc.stdout, proc.stderr
     assert f"--overlay {only}:ro {base} " in proc.stdout  # the run hint
     assert hashlib.sha256(base.read_bytes()).hexdigest() == digest  # untouched
@@ -262,6 +273,129 @@ def test_layer_only_writes_the_layer_and_the_module_mounts_it_on_the_base(
     env = {"COTAINR_LUMI_SYSTEMS": str(work / "systems.yaml")}
     code, statuses, report = verify_image(only, env=env)
     assert code == 0 and "FAIL" not in statuses.values(), report
+
+
+def failing_mount():
+    """``mount`` failing as the layered build calls it (as root), not as Apptainer does."""
+    return (
+        'case " $* " in *sizelimit=*) echo "mount: simulated" >&2; exit 32;; esac\n'
+        f'exec {need_tool("mount", install="apt-get install -y mount")} "$@"'
+    )
+
+
+def wrapped(work, name, **scripts):
+    """A directory of ``NAME`` scripts (sh bodies) before PATH; returns {"PATH": ...}."""
+    bin_dir = work / name
+    bin_dir.mkdir(exist_ok=True)
+    for command, body in scripts.items():
+        (bin_dir / command).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / command).chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def refused_without_trace(proc, image):
+    """One error, exit non-zero, no image and no partial image beside it."""
+    assert proc.returncode != 0, proc.output[-3000:]
+    assert proc.stderr.count("cotainr: error:") == 1, proc.output[-3000:]
+    assert "Traceback" not in proc.output
+    assert not [p for p in image.parent.iterdir() if p.name.startswith(image.name)]
+    assert not [p for p in image.parent.iterdir() if ".partial-" in p.name]
+
+
+@pytest.mark.parametrize("fault", ["mount", "runtime"])
+def test_a_layered_base_that_does_not_mount_is_refused_not_unpacked(
+    build, work, first, apptainer_path, fault
+):
+    """A failing mount, or a runtime that cannot run the mounted view (issue 38, 1)."""
+    real = apptainer_path / "apptainer"
+    runtime = (
+        'case " $* " in *" --writable "*" true ") '
+        'echo "FATAL: simulated: the mount is not seen" >&2; exit 255;; esac\n'
+        f'exec {real} "$@"'
+    )
+    scripts = {"mount": failing_mount()}
+    if fault == "runtime":
+        scripts = {"apptainer": runtime, "singularity": runtime}
+    env = wrapped(work, f"no-{fault}", **scripts)
+    image = work / f"refused-{fault}.sif"
+    proc = build(image, "--base-image", "first.sif", env=env, ok=False)
+    refused_without_trace(proc, image)
+    assert "first.sif has layers (SIF overlay partitions)" in proc.stderr
+    assert "simulated" in proc.stderr and "--flatten" in proc.stderr
+    assert "unpacked (not mounted)" not in proc.output
+
+
+def test_a_base_without_layers_that_does_not_mount_is_unpacked(build, work):
+    env = wrapped(work, "no-mount", mount=failing_mount())
+    proc = build(work / "unpacked.sif", env=env)
+    assert "The base image is unpacked (not mounted): mount -t squashfs" in proc.stderr
+    assert sorted(partition_digests(work / "unpacked.sif")) == [(SIF_SYSTEM, 1)]
+
+
+def test_a_base_renamed_over_mid_build_gives_no_mixed_image(
+    build, work, first, lumi_like_base_image
+):
+    """Another file is renamed over the base once the view is mounted (issue 38, 2)."""
+    moving, other = work / "moving.sif", work / "other.sif"
+    shutil.copyfile(work / "first.sif", moving)
+    shutil.copyfile(lumi_like_base_image, other)
+    real = need_tool("mount", install="apt-get install -y mount")
+    mount = (
+        f'{real} "$@" || exit\n'
+        f'case " $* " in *" -t overlay "*) mv -f {other} {moving};; esac'
+    )
+    env = wrapped(work, "renaming-mount", mount=mount)
+    image = work / "moved.sif"
+    proc = build(image, "--base-image", moving.name, "--pip-steps", "steps.yml",
+                 env=env, ok=False)  # fmt: skip
+    assert not other.exists()  # renamed over it meanwhile
+    refused_without_trace(proc, image)
+    assert f"The base image {moving} changed during the build" in proc.stderr
+
+
+@pytest.mark.parametrize("flatten", [False, True])
+def test_a_packages_wh_file_stays_a_file(build, work, first, apptainer_exec, flatten):
+    """A wheel's ``.wh.pip`` is no whiteout of pip (issue 38, 3)."""
+    (work / "whout.txt").write_text("./whout-1.0-py3-none-any.whl\n")
+    image = work / f"whout-{flatten}.sif"
+    args = ["--base-image", "first.sif", "--pip-requirements", "whout.txt"]
+    proc = build(image, *args, *(["--flatten"] * flatten))
+    assert ("Layered image: " in proc.stdout) != flatten, proc.output[-2000:]
+    script = (
+        "import os, pip; site = os.path.dirname(os.path.dirname(pip.__file__)); "
+        "print(open(os.path.join(site, '.wh.pip')).read().strip())"
+    )
+    run = apptainer_exec(image, "python3", "-c", script)
+    assert run.stdout.strip() == "not a whiteout", run.stderr
+
+
+def test_a_layer_only_image_runs_without_the_module_and_never_on_another_base(
+    work, layer_only, lmod_init, verify_image, lumi_like_base_image
+):
+    """The host wrappers alone (issue 38, 5); a base swapped (issue 38, 4)."""
+    base, only, _, _ = layer_only
+    env = {"HOME": str(work), "PATH": os.environ["PATH"]}
+    python = [str(work / "only.root/bin/python3"), "-c", PROBE]
+    proc = subprocess.run(python, env=env, capture_output=True, text=True)
+    assert proc.stdout.split() == STACKED, proc.stderr
+    kept = base.with_name("only-base.kept")
+    os.rename(base, kept)
+    try:
+        shutil.copyfile(lumi_like_base_image, base)  # another base at its path
+        code, statuses, report = verify_image(only, env={"XDG_CACHE_HOME": str(work)})
+        assert code == 1 and statuses["layer-base"] == "FAIL", report
+        module = (
+            f'source {lmod_init} && module use "$1" && module load only && echo $SIF'
+        )
+        for cmd in (python, ["bash", "-c", module, "bash", work]):
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            assert proc.returncode != 0 and str(base) not in proc.stdout, proc.stdout
+            message = " ".join(proc.stderr.split())
+            assert f"the base image {base} is not the one the layer" in message
+    finally:
+        os.replace(kept, base)
+    code, statuses, report = verify_image(only, env={"XDG_CACHE_HOME": str(work)})
+    assert statuses["layer-base"] == "PASS", report
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ import os
 import pytest
 
 from cotainr_lumi.engine import digest
+from cotainr_lumi.errors import InputError
 
 
 def test_sha256_streams_in_chunks(tmp_path):
@@ -81,3 +82,30 @@ def test_a_broken_cache_file_is_read_as_empty(tmp_path, counted, text):
     assert found == hashlib.sha256(b"one").hexdigest() and counted.call_count == 1
     assert digest.remembered_sha256(path=f, cache_file=cache) == found
     assert counted.call_count == 1
+
+
+@pytest.mark.parametrize("change", ["renamed over", "written to"])
+def test_a_pinned_file_is_read_as_opened_and_a_change_is_one_error(tmp_path, change):
+    """The base of a build (issue 38, 2): its bytes, whatever happens to its path."""
+    base, cache = tmp_path / "base.sif", tmp_path / "cache" / "sha256.json"
+    base.write_bytes(b"the base")
+    pinned = digest.Pinned(base)
+    pinned.check()
+    if change == "renamed over":
+        (tmp_path / "other.sif").write_bytes(b"another base")
+        os.replace(tmp_path / "other.sif", base)
+        with open(pinned.path, "rb") as f:  # the held file, as the mount reads it
+            assert f.read() == b"the base"
+    else:
+        with open(base, "ab") as f:
+            f.write(b"!")
+    with pytest.raises(InputError, match="base.sif changed during the build"):
+        pinned.check()
+    with pytest.raises(InputError, match="changed during the build"):
+        digest.remembered_sha256(path=base, cache_file=cache, pinned=pinned)
+
+
+def test_a_fifo_is_never_pinned(tmp_path):
+    os.mkfifo(tmp_path / "base.sif")
+    with pytest.raises(InputError, match="not a regular file"):
+        digest.Pinned(tmp_path / "base.sif")

@@ -1,5 +1,6 @@
 """Layered builds' host side (cotainr_lumi/engine/layer.py)."""
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -76,6 +77,42 @@ def test_fuse_whiteout_files_become_overlay_whiteouts(tmp_path):
     assert not [name for name in entries if "/.wh." in name]
 
 
+def test_fuse_overlayfs_writes_wh_files_and_refuses_them_from_users(tmp_path):
+    """
+    What fuse-overlayfs (Debian 12's 1.10) writes where it cannot mknod.
+
+    FUSE_OVERLAYFS_DISABLE_OVL_WHITEOUT takes that path as root (main.c,
+    check_can_mknod): an empty ``.wh.NAME`` per removed file, ``.wh..wh..opq``
+    in a directory made again; a user's ``.wh.`` name is EINVAL. So in its
+    upper dir every ``.wh.`` file is a whiteout (the kernel's overlay, which
+    writes a character device 0/0, keeps a package's ``.wh.`` file as it is).
+    """
+    need_root("mounts fuse-overlayfs (/dev/fuse)")
+    need_tool("fuse-overlayfs", install="apt-get install -y fuse-overlayfs")
+    for name in ("lower/d", "upper", "work", "m"):
+        (tmp_path / name).mkdir(parents=True)
+    (tmp_path / "lower/gone").write_text("x")
+    (tmp_path / "lower/d/old").write_text("y")
+    dirs = (
+        f"lowerdir={tmp_path}/lower,upperdir={tmp_path}/upper,workdir={tmp_path}/work"
+    )
+    env = {**os.environ, "FUSE_OVERLAYFS_DISABLE_OVL_WHITEOUT": "1"}
+    subprocess.run(["fuse-overlayfs", "-o", dirs, tmp_path / "m"], env=env, check=True)
+    try:
+        (tmp_path / "m/gone").unlink()
+        shutil.rmtree(tmp_path / "m/d")
+        (tmp_path / "m/d").mkdir()
+        with pytest.raises(OSError) as refused:
+            (tmp_path / "m/.wh.pip").write_text("a package's file")
+    finally:
+        subprocess.run(["fusermount3", "-u", tmp_path / "m"], check=True)
+    assert refused.value.errno == errno.EINVAL
+    upper = tmp_path / "upper"
+    found = {str(p.relative_to(upper)): p.stat().st_size for p in upper.rglob("*")}
+    assert found == {".wh.gone": 0, "d": found["d"], "d/.wh..wh..opq": 0}
+    assert layer.whiteout_arguments(upper)[:2] == ["-p", "/gone c 0 0 0 0 0"]
+
+
 def test_the_layers_label_names_the_base_and_its_layers(tmp_path):
     view = layer.BaseView(base=sif(tmp_path / "b.sif", labels={}), work=tmp_path)
     assert view.label() == "b.sif + this build"
@@ -120,7 +157,14 @@ def test_a_mount_the_runtime_cannot_run_is_undone(tmp_path, monkeypatch):
     ):
         view.mount(at=tmp_path / "sandbox")
     assert done == ["squashfuse", "fuse-overlayfs"]
-    assert runs == [{"image": tmp_path / "sandbox", "args": ["true"], "writable": True}]
+    assert runs == [
+        {
+            "image": tmp_path / "sandbox",
+            "args": ["true"],
+            "writable": True,
+            "timeout": 300,
+        }
+    ]
     assert unmounted == [tmp_path / "sandbox", tmp_path / "build/lower-1"]
     assert view.merged is None and view.mounts == []
 

@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from cotainr_lumi import api, stages
+from cotainr_lumi.engine.layer import LayerError
 from cotainr_lumi.engine.settings import StageSettings, setting
 from cotainr_lumi.engine.stage import HostFiles, Stage, StageReport
 from cotainr_lumi.errors import ImageExistsError, StageError
@@ -339,3 +340,58 @@ def test_a_kept_layer_only_image_gets_the_module_files_for_its_base(tmp_path, ke
     build.view = SimpleNamespace(only=True, kept=kept)
     build.finish(error=None)
     assert lua.read_text().endswith("the base" if kept else "the image")
+
+
+class FakeView:
+    """A mounted base as Build.sandbox sees it."""
+
+    def __init__(self, *, fails=None, layers=0):
+        self.fails = fails
+        self.layers = layers
+        self.mounted = False
+
+    def mount(self, *, at):
+        if self.fails is not None:
+            raise self.fails
+        self.mounted = True
+
+    def unmount(self):
+        self.mounted = False
+
+    def refused(self, problem):
+        return ValueError(f"refused: {problem}")
+
+
+def _build_with(view):
+    from types import SimpleNamespace
+
+    from cotainr_lumi.pipeline.build import Build
+
+    build = Build(plan=SimpleNamespace(facts=None))
+    build.view = view
+    return build
+
+
+def test_a_mounted_base_is_the_sandbox_until_released(tmp_path):
+    view = FakeView()
+    release = _build_with(view).sandbox(sandbox_dir=tmp_path)
+    assert view.mounted
+    with release:
+        pass
+    assert not view.mounted
+
+
+@pytest.mark.parametrize("error", [OSError("no loop"), LayerError("no fuse")])
+def test_a_base_that_does_not_mount_is_unpacked_unless_it_has_layers(error, caplog):
+    build = _build_with(FakeView(fails=error))
+    assert build.sandbox(sandbox_dir="/s") is None and build.view is None
+    assert f"The base image is unpacked (not mounted): {error}" in caplog.text
+    layered = _build_with(FakeView(fails=error, layers=2))
+    with pytest.raises(ValueError, match=f"refused: {error}"):
+        layered.sandbox(sandbox_dir="/s")
+
+
+def test_only_the_mount_errors_are_caught():
+    build = _build_with(FakeView(fails=KeyError("bug")))
+    with pytest.raises(KeyError):  # a bug: not "unpacked (not mounted)"
+        build.sandbox(sandbox_dir="/s")

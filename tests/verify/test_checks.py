@@ -1,4 +1,5 @@
 import copy
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -748,3 +749,72 @@ def test_a_layer_only_image_is_verified_on_the_base_its_labels_name(tmp_path, mo
     base.unlink()  # moved away: one error that says what a layer needs
     with pytest.raises(InputError, match="nor a layer .* whose base SIF is where"):
         verify.verify_image(image=layer)
+
+
+def layer_naming(tmp_path, labels, *pseudo):
+    """A --layer-only image (squashfs) whose labels.json is `labels` (or `pseudo`)."""
+    from hosttools import need_tool
+
+    need_tool("mksquashfs", install="apt-get install -y squashfs-tools")
+    upper = tmp_path / "upper/.singularity.d"
+    upper.mkdir(parents=True)
+    if labels is not None:
+        (upper / "labels.json").write_text(json.dumps(labels))
+    layer = tmp_path / "layer.sqfs"
+    args = [a for p in pseudo for a in ("-p", p)]
+    subprocess.run(["mksquashfs", upper.parent, layer, "-quiet", *args], check=True)
+    return layer
+
+
+def test_verify_layer_compares_the_bases_sha256_with_its_label(tmp_path, mocker):
+    """A base swapped for another file: FAIL, not the same rows (issue 38, 4)."""
+    from siffile import PARTITION, SQUASHFS, SYSTEM, write_sif
+
+    mocker.patch.dict(os.environ, {"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    base = tmp_path / "base.sif"
+    write_sif(base, [(PARTITION, b"system", SQUASHFS, SYSTEM, "")])
+    digest = hashlib.sha256(base.read_bytes()).hexdigest()
+    labels = {
+        "cotainr-lumi.base-image.resolved": str(base),
+        "cotainr-lumi.base-image.sha256": digest,
+    }
+    layer = layer_naming(tmp_path, labels)
+    for content, status in ((b"system", "PASS"), (b"others", "FAIL")):
+        write_sif(base, [(PARTITION, content, SQUASHFS, SYSTEM, "")])
+        report = verify.VerifyReport(image=str(layer))
+        verify._check_layer_base(report, *verify._base_of_layer(layer))
+        assert report.results[0][:2] == ("layer-base", status), report.results
+    assert "not the base this layer was built on" in report.results[0].evidence
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge label"])
+def test_verify_layer_never_blocks_on_or_reads_whole_what_its_label_names(
+    tmp_path, kind
+):
+    """A FIFO or device named as base, a 400 MB label: one error, at once."""
+    base, pseudo = tmp_path / "base.sif", []
+    labels = {"cotainr-lumi.base-image.resolved": str(base)}
+    if kind == "fifo":
+        os.mkfifo(base)
+    elif kind == "device":
+        labels["cotainr-lumi.base-image.resolved"] = "/dev/zero"
+    else:
+        labels = None
+        big = "head -c 400000000 /dev/zero"
+        pseudo = ["/.singularity.d/labels.json f 644 0 0 " + big]
+    layer = layer_naming(tmp_path, labels, *pseudo)
+    script = (
+        "import resource, sys; from cotainr_lumi.verify import checks\n"
+        "try:\n    checks.verify_image(image=sys.argv[1])\n"
+        "except checks.InputError as e:\n    print(e)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, layer],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    message, rss_kib = proc.stdout.splitlines()
+    assert "is not an image" in message, proc.stderr
+    assert int(rss_kib) < 300 * 1024  # not 1.2 GB

@@ -5,9 +5,12 @@ show it: all four PEs installed, 25.03 the default.
 """
 
 import json
+import os
 from pathlib import Path
 import re
 import shutil
+import stat
+import threading
 
 from hostroot import (
     abi_library,
@@ -22,6 +25,7 @@ from hostroot import (
     pmi_versions,
     write_profile,
 )
+from hosttools import need_root
 import pytest
 
 from cotainr_lumi import cli
@@ -292,3 +296,30 @@ def test_lusts_systems_json_is_compared_with_the_built_in_defaults(
     assert "[lumi-g-ext]" in words
     status, words = rows["site rocm-6.4"]
     assert status == WARN and f"{older} has no rocm-6.4" in words
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_version_files_that_are_no_files_neither_hang_nor_fill_memory(
+    tmp_path, profile, kind
+):
+    """A FIFO hung check-host; a character device ate 23 GB (issue 38, 6)."""
+    root = lumi_2026(tmp_path / "root")
+    for name in ("sys/module/amdgpu/version", "opt/rocm-6.3.4/.info/version"):
+        path = root / name
+        path.unlink()
+        if kind == "fifo":
+            os.mkfifo(path)
+        else:
+            need_root("makes a character device (/dev/zero's numbers)")
+            os.mknod(path, 0o644 | stat.S_IFCHR, os.makedev(1, 5))
+    done = []
+    thread = threading.Thread(
+        target=lambda: done.append(check_host(root=root, system="lumi-2026")),
+        daemon=True,
+    )
+    thread.start()
+    thread.join(timeout=60)
+    assert done, "check-host hung"
+    rows = _rows(done[0])
+    assert "host ROCm unreadable here" in rows["rocm-host 6.1-7.0"][1]
+    assert rows["rocm-driver 6.1-7.0"][0] == NA

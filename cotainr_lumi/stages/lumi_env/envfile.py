@@ -210,6 +210,8 @@ _cl_v=$(printf '%s\\n' "$_cl_out" | sed -n 's/^libmpi //p'); [ -z "$_cl_v" ] || 
 _cl_v=$(printf '%s\\n' "$_cl_out" | sed -n 's/^path //p'); [ -z "$_cl_v" ] || export {3}="$_cl_v"
 printf '%s\\n' "$_cl_out" | sed -n 's/^{1} //p' >&2
 unset _cl_out _cl_v""",
+    "same_base": "if [ \"$(stat -L -c '%s %Y' -- {0} 2>/dev/null)\" != {1} ]; then "
+    "printf '%s\\n' {2} >&2; return 1; fi",
     "file": "[ -f {0} ]",
     "dir": "[ -d {0} ]",
 }

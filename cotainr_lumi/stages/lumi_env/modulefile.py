@@ -8,8 +8,10 @@ operations (:func:`module_ops`); both start with :data:`MARKER`, so the
 pipeline never replaces a user's own file of the same name.
 """
 
+from dataclasses import dataclass
 import importlib.resources
 import logging
+import os
 from pathlib import Path
 import re
 import shlex
@@ -103,7 +105,7 @@ def module_ops(
 ):
     """The module file's and snippet's operations (`base`: the image is its layer)."""
     image = check_image_path(image)
-    sif = check_image_path(base) if base else image
+    sif = check_image_path(base.path) if base else image
     binds = [validate_bind(b) for b in binds]
     name = name or Path(image).stem
     var = check_var_name(var or var_name_of(name))
@@ -115,6 +117,7 @@ def module_ops(
         ("help", _help_text(image=image, var=var, root=root)),
         ("whatis", f"Name: {name}"),
         ("whatis", f"Description: cotainr-lumi container image {image}"),
+        *_same_base(base, image),
         ("setenv", "SIF", sif),
         ("setenv", f"SIF{var}", sif),
     ]
@@ -164,7 +167,39 @@ if cl.libmpi then setenv({2}, cl.libmpi) end
 if cl.path then setenv({3}, cl.path) end""",
     "file": "isFile({0})",
     "dir": "isDir({0})",
+    "same_base": 'if mode() == "load" and capture({3}) ~= {1} .. "\\n" then '
+    "LmodError({2}) end",
 }
+
+
+@dataclass(frozen=True)
+class LayerBase:
+    """The base a ``--layer-only`` image runs on, and its ``stat -L -c '%s %Y'``."""
+
+    path: str
+    stamp: str
+
+    @classmethod
+    def of(cls, base_image):
+        """The plan's base image as the build read it."""
+        pinned = base_image.pinned
+        info = os.stat(pinned.path if pinned else base_image.resolved)
+        return cls(str(base_image.resolved), f"{info.st_size} {int(info.st_mtime)}")
+
+    def check(self, layer):
+        """(the message for another base, the shell command printing its stamp)."""
+        message = (
+            f"the base image {self.path} is not the one the layer {layer} was built "
+            "on (its size or time changed); put that base back, or build the layer again"
+        )
+        return message, f"stat -L -c '%s %Y' -- {shlex.quote(self.path)} 2>/dev/null"
+
+
+def _same_base(base, layer):
+    """The operation stopping a module of a layer on another base ([]: no base)."""
+    if not base:
+        return []
+    return [("same_base", base.path, base.stamp, *base.check(layer))]
 
 
 def lua_op(kind, *args):
@@ -222,14 +257,28 @@ def wrapper_names(*, root, target):
     return [n for n, path in zip(names, found) if path.is_file()]
 
 
-def _host_command_text(name, *, image, root):
-    """A host command of ``$CONTAINERROOT/bin`` for this image."""
+def _host_command_text(name, *, image, root, base=None):
+    """A host command of ``$CONTAINERROOT/bin`` for this image (or layer on `base`)."""
     body = (importlib.resources.files(__package__) / "hostscripts" / name).read_text()
-    return (
-        f"#!/bin/bash\n# {name}: {MARKER} {__version__} for {image}.\n"
-        f"default_sif={shlex.quote(str(image))}\n"
-        f"default_root={shlex.quote(str(root))}\n{body}"
-    )
+    sif = base.path if base else image
+    head = [
+        f"#!/bin/bash\n# {name}: {MARKER} {__version__} for {image}.",
+        f"default_sif={shlex.quote(str(sif))}",
+        f"default_root={shlex.quote(str(root))}",
+    ]
+    if base and name in ("python", "start-shell"):  # run the layer on its base
+        message, stat = base.check(image)
+        overlay = shlex.quote(f"{image}:ro")
+        head += [
+            'if [[ ${SIF:-$default_sif} == "$default_sif" ]]; then',
+            f"    if [[ $({stat}) != {shlex.quote(base.stamp)} ]]; then",
+            f"        printf '%s: %s\\n' \"${{0##*/}}\" {shlex.quote(message)} >&2",
+            "        exit 2",
+            "    fi",
+            f"    export APPTAINER_OVERLAY={overlay} SINGULARITY_OVERLAY={overlay}",
+            "fi",
+        ]
+    return "\n".join([*head, body])
 
 
 def module_outputs(
@@ -263,16 +312,19 @@ def module_outputs(
             image_path=image_path,
             user_venv=names.user_venv,
             wrappers=wrappers,
+            base=base,
         ),
     }
     return (names.lua, names.shell), names.root, outputs
 
 
-def _container_root_files(*, settings, root, image_path, user_venv, wrappers):
+def _container_root_files(*, settings, root, image_path, user_venv, wrappers, base):
     """CONTAINERROOT's files: host commands, runscripts, user-software."""
     scripts = {**{n: n for n in HOST_COMMANDS}, **dict.fromkeys(wrappers, "python")}
     files = {
-        str(root / "bin" / n): _host_command_text(s, image=image_path, root=root)
+        str(root / "bin" / n): _host_command_text(
+            s, image=image_path, root=root, base=base
+        )
         for n, s in scripts.items()
     }
     if settings.runscripts:

@@ -22,7 +22,12 @@ from ...imagelayout import MPI_ENV_FILE, MPI_FILE, RUNSCRIPTS_DIR, USER_SOFTWARE
 from . import entrypoint, imagefiles, network
 from .envfile import render_env_file, text_problem
 from .imagefiles import JIT_CACHES, ROCM_ROOT, RUNSCRIPTS, WITH_CONDA_VALUE
-from .modulefile import image_has_user_software, module_outputs, wrapper_names
+from .modulefile import (
+    LayerBase,
+    image_has_user_software,
+    module_outputs,
+    wrapper_names,
+)
 from .mpi import LOAD_CHECK, HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
 from .settings import CONTAINER_ROOT, MODULE_DIR, LumiEnvSettings, module_name_problem
@@ -185,7 +190,7 @@ class LumiEnvStage(Stage):
         layer_host_files = None
         if context.build.layer_only:  # used if the layer is kept
             layer_host_files = self._layer_host_files(
-                base=str(context.build.base_image.resolved), module=module, hint=hint
+                base=LayerBase.of(context.build.base_image), module=module, hint=hint
             )
         record |= {
             "mpi": mpi.record(),
@@ -216,7 +221,7 @@ class LumiEnvStage(Stage):
         layer = module_outputs(**module, base=base)[2]
         return HostFiles(
             files={Path(p): text for p, text in layer.items()},
-            run_hint=self._run_hint(**hint, base=base),
+            run_hint=self._run_hint(**hint, base=base.path),
         )
 
     def _network_and_mpi(self, *, context):

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 import shlex
 import subprocess
+from types import SimpleNamespace
 
 import artefacts
 from hosttools import need_tool
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 import pytest
 
 import cotainr_lumi
+from cotainr_lumi.stages.lumi_env.modulefile import LayerBase, _host_command_text
 
 HOSTSCRIPTS = Path(cotainr_lumi.__file__).parent / "stages" / "lumi_env" / "hostscripts"
 NAMES = ("make-squashfs", "unmake-squashfs", "start-shell", "list-packages", "python")
@@ -503,3 +505,37 @@ def test_wrapper_without_the_image_or_singularity_is_one_message(
         "torchrun", tmp_path / "root", sif=sif, path=str(only_bash), script="python"
     )
     assert_one_message(proc, "torchrun")
+
+
+@pytest.mark.parametrize("name", ["python", "start-shell"])
+def test_a_layer_only_wrapper_runs_the_layer_on_its_base_without_the_module(
+    tmp_path, name
+):
+    """``$CONTAINERROOT/bin/python``: SIF unset, the layer on the base (issue 38, 5)."""
+    base, layer = tmp_path / "base v1.sif", tmp_path / "my.sqfs"
+    base.write_text("the base")
+    on_base = LayerBase.of(SimpleNamespace(resolved=str(base), pinned=None))
+    text = _host_command_text(name, image=layer, root=tmp_path / "root", base=on_base)
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "singularity").write_text(
+        '#!/bin/bash\nprintf "%s\\0" "$APPTAINER_OVERLAY" "$SINGULARITY_OVERLAY" "$@"\n'
+    )
+    (fake / "singularity").chmod(0o755)
+
+    def wrapper():
+        env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": "/nonexistent"}
+        cmd = ["bash", "-c", text, name, "-c", "x"]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env)
+
+    proc = wrapper()
+    assert proc.returncode == 0, proc.stderr
+    ro = f"{layer}:ro"
+    assert proc.stdout.split("\0")[:4] == [ro, ro, "exec", str(base)]
+    base.write_text("another base")
+    assert_one_message(wrapper(), name)
+    assert "is not the one the layer" in wrapper().stderr
+    shellcheck = need_tool("shellcheck", install="apt-get install -y shellcheck")
+    text += ': "$default_root"\n'  # (used by other commands)
+    check = subprocess.run([shellcheck, "-s", "bash", "-"], input=text, text=True)
+    assert check.returncode == 0

@@ -291,7 +291,8 @@ def test_module_dir_and_name_settings(tmp_path):
 
 def test_a_layer_only_build_also_reports_the_module_files_for_its_base(tmp_path):
     """Written instead if the layer is kept: SIF is the base, *_OVERLAY the layer."""
-    image, base = tmp_path / "out/torch.sqfs", "/bases/it's.sif"
+    image, base = tmp_path / "out/torch.sqfs", f"{tmp_path}/it's.sif"
+    Path(base).write_text("the base")
     build = build_facts(
         image_path=image,
         layer_only=True,

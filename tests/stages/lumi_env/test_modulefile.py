@@ -1,7 +1,9 @@
 """Tests of cotainr_lumi.stages.lumi_env.modulefile: the Lmod module file and shell snippet."""
 
 import os
+from pathlib import Path
 import subprocess
+from types import SimpleNamespace
 
 from hosttools import LMOD_INIT, need_lmod, need_tool
 from hypothesis import HealthCheck, given, settings
@@ -11,6 +13,7 @@ import pytest
 from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.stages.lumi_env.modulefile import (
     MARKER,
+    LayerBase,
     check_image_path,
     check_var_name,
     lua_quote,
@@ -263,8 +266,11 @@ def test_wrappers_are_the_commands_the_target_env_has(tmp_path):
 def test_a_layer_only_image_is_mounted_on_its_base_in_lmod_and_sh(tmp_path):
     """--layer-only: SIF is the base, the runtimes' *_OVERLAY the layer (quoted)."""
     layer = "/x/it's $(touch " + str(tmp_path / "PWNED") + ") layer.sqfs"
-    base = '/bases/"big" `touch ' + str(tmp_path / "PWNED") + "`.sif"
-    ops = module_ops(image=layer, binds=BINDS, name="img", var="IMG", base=base)
+    base = f'{tmp_path}/"big" `touch {tmp_path / "PWNED"}` $(touch ..).sif'
+    Path(base).parent.mkdir(parents=True)
+    Path(base).write_text("the base")
+    on_base = LayerBase.of(SimpleNamespace(resolved=base, pinned=None))
+    ops = module_ops(image=layer, binds=BINDS, name="img", var="IMG", base=on_base)
     (tmp_path / "img.lua").write_text(render(ops, language="lua"))
     (tmp_path / "img.sh").write_text(render(ops, language="sh"))
     snippet = subprocess.run(
@@ -279,3 +285,30 @@ def test_a_layer_only_image_is_mounted_on_its_base_in_lmod_and_sh(tmp_path):
         assert env["APPTAINER_OVERLAY"] == env["SINGULARITY_OVERLAY"] == layer + ":ro"
     assert not (tmp_path / "PWNED").exists()
     assert "OVERLAY" not in render(module_ops(image=layer, binds=[]), language="sh")
+
+
+def test_a_layer_only_module_and_snippet_stop_on_another_base(tmp_path):
+    """Size and mtime (``stat -L -c '%s %Y'``) of the base the layer was built on."""
+    need_lmod()
+    base = tmp_path / "it's base.sif"
+    base.write_text("the base")
+    on_base = LayerBase.of(SimpleNamespace(resolved=str(base), pinned=None))
+    ops = module_ops(
+        image=tmp_path / "my.sqfs", binds=[], runscripts=None, base=on_base
+    )
+    (tmp_path / "my.lua").write_text(render(ops, language="lua"))
+    (tmp_path / "my.sh").write_text(render(ops, language="sh"))
+    snippet = ["sh", "-c", '. "$1" && printf %s "$SIF"', "sh", tmp_path / "my.sh"]
+    assert lmod_env(tmp_path, "my")["SIF"] == str(base)
+    assert subprocess.run(snippet, capture_output=True, text=True).stdout == str(base)
+    base.write_text("another base")
+    os.utime(base, (1, 1))
+    script = f'source {LMOD_INIT} && module use "$1" && module load my && echo LOADED'
+    lmod = ["bash", "-c", script, "bash", tmp_path]
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    for cmd in (lmod, snippet):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        assert proc.returncode != 0 and "LOADED" not in proc.stdout, proc.stdout
+        assert str(base) not in proc.stdout  # SIF is not set
+        needle = f"the base image {base} is not the one the layer"
+        assert " ".join(proc.stderr.split()).count(needle) == 1, proc.stderr
