@@ -33,6 +33,16 @@ Sections (each a ratio measured in one run, on the same inputs):
    its cost is a row of its own), gzip as Apptainer's default, the ratio to
    the whole build (issue 30's target: <= 0.1x on ~3 GB, and the layered
    build growing <= 1.3x from the small base).
+7. full builds at disk speed (issue 40): on a base holding ``--full-copies``
+   copies of the real torch CPU wheel and its dependencies (pip from PyPI; each
+   copy but the first with a line appended to every file, so that no file is
+   stored once for all), in alternating runs: stock ``cotainr build
+   --base-image`` (Apptainer: its copy of the sandbox, gzip) and
+   ``--system --flatten`` with each of ``--compressors``; medians of
+   ``--full-runs`` of the build time, the SIF size and the time to the first
+   ``import torch`` from the image (page cache dropped); the load average
+   before each build (targets: the default <= 0.25x stock's time, its SIF
+   <= 1.1x gzip's, its import no slower than gzip's).
 
 Needs what the end-to-end tests need (root on Debian 12, or a native
 Apptainer). ``--quick`` runs each section once on small inputs (used in CI
@@ -40,7 +50,7 @@ so this script cannot rot; no thresholds are asserted anywhere).
 
 Sections 1 and 5 build whole images (``--flatten``), as stock cotainr does.
 
-Usage: python benchmarks/run.py [--quick] [--runs N] [--sections 1,2,3,4,5,6]
+Usage: python benchmarks/run.py [--quick] [--runs N] [--sections 1,2,3,4,5,6,7]
 """
 
 import argparse
@@ -465,6 +475,93 @@ def section_layered(work, base, runs, big_gb):
     return rows
 
 
+#: What section 7 imports from the image (the first copy is the one untouched).
+IMPORT_TORCH = "import sys; sys.path.insert(0, '/opt/torchlike/0'); import torch"
+#: Section 7's copies of the torch tree: all but the first changed in every file.
+TORCH_COPIES = r"""set -e
+python3 -m pip install -q --no-cache-dir --target /opt/torchlike/0 {wheel}
+python3 - <<'EOF'
+import os, shutil
+for k in range(1, {copies}):
+    shutil.copytree("/opt/torchlike/0", f"/opt/torchlike/{{k}}", symlinks=True)
+    for d, _, files in os.walk(f"/opt/torchlike/{{k}}"):
+        for name in files:
+            if not os.path.islink(os.path.join(d, name)):
+                with open(os.path.join(d, name), "ab") as f:
+                    f.write(f"\n# benchmark copy {{k}}\n".encode())
+EOF
+du -sb /opt/torchlike | cut -f1 > /opt/torchlike.bytes
+"""
+
+
+def _load():
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
+def _first_import(image):
+    """Seconds to the first ``import torch`` from `image`, page cache dropped."""
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    t0 = time.perf_counter()
+    sh(["apptainer", "exec", "--no-home", str(image), "python3", "-c", IMPORT_TORCH])
+    return time.perf_counter() - t0
+
+
+def _full_builds(work, big, compressors):
+    """Section 7's builds: {name: (cotainr build arguments, environment)}."""
+    env = {k: v for k, v in os.environ.items() if "MKSQUASHFS" not in k}
+    prof = profile(work, "bench-full", big)
+    stock = {**env, "COTAINR_LUMI_DISABLE": "1"}
+    kinds = {"stock cotainr (Apptainer, gzip)": (["--base-image", str(big)], stock)}
+    for name in compressors:
+        args = ["--system=bench-full", "--flatten", f"--set=build.compression={name}"]
+        ours = {**env, "COTAINR_LUMI_SYSTEMS": str(prof)}
+        kinds[f"cotainr-lumi --flatten, {name}"] = (args, ours)
+    return kinds
+
+
+def section_full(work, base, runs, copies, compressors):
+    """7. Full builds: stock cotainr vs the plugin with each compressor."""
+    if not TORCH_WHEEL.is_file():
+        return [(f"skipped: {TORCH_WHEEL} is not on this machine", "", "")]
+    setup = TORCH_COPIES.format(wheel=TORCH_WHEEL, copies=copies)
+    big = derive_base_image(
+        apptainer="apptainer", base_image=base, work=work, cases=(), setup=setup
+    )
+    tree = sh(["apptainer", "exec", str(big), "cat", "/opt/torchlike.bytes"])
+    kinds = _full_builds(work, big, compressors)
+    times, imports, sizes, loads = (
+        {k: [] for k in kinds},
+        {k: [] for k in kinds},
+        {},
+        [],
+    )
+    image = work / "full.sif"
+    for _ in range(runs):
+        for kind, (args, env) in kinds.items():
+            loads.append(_load())
+            image.unlink(missing_ok=True)
+            t0 = time.perf_counter()
+            sh([str(BIN / "cotainr"), "build", str(image), *args], env=env)
+            times[kind].append(time.perf_counter() - t0)
+            sizes[kind] = image.stat().st_size
+            imports[kind].append(_first_import(image))
+    loads.append(_load())
+    stock = statistics.median(next(iter(times.values())))
+    gzip = sizes[f"cotainr-lumi --flatten, {compressors[0]}"]
+    rows = [
+        (f"torch-like tree {int(tree.stdout) / 1e9:.2f} GB ({copies} copies)", "", "-"),
+        (f"load before each build, at the end: {' '.join(loads)}", "", "-"),
+    ]
+    for kind in kinds:
+        t, i = statistics.median(times[kind]), statistics.median(imports[kind])
+        ratio = f"{t / stock:.3f}x stock, SIF {sizes[kind] / gzip:.3f}x gzip's"
+        rows.append((kind, f"{t:.1f} s", ratio))
+        what = f"  SIF {sizes[kind] / 1e6:.0f} MB; first import torch"
+        rows.append((what, f"{i:.2f} s", ""))
+    return rows
+
+
 def print_table(table):
     """Print rows as an aligned table."""
     width = max(len(r[0]) for r in table)
@@ -485,7 +582,7 @@ def main(argv=None):
     parser.add_argument(
         "--runs", type=int, default=5, help="alternating runs for section 1"
     )
-    parser.add_argument("--sections", default="1,2,3,4,5,6")
+    parser.add_argument("--sections", default="1,2,3,4,5,6,7")
     parser.add_argument(
         "--layer-runs", type=int, default=3, help="runs of each build of section 6"
     )
@@ -503,6 +600,17 @@ def main(argv=None):
         type=int,
         default=3,
         help="alternating runs for section 5 (torch-sized env)",
+    )
+    parser.add_argument(
+        "--full-runs", type=int, default=3, help="runs of each build of section 7"
+    )
+    parser.add_argument(
+        "--full-copies", type=int, default=5, help="torch copies in section 7's base"
+    )
+    parser.add_argument(
+        "--compressors",
+        default="gzip,zstd:3,zstd:1,lz4",
+        help="section 7's build.compression values (the first is the reference)",
     )
     args = parser.parse_args(argv)
     wanted = {int(s) for s in args.sections.split(",")}
@@ -536,10 +644,21 @@ def main(argv=None):
                 0 if args.quick else args.big_gb,
             ),
         ),
+        7: (
+            "7. full builds (issue 40)",
+            lambda w: section_full(
+                w,
+                base,
+                1 if args.quick else args.full_runs,
+                1 if args.quick else args.full_copies,
+                args.compressors.split(","),
+            ),
+        ),
     }
     if args.quick:
         # A 1 GB base image and minutes per build: not for CI's quick mode.
         wanted.discard(5)
+        wanted.discard(7)
     with tempfile.TemporaryDirectory(prefix="cotainr-lumi-bench-", dir="/tmp") as tmp:
         for number, (title, run) in sections.items():
             if number not in wanted:

@@ -83,6 +83,9 @@ LABEL_HISTORY = "cotainr-lumi.history"
 LABEL_PAD = "cotainr-lumi.labels-pad"
 #: A layered image's layers (``apptainer inspect``): the base, then each layer.
 LABEL_LAYERS = "cotainr-lumi.layers"
+#: The squashfs compressor of the image (``build.compression``, or gzip where the
+#: runtime could not run that).
+LABEL_COMPRESSION = "cotainr-lumi.compression"
 
 # pip: :data:`PIP_PACKAGES_FILE`, :data:`PIP_STEPS_FILE`, :data:`CYCLONEDX_SBOM_FILE`.
 LABEL_PIP_PACKAGES = "cotainr-lumi.pip.packages"

@@ -11,13 +11,14 @@ adds the metadata and builds the image; the hook runs the plan's stages
 
 import contextlib
 from dataclasses import dataclass, field
+import functools
 import logging
 import os
 import sys
 from typing import Any
 
 from . import _cotainr, buildoptions, imagelayout
-from .engine import history, layer, rocmwindow, rootfs
+from .engine import history, layer, rocmwindow, rootfs, sifimage
 from .engine.stage import StageContext
 from .engine.workdir import remove_leftovers, work_dir_environment
 from .errors import CotainrLumiError, InputError, UnknownSystemError, redact
@@ -176,12 +177,16 @@ class LumiHook:
         remove_leftovers(work_dir=plan.work_dir, image_path=context.image_path)
         build.environment.enter_context(without_bind_variables())
         work = build.environment.enter_context(work_dir_environment(plan.work_dir))
+        compression = sifimage.Compression.parse(plan.build_settings.compression)
+        write_sif = functools.partial(sifimage.write_sif, compression=compression)
+        build.environment.enter_context(_cotainr.whole_images(write_sif))
         if plan.mount_problem is None:
             build.view = layer.BaseView(
                 base=plan.base_image.resolved,
                 work=work / "layer",
                 layer=plan.layer_problem is None,
                 only=plan.layer_only,
+                compression=compression,
             )
             build.environment.enter_context(_cotainr.layered(build.view))
         else:

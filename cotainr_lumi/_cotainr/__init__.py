@@ -66,7 +66,7 @@ def cotainr_version():
 
 
 layering.install(_container.SingularitySandbox)  # before the shim's wrappers
-layered = layering.layered
+layered, whole_images = layering.layered, layering.whole_images
 _modules = {"cli": _cli, "container": _container, "util": _util, "tracing": _tracing}
 #: Why the shim could not be installed (None: it was, or cotainr has the hook).
 SHIM_PROBLEM = None if NATIVE else shim.install(**_modules, version=cotainr_version())

@@ -7,7 +7,7 @@ import types
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-_state = types.SimpleNamespace(view=None)
+_state = types.SimpleNamespace(view=None, write_sif=None)
 
 
 @contextlib.contextmanager
@@ -19,6 +19,28 @@ def layered(view):
     finally:
         _state.view = None
         view.unmount()
+
+
+@contextlib.contextmanager
+def whole_images(write_sif):
+    """Meanwhile ``write_sif(sandbox_dir=, path=, architecture=)`` writes whole images."""
+    _state.write_sif = write_sif
+    try:
+        yield
+    finally:
+        _state.write_sif = None
+
+
+def _write_sif(sandbox, path):
+    """Whether :func:`whole_images`' writer wrote the image (else Apptainer builds it)."""
+    if _state.write_sif is None:
+        return False
+    written = _state.write_sif(
+        sandbox_dir=Path(sandbox.sandbox_dir),
+        path=Path(path),
+        architecture=sandbox.architecture,
+    )
+    return written is not None
 
 
 def install(sandbox):
@@ -58,7 +80,7 @@ def install(sandbox):
     def layer_or_build_image(self, *args, **kwargs):
         view, path = _state.view, kwargs.get("path", args[0] if args else None)
         mounted = view is not None and view.merged == Path(self.sandbox_dir)
-        if not (mounted and view.write_image(path=path)):
+        if not (mounted and view.write_image(path=path)) and not _write_sif(self, path):
             return build_image(self, *args, **kwargs)
 
     sandbox.__enter__, sandbox.__exit__ = mounted_enter, unmounted_exit

@@ -14,6 +14,7 @@ from .. import apptainer
 from ..imagelayout import LABEL_LAYERS, LABELS_FILE
 from .digest import sha256_of_file
 from .rootfs import resolve_in_root
+from .sifimage import GZIP, squash_command
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -111,8 +112,9 @@ def _run(cmd):
 class BaseView:
     """A base SIF mounted under a writable dir in `work` (`layer`: not --flatten)."""
 
-    def __init__(self, *, base, work, layer=True, only=False):
+    def __init__(self, *, base, work, layer=True, only=False, compression=GZIP):
         self.base, self.work, self.layer = Path(base), Path(work), layer
+        self.compression = compression
         self.only, self.kept = only, False  # only: the layer alone, on the base
         self.upper, self.mounts, self.merged = self.work / "upper", [], None
         self.parts, (self.meta, self.metadata) = (), _metadata(self.base)
@@ -180,8 +182,12 @@ class BaseView:
     def _write(self, path, labels):
         """The base copied to `path` plus the layer (or it alone); the runtime's view."""
         delta = self.work / "layer.sqfs"
-        quick = ["-noappend", "-no-progress", "-quiet", "-noI", "-noD", "-noF", "-noX"]
-        _run(["mksquashfs", self.upper, delta, *quick, *whiteout_arguments(self.upper)])
+        extra = ["-quiet", *whiteout_arguments(self.upper)]
+        _run(
+            squash_command(
+                source=self.upper, dest=delta, compression=self.compression, extra=extra
+            )
+        )
         size, cat = delta.stat().st_size >> 10, ["cat", LABELS_FILE]
         if self.only:  # as the module file runs it (a list of PATH[:ro])
             if set(",:") & set(str(path)):

@@ -232,6 +232,10 @@ class BuildPlan:
         lines.append(
             f"  layered:    {f'no, the whole image is squashed: {no}' if no else yes}"
         )
+        compression = self.build_settings.compression
+        lines.append(
+            f"  squashfs:   {compression} (gzip where the runtime cannot run it)"
+        )
         lines += self._describe_steps()
         lines += [f"  skipped: {reason}" for reason in self.skipped]
         return redact("\n".join(lines))

@@ -12,6 +12,7 @@ import re
 
 from ..engine.rocmwindow import RocmSettings, major_minor
 from ..engine.rootfs import image_path_of, resolve_in_root
+from ..engine.sifimage import COMPRESSORS, Compression, mount_problem
 from ..errors import InputError
 from ..pipeline.profiles import get_system, load_systems
 from ..stages.lumi_env.mpi import HostBinding, discover_host_mpi
@@ -144,6 +145,20 @@ def _mpi_rows(system, root):
         yield f"mpi {path}", ok, words, f"set lumi-env.mpi-host.{key}"
 
 
+def _compression_rows():
+    """Which compressors the runtime here mounts (a tiny image of each, run once)."""
+    for name in COMPRESSORS:
+        problem = mount_problem(Compression.parse(name))
+        words = f"the runtime mounts {name} images"
+        status = PASS
+        if problem is not None:
+            status = FAIL if name == "gzip" else NA
+            words = f"the runtime cannot run a {name} image: {problem}"
+            if status == NA:
+                words += f"; builds asking for {name} write gzip images here"
+        yield f"squashfs {name}", status, words
+
+
 def check_host(*, root="/", system=None):
     """The report of the host facts of every system (or of one)."""
     if not Path(root).is_dir():
@@ -174,4 +189,7 @@ def check_host(*, root="/", system=None):
     report = VerifyReport(image=str(root), command="check-host")
     for check, (status, words, names) in rows.items():
         report.add(check, status, f"{words} [{', '.join(dict.fromkeys(names))}]")
+    if root == "/":  # the runtime of this host (not of a test tree)
+        for check, status, words in _compression_rows():
+            report.add(check, status, words)
     return report
