@@ -524,11 +524,13 @@ def section_full(work, base, runs, copies, compressors):
     """7. Full builds: stock cotainr vs the plugin with each compressor."""
     if not TORCH_WHEEL.is_file():
         return [(f"skipped: {TORCH_WHEEL} is not on this machine", "", "")]
-    setup = TORCH_COPIES.format(wheel=TORCH_WHEEL, copies=copies)
+    wheel = shutil.copy(TORCH_WHEEL, work)  # /tmp: bound in the container
+    setup = TORCH_COPIES.format(wheel=wheel, copies=copies)
     big = derive_base_image(
         apptainer="apptainer", base_image=base, work=work, cases=(), setup=setup
     )
     tree = sh(["apptainer", "exec", str(big), "cat", "/opt/torchlike.bytes"])
+    Path(wheel).unlink()
     kinds = _full_builds(work, big, compressors)
     times, imports, sizes, loads = (
         {k: [] for k in kinds},

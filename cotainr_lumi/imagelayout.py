@@ -10,6 +10,8 @@ them). Paths are absolute paths inside the image; label names are the keys of
 ENV_SCRIPTS_DIR = "/.singularity.d/env"
 #: The labels of the image (``apptainer inspect --labels``).
 LABELS_FILE = "/.singularity.d/labels.json"
+#: The definition the image was built from (earlier ones in ``bootstrap_history``).
+DEFINITION_FILE = "/.singularity.d/Singularity"
 #: Apptainer's runscript (an OCI ENTRYPOINT is its ``OCI_ENTRYPOINT=`` line).
 RUNSCRIPT_FILE = "/.singularity.d/runscript"
 #: The lumi-env stage's env file, sourced after cotainr's ``92-cotainr-env.sh``.

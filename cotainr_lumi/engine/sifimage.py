@@ -22,7 +22,7 @@ import time
 from typing import Optional
 
 from .. import apptainer
-from ..imagelayout import LABEL_COMPRESSION, LABELS_FILE
+from ..imagelayout import DEFINITION_FILE, LABEL_COMPRESSION, LABELS_FILE
 from .rootfs import resolve_in_root
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -145,15 +145,14 @@ class _NoSifError(Exception):
 
 
 def _run(cmd, *, timeout=None):
+    cmd = [str(c) for c in cmd]
     try:
-        done = subprocess.run(
-            [str(c) for c in cmd], capture_output=True, text=True, timeout=timeout
-        )
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise _StepError(f"{Path(str(cmd[0])).name}: {e}") from None
+        raise _StepError(f"{Path(cmd[0]).name}: {e}") from None
     if done.returncode:
         why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no message"]
-        raise _StepError(f"{Path(str(cmd[0])).name} {cmd[1]}: {why[0]}")
+        raise _StepError(f"{Path(cmd[0]).name} {cmd[1]}: {why[0]}")
     return done.stdout
 
 
@@ -178,13 +177,10 @@ class _Sandbox:
         self.root = Path(root)
         self.deffile = f"bootstrap: localimage\nfrom: {self.root}\n\n"
 
-    def _file(self, path):
-        return resolve_in_root(root=self.root, path=path)
-
     def insert_definition(self):
-        """The definition in /.singularity.d/Singularity; the last one to history."""
-        old = self._file("/.singularity.d/Singularity")
-        history = self._file("/.singularity.d/bootstrap_history")
+        """The definition in :data:`DEFINITION_FILE`; the last one to history."""
+        old = resolve_in_root(root=self.root, path=DEFINITION_FILE)
+        history = old.with_name("bootstrap_history")
         if old.is_file():
             history.mkdir(exist_ok=True)
             names = sorted(os.listdir(history))
@@ -194,7 +190,7 @@ class _Sandbox:
 
     def insert_labels(self, compression):
         """The build labels and :data:`LABEL_COMPRESSION`; the text written."""
-        path = self._file(LABELS_FILE)
+        path = resolve_in_root(root=self.root, path=LABELS_FILE)
         text = path.read_text() if path.is_file() else "{}"
         labels = json.JSONDecoder().raw_decode(text)[0]
         now = datetime.datetime.now().astimezone()
@@ -202,9 +198,8 @@ class _Sandbox:
         if "org.opencontainers.image.created" in labels:
             labels["org.opencontainers.image.created"] = now.isoformat("T", "seconds")
         deffile = "org.label-schema.usage.singularity.deffile."
-        labels.update(
-            {deffile + "bootstrap": "localimage", deffile + "from": str(self.root)}
-        )
+        labels[deffile + "bootstrap"] = "localimage"
+        labels[deffile + "from"] = str(self.root)
         labels[LABEL_COMPRESSION] = str(compression)
         text = _go_json(dict(sorted(labels.items())), indent="\t")
         path.write_text(text)
@@ -213,54 +208,44 @@ class _Sandbox:
     def metadata(self):
         """What ``apptainer inspect`` shows, as Apptainer stores it (None: cannot)."""
         try:
-            shown = _run(
-                [apptainer.runtime(), "inspect", "--all", self.root], timeout=120
-            )
+            shown = _run([apptainer.runtime(), "inspect", "--all", self.root])
             return _go_json(json.loads(shown), separators=(",", ":"))
         except (_StepError, ValueError) as e:
             logger.info("No inspect metadata in the image: %s", e)
             return None
 
 
-def _assemble(*, path, squashfs, arch, work, sandbox, metadata):
-    """The SIF at `path`: definition, metadata and system partition (as Apptainer)."""
+def _system_partition(arch):
+    return ["--datatype=4", "--partfs=1", "--parttype=2", f"--partarch={arch}"]
+
+
+def _new_sif(path, objects):
+    """A new SIF at `path` holding `objects` (each: ``sif add`` options, the file)."""
     runtime = apptainer.runtime()
-    (work / "deffile").write_text(sandbox.deffile)
-    add = [runtime, "sif", "add", "--groupid=1"]
     Path(path).unlink(missing_ok=True)
     _run([runtime, "sif", "new", path])
-    _run([*add, "--datatype=1", "--filename=", path, work / "deffile"])
-    if metadata is not None:
-        (work / METADATA_NAME).write_text(metadata)
-        _run([*add, "--datatype=6", path, work / METADATA_NAME])
-    _add_system_partition(path=path, squashfs=squashfs, arch=arch)
+    for *options, file in objects:
+        _run([runtime, "sif", "add", "--groupid=1", *options, path, file])
 
 
-def _add_system_partition(*, path, squashfs, arch):
-    part = ["--datatype=4", "--partfs=1", "--parttype=2", f"--partarch={arch}"]
-    add = [apptainer.runtime(), "sif", "add", "--groupid=1", "--filename="]
-    _run([*add, *part, path, squashfs])
-
-
-def _squash(*, sandbox, path, compression, arch, work, metadata):
-    """Squash `sandbox` into the SIF `path`; the seconds mksquashfs took."""
-    squashfs = work / "image.sqfs"
+def _write(sandbox, path, compression, *, arch, work):
+    """Squash `sandbox` into a SIF at `path` as Apptainer does; mksquashfs's seconds."""
+    squashfs, metadata = work / "image.sqfs", sandbox.metadata()
     start = time.monotonic()
     _run(squash_command(source=sandbox.root, dest=squashfs, compression=compression))
     seconds = time.monotonic() - start
+    (work / "deffile").write_text(sandbox.deffile)
+    objects = [["--datatype=1", "--filename=", work / "deffile"]]
+    if metadata is not None:
+        (work / METADATA_NAME).write_text(metadata)
+        objects.append(["--datatype=6", work / METADATA_NAME])
+    objects.append([*_system_partition(arch), "--filename=", squashfs])
     try:
-        _assemble(
-            path=path,
-            squashfs=squashfs,
-            arch=arch,
-            work=work,
-            sandbox=sandbox,
-            metadata=metadata,
-        )
+        _new_sif(path, objects)
     except _StepError as e:
         raise _NoSifError(str(e)) from None
     finally:
-        squashfs.unlink(missing_ok=True)
+        squashfs.unlink()
     return seconds
 
 
@@ -270,17 +255,6 @@ def _runs(path, labels):
     if seen.returncode == 0 and seen.stdout == labels:
         return None
     return (seen.stderr.strip().splitlines() or ["it shows other labels"])[-1]
-
-
-def write_problem(*, architecture):
-    """Why this module cannot write the image here (None: it can)."""
-    if architecture not in SIF_ARCH:
-        return f"the architecture {architecture!r} has no SIF number here"
-    if shutil.which("mksquashfs") is None:
-        return "mksquashfs is not on PATH"
-    if apptainer.find_runtime() is None:
-        return "neither apptainer nor singularity is on PATH"
-    return None
 
 
 def write_sif(*, sandbox_dir, path, compression, architecture):
@@ -303,26 +277,27 @@ def write_sif(*, sandbox_dir, path, compression, architecture):
     image : WrittenImage or None
         None when it cannot be written here (said why): Apptainer builds it.
     """
-    problem = write_problem(architecture=architecture)
-    if problem is not None:
-        logger.warning("Apptainer builds the image (slower): %s.", problem)
-        return None
-    sandbox, arch = _Sandbox(sandbox_dir), SIF_ARCH[architecture]
-    sandbox.insert_definition()
+    problem = None
+    if architecture not in SIF_ARCH:
+        problem = f"the architecture {architecture!r} has no SIF number here"
+    elif shutil.which("mksquashfs") is None:
+        problem = "mksquashfs is not on PATH"
     try:
+        if problem is not None:
+            raise _NoSifError(problem)
+        sandbox = _Sandbox(sandbox_dir)
+        sandbox.insert_definition()
         with tempfile.TemporaryDirectory(prefix="sif-") as work:
-            image = _write_and_run(sandbox, Path(path), compression, arch, Path(work))
+            arch, work = SIF_ARCH[architecture], Path(work)
+            image = _write_and_run(sandbox, Path(path), compression, arch, work)
     except _NoSifError as e:
         Path(path).unlink(missing_ok=True)
         logger.warning("Apptainer builds the image (slower): %s.", e)
         return None
+    size, cores = image.size / 1e6, job_processors()
     logger.info(
-        "Image %s: %s, %.1f MB, squashed in %.1f s on %d cores",
-        path,
-        image.compression,
-        image.size / 1e6,
-        image.seconds,
-        job_processors(),
+        f"Image {path}: {image.compression}, {size:.1f} MB, "
+        f"squashed in {image.seconds:.1f} s on {cores} cores"
     )
     return image
 
@@ -333,21 +308,13 @@ def _write_and_run(sandbox, path, compression, arch, work):
     for attempt in dict.fromkeys([compression, GZIP]):
         labels = sandbox.insert_labels(attempt)
         try:
-            seconds = _squash(
-                sandbox=sandbox,
-                path=path,
-                compression=attempt,
-                arch=arch,
-                work=work,
-                metadata=sandbox.metadata(),
-            )
+            seconds = _write(sandbox, path, attempt, arch=arch, work=work)
+            problem = _runs(path, labels)
         except _StepError as e:
             path.unlink(missing_ok=True)
             if attempt == GZIP:
                 raise OSError(f"the image could not be written: {e}") from None
             problem = f"mksquashfs cannot write it ({e})"
-        else:
-            problem = _runs(path, labels)
         if problem is None or attempt == GZIP:
             if problem is not None:
                 logger.warning("The runtime cannot run the image here: %s", problem)
@@ -363,23 +330,22 @@ def mount_problem(compression, *, timeout=60):
         tree, binds = Path(work, "tree"), []
         for name in PROBE_DIRS:  # the host's programs, bound or linked as here
             host = Path("/", name)
+            tree.mkdir(exist_ok=True)
             if host.is_symlink():
-                (tree / name).parent.mkdir(exist_ok=True)
                 (tree / name).symlink_to(os.readlink(host))
             elif host.is_dir():
-                (tree / name).mkdir(parents=True)
+                (tree / name).mkdir()
                 binds.append(str(host))
         sif, squashfs = Path(work, "probe.sif"), Path(work, "probe.sqfs")
+        arch = SIF_ARCH.get(os.uname().machine, 0)
         try:
             _run(squash_command(source=tree, dest=squashfs, compression=compression))
-            _run([apptainer.runtime(), "sif", "new", sif])
-            arch = SIF_ARCH.get(os.uname().machine, 0)
-            _add_system_partition(path=sif, squashfs=squashfs, arch=arch)
+            _new_sif(sif, [[*_system_partition(arch), squashfs]])
             seen = apptainer.exec_in_image(
                 image=sif, args=["true"], binds=binds, timeout=timeout
             )
         except (_StepError, subprocess.TimeoutExpired) as e:
             return str(e)
-    if seen.returncode:
-        return (seen.stderr.strip().splitlines() or ["no message"])[-1]
-    return None
+    if seen.returncode == 0:
+        return None
+    return (seen.stderr.strip().splitlines() or ["no message"])[-1]

@@ -145,8 +145,10 @@ def _mpi_rows(system, root):
         yield f"mpi {path}", ok, words, f"set lumi-env.mpi-host.{key}"
 
 
-def _compression_rows():
-    """Which compressors the runtime here mounts (a tiny image of each, run once)."""
+def _add_compression_rows(report, root):
+    """Which compressors the runtime of the host (root "/") mounts: a tiny image each."""
+    if root != "/":  # a test tree has no runtime of its own
+        return
     for name in COMPRESSORS:
         problem = mount_problem(Compression.parse(name))
         words = f"the runtime mounts {name} images"
@@ -156,7 +158,7 @@ def _compression_rows():
             words = f"the runtime cannot run a {name} image: {problem}"
             if status == NA:
                 words += f"; builds asking for {name} write gzip images here"
-        yield f"squashfs {name}", status, words
+        report.add(f"squashfs {name}", status, words)
 
 
 def check_host(*, root="/", system=None):
@@ -189,7 +191,5 @@ def check_host(*, root="/", system=None):
     report = VerifyReport(image=str(root), command="check-host")
     for check, (status, words, names) in rows.items():
         report.add(check, status, f"{words} [{', '.join(dict.fromkeys(names))}]")
-    if root == "/":  # the runtime of this host (not of a test tree)
-        for check, status, words in _compression_rows():
-            report.add(check, status, words)
+    _add_compression_rows(report, root)
     return report

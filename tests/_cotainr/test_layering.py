@@ -76,3 +76,26 @@ def test_a_view_that_cannot_be_mounted_or_written_is_cotainrs_build(caplog):
     with Sandbox(log) as sandbox:  # no view: cotainr's own
         sandbox.build_image(path="x.sif")
     assert log[0] == ("run", "singularity build --sandbox /s b")
+
+
+def test_whole_images_are_the_writers_and_cotainrs_where_it_cannot(caplog):
+    log, calls = [], []
+
+    def write_sif(**where):
+        calls.append(where)
+        return where["architecture"] == "x86_64" or None  # None: it cannot
+
+    for arch, squashed in (("x86_64", False), ("vax", True)):
+        with layering.whole_images(write_sif), Sandbox(log) as sandbox:
+            sandbox.architecture = arch
+            sandbox.build_image(path="x.sif")
+        assert (("squash", "x.sif") in log) == squashed
+    assert calls[0] == {
+        "sandbox_dir": Path("/sandbox"),
+        "path": Path("x.sif"),
+        "architecture": "x86_64",
+    }
+    log.clear()
+    with Sandbox(log) as sandbox:  # after whole_images(): cotainr's own
+        sandbox.build_image(path="x.sif")
+    assert ("squash", "x.sif") in log and len(calls) == 2

@@ -184,3 +184,21 @@ def test_a_relative_root_works_and_one_with_a_colon_is_one_error(
     code, out, err = _run(["--root", "a:b"], capsys)
     assert code == 2 and out == "" and err.count("\n") == 1
     assert f"--root {tmp_path}/a:b: host paths are looked up through binds" in err
+
+
+def test_the_hosts_runtime_reports_the_compressors_it_mounts(profile, monkeypatch):
+    """On / only (a test tree has no runtime): each compressor, a tiny image run."""
+    problems = {"zstd": "FATAL: failed to mount squashfs filesystem: invalid argument"}
+    monkeypatch.setattr(
+        "cotainr_lumi.verify.hostcheck.mount_problem",
+        lambda compression: problems.get(compression.name),
+    )
+    rows = _rows(check_host(root="/", system="lumi-2026"))
+    assert rows["squashfs gzip"] == (PASS, "the runtime mounts gzip images")
+    assert rows["squashfs zstd"] == (
+        NA,
+        f"the runtime cannot run a zstd image: {problems['zstd']}; builds asking "
+        "for zstd write gzip images here",
+    )
+    problems["gzip"] = "FATAL: no loop devices"
+    assert _rows(check_host(root="/", system="lumi-2026"))["squashfs gzip"][0] == FAIL
