@@ -86,7 +86,7 @@ LABEL_PAD = "cotainr-lumi.labels-pad"
 #: A layered image's layers (``apptainer inspect``): the base, then each layer.
 LABEL_LAYERS = "cotainr-lumi.layers"
 #: The squashfs compressor of the image (``build.compression``, or gzip where the
-#: runtime could not run that).
+#: runtime could not run that); of a layered image, its layer's.
 LABEL_COMPRESSION = "cotainr-lumi.compression"
 
 # pip: :data:`PIP_PACKAGES_FILE`, :data:`PIP_STEPS_FILE`, :data:`CYCLONEDX_SBOM_FILE`.

@@ -237,6 +237,8 @@ class LumiHook:
             raise _cotainr.plugin_error(error) from error
         build.reports = list(stage_context.reports)
         build.labels = dict(stage_context.labels)
+        compression = sifimage.Compression.parse(build.plan.build_settings.compression)
+        build.labels[imagelayout.LABEL_COMPRESSION] = str(compression)  # a layer's too
         if build.view is not None and build.view.layer:
             sha256 = build.labels.get(imagelayout.LABEL_BASE_IMAGE_SHA256)
             build.labels[imagelayout.LABEL_LAYERS] = build.view.label(sha256=sha256)

@@ -238,7 +238,9 @@ def _write(sandbox, path, compression, *, arch, work):
     objects = [["--datatype=1", "--filename=", work / "deffile"]]
     if metadata is not None:
         (work / METADATA_NAME).write_text(metadata)
-        objects.append(["--datatype=6", work / METADATA_NAME])
+        objects.append(
+            ["--datatype=6", f"--filename={METADATA_NAME}", work / METADATA_NAME]
+        )
     objects.append([*_system_partition(arch), "--filename=", squashfs])
     try:
         _new_sif(path, objects)

@@ -207,9 +207,9 @@ def test_a_runtime_that_ignores_the_layer_gets_the_whole_image(
 #: squashfuse without zstd): it refuses a SIF with a zstd partition.
 NO_ZSTD = """#!{python}
 import os, sys
-from cotainr_lumi.apptainer import SIF_SQUASHFS, sif_objects
+from cotainr_lumi.apptainer import SIF_SQUASHFS, is_sif, sif_objects
 images = sys.argv[2:] if sys.argv[1:2] == ["exec"] else []
-for image in (i for i in images if i.endswith(".sif") and os.path.isfile(i)):
+for image in (i for i in images if os.path.isfile(i) and is_sif(i)):
     with open(image, "rb") as f:
         for part in sif_objects(image):
             f.seek(part.offset + 20)

@@ -119,9 +119,7 @@ def test_the_sif_is_written_as_apptainer_writes_it(tmp_path, monkeypatch):
     ]
     assert new == ["apptainer", "sif", "new", str(tmp_path / "x.sif")]
     assert deffile[3:6] == ["--groupid=1", "--datatype=1", "--filename="]
-    assert metadata[4] == "--datatype=6" and metadata[-1].endswith(
-        "inspect-metadata.json"
-    )
+    assert metadata[4:6] == ["--datatype=6", "--filename=inspect-metadata.json"]
     assert "--parttype=2" in system and "--partarch=2" in system
     assert tools.commands[0][1:3] == ["inspect", "--all"]
     # The sandbox's metadata as Apptainer's build sets it (Go's JSON).
