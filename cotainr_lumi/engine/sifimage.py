@@ -251,12 +251,19 @@ def _write(sandbox, path, compression, *, arch, work):
     return seconds
 
 
-def _runs(path, labels):
-    """Why the runtime cannot run the image `path` (None: it shows `labels`)."""
-    seen = apptainer.exec_in_image(image=path, args=["cat", LABELS_FILE], timeout=300)
+def _compressor_problem(path, labels, compression):
+    """Why the runtime cannot run `path`, when that is its `compression` (else None)."""
+    try:
+        seen = apptainer.exec_in_image(image=path, args=["cat", LABELS_FILE])
+    except subprocess.TimeoutExpired as e:
+        seen = subprocess.CompletedProcess(e.cmd, -9, "", f"killed after {e.timeout} s")
     if seen.returncode == 0 and seen.stdout == labels:
         return None
-    return (seen.stderr.strip().splitlines() or ["it shows other labels"])[-1]
+    problem = (seen.stderr.strip().splitlines() or ["it shows other labels"])[-1]
+    if compression == GZIP or mount_problem(compression) is None:
+        logger.warning("The runtime cannot run the image here (kept): %s", problem)
+        return None  # not for its compression: a tiny image of it runs
+    return problem
 
 
 def write_sif(*, sandbox_dir, path, compression, architecture):
@@ -305,21 +312,19 @@ def write_sif(*, sandbox_dir, path, compression, architecture):
 
 
 def _write_and_run(sandbox, path, compression, arch, work):
-    """Write the image and run it once; squash it with gzip again when that fails."""
+    """Write the image and run it once; squash it with gzip again if it cannot mount."""
     why = None
     for attempt in dict.fromkeys([compression, GZIP]):
         labels = sandbox.insert_labels(attempt)
         try:
             seconds = _write(sandbox, path, attempt, arch=arch, work=work)
-            problem = _runs(path, labels)
+            problem = _compressor_problem(path, labels, attempt)
         except _StepError as e:
             path.unlink(missing_ok=True)
             if attempt == GZIP:
                 raise OSError(f"the image could not be written: {e}") from None
             problem = f"mksquashfs cannot write it ({e})"
-        if problem is None or attempt == GZIP:
-            if problem is not None:
-                logger.warning("The runtime cannot run the image here: %s", problem)
+        if problem is None:
             return WrittenImage(path, attempt, seconds, path.stat().st_size, why)
         why = f"{Path(apptainer.runtime()).name} cannot run the {attempt} image: {problem}"
         logger.warning("Squashing the image again with gzip: %s", why)

@@ -199,6 +199,27 @@ def test_the_sif_is_apptainers_layout_with_zstd(built, apptainer_path):
     assert proc.stdout.startswith("bootstrap: localimage\nfrom: /")
 
 
+def test_the_sif_can_be_signed_and_verified(built, apptainer_path, tmp_path):
+    """`apptainer sign` and `verify` with a throwaway key, as on Apptainer's SIF."""
+    signed = tmp_path / "signed.sif"
+    shutil.copy(built[0], signed)
+    apptainer, env = (
+        str(apptainer_path / "apptainer"),
+        {**os.environ, "HOME": str(tmp_path)},
+    )
+    for args in (
+        ["key", "newpair", "--password=", "--name=t", "--email=t@example.org"]
+        + ["--comment=throwaway", "--push=false"],
+        ["sign", str(signed)],
+        ["verify", str(signed)],
+    ):
+        proc = subprocess.run(
+            [apptainer, *args], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr
+    assert "Verified signature(s)" in proc.stderr + proc.stdout
+
+
 def test_labels_and_run_hint(built, apptainer_path):
     image, module_dir, _, _, output, _ = built
     proc = subprocess.run(

@@ -92,7 +92,7 @@ class FakeTools:
             return '{"data": {"attributes": {"deffile": "a <b>"}}, "type": "container"}'
         return ""
 
-    def exec_in_image(self, *, image, args, timeout):
+    def exec_in_image(self, *, image, args, **options):
         labels = Path(self.root, ".singularity.d/labels.json").read_text()
         code = self.runs.pop(0)
         stderr = "FATAL: squashfs: unknown compression" if code else ""
@@ -139,7 +139,7 @@ def test_a_runtime_that_cannot_run_zstd_gets_gzip_and_one_line(
     tmp_path, monkeypatch, caplog
 ):
     root = _sandbox(tmp_path)
-    tools = FakeTools(monkeypatch, runs=(255, 0))
+    tools = FakeTools(monkeypatch, runs=(255, 255, 0))  # the image, a tiny one, gzip
     tools.root = root
     image = sifimage.write_sif(
         sandbox_dir=root,
@@ -151,8 +151,8 @@ def test_a_runtime_that_cannot_run_zstd_gets_gzip_and_one_line(
     assert image.why_gzip == (
         "apptainer cannot run the zstd:3 image: FATAL: squashfs: unknown compression"
     )
-    squashes = [c for c in tools.commands if c[0] == "mksquashfs"]
-    assert [c[c.index("-comp") + 1] for c in squashes] == ["zstd", "gzip"]
+    squashes = [c for c in tools.commands if c[0] == "mksquashfs"]  # image, tiny, gzip
+    assert [c[c.index("-comp") + 1] for c in squashes] == ["zstd", "zstd", "gzip"]
     assert (
         json.loads((root / ".singularity.d/labels.json").read_text())[
             "cotainr-lumi.compression"
@@ -179,3 +179,24 @@ def test_without_the_sif_tool_or_a_known_arch_apptainer_builds_it(
         "Apptainer builds the image (slower): the architecture 'vax' has no SIF "
         "number here.",
     ]
+
+
+def test_an_image_the_runtime_cannot_run_for_another_reason_is_kept(
+    tmp_path, monkeypatch, caplog
+):
+    """A tiny zstd image runs: not zstd's fault, so no gzip squash (hours at 15 GB)."""
+    root = _sandbox(tmp_path)
+    tools = FakeTools(monkeypatch, runs=(255, 0))
+    tools.root = root
+    image = sifimage.write_sif(
+        sandbox_dir=root,
+        path=tmp_path / "x.sif",
+        compression=Compression.parse("zstd"),
+        architecture="x86_64",
+    )
+    assert (str(image.compression), image.why_gzip) == ("zstd:3", None)
+    assert len([c for c in tools.commands if c[0] == "mksquashfs"]) == 2  # + tiny
+    assert caplog.records[0].message == (
+        "The runtime cannot run the image here (kept): FATAL: squashfs: unknown "
+        "compression"
+    )
