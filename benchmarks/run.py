@@ -511,54 +511,59 @@ def _full_builds(work, big, compressors):
     """Section 7's builds: {name: (cotainr build arguments, environment)}."""
     env = {k: v for k, v in os.environ.items() if "MKSQUASHFS" not in k}
     prof = profile(work, "bench-full", big)
-    stock = {**env, "COTAINR_LUMI_DISABLE": "1"}
-    kinds = {"stock cotainr (Apptainer, gzip)": (["--base-image", str(big)], stock)}
+    kinds = {
+        "stock": (["--base-image", str(big)], {**env, "COTAINR_LUMI_DISABLE": "1"})
+    }
     for name in compressors:
         args = ["--system=bench-full", "--flatten", f"--set=build.compression={name}"]
-        ours = {**env, "COTAINR_LUMI_SYSTEMS": str(prof)}
-        kinds[f"cotainr-lumi --flatten, {name}"] = (args, ours)
+        kinds[name] = (args, {**env, "COTAINR_LUMI_SYSTEMS": str(prof)})
     return kinds
 
 
-def section_full(work, base, runs, copies, compressors):
-    """7. Full builds: stock cotainr vs the plugin with each compressor."""
+def _torch_base(work, base, copies, given):
+    """Section 7's base (`given`, else derived) and the bytes of its torch tree."""
+    big = Path(given) if given else None
+    if big is None:
+        wheel = shutil.copy(TORCH_WHEEL, work)  # /tmp: bound in the container
+        setup = TORCH_COPIES.format(wheel=wheel, copies=copies)
+        big = derive_base_image(
+            apptainer="apptainer", base_image=base, work=work, cases=(), setup=setup
+        )
+    tree = sh(["apptainer", "exec", str(big), "cat", "/opt/torchlike.bytes"])
+    return big, int(tree.stdout)
+
+
+def section_full(work, base, order, copies, given=None):
+    """7. Full builds in `order` ("stock" or a compression): time, size, first import."""
     if not TORCH_WHEEL.is_file():
         return [(f"skipped: {TORCH_WHEEL} is not on this machine", "", "")]
-    wheel = shutil.copy(TORCH_WHEEL, work)  # /tmp: bound in the container
-    setup = TORCH_COPIES.format(wheel=wheel, copies=copies)
-    big = derive_base_image(
-        apptainer="apptainer", base_image=base, work=work, cases=(), setup=setup
-    )
-    tree = sh(["apptainer", "exec", str(big), "cat", "/opt/torchlike.bytes"])
-    Path(wheel).unlink()
-    kinds = _full_builds(work, big, compressors)
-    times, imports, sizes, loads = (
-        {k: [] for k in kinds},
-        {k: [] for k in kinds},
-        {},
-        [],
-    )
+    big, tree = _torch_base(work, base, copies, given)
+    print(f"torch-like tree {tree / 1e9:.2f} GB in {big}", flush=True)
+    kinds = _full_builds(work, big, [k for k in dict.fromkeys(order) if k != "stock"])
+    times, imports, sizes = {}, {}, {}
     image = work / "full.sif"
-    for _ in range(runs):
-        for kind, (args, env) in kinds.items():
-            loads.append(_load())
-            image.unlink(missing_ok=True)
-            t0 = time.perf_counter()
-            sh([str(BIN / "cotainr"), "build", str(image), *args], env=env)
-            times[kind].append(time.perf_counter() - t0)
-            sizes[kind] = image.stat().st_size
-            imports[kind].append(_first_import(image))
-    loads.append(_load())
-    stock = statistics.median(next(iter(times.values())))
-    gzip = sizes[f"cotainr-lumi --flatten, {compressors[0]}"]
+    for kind in order:
+        args, env = kinds[kind]
+        load = _load()
+        image.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        sh([str(BIN / "cotainr"), "build", str(image), *args], env=env)
+        times.setdefault(kind, []).append(time.perf_counter() - t0)
+        sizes[kind] = image.stat().st_size
+        imports.setdefault(kind, []).append(_first_import(image))
+        print(
+            f"  {kind}: {times[kind][-1]:.1f} s, {sizes[kind]} B, first import "
+            f"{imports[kind][-1]:.2f} s, load {load} before, {_load()} after",
+            flush=True,
+        )
     rows = [
-        (f"torch-like tree {int(tree.stdout) / 1e9:.2f} GB ({copies} copies)", "", "-"),
-        (f"load before each build, at the end: {' '.join(loads)}", "", "-"),
+        (f"torch-like tree {tree / 1e9:.2f} GB (real torch wheel content)", "", "-")
     ]
-    for kind in kinds:
+    for kind in times:
         t, i = statistics.median(times[kind]), statistics.median(imports[kind])
-        ratio = f"{t / stock:.3f}x stock, SIF {sizes[kind] / gzip:.3f}x gzip's"
-        rows.append((kind, f"{t:.1f} s", ratio))
+        versus = f"{t / statistics.median(times['stock']):.3f}x stock, "
+        versus += f"SIF {sizes[kind] / sizes['stock']:.3f}x stock's (gzip)"
+        rows.append((f"{kind} (median of {len(times[kind])})", f"{t:.1f} s", versus))
         what = f"  SIF {sizes[kind] / 1e6:.0f} MB; first import torch"
         rows.append((what, f"{i:.2f} s", ""))
     return rows
@@ -610,6 +615,12 @@ def main(argv=None):
         "--full-copies", type=int, default=5, help="torch copies in section 7's base"
     )
     parser.add_argument(
+        "--full-order",
+        default="",
+        help="section 7's builds in order (stock, zstd:3 ...)",
+    )
+    parser.add_argument("--full-base", help="section 7's base (else derived)")
+    parser.add_argument(
         "--compressors",
         default="gzip,zstd:3,zstd:1,lz4",
         help="section 7's build.compression values (the first is the reference)",
@@ -651,9 +662,10 @@ def main(argv=None):
             lambda w: section_full(
                 w,
                 base,
-                1 if args.quick else args.full_runs,
-                1 if args.quick else args.full_copies,
-                args.compressors.split(","),
+                [kind for kind in args.full_order.split(",") if kind]
+                or ["stock", *args.compressors.split(",")] * args.full_runs,
+                args.full_copies,
+                args.full_base,
             ),
         ),
     }
