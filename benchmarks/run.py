@@ -38,11 +38,12 @@ Sections (each a ratio measured in one run, on the same inputs):
    copy but the first with a line appended to every file, so that no file is
    stored once for all), in alternating runs: stock ``cotainr build
    --base-image`` (Apptainer: its copy of the sandbox, gzip) and
-   ``--system --flatten`` with each of ``--compressors``; medians of
-   ``--full-runs`` of the build time, the SIF size and the time to the first
-   ``import torch`` from the image (page cache dropped); the load average
-   before each build (targets: the default <= 0.25x stock's time, its SIF
-   <= 1.1x gzip's, its import no slower than gzip's).
+   ``--system --flatten`` with each of ``--compressors`` (``--full-runs``
+   rounds, or the builds of ``--full-order``, e.g. ``stock,zstd:3,stock``);
+   each build's time, SIF size, time to the first ``import torch`` from the
+   image (page cache dropped) and load average as it ends, then the medians
+   (targets: the default <= 0.25x stock's time, its SIF <= 1.1x stock's gzip
+   SIF, its import no slower). ``--full-base`` reuses a base made before.
 
 Needs what the end-to-end tests need (root on Debian 12, or a native
 Apptainer). ``--quick`` runs each section once on small inputs (used in CI
