@@ -33,6 +33,17 @@ Sections (each a ratio measured in one run, on the same inputs):
    its cost is a row of its own), gzip as Apptainer's default, the ratio to
    the whole build (issue 30's target: <= 0.1x on ~3 GB, and the layered
    build growing <= 1.3x from the small base).
+7. full builds at disk speed (issue 40): on a base holding ``--full-copies``
+   copies of the real torch CPU wheel and its dependencies (pip from PyPI; each
+   copy but the first with a line appended to every file, so that no file is
+   stored once for all), in alternating runs: stock ``cotainr build
+   --base-image`` (Apptainer: its copy of the sandbox, gzip) and
+   ``--system --flatten`` with each of ``--compressors`` (``--full-runs``
+   rounds, or the builds of ``--full-order``, e.g. ``stock,zstd:3,stock``);
+   each build's time, SIF size, time to the first ``import torch`` from the
+   image (page cache dropped) and load average as it ends, then the medians
+   (targets: the default <= 0.25x stock's time, its SIF <= 1.1x stock's gzip
+   SIF, its import no slower). ``--full-base`` reuses a base made before.
 
 Needs what the end-to-end tests need (root on Debian 12, or a native
 Apptainer). ``--quick`` runs each section once on small inputs (used in CI
@@ -40,7 +51,7 @@ so this script cannot rot; no thresholds are asserted anywhere).
 
 Sections 1 and 5 build whole images (``--flatten``), as stock cotainr does.
 
-Usage: python benchmarks/run.py [--quick] [--runs N] [--sections 1,2,3,4,5,6]
+Usage: python benchmarks/run.py [--quick] [--runs N] [--sections 1,2,3,4,5,6,7]
 """
 
 import argparse
@@ -465,6 +476,100 @@ def section_layered(work, base, runs, big_gb):
     return rows
 
 
+#: What section 7 imports from the image (the first copy is the one untouched).
+IMPORT_TORCH = "import sys; sys.path.insert(0, '/opt/torchlike/0'); import torch"
+#: Section 7's copies of the torch tree: all but the first changed in every file.
+TORCH_COPIES = r"""set -e
+python3 -m pip install -q --no-cache-dir --target /opt/torchlike/0 {wheel}
+python3 - <<'EOF'
+import os, shutil
+for k in range(1, {copies}):
+    shutil.copytree("/opt/torchlike/0", f"/opt/torchlike/{{k}}", symlinks=True)
+    for d, _, files in os.walk(f"/opt/torchlike/{{k}}"):
+        for name in files:
+            if not os.path.islink(os.path.join(d, name)):
+                with open(os.path.join(d, name), "ab") as f:
+                    f.write(f"\n# benchmark copy {{k}}\n".encode())
+EOF
+du -sb /opt/torchlike | cut -f1 > /opt/torchlike.bytes
+"""
+
+
+def _load():
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
+def _first_import(image):
+    """Seconds to the first ``import torch`` from `image`, page cache dropped."""
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    t0 = time.perf_counter()
+    sh(["apptainer", "exec", "--no-home", str(image), "python3", "-c", IMPORT_TORCH])
+    return time.perf_counter() - t0
+
+
+def _full_builds(work, big, compressors):
+    """Section 7's builds: {name: (cotainr build arguments, environment)}."""
+    env = {k: v for k, v in os.environ.items() if "MKSQUASHFS" not in k}
+    prof = profile(work, "bench-full", big)
+    kinds = {
+        "stock": (["--base-image", str(big)], {**env, "COTAINR_LUMI_DISABLE": "1"})
+    }
+    for name in compressors:
+        args = ["--system=bench-full", "--flatten", f"--set=build.compression={name}"]
+        kinds[name] = (args, {**env, "COTAINR_LUMI_SYSTEMS": str(prof)})
+    return kinds
+
+
+def _torch_base(work, base, copies, given):
+    """Section 7's base (`given`, else derived) and the bytes of its torch tree."""
+    big = Path(given) if given else None
+    if big is None:
+        wheel = shutil.copy(TORCH_WHEEL, work)  # /tmp: bound in the container
+        setup = TORCH_COPIES.format(wheel=wheel, copies=copies)
+        big = derive_base_image(
+            apptainer="apptainer", base_image=base, work=work, cases=(), setup=setup
+        )
+    tree = sh(["apptainer", "exec", str(big), "cat", "/opt/torchlike.bytes"])
+    return big, int(tree.stdout)
+
+
+def section_full(work, base, order, copies, given=None):
+    """7. Full builds in `order` ("stock" or a compression): time, size, first import."""
+    if not TORCH_WHEEL.is_file():
+        return [(f"skipped: {TORCH_WHEEL} is not on this machine", "", "")]
+    big, tree = _torch_base(work, base, copies, given)
+    print(f"torch-like tree {tree / 1e9:.2f} GB in {big}", flush=True)
+    kinds = _full_builds(work, big, [k for k in dict.fromkeys(order) if k != "stock"])
+    times, imports, sizes = {}, {}, {}
+    image = work / "full.sif"
+    for kind in order:
+        args, env = kinds[kind]
+        load = _load()
+        image.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        sh([str(BIN / "cotainr"), "build", str(image), *args], env=env)
+        times.setdefault(kind, []).append(time.perf_counter() - t0)
+        sizes[kind] = image.stat().st_size
+        imports.setdefault(kind, []).append(_first_import(image))
+        print(
+            f"  {kind}: {times[kind][-1]:.1f} s, {sizes[kind]} B, first import "
+            f"{imports[kind][-1]:.2f} s, load {load} before, {_load()} after",
+            flush=True,
+        )
+    rows = [
+        (f"torch-like tree {tree / 1e9:.2f} GB (real torch wheel content)", "", "-")
+    ]
+    for kind in times:
+        t, i = statistics.median(times[kind]), statistics.median(imports[kind])
+        versus = f"{t / statistics.median(times['stock']):.3f}x stock, "
+        versus += f"SIF {sizes[kind] / sizes['stock']:.3f}x stock's (gzip)"
+        rows.append((f"{kind} (median of {len(times[kind])})", f"{t:.1f} s", versus))
+        what = f"  SIF {sizes[kind] / 1e6:.0f} MB; first import torch"
+        rows.append((what, f"{i:.2f} s", ""))
+    return rows
+
+
 def print_table(table):
     """Print rows as an aligned table."""
     width = max(len(r[0]) for r in table)
@@ -485,7 +590,7 @@ def main(argv=None):
     parser.add_argument(
         "--runs", type=int, default=5, help="alternating runs for section 1"
     )
-    parser.add_argument("--sections", default="1,2,3,4,5,6")
+    parser.add_argument("--sections", default="1,2,3,4,5,6,7")
     parser.add_argument(
         "--layer-runs", type=int, default=3, help="runs of each build of section 6"
     )
@@ -503,6 +608,23 @@ def main(argv=None):
         type=int,
         default=3,
         help="alternating runs for section 5 (torch-sized env)",
+    )
+    parser.add_argument(
+        "--full-runs", type=int, default=3, help="runs of each build of section 7"
+    )
+    parser.add_argument(
+        "--full-copies", type=int, default=5, help="torch copies in section 7's base"
+    )
+    parser.add_argument(
+        "--full-order",
+        default="",
+        help="section 7's builds in order (stock, zstd:3 ...)",
+    )
+    parser.add_argument("--full-base", help="section 7's base (else derived)")
+    parser.add_argument(
+        "--compressors",
+        default="gzip,zstd:3,zstd:1,lz4",
+        help="section 7's build.compression values (the first is the reference)",
     )
     args = parser.parse_args(argv)
     wanted = {int(s) for s in args.sections.split(",")}
@@ -536,10 +658,22 @@ def main(argv=None):
                 0 if args.quick else args.big_gb,
             ),
         ),
+        7: (
+            "7. full builds (issue 40)",
+            lambda w: section_full(
+                w,
+                base,
+                [kind for kind in args.full_order.split(",") if kind]
+                or ["stock", *args.compressors.split(",")] * args.full_runs,
+                args.full_copies,
+                args.full_base,
+            ),
+        ),
     }
     if args.quick:
         # A 1 GB base image and minutes per build: not for CI's quick mode.
         wanted.discard(5)
+        wanted.discard(7)
     with tempfile.TemporaryDirectory(prefix="cotainr-lumi-bench-", dir="/tmp") as tmp:
         for number, (title, run) in sections.items():
             if number not in wanted:

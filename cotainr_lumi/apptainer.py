@@ -163,10 +163,19 @@ def links_in_image(*, image, paths):
 
 
 def exec_in_image(
-    *, image, args, clean_env=True, env=None, timeout=600, writable=False, overlay=None
+    *,
+    image,
+    args,
+    clean_env=True,
+    env=None,
+    timeout=600,
+    writable=False,
+    overlay=None,
+    binds=(),
 ):
-    """Run a command in an image (`overlay`: a layer on it)."""
+    """Run a command in an image (`overlay`: a layer on it; `binds`: host paths)."""
     cmd = [runtime(), "exec", "--no-home", *(["--cleanenv"] if clean_env else [])]
+    cmd += ["--bind", ",".join(binds)] if binds else []
     cmd += ["--writable"] if writable else []
     cmd += ["--overlay", os.fspath(overlay)] if overlay else []
     for key, value in (env or {}).items():

@@ -10,6 +10,8 @@ them). Paths are absolute paths inside the image; label names are the keys of
 ENV_SCRIPTS_DIR = "/.singularity.d/env"
 #: The labels of the image (``apptainer inspect --labels``).
 LABELS_FILE = "/.singularity.d/labels.json"
+#: The definition the image was built from (earlier ones in ``bootstrap_history``).
+DEFINITION_FILE = "/.singularity.d/Singularity"
 #: What ``run`` runs: the image's runscript (an OCI ENTRYPOINT is run by it).
 RUNSCRIPT_FILE = "/.singularity.d/runscript"
 #: The lumi-env stage's env file, sourced after cotainr's ``92-cotainr-env.sh``.
@@ -88,6 +90,9 @@ LABEL_HISTORY = "cotainr-lumi.history"
 LABEL_PAD = "cotainr-lumi.labels-pad"
 #: A layered image's layers (``apptainer inspect``): the base, then each layer.
 LABEL_LAYERS = "cotainr-lumi.layers"
+#: The squashfs compressor of the image (``build.compression``, or gzip where the
+#: runtime could not run that); of a layered image, its layer's.
+LABEL_COMPRESSION = "cotainr-lumi.compression"
 
 # pip: :data:`PIP_PACKAGES_FILE`, :data:`PIP_STEPS_FILE`, :data:`CYCLONEDX_SBOM_FILE`.
 LABEL_PIP_PACKAGES = "cotainr-lumi.pip.packages"

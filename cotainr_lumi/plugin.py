@@ -218,7 +218,11 @@ class LumiHook:
             False: cotainr builds the image.
         """
         try:
-            return self.build.write_image(path=path)
+            return self.build.write_image(
+                path=path,
+                sandbox_dir=sandbox.sandbox_dir,
+                architecture=sandbox.architecture,
+            )
         except CotainrLumiError as e:
             raise _cotainr.plugin_error(e) from e
 

@@ -5,7 +5,8 @@ The unit tests never run Apptainer. Like cotainr's own tests, they patch
 subprocesses) with :class:`FakeSingularity`, which records every command and
 emulates just enough of ``singularity`` for a build to complete: the sandbox
 directory gets a ``.singularity.d`` skeleton, ``touch`` creates files, and
-``build IMAGE SANDBOX`` writes a small file at IMAGE.
+``build IMAGE SANDBOX`` writes a small file at IMAGE (the image step of
+engine/sifimage.py is patched out: cotainr's own build, the fake's).
 """
 
 import json
@@ -112,6 +113,9 @@ def fake_singularity(mocker):
         side_effect=fake,
         autospec=False,
     )
+    # cotainr's own `singularity build IMAGE SANDBOX` (the fake's), not a SIF
+    # squashed by engine/sifimage.py (tests/engine/test_sifimage.py).
+    mocker.patch("cotainr_lumi.engine.sifimage.write_sif", return_value=None)
     return fake
 
 

@@ -14,7 +14,12 @@ def test_build_returns_result_with_labels_and_reports(
         k: v for k, v in result.labels.items() if k.startswith("cotainr-lumi.rocm.")
     }
     assert rocm == {"cotainr-lumi.rocm.supported": "6.1-7.0"}
-    assert {**result.report("provenance").labels, **rocm} == result.labels
+    compression = {"cotainr-lumi.compression": "zstd:3"}  # build.compression's
+    assert {
+        **result.report("provenance").labels,
+        **rocm,
+        **compression,
+    } == result.labels
     with pytest.raises(KeyError):
         result.report("pip")
 

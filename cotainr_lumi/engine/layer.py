@@ -15,6 +15,7 @@ from ..errors import InputError
 from ..imagelayout import LABEL_LAYERS, LABELS_FILE
 from .digest import Pinned, sha256_of_file
 from .rootfs import resolve_in_root
+from .sifimage import GZIP, squash_command
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -127,10 +128,13 @@ class BaseView:
 
     Error = LayerError  # what :meth:`mount` raises (besides OSError)
 
-    def __init__(self, *, base, work, pinned=None, layer=True, only=False):
+    def __init__(
+        self, *, base, work, pinned=None, layer=True, only=False, compression=GZIP
+    ):
         self.base, self.work, self.layer = Path(base), Path(work), layer
         self.pinned = pinned or Pinned(base)
         self.source = self.pinned.path
+        self.compression = compression
         self.only, self.kept = only, False  # only: the layer alone, on the base
         self.upper, self.mounts, self.merged = self.work / "upper", [], None
         self.parts, (self.meta, self.metadata) = (), _metadata(self.source)
@@ -214,9 +218,15 @@ class BaseView:
     def _write(self, path, labels):
         """The base copied to `path` plus the layer (or it alone); the runtime's view."""
         delta = self.work / "layer.sqfs"
-        quick = ["-noappend", "-no-progress", "-quiet", "-noI", "-noD", "-noF", "-noX"]
         whiteouts = whiteout_arguments(self.upper) if self.fuse else []
-        _run(["mksquashfs", self.upper, delta, *quick, *whiteouts])
+        _run(
+            squash_command(
+                source=self.upper,
+                dest=delta,
+                compression=self.compression,
+                extra=["-quiet", *whiteouts],
+            )
+        )
         size, cat = delta.stat().st_size >> 10, ["cat", LABELS_FILE]
         self.pinned.check()
         if self.only:  # as the module file runs it (a list of PATH[:ro])

@@ -18,6 +18,7 @@ from typing import Optional
 from ..errors import InputError
 from .layer import unmount_below
 from .settings import StageSettings, setting
+from .sifimage import check_compression
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -59,6 +60,12 @@ class BuildSettings(StageSettings):
         doc="on a local SIF base without a conda env, add the change as a layer "
         "to a copy of the base (false, or --flatten: squash the whole image)",
     )
+    compression: str = setting(
+        "zstd:3",
+        doc="the image's squashfs compressor: zstd, gzip, lz4 or xz, with a level "
+        "as zstd:19 or gzip:1 (gzip where the runtime cannot run the image)",
+        check=check_compression,
+    )
     layer_only: bool = setting(
         False,
         doc="with layered: write only the layer, a squashfs file at the image path "
@@ -86,11 +93,10 @@ def estimate_bytes(*, base_image, conda_env, unpacked=None, sifs=2):
     """
     The space a build needs at its peak in its work directory (None: unknown).
 
-    Measured on the builds of issue 30: the sandbox and Apptainer's copy of it
-    (twice the base unpacked: `unpacked`, else :data:`EXPANSION` times the
-    SIF), `sifs` times the SIF (the image being written and its partial copy;
-    a layered build's copy of the base; none for the layer alone), pip's
-    files and the conda env (when `conda_env` is true).
+    The sandbox (the base unpacked: `unpacked`, else :data:`EXPANSION` times
+    the SIF, squashed into the image without a copy, issue 40), `sifs` times
+    the SIF (the squashfs and the image it is added to; a layered build's copy
+    of the base; none for the layer alone), pip's files and the conda env (when `conda_env` is true).
     """
     try:
         size = os.stat(base_image).st_size
@@ -98,7 +104,7 @@ def estimate_bytes(*, base_image, conda_env, unpacked=None, sifs=2):
         return None
     if unpacked is None:
         unpacked = size * EXPANSION
-    needed = 2 * unpacked + sifs * size + HEADROOM_BYTES
+    needed = unpacked + sifs * size + HEADROOM_BYTES
     if conda_env:
         needed += CONDA_BYTES
     return needed
@@ -122,7 +128,7 @@ def check_space(*, work_dir, needed, free, refuse=True):
         return
     raise InputError(
         f"The build needs about {_gib(needed)} in its work directory "
-        f"{work_dir} (the base image unpacked and Apptainer's copy of it, the "
+        f"{work_dir} (the base image unpacked, the "
         f"image, the conda env and pip's files) but only {_gib(free)} is free "
         "there. Choose a larger file system with --work-dir DIR (or "
         "build.work-dir in a site profile); on LUMI a directory in "

@@ -22,7 +22,16 @@ import time
 from typing import Optional
 
 from .. import imagelayout
-from ..engine import digest, history, imageprobe, layer, rocmwindow, rootfs, workdir
+from ..engine import (
+    digest,
+    history,
+    imageprobe,
+    layer,
+    rocmwindow,
+    rootfs,
+    sifimage,
+    workdir,
+)
 from ..engine.stage import StageContext
 from ..errors import CotainrLumiError
 from . import checks, hostfiles
@@ -100,6 +109,7 @@ class Build:
         self.labels = {}
         self.reports = []
         self.host_files = None
+        self.compression = sifimage.Compression.parse(plan.build_settings.compression)
         self.result = None
         self.view = None  # the mounted base of a layered build
         self.started = time.time()
@@ -122,6 +132,7 @@ class Build:
                 work=work / "layer",
                 layer=plan.layer_problem is None,
                 only=plan.layer_only,
+                compression=self.compression,
             )
         else:
             logger.info("The base image is unpacked: %s.", plan.mount_problem)
@@ -209,6 +220,7 @@ class Build:
             checks.check_base_image_unchanged(base, used=base_image_used)
         with blamed("outputs"):
             self.host_files = hostfiles.checked(self.reports)
+        self.labels[imagelayout.LABEL_COMPRESSION] = str(self.compression)
         if self.view is not None and self.view.layer:
             sha256 = self.labels.get(imagelayout.LABEL_BASE_IMAGE_SHA256)
             self.labels[imagelayout.LABEL_LAYERS] = self.view.label(sha256=sha256)
@@ -227,18 +239,24 @@ class Build:
             "Finished stage %s in %.1f s%s", stage.name, report.duration, summary
         )
 
-    def write_image(self, *, path):
+    def write_image(self, *, path, sandbox_dir, architecture):
         """
-        Write the image to `path` as a layer on the base (False: not done here).
+        Write the image to `path`: a layer on the base, else squashed once.
 
         Returns
         -------
         written : bool
-            True when the image is written; False: cotainr builds it.
+            False: cotainr builds the image (Apptainer, as stock cotainr).
         """
-        if self.view is None:
-            return False
-        return self.view.write_image(path=Path(path))
+        if self.view is not None and self.view.write_image(path=Path(path)):
+            return True
+        written = sifimage.write_sif(
+            sandbox_dir=Path(sandbox_dir),
+            path=Path(path),
+            compression=self.compression,
+            architecture=architecture,
+        )
+        return written is not None
 
     def finish(self, *, error):
         """

@@ -181,6 +181,8 @@ def describe(plan, *, answer, space):
     lines += _titled("rocm", rocm)
     lines.append(f"  pipeline:   {mode}")
     lines.append(_layered_line(plan))
+    compression = plan.build_settings.compression
+    lines.append(f"  squashfs:   {compression} (gzip where the runtime cannot run it)")
     lines += _steps(plan, replace(plan.facts, target_text=target[0]))
     lines += [f"  skipped: {reason}" for reason in plan.skipped]
     return redact("\n".join(lines))

@@ -13,6 +13,7 @@ import re
 from .. import safeio
 from ..engine.rocmwindow import RocmSettings, major_minor
 from ..engine.rootfs import image_path_of, resolve_in_root
+from ..engine.sifimage import COMPRESSORS, Compression, mount_problem
 from ..errors import InputError
 from ..pipeline.profiles import get_system, load_systems
 from ..stages.lumi_env.mpi import HostBinding, discover_host_mpi, gpu_aware_caveat
@@ -191,6 +192,22 @@ def _status(ok):
     return PASS if ok else FAIL
 
 
+def _add_compression_rows(report, root):
+    """Which compressors the runtime of the host (root "/") mounts: a tiny image each."""
+    if root != "/":  # a test tree has no runtime of its own
+        return
+    for name in COMPRESSORS:
+        problem = mount_problem(Compression.parse(name))
+        words = f"the runtime mounts {name} images"
+        status = PASS
+        if problem is not None:
+            status = FAIL if name == "gzip" else NA
+            words = f"the runtime cannot run a {name} image: {problem}"
+            if status == NA:
+                words += f"; builds asking for {name} write gzip images here"
+        report.add(f"squashfs {name}", status, words)
+
+
 def check_host(*, root="/", system=None):
     """The report of the host facts of every system (or of one)."""
     if not Path(root).is_dir():
@@ -221,4 +238,5 @@ def check_host(*, root="/", system=None):
     report = VerifyReport(image=str(root), command="check-host")
     for check, (status, words, names) in rows.items():
         report.add(check, status, f"{words} [{', '.join(dict.fromkeys(names))}]")
+    _add_compression_rows(report, root)
     return report

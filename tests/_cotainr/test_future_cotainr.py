@@ -36,6 +36,7 @@ if [[ " $* " == *" exec "* ]]; then
     exit 0
 fi
 [[ "$1" == --version ]] && echo "apptainer version 1.4.5"
+[[ "$1" == sif ]] && { echo "FATAL: no sif tool in this fake" >&2; exit 1; }
 exit 0
 """
 

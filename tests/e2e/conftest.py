@@ -8,7 +8,10 @@ Session-scoped fixtures:
     scripts), prepends the printed directory to ``os.environ["PATH"]`` so that
     cotainr subprocesses find ``singularity``, and returns that directory.
     Also defaults ``APPTAINER_MKSQUASHFS_ARGS`` to ``-comp lz4`` (set it
-    yourself, e.g. to ``-comp gzip``, to override): SIF builds are ~3x faster.
+    yourself, e.g. to ``-comp gzip``, to override) for Apptainer's own SIF
+    builds (the base images, stock cotainr's builds): ~3x faster. cotainr-lumi
+    squashes its images itself with ``build.compression`` (zstd:3, the default
+    the tests check), which ignores that variable.
 ``lumi_like_base_image`` -> pathlib.Path
     The cached LUMI-like base image with a stub ROCm 6.1.3
     (``tests/e2e/base_image/build-base-image.sh``).

@@ -52,3 +52,15 @@ def test_check_host_passes_today_and_reports_moved_facts(tmp_path):
     assert f"it may be {libfabric_dir()}" in row["evidence"]
     proc = _check_host("--root", str(tmp_path / "none"), profile=profile)
     assert proc.returncode == 2 and proc.stderr.startswith("cotainr: error: --root")
+
+
+def test_check_host_reports_the_compressors_this_runtime_mounts(
+    tmp_path, apptainer_path
+):
+    """On /: a tiny image of each compressor, run by the real runtime."""
+    profile = write_profile(tmp_path / "site.yaml")
+    proc = _check_host("--system", "lumi-2026", "--json", profile=profile)
+    rows = {r["check"]: r for r in json.loads(proc.stdout)["results"]}
+    for name in ("gzip", "zstd", "lz4", "xz"):  # Debian's kernel mounts all four
+        row = rows[f"squashfs {name}"]
+        assert row["status"] == "PASS", row

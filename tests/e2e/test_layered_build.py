@@ -206,15 +206,43 @@ def test_a_runtime_that_ignores_the_layer_gets_the_whole_image(
     assert proc.stdout.split() == STACKED, proc.stderr
 
 
-def test_flatten_squashes_the_whole_image(
-    build, work, first, apptainer_exec, cotainr_build
+#: An apptainer whose exec cannot mount a zstd squashfs (as a kernel and
+#: squashfuse without zstd): it refuses a SIF with a zstd partition.
+NO_ZSTD = """#!{python}
+import os, sys
+from cotainr_lumi.apptainer import SIF_SQUASHFS, is_sif, sif_objects
+images = sys.argv[2:] if sys.argv[1:2] == ["exec"] else []
+for image in (i for i in images if os.path.isfile(i) and is_sif(i)):
+    with open(image, "rb") as f:
+        for part in sif_objects(image):
+            f.seek(part.offset + 20)
+            if part.fstype == SIF_SQUASHFS and f.read(2) == b"\\x06\\x00":
+                sys.exit("FATAL: no zstd here (simulated kernel and squashfuse)")
+os.execv({apptainer!r}, ["apptainer", *sys.argv[1:]])
+"""
+
+
+def test_flatten_squashes_the_whole_image_with_gzip_where_zstd_does_not_mount(
+    build, work, first, apptainer_exec, cotainr_build, apptainer_path
 ):
+    """--flatten: the whole image; zstd first, gzip where the runtime lacks it."""
+    wrapped = work / "no-zstd-bin"
+    wrapped.mkdir(exist_ok=True)
+    real = str(apptainer_path / "apptainer")
+    (wrapped / "apptainer").write_text(
+        NO_ZSTD.format(python=sys.executable, apptainer=real)
+    )
+    (wrapped / "apptainer").chmod(0o755)
     proc = build(
         work / "flat.sif", "--base-image", "first.sif", "--pip-steps", "steps.yml",
-        "--flatten",
+        "--flatten", env={"PATH": f"{wrapped}:{os.environ['PATH']}"},
     )  # fmt: skip
     assert "--flatten: the whole image is squashed again." in proc.stdout
+    why = "Squashing the image again with gzip: apptainer cannot run the zstd:3 "
+    assert f"{why}image: FATAL: no zstd here" in proc.stderr, proc.output
     assert sorted(partition_digests(work / "flat.sif")) == [(SIF_SYSTEM, 1)]
+    labels = apptainer_exec(work / "flat.sif", "cat", "/.singularity.d/labels.json")
+    assert json.loads(labels.stdout)["cotainr-lumi.compression"] == "gzip:9"
     proc = apptainer_exec(work / "flat.sif", "python3", "-c", PROBE)
     assert proc.stdout.split() == STACKED, proc.stderr
     # Stock cotainr would unpack the layered first.sif without its layer.

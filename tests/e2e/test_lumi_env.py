@@ -1,7 +1,8 @@
 """End-to-end tests of the lumi-env stage: one real build, many checks.
 
 The image is built with the stock ``cotainr`` command from a test system
-(COTAINR_LUMI_SYSTEMS) on the LUMI-like base image, then run with real
+(COTAINR_LUMI_SYSTEMS) on the LUMI-like base image, whole (``--flatten``: the
+sandbox squashed with zstd into the SIF, issue 40), then run with real
 Apptainer; the module file it writes is loaded in real Lmod.
 """
 
@@ -20,6 +21,8 @@ import uuid
 from hostroot import BINDS
 from hosttools import as_user, need_lmod, real_users, remove_dirs_of
 import pytest
+
+from cotainr_lumi.apptainer import SIF_JSON, SIF_PARTITION, SIF_SYSTEM, sif_objects
 
 pytestmark = pytest.mark.e2e
 
@@ -53,6 +56,7 @@ def built(tmp_path_factory, lumi_like_base_image, cotainr_build):
         image,
         "--system=lumi-env-e2e",
         "--force",
+        "--flatten",
         "--env",
         "EXTRA_SETTING=from the command line",
         "--env",
@@ -68,6 +72,7 @@ def built(tmp_path_factory, lumi_like_base_image, cotainr_build):
             }
         },
         timeout=900,
+        name="lumi-env, whole image (zstd)",
     )
     profile = work / "systems.yaml"
     return image, module_dir, marker, hostile, proc.output, profile
@@ -171,6 +176,50 @@ def test_jit_caches_are_per_job_on_node_local_tmp(built, apptainer_exec):
                 Path(path).rmdir()
 
 
+def test_the_sif_is_apptainers_layout_with_zstd(built, apptainer_path):
+    """Definition, inspect metadata, a zstd system partition: as `apptainer build`."""
+    image, *_ = built
+    objects = sif_objects(image)
+    assert [(o.datatype, o.name) for o in objects] == [
+        (0x4001, ""),
+        (SIF_JSON, "inspect-metadata.json"),
+        (SIF_PARTITION, ""),
+    ]
+    system = objects[-1]
+    assert (system.parttype, system.fstype, system.arch) == (SIF_SYSTEM, 1, 2)
+    with open(image, "rb") as f:
+        f.seek(system.offset + 20)  # the squashfs superblock's compression id
+        assert f.read(2) == (6).to_bytes(2, "little")  # zstd
+    proc = subprocess.run(
+        [str(apptainer_path / "apptainer"), "inspect", "--deffile", str(image)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert proc.stdout.startswith("bootstrap: localimage\nfrom: /")
+
+
+def test_the_sif_can_be_signed_and_verified(built, apptainer_path, tmp_path):
+    """`apptainer sign` and `verify` with a throwaway key, as on Apptainer's SIF."""
+    signed = tmp_path / "signed.sif"
+    shutil.copy(built[0], signed)
+    apptainer, env = (
+        str(apptainer_path / "apptainer"),
+        {**os.environ, "HOME": str(tmp_path)},
+    )
+    for args in (
+        ["key", "newpair", "--password=", "--name=t", "--email=t@example.org"]
+        + ["--comment=throwaway", "--push=false"],
+        ["sign", str(signed)],
+        ["verify", str(signed)],
+    ):
+        proc = subprocess.run(
+            [apptainer, *args], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr
+    assert "Verified signature(s)" in proc.stderr + proc.stdout
+
+
 def test_labels_and_run_hint(built, apptainer_path):
     image, module_dir, _, _, output, _ = built
     proc = subprocess.run(
@@ -186,6 +235,10 @@ def test_labels_and_run_hint(built, apptainer_path):
         check=True,
     )
     labels = json.loads(proc.stdout)["data"]["attributes"]["labels"]
+    assert labels["cotainr-lumi.compression"] == "zstd:3"
+    assert (
+        labels["org.label-schema.usage.singularity.deffile.bootstrap"] == "localimage"
+    )
     assert labels["cotainr-lumi.binds"] == ",".join(BINDS)
     assert labels["cotainr-lumi.runscripts"] == "/runscripts"
     assert (

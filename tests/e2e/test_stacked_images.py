@@ -13,6 +13,8 @@ import subprocess
 
 import pytest
 
+from cotainr_lumi.apptainer import SIF_OVERLAY, SIF_PARTITION, SIF_SYSTEM, sif_objects
+
 pytestmark = pytest.mark.e2e
 
 
@@ -39,18 +41,31 @@ def test_stock_cotainr_builds_on_an_image_cotainr_lumi_built(
         env={"COTAINR_DISABLE_PLUGINS": "1"},
         timeout=900,
     )
-    labels = json.loads(
-        subprocess.run(
-            [str(apptainer_path / "apptainer"), "inspect", "--json", "--labels"]
-            + [str(theirs)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )["data"]["attributes"]["labels"]
+    labels = _labels(apptainer_path, theirs)
     command = f"cotainr build {theirs.name} --base-image {ours.name}"
     assert labels["cotainr.command"].endswith(command)
     assert labels["cotainr-lumi.system"] == "stacked-e2e"  # the base's, kept
+    # A layered build on the zstd image (issue 40): a zstd layer on it.
+    layered = tmp_path / "layered.sif"
+    cotainr_build(
+        tmp_path, layered, "--lumi-system=stacked-e2e", "--base-image", ours.name
+    )
+    parts = [o.parttype for o in sif_objects(layered) if o.datatype == SIF_PARTITION]
+    assert parts == [SIF_SYSTEM, SIF_OVERLAY]
+    labels = _labels(apptainer_path, layered)
+    assert labels["cotainr-lumi.compression"] == "zstd:3"
+    assert labels["cotainr-lumi.layers"] == "ours.sif + this build"
+
+
+def _labels(apptainer_path, image):
+    proc = subprocess.run(
+        [str(apptainer_path / "apptainer"), "inspect", "--json", "--labels"]
+        + [str(image)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(proc.stdout)["data"]["attributes"]["labels"]
 
 
 def test_the_dry_run_shows_the_space_a_build_needs_measured(
@@ -71,8 +86,8 @@ def test_the_dry_run_shows_the_space_a_build_needs_measured(
     unpacked = int(du.stdout.split()[0])
     sif = lumi_like_base_image.stat().st_size
     for flatten, expected in (
-        # The sandbox and Apptainer's copy of it, twice the SIF, 2 GiB for pip.
-        (["--flatten"], 2 * unpacked + 2 * sif + 2 * 1024**3),
+        # The sandbox (squashed without a copy), twice the SIF, 2 GiB for pip.
+        (["--flatten"], unpacked + 2 * sif + 2 * 1024**3),
         ([], sif + 2 * 1024**3),  # a layer: nothing unpacked, a copy of the base
         (["--layer-only"], 2 * 1024**3),  # the layer alone: no copy either
     ):

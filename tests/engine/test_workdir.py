@@ -17,11 +17,11 @@ def test_estimate_grows_with_the_base_and_the_conda_env(tmp_path):
     base.write_bytes(b"x" * 1000)
     plain = workdir.estimate_bytes(base_image=str(base), conda_env=None)
     conda = workdir.estimate_bytes(base_image=str(base), conda_env="env.yml")
-    assert plain == 1000 * (2 * workdir.EXPANSION + 2) + workdir.HEADROOM_BYTES
+    assert plain == 1000 * (workdir.EXPANSION + 2) + workdir.HEADROOM_BYTES
     assert conda - plain == workdir.CONDA_BYTES
     # Listed files: the sandbox and Apptainer's copy of it, twice the SIF.
     listed = workdir.estimate_bytes(base_image=str(base), conda_env=None, unpacked=5)
-    assert listed == 2 * 5 + 2 * 1000 + workdir.HEADROOM_BYTES
+    assert listed == 5 + 2 * 1000 + workdir.HEADROOM_BYTES
     assert workdir.estimate_bytes(base_image="docker://x", conda_env=None) is None
 
 

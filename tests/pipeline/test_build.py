@@ -334,6 +334,7 @@ def test_a_kept_layer_only_image_gets_the_module_files_for_its_base(tmp_path, ke
         image_path=tmp_path / "x.sif",
         facts=SimpleNamespace(system=None),
         base_image=SimpleNamespace(given="b.sif"),
+        build_settings=SimpleNamespace(compression="zstd:3"),
     )
     build = Build(plan=plan)
     build.host_files = hostfiles.checked([report])
@@ -367,7 +368,8 @@ def _build_with(view):
 
     from cotainr_lumi.pipeline.build import Build
 
-    build = Build(plan=SimpleNamespace(facts=None))
+    settings = SimpleNamespace(compression="zstd:3")
+    build = Build(plan=SimpleNamespace(facts=None, build_settings=settings))
     build.view = view
     return build
 
@@ -395,3 +397,31 @@ def test_only_the_mount_errors_are_caught():
     build = _build_with(FakeView(fails=KeyError("bug")))
     with pytest.raises(KeyError):  # a bug: not "unpacked (not mounted)"
         build.sandbox(sandbox_dir="/s")
+
+
+def test_the_image_is_a_layer_else_squashed_once_else_cotainrs(tmp_path, mocker):
+    from types import SimpleNamespace
+
+    from cotainr_lumi.engine import sifimage
+    from cotainr_lumi.pipeline.build import Build
+
+    calls = []
+
+    def write_sif(**where):
+        calls.append(where)
+        return where["architecture"] == "x86_64" or None  # None: it cannot
+
+    mocker.patch.object(sifimage, "write_sif", write_sif)
+    plan = SimpleNamespace(
+        facts=None, build_settings=SimpleNamespace(compression="zstd:3")
+    )
+    build = Build(plan=plan)
+    build.view = SimpleNamespace(write_image=lambda path: True)  # a layer
+    assert build.write_image(path="x.sif", sandbox_dir="/s", architecture="x86_64")
+    assert calls == []
+    build.view = None
+    for architecture, written in (("x86_64", True), ("vax", False)):
+        where = dict(path="x.sif", sandbox_dir="/s", architecture=architecture)
+        assert build.write_image(**where) is written
+    assert calls[0]["compression"] == sifimage.Compression.parse("zstd:3")
+    assert calls[0]["sandbox_dir"] == Path("/s")

@@ -323,3 +323,21 @@ def test_version_files_that_are_no_files_neither_hang_nor_fill_memory(
     rows = _rows(done[0])
     assert "host ROCm unreadable here" in rows["rocm-host 6.1-7.0"][1]
     assert rows["rocm-driver 6.1-7.0"][0] == NA
+
+
+def test_the_hosts_runtime_reports_the_compressors_it_mounts(profile, monkeypatch):
+    """On / only (a test tree has no runtime): each compressor, a tiny image run."""
+    problems = {"zstd": "FATAL: failed to mount squashfs filesystem: invalid argument"}
+    monkeypatch.setattr(
+        "cotainr_lumi.verify.hostcheck.mount_problem",
+        lambda compression: problems.get(compression.name),
+    )
+    rows = _rows(check_host(root="/", system="lumi-2026"))
+    assert rows["squashfs gzip"] == (PASS, "the runtime mounts gzip images")
+    assert rows["squashfs zstd"] == (
+        NA,
+        f"the runtime cannot run a zstd image: {problems['zstd']}; builds asking "
+        "for zstd write gzip images here",
+    )
+    problems["gzip"] = "FATAL: no loop devices"
+    assert _rows(check_host(root="/", system="lumi-2026"))["squashfs gzip"][0] == FAIL
