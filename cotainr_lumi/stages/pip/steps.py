@@ -307,7 +307,10 @@ def load_steps_file(*, path):
         data = LineDict(steps=data)
         data.line = getattr(data["steps"], "line", None)
         data.lines["steps"] = data.line
-    if not isinstance(data, dict) or not data.get("steps"):
+    # The system-packages stage reads its key itself; a file may have only it.
+    if isinstance(data, dict) and data.pop("system-packages", None) is not None:
+        data.setdefault("steps", [])
+    elif not isinstance(data, dict) or not data.get("steps"):
         raise InputError(
             f"The pip steps file {path} must be a mapping with a non-empty "
             "'steps' list (or just that list), e.g.\n"
