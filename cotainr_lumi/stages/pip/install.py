@@ -1,6 +1,8 @@
 """Running a pip stage's steps in the sandbox: staging, pinning, pip, records."""
 
 import contextlib
+import functools
+import glob
 import json
 import logging
 import os
@@ -25,6 +27,15 @@ from .protect import (
 )
 from .requirements import StagedStep
 from .sbom import write_sboms
+from .uv import (
+    UNSET_UV_VARIABLES,
+    UV_BIN,
+    UV_CACHE_DIR,
+    explain_uv_conflicts,
+    parse_uv_check,
+    uv_command,
+    uv_env,
+)
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -111,28 +122,34 @@ def pip_command(*, step, requirement_files, constraints, cache_dir, python="pyth
 
 @contextlib.contextmanager
 def private_wheel_cache(*, root, step, cache_dir):
-    """Hide pip's wheel cache from steps whose builds depend on the image."""
+    """Hide the cache of built wheels from steps whose builds depend on the image."""
     if not cache_dir or not (step.no_build_isolation or step.env):
         yield
         return
-    wheels = resolve_in_root(root=root, path=f"{cache_dir}/wheels")
-    aside = resolve_in_root(root=root, path=f"{cache_dir}/.wheels-aside")
-    if wheels.exists():
-        shutil.move(wheels, aside)
+    top = resolve_in_root(root=root, path=cache_dir)
+    # pip's wheels built from source, uv's (its downloads are in wheels-vN).
+    built = [top / "wheels", *map(Path, glob.glob(str(top / "sdists-v*")))]
+    moved = []
+    for path in built:
+        if path.exists():
+            aside = path.with_name(f".{path.name}-aside")
+            shutil.move(path, aside)
+            moved.append((path, aside))
     try:
         yield
     finally:
-        shutil.rmtree(wheels, ignore_errors=True)
-        if aside.exists():
-            shutil.move(aside, wheels)
+        for path in built:
+            shutil.rmtree(path, ignore_errors=True)
+        for path, aside in moved:
+            shutil.move(aside, path)
 
 
 def install_error(error, *, step, before, staged):
     """The StageError for a failed ``pip install`` (conflicts explained)."""
     output = redact(f"{error.stdout}\n{error.stderr}", values=_secrets([step]))
-    conflicts = explain_conflicts(
-        output=output, installed=before, allowed=step.allow_changes
-    )
+    installer = "uv" if step.installer == "uv" else "pip"
+    explain = explain_uv_conflicts if installer == "uv" else explain_conflicts
+    conflicts = explain(output=output, installed=before, allowed=step.allow_changes)
     if conflicts:
         names = ", ".join(c.name for c in conflicts)
         message = (
@@ -144,14 +161,15 @@ def install_error(error, *, step, before, staged):
         )
     else:
         message = (
-            f"pip install failed in {step.title} (exit status {error.returncode})."
+            f"{installer} install failed in {step.title} "
+            f"(exit status {error.returncode})."
         )
     files = "\n".join(f"  {k} <- {v}" for k, v in staged.kept_files.items())
     return StageError(
         message,
         stage="pip",
         details=(
-            "pip's error output:\n"
+            f"{installer}'s error output:\n"
             + _pip_error_lines(output)
             + f"\nRequirement files (in the image <- from):\n{files}"
         ),
@@ -164,6 +182,8 @@ class PipRun:
     def __init__(self, *, stage, context):
         self.settings, self.steps, self.scans = stage.settings, stage.steps, stage.scans
         self.cache_dir, self.context = stage.cache_dir, context
+        self.uv, self.uv_cache_dir = stage.uv, stage.uv_cache_dir
+        self.installers = {step.installer for step in self.steps}
         self.sandbox, self.root = context.sandbox, context.sandbox.root
         self._pip_env = {}  # host pip variables replaced (see hostenv)
         self._target = None
@@ -179,14 +199,20 @@ class PipRun:
         )
 
     def _pip_list(self, *, check=False):
-        """(installed by canonical name, pip's list); `check`: ``pip check`` first."""
+        """(installed by canonical name, the list); `check`: ``pip check`` first.
+
+        uv lists and checks when a step uses it (the env may have no pip).
+        """
         python = self._target.python
-        script = f"{shlex.quote(python)} -m pip check >{CHECK_FILE} 2>&1; "
-        proc = self._run(
-            [python, "-m", "pip", "list", "--format", "json"]
-            + ["--disable-pip-version-check"],
-            script=script if check else "",
-        )
+        tool = [python, "-m", "pip"]
+        listing = ["list", "--format", "json", "--disable-pip-version-check"]
+        checking = ["check"]
+        if "uv" in self.installers:
+            tool = [UV_BIN, "--color", "never", "pip"]
+            listing = ["list", "--python", python, "--format", "json"]
+            checking = ["check", "--python", python]
+        script = f"{shlex.join([*tool, *checking])} >{CHECK_FILE} 2>&1; "
+        proc = self._run([*tool, *listing], script=script if check else "")
         try:
             return parse_pip_list(text=proc.stdout)
         except ValueError as e:
@@ -206,6 +232,8 @@ class PipRun:
         try:
             proc = self._run([target.python, "-m", "pip", "--version"])
         except _cotainr.CommandError as e:
+            if self.installers == {"uv"}:  # uv installs and lists: no pip needed
+                return self._target_info(target, stdout="")
             raise StageError(
                 f"the target environment {target.prefix} ({target.reason}) has no "
                 f"working `python -m pip` ({target.python}). Install pip into it "
@@ -213,14 +241,44 @@ class PipRun:
                 stage="pip",
                 details=e.error_lines(),
             ) from e
+        return self._target_info(target, stdout=proc.stdout)
+
+    def _target_info(self, target, *, stdout):
+        """The target env's record (and pip's version from `stdout`, uv's)."""
         info = {
             k: getattr(target, k) for k in ("prefix", "version", "source", "reason")
         }
         info["executable"] = target.python
-        for line in proc.stdout.splitlines():
+        for line in stdout.splitlines():
             if line.startswith("pip "):
                 info["pip"] = line.split()[1]
+        if self.uv:
+            info["uv"] = self.uv[1]
         return info
+
+    def _stage_uv(self):
+        """Copy uv into the work directory; check that it runs in the container."""
+        host = resolve_in_root(root=self.root, path=UV_BIN)
+        shutil.copy(self.uv[0], host)
+        host.chmod(0o755)
+        try:
+            self._run([UV_BIN, "--version"])
+        except _cotainr.CommandError as e:
+            raise StageError(
+                f"uv {self.uv[1]} does not run in this image; install these steps "
+                "with pip: --set pip.installer=pip (or 'installer: pip' in a step).",
+                stage="pip",
+                details=e.error_lines(),
+            ) from e
+
+    def _caches(self):
+        """(name, host dir, image dir) of the caches the steps use."""
+        caches = []
+        if self.settings.cache and "pip" in self.installers:
+            caches.append(("pip", self.cache_dir, CACHE_DIR))
+        if self.settings.cache and "uv" in self.installers:
+            caches.append(("uv", self.uv_cache_dir, UV_CACHE_DIR))
+        return caches
 
     @contextlib.contextmanager
     def _work_dir(self):
@@ -229,23 +287,30 @@ class PipRun:
         if work.exists():
             shutil.rmtree(work)
         work.mkdir(parents=True)
-        cache = resolve_in_root(root=self.root, path=CACHE_DIR)
         stats = {}
         try:
-            if self.settings.cache:
-                stats["import"] = _timed(
-                    import_cache, host_dir=self.cache_dir, sandbox_dir=cache
+            if self.uv:
+                self._stage_uv()
+            for name, host, image in self._caches():
+                key = "import" if name == "pip" else f"{name}-import"
+                stats[key] = _timed(
+                    import_cache,
+                    host_dir=host,
+                    sandbox_dir=resolve_in_root(root=self.root, path=image),
                 )
                 logger.info(
-                    "pip cache %s: %d files linked/copied into the sandbox",
-                    self.cache_dir,
-                    stats["import"]["files"],
+                    "%s cache %s: %d files linked/copied into the sandbox",
+                    name,
+                    host,
+                    stats[key]["files"],
                 )
             yield stats
         finally:
-            if self.settings.cache:
-                stats["export"] = _timed(
-                    export_cache, sandbox_dir=cache, host_dir=self.cache_dir
+            for name, host, image in self._caches():
+                stats["export" if name == "pip" else f"{name}-export"] = _timed(
+                    export_cache,
+                    sandbox_dir=resolve_in_root(root=self.root, path=image),
+                    host_dir=host,
                 )
             shutil.rmtree(work, ignore_errors=True)
 
@@ -316,6 +381,8 @@ class PipRun:
                 for step, scan in zip(self.steps, self.scans)
             ]
         cache = {"dir": str(self.cache_dir) if self.settings.cache else None}
+        if self.uv and self.settings.cache:
+            cache["uv-dir"] = str(self.uv_cache_dir)
         record = {"target": info, "steps": records, "cache": cache | cache_stats}
         record["check"] = self._pip_check()
         return info, record
@@ -326,14 +393,18 @@ class PipRun:
             return None
         path = resolve_in_root(root=self.root, path=CHECK_FILE)
         text = path.read_text(errors="replace") if path.is_file() else ""
-        broken = parse_pip_check(text=text)
-        if not broken and "No broken requirements found." not in text:
-            logger.warning("pip check gave no verdict: %s", text[-500:] or "no output")
+        tool, parse, verdict = "pip", parse_pip_check, "No broken requirements found."
+        if "uv" in self.installers:
+            tool, parse = "uv pip", parse_uv_check
+            verdict = "All installed packages are compatible"
+        broken = parse(text=text)
+        if not broken and verdict not in text:
+            logger.warning("%s check gave no verdict: %s", tool, text[-500:] or "-")
         if not broken:
             return []
         names = ", ".join(dict.fromkeys(n for *_, involved in broken for n in involved))
         message = (
-            f"pip check after the pip steps: broken requirements of {names}:\n"
+            f"{tool} check after the pip steps: broken requirements of {names}:\n"
             + "".join(f"  {pkg} {problem}\n" for pkg, problem, _ in broken)
             + "Fix: pin versions that fit together in a step (a package an "
             "earlier step installed changes only if the step lists it in "
@@ -346,8 +417,14 @@ class PipRun:
 
     def _install(self, *, step, staged, constraints, before):
         """Run the step's ``pip install`` in the target env; return it redacted."""
-        cache_dir = CACHE_DIR if self.settings.cache else None
-        cmd = pip_command(
+        build, cache_dir = pip_command, CACHE_DIR
+        env, unset = step.env, UNSET_PIP_VARIABLES
+        if step.installer == "uv":
+            build = functools.partial(uv_command, uv=UV_BIN)
+            cache_dir, unset = UV_CACHE_DIR, UNSET_UV_VARIABLES
+            env = {**uv_env(environ=os.environ, overrides=self._pip_env), **env}
+        cache_dir = cache_dir if self.settings.cache else None
+        cmd = build(
             step=step,
             requirement_files=staged.requirement_files,
             constraints=constraints,
@@ -358,7 +435,7 @@ class PipRun:
         logger.info("Running: %s", shlex.join(shown))
         try:
             with private_wheel_cache(root=self.root, step=step, cache_dir=cache_dir):
-                self._run(cmd, env=step.env, script=f"unset {UNSET_PIP_VARIABLES}; ")
+                self._run(cmd, env=env, script=f"unset {unset}; ")
         except _cotainr.CommandError as e:
             raise install_error(e, step=step, before=before, staged=staged) from e
         finally:  # pip has read them: the image keeps them without credentials
@@ -406,6 +483,7 @@ class PipRun:
             "number": step.number,
             "name": step.name,
             "source": step.source,
+            "installer": step.installer,
             "command": cmd,
             "env": redact_env(step.env),
             "requirement-files": staged.kept_files,

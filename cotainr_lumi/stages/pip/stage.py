@@ -10,6 +10,7 @@ reach pip only (records show ``***``).
 """
 
 import dataclasses
+import functools
 from pathlib import Path
 import shlex
 
@@ -29,6 +30,7 @@ from .install import (
 )
 from .requirements import scan_step
 from .steps import PipSettings, default_cache_dir, steps_from_inputs
+from .uv import UV_BIN, UV_CACHE_DIR, check_uv_step, find_uv, uv_command
 
 __all__ = ["PACKAGES_FILE", "WORK_DIR", "PipStage"]
 
@@ -57,11 +59,19 @@ class PipStage(Stage):
         super().__init__(settings=settings)
         allowed = self.settings.allow_changes
         self.steps = [
-            dataclasses.replace(step, number=i + 1).allowing(allowed)
+            dataclasses.replace(
+                step, number=i + 1, installer=step.installer or self.settings.installer
+            ).allowing(allowed)
             for i, step in enumerate(self.settings.steps)
         ]
         self.scans = [scan_step(step=step) for step in self.steps]
         self.cache_dir = Path(self.settings.cache_dir or default_cache_dir())
+        self.uv_cache_dir = Path(self.settings.uv_cache_dir or default_cache_dir("uv"))
+        self.uv = None  # (host program, version) when a step uses uv
+        for step, scan in zip(self.steps, self.scans):
+            if step.installer == "uv":
+                check_uv_step(step=step, scan=scan)
+                self.uv = self.uv or find_uv()
 
     @classmethod
     def add_arguments(cls, *, parser):
@@ -102,17 +112,29 @@ class PipStage(Stage):
             if cache
             else "pip cache: off"
         )
+        if self.uv:
+            lines.append(
+                f"uv {self.uv[1]} ({self.uv[0]}): copied into the sandbox for the "
+                f"steps, run in the container, never kept in the image; its cache: "
+                + (str(self.uv_cache_dir) if cache else "off")
+            )
         for step, scan in zip(self.steps, self.scans):
             keep = f"{PIP_DIR}/step{step.number}"
             files = [
                 f"{keep}/{rf.path.name if rf.path else 'packages.txt'}"
                 for rf in scan.files
             ]
-            cmd = pip_command(
+            command = pip_command
+            cache_dir = CACHE_DIR
+            if step.installer == "uv":
+                command = functools.partial(uv_command, uv=UV_BIN)
+                cache_dir = UV_CACHE_DIR
+            cmd = command(
                 step=step,
                 requirement_files=files,
                 constraints=f"{keep}/protected-constraints.txt",
-                cache_dir=CACHE_DIR if cache else None,
+                cache_dir=cache_dir if cache else None,
+                python="python",
             )
             env = "".join(
                 f"{k}={shlex.quote(v)} " for k, v in redact_env(step.env).items()
