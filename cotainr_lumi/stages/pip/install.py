@@ -1,6 +1,7 @@
 """Running a pip stage's steps in the sandbox: staging, pinning, pip, records."""
 
 import contextlib
+from dataclasses import dataclass
 import functools
 import glob
 import json
@@ -10,6 +11,7 @@ from pathlib import Path
 import shlex
 import shutil
 import time
+from typing import Callable
 
 from ... import _cotainr, imagelayout
 from ...engine.rootfs import resolve_in_root, write_file_in_root
@@ -33,6 +35,7 @@ from .uv import (
     UV_CACHE_DIR,
     explain_uv_conflicts,
     parse_uv_check,
+    stage_uv,
     uv_command,
     uv_env,
 )
@@ -103,6 +106,38 @@ def _pip_error_lines(output, *, limit=60):
     return "\n".join(keep[-limit:])
 
 
+@dataclass(frozen=True)
+class Lister:
+    """What lists and checks the target env: pip, or uv when a step uses it."""
+
+    name: str
+    listing: list
+    checking: list
+    verdict: str
+    parse: Callable
+
+
+def lister(*, uv, python):
+    """The :class:`Lister` of a build (`uv`: a step uses uv)."""
+    if uv:
+        tool = [UV_BIN, "--color", "never", "pip"]
+        return Lister(
+            "uv pip",
+            [*tool, "list", "--python", python, "--format", "json"],
+            [*tool, "check", "--python", python],
+            "All installed packages are compatible",
+            parse_uv_check,
+        )
+    tool = [python, "-m", "pip"]
+    return Lister(
+        "pip",
+        [*tool, "list", "--format", "json", "--disable-pip-version-check"],
+        [*tool, "check"],
+        "No broken requirements found.",
+        parse_pip_check,
+    )
+
+
 def pip_command(*, step, requirement_files, constraints, cache_dir, python="python"):
     """The ``pip install`` command line of a step."""
     cmd = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
@@ -120,13 +155,29 @@ def pip_command(*, step, requirement_files, constraints, cache_dir, python="pyth
     return cmd
 
 
+def install_command(*, step, requirement_files, constraints, cache, python="python"):
+    """A step's install command: pip's or uv's (`cache`: the host caches used)."""
+    build, cache_dir = pip_command, CACHE_DIR
+    if step.installer == "uv":
+        build, cache_dir = functools.partial(uv_command, uv=UV_BIN), UV_CACHE_DIR
+    return build(
+        step=step,
+        requirement_files=requirement_files,
+        constraints=constraints,
+        cache_dir=cache_dir if cache else None,
+        python=python,
+    )
+
+
 @contextlib.contextmanager
-def private_wheel_cache(*, root, step, cache_dir):
+def private_wheel_cache(*, root, step, cache):
     """Hide the cache of built wheels from steps whose builds depend on the image."""
-    if not cache_dir or not (step.no_build_isolation or step.env):
+    if not cache or not (step.no_build_isolation or step.env):
         yield
         return
-    top = resolve_in_root(root=root, path=cache_dir)
+    top = resolve_in_root(root=root, path=CACHE_DIR)
+    if step.installer == "uv":
+        top = resolve_in_root(root=root, path=UV_CACHE_DIR)
     # pip's wheels built from source, uv's (its downloads are in wheels-vN).
     built = [top / "wheels", *map(Path, glob.glob(str(top / "sdists-v*")))]
     moved = []
@@ -203,16 +254,9 @@ class PipRun:
 
         uv lists and checks when a step uses it (the env may have no pip).
         """
-        python = self._target.python
-        tool = [python, "-m", "pip"]
-        listing = ["list", "--format", "json", "--disable-pip-version-check"]
-        checking = ["check"]
-        if "uv" in self.installers:
-            tool = [UV_BIN, "--color", "never", "pip"]
-            listing = ["list", "--python", python, "--format", "json"]
-            checking = ["check", "--python", python]
-        script = f"{shlex.join([*tool, *checking])} >{CHECK_FILE} 2>&1; "
-        proc = self._run([*tool, *listing], script=script if check else "")
+        tools = lister(uv="uv" in self.installers, python=self._target.python)
+        script = f"{shlex.join(tools.checking)} >{CHECK_FILE} 2>&1; "
+        proc = self._run(tools.listing, script=script if check else "")
         try:
             return parse_pip_list(text=proc.stdout)
         except ValueError as e:
@@ -256,21 +300,6 @@ class PipRun:
             info["uv"] = self.uv[1]
         return info
 
-    def _stage_uv(self):
-        """Copy uv into the work directory; check that it runs in the container."""
-        host = resolve_in_root(root=self.root, path=UV_BIN)
-        shutil.copy(self.uv[0], host)
-        host.chmod(0o755)
-        try:
-            self._run([UV_BIN, "--version"])
-        except _cotainr.CommandError as e:
-            raise StageError(
-                f"uv {self.uv[1]} does not run in this image; install these steps "
-                "with pip: --set pip.installer=pip (or 'installer: pip' in a step).",
-                stage="pip",
-                details=e.error_lines(),
-            ) from e
-
     def _caches(self):
         """(name, host dir, image dir) of the caches the steps use."""
         caches = []
@@ -290,7 +319,7 @@ class PipRun:
         stats = {}
         try:
             if self.uv:
-                self._stage_uv()
+                stage_uv(root=self.root, uv=self.uv, run=self._run)
             for name, host, image in self._caches():
                 key = "import" if name == "pip" else f"{name}-import"
                 stats[key] = _timed(
@@ -393,18 +422,15 @@ class PipRun:
             return None
         path = resolve_in_root(root=self.root, path=CHECK_FILE)
         text = path.read_text(errors="replace") if path.is_file() else ""
-        tool, parse, verdict = "pip", parse_pip_check, "No broken requirements found."
-        if "uv" in self.installers:
-            tool, parse = "uv pip", parse_uv_check
-            verdict = "All installed packages are compatible"
-        broken = parse(text=text)
-        if not broken and verdict not in text:
-            logger.warning("%s check gave no verdict: %s", tool, text[-500:] or "-")
+        tools = lister(uv="uv" in self.installers, python=self._target.python)
+        broken = tools.parse(text=text)
+        if not broken and tools.verdict not in text:
+            logger.warning("%s check gave no verdict: %s", tools.name, text[-500:])
         if not broken:
             return []
         names = ", ".join(dict.fromkeys(n for *_, involved in broken for n in involved))
         message = (
-            f"{tool} check after the pip steps: broken requirements of {names}:\n"
+            f"{tools.name} check after the pip steps: broken requirements of {names}:\n"
             + "".join(f"  {pkg} {problem}\n" for pkg, problem, _ in broken)
             + "Fix: pin versions that fit together in a step (a package an "
             "earlier step installed changes only if the step lists it in "
@@ -417,24 +443,22 @@ class PipRun:
 
     def _install(self, *, step, staged, constraints, before):
         """Run the step's ``pip install`` in the target env; return it redacted."""
-        build, cache_dir = pip_command, CACHE_DIR
         env, unset = step.env, UNSET_PIP_VARIABLES
         if step.installer == "uv":
-            build = functools.partial(uv_command, uv=UV_BIN)
-            cache_dir, unset = UV_CACHE_DIR, UNSET_UV_VARIABLES
+            unset = UNSET_UV_VARIABLES
             env = {**uv_env(environ=os.environ, overrides=self._pip_env), **env}
-        cache_dir = cache_dir if self.settings.cache else None
-        cmd = build(
+        cmd = install_command(
             step=step,
             requirement_files=staged.requirement_files,
             constraints=constraints,
-            cache_dir=cache_dir,
+            cache=self.settings.cache,
             python=self._target.python,
         )
         shown = [redact(arg) for arg in cmd]
         logger.info("Running: %s", shlex.join(shown))
         try:
-            with private_wheel_cache(root=self.root, step=step, cache_dir=cache_dir):
+            cache = self.settings.cache
+            with private_wheel_cache(root=self.root, step=step, cache=cache):
                 self._run(cmd, env=env, script=f"unset {unset}; ")
         except _cotainr.CommandError as e:
             raise install_error(e, step=step, before=before, staged=staged) from e

@@ -10,14 +10,12 @@ reach pip only (records show ``***``).
 """
 
 import dataclasses
-import functools
 from pathlib import Path
 import shlex
 
 from ...engine.stage import Stage
 from ...errors import redact_env
 from .install import (
-    CACHE_DIR,
     CHECK_FILE,
     PACKAGES_FILE,
     PIP_DIR,
@@ -26,11 +24,11 @@ from .install import (
     PipRun,
     _redacted_logs,
     _secrets,
-    pip_command,
+    install_command,
 )
 from .requirements import scan_step
 from .steps import PipSettings, default_cache_dir, steps_from_inputs
-from .uv import UV_BIN, UV_CACHE_DIR, check_uv_step, find_uv, uv_command
+from .uv import check_uv_step, find_uv
 
 __all__ = ["PACKAGES_FILE", "WORK_DIR", "PipStage"]
 
@@ -47,6 +45,30 @@ _OPTIONS = {
         "are relative to the file (repeatable)"
     ),
 }
+
+
+def _describe_step(step, scan, *, cache):
+    """The plan's lines on one step: its command, inputs and protection."""
+    keep = f"{PIP_DIR}/step{step.number}"
+    files = [
+        f"{keep}/{rf.path.name if rf.path else 'packages.txt'}" for rf in scan.files
+    ]
+    cmd = install_command(
+        step=step,
+        requirement_files=files,
+        constraints=f"{keep}/protected-constraints.txt",
+        cache=cache,
+    )
+    env = "".join(f"{k}={shlex.quote(v)} " for k, v in redact_env(step.env).items())
+    lines = [f"{step.title}:", f"  {env}{shlex.join(cmd)}"]
+    lines += [f"  requirements: {path}" for path in step.requirements]
+    lines += [f"  package: {pkg}" for pkg in step.packages]
+    lines += [f"  stages: {item}" for item in scan.local_inputs]
+    protected = "everything installed before it"
+    if step.allow_changes:
+        protected += f" except {', '.join(sorted(step.allow_changes))}"
+    lines.append(f"  protects: {protected}")
+    return lines + [f"  not pinned: {moving}" for moving in scan.moving_refs]
 
 
 class PipStage(Stage):
@@ -114,40 +136,13 @@ class PipStage(Stage):
         )
         if self.uv:
             lines.append(
-                f"uv {self.uv[1]} ({self.uv[0]}): copied into the sandbox for the "
-                f"steps, run in the container, never kept in the image; its cache: "
+                f"uv {self.uv[1]} ({self.uv[0]}) for installer uv: copied into the "
+                "sandbox, run in the container for the target env's interpreter, "
+                "never kept in the image; its cache: "
                 + (str(self.uv_cache_dir) if cache else "off")
             )
         for step, scan in zip(self.steps, self.scans):
-            keep = f"{PIP_DIR}/step{step.number}"
-            files = [
-                f"{keep}/{rf.path.name if rf.path else 'packages.txt'}"
-                for rf in scan.files
-            ]
-            command = pip_command
-            cache_dir = CACHE_DIR
-            if step.installer == "uv":
-                command = functools.partial(uv_command, uv=UV_BIN)
-                cache_dir = UV_CACHE_DIR
-            cmd = command(
-                step=step,
-                requirement_files=files,
-                constraints=f"{keep}/protected-constraints.txt",
-                cache_dir=cache_dir if cache else None,
-                python="python",
-            )
-            env = "".join(
-                f"{k}={shlex.quote(v)} " for k, v in redact_env(step.env).items()
-            )
-            lines += [f"{step.title}:", f"  {env}{shlex.join(cmd)}"]
-            lines += [f"  requirements: {path}" for path in step.requirements]
-            lines += [f"  package: {pkg}" for pkg in step.packages]
-            lines += [f"  stages: {item}" for item in scan.local_inputs]
-            protected = "everything installed before it"
-            if step.allow_changes:
-                protected += f" except {', '.join(sorted(step.allow_changes))}"
-            lines.append(f"  protects: {protected}")
-            lines += [f"  not pinned: {moving}" for moving in scan.moving_refs]
+            lines += _describe_step(step, scan, cache=cache)
         lines.append(f"then pip check: {self.settings.check} (output: {CHECK_FILE})")
         lines.append(f"records: {PIP_DIR}/stepN/, {STEPS_FILE}, {PACKAGES_FILE}")
         return lines

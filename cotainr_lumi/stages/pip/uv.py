@@ -12,9 +12,11 @@ is refused when the plan is made, saying how to run that step with pip.
 import importlib.metadata
 import logging
 import re
+import shutil
 
-from ... import imagelayout
-from ...errors import InputError
+from ... import _cotainr, imagelayout
+from ...engine.rootfs import resolve_in_root
+from ...errors import InputError, StageError
 from .protect import Conflict
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -75,6 +77,22 @@ def find_uv():
             "uv %s is installed; cotainr-lumi is tested with %s.", version, UV_VERSION
         )
     return program, version
+
+
+def stage_uv(*, root, uv, run):
+    """Copy uv (program, version) into the sandbox; check it runs there (`run`)."""
+    host = resolve_in_root(root=root, path=UV_BIN)
+    shutil.copy(uv[0], host)
+    host.chmod(0o755)
+    try:
+        run([UV_BIN, "--version"])
+    except _cotainr.CommandError as e:
+        raise StageError(
+            f"uv {uv[1]} does not run in this image; install these steps with "
+            "pip: --set pip.installer=pip (or 'installer: pip' in a step).",
+            stage="pip",
+            details=e.error_lines(),
+        ) from e
 
 
 def uv_problems(*, step, scan):

@@ -82,46 +82,47 @@ def _scratch(*, root):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _check(*, manager, what, proc, packages, root):
-    """Raise the one error a run of the package manager calls for."""
-    output = proc.stdout + proc.stderr
+def _problem(*, manager, what, output, packages):
+    """What the output of a run says went wrong (None: nothing)."""
     unknown = sorted({n for m in manager.unknown.findall(output) for n in m if n})
     if unknown:
-        raise _error(
+        return (
             f"{manager.program} knows no package {', '.join(unknown)} (not in the "
-            "base image's package sources). Check the name for this distribution "
-            "and fix system-packages.",
-            proc=proc,
+            "base image's package sources). Check the name for this distribution."
         )
     fetch = _NETWORK_RE.search(output) if manager.kind == "deb" else None
     if fetch:
-        raise _error(
+        return (
             f"{manager.program} {what} could not reach the base image's package "
             f"sources ({fetch.group(0).strip()}). Build where the network reaches "
-            "the distribution's mirrors (set http_proxy/https_proxy for a proxy).",
-            proc=proc,
+            "the distribution's mirrors (set http_proxy/https_proxy for a proxy)."
         )
-    for name in _INST_RE.findall(output) if what == "check" else ():
-        reason = refusal(name)
-        if reason:
-            pulled = (
-                "" if name in packages else " (pulled in by the requested packages)"
+    return _refused(output, packages) if what == "check" else None
+
+
+def _refused(output, packages):
+    """The message for a package the simulation lists that needs real root."""
+    for name in _INST_RE.findall(output):
+        if refusal(name):
+            pulled = "" if name in packages else " (pulled in by the packages)"
+            return f"{name}{pulled} cannot be installed without root: {refusal(name)}. {_FIX}"
+    return None
+
+
+def _check(*, manager, what, proc, packages, root):
+    """Raise the one error a run of the package manager calls for."""
+    output = proc.stdout + proc.stderr
+    problem = _problem(manager=manager, what=what, output=output, packages=packages)
+    if problem is None and proc.returncode != 0:
+        unfinished = manager.unfinished(root=root)
+        problem = f"{manager.program} {what} failed (exit status {proc.returncode})."
+        if unfinished:
+            problem = (
+                f"{', '.join(unfinished)} could not be set up under proot's fake "
+                f"root: its installation script failed (it may need real root). {_FIX}"
             )
-            raise _error(
-                f"{name}{pulled} cannot be installed without root: {reason}. {_FIX}"
-            )
-    if proc.returncode == 0:
-        return
-    unfinished = manager.unfinished(root=root)
-    if unfinished:
-        raise _error(
-            f"{', '.join(unfinished)} could not be set up under proot's fake root: "
-            "its installation script failed (it may need real root). " + _FIX,
-            proc=proc,
-        )
-    raise _error(
-        f"{manager.program} {what} failed (exit status {proc.returncode}).", proc=proc
-    )
+    if problem:
+        raise _error(problem, proc=proc)
 
 
 def _run(*, run, command):
@@ -151,8 +152,7 @@ def install_packages(*, root, packages, proot):
         for what, command in manager.commands(packages=packages, work=WORK_DIR):
             logger.info("system-packages: %s", " ".join(command))
             proc = _run(run=run, command=command)
-            for line in (proc.stdout + proc.stderr).splitlines():
-                logger.debug("%s", line)
+            logger.debug("%s", proc.stdout + proc.stderr)
             _check(manager=manager, what=what, proc=proc, packages=packages, root=root)
         after = manager.installed(root=root, run=run)
     record = SystemPackagesRecord(
@@ -162,9 +162,7 @@ def install_packages(*, root, packages, proot):
         requested=packages,
     )
     record.added = [p for n, p in sorted(after.items()) if n not in before]
-    record.changed = [
-        p for n, p in sorted(after.items()) if n in before and before[n] != p
-    ]
+    record.changed = [p for n, p in sorted(after.items()) if before.get(n, p) != p]
     record.removed = [p for n, p in sorted(before.items()) if n not in after]
     record.seconds = round(time.time() - t0, 1)
     return record

@@ -108,7 +108,7 @@ def test_install_records_the_delta_and_leaves_no_scratch(tmp_path, monkeypatch):
         ),
         (
             {"check": (0, "Inst systemd (252 Debian)\n")},
-            "systemd (pulled in by the requested packages) cannot",
+            "systemd (pulled in by the packages) cannot",
         ),
         (
             {
