@@ -181,6 +181,11 @@ def _markers(markers, sep):
     return f" ; {markers.strip()}" if sep else ""
 
 
+def _options(tokens, *, where):
+    """(option, where) of the options after a requirement (``--hash=...``)."""
+    return [(t.partition("=")[0], where) for t in tokens if t.startswith("-")]
+
+
 def _requirement(text, *, where):
     try:
         return Requirement(text)
@@ -306,9 +311,7 @@ class StepScan:
         tokens = text.split()
         n = next((i for i, t in enumerate(tokens) if t.startswith("-")), len(tokens))
         req_text, options = " ".join(tokens[:n]), "".join(f" {t}" for t in tokens[n:])
-        self.options += [
-            (t.partition("=")[0], where) for t in tokens[n:] if t[:1] == "-"
-        ]
+        self.options += _options(tokens[n:], where=where)
         if not req_text:
             raise _error(where, f"no requirement before the options in {text!r}")
         prefix, kind = "", "file-url"
