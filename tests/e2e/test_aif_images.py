@@ -31,7 +31,7 @@ import time
 import aif_layout
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
-from hosttools import need_lmod
+from hosttools import need_lmod, need_proot
 from pkgfixtures import make_wheel, serve_index
 from prune_fixtures import derive_base_image
 import pytest
@@ -50,6 +50,7 @@ def work(
     tmp_path_factory, lumi_like_base_image, apptainer_path, build_times, write_systems
 ):
     """The derived AI Factory-like base, the test system and the wheels."""
+    need_proot()  # the first build's system package
     work = tmp_path_factory.mktemp("aif")
     t0 = time.time()
     base = derive_base_image(
