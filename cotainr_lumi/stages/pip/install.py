@@ -35,9 +35,9 @@ from .uv import (
     UV_CACHE_DIR,
     explain_uv_conflicts,
     parse_uv_check,
-    stage_uv,
     uv_command,
     uv_env,
+    uv_in_sandbox,
 )
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -300,46 +300,35 @@ class PipRun:
             info["uv"] = self.uv[1]
         return info
 
-    def _caches(self):
-        """(name, host dir, image dir) of the caches the steps use."""
-        caches = []
-        if self.settings.cache and "pip" in self.installers:
-            caches.append(("pip", self.cache_dir, CACHE_DIR))
-        if self.settings.cache and "uv" in self.installers:
-            caches.append(("uv", self.uv_cache_dir, UV_CACHE_DIR))
-        return caches
-
     @contextlib.contextmanager
     def _work_dir(self):
-        """A fresh :data:`WORK_DIR`, with the host pip cache in it when on."""
+        """A fresh :data:`WORK_DIR`: the host pip cache in it, uv's mounted there."""
         work = resolve_in_root(root=self.root, path=WORK_DIR)
         if work.exists():
             shutil.rmtree(work)
         work.mkdir(parents=True)
+        cache = resolve_in_root(root=self.root, path=CACHE_DIR)
+        pip_cache = self.settings.cache and "pip" in self.installers
+        uv_cache = self.uv_cache_dir if self.settings.cache else None
         stats = {}
         try:
-            if self.uv:
-                stage_uv(root=self.root, uv=self.uv, run=self._run)
-            for name, host, image in self._caches():
-                key = "import" if name == "pip" else f"{name}-import"
-                stats[key] = _timed(
-                    import_cache,
-                    host_dir=host,
-                    sandbox_dir=resolve_in_root(root=self.root, path=image),
+            if pip_cache:
+                stats["import"] = _timed(
+                    import_cache, host_dir=self.cache_dir, sandbox_dir=cache
                 )
                 logger.info(
-                    "%s cache %s: %d files linked/copied into the sandbox",
-                    name,
-                    host,
-                    stats[key]["files"],
+                    "pip cache %s: %d files linked/copied into the sandbox",
+                    self.cache_dir,
+                    stats["import"]["files"],
                 )
-            yield stats
+            with uv_in_sandbox(
+                root=self.root, uv=self.uv, cache=uv_cache, run=self._run
+            ):
+                yield stats
         finally:
-            for name, host, image in self._caches():
-                stats["export" if name == "pip" else f"{name}-export"] = _timed(
-                    export_cache,
-                    sandbox_dir=resolve_in_root(root=self.root, path=image),
-                    host_dir=host,
+            if pip_cache:
+                stats["export"] = _timed(
+                    export_cache, sandbox_dir=cache, host_dir=self.cache_dir
                 )
             shutil.rmtree(work, ignore_errors=True)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import shlex
 
 from ...engine.stage import Stage
-from ...errors import redact_env
+from ...errors import InputError, redact_env
 from .install import (
     CHECK_FILE,
     PACKAGES_FILE,
@@ -94,6 +94,11 @@ class PipStage(Stage):
             if step.installer == "uv":
                 check_uv_step(step=step, scan=scan)
                 self.uv = self.uv or find_uv()
+        if self.uv and self.settings.cache and set(",:") & set(str(self.uv_cache_dir)):
+            raise InputError(
+                f"The uv cache {self.uv_cache_dir} is mounted into the container, "
+                "which a path with ',' or ':' cannot be: set pip.uv-cache-dir."
+            )
 
     @classmethod
     def add_arguments(cls, *, parser):

@@ -4,13 +4,17 @@ uv as the installer of pip steps (``installer: uv``).
 The uv of the ``uv`` extra (``pip install 'cotainr-lumi[uv]'``: the pinned
 wheel from PyPI, a prebuilt binary) is copied into the sandbox's work
 directory for the steps and runs there, in the container, as
-``uv pip install --python <target env's python>``: the image needs no uv and
-keeps none. A step uses uv only with what uv does as pip does; anything else
+``uv pip install --python <target env's python>``, with the host uv cache
+bind-mounted (no copy in and out, which a layered build would make of every
+unpacked wheel): the image needs no uv and keeps none. A step uses uv only with what uv does as pip does; anything else
 is refused when the plan is made, saying how to run that step with pip.
 """
 
+import contextlib
 import importlib.metadata
 import logging
+import os
+from pathlib import Path
 import re
 import shutil
 
@@ -26,6 +30,8 @@ UV_VERSION = "0.13.9"
 #: Where uv and its cache are while the steps run (removed before the image).
 UV_BIN = f"{imagelayout.PIP_WORK_DIR}/uv"
 UV_CACHE_DIR = f"{imagelayout.PIP_WORK_DIR}/uv-cache"
+#: The runtime's bind variable (the build unsets it; Apptainer reads it too).
+BIND_VARIABLE = "SINGULARITY_BIND"
 #: pip install options uv takes under the same name, with pip's meaning
 #: (uv's aliases: astral-sh/uv crates/uv-cli/src/lib.rs), and whether a value
 #: follows.
@@ -79,8 +85,15 @@ def find_uv():
     return program, version
 
 
-def stage_uv(*, root, uv, run):
-    """Copy uv (program, version) into the sandbox; check it runs there (`run`)."""
+@contextlib.contextmanager
+def uv_in_sandbox(*, root, uv, cache, run):
+    """Copy uv into the sandbox, check it runs there, mount the host `cache`.
+
+    The cache is mounted at :data:`UV_CACHE_DIR` meanwhile (uv locks it).
+    """
+    if uv is None:
+        yield
+        return
     host = resolve_in_root(root=root, path=UV_BIN)
     shutil.copy(uv[0], host)
     host.chmod(0o755)
@@ -93,6 +106,16 @@ def stage_uv(*, root, uv, run):
             stage="pip",
             details=e.error_lines(),
         ) from e
+    if cache is None:
+        yield
+        return
+    Path(cache).mkdir(parents=True, exist_ok=True)
+    resolve_in_root(root=root, path=UV_CACHE_DIR).mkdir(parents=True, exist_ok=True)
+    os.environ[BIND_VARIABLE] = f"{cache}:{UV_CACHE_DIR}"
+    try:
+        yield
+    finally:
+        del os.environ[BIND_VARIABLE]
 
 
 def uv_problems(*, step, scan):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -65,7 +66,15 @@ def test_a_uv_step_runs_uv_in_the_container_and_uv_lists(inputs, tmp_path, fake_
     stage = _stage_from_cli(["--pip-requirements", "torch.txt"])
     stage = PipStage(settings=dataclasses.replace(stage.settings, installer="uv"))
     sandbox = UvSandbox(tmp_path / "sb", {"pip": "23.0.1"})
-    sandbox.on_install = lambda argv, env: sandbox.installed.update(torch="2.13.0+cpu")
+
+    def on_install(argv, env):
+        # The host uv cache is mounted where uv's --cache-dir points.
+        assert os.environ["SINGULARITY_BIND"] == f"{host_cache}:{uv.UV_CACHE_DIR}"
+        assert argv[argv.index("--cache-dir") + 1] == uv.UV_CACHE_DIR
+        sandbox.installed.update(torch="2.13.0+cpu")
+
+    host_cache = tmp_path / "xdg" / "cotainr-lumi" / "uv"
+    sandbox.on_install = on_install
     report = stage.run(context=StageContext(sandbox=sandbox, plan=PLAN))
     ((argv, env),) = [c for c in sandbox.commands if " pip install " in c[0][-1]]
     cmd = shlex.split(argv[2].rsplit("; exec ", 1)[1])
@@ -79,7 +88,8 @@ def test_a_uv_step_runs_uv_in_the_container_and_uv_lists(inputs, tmp_path, fake_
     )
     # No pip list: uv lists; nothing of uv is left in the sandbox.
     assert not [c for c in sandbox.commands if "-m pip list" in c[0][-1]]
-    assert not sandbox.host(UV_BIN).exists()
+    assert not sandbox.host(UV_BIN).exists() and "SINGULARITY_BIND" not in os.environ
+    assert host_cache.is_dir()
 
 
 def test_a_uv_step_with_an_option_uv_lacks_is_refused_when_planned(inputs, fake_uv):  # noqa: F811
