@@ -45,13 +45,21 @@ Sections (each a ratio measured in one run, on the same inputs):
    (targets: the default <= 0.25x stock's time, its SIF <= 1.1x stock's gzip
    SIF, its import no slower). ``--full-base`` reuses a base made before.
 
+7. uv vs pip (issue 42): the same pip step (the torch CPU wheel of
+   ``/opt/wheels`` plus numpy, pyyaml and tqdm from PyPI, torch's
+   dependencies from PyPI) on the test base as a layer (``--layer-only``),
+   with ``pip.installer=pip`` and ``=uv``, each with an empty host cache
+   (cold) and again with that cache (warm); medians of ``--uv-runs`` of the
+   pip stage's time, the machine's load (``uptime``) before and after
+   (target: uv <= 0.3x pip, cold and warm). Not in ``--quick``.
+
 Needs what the end-to-end tests need (root on Debian 12, or a native
 Apptainer). ``--quick`` runs each section once on small inputs (used in CI
 so this script cannot rot; no thresholds are asserted anywhere).
 
 Sections 1 and 5 build whole images (``--flatten``), as stock cotainr does.
 
-Usage: python benchmarks/run.py [--quick] [--runs N] [--sections 1,2,3,4,5,6,7]
+Usage: python benchmarks/run.py [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8]
 """
 
 import argparse
@@ -389,6 +397,50 @@ def section_torch_env(work, base, runs):
     return rows
 
 
+def _load():
+    return sh(["uptime"]).stdout.split("load average:")[-1].strip()
+
+
+def section_uv(work, base, runs):
+    """8. The pip stage with pip and with uv, cold and warm host cache."""
+    if not TORCH_WHEEL.is_file():
+        return [(f"skipped: {TORCH_WHEEL} is not on this machine", "", "")]
+    prof = profile(
+        work, "bench-uv", base, settings={"provenance": {"hash-base-image": False}}
+    )
+    (work / "req.txt").write_text(f"{TORCH_WHEEL}\nnumpy\npyyaml\ntqdm\n")
+    load = [_load()]
+    times = {}
+    for run in range(runs):
+        for installer in ("pip", "uv"):
+            caches = {"cache-dir": str(work / f"pip-{run}")}
+            caches["uv-cache-dir"] = str(work / f"uv-{run}")
+            steps = {"installer": installer, "steps": ["req.txt"], **caches}
+            (work / "steps.yml").write_text(yaml.safe_dump(steps))
+            for cache in ("cold", "warm"):
+                _, stages, _ = build(
+                    work / "uv.sqfs",
+                    ["--system=bench-uv", "--pip-steps=steps.yml", "--layer-only"],
+                    env={"COTAINR_LUMI_SYSTEMS": str(prof)},
+                    cwd=work,
+                )
+                times.setdefault((installer, cache), []).append(stages["pip"])
+    load.append(_load())
+    rows = []
+    for cache in ("cold", "warm"):
+        pip, uv = (statistics.median(times[(i, cache)]) for i in ("pip", "uv"))
+        rows.append((f"pip stage with pip, {cache} cache", f"{pip:.1f} s", "1.00x"))
+        rows.append(
+            (
+                f"pip stage with uv, {cache} cache",
+                f"{uv:.1f} s",
+                f"{uv / pip:.2f}x  (target <= 0.3x)",
+            )
+        )
+    rows.append((f"load before / after: {load[0]} / {load[1]}", "", ""))
+    return rows
+
+
 def section_layered(work, base, runs, big_gb):
     """6. First build, stacked layered build, stacked whole build; small and big base."""
     bases = [("small", base)]
@@ -590,7 +642,8 @@ def main(argv=None):
     parser.add_argument(
         "--runs", type=int, default=5, help="alternating runs for section 1"
     )
-    parser.add_argument("--sections", default="1,2,3,4,5,6,7")
+    parser.add_argument("--sections", default="1,2,3,4,5,6,7,8")
+    parser.add_argument("--uv-runs", type=int, default=3, help="runs of section 8")
     parser.add_argument(
         "--layer-runs", type=int, default=3, help="runs of each build of section 6"
     )
@@ -669,11 +722,13 @@ def main(argv=None):
                 args.full_base,
             ),
         ),
+        8: ("8. uv vs pip (torch wheel)", lambda w: section_uv(w, base, args.uv_runs)),
     }
     if args.quick:
         # A 1 GB base image and minutes per build: not for CI's quick mode.
         wanted.discard(5)
         wanted.discard(7)
+        wanted.discard(8)
     with tempfile.TemporaryDirectory(prefix="cotainr-lumi-bench-", dir="/tmp") as tmp:
         for number, (title, run) in sections.items():
             if number not in wanted:

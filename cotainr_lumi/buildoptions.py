@@ -95,7 +95,8 @@ OPTIONS = (
             metavar="FILE",
             help="pip: a YAML file of pip steps with per-step settings "
             "(no-build-isolation, env, pip-args, index-url, extra-index-urls, "
-            "allow-changes); paths in it are relative to the file (repeatable)",
+            "allow-changes, installer) and system-packages; paths in it are "
+            "relative to the file (repeatable)",
         ),
     ),
     (
@@ -138,6 +139,17 @@ def _env_settings(texts):
     return {"env": env}
 
 
+def _system_packages(inputs):
+    """The system-packages settings of the pip steps files (``--pip-steps``)."""
+    from .stages.system_packages.stage import packages_of_steps_file
+
+    packages = []
+    for kind, value in inputs:
+        if kind == "steps":
+            packages += packages_of_steps_file(value).get("packages", [])
+    return {"packages": packages}
+
+
 def option_settings(options):
     """The stage settings of the options ``--pip-*`` and ``--env``, by stage."""
     settings = {}
@@ -145,6 +157,9 @@ def option_settings(options):
         from .stages.pip.steps import steps_from_inputs
 
         settings["pip"] = steps_from_inputs(inputs=options["pip_inputs"])
+        packages = _system_packages(options["pip_inputs"])
+        if packages["packages"]:
+            settings["system-packages"] = packages
     if options.get("lumi_env_set"):
         settings["lumi-env"] = _env_settings(options["lumi_env_set"])
     return settings

@@ -43,6 +43,10 @@ PIP_STEPS_FILE = f"{PIP_DIR}/steps.json"
 PIP_PACKAGES_FILE = f"{PIP_DIR}/packages.json"
 #: The pip stage's scratch directory (cache, staged files); removed after it.
 PIP_WORK_DIR = f"{RECORDS_DIR}/.pip-work"
+#: The system-packages stage's record (the packages added, their versions).
+SYSTEM_PACKAGES_FILE = f"{RECORDS_DIR}/system-packages.json"
+#: Its scratch directory (apt's package lists and downloads); removed after it.
+SYSTEM_PACKAGES_WORK_DIR = f"{RECORDS_DIR}/.system-packages-work"
 #: The script ``$WITH_CONDA`` sources (lumi-env stage).
 WITH_CONDA_FILE = f"{RECORDS_DIR}/with-conda.sh"
 #: The lumi-env stage's MPI record: the image's MPI, its users, the mode and
@@ -98,6 +102,9 @@ LABEL_COMPRESSION = "cotainr-lumi.compression"
 LABEL_PIP_PACKAGES = "cotainr-lumi.pip.packages"
 LABEL_PIP_STEPS = "cotainr-lumi.pip.steps"
 LABEL_SBOM = "cotainr-lumi.sbom"
+
+# system-packages: :data:`SYSTEM_PACKAGES_FILE`.
+LABEL_SYSTEM_PACKAGES = "cotainr-lumi.system-packages"
 
 # prune: :data:`PRUNE_MANIFEST_FILE` and the bytes the stage saved.
 LABEL_PRUNE_MANIFEST = "cotainr-lumi.prune.manifest"

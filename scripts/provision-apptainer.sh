@@ -16,7 +16,10 @@
 #            .stamp  written last; marks a complete provisioning
 #    The wrappers enter private mount + PID namespaces, bind the host
 #    directories the call needs into the root at the same paths, pivot_root
-#    into it and exec its /usr/bin/apptainer.
+#    into it and exec its /usr/bin/apptainer. A user other than root gets
+#    them in a user namespace where it is root, and runs apptainer as itself
+#    again (in a nested one), so Apptainer runs unprivileged, through user
+#    namespaces.
 #
 # Environment:
 #   COTAINR_LUMI_CACHE_DIR       cache base directory (default /var/cache/cotainr-lumi)
@@ -166,11 +169,17 @@ if [[ "${_COTAINR_LUMI_WRAPPER_STAGE:-}" != inner ]]; then
         echo "apptainer wrapper: $ROOT is not provisioned; run scripts/provision-apptainer.sh" >&2
         exit 127
     }
+    userns=()
+    if [[ "$(id -u)" != 0 ]]; then # root in a user namespace for the mounts
+        userns=(--user --map-root-user)
+        export _COTAINR_LUMI_WRAPPER_USER="$(id -u):$(id -g)"
+    fi
     _COTAINR_LUMI_WRAPPER_STAGE=inner _COTAINR_LUMI_WRAPPER_CWD="$PWD" \
-        exec unshare --mount --propagation private --pid --fork --kill-child \
-        /bin/bash "${BASH_SOURCE[0]}" "$@"
+        exec unshare "${userns[@]}" --mount --propagation private --pid --fork \
+        --kill-child /bin/bash "${BASH_SOURCE[0]}" "$@"
 fi
 unset _COTAINR_LUMI_WRAPPER_STAGE
+PATH="$PATH:/usr/sbin:/sbin" # pivot_root, also on a user's PATH
 cwd="${_COTAINR_LUMI_WRAPPER_CWD:-/}"
 unset _COTAINR_LUMI_WRAPPER_CWD
 
@@ -266,6 +275,10 @@ for f in /etc/hosts /etc/resolv.conf /etc/ssl/certs/ca-certificates.crt; do
         mount --bind "$f" "$ROOT$f"
     fi
 done
+if [[ -n "${_COTAINR_LUMI_WRAPPER_USER:-}" ]]; then # apptainer looks the user up
+    mount --bind /etc/passwd "$ROOT/etc/passwd"
+    mount --bind /etc/group "$ROOT/etc/group"
+fi
 mount -t proc proc "$ROOT/proc"
 mount --rbind /sys "$ROOT/sys"
 mount --rbind /dev "$ROOT/dev"
@@ -277,6 +290,12 @@ cd "$cwd" 2>/dev/null || {
     echo "apptainer wrapper: warning: $cwd is not visible inside the apptainer root; running in /" >&2
     cd /
 }
+if [[ -n "${_COTAINR_LUMI_WRAPPER_USER:-}" ]]; then # the user again, unprivileged
+    ids="$_COTAINR_LUMI_WRAPPER_USER"
+    unset _COTAINR_LUMI_WRAPPER_USER
+    exec unshare --user --map-user="${ids%:*}" --map-group="${ids#*:}" \
+        /usr/bin/apptainer "$@"
+fi
 exec /usr/bin/apptainer "$@"
 WRAPPER_EOF
 }

@@ -72,6 +72,11 @@ def need_libmpich12() -> Path:
     return need_file(LIBMPICH12, install="apt-get install -y libmpich12").resolve()
 
 
+def need_proot() -> str:
+    """Return Debian's proot (LUMI's PRoot module stands for it), or fail/skip."""
+    return need_tool("proot", install="apt-get install -y proot")
+
+
 @contextlib.contextmanager
 def real_users(count, *, why):
     """Create `count` real users (root, useradd); yield their names; remove them."""

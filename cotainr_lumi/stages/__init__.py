@@ -4,6 +4,7 @@ from .lumi_env.stage import LumiEnvStage
 from .pip.stage import PipStage
 from .provenance import ProvenanceStage
 from .prune.stage import PruneStage
+from .system_packages.stage import SystemPackagesStage
 
 #: The stages, in the order they run.
-PIPELINE = (PipStage, PruneStage, LumiEnvStage, ProvenanceStage)
+PIPELINE = (SystemPackagesStage, PipStage, PruneStage, LumiEnvStage, ProvenanceStage)

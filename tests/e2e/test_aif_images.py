@@ -9,7 +9,11 @@ inspect the produced ``.sif`` files: the pip step went into ``/opt/venv``
 to the base's, the family's runtime settings (no host ``/opt/cray``, no
 forced ``NCCL_NET_GDR_LEVEL``, ``FI_MR_CACHE_MONITOR``), the module drop-in in
 real Lmod beside a bindings module, ``cotainr-lumi verify`` with no FAIL, the
-SBOMs, and a second build on top of the first.
+SBOMs, and a second build on top of the first. The first build also adds a
+system package (``system-packages: [jq]``) with the base's apt-get under
+proot's fake root (Debian's proot): the AI Factory images are Ubuntu, this
+machine reaches Debian's mirrors but not Ubuntu's, so the AI Factory-like
+base here is Debian 12 (``aif_layout.py``) with its Debian sources.
 
 One derived base and two builds per session (~4 minutes on a shared 2-core
 machine).
@@ -28,7 +32,7 @@ import aif_layout
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 import entrypoints
-from hosttools import need_lmod
+from hosttools import need_lmod, need_proot
 from pkgfixtures import make_wheel, serve_index
 from prune_fixtures import derive_base_image
 import pytest
@@ -47,6 +51,7 @@ def work(
     tmp_path_factory, lumi_like_base_image, apptainer_path, build_times, write_systems
 ):
     """The derived AI Factory-like base, the test system and the wheels."""
+    need_proot()  # the first build's system package
     work = tmp_path_factory.mktemp("aif")
     t0 = time.time()
     apptainer = str(apptainer_path / "apptainer")
@@ -80,7 +85,8 @@ def work(
     swap = make_wheel(work / "wheels", "aifswap", "2.0")
     (work / "first.txt").write_text(f"./wheels/{first.name}\n./wheels/{swap.name}\n")
     step = {"requirements": "first.txt", "allow-changes": ["aifswap"]}
-    (work / "first.yml").write_text(yaml.safe_dump({"steps": [step]}))
+    steps = {"system-packages": ["jq"], "steps": [step]}
+    (work / "first.yml").write_text(yaml.safe_dump(steps))
     return work, base
 
 
@@ -88,8 +94,8 @@ def work(
 def first(work, cotainr_build):
     """The AI Factory-like base extended with one pip step (and its module).
 
-    It adds basepkg 1.0 and replaces the base's aifswap 1.0 by 2.0 (which has
-    no ``aifswap/old.py``), as a layer on the base.
+    It adds jq (a system package), basepkg 1.0 and replaces the base's aifswap
+    1.0 by 2.0 (which has no ``aifswap/old.py``), as a layer on the base.
     """
     work, _base = work
     image = work / "first.sif"
@@ -226,6 +232,12 @@ def test_the_first_build_is_a_layer_that_adds_replaces_and_removes(
     assert [o.parttype for o in parts[base]] == [SIF_SYSTEM]
     assert sorted(o.parttype for o in parts[image]) == [SIF_SYSTEM, SIF_OVERLAY]
     assert "Layered image: " in log
+    # The system package is in the layer and runs; the record lists it.
+    proc = apptainer_exec(image, "jq", "--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("jq-"), proc.stderr
+    record = cat_json(apptainer_exec, image, "/opt/cotainr-lumi/system-packages.json")
+    assert record["manager"] == "apt" and record["requested"] == ["jq"]
+    assert "jq" in {p["name"] for p in record["added"]}
     contents = []
     for sif in (image, base):  # the base's squashfs, byte for byte
         system = [o for o in parts[sif] if o.parttype == SIF_SYSTEM][0]
@@ -432,7 +444,10 @@ def test_the_sboms_record_what_the_build_added(work, first, apptainer_exec):
     image, _ = first
     before = cat_json(apptainer_exec, base, "/.sbom.json")
     after = cat_json(apptainer_exec, image, "/.sbom.json")
-    assert set(after) == {"apt", "pip"} and after["apt"] == before["apt"]
+    record = cat_json(apptainer_exec, image, "/opt/cotainr-lumi/system-packages.json")
+    added = [{"name": p["name"], "version": p["version"]} for p in record["added"]]
+    assert set(after) == {"apt", "pip"} and after["apt"] == before["apt"] + added
+    assert "jq" in {p["name"] for p in added}
     names = {p["name"] for p in after["pip"]}
     assert names == {p["name"] for p in before["pip"]} | {"basepkg"}
     proc = apptainer_exec(image, "cat", "/opt/cotainr-lumi/sbom.cdx.json")
@@ -440,6 +455,8 @@ def test_the_sboms_record_what_the_build_added(work, first, apptainer_exec):
     cdx = json.loads(proc.stdout)
     origins = {c["name"]: c["properties"][0]["value"] for c in cdx["components"]}
     assert origins["basepkg"] == "build" and origins["torch"] == "base"
+    jq = [c for c in cdx["components"] if c["name"] == "jq"][0]
+    assert jq["purl"].startswith("pkg:deb/debian/jq@") and origins["jq"] == "build"
     labels = json.loads(
         apptainer_exec(image, "cat", "/.singularity.d/labels.json").stdout
     )

@@ -10,7 +10,11 @@ override of the later builds:
 - a step pinning another torch version stops with the protection error;
 - torch and the extension in one step fail with "No module named 'torch'";
 - a small sdist from a local index is installed by two builds: the second
-  takes the wheel built by the first from the host pip cache.
+  takes the wheel built by the first from the host pip cache;
+- uv as the installer (``pip.installer=uv``): the torch layer's step gives the
+  same packages as with pip, nothing of uv stays in the image, the protected
+  torch cannot be replaced through uv, and an option uv lacks is refused at
+  plan time.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import shutil
 import subprocess
 
 from hosttools import need_file
+from packaging.utils import canonicalize_name
 from pkgfixtures import make_sdist, make_wheel, serve_index
 import pytest
 import yaml
@@ -499,3 +504,67 @@ def test_pip_check_reports_broken_requirements_and_strict_stops(
     assert f"  {broken}\n" in output and "Or build anyway: pip.check=warn." in output
     assert "No image was written" in output
     assert not strict.exists()
+
+
+def _packages(apptainer_exec, image):
+    proc = apptainer_exec(image, "cat", "/opt/cotainr-lumi/pip/packages.json")
+    assert proc.returncode == 0, proc.stderr
+    return {
+        (canonicalize_name(p["name"]), p["version"]) for p in json.loads(proc.stdout)
+    }
+
+
+def test_uv_installs_what_pip_installs_and_leaves_nothing(
+    work, torch_image, apptainer_exec, build
+):
+    image = work / "uv-torch.sif"
+    proc = build(
+        image,
+        "--pip-requirements",
+        "torch.txt",
+        "--set",
+        "pip.installer=uv",
+        name="torch layer with uv",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert _packages(apptainer_exec, image) == _packages(apptainer_exec, torch_image)
+    script = (
+        "cat /opt/cotainr-lumi/pip/steps.json; echo ===; "
+        "cat /opt/cotainr-lumi/pip/pip-check.txt; echo ===; ls -a /opt/cotainr-lumi; "
+        "command -v uv || echo no-uv; python -c 'import torch; print(torch.__version__)'"
+    )
+    proc = apptainer_exec(image, "bash", "-c", script)
+    steps, check, rest = proc.stdout.split("===\n")
+    step = json.loads(steps)["steps"][0]
+    assert step["installer"] == "uv" and "--compile-bytecode" in step["command"]
+    assert "All installed packages are compatible" in check
+    assert ".pip-work" not in rest.split() and rest.split()[-2:] == [
+        "no-uv",
+        "2.13.0+cpu",
+    ]
+
+
+def test_uv_cannot_replace_protected_torch_nor_take_what_it_lacks(
+    work, torch_image, build
+):
+    (work / "pin.txt").write_text("torch==2.12.0\n")
+    image = work / "uv-pinned.sif"
+    args = ("--base-image", torch_image, "--set", "pip.installer=uv")
+    proc = build(image, *args, "--pip-requirements", "pin.txt", name="uv protection")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and not image.exists()
+    assert "step 1 (pin.txt) would change protected package(s) torch" in output
+    assert "you require torch==2.12.0 and torch==2.13.0+cpu" in output
+    assert output.count("cotainr: error:") == 1, output
+    # An option uv does not do as pip does: refused by the dry run.
+    (work / "prefer.yml").write_text(
+        yaml.safe_dump(
+            {"steps": [{"packages": ["six"], "pip-args": ["--prefer-binary"]}]}
+        )
+    )
+    proc = build(
+        image, *args, "--pip-steps", "prefer.yml", "--dry-run", name="uv refusal"
+    )
+    assert proc.returncode == 2 and not image.exists()
+    assert "uv does not do --prefer-binary (pip-args) as pip does" in proc.stderr
+    assert "add 'installer: pip' to the step" in proc.stderr

@@ -1,6 +1,9 @@
 """Running a pip stage's steps in the sandbox: staging, pinning, pip, records."""
 
 import contextlib
+from dataclasses import dataclass
+import functools
+import glob
 import json
 import logging
 import os
@@ -8,6 +11,7 @@ from pathlib import Path
 import shlex
 import shutil
 import time
+from typing import Callable
 
 from ... import _cotainr, imagelayout
 from ...engine.rootfs import resolve_in_root, write_file_in_root
@@ -25,6 +29,16 @@ from .protect import (
 )
 from .requirements import StagedStep
 from .sbom import write_sboms
+from .uv import (
+    UNSET_UV_VARIABLES,
+    UV_BIN,
+    UV_CACHE_DIR,
+    explain_uv_conflicts,
+    parse_uv_check,
+    uv_command,
+    uv_env,
+    uv_in_sandbox,
+)
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -92,6 +106,38 @@ def _pip_error_lines(output, *, limit=60):
     return "\n".join(keep[-limit:])
 
 
+@dataclass(frozen=True)
+class Lister:
+    """What lists and checks the target env: pip, or uv when a step uses it."""
+
+    name: str
+    listing: list
+    checking: list
+    verdict: str
+    parse: Callable
+
+
+def lister(*, uv, python):
+    """The :class:`Lister` of a build (`uv`: a step uses uv)."""
+    if uv:
+        tool = [UV_BIN, "--color", "never", "pip"]
+        return Lister(
+            "uv pip",
+            [*tool, "list", "--python", python, "--format", "json"],
+            [*tool, "check", "--python", python],
+            "All installed packages are compatible",
+            parse_uv_check,
+        )
+    tool = [python, "-m", "pip"]
+    return Lister(
+        "pip",
+        [*tool, "list", "--format", "json", "--disable-pip-version-check"],
+        [*tool, "check"],
+        "No broken requirements found.",
+        parse_pip_check,
+    )
+
+
 def pip_command(*, step, requirement_files, constraints, cache_dir, python="python"):
     """The ``pip install`` command line of a step."""
     cmd = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
@@ -109,30 +155,52 @@ def pip_command(*, step, requirement_files, constraints, cache_dir, python="pyth
     return cmd
 
 
+def install_command(*, step, requirement_files, constraints, cache, python="python"):
+    """A step's install command: pip's or uv's (`cache`: the host caches used)."""
+    build, cache_dir = pip_command, CACHE_DIR
+    if step.installer == "uv":
+        build, cache_dir = functools.partial(uv_command, uv=UV_BIN), UV_CACHE_DIR
+    return build(
+        step=step,
+        requirement_files=requirement_files,
+        constraints=constraints,
+        cache_dir=cache_dir if cache else None,
+        python=python,
+    )
+
+
 @contextlib.contextmanager
-def private_wheel_cache(*, root, step, cache_dir):
-    """Hide pip's wheel cache from steps whose builds depend on the image."""
-    if not cache_dir or not (step.no_build_isolation or step.env):
+def private_wheel_cache(*, root, step, cache):
+    """Hide the cache of built wheels from steps whose builds depend on the image."""
+    if not cache or not (step.no_build_isolation or step.env):
         yield
         return
-    wheels = resolve_in_root(root=root, path=f"{cache_dir}/wheels")
-    aside = resolve_in_root(root=root, path=f"{cache_dir}/.wheels-aside")
-    if wheels.exists():
-        shutil.move(wheels, aside)
+    top = resolve_in_root(root=root, path=CACHE_DIR)
+    if step.installer == "uv":
+        top = resolve_in_root(root=root, path=UV_CACHE_DIR)
+    # pip's wheels built from source, uv's (its downloads are in wheels-vN).
+    built = [top / "wheels", *map(Path, glob.glob(str(top / "sdists-v*")))]
+    moved = []
+    for path in built:
+        if path.exists():
+            aside = path.with_name(f".{path.name}-aside")
+            shutil.move(path, aside)
+            moved.append((path, aside))
     try:
         yield
     finally:
-        shutil.rmtree(wheels, ignore_errors=True)
-        if aside.exists():
-            shutil.move(aside, wheels)
+        for path in built:
+            shutil.rmtree(path, ignore_errors=True)
+        for path, aside in moved:
+            shutil.move(aside, path)
 
 
 def install_error(error, *, step, before, staged):
     """The StageError for a failed ``pip install`` (conflicts explained)."""
     output = redact(f"{error.stdout}\n{error.stderr}", values=_secrets([step]))
-    conflicts = explain_conflicts(
-        output=output, installed=before, allowed=step.allow_changes
-    )
+    installer = "uv" if step.installer == "uv" else "pip"
+    explain = explain_uv_conflicts if installer == "uv" else explain_conflicts
+    conflicts = explain(output=output, installed=before, allowed=step.allow_changes)
     if conflicts:
         names = ", ".join(c.name for c in conflicts)
         message = (
@@ -144,14 +212,15 @@ def install_error(error, *, step, before, staged):
         )
     else:
         message = (
-            f"pip install failed in {step.title} (exit status {error.returncode})."
+            f"{installer} install failed in {step.title} "
+            f"(exit status {error.returncode})."
         )
     files = "\n".join(f"  {k} <- {v}" for k, v in staged.kept_files.items())
     return StageError(
         message,
         stage="pip",
         details=(
-            "pip's error output:\n"
+            f"{installer}'s error output:\n"
             + _pip_error_lines(output)
             + f"\nRequirement files (in the image <- from):\n{files}"
         ),
@@ -164,6 +233,8 @@ class PipRun:
     def __init__(self, *, stage, context):
         self.settings, self.steps, self.scans = stage.settings, stage.steps, stage.scans
         self.cache_dir, self.context = stage.cache_dir, context
+        self.uv, self.uv_cache_dir = stage.uv, stage.uv_cache_dir
+        self.installers = {step.installer for step in self.steps}
         self.sandbox, self.root = context.sandbox, context.sandbox.root
         self._pip_env = {}  # host pip variables replaced (see hostenv)
         self._target = None
@@ -179,14 +250,13 @@ class PipRun:
         )
 
     def _pip_list(self, *, check=False):
-        """(installed by canonical name, pip's list); `check`: ``pip check`` first."""
-        python = self._target.python
-        script = f"{shlex.quote(python)} -m pip check >{CHECK_FILE} 2>&1; "
-        proc = self._run(
-            [python, "-m", "pip", "list", "--format", "json"]
-            + ["--disable-pip-version-check"],
-            script=script if check else "",
-        )
+        """(installed by canonical name, the list); `check`: ``pip check`` first.
+
+        uv lists and checks when a step uses it (the env may have no pip).
+        """
+        tools = lister(uv="uv" in self.installers, python=self._target.python)
+        script = f"{shlex.join(tools.checking)} >{CHECK_FILE} 2>&1; "
+        proc = self._run(tools.listing, script=script if check else "")
         try:
             return parse_pip_list(text=proc.stdout)
         except ValueError as e:
@@ -206,6 +276,8 @@ class PipRun:
         try:
             proc = self._run([target.python, "-m", "pip", "--version"])
         except _cotainr.CommandError as e:
+            if self.installers == {"uv"}:  # uv installs and lists: no pip needed
+                return self._target_info(target, stdout="")
             raise StageError(
                 f"the target environment {target.prefix} ({target.reason}) has no "
                 f"working `python -m pip` ({target.python}). Install pip into it "
@@ -213,26 +285,34 @@ class PipRun:
                 stage="pip",
                 details=e.error_lines(),
             ) from e
+        return self._target_info(target, stdout=proc.stdout)
+
+    def _target_info(self, target, *, stdout):
+        """The target env's record (and pip's version from `stdout`, uv's)."""
         info = {
             k: getattr(target, k) for k in ("prefix", "version", "source", "reason")
         }
         info["executable"] = target.python
-        for line in proc.stdout.splitlines():
+        for line in stdout.splitlines():
             if line.startswith("pip "):
                 info["pip"] = line.split()[1]
+        if self.uv:
+            info["uv"] = self.uv[1]
         return info
 
     @contextlib.contextmanager
     def _work_dir(self):
-        """A fresh :data:`WORK_DIR`, with the host pip cache in it when on."""
+        """A fresh :data:`WORK_DIR`: the host pip cache in it, uv's mounted there."""
         work = resolve_in_root(root=self.root, path=WORK_DIR)
         if work.exists():
             shutil.rmtree(work)
         work.mkdir(parents=True)
         cache = resolve_in_root(root=self.root, path=CACHE_DIR)
+        pip_cache = self.settings.cache and "pip" in self.installers
+        uv_cache = self.uv_cache_dir if self.settings.cache else None
         stats = {}
         try:
-            if self.settings.cache:
+            if pip_cache:
                 stats["import"] = _timed(
                     import_cache, host_dir=self.cache_dir, sandbox_dir=cache
                 )
@@ -241,9 +321,12 @@ class PipRun:
                     self.cache_dir,
                     stats["import"]["files"],
                 )
-            yield stats
+            with uv_in_sandbox(
+                root=self.root, uv=self.uv, cache=uv_cache, run=self._run
+            ):
+                yield stats
         finally:
-            if self.settings.cache:
+            if pip_cache:
                 stats["export"] = _timed(
                     export_cache, sandbox_dir=cache, host_dir=self.cache_dir
                 )
@@ -316,6 +399,8 @@ class PipRun:
                 for step, scan in zip(self.steps, self.scans)
             ]
         cache = {"dir": str(self.cache_dir) if self.settings.cache else None}
+        if self.uv and self.settings.cache:
+            cache["uv-dir"] = str(self.uv_cache_dir)
         record = {"target": info, "steps": records, "cache": cache | cache_stats}
         record["check"] = self._pip_check()
         return info, record
@@ -326,14 +411,15 @@ class PipRun:
             return None
         path = resolve_in_root(root=self.root, path=CHECK_FILE)
         text = path.read_text(errors="replace") if path.is_file() else ""
-        broken = parse_pip_check(text=text)
-        if not broken and "No broken requirements found." not in text:
-            logger.warning("pip check gave no verdict: %s", text[-500:] or "no output")
+        tools = lister(uv="uv" in self.installers, python=self._target.python)
+        broken = tools.parse(text=text)
+        if not broken and tools.verdict not in text:
+            logger.warning("%s check gave no verdict: %s", tools.name, text[-500:])
         if not broken:
             return []
         names = ", ".join(dict.fromkeys(n for *_, involved in broken for n in involved))
         message = (
-            f"pip check after the pip steps: broken requirements of {names}:\n"
+            f"{tools.name} check after the pip steps: broken requirements of {names}:\n"
             + "".join(f"  {pkg} {problem}\n" for pkg, problem, _ in broken)
             + "Fix: pin versions that fit together in a step (a package an "
             "earlier step installed changes only if the step lists it in "
@@ -346,19 +432,23 @@ class PipRun:
 
     def _install(self, *, step, staged, constraints, before):
         """Run the step's ``pip install`` in the target env; return it redacted."""
-        cache_dir = CACHE_DIR if self.settings.cache else None
-        cmd = pip_command(
+        env, unset = step.env, UNSET_PIP_VARIABLES
+        if step.installer == "uv":
+            unset = UNSET_UV_VARIABLES
+            env = {**uv_env(environ=os.environ, overrides=self._pip_env), **env}
+        cmd = install_command(
             step=step,
             requirement_files=staged.requirement_files,
             constraints=constraints,
-            cache_dir=cache_dir,
+            cache=self.settings.cache,
             python=self._target.python,
         )
         shown = [redact(arg) for arg in cmd]
         logger.info("Running: %s", shlex.join(shown))
         try:
-            with private_wheel_cache(root=self.root, step=step, cache_dir=cache_dir):
-                self._run(cmd, env=step.env, script=f"unset {UNSET_PIP_VARIABLES}; ")
+            cache = self.settings.cache
+            with private_wheel_cache(root=self.root, step=step, cache=cache):
+                self._run(cmd, env=env, script=f"unset {unset}; ")
         except _cotainr.CommandError as e:
             raise install_error(e, step=step, before=before, staged=staged) from e
         finally:  # pip has read them: the image keeps them without credentials
@@ -406,6 +496,7 @@ class PipRun:
             "number": step.number,
             "name": step.name,
             "source": step.source,
+            "installer": step.installer,
             "command": cmd,
             "env": redact_env(step.env),
             "requirement-files": staged.kept_files,

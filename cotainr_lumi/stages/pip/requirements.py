@@ -181,6 +181,11 @@ def _markers(markers, sep):
     return f" ; {markers.strip()}" if sep else ""
 
 
+def _options(tokens, *, where):
+    """(option, where) of the options after a requirement (``--hash=...``)."""
+    return [(t.partition("=")[0], where) for t in tokens if t.startswith("-")]
+
+
 def _requirement(text, *, where):
     try:
         return Requirement(text)
@@ -195,6 +200,7 @@ class StepScan:
         self.files: list[ReqFile] = []
         self.moving_refs: list[str] = []  # VCS references without a fixed revision
         self.local_inputs: list[str] = []  # host paths and image:PATH, for plans
+        self.options: list[tuple[str, str]] = []  # (option, where) of every line
         self.cache: dict[Path, ReqFile] = {}
         self.active: list[Path] = []
 
@@ -267,6 +273,7 @@ class StepScan:
         except ValueError as e:
             raise _error(where, f"cannot split the options ({e})") from e
         option, value, rest = _split_option(tokens)
+        self.options.append((option, where))
         if option in _EDITABLE:
             raise _error(
                 where,
@@ -304,6 +311,7 @@ class StepScan:
         tokens = text.split()
         n = next((i for i, t in enumerate(tokens) if t.startswith("-")), len(tokens))
         req_text, options = " ".join(tokens[:n]), "".join(f" {t}" for t in tokens[n:])
+        self.options += _options(tokens[n:], where=where)
         if not req_text:
             raise _error(where, f"no requirement before the options in {text!r}")
         prefix, kind = "", "file-url"

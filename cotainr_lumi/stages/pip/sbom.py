@@ -4,7 +4,8 @@ The image's SBOMs, written after the pip steps from the env's ``pip list``.
 - CycloneDX JSON (:data:`cotainr_lumi.imagelayout.CYCLONEDX_SBOM_FILE`): the
   image is the ``container`` component; each distribution a ``library`` with
   its ``pkg:pypi`` purl and :data:`ORIGIN_PROPERTY` ``base`` (as in the base
-  image) or ``build`` (installed or changed by this build);
+  image) or ``build`` (installed or changed by this build); the distribution
+  packages the system-packages stage added or changed (its record), ``build``;
 - the LUMI AI Factory images' own ``/.sbom.json`` (``{"apt": [...], "pip":
   [...]}``), kept in its format with its ``pip`` list replaced, if the base
   image has one.
@@ -45,8 +46,48 @@ def _origins(packages, base_packages):
     ]
 
 
+def _system_components(record):
+    """Components of the distribution packages a system-packages record lists."""
+    components = []
+    for package in record.get("added", []) + record.get("changed", []):
+        purl = PackageURL(
+            type=record["kind"],
+            namespace=record["distro"],
+            name=package["name"],
+            version=package["version"],
+            qualifiers={"arch": package["arch"]},
+        )
+        components.append(
+            Component(
+                name=package["name"],
+                version=package["version"],
+                type=ComponentType.LIBRARY,
+                purl=purl,
+                bom_ref=purl.to_string(),
+                properties=[Property(name=ORIGIN_PROPERTY, value="build")],
+            )
+        )
+    return components
+
+
+def read_system_record(*, root):
+    """The system-packages stage's record of this build ({} without one)."""
+    path = resolve_in_root(root=root, path=imagelayout.SYSTEM_PACKAGES_FILE)
+    try:
+        record = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        record = {}
+    return record if isinstance(record, dict) else {}
+
+
 def cyclonedx_json(
-    *, image_name, packages, base_packages, target_prefix, base_image=None
+    *,
+    image_name,
+    packages,
+    base_packages,
+    target_prefix,
+    base_image=None,
+    system_record=None,
 ):
     """The CycloneDX JSON SBOM of the target env."""
     properties = [Property(name="cotainr-lumi:target-env", value=target_prefix)]
@@ -83,6 +124,9 @@ def cyclonedx_json(
             )
         )
         bom.components.add(components[-1])
+    for component in _system_components(system_record or {}):
+        components.append(component)
+        bom.components.add(component)
     bom.register_dependency(image, components)
     return make_outputter(bom, OutputFormat.JSON, SCHEMA_VERSION).output_as_string(
         indent=2
@@ -116,7 +160,13 @@ def update_aif_sbom(*, root, packages):
 
 def write_sboms(*, root, packages, base_packages, **image):
     """Write both SBOMs (`image`: the rest of :func:`cyclonedx_json`'s arguments)."""
-    text = cyclonedx_json(packages=packages, base_packages=base_packages, **image)
+    system_record = read_system_record(root=root)
+    text = cyclonedx_json(
+        packages=packages,
+        base_packages=base_packages,
+        system_record=system_record,
+        **image,
+    )
     write_file_in_root(root=root, path=imagelayout.CYCLONEDX_SBOM_FILE, content=text)
     aif = update_aif_sbom(root=root, packages=packages)
     origins = _origins(packages, base_packages)

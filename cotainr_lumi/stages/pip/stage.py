@@ -14,9 +14,8 @@ from pathlib import Path
 import shlex
 
 from ...engine.stage import Stage
-from ...errors import redact_env
+from ...errors import InputError, redact_env
 from .install import (
-    CACHE_DIR,
     CHECK_FILE,
     PACKAGES_FILE,
     PIP_DIR,
@@ -25,12 +24,37 @@ from .install import (
     PipRun,
     _redacted_logs,
     _secrets,
-    pip_command,
+    install_command,
 )
 from .requirements import scan_step
 from .steps import PipSettings, default_cache_dir
+from .uv import check_uv_step, find_uv
 
 __all__ = ["PACKAGES_FILE", "WORK_DIR", "PipStage"]
+
+
+def _describe_step(step, scan, *, cache):
+    """The plan's lines on one step: its command, inputs and protection."""
+    keep = f"{PIP_DIR}/step{step.number}"
+    files = [
+        f"{keep}/{rf.path.name if rf.path else 'packages.txt'}" for rf in scan.files
+    ]
+    cmd = install_command(
+        step=step,
+        requirement_files=files,
+        constraints=f"{keep}/protected-constraints.txt",
+        cache=cache,
+    )
+    env = "".join(f"{k}={shlex.quote(v)} " for k, v in redact_env(step.env).items())
+    lines = [f"{step.title}:", f"  {env}{shlex.join(cmd)}"]
+    lines += [f"  requirements: {path}" for path in step.requirements]
+    lines += [f"  package: {pkg}" for pkg in step.packages]
+    lines += [f"  stages: {item}" for item in scan.local_inputs]
+    protected = "everything installed before it"
+    if step.allow_changes:
+        protected += f" except {', '.join(sorted(step.allow_changes))}"
+    lines.append(f"  protects: {protected}")
+    return lines + [f"  not pinned: {moving}" for moving in scan.moving_refs]
 
 
 class PipStage(Stage):
@@ -43,11 +67,24 @@ class PipStage(Stage):
         super().__init__(settings=settings)
         allowed = self.settings.allow_changes
         self.steps = [
-            dataclasses.replace(step, number=i + 1).allowing(allowed)
+            dataclasses.replace(
+                step, number=i + 1, installer=step.installer or self.settings.installer
+            ).allowing(allowed)
             for i, step in enumerate(self.settings.steps)
         ]
         self.scans = [scan_step(step=step) for step in self.steps]
         self.cache_dir = Path(self.settings.cache_dir or default_cache_dir())
+        self.uv_cache_dir = Path(self.settings.uv_cache_dir or default_cache_dir("uv"))
+        self.uv = None  # (host program, version) when a step uses uv
+        for step, scan in zip(self.steps, self.scans):
+            if step.installer == "uv":
+                check_uv_step(step=step, scan=scan)
+                self.uv = self.uv or find_uv()
+        if self.uv and self.settings.cache and set(",:") & set(str(self.uv_cache_dir)):
+            raise InputError(
+                f"The uv cache {self.uv_cache_dir} is mounted into the container, "
+                "which a path with ',' or ':' cannot be: set pip.uv-cache-dir."
+            )
 
     def describe(self, *, build):
         """The steps, their pip commands, protection and cache."""
@@ -69,30 +106,15 @@ class PipStage(Stage):
             if cache
             else "pip cache: off"
         )
+        if self.uv:
+            lines.append(
+                f"uv {self.uv[1]} ({self.uv[0]}) for installer uv: copied into the "
+                "sandbox, run in the container for the target env's interpreter, "
+                "never kept in the image; its cache: "
+                + (str(self.uv_cache_dir) if cache else "off")
+            )
         for step, scan in zip(self.steps, self.scans):
-            keep = f"{PIP_DIR}/step{step.number}"
-            files = [
-                f"{keep}/{rf.path.name if rf.path else 'packages.txt'}"
-                for rf in scan.files
-            ]
-            cmd = pip_command(
-                step=step,
-                requirement_files=files,
-                constraints=f"{keep}/protected-constraints.txt",
-                cache_dir=CACHE_DIR if cache else None,
-            )
-            env = "".join(
-                f"{k}={shlex.quote(v)} " for k, v in redact_env(step.env).items()
-            )
-            lines += [f"{step.title}:", f"  {env}{shlex.join(cmd)}"]
-            lines += [f"  requirements: {path}" for path in step.requirements]
-            lines += [f"  package: {pkg}" for pkg in step.packages]
-            lines += [f"  stages: {item}" for item in scan.local_inputs]
-            protected = "everything installed before it"
-            if step.allow_changes:
-                protected += f" except {', '.join(sorted(step.allow_changes))}"
-            lines.append(f"  protects: {protected}")
-            lines += [f"  not pinned: {moving}" for moving in scan.moving_refs]
+            lines += _describe_step(step, scan, cache=cache)
         lines.append(f"then pip check: {self.settings.check} (output: {CHECK_FILE})")
         lines.append(f"records: {PIP_DIR}/stepN/, {STEPS_FILE}, {PACKAGES_FILE}")
         return lines

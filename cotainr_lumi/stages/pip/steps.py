@@ -54,10 +54,15 @@ _PACKAGE_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def default_cache_dir():
-    """The default host pip cache directory."""
+def default_cache_dir(installer="pip"):
+    """The default host cache directory of `installer` (pip or uv)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "cotainr-lumi" / "pip"
+    return Path(base) / "cotainr-lumi" / installer
+
+
+def _check_installer(value):
+    if value not in ("pip", "uv"):
+        raise ValueError(f"must be pip or uv (got {value!r})")
 
 
 def _absolute(path, base):
@@ -171,6 +176,9 @@ class StepSettings(StageSettings):
     allow_changes: frozenset[str] = setting(
         frozenset(), doc="installed packages this step may change", load=_load_allowed
     )
+    installer: Optional[str] = setting(
+        None, doc="pip or uv (null: the stage's installer)", check=_check_installer
+    )
     source: Optional[str] = setting(
         None, doc="where the step is defined (for messages)", check=_check_non_empty
     )
@@ -271,10 +279,21 @@ class PipSettings(StageSettings):
         doc="installed packages every step may change",
         check=_check_package_names,
     )
-    cache: bool = setting(True, doc="reuse a host pip download cache")
+    installer: str = setting(
+        "pip",
+        doc="what installs the steps: pip, or uv (cotainr-lumi[uv], run in the "
+        "container); a step's own 'installer' wins",
+        check=_check_installer,
+    )
+    cache: bool = setting(True, doc="reuse a host pip (and uv) download cache")
     cache_dir: Optional[str] = setting(
         None,
         doc="the host pip cache (null: ~/.cache/cotainr-lumi/pip)",
+        load=_load_cache_dir,
+    )
+    uv_cache_dir: Optional[str] = setting(
+        None,
+        doc="the host uv cache (null: ~/.cache/cotainr-lumi/uv)",
         load=_load_cache_dir,
     )
     check: str = setting(
@@ -307,7 +326,10 @@ def load_steps_file(*, path):
         data = LineDict(steps=data)
         data.line = getattr(data["steps"], "line", None)
         data.lines["steps"] = data.line
-    if not isinstance(data, dict) or not data.get("steps"):
+    # The system-packages stage reads its key itself; a file may have only it.
+    if isinstance(data, dict) and data.pop("system-packages", None) is not None:
+        data.setdefault("steps", [])
+    elif not isinstance(data, dict) or not data.get("steps"):
         raise InputError(
             f"The pip steps file {path} must be a mapping with a non-empty "
             "'steps' list (or just that list), e.g.\n"
