@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Check the upstream patch series in docs/upstream/series/ against cotainr's
 # release named in docs/upstream/series/BASE, as cotainr's own CI would, for
-# stock cotainr, for every patch alone and for every prefix of the series:
-#  (a) the patches apply (git apply: exact context, no fuzz),
+# stock cotainr, for every patch that stands alone ("small:" in BASE) applied
+# alone to the release, and for the prefixes of the series that end with the
+# last small patch and with each hook patch ("hook:" in BASE):
+#  (a) the patches apply (git apply: exact context, no fuzz; every patch of
+#      the series applies in order, every small patch alone),
 #  (b) cotainr's unit suite (its testpaths, without the singularity, conda
 #      and end-to-end markers) fails no test that stock cotainr passes (the
 #      failures are re-run alone, up to 3 times: a test that passes then, or
@@ -12,25 +15,26 @@
 #      (docs/upstream/cotainr-ci/),
 #  (d) cotainr's Sphinx docs build (apidoc, relnotes, html) with no more
 #      warnings than stock (intersphinx left out: it needs the network),
-#  (e) cotainr-lumi's unit tests pass with that cotainr installed (each
-#      prefix and each small patch alone, as listed in BASE, e.g.
-#      "small: 0001 0002"; the fallback path on stock cotainr is
-#      scripts/test-cotainr-releases.sh's),
-# then prints a table and exits non-zero on any failure. About 10 minutes on
-# a 2-core machine, most of it cotainr-lumi's suites (e). It also prints the
+#  (e) cotainr-lumi's tests pass with that cotainr installed: its whole unit
+#      suite on the whole series, and on each small patch alone the tests of
+#      how it meets cotainr ($seam_tests below: the start-up hook and the
+#      shim, the layering, future cotainr releases, the plugin module, stock
+#      use); the fallback path on each stock release is
+#      scripts/test-cotainr-releases.sh's,
+# then prints a table and exits non-zero on any failure. It also prints the
 # lines each patch adds to cotainr's source (cotainr/ without cotainr/tests/),
-# to its tests and to its docs (doc/), and the source lines of the hook patch
-# (BASE: "hook: NNNN") and of the whole series.
+# to its tests and to its docs (doc/), and the source lines of the hook
+# patches and of the whole series.
 #
 # A patch that needs other patches of the series says so in BASE, e.g.
-# "0006-needs: 0002 0004"; it is then checked on the patches it needs
-# instead of alone (and, for information, whether it applies alone).
+# "0010-needs: 0001 0002"; its row "alone" shows whether it applies alone,
+# for information, and the prefix ending with it is checked.
 #
 # Usage: scripts/check-upstream-series.sh
 # Env:   PYTHON              python to make the venvs with (default python3)
 #        SERIES_CHECK_LUMI   1 (default): run (e) and count its failures;
 #                            report: run (e) without counting; 0: skip (e)
-#        SERIES_CHECK_JOBS   cotainr-lumi suites run at once (default 3); the
+#        SERIES_CHECK_JOBS   cotainr-lumi suites run at once (default 2); the
 #                            checks (b)-(d) run on two trees at once
 #        KEEP_WORKDIR=1      keep the scratch directory
 set -euo pipefail
@@ -41,7 +45,9 @@ series=$root/docs/upstream/series
 vendored=$root/docs/upstream/cotainr-ci
 python=${PYTHON:-python3}
 lumi_mode=${SERIES_CHECK_LUMI:-1}
-lumi_jobs=${SERIES_CHECK_JOBS:-3}
+lumi_jobs=${SERIES_CHECK_JOBS:-2}
+# cotainr-lumi's tests of how it meets cotainr, run on each small patch alone
+seam_tests=(tests/_cotainr tests/test_plugin.py tests/test_stock_users.py)
 case $lumi_mode in 0 | 1 | report) ;; *)
     echo "SERIES_CHECK_LUMI must be 0, 1 or report" >&2
     exit 2
@@ -49,6 +55,7 @@ case $lumi_mode in 0 | 1 | report) ;; *)
 esac
 version=$(sed -n 's/^base-release: *//p' "$series/BASE")
 small=" $(sed -n 's/^small: *//p' "$series/BASE") "
+read -ra hooks <<<"$(sed -n 's/^hook: *//p' "$series/BASE")"
 patches=("$series"/[0-9][0-9][0-9][0-9]-*.patch)
 unit_marks="not singularity_integration and not conda_integration and not endtoend"
 
@@ -137,39 +144,40 @@ for pid in "${setup_pids[@]}"; do wait "$pid"; done
 lumi_wheel=$(echo "$work"/wheels/cotainr_lumi-*.whl)
 
 # The rows of the table: a name, the patches applied (one a line), whether
-# they must apply, and whether cotainr-lumi's suite runs on it.
+# they must apply, whether cotainr's checks (b)-(d) run on it, and which of
+# cotainr-lumi's tests run on it (none, "seam" or "all").
 rows=(stock)
-declare -A row_patches=([stock]="") row_required=([stock]=1) row_lumi=([stock]=0)
+declare -A row_patches=([stock]="") row_required=([stock]=1) row_checked=([stock]=1)
+declare -A row_lumi=([stock]=none)
 for patch in "${patches[@]}"; do
     num=$(patch_num "$patch")
-    needs=$(sed -n "s/^$num-needs: *//p" "$series/BASE")
     rows+=("$num alone")
     row_patches["$num alone"]=$patch
-    if [ -z "$needs" ]; then
+    row_required["$num alone"]=0
+    row_checked["$num alone"]=0
+    row_lumi["$num alone"]=none
+    if [[ $small == *" $num "* ]]; then
         row_required["$num alone"]=1
-        row_lumi["$num alone"]=0
-        [[ $small != *" $num "* ]] || row_lumi["$num alone"]=1
-    else
-        row_required["$num alone"]=0
-        row_lumi["$num alone"]=0
-        name="$num on ${needs// /+}"
-        rows+=("$name")
-        row_patches["$name"]=$(
-            for n in $needs; do patch_file "$n"; done
-            echo "$patch"
-        )
-        row_required["$name"]=1
-        row_lumi["$name"]=0
+        row_checked["$num alone"]=1
+        row_lumi["$num alone"]=seam
     fi
 done
+# The prefixes: up to the last small patch (the fixes together), and up to
+# each hook patch; cotainr-lumi's whole suite on the whole series
+last_small=$(for n in $small; do echo "$n"; done | sort | tail -n 1)
 first=$(patch_num "${patches[0]}")
-for ((k = 1; k < ${#patches[@]}; k++)); do
-    name="$first..$(patch_num "${patches[k]}")"
+for end in $(printf '%s\n' "$last_small" "${hooks[@]}" | sort -u); do
+    name="$first..$end"
+    [ "$end" != "$first" ] || continue
     rows+=("$name")
-    row_patches["$name"]=$(printf '%s\n' "${patches[@]:0:k+1}")
+    row_patches["$name"]=$(for p in "${patches[@]}"; do
+        [[ $(patch_num "$p") > $end ]] || echo "$p"
+    done)
     row_required["$name"]=1
-    row_lumi["$name"]=1
+    row_checked["$name"]=1
+    row_lumi["$name"]=none
 done
+row_lumi["$first..$(patch_num "${patches[-1]}")"]=all
 declare -A row_key
 for i in "${!rows[@]}"; do row_key[${rows[i]}]=$(printf 'row%02d' "$((i + 1))"); done
 
@@ -253,15 +261,18 @@ in runpy.run_path('conf.py')['extensions'] if e != 'sphinx.ext.intersphinx'))") 
         paste -sd, -)" >"$logs/$key.lint"
 }
 
-# (e) cotainr-lumi's unit suite with the cotainr wheel of the tree KEY in a
-# venv of its own, from the repository root; the result in $logs/KEY.lumi
+# (e) cotainr-lumi's unit suite (WHICH: "all"), or its tests of how it meets
+# cotainr ("seam"), with the cotainr wheel of the tree KEY in a venv of its
+# own, from the repository root; the result in $logs/KEY.lumi
 run_lumi_suite() {
-    local key=$1 venv=$work/venv-lumi-$1 log=$logs/$1-lumi.log rc=0 summary
+    local key=$1 which=$2 venv=$work/venv-lumi-$1 log=$logs/$1-lumi.log rc=0 summary
+    local tests=()
+    [ "$which" = all ] || tests=("${seam_tests[@]}")
     {
         make_venv "$venv" --no-index --find-links "$work/wheelhouse" \
             "$work"/wheels/"$key"/cotainr-*.whl "${lumi_wheel}[test]" &&
             (cd "$root" && CI=true "$venv/bin/python" -m pytest -m "not e2e" -q \
-                -p no:cacheprovider --basetemp="$work/lumi-tmp-$key")
+                -p no:cacheprovider --basetemp="$work/lumi-tmp-$key" "${tests[@]}")
     } >"$log" 2>&1 || rc=$?
     summary=$(awk '/^=* *[0-9]+ (passed|failed|errors?)|no tests ran/ {last = $0}
         END {print last}' "$log" | tr -d '=' | sed 's/^ *//; s/ in [0-9.]*s.*//')
@@ -286,19 +297,23 @@ for row in "${rows[@]}"; do
         fi
     done
     [ ! -f "$logs/$key.apply-failed" ] || continue
+    if [ "${row_checked[$row]}" = 0 ]; then # applies: nothing else to check
+        rm -rf "$tree"
+        continue
+    fi
     git -C "$tree" add --all
     check_queue+=("$key")
-    if [ "$lumi_mode" != 0 ] && [ "${row_lumi[$row]}" = 1 ]; then
+    if [ "$lumi_mode" != 0 ] && [ "${row_lumi[$row]}" != none ]; then
         quiet_pip "$work/venv-build/bin/python" -m pip wheel --quiet --no-deps \
             --no-build-isolation -w "$work/wheels/$key" "$tree"
-        lumi_queue+=("$key")
+        lumi_queue+=("$key ${row_lumi[$row]}")
     fi
 done
 
 # (b)-(e) in the background: the cotainr-lumi suites (the longest) as soon as
 # possible, $lumi_jobs at a time, and (b)-(d) on two trees at a time (stock
 # first and alone: it sets up pre-commit's cache).
-echo "== checking ${#check_queue[@]} trees, cotainr-lumi's suite on ${#lumi_queue[@]}"
+echo "== checking ${#check_queue[@]} trees, cotainr-lumi's tests on ${#lumi_queue[@]}"
 check_tree "${check_queue[0]}" &
 stock_pid=$!
 check_pids=("$stock_pid")
@@ -306,7 +321,8 @@ check_queue=("${check_queue[@]:1}")
 lumi_pids=()
 while [ ${#check_queue[@]} -gt 0 ] || [ ${#lumi_queue[@]} -gt 0 ]; do
     if [ ${#lumi_queue[@]} -gt 0 ] && [ "$(running "${lumi_pids[@]}")" -lt "$lumi_jobs" ]; then
-        run_lumi_suite "${lumi_queue[0]}" &
+        # shellcheck disable=SC2086 # "KEY WHICH"
+        run_lumi_suite ${lumi_queue[0]} &
         lumi_pids+=($!)
         lumi_queue=("${lumi_queue[@]:1}")
     elif [ ${#check_queue[@]} -gt 0 ] && [ "$(running "$stock_pid")" = 0 ] &&
@@ -339,6 +355,7 @@ for row in "${rows[@]}"; do
         continue
     fi
     res_apply[$row]=yes
+    [ "${row_checked[$row]}" = 1 ] || continue
 
     read -r passed failed <"$logs/$key.suite"
     failing=$(wc -l <"$logs/$key.failing")
@@ -401,7 +418,7 @@ printf '\ncotainr %s with the series in docs/upstream/series (%s):\n\n' "$versio
     "$(for p in "${patches[@]}"; do patch_num "$p"; done | paste -sd' ' -)"
 {
     printf '%s\t' row applies "cotainr suite" pre-commit "sphinx warnings"
-    printf '%s\n' "cotainr-lumi suite"
+    printf '%s\n' "cotainr-lumi tests"
     printf -- '---\t---\t---\t---\t---\t---\n'
     for row in "${rows[@]}"; do
         printf '%s\t' "$row" "${res_apply[$row]}" "${res_suite[$row]:--}" \
@@ -421,7 +438,6 @@ count_added() { # PATCH: prints "SOURCE TESTS DOCS"
         }
         END {print source + 0, tests + 0, docs + 0}' "$1"
 }
-hook_patch=$(sed -n 's/^hook: *//p' "$series/BASE")
 printf '\nLines added to cotainr (source: cotainr/ without cotainr/tests/):\n\n'
 {
     printf 'patch\tsource\ttests\tdocs\n---\t---\t---\t---\n'
@@ -435,15 +451,18 @@ printf '\nLines added to cotainr (source: cotainr/ without cotainr/tests/):\n\n'
     done
     printf 'series\t%s\t%s\t%s\n' "$total_source" "$total_tests" "$total_docs"
 } | markdown_table
-if [ -n "$hook_patch" ]; then
-    read -r hook_source _ < <(count_added "$(patch_file "$hook_patch")")
-    series_source=0
-    for patch in "${patches[@]}"; do
-        read -r source _ < <(count_added "$patch")
-        series_source=$((series_source + source))
-    done
-    printf '\nSource lines added: the hook patch (%s) %s, the series %s.\n' \
-        "$hook_patch" "$hook_source" "$series_source"
+hook_lines=()
+hook_total=0
+for num in "${hooks[@]}"; do
+    read -r source _ < <(count_added "$(patch_file "$num")")
+    hook_lines+=("$num $source")
+    hook_total=$((hook_total + source))
+done
+if [ ${#hook_lines[@]} -gt 0 ]; then
+    printf '\nSource lines added: the hook patches %s (together %s), the series %s.\n' \
+        "$(printf '%s\n' "${hook_lines[@]}" | paste -sd, - | sed 's/,/, /g')" \
+        "$hook_total" "$(for patch in "${patches[@]}"; do count_added "$patch"; done |
+            awk '{s += $1} END {print s}')"
 fi
 
 echo
