@@ -162,18 +162,29 @@ class CotainrLumiCLI:
 
     def execute(self):
         """Run the subcommand; one error line for a failed build stage."""
+        if self.name == "info":
+            return self._info()
         try:
             self.subcommand.execute()
         except (_cotainr.PluginError, _cotainr.BuildInterruptedError) as e:
             fail(e)
-        if self.name == "info":
-            # cotainr lists the systems it could read; a broken profile
-            # file is an error of the command.
-            try:
-                load_systems()
-            except CotainrLumiError as e:
-                print(f"Cannot read the system profiles: {e}")
-                raise SystemExit(e.exit_code) from None
+
+    def _info(self):
+        """Cotainr's info, then the cotainr-lumi systems (a broken profile: an error)."""
+        if _cotainr.NATIVE:  # its info lists the plugins, not their systems
+            self.subcommand.execute()
+        else:
+            with _cotainr.shim.plugins_off():  # as a cotainr with the hook
+                self.subcommand.execute()
+        try:
+            systems = load_systems(include_stock=False)
+        except CotainrLumiError as e:
+            print(f"Cannot read the system profiles: {e}")
+            raise SystemExit(e.exit_code) from None
+        print("\ncotainr-lumi systems (cotainr build --system NAME):")
+        for name, system in systems.items():
+            print(f"    - {name}: {system.description}")
+            print(f"      base image: {system.base_image}")
 
 
 def main(*args, **kwargs):

@@ -179,9 +179,9 @@ def redact_env(env):
     return {k: "***" if SECRET_NAME_RE.search(k) else redact(v) for k, v in env.items()}
 
 
-def fail(error, *, exit_code=None):
-    """Print the one ``cotainr: error:`` line of `error` and exit with its code."""
-    sys.stderr.write(f"cotainr: error: {error}\n")
+def fail(error, *, prefix="cotainr-lumi: error", exit_code=None):
+    """Print the one line ``PREFIX: ERROR`` and exit with the error's code."""
+    sys.stderr.write(f"{prefix}: {error}\n")
     if exit_code is None:
         exit_code = getattr(error, "exit_code", 1)
     raise SystemExit(exit_code) from None

@@ -151,6 +151,7 @@ class LumiHook:
 
         self.build = None
         try:
+            _check_conda_prefix(context)
             build = self._build_of(context)
             if not build.plan.extended:
                 return None
@@ -170,10 +171,13 @@ class LumiHook:
 
         Returns
         -------
-        release : context manager or None
-            Unmounts it on exit; None: cotainr unpacks the base image.
+        release : callable or None
+            Unmounts it; None: cotainr unpacks the base image.
         """
-        return self.build.sandbox(sandbox_dir=sandbox_dir)
+        try:
+            return self.build.sandbox(sandbox_dir=sandbox_dir)
+        except CotainrLumiError as e:
+            raise _cotainr.plugin_error(e) from e
 
     def customize(self, *, sandbox, context):
         """
@@ -186,11 +190,11 @@ class LumiHook:
         context : BuildContext
             The build.
 
-        Returns
-        -------
-        labels : dict of str to str
-            The labels the stages add.
+        The labels of the stages go into the sandbox's ``labels.json``, where
+        cotainr's metadata step adds its own.
         """
+        from .engine import history
+
         try:
             labels = self.build.customize(
                 sandbox=_cotainr.Sandbox(stock=sandbox),
@@ -198,15 +202,15 @@ class LumiHook:
             )
         except CotainrLumiError as e:
             raise _cotainr.plugin_error(e) from e
-        from .engine import history
-
         # cotainr records the command line next (cotainr.command): without
         # credentials; finalize gives the caller its own sys.argv back.
         self._argv = sys.argv
         sys.argv = [redact(arg) for arg in sys.argv]
-        base = history.read_labels(root=Path(sandbox.sandbox_dir)) or {}
-        final = {**base, **labels, "cotainr.command": " ".join(sys.argv)}
-        return {**labels, **_cotainr.stock_cotainr_pad(labels=final)}
+        if not _cotainr.NATIVE:  # stock cotainr rewrites labels.json in place
+            base = history.read_labels(root=Path(sandbox.sandbox_dir)) or {}
+            final = {**base, **labels, "cotainr.command": " ".join(sys.argv)}
+            labels.update(_cotainr.stock_cotainr_pad(labels=final))
+        _cotainr.write_labels(sandbox=sandbox, labels=labels)
 
     def write_image(self, *, sandbox, context, path):
         """
@@ -249,6 +253,17 @@ class LumiHook:
         if isinstance(error, Exception) and not isinstance(error, _cotainr.PluginError):
             failure = cotainr_failure(error, plan=build.plan)
             raise _cotainr.plugin_error(failure) from error
+
+
+def _check_conda_prefix(context):
+    """Refuse a cotainr whose conda env is not where cotainr-lumi looks for it."""
+    prefix = context.conda_prefix
+    if prefix is not None and prefix != _cotainr.CONDA_PREFIX:
+        raise InputError(
+            f"cotainr {_cotainr.cotainr_version()} installs conda in {prefix}, "
+            f"this cotainr-lumi looks for it in {_cotainr.CONDA_PREFIX}; install "
+            "a cotainr-lumi release for this cotainr."
+        )
 
 
 def _dry_run_lines(plan):

@@ -98,6 +98,12 @@ def isolated_config(tmp_path_factory, monkeypatch):
     plugins = sys.modules.get("cotainr.plugins")
     if plugins is not None and hasattr(plugins, "_plugin_systems"):
         monkeypatch.setattr(plugins, "_plugin_systems", None)
+    # It also loads the plugins and their hooks once per process; the tests
+    # switch plugins on and off (COTAINR_LUMI_DISABLE).
+    for module in (plugins, sys.modules.get("cotainr.cli")):
+        for cached in vars(module or object).values():
+            if callable(getattr(cached, "cache_clear", None)):
+                cached.cache_clear()
     # cotainr's CLI attaches handlers to the "cotainr" logger that write to
     # that test's (captured, later closed) streams: each test starts without.
     monkeypatch.setattr(logging.getLogger("cotainr"), "handlers", [])

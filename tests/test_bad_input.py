@@ -2,7 +2,7 @@
 
 Each test drives the ``cotainr build ... --dry-run`` command line (or the
 ``info``/``verify`` subcommands) with one bad input and checks for a single
-``cotainr: error:`` line that says what is wrong and where, and a non-zero
+``cotainr-lumi: error:`` line that says what is wrong and where, and a non-zero
 exit, before anything is built.
 """
 
@@ -10,6 +10,7 @@ import re
 import sys
 
 import cotainr.cli as stock_cli
+from errorlines import one_error
 import pytest
 
 import cotainr_lumi
@@ -47,15 +48,6 @@ def dry_run(mocker, capsys, tmp_path, *args):
     else:
         code = 0
     return code, capsys.readouterr().err
-
-
-def one_error(err, *needles):
-    """The stderr holds exactly one error line mentioning every needle."""
-    assert err.startswith("cotainr: error:"), err
-    assert err.count("cotainr: error:") == 1, err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in err, (needle, err)
 
 
 # ---------------------------------------------------------------- finding 1
@@ -384,7 +376,7 @@ def test_image_path_in_a_symlink_loop_is_one_error(
         cli.main()
     assert info.value.code != 0
     err = capsys.readouterr().err
-    assert "Traceback" not in err and err.count("cotainr: error:") == 1
+    one_error(err)
 
 
 def test_an_env_value_too_long_for_linux_is_refused_at_dry_run(

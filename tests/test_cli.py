@@ -10,6 +10,7 @@ from unittest import mock
 
 import artefacts
 import cotainr.cli as stock_cli
+from errorlines import one_error
 import pytest
 
 from cotainr_lumi import _cotainr, cli
@@ -202,7 +203,7 @@ def test_bad_set_option_is_one_clear_error(tmp_path, mocker, test_profile, bad, 
         )
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("error") == 1 and err.startswith("cotainr: error:")
+    one_error(err)
 
 
 def test_skip_stage(tmp_path, fake_singularity, mocker, test_profile, capsys):
@@ -219,17 +220,19 @@ def test_skip_stage(tmp_path, fake_singularity, mocker, test_profile, capsys):
     assert "skipped: provenance" in capsys.readouterr().out
 
 
-def test_info_lists_added_and_stock_systems(mocker, capsys):
+def test_cotainr_lumi_info_lists_its_systems_after_cotainrs(mocker, capsys):
     mocker.patch.object(
         stock_cli.Info,
         "_check_singularity_dependency",
         return_value="singularity: mocked",
     )
-    run_cli(mocker, ["info"])
+    mocker.patch.object(sys, "argv", ["cotainr-lumi", "info"])
+    cli.main()
     out = capsys.readouterr().out
-    # cotainr's own info lists the plugin's systems.
-    assert "\t- lumi-g-ext\n".expandtabs(4) in out
-    assert "- lumi-g-ext-rocm-6.4" in out and "lumi-g-ext-rocm-6.1" not in out
+    cotainrs, _, ours = out.partition("cotainr-lumi systems")
+    assert "System info" in cotainrs and "lumi-g-ext" not in cotainrs
+    assert "    - lumi-g-ext: " in ours and "    - lumi-g-ext-rocm-6.4: " in ours
+    assert "lumi-g-ext-rocm-6.1" not in ours
 
 
 def test_cotainr_lumi_command_gives_the_same_build(
@@ -322,7 +325,7 @@ def test_a_signal_on_verify_stops_the_container_it_started(tmp_path, signum):
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 128 + signum
         assert err.splitlines() == [
-            f"cotainr: error: verify was interrupted by "
+            f"cotainr-lumi: error: verify was interrupted by "
             f"{signal.Signals(signum).name}; the container it started was stopped"
         ]
         assert gone(pid)
@@ -365,7 +368,7 @@ def test_a_missing_cotainr_is_one_message(tmp_path, argv):
     )
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        "cotainr: error: cotainr-lumi needs cotainr, which cannot be imported (No "
+        "cotainr-lumi: error: cotainr-lumi needs cotainr, which cannot be imported (No "
         "module named 'cotainr'); install it: pip install 'cotainr>=2025.3.0'"
     ]
 
@@ -399,7 +402,7 @@ def test_a_dry_run_whose_probe_failed_prints_the_plan_and_exits_non_zero(
     assert info.value.code == 2
     captured = capsys.readouterr()
     assert "cotainr-lumi build plan (dry run" in captured.out and words in captured.out
-    assert captured.err.count("cotainr: error:") == 1 and words in captured.err
+    one_error(captured.err, words)
     assert "the dry run could not ask the base image" in captured.err
 
 
@@ -427,7 +430,7 @@ def test_a_removed_system_is_one_error_pointing_to_its_successor(
         run_cli(mocker, [*argv, "--dry-run"])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("error") == 1 and "Traceback" not in err
+    one_error(err)
     if option == "--system" and hasattr(stock_cli, "_existing_system"):
         # A cotainr with patch 0001 checks --system itself, before the shim's
         # system_problem (not proposed upstream: docs/upstream/seam-api.md),

@@ -21,7 +21,7 @@ import sys
 import threading
 
 from ..errors import UnsupportedCotainrError, clip_output
-from ..imagelayout import LABEL_PAD
+from ..imagelayout import LABEL_PAD, LABELS_FILE
 
 try:
     import cotainr
@@ -45,23 +45,25 @@ NATIVE = getattr(_native, "HOOK_API_VERSION", None) == shim.HOOK_API_VERSION
 _api = _native if NATIVE else shim
 BuildContext, PluginError = _api.BuildContext, _api.PluginError
 BuildInterruptedError = shim.BuildInterruptedError
-#: Whether the hook may mount the base instead of cotainr's unpack (the
-#: shim's does; a native hook says so with ``SANDBOX_PROVIDER``).
-PROVIDES_SANDBOX = not NATIVE or bool(getattr(_native, "SANDBOX_PROVIDER", False))
+#: Where cotainr's conda step puts its env since 2025.7.0: a cotainr with the
+#: hook says so in ``context.conda_prefix`` (checked when a build is planned).
+CONDA_PREFIX = "/opt/cotainr/conda"
+CONDA_ENV_NAME = "conda_container_env"
 
 
 def _conda_prefix():
-    """Where cotainr's conda step puts its env (cotainr's default)."""
+    """Where a stock cotainr's conda step puts its env (``CondaInstall``'s default)."""
     with contextlib.suppress(ImportError, KeyError, TypeError, ValueError):
         from cotainr import pack
 
         prefix = inspect.signature(pack.CondaInstall).parameters["prefix"].default
         if isinstance(prefix, str):
             return prefix
-    return "/opt/cotainr/conda"
+    return CONDA_PREFIX
 
 
-CONDA_PREFIX, CONDA_ENV_NAME = _conda_prefix(), "conda_container_env"
+if not NATIVE:
+    CONDA_PREFIX = _conda_prefix()
 
 
 def cotainr_version():
@@ -95,6 +97,34 @@ def stock_cotainr_pad(*, labels):
     # + 8 Apptainer labels (1 byte each in tabs and newlines) and a margin.
     excess = _go_json_size(labels) - len(json.dumps(short)) + 8 + 16
     return {LABEL_PAD: "\u00b7" * max(1, -(-excess // 4))}
+
+
+def write_labels(*, sandbox, labels):
+    """
+    Add `labels` to the sandbox's ``labels.json`` (cotainr adds its own after).
+
+    Parameters
+    ----------
+    sandbox : cotainr's ``SingularitySandbox``
+        The sandbox; a link in the base image's ``/.singularity.d`` is refused.
+    labels : dict of str to str
+        The labels.
+    """
+    if not NATIVE:
+        path = shim.host_path(sandbox.sandbox_dir, LABELS_FILE)
+    else:
+        try:
+            path = sandbox.host_path(LABELS_FILE.lstrip("/"))
+        except ValueError as e:  # cotainr's SandboxLinkError: one message
+            raise PluginError(str(e)) from None
+    metadata = {}
+    with contextlib.suppress(ValueError):  # also an empty file
+        text = path.read_text().strip() if path.is_file() else ""
+        metadata = json.JSONDecoder().raw_decode(text)[0]
+    if not isinstance(metadata, dict):
+        metadata = {}
+    kept = {k: v for k, v in metadata.items() if not k.startswith("cotainr.")}
+    path.write_text(json.dumps({**kept, **labels}))
 
 
 def plugin_error(error):

@@ -1,10 +1,10 @@
 """
-The build hook of ``docs/upstream/seam-api.md`` (its types) on a cotainr without it.
+The build hook of ``docs/upstream/seam-api.md`` on a cotainr without it.
 
-:func:`install` wraps the cotainr internals of :data:`RELIED_ON` so that the
-plugins' hooks run where a cotainr with the hook calls them. When one is
-missing nothing is wrapped: stock cotainr runs unchanged and a plugin's
-system is one error naming the cotainr version.
+:func:`install` checks every cotainr internal it relies on (:data:`RELIED_ON`,
+the parameters of ``Build`` and the order of ``Build.execute``) before it
+wraps any. When one differs nothing is wrapped: stock cotainr runs unchanged
+and a plugin's system is one error naming the cotainr version.
 """
 
 import argparse
@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import json
 import logging
 import os
 from pathlib import Path
@@ -22,7 +21,6 @@ import types
 from typing import Optional
 
 from ..errors import fail
-from ..imagelayout import ENV_SCRIPTS_DIR, LABELS_FILE
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -49,6 +47,7 @@ class PluginError(Exception):
     def __init__(self, message, *, exit_code=1):
         super().__init__(message)
         self.exit_code = exit_code
+        self.plugin = None  # the plugin whose hook raised it (set by the shim)
 
 
 class BuildInterruptedError(BaseException):
@@ -64,21 +63,26 @@ class BuildInterruptedError(BaseException):
         )
 
 
-#: What the shim needs of cotainr: (module, attribute path).
+#: What the shim needs of cotainr, wrapped or called: (module, attribute path).
 RELIED_ON = (
     ("cli", "main"),
+    ("cli", "CotainrCLI"),
     ("cli", "Build.add_arguments"),
     ("cli", "Build.__init__"),
     ("cli", "Build.execute"),
     ("container", "SingularitySandbox.__enter__"),
     ("container", "SingularitySandbox.__exit__"),
+    ("container", "SingularitySandbox._subprocess_runner"),
     ("container", "SingularitySandbox.add_metadata"),
     ("container", "SingularitySandbox.build_image"),
-    ("container", "SingularitySandbox.add_to_env"),
+    ("container", "SingularitySandbox.run_command_in_container"),
     ("util", "get_systems"),
+    ("tracing", "LogSettings"),
 )
 #: The parameters of cotainr's ``Build`` the shim reads.
 BUILD_PARAMETERS = ("image_path", "base_image", "system", "conda_env")
+#: What ``Build.execute`` calls, in this order: the hook's points lie between.
+EXECUTE_ORDER = ("add_environment", "add_metadata", "build_image")
 PLUGIN_GROUP = "cotainr.plugins"
 #: cotainr's options of the upstream series, added where cotainr lacks them.
 BACKPORTED_OPTIONS = {
@@ -89,15 +93,29 @@ BACKPORTED_OPTIONS = {
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 #: `build`: the Build running now with the shim's steps (None: none or stock).
-_state = types.SimpleNamespace(build=None, tracing=None)
+_state = types.SimpleNamespace(build=None, tracing=None, labels={}, off=False)
 
 
 def _taking_part():
-    return _state.build._shim_taking_part if _state.build else {}
+    if _state.build is None:
+        return {}
+    return _state.build._shim_taking_part
+
+
+def _order_problem(execute):
+    """Why ``Build.execute`` does not call :data:`EXECUTE_ORDER` in order (or None)."""
+    try:
+        source = inspect.getsource(execute)
+    except (OSError, TypeError):
+        return "Build.execute (its source cannot be read)"
+    places = [source.find(f".{name}(") for name in EXECUTE_ORDER]
+    if -1 in places or places != sorted(places):
+        return f"Build.execute calling {', then '.join(EXECUTE_ORDER)}"
+    return None
 
 
 def missing_internals(modules):
-    """The names of :data:`RELIED_ON` that `modules` lack."""
+    """What of :data:`RELIED_ON`, its parameters and its order `modules` lack."""
     missing = []
     for module, path in RELIED_ON:
         obj = modules.get(module)
@@ -105,15 +123,16 @@ def missing_internals(modules):
             obj = getattr(obj, part, None)
         if not callable(obj):
             missing.append(f"{module}.{path}")
-    try:
-        parameters = inspect.signature(modules["cli"].Build.__init__).parameters
-    except (AttributeError, TypeError, ValueError):
-        parameters = {}
-    missing += [
-        f"cli.Build.__init__({name}=...)"
-        for name in BUILD_PARAMETERS
-        if name not in parameters
-    ]
+    if missing:
+        return missing
+    build = modules["cli"].Build
+    parameters = inspect.signature(build.__init__).parameters
+    for name in BUILD_PARAMETERS:
+        if name not in parameters:
+            missing.append(f"cli.Build.__init__({name}=...)")
+    problem = _order_problem(build.execute)
+    if problem:
+        missing.append(problem)
     return missing
 
 
@@ -128,23 +147,57 @@ def load_plugins():
         found = entry_points().get(PLUGIN_GROUP, [])
     plugins = {}
     for ep in sorted(found, key=lambda ep: ep.name):
+        dist = getattr(ep, "dist", None)
+        _state.labels[ep.name] = ep.value
+        if dist is not None:
+            _state.labels[ep.name] = f"{dist.name} {dist.version}"
         try:
             plugins[ep.name] = ep.load()
         except Exception as e:  # noqa: BLE001 - a broken plugin is left out
-            logger.warning("cotainr plugin %r not loaded: %s", ep.name, e)
+            logger.warning("%s not loaded: %s", plugin_label(ep.name), e)
     return plugins
 
 
+def plugin_label(name):
+    """``cotainr plugin 'NAME' (DIST VERSION)``: whom to ask about a message."""
+    return f"cotainr plugin {name!r} ({_state.labels.get(name, 'unknown')})"
+
+
 def _plugins():
-    """The plugins, unless ``COTAINR_DISABLE_PLUGINS`` is set."""
+    """The plugins, unless ``COTAINR_DISABLE_PLUGINS`` is set (or meanwhile off)."""
     off = os.environ.get("COTAINR_DISABLE_PLUGINS", "") not in ("", "0")
-    return {} if off else load_plugins()
+    if off or _state.off:
+        return {}
+    return load_plugins()
+
+
+@contextlib.contextmanager
+def plugins_off():
+    """Meanwhile, cotainr runs as without plugins (``cotainr-lumi info``)."""
+    _state.off = True
+    try:
+        yield
+    finally:
+        _state.off = False
 
 
 def hooks():
     """The build hooks of the plugins, by plugin name."""
-    found = {name: getattr(p, "build_hook", None) for name, p in _plugins().items()}
-    return {n: h for n, h in found.items() if getattr(h, "api_version", None) == 1}
+    found = {}
+    for name, plugin in _plugins().items():
+        hook = getattr(plugin, "build_hook", None)
+        if getattr(hook, "api_version", None) == HOOK_API_VERSION:
+            found[name] = hook
+    return found
+
+
+def _call(name, method, **kwargs):
+    """Call a hook's `method`; its PluginError names the plugin."""
+    try:
+        return method(**kwargs)
+    except PluginError as e:
+        e.plugin = e.plugin or name
+        raise
 
 
 def _systems_with_plugins(get_systems):
@@ -155,7 +208,7 @@ def _systems_with_plugins(get_systems):
             try:
                 extra = plugin.systems() if hasattr(plugin, "systems") else {}
             except Exception as e:  # noqa: BLE001 - one warning, cotainr goes on
-                logger.warning("systems of cotainr plugin %r not read: %s", name, e)
+                logger.warning("%s: its systems not read: %s", plugin_label(name), e)
                 continue
             for system, value in extra.items():
                 systems.setdefault(system, value)
@@ -166,52 +219,76 @@ def _systems_with_plugins(get_systems):
 
 def _system_problem(system):
     """A plugin's word on a system it does not define (``system_problem``)."""
-    none = lambda name: None  # noqa: E731 - a plugin without system_problem
-    asked = (getattr(p, "system_problem", none)(system) for p in _plugins().values())
-    return next(filter(None, asked), None)
+    for plugin in _plugins().values():
+        ask = getattr(plugin, "system_problem", None)
+        said = ask(system) if ask is not None else None
+        if said:
+            return said
+    return None
+
+
+class _OptionsParser(argparse.ArgumentParser):
+    """A parser of one plugin's options that raises instead of exiting."""
+
+    def error(self, message):
+        raise ValueError(message)
+
+
+def _plugin_options(name, hook, parser):
+    """
+    Add the hook's options to `parser`, in a group of their own.
+
+    Returns
+    -------
+    defaults : dict or None
+        Their destinations and defaults; None: left out (one warning).
+    """
+    scratch = _OptionsParser(add_help=False)
+    try:
+        hook.add_arguments(parser=scratch.add_argument_group(f"{name} plugin"))
+        defaults = vars(scratch.parse_known_args([])[0])
+    except (argparse.ArgumentError, TypeError, ValueError) as e:
+        logger.warning("%s left out: %s", plugin_label(name), e)
+        return None
+    ours = {s for action in scratch._actions for s in action.option_strings}
+    clash = sorted(ours & set(parser._option_string_actions))
+    clash += sorted(set(defaults) & {action.dest for action in parser._actions})
+    if clash:
+        logger.warning(
+            "%s left out: its options %s clash with cotainr's or another plugin's",
+            plugin_label(name),
+            ", ".join(clash),
+        )
+        return None
+    hook.add_arguments(parser=parser.add_argument_group(f"{name} plugin"))
+    return defaults
+
+
+def _backport(parser):
+    """Add :data:`BACKPORTED_OPTIONS` cotainr lacks: {dest: option}."""
+    added = {}
+    group = parser.add_argument_group("options of cotainr's upstream series")
+    for option, text in BACKPORTED_OPTIONS.items():
+        try:
+            action = group.add_argument(option, action="store_true", help=text)
+        except argparse.ArgumentError:
+            continue
+        added[action.dest] = option
+    return added
 
 
 def _add_arguments(original):
     @functools.wraps(original)
     def add_arguments(cls, *, parser):
         original(cls, parser=parser)
-        added = {}
-        backported = parser.add_argument_group("options of cotainr's upstream series")
-        for option, text in BACKPORTED_OPTIONS.items():  # where cotainr lacks them
-            try:
-                action = backported.add_argument(option, action="store_true", help=text)
-            except argparse.ArgumentError:
-                continue
-            added[action.dest] = option
-        cls._shim_own_options = added
+        cls._shim_own_options = _backport(parser)
         cls._shim_plugin_options = {}
         for name, hook in hooks().items():
-            group = parser.add_argument_group(f"{name} plugin")
-            recorder = _Recorder(group)
-            try:
-                hook.add_arguments(parser=recorder)
-            except argparse.ArgumentError as e:
-                logger.warning("cotainr plugin %r left out: %s", name, e)
-                continue
-            cls._shim_plugin_options[name] = recorder.defaults
+            defaults = _plugin_options(name, hook, parser)
+            if defaults is not None:
+                cls._shim_plugin_options[name] = defaults
 
     return classmethod(add_arguments)
-
-
-class _Recorder:
-    """An argument group recording the dest of each option added."""
-
-    def __init__(self, group):
-        self._group = group
-        self.defaults = {}
-
-    def add_argument(self, *args, **kwargs):
-        action = self._group.add_argument(*args, **kwargs)
-        self.defaults[action.dest] = action.default
-        return action
-
-    def __getattr__(self, name):
-        return getattr(self._group, name)
 
 
 def _partial_path(image_path):
@@ -225,7 +302,9 @@ def _context(kwargs, *, dry_run, systems):
     files = kwargs.get("conda_env") or ()
     if not isinstance(files, (list, tuple)):  # cotainr releases take one file
         files = (files,)
-    base_image = systems[system]["base-image"] if system else kwargs.get("base_image")
+    base_image = kwargs.get("base_image")
+    if system:
+        base_image = systems[system]["base-image"]
     return BuildContext(
         image_path=Path(os.path.abspath(kwargs["image_path"])),
         base_image=base_image,
@@ -236,6 +315,31 @@ def _context(kwargs, *, dry_run, systems):
         dry_run=dry_run,
         options=types.MappingProxyType({}),
     )
+
+
+def _prepare(build, options):
+    """Ask each hook whether it takes part: {name: (hook, context, lines)}."""
+    taking_part = {}
+    for name, hook in hooks().items():
+        if name not in options:  # its options clashed: left out
+            continue
+        context = dataclasses.replace(
+            build._shim_context, options=types.MappingProxyType(options[name])
+        )
+        lines = _call(name, hook.prepare, context=context)
+        if lines is not None:
+            taking_part[name] = (hook, context, lines)
+    return taking_part
+
+
+def _check_system(system, systems):
+    if system is not None and system not in systems:
+        raise PluginError(
+            _system_problem(system)
+            or f"System does not exist: {system!r}. Available systems: "
+            f"{', '.join(sorted(systems)) or 'none'} (see 'cotainr info').",
+            exit_code=2,
+        )
 
 
 def _init(original, util):
@@ -250,30 +354,14 @@ def _init(original, util):
             name: {dest: kwargs.pop(dest, d) for dest, d in defaults.items()}
             for name, defaults in type(self)._shim_plugin_options.items()
         }
-        self._shim_taking_part = {}
         self._shim_own_dry_run = bool(dry_run)
         self._shim_dry_run = bool(dry_run or kwargs.get("dry_run"))
-        system = kwargs.get("system")
         systems = util.get_systems()
-        if system is not None and system not in systems:
-            raise PluginError(
-                _system_problem(system)
-                or f"System does not exist: {system!r}. Available systems: "
-                f"{', '.join(sorted(systems)) or 'none'} (see 'cotainr info').",
-                exit_code=2,
-            )
+        _check_system(kwargs.get("system"), systems)
         self._shim_context = _context(
             kwargs, dry_run=self._shim_dry_run, systems=systems
         )
-        for name, hook in hooks().items():
-            if name not in options:  # its options clashed: left out
-                continue
-            context = dataclasses.replace(
-                self._shim_context, options=types.MappingProxyType(options[name])
-            )
-            lines = hook.prepare(context=context)
-            if lines is not None:
-                self._shim_taking_part[name] = (hook, context, lines)
+        self._shim_taking_part = _prepare(self, options)
         self._shim_target = None
         if dry_run:
             return
@@ -325,17 +413,22 @@ def _print_dry_run(build, *, cotainr_lines):
             print(f"    {line}")
 
 
+def _finalize(taking_part, *, error):
+    """Each hook's finalize; an exception it raises is what is reported."""
+    for name, (hook, context, _lines) in taking_part.items():
+        _call(name, hook.finalize, context=context, error=error)
+
+
 def _execute(original):
     @functools.wraps(original)
     def execute(self):
         taking_part = getattr(self, "_shim_taking_part", {})
-        target = getattr(self, "_shim_target", None)
         if getattr(self, "_shim_own_dry_run", False):
             return _print_dry_run(self, cotainr_lines=True)
         if getattr(self, "_shim_dry_run", False):  # cotainr's own --dry-run
             original(self)
             return _print_dry_run(self, cotainr_lines=False)
-        if not taking_part and target is None:
+        if not taking_part and getattr(self, "_shim_target", None) is None:
             return original(self)
         _state.build = self
         self._shim_customized = False
@@ -343,21 +436,11 @@ def _execute(original):
             with stop_cleanly_on_signals(), _spinner_only_on_a_terminal():
                 original(self)
         except BaseException as error:
-            report = error
-            for name, (hook, context, _lines) in reversed(taking_part.items()):
-                try:
-                    hook.finalize(context=context, error=error)
-                except PluginError as explained:  # the plugin explains the failure
-                    report = explained
-                except Exception:  # noqa: BLE001 - the first error is reported
-                    logger.exception("finalize of cotainr plugin %r failed", name)
-            if report is error:
-                raise
-            raise report from error
+            _finalize(taking_part, error=error)
+            raise
         finally:
             _state.build = None
-        for hook, context, _lines in taking_part.values():
-            hook.finalize(context=context, error=None)
+        _finalize(taking_part, error=None)
 
     return execute
 
@@ -365,30 +448,20 @@ def _execute(original):
 def _add_metadata(original):
     @functools.wraps(original)
     def add_metadata(self, *args, **kwargs):
-        if not _taking_part():
-            return original(self, *args, **kwargs)
-        labels = {}
         for name, (hook, context, _lines) in _taking_part().items():
-            added = hook.customize(sandbox=self, context=context) or {}
-            for key, value in added.items():
-                if str(key).startswith("cotainr."):
-                    raise PluginError(
-                        f"cotainr plugin {name!r} set the label {key!r}; labels "
-                        "starting with 'cotainr.' are cotainr's"
-                    )
-                labels[str(key)] = str(value)
-        _write_labels(Path(self.sandbox_dir), labels)
+            _call(name, hook.customize, sandbox=self, context=context)
         result = original(self, *args, **kwargs)
-        _state.build._shim_customized = True
+        if _state.build is not None:
+            _state.build._shim_customized = True
         return result
 
     return add_metadata
 
 
-def _refuse_links(sandbox_dir, image_path):
-    """The sandbox path of `image_path`; stop before writing through a base image's link."""
-    link = sandbox_dir
-    for part in image_path.strip("/").split("/"):
+def host_path(sandbox_dir, path):
+    """The host path of `path` in a sandbox, refusing a base image's link to it."""
+    link = Path(sandbox_dir)
+    for part in path.strip("/").split("/"):
         link = link / part
         if link.is_symlink():
             raise PluginError(
@@ -399,53 +472,36 @@ def _refuse_links(sandbox_dir, image_path):
     return link
 
 
-def _add_to_env(original):
-    @functools.wraps(original)
-    def add_to_env(self, *args, **kwargs):
-        if _taking_part():
-            _refuse_links(Path(self.sandbox_dir), ENV_SCRIPTS_DIR)
-        return original(self, *args, **kwargs)
-
-    return add_to_env
-
-
-def _write_labels(sandbox_dir, labels):
-    """Add `labels` to the sandbox's labels.json, before cotainr adds its own."""
-    path = _refuse_links(sandbox_dir, LABELS_FILE)
-    metadata = {}
-    with contextlib.suppress(ValueError):  # also an empty file
-        text = path.read_text().strip() if path.is_file() else ""
-        metadata = json.JSONDecoder().raw_decode(text)[0]
-    kept = metadata.items() if isinstance(metadata, dict) else ()
-    metadata = {k: v for k, v in kept if not k.startswith("cotainr.")}
-    path.write_text(json.dumps({**metadata, **labels}))
-
-
-def _ask_hooks(method, **kwargs):
-    """The first answer of the taking-part hooks' `method` that is not None/False."""
-    for _name, (hook, context, _lines) in _taking_part().items():
-        ask = getattr(hook, method, None)
-        answer = ask(context=context, **kwargs) if ask is not None else None
-        if answer:
-            return answer
-    return None
+def _provided_sandbox(sandbox_dir):
+    """The release function of the one hook that provides the sandbox (or None)."""
+    releases = {}
+    for name, (hook, context, _lines) in _taking_part().items():
+        provide = getattr(hook, "sandbox", None)
+        if provide is not None:
+            release = _call(name, provide, context=context, sandbox_dir=sandbox_dir)
+            if release is not None:
+                releases[name] = release
+    if len(releases) > 1:
+        for release in releases.values():
+            release()
+        names = " and ".join(releases)
+        raise PluginError(f"The cotainr plugins {names} both provide the sandbox.")
+    return next(iter(releases.values()), None)
 
 
 def _enter(original):
     @functools.wraps(original)
     def enter(self):
-        runner = getattr(self, "_subprocess_runner", None)
-        if not _taking_part() or runner is None:
+        runner = self._subprocess_runner
+        if not _taking_part():
             return original(self)
 
         def provided_or_unpacked(*, args, **kwargs):
             if "--sandbox" not in map(str, args):
                 return runner(args=args, **kwargs)
-            release = _ask_hooks("sandbox", sandbox_dir=Path(self.sandbox_dir))
-            if release is None:
+            self._shim_release = _provided_sandbox(Path(self.sandbox_dir))
+            if self._shim_release is None:
                 return runner(args=args, **kwargs)
-            release.__enter__()
-            self._shim_release = release
             return None
 
         self._subprocess_runner = provided_or_unpacked
@@ -461,10 +517,10 @@ def _enter(original):
 
 
 def _release(sandbox):
-    """Exit the sandbox a plugin provided (before cotainr removes its directory)."""
+    """Release the sandbox a plugin provided (before cotainr removes its directory)."""
     release = vars(sandbox).pop("_shim_release", None)
     if release is not None:
-        release.__exit__(None, None, None)
+        release()
 
 
 def _exit(original):
@@ -476,11 +532,18 @@ def _exit(original):
     return exit_
 
 
-def _build_image(original, version):
-    def write(sandbox, path):
-        if not _ask_hooks("write_image", sandbox=sandbox, path=Path(path)):
-            original(sandbox, path=path)
+def _write_image(sandbox, path, build_image):
+    """The first hook's image writer that writes the image, else cotainr's."""
+    for name, (hook, context, _lines) in _taking_part().items():
+        write = getattr(hook, "write_image", None)
+        if write is not None and _call(
+            name, write, sandbox=sandbox, context=context, path=Path(path)
+        ):
+            return
+    build_image(sandbox, path=path)
 
+
+def _build_image(original, version):
     @functools.wraps(original)
     def build_image(self, *args, **kwargs):
         if _taking_part() and not _state.build._shim_customized:
@@ -492,11 +555,11 @@ def _build_image(original, version):
         target = _state.build and _state.build._shim_target
         path = kwargs.get("path", args[0] if args else None)
         if not target or path is None or Path(path) != target:
-            return write(self, path)  # e.g. cotainr's own partial
+            return _write_image(self, path, original)  # e.g. cotainr's own partial
         # cotainr writes the image itself: build it aside, replace when complete.
         partial = _partial_path(target)
         try:
-            write(self, partial)
+            _write_image(self, partial, original)
             os.replace(partial, target)
         finally:
             partial.unlink(missing_ok=True)
@@ -529,7 +592,8 @@ def _spinner_only_on_a_terminal():
 
 def process_tree(pid):
     """`pid` and the process ids below it (Linux /proc)."""
-    found, todo = [pid], [pid]
+    found = [pid]
+    todo = [pid]
     while todo:
         parent = todo.pop()
         for task in Path(f"/proc/{parent}/task").glob("*"):
@@ -569,13 +633,21 @@ def stop_cleanly_on_signals():
 
 def _plugin_system_asked():
     """Whether the command line's ``--system`` is a plugin's."""
-    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser = _OptionsParser(add_help=False)
     parser.add_argument("--system")
     try:
         system = parser.parse_known_args(sys.argv[1:])[0].system
         return any(system in p.systems() for p in load_plugins().values())
     except Exception:  # noqa: BLE001 - cotainr then says what is wrong
         return False
+
+
+def fail_for(error):
+    """Print a plugin's error (naming the plugin) and exit with its code."""
+    prefix = "cotainr: error"
+    if getattr(error, "plugin", None):
+        prefix = plugin_label(error.plugin)
+    fail(error, prefix=prefix)
 
 
 def _main(original, *, problem=None):
@@ -588,7 +660,7 @@ def _main(original, *, problem=None):
         try:
             return original(*args, **kwargs)
         except (PluginError, BuildInterruptedError) as e:
-            fail(e)
+            fail_for(e)
 
     return main
 
@@ -597,7 +669,8 @@ def _main(original, *, problem=None):
 def install(*, cli, container, util, tracing, version):
     """Wrap cotainr's methods so that plugins' build hooks run; or why they cannot."""
     _state.tracing = tracing
-    missing = missing_internals({"cli": cli, "container": container, "util": util})
+    modules = {"cli": cli, "container": container, "util": util, "tracing": tracing}
+    missing = missing_internals(modules)
     if missing:
         problem = (
             f"cotainr-lumi cannot run on cotainr {version}: it lacks "
@@ -606,15 +679,15 @@ def install(*, cli, container, util, tracing, version):
         if callable(getattr(cli, "main", None)):
             cli.main = _main(cli.main, problem=problem)
         return problem
-    build, sandbox = cli.Build, container.SingularitySandbox
+    build = cli.Build
+    sandbox = container.SingularitySandbox
     util.get_systems = _systems_with_plugins(util.get_systems)
     build.add_arguments = _add_arguments(build.add_arguments.__func__)
     build.__init__ = _init(build.__init__, util)
     build.execute = _execute(build.execute)
-    sandbox.add_metadata = _add_metadata(sandbox.add_metadata)
-    sandbox.add_to_env = _add_to_env(sandbox.add_to_env)
-    sandbox.build_image = _build_image(sandbox.build_image, version)
     sandbox.__enter__ = _enter(sandbox.__enter__)
     sandbox.__exit__ = _exit(sandbox.__exit__)
+    sandbox.add_metadata = _add_metadata(sandbox.add_metadata)
+    sandbox.build_image = _build_image(sandbox.build_image, version)
     cli.main = _main(cli.main)
     return None

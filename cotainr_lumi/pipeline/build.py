@@ -152,8 +152,8 @@ class Build:
 
         Returns
         -------
-        release : context manager or None
-            Unmounts the base on exit; None: cotainr unpacks the base.
+        release : callable or None
+            Unmounts the base; None: cotainr unpacks the base.
         """
         if self.view is None:
             return None
@@ -165,9 +165,16 @@ class Build:
             logger.warning("The base image is unpacked (not mounted): %s", e)
             self.view = None
             return None
-        release = contextlib.ExitStack()
-        release.callback(self.view.unmount)
-        return release
+        return self.view.unmount
+
+    def _check_mounted(self):
+        """Stop when cotainr unpacked a base it was to mount (its hook cannot)."""
+        if self.view is None or self.view.merged is not None:
+            return
+        if self.view.layers:  # unpacked without them
+            raise self.view.refused("cotainr did not ask for the sandbox")
+        logger.info("The base image was unpacked (cotainr did not ask to mount it).")
+        self.view = None
 
     def customize(self, *, sandbox, base_image_used):
         """
@@ -189,6 +196,7 @@ class Build:
         base = self.facts.base_image
         root = sandbox.root
         with blamed("cotainr-lumi"):
+            self._check_mounted()
             checks.check_base_image_unchanged(base, used=base_image_used)
             rootfs.claim_build_dirs(root=root)
             earlier = history.keep_earlier_build(root=root)

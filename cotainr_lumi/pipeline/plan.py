@@ -255,8 +255,6 @@ def _mount_problem(*, base, layered, layers, conda_envs):
         return "the base image is not a local SIF file"
     if not (layered or layers):  # flattening a base without layers: unpacked
         return "--flatten (build.layered=false)"
-    if not _cotainr.PROVIDES_SANDBOX:
-        return f"cotainr {_cotainr.cotainr_version()} cannot be given a mounted base"
     return layer.mount_problem(base.resolved)
 
 

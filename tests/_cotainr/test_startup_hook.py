@@ -32,16 +32,20 @@ def test_installed_hook_is_this_source():
     ).read_text().strip() == "import _cotainr_plugins_hook"
 
 
-def test_the_cotainr_command_gets_the_plugins_systems():
-    out = run([str(COTAINR), "info"])
+def test_cotainr_build_gets_the_plugin_and_info_does_not():
+    out = run([str(COTAINR), "build", "--help"])
     assert out.returncode == 0 and out.stderr == ""
-    assert "- lumi-g-ext\n" in out.stdout
+    assert "lumi plugin:" in out.stdout and "--pip-steps" in out.stdout
+    out = run([str(COTAINR), "info"])  # as on a cotainr with plugin discovery
+    assert out.returncode == 0 and "lumi-g-ext" not in out.stdout
+    assert hook.wanted(["/x/cotainr", "build"], {})
+    assert not hook.wanted(["/x/cotainr", "info"], {})
 
 
 @pytest.mark.parametrize("variable", hook.DISABLE_ENV_VARS)
 def test_disable_env_var_leaves_cotainr_stock(variable):
-    out = run([str(COTAINR), "info"], **{variable: "1"})
-    assert out.returncode == 0 and "lumi-g-ext" not in out.stdout
+    out = run([str(COTAINR), "build", "--help"], **{variable: "1"})
+    assert out.returncode == 0 and "lumi plugin" not in out.stdout
 
 
 def test_other_processes_importing_cotainr_are_left_alone():
@@ -63,8 +67,10 @@ def test_programs_not_importing_cotainr_import_nothing_of_it():
     "argv, env, wanted",
     [
         (["/venv/bin/cotainr", "build"], {}, True),
-        (["cotainr"], {"COTAINR_DISABLE_PLUGINS": "0"}, True),
-        (["cotainr"], {"COTAINR_LUMI_DISABLE": "1"}, False),
+        (["cotainr", "build"], {"COTAINR_DISABLE_PLUGINS": "0"}, True),
+        (["cotainr", "build"], {"COTAINR_LUMI_DISABLE": "1"}, False),
+        (["cotainr", "info"], {}, False),
+        (["cotainr"], {}, False),
         (["/venv/bin/cotainr-lumi"], {}, False),
         (["-c"], {}, False),
         ([], {}, False),
@@ -116,23 +122,18 @@ def test_native_flag_matches_the_installed_cotainr():
     assert _cotainr.NATIVE == hasattr(plugins, "HOOK_API_VERSION")
 
 
-def test_the_shim_refuses_to_write_through_a_base_images_links(tmp_path, monkeypatch):
-    """cotainr's conda step appends to /.singularity.d/env: not through a link."""
+def test_the_shim_refuses_to_write_through_a_base_images_links(tmp_path):
+    """The labels go into the sandbox, never through a link of the base image."""
     from cotainr_lumi._cotainr import shim
 
-    host = tmp_path / "host-env"
+    host = tmp_path / "host-dir"
     host.mkdir()
     sandbox_dir = tmp_path / "sandbox"
-    (sandbox_dir / ".singularity.d").mkdir(parents=True)
-    (sandbox_dir / ".singularity.d" / "env").symlink_to(host)
-    written = []
-    add_to_env = shim._add_to_env(lambda self, **kw: written.append(kw))
-    sandbox = types.SimpleNamespace(sandbox_dir=sandbox_dir)
-    build = types.SimpleNamespace(_shim_taking_part={"lumi": object()})
-    monkeypatch.setattr(shim._state, "build", build)
-    with pytest.raises(shim.PluginError, match=r"/\.singularity\.d/env is a symbolic"):
-        add_to_env(sandbox, shell_script="conda activate x")
-    assert written == [] and list(host.iterdir()) == []
-    monkeypatch.setattr(shim._state, "build", None)  # a stock build: as cotainr
-    add_to_env(sandbox, shell_script="conda activate x")
-    assert written == [{"shell_script": "conda activate x"}]
+    sandbox_dir.mkdir()
+    (sandbox_dir / ".singularity.d").symlink_to(host)
+    with pytest.raises(shim.PluginError, match=r"/\.singularity\.d is a symbolic"):
+        shim.host_path(sandbox_dir, "/.singularity.d/labels.json")
+    assert list(host.iterdir()) == []
+    (sandbox_dir / ".singularity.d").unlink()
+    found = shim.host_path(sandbox_dir, "/.singularity.d/labels.json")
+    assert found == sandbox_dir / ".singularity.d/labels.json"

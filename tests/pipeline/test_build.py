@@ -378,8 +378,7 @@ def test_a_mounted_base_is_the_sandbox_until_released(tmp_path):
     view = FakeView()
     release = _build_with(view).sandbox(sandbox_dir=tmp_path)
     assert view.mounted
-    with release:
-        pass
+    release()
     assert not view.mounted
 
 

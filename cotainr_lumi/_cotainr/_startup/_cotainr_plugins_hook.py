@@ -1,12 +1,13 @@
 """
-Load cotainr plugins into the stock ``cotainr`` command.
+Load cotainr plugins into the stock ``cotainr build`` command.
 
 A cotainr without plugin discovery never imports its plugins. cotainr-lumi
 installs this module at the top of site-packages with a ``.pth`` file that
-imports it at interpreter start. In a process started as the ``cotainr``
-command (and in no other), it waits for ``cotainr.cli`` to be imported and
-then loads the ``cotainr.plugins`` entry points (cotainr-lumi's installs its
-shim of the build hook). Nothing happens when cotainr has the build hook
+imports it at interpreter start. In a process started as ``cotainr build``
+(and in no other: ``cotainr info`` and ``--help`` import no plugin, as on a
+cotainr with plugin discovery), it waits for ``cotainr.cli`` to be imported
+and then loads the ``cotainr.plugins`` entry points (cotainr-lumi's installs
+its shim of the build hook). Nothing happens when cotainr has the build hook
 (``cotainr.plugins.HOOK_API_VERSION``) or ``COTAINR_DISABLE_PLUGINS`` /
 ``COTAINR_LUMI_DISABLE`` is set, and no failure here stops cotainr: it is one
 warning, and stock cotainr runs.
@@ -22,8 +23,10 @@ TARGET_MODULE = "cotainr.cli"
 
 
 def wanted(argv, environ):
-    """Whether this process is the ``cotainr`` command with plugins on."""
+    """Whether this process is ``cotainr build`` with plugins on."""
     if not argv or os.path.basename(str(argv[0])) != "cotainr":
+        return False
+    if list(argv[1:2]) != ["build"]:  # cotainr's main parser takes no value
         return False
     return all(environ.get(name, "") in ("", "0") for name in DISABLE_ENV_VARS)
 
