@@ -5,11 +5,10 @@ uses only what ``docs/upstream/seam-api.md`` lists ("What a plugin may use"),
 never a private name. The guard (``tests/seam_guard/``) records every other
 access from cotainr-lumi's code in the ``cotainr`` process.
 
-Not part of the default test command until cotainr-lumi is ported to the
-hook API of the series (marker ``seam_guard``, deselected in pyproject.toml's
-addopts). Run it on the series with::
-
-    scripts/e2e-on-series.sh -m seam_guard tests/e2e/test_seam_guard.py
+It needs a cotainr with the series applied, so the README's command (on the
+cotainr release) deselects it (marker ``seam_guard``, pyproject.toml's
+addopts); CI runs it through ``scripts/e2e-on-series.sh``, which applies the
+series and runs it by default.
 """
 
 import os
