@@ -6,6 +6,7 @@ from pathlib import Path
 import subprocess
 import sys
 
+from errorlines import error_lines
 from hostroot import facts, libfabric_dir, lumi_2026, write_profile
 import pytest
 
@@ -51,7 +52,8 @@ def test_check_host_passes_today_and_reports_moved_facts(tmp_path):
     assert row["status"] == "FAIL"
     assert f"it may be {libfabric_dir()}" in row["evidence"]
     proc = _check_host("--root", str(tmp_path / "none"), profile=profile)
-    assert proc.returncode == 2 and proc.stderr.startswith("cotainr: error: --root")
+    assert proc.returncode == 2
+    assert error_lines(proc.stderr)[0].startswith("cotainr-lumi: error: --root")
 
 
 def test_check_host_reports_the_compressors_this_runtime_mounts(

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 
+from errorlines import error_lines
 from hosttools import need_lmod, need_tool
 from pkgfixtures import make_wheel
 import pytest
@@ -324,7 +325,7 @@ def wrapped(work, name, **scripts):
 def refused_without_trace(proc, image):
     """One error, exit non-zero, no image and no partial image beside it."""
     assert proc.returncode != 0, proc.output[-3000:]
-    assert proc.stderr.count("cotainr: error:") == 1, proc.output[-3000:]
+    assert len(error_lines(proc.stderr)) == 1, proc.output[-3000:]
     assert "Traceback" not in proc.output
     assert not [p for p in image.parent.iterdir() if p.name.startswith(image.name)]
     assert not [p for p in image.parent.iterdir() if ".partial-" in p.name]

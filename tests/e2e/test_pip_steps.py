@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 
+from errorlines import error_lines
 from hosttools import need_file
 from packaging.utils import canonicalize_name
 from pkgfixtures import make_sdist, make_wheel, serve_index
@@ -442,7 +443,7 @@ def test_credentials_and_build_secrets_leave_no_trace(
         image, "--env", "HF_TOKEN=x", "--dry-run", name="secret env refused"
     )
     assert refused.returncode == 2
-    assert refused.stderr.count("cotainr: error:") == 1, refused.stderr
+    assert len(error_lines(refused.stderr)) == 1, refused.stderr
     assert "export SINGULARITYENV_HF_TOKEN=..." in refused.stderr
     assert "lumi-env.allow-secret-env=[HF_TOKEN]" in refused.stderr
 
@@ -555,7 +556,7 @@ def test_uv_cannot_replace_protected_torch_nor_take_what_it_lacks(
     assert proc.returncode != 0 and not image.exists()
     assert "step 1 (pin.txt) would change protected package(s) torch" in output
     assert "you require torch==2.12.0 and torch==2.13.0+cpu" in output
-    assert output.count("cotainr: error:") == 1, output
+    assert len(error_lines(output)) == 1, output
     # An option uv does not do as pip does: refused by the dry run.
     (work / "prefer.yml").write_text(
         yaml.safe_dump(

@@ -30,6 +30,7 @@ import threading
 import urllib.error
 import urllib.request
 
+from errorlines import error_lines
 from hosttools import as_user, need_proot, real_users
 import layouts
 from pkgfixtures import make_wheel
@@ -187,7 +188,7 @@ def _refused(cotainr_build, work, name, *args, env=None):
         work, image, *args, env=env, ok=False, name=f"system-packages: {name}"
     )
     assert proc.returncode != 0, proc.output[-3000:]
-    assert proc.stderr.count("cotainr: error:") == 1, proc.output[-6000:]
+    assert len(error_lines(proc.stderr)) == 1, proc.output[-6000:]
     assert not image.exists() and host_state() == before
     return proc.stderr
 

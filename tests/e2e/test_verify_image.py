@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+from errorlines import error_lines
 from pkgfixtures import make_wheel
 import pytest
 
@@ -291,7 +292,7 @@ def test_a_signal_on_verify_stops_the_container(odd, signum):
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 128 + signum
         assert err.splitlines() == [
-            f"cotainr: error: verify was interrupted by {signal.Signals(signum).name}; "
+            f"cotainr-lumi: error: verify was interrupted by {signal.Signals(signum).name}; "
             "the container it started was stopped"
         ]
         deadline = time.time() + 20
@@ -329,7 +330,7 @@ def test_a_dry_run_whose_probe_failed_exits_non_zero(
     )
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "cotainr-lumi build plan (dry run" in proc.stdout and words in proc.stdout
-    assert proc.stderr.count("cotainr: error:") == 1 and words in proc.stderr
+    assert len(error_lines(proc.stderr)) == 1 and words in proc.stderr
     assert "Traceback" not in proc.stderr and hanging() == []
 
 
@@ -349,7 +350,7 @@ def test_env_scripts_that_never_finish_are_one_clear_build_error(
         time.time() - t_start
     )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    errors = [ln for ln in proc.stderr.splitlines() if "cotainr: error:" in ln]
+    errors = error_lines(proc.stderr)
     assert len(errors) == 1 and "Traceback" not in proc.stderr
     assert "context deadline exceeded" in errors[0]
     assert (
@@ -372,7 +373,7 @@ def test_an_env_scripts_2_mb_line_makes_a_short_build_error(odd, tmp_path):
         cwd=tmp_path,
     )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    error = proc.stderr[proc.stderr.index("cotainr: error:") :]
+    error = proc.stderr[proc.stderr.index(error_lines(proc.stderr)[0]) :]
     assert "pip install failed in step 1 (req.txt)" in error
     assert "... (2097152 bytes)" in error and "Wheel 'broken'" in error
     assert len(error.encode()) < 6000
