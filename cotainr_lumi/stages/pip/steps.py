@@ -204,6 +204,18 @@ class PipStep(StepSettings):
         allowed = {canonicalize_name(n) for n in names}
         return dataclasses.replace(self, allow_changes=self.allow_changes | allowed)
 
+    def install_args(self, *, requirement_files, constraints):
+        """The install arguments pip and uv take alike: indexes, pip-args, files."""
+        args = ["--no-build-isolation"] if self.no_build_isolation else []
+        if self.index_url:
+            args += ["--index-url", self.index_url]
+        for url in self.extra_index_urls:
+            args += ["--extra-index-url", url]
+        args += [*self.pip_args, "-c", constraints]
+        for path in requirement_files:
+            args += ["-r", path]
+        return args
+
     def to_dict(self):
         """The step in the steps format (absolute paths; for records: redacted)."""
         data = {k: v for k, v in super().to_dict().items() if k != "number"}
