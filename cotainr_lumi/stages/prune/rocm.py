@@ -196,24 +196,17 @@ def _plan_entry(*, root, bundle, name, rocm_dirs):
         return ours_image, f"{theirs_image}: {e.strerror or e}"
     if ours.is_symlink():
         return ours_image, "already a link"
-    kind = "dir" if ours.is_dir() else "file"
+    if not (ours.is_dir() or ours.is_file()):
+        return ours_image, "not a regular file or directory"
+    kind, size, ours_info = _entry(root=root, path=ours, image_path=ours_image)
     if kind == "dir":
-        if not theirs.is_dir():
-            return ours_image, f"{theirs_image} is not a directory"
-        entries = walk_in_root(root=root, path=ours_image)
-        size = sum(e.size for e in entries if e.kind == "file")
-        ours_info = None
-        why = f"same directory in the base image ({theirs_image})"
-    elif ours.is_file():
-        size = os.lstat(ours).st_size
-        ours_info = read_elf_info(path=ours)
+        ok, why = _dir_verdict(theirs=theirs, theirs_image=theirs_image)
+    else:
         ok, why = _file_verdict(
             ours_info=ours_info, theirs=theirs, theirs_image=theirs_image
         )
-        if not ok:
-            return ours_image, why
-    else:
-        return ours_image, "not a regular file or directory"
+    if not ok:
+        return ours_image, why
     return DedupAction(
         host_path=ours,
         image_path=ours_image,
@@ -224,6 +217,21 @@ def _plan_entry(*, root, bundle, name, rocm_dirs):
         reason=why,
         is_elf=ours_info is not None,
     )
+
+
+def _entry(*, root, path, image_path):
+    """(kind, size, ELF info) of a bundled entry (a directory's size: its files')."""
+    if path.is_dir():
+        entries = walk_in_root(root=root, path=image_path)
+        return "dir", sum(e.size for e in entries if e.kind == "file"), None
+    return "file", os.lstat(path).st_size, read_elf_info(path=path)
+
+
+def _dir_verdict(*, theirs, theirs_image):
+    """Whether a bundled directory may become a link to ROCm's `theirs`."""
+    if not theirs.is_dir():
+        return False, f"{theirs_image} is not a directory"
+    return True, f"same directory in the base image ({theirs_image})"
 
 
 def _file_verdict(*, ours_info, theirs, theirs_image):
