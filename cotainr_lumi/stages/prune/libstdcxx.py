@@ -110,7 +110,6 @@ class LibstdcxxCheck:
     status: str
     reason: str
     candidates: list = field(default_factory=list)
-    lib_dir: object = None
     system: SystemLib | None = None
     missing: dict = field(default_factory=dict)
     objects_checked: int = 0
@@ -120,67 +119,51 @@ class LibstdcxxCheck:
 _LOOP = "is a symlink loop (too many levels of symbolic links), so its libstdc++ is left alone"
 
 
-def _end(env_prefix, status, reason):
-    """The check of an env whose libstdc++ is not looked at."""
-    return LibstdcxxCheck(env_prefix=env_prefix, status=status, reason=reason)
+class _LeftAloneError(Exception):
+    """The env's libstdc++ is not looked at: (status, reason) of its check."""
 
 
 def _env_dir(*, root, env_prefix):
-    """The env's host directory, or the check saying why it is left alone."""
+    """The env's host directory (a separate env's, existing)."""
     env_host = resolve_or_none(root=root, path=env_prefix)
     if env_host is None:
-        return _end(env_prefix, "unsupported", f"{env_prefix} {_LOOP}")
+        raise _LeftAloneError("unsupported", f"{env_prefix} {_LOOP}")
     real_prefix = str(image_path_of(root=root, host_path=env_host))
     if real_prefix in SYSTEM_PREFIXES:
-        return _end(
-            env_prefix,
+        raise _LeftAloneError(
             "unsupported",
             f"the active Python's prefix is {real_prefix}, the system itself "
             "rather than a separate environment; the system's libstdc++ is "
             "never removed",
         )
     if not env_host.is_dir():
-        return _end(
-            env_prefix,
-            "absent",
-            f"the environment {env_prefix} does not exist in the image",
+        raise _LeftAloneError(
+            "absent", f"the environment {env_prefix} does not exist in the image"
         )
     return env_host
 
 
-def _lib_dir(*, root, env_prefix, env_host):
-    """The host directory of the env's ``lib``, or the check saying why it is left alone."""
+def _lib_files(*, root, env_prefix, env_host):
+    """The ``libstdc++.so*`` of the env's ``lib`` (a directory inside the env)."""
     lib_image = f"{env_prefix}/lib"
     lib_host = resolve_or_none(root=root, path=lib_image)
     if lib_host is None:
-        return _end(env_prefix, "unsupported", f"{lib_image} {_LOOP}")
+        raise _LeftAloneError("unsupported", f"{lib_image} {_LOOP}")
     if not lib_host.is_dir():
-        return _end(env_prefix, "absent", f"{lib_image} does not exist")
+        raise _LeftAloneError("absent", f"{lib_image} does not exist")
     if lib_host == env_host or not is_inside(parent=env_host, path=lib_host):
-        return _end(
-            env_prefix,
+        raise _LeftAloneError(
             "unsupported",
             f"{lib_image} is a link to "
             f"{image_path_of(root=root, host_path=lib_host)}, outside the "
             "environment; nothing there is removed",
         )
-    return lib_host
-
-
-def _env_lib_files(*, root, env_prefix):
-    """The env's and its ``lib``'s host paths and its ``libstdc++.so*``, or why not (a check)."""
-    env_host = _env_dir(root=root, env_prefix=env_prefix)
-    if isinstance(env_host, LibstdcxxCheck):
-        return env_host
-    lib_host = _lib_dir(root=root, env_prefix=env_prefix, env_host=env_host)
-    if isinstance(lib_host, LibstdcxxCheck):
-        return lib_host
     candidates = sorted(
         p for p in lib_host.glob(LIBSTDCXX_GLOB) if p.is_symlink() or p.is_file()
     )
     if not candidates:
-        return _end(env_prefix, "absent", f"no {LIBSTDCXX_GLOB} in {env_prefix}/lib")
-    return env_host, lib_host, candidates
+        raise _LeftAloneError("absent", f"no {LIBSTDCXX_GLOB} in {lib_image}")
+    return candidates
 
 
 def _libstdcxx_users(*, root, env_prefix, candidates):
@@ -228,10 +211,12 @@ def _reason(*, system, missing, needs):
 def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
     """Check whether removing the env's libstdc++ is safe."""
     env_prefix = str(PurePosixPath("/", env_prefix))
-    found = _env_lib_files(root=root, env_prefix=env_prefix)
-    if isinstance(found, LibstdcxxCheck):
-        return found
-    env_host, lib_host, candidates = found
+    try:
+        env_host = _env_dir(root=root, env_prefix=env_prefix)
+        candidates = _lib_files(root=root, env_prefix=env_prefix, env_host=env_host)
+    except _LeftAloneError as e:
+        status, reason = e.args
+        return LibstdcxxCheck(env_prefix=env_prefix, status=status, reason=reason)
     needs, objects, like = _libstdcxx_users(
         root=root, env_prefix=env_prefix, candidates=candidates
     )
@@ -254,7 +239,6 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
         status="unsafe" if missing else "safe",
         reason=_reason(system=system, missing=missing, needs=needs),
         candidates=candidates,
-        lib_dir=lib_host,
         system=system,
         missing=missing,
         objects_checked=objects,
@@ -275,11 +259,8 @@ def remove_libstdcxx(*, check, root, manifest):
     """Remove the candidates of a safe check (links themselves, never their targets)."""
     if check.status != "safe":
         raise ValueError(f"refusing to remove libstdc++: check status {check.status}")
-    env_host = resolve_in_root(root=root, path=check.env_prefix)
     freed = 0
     for path in check.candidates:
-        if path.parent != check.lib_dir or not is_inside(parent=env_host, path=path):
-            raise ValueError(f"{path} is not in the environment's lib directory")
         kind = "symlink" if os.path.islink(path) else "file"
         size = 0 if kind == "symlink" else os.lstat(path).st_size
         os.unlink(path)
