@@ -138,6 +138,11 @@ def lister(*, uv, python):
     )
 
 
+def step_dir(step):
+    """Where a step's requirement files and constraints are kept in the image."""
+    return f"{PIP_DIR}/step{step.number}"
+
+
 def install_command(*, step, requirement_files, constraints, cache, python="python"):
     """A step's install command: pip's or uv's (`cache`: the host caches used)."""
     if step.installer == "uv":
@@ -451,7 +456,7 @@ class PipRun:
         root = self.root
         logger.info("pip %s", step.title)
         t0 = time.time()
-        keep_dir = f"{PIP_DIR}/step{step.number}"
+        keep_dir = step_dir(step)
         staging_dir = f"{WORK_DIR}/staging/step{step.number}"
         staged = StagedStep(
             scan=scan, root=root, keep_dir=keep_dir, staging_dir=staging_dir

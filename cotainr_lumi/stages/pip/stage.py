@@ -24,6 +24,7 @@ from .install import (
     PipRun,
     install_command,
     redacted_logs,
+    step_dir,
     step_secrets,
 )
 from .requirements import scan_step
@@ -35,7 +36,7 @@ __all__ = ["PACKAGES_FILE", "WORK_DIR", "PipStage"]
 
 def _describe_step(step, scan, *, cache):
     """The plan's lines on one step: its command, inputs and protection."""
-    keep = f"{PIP_DIR}/step{step.number}"
+    keep = step_dir(step)
     files = [
         f"{keep}/{rf.path.name if rf.path else 'packages.txt'}" for rf in scan.files
     ]
