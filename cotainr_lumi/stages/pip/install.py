@@ -296,7 +296,10 @@ class PipRun:
 
     @contextlib.contextmanager
     def _work_dir(self):
-        """A fresh :data:`WORK_DIR`: the host pip cache in it, uv's mounted there."""
+        """A fresh :data:`WORK_DIR`: the host pip cache in it, uv's mounted there.
+
+        Yields the record of the caches (filled in when the steps are done).
+        """
         work = resolve_in_root(root=self.root, path=WORK_DIR)
         if work.exists():
             shutil.rmtree(work)
@@ -304,8 +307,13 @@ class PipRun:
         cache = resolve_in_root(root=self.root, path=CACHE_DIR)
         host_cache = self.stage.cache_dir
         pip_cache = self.settings.cache and "pip" in self.installers
-        uv_cache = self.stage.uv_cache_dir if self.settings.cache else None
-        stats = {}
+        stats = {"dir": None}
+        uv_cache = None
+        if self.settings.cache:
+            stats["dir"] = str(host_cache)
+            uv_cache = self.stage.uv_cache_dir
+        if uv_cache and self.stage.uv:
+            stats["uv-dir"] = str(uv_cache)
         try:
             if pip_cache:
                 stats["import"] = _timed(
@@ -392,15 +400,12 @@ class PipRun:
             info.get("pip"),
         )
         self.pip_env = host_pip_overrides(root=self.root, environ=os.environ)
-        with self._work_dir() as cache_stats:
+        with self._work_dir() as cache:
             records = [
                 self._run_step(step=step, scan=scan)
                 for step, scan in zip(self.stage.steps, self.stage.scans)
             ]
-        cache = {"dir": str(self.stage.cache_dir) if self.settings.cache else None}
-        if self.stage.uv and self.settings.cache:
-            cache["uv-dir"] = str(self.stage.uv_cache_dir)
-        record = {"target": info, "steps": records, "cache": cache | cache_stats}
+        record = {"target": info, "steps": records, "cache": cache}
         record["check"] = self._pip_check()
         return record
 
