@@ -160,8 +160,8 @@ def _installable(ref, *, base, where):
     value = original
     if ref.kind == "file-url":
         value = _file_url_path(original, where=where)
-    ref.target, in_image = _local_target(value, base=base, where=where)
-    path = ref.target
+    path, in_image = _local_target(value, base=base, where=where)
+    ref.target = path
     if in_image:
         ref.kind = "image-path"
     elif path.is_dir():
