@@ -80,6 +80,11 @@ def _logical_lines(lines):
             start, parts = i + 1, []
 
 
+def is_remote_url(value):
+    """Whether `value` is a URL pip fetches (any scheme but ``file:``)."""
+    return bool(_URL_RE.match(value)) and not value.startswith("file:")
+
+
 def _looks_like_path(name):
     return "/" in name or name.startswith(".")
 
@@ -280,7 +285,7 @@ class StepScan:
             return None
         if not value:
             raise _error(where, f"{option} needs a value")
-        if _URL_RE.match(value) and not value.startswith("file:"):
+        if is_remote_url(value):
             return None  # a remote file or index: pip fetches it
         path, in_image = _local_target(value, base=base, where=where)
         suffix = "".join(f" {shlex.quote(t)}" for t in rest)
