@@ -98,9 +98,10 @@ class ProvenanceStage(Stage):
         sha256 = ""
         if base.is_local_file and self.settings.hash_base_image:
             sha256 = remembered_sha256(path=base.resolved, pinned=base.pinned)
+        record = self._record(build=build, sha256=sha256, earlier=context.earlier)
         labels = {
-            LABEL_VERSION: __version__,
-            LABEL_COTAINR_VERSION: _cotainr.cotainr_version(),
+            LABEL_VERSION: record["cotainr-lumi"],
+            LABEL_COTAINR_VERSION: record["cotainr"],
             LABEL_SYSTEM: build.system or "",
             LABEL_BASE_IMAGE: base.given,
             LABEL_BASE_IMAGE_RESOLVED: base.resolved,
@@ -109,7 +110,6 @@ class ProvenanceStage(Stage):
         }
         if sha256:
             labels[LABEL_BASE_IMAGE_SHA256] = sha256
-        record = self._record(build=build, sha256=sha256, earlier=context.earlier)
         text = json.dumps(record, indent=2, sort_keys=True, default=str)
         write_file_in_root(
             root=context.sandbox.root, path=PROVENANCE_FILE, content=redact(text) + "\n"

@@ -21,13 +21,24 @@ PATH_PIP_VARIABLES = ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_REQUIREMENT", "PI
 PIP_CONFIG_FILES = ("~/.config/pip/pip.conf", "~/.pip/pip.conf")
 
 
+def _missing(*, root, entries):
+    """The absolute paths among `entries` that do not exist in the image."""
+    missing = []
+    for path in dict.fromkeys(entries):
+        if path[:1] != "/":
+            continue
+        host = resolve_or_none(root=root, path=path)
+        if host is None or not host.exists():
+            missing.append(path)
+    return missing
+
+
 def host_pip_overrides(*, root, environ):
     """The host pip variables to replace in the container; warn about the rest."""
     overrides = {}
     for name in PATH_PIP_VARIABLES:
         entries = environ.get(name, "").split()
-        hosts = {p: resolve_or_none(root=root, path=p) for p in entries if p[:1] == "/"}
-        missing = [p for p, host in hosts.items() if not (host and host.exists())]
+        missing = _missing(root=root, entries=entries)
         if not missing:
             continue
         where = (
@@ -48,6 +59,12 @@ def host_pip_overrides(*, root, environ):
                 "(requirements files can reference local files).",
                 where,
             )
+    _note_pip_config()
+    return overrides
+
+
+def _note_pip_config():
+    """Say that a host pip config file is not read in the container."""
     for config in map(os.path.expanduser, PIP_CONFIG_FILES):
         if Path(config).is_file():
             logger.info(
@@ -56,5 +73,4 @@ def host_pip_overrides(*, root, environ):
                 "into the pip steps.",
                 config,
             )
-            break
-    return overrides
+            return

@@ -2,7 +2,6 @@
 
 import contextlib
 from dataclasses import dataclass
-import functools
 import glob
 import json
 import logging
@@ -67,19 +66,20 @@ def _timed(function, **kwargs):
     return result
 
 
-def _secrets(steps):
+def step_secrets(steps):
     """The values of the steps' secret variables (hidden in logs and errors)."""
     return [v for s in steps for k, v in s.env.items() if SECRET_NAME_RE.search(k)]
 
 
 @contextlib.contextmanager
-def _redacted_logs(*, values):
+def redacted_logs(*, values):
     """Every log record made meanwhile (pip's output too) :func:`redact`-ed."""
     make = logging.getLogRecordFactory()
 
     def redacted(*args, **kwargs):
         record = make(*args, **kwargs)
-        record.msg, record.args = redact(record.getMessage(), values=values), ()
+        record.msg = redact(record.getMessage(), values=values)
+        record.args = ()
         return record
 
     logging.setLogRecordFactory(redacted)
@@ -138,35 +138,24 @@ def lister(*, uv, python):
     )
 
 
-def pip_command(*, step, requirement_files, constraints, cache_dir, python="python"):
-    """The ``pip install`` command line of a step."""
-    cmd = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
-    cmd += ["--progress-bar", "off"]
-    cmd += ["--cache-dir", cache_dir] if cache_dir else ["--no-cache-dir"]
-    if step.no_build_isolation:
-        cmd.append("--no-build-isolation")
-    if step.index_url:
-        cmd += ["--index-url", step.index_url]
-    for url in step.extra_index_urls:
-        cmd += ["--extra-index-url", url]
-    cmd += [*step.pip_args, "-c", constraints]
-    for path in requirement_files:
-        cmd += ["-r", path]
-    return cmd
+def step_dir(step):
+    """Where a step's requirement files and constraints are kept in the image."""
+    return f"{PIP_DIR}/step{step.number}"
 
 
 def install_command(*, step, requirement_files, constraints, cache, python="python"):
     """A step's install command: pip's or uv's (`cache`: the host caches used)."""
-    build, cache_dir = pip_command, CACHE_DIR
     if step.installer == "uv":
-        build, cache_dir = functools.partial(uv_command, uv=UV_BIN), UV_CACHE_DIR
-    return build(
-        step=step,
-        requirement_files=requirement_files,
-        constraints=constraints,
-        cache_dir=cache_dir if cache else None,
-        python=python,
+        cache_dir = UV_CACHE_DIR if cache else None
+        cmd = uv_command(uv=UV_BIN, cache_dir=cache_dir, python=python)
+    else:
+        cmd = [python, "-m", "pip", "install", "--no-input"]
+        cmd += ["--disable-pip-version-check", "--progress-bar", "off"]
+        cmd += ["--cache-dir", CACHE_DIR] if cache else ["--no-cache-dir"]
+    args = step.install_args(
+        requirement_files=requirement_files, constraints=constraints
     )
+    return cmd + args
 
 
 @contextlib.contextmanager
@@ -195,12 +184,19 @@ def private_wheel_cache(*, root, step, cache):
             shutil.move(aside, path)
 
 
+#: What explains a failed install's conflicts, by installer.
+EXPLAIN_CONFLICTS = {"pip": explain_conflicts, "uv": explain_uv_conflicts}
+
+
 def install_error(error, *, step, before, staged):
     """The StageError for a failed ``pip install`` (conflicts explained)."""
-    output = redact(f"{error.stdout}\n{error.stderr}", values=_secrets([step]))
-    installer = "uv" if step.installer == "uv" else "pip"
-    explain = explain_uv_conflicts if installer == "uv" else explain_conflicts
+    output = redact(f"{error.stdout}\n{error.stderr}", values=step_secrets([step]))
+    explain = EXPLAIN_CONFLICTS[step.installer]
     conflicts = explain(output=output, installed=before, allowed=step.allow_changes)
+    message = (
+        f"{step.installer} install failed in {step.title} "
+        f"(exit status {error.returncode})."
+    )
     if conflicts:
         names = ", ".join(c.name for c in conflicts)
         message = (
@@ -210,20 +206,27 @@ def install_error(error, *, step, before, staged):
             "downgraded or removed. Fix the requirement, or let this step "
             f"change them with 'allow-changes: [{names}]' in the step."
         )
-    else:
-        message = (
-            f"{installer} install failed in {step.title} "
-            f"(exit status {error.returncode})."
-        )
     files = "\n".join(f"  {k} <- {v}" for k, v in staged.kept_files.items())
     return StageError(
         message,
         stage="pip",
         details=(
-            f"{installer}'s error output:\n"
+            f"{step.installer}'s error output:\n"
             + _pip_error_lines(output)
             + f"\nRequirement files (in the image <- from):\n{files}"
         ),
+    )
+
+
+def _broken_message(tools, broken):
+    """The message on ``pip check``'s broken requirements."""
+    names = ", ".join(dict.fromkeys(n for *_, involved in broken for n in involved))
+    return (
+        f"{tools.name} check after the pip steps: broken requirements of {names}:\n"
+        + "".join(f"  {pkg} {problem}\n" for pkg, problem, _ in broken)
+        + "Fix: pin versions that fit together in a step (a package an "
+        "earlier step installed changes only if the step lists it in "
+        "allow-changes)."
     )
 
 
@@ -231,21 +234,22 @@ class PipRun:
     """One run of a pip stage's steps in a sandbox (the target env, pip's env)."""
 
     def __init__(self, *, stage, context):
-        self.settings, self.steps, self.scans = stage.settings, stage.steps, stage.scans
-        self.cache_dir, self.context = stage.cache_dir, context
-        self.uv, self.uv_cache_dir = stage.uv, stage.uv_cache_dir
-        self.installers = {step.installer for step in self.steps}
-        self.sandbox, self.root = context.sandbox, context.sandbox.root
-        self._pip_env = {}  # host pip variables replaced (see hostenv)
-        self._target = None
-        self._base_packages = None  # before the first step (pip list form)
-        self._listed = None  # the last _pip_list (nothing installed since)
+        self.stage = stage
+        self.settings = stage.settings
+        self.context = context
+        self.root = context.sandbox.root
+        self.installers = {step.installer for step in stage.steps}
+        self.pip_env = {}  # host pip variables replaced (see hostenv)
+        self.target = None
+        self.tools = None  # the Lister of the target env
+        self.base_packages = None  # before the first step (pip list form)
+        self.listed = None  # the last _pip_list (nothing installed since)
 
     def _run(self, command, *, env=None, script=""):
         """Run `command` (a list) in the target env, after `script`."""
-        activate = f"{self._target.activation()}; {script}"
-        env = {**self._pip_env, **(env or {})} or None
-        return self.sandbox.run(
+        activate = f"{self.target.activation()}; {script}"
+        env = {**self.pip_env, **(env or {})} or None
+        return self.context.sandbox.run(
             ["bash", "-c", f"{activate}exec {shlex.join(command)}"], env=env
         )
 
@@ -254,9 +258,8 @@ class PipRun:
 
         uv lists and checks when a step uses it (the env may have no pip).
         """
-        tools = lister(uv="uv" in self.installers, python=self._target.python)
-        script = f"{shlex.join(tools.checking)} >{CHECK_FILE} 2>&1; "
-        proc = self._run(tools.listing, script=script if check else "")
+        script = f"{shlex.join(self.tools.checking)} >{CHECK_FILE} 2>&1; "
+        proc = self._run(self.tools.listing, script=script if check else "")
         try:
             return parse_pip_list(text=proc.stdout)
         except ValueError as e:
@@ -264,20 +267,21 @@ class PipRun:
                 f"cannot read the installed packages: {e}", stage="pip"
             ) from e
 
-    def _check_pip(self, *, required=True):
-        """The build's target env and the version of its pip (which must work)."""
-        context = self.context
-        target = (
-            context.require_target_env(stage="pip") if required else context.target_env
-        )
-        if target is None:
-            raise StageError("no Python environment in the image", stage="pip")
-        self._target = target
+    def _check_pip(self, target):
+        """The target env's record, with the version of its pip (which must work)."""
+        self.target = target
+        self.tools = lister(uv="uv" in self.installers, python=target.python)
+        info = {
+            k: getattr(target, k) for k in ("prefix", "version", "source", "reason")
+        }
+        info["executable"] = target.python
+        if self.stage.uv:
+            info["uv"] = self.stage.uv[1]
         try:
             proc = self._run([target.python, "-m", "pip", "--version"])
         except _cotainr.CommandError as e:
             if self.installers == {"uv"}:  # uv installs and lists: no pip needed
-                return self._target_info(target, stdout="")
+                return info
             raise StageError(
                 f"the target environment {target.prefix} ({target.reason}) has no "
                 f"working `python -m pip` ({target.python}). Install pip into it "
@@ -285,62 +289,64 @@ class PipRun:
                 stage="pip",
                 details=e.error_lines(),
             ) from e
-        return self._target_info(target, stdout=proc.stdout)
-
-    def _target_info(self, target, *, stdout):
-        """The target env's record (and pip's version from `stdout`, uv's)."""
-        info = {
-            k: getattr(target, k) for k in ("prefix", "version", "source", "reason")
-        }
-        info["executable"] = target.python
-        for line in stdout.splitlines():
+        for line in proc.stdout.splitlines():
             if line.startswith("pip "):
                 info["pip"] = line.split()[1]
-        if self.uv:
-            info["uv"] = self.uv[1]
         return info
 
     @contextlib.contextmanager
     def _work_dir(self):
-        """A fresh :data:`WORK_DIR`: the host pip cache in it, uv's mounted there."""
+        """A fresh :data:`WORK_DIR`: the host pip cache in it, uv's mounted there.
+
+        Yields the record of the caches (filled in when the steps are done).
+        """
         work = resolve_in_root(root=self.root, path=WORK_DIR)
         if work.exists():
             shutil.rmtree(work)
         work.mkdir(parents=True)
         cache = resolve_in_root(root=self.root, path=CACHE_DIR)
+        host_cache = self.stage.cache_dir
         pip_cache = self.settings.cache and "pip" in self.installers
-        uv_cache = self.uv_cache_dir if self.settings.cache else None
-        stats = {}
+        stats = {"dir": None}
+        uv_cache = None
+        if self.settings.cache:
+            stats["dir"] = str(host_cache)
+            uv_cache = self.stage.uv_cache_dir
+        if uv_cache and self.stage.uv:
+            stats["uv-dir"] = str(uv_cache)
         try:
             if pip_cache:
                 stats["import"] = _timed(
-                    import_cache, host_dir=self.cache_dir, sandbox_dir=cache
+                    import_cache, host_dir=host_cache, sandbox_dir=cache
                 )
                 logger.info(
                     "pip cache %s: %d files linked/copied into the sandbox",
-                    self.cache_dir,
+                    host_cache,
                     stats["import"]["files"],
                 )
             with uv_in_sandbox(
-                root=self.root, uv=self.uv, cache=uv_cache, run=self._run
+                root=self.root, uv=self.stage.uv, cache=uv_cache, run=self._run
             ):
                 yield stats
         finally:
             if pip_cache:
                 stats["export"] = _timed(
-                    export_cache, sandbox_dir=cache, host_dir=self.cache_dir
+                    export_cache, sandbox_dir=cache, host_dir=host_cache
                 )
             shutil.rmtree(work, ignore_errors=True)
 
     def run(self):
         """Run the pip steps in order; record the packages and SBOMs."""
-        if self.steps:
-            info, record = self._run_steps()
-            summary = f"{len(self.steps)} step(s) into {info.get('prefix')}; "
+        if self.stage.steps:
+            record = self._run_steps()
+            summary = f"{len(self.stage.steps)} step(s) into {self.target.prefix}; "
             return self._report(record, summary=summary)
+        target = self.context.target_env
         try:  # no steps: keep the env's package list (if pip can list it)
-            info = self._check_pip(required=False)
-            summary = f"no pip steps; package list of {info.get('prefix')}: "
+            if target is None:
+                raise StageError("no Python environment in the image", stage="pip")
+            info = self._check_pip(target)
+            summary = f"no pip steps; package list of {target.prefix}: "
             return self._report({"target": info, "steps": []}, summary=summary)
         except (StageError, _cotainr.CommandError) as e:
             logger.warning(
@@ -358,17 +364,17 @@ class PipRun:
             imagelayout.LABEL_PIP_PACKAGES: PACKAGES_FILE,
             imagelayout.LABEL_SBOM: imagelayout.CYCLONEDX_SBOM_FILE,
         }
-        installed, packages = self._listed or self._pip_list()
+        installed, packages = self.listed or self._pip_list()
         records = {PACKAGES_FILE: packages}
         details["sbom"] = write_sboms(
             root=self.root,
             image_name=Path(self.context.build.image_path).name,
             packages=packages,
-            base_packages=self._base_packages,
-            target_prefix=self._target.prefix,
+            base_packages=self.base_packages,
+            target_prefix=self.target.prefix,
             base_image=self.context.build.base_image.given,
         )
-        if self.steps:
+        if self.stage.steps:
             labels[imagelayout.LABEL_PIP_STEPS] = STEPS_FILE
             records[STEPS_FILE] = details
         for path, data in records.items():
@@ -376,34 +382,32 @@ class PipRun:
             write_file_in_root(root=self.root, path=path, content=text)
         torch = installed.get("torch")
         summary += f"{len(installed)} distributions"
-        summary += f" (torch {torch[1]})" if torch else ""
+        if torch:
+            summary += f" (torch {torch[1]})"
         return StageReport(name="pip", summary=summary, record=details, labels=labels)
 
     def _run_steps(self):
-        """Check pip, run every step; (target info, the steps record)."""
-        for scan in self.scans:
+        """Check pip, run every step; the steps record."""
+        for scan in self.stage.scans:
             for moving in scan.moving_refs:
                 logger.warning("Not pinned: %s", moving)
-        info = self._check_pip()
+        info = self._check_pip(self.context.require_target_env(stage="pip"))
         logger.info(
             "pip steps install into %s (python %s at %s, pip %s)",
-            info.get("prefix"),
-            info.get("version"),
-            info.get("executable"),
+            info["prefix"],
+            info["version"],
+            info["executable"],
             info.get("pip"),
         )
-        self._pip_env = host_pip_overrides(root=self.root, environ=os.environ)
-        with self._work_dir() as cache_stats:
+        self.pip_env = host_pip_overrides(root=self.root, environ=os.environ)
+        with self._work_dir() as cache:
             records = [
                 self._run_step(step=step, scan=scan)
-                for step, scan in zip(self.steps, self.scans)
+                for step, scan in zip(self.stage.steps, self.stage.scans)
             ]
-        cache = {"dir": str(self.cache_dir) if self.settings.cache else None}
-        if self.uv and self.settings.cache:
-            cache["uv-dir"] = str(self.uv_cache_dir)
-        record = {"target": info, "steps": records, "cache": cache | cache_stats}
+        record = {"target": info, "steps": records, "cache": cache}
         record["check"] = self._pip_check()
-        return info, record
+        return record
 
     def _pip_check(self):
         """``pip check``'s broken requirements after the steps: warned about, or fatal."""
@@ -411,20 +415,14 @@ class PipRun:
             return None
         path = resolve_in_root(root=self.root, path=CHECK_FILE)
         text = path.read_text(errors="replace") if path.is_file() else ""
-        tools = lister(uv="uv" in self.installers, python=self._target.python)
-        broken = tools.parse(text=text)
-        if not broken and tools.verdict not in text:
-            logger.warning("%s check gave no verdict: %s", tools.name, text[-500:])
+        broken = self.tools.parse(text=text)
         if not broken:
+            if self.tools.verdict not in text:
+                logger.warning(
+                    "%s check gave no verdict: %s", self.tools.name, text[-500:]
+                )
             return []
-        names = ", ".join(dict.fromkeys(n for *_, involved in broken for n in involved))
-        message = (
-            f"{tools.name} check after the pip steps: broken requirements of {names}:\n"
-            + "".join(f"  {pkg} {problem}\n" for pkg, problem, _ in broken)
-            + "Fix: pin versions that fit together in a step (a package an "
-            "earlier step installed changes only if the step lists it in "
-            "allow-changes)."
-        )
+        message = _broken_message(self.tools, broken)
         if self.settings.check == "strict":
             raise StageError(f"{message} Or build anyway: pip.check=warn.", stage="pip")
         logger.warning("%s pip.check=strict makes this an error.", message)
@@ -432,21 +430,22 @@ class PipRun:
 
     def _install(self, *, step, staged, constraints, before):
         """Run the step's ``pip install`` in the target env; return it redacted."""
-        env, unset = step.env, UNSET_PIP_VARIABLES
+        env = step.env
+        unset = UNSET_PIP_VARIABLES
         if step.installer == "uv":
             unset = UNSET_UV_VARIABLES
-            env = {**uv_env(environ=os.environ, overrides=self._pip_env), **env}
+            env = {**uv_env(environ=os.environ, overrides=self.pip_env), **env}
+        cache = self.settings.cache
         cmd = install_command(
             step=step,
             requirement_files=staged.requirement_files,
             constraints=constraints,
-            cache=self.settings.cache,
-            python=self._target.python,
+            cache=cache,
+            python=self.target.python,
         )
         shown = [redact(arg) for arg in cmd]
         logger.info("Running: %s", shlex.join(shown))
         try:
-            cache = self.settings.cache
             with private_wheel_cache(root=self.root, step=step, cache=cache):
                 self._run(cmd, env=env, script=f"unset {unset}; ")
         except _cotainr.CommandError as e:
@@ -462,14 +461,14 @@ class PipRun:
         root = self.root
         logger.info("pip %s", step.title)
         t0 = time.time()
-        keep_dir = f"{PIP_DIR}/step{step.number}"
+        keep_dir = step_dir(step)
         staging_dir = f"{WORK_DIR}/staging/step{step.number}"
         staged = StagedStep(
             scan=scan, root=root, keep_dir=keep_dir, staging_dir=staging_dir
         )
-        before, packages = self._listed or self._pip_list()
+        before, packages = self.listed or self._pip_list()
         if step.number == 1:
-            self._base_packages = packages
+            self.base_packages = packages
         constraints = f"{keep_dir}/protected-constraints.txt"
         write_file_in_root(
             root=root,
@@ -479,9 +478,9 @@ class PipRun:
         cmd = self._install(
             step=step, staged=staged, constraints=constraints, before=before
         )
-        last = step.number == len(self.steps) and self.settings.check != "off"
-        self._listed = self._pip_list(check=last)
-        after = self._listed[0]
+        last = step.number == len(self.stage.steps) and self.settings.check != "off"
+        self.listed = self._pip_list(check=last)
+        after = self.listed[0]
         check_protected(step=step, before=before, after=after)
         shutil.rmtree(resolve_in_root(root=root, path=staging_dir), ignore_errors=True)
         diff = describe_changes(before=before, after=after)

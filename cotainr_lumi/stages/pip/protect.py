@@ -106,29 +106,52 @@ def _req_name(text):
         return canonicalize_name(m.group(1)) if m else None
 
 
-def explain_conflicts(*, output, installed, allowed):
-    """The protected distributions pip's resolver error is about (as Conflicts)."""
-    pinned, wanted, in_block = set(), {}, False
+def _resolver_lines(output):
+    """(line, whether in a "The conflict is caused by:" block) of pip's output."""
+    in_block = False
     for line in output.splitlines():
         if "The conflict is caused by:" in line:
             in_block = True
         elif in_block and not line.strip():
             in_block = False
-        elif in_block:
-            m = _CAUSE_RE.match(line)
-            if m and m.group("constraint"):
-                pinned.add(_req_name(m.group("ureq")))
-            elif m and m.group("ureq"):
-                wanted.setdefault(_req_name(m["ureq"]), []).append(m["ureq"])
-            elif m:
-                req = m.group("dreq")
-                text = f"{m.group('pkg')} {m.group('ver')} depends on {req}"
-                wanted.setdefault(_req_name(req), []).append(text)
-        elif m := _NOT_FOUND_RE.search(line):
-            name = _req_name(m.group("req"))
+        else:
+            yield line, in_block
+
+
+def _cause(line):
+    """(name, who wants it, whether pinned) of a line of a conflict block."""
+    m = _CAUSE_RE.match(line)
+    if m is None:
+        return None
+    if m["constraint"]:
+        return _req_name(m["ureq"]), None, True
+    if m["ureq"]:
+        return _req_name(m["ureq"]), m["ureq"], False
+    return _req_name(m["dreq"]), f"{m['pkg']} {m['ver']} depends on {m['dreq']}", False
+
+
+def _not_found(line):
+    """(name, who wants it, pinned) of pip's "Could not find a version" line."""
+    m = _NOT_FOUND_RE.search(line)
+    if m is None:
+        return None
+    origin = f" (from {m['from']})" if m["from"] else ""
+    return _req_name(m["req"]), m["req"].strip() + origin, True
+
+
+def explain_conflicts(*, output, installed, allowed):
+    """The protected distributions pip's resolver error is about (as Conflicts)."""
+    pinned = set()
+    wanted = {}
+    for line, in_block in _resolver_lines(output):
+        found = _cause(line) if in_block else _not_found(line)
+        if found is None:
+            continue
+        name, wants, pin = found
+        if pin:
             pinned.add(name)
-            origin = f" (from {m.group('from')})" if m.group("from") else ""
-            wanted.setdefault(name, []).append(m.group("req").strip() + origin)
+        if wants:
+            wanted.setdefault(name, []).append(wants)
     names = sorted(n for n in pinned if n in installed and n not in allowed)
     return [
         Conflict(*installed[n], wanted=list(dict.fromkeys(wanted.get(n, []))))

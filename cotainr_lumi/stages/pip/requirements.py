@@ -49,7 +49,7 @@ class ReqLine:
     """One logical line that references something local: ``prefix target suffix``."""
 
     kind: str  # "include", "path", "file-url" or "image-path"
-    target: Path
+    target: Path | None
     prefix: str = ""
     suffix: str = ""
     original: str = ""
@@ -78,6 +78,11 @@ def _logical_lines(lines):
         if not continued or i == len(lines) - 1:
             yield start, i, _COMMENT_RE.sub("", "".join(parts)).strip()
             start, parts = i + 1, []
+
+
+def is_remote_url(value):
+    """Whether `value` is a URL pip fetches (any scheme but ``file:``)."""
+    return bool(_URL_RE.match(value)) and not value.startswith("file:")
 
 
 def _looks_like_path(name):
@@ -154,11 +159,16 @@ def _local_target(value, *, base, where):
     return resolved, False
 
 
-def _installable(value, *, kind, base, where, original, prefix="", suffix=""):
-    """The ReqLine of a wheel, sdist or project directory (checked) at `value`."""
+def _installable(ref, *, base, where):
+    """`ref` at its wheel, sdist or project directory (checked)."""
+    original = ref.original
+    value = original
+    if ref.kind == "file-url":
+        value = _file_url_path(original, where=where)
     path, in_image = _local_target(value, base=base, where=where)
+    ref.target = path
     if in_image:
-        kind = "image-path"
+        ref.kind = "image-path"
     elif path.is_dir():
         if not ((path / "pyproject.toml").is_file() or (path / "setup.py").is_file()):
             raise _error(
@@ -174,16 +184,11 @@ def _installable(value, *, kind, base, where, original, prefix="", suffix=""):
             f"{original}: {path} is neither a wheel nor an sdist "
             f"(expected one of {', '.join(ARCHIVE_EXTENSIONS)})",
         )
-    return ReqLine(kind, path, prefix, suffix, original)
+    return ref
 
 
 def _markers(markers, sep):
     return f" ; {markers.strip()}" if sep else ""
-
-
-def _options(tokens, *, where):
-    """(option, where) of the options after a requirement (``--hash=...``)."""
-    return [(t.partition("=")[0], where) for t in tokens if t.startswith("-")]
 
 
 def _requirement(text, *, where):
@@ -275,80 +280,106 @@ class StepScan:
         option, value, rest = _split_option(tokens)
         self.options.append((option, where))
         if option in _EDITABLE:
-            raise _error(
-                where,
-                f"editable installs ({option} {value or ''}) are not supported in "
-                "an image build: the source would not be in the image. Drop "
-                f"'{option}' to install a copy of the project instead.",
-            )
+            raise _editable_error(option, value, where=where)
         if option not in _INCLUDE_OPTIONS + _FIND_LINKS:
             return None
         if not value:
             raise _error(where, f"{option} needs a value")
-        if _URL_RE.match(value) and not value.startswith("file:"):
+        if is_remote_url(value):
             return None  # a remote file or index: pip fetches it
         path, in_image = _local_target(value, base=base, where=where)
         suffix = "".join(f" {shlex.quote(t)}" for t in rest)
         ref = ReqLine("path", path, f"{option} ", suffix, value)
-        if in_image and option in _FIND_LINKS:
-            ref.kind = "image-path"
-        elif in_image:
+        if option in _FIND_LINKS:
+            return _find_links(ref, in_image=in_image, where=where)
+        if in_image:
             raise _error(
                 where,
                 f"{option} {value}: {path} does not exist on this machine "
                 "(included files must be on this machine)",
             )
-        elif option in _FIND_LINKS and not path.exists():
-            raise _error(where, f"{option} {value}: {path} does not exist")
-        elif option in _INCLUDE_OPTIONS:
-            if not path.is_file():
-                raise _error(where, f"{option} {value}: {path} is not a file")
-            ref.kind, ref.include = "include", self.scan_path(path, where=where)
+        return self._include(ref, where=where)
+
+    def _include(self, ref, *, where):
+        """The line of a ``-r``/``-c`` file here, scanned."""
+        if not ref.target.is_file():
+            raise _error(
+                where, f"{ref.prefix}{ref.original}: {ref.target} is not a file"
+            )
+        ref.kind = "include"
+        ref.include = self.scan_path(ref.target, where=where)
         return ref
 
     def requirement_line(self, text, *, base, where):
         """A requirement line: a name, a URL, a ``file:`` URL or a local path."""
-        tokens = text.split()
-        n = next((i for i, t in enumerate(tokens) if t.startswith("-")), len(tokens))
-        req_text, options = " ".join(tokens[:n]), "".join(f" {t}" for t in tokens[n:])
-        self.options += _options(tokens[n:], where=where)
-        if not req_text:
-            raise _error(where, f"no requirement before the options in {text!r}")
-        prefix, kind = "", "file-url"
+        req_text, options = _split_requirement(text, where=where)
+        self.options += [(t.partition("=")[0], where) for t in options if t[0] == "-"]
         if req_text.startswith("file:"):
-            url, sep, markers = req_text.partition("; ")
-            original, suffix = url.strip(), _markers(markers, sep)
-            value = _file_url_path(original, where=where)
+            ref = _file_url_line(req_text)
         elif _URL_RE.match(req_text):
             self.note_url(req_text.partition(";")[0].strip(), where=where)
             return None  # remote URL (https://..., git+https://...)
         elif "@" in req_text and not _looks_like_path(req_text.split("@")[0].strip()):
-            req = _requirement(req_text, where=where)
-            if not (req.url and req.url.startswith("file:")):
-                if req.url:
-                    self.note_url(req.url, where=where)
-                return None
-            original, (prefix, _, suffix) = req.url, req_text.partition(req.url)
-            value = _file_url_path(original, where=where)
+            ref = self._direct_url_line(req_text, where=where)
         else:
-            path_part, sep, markers = req_text.partition(";")
-            bare, extras = re.match(r"^(.*?)(\[[^\]]*\])?$", path_part.strip()).groups()
-            if not (
-                _looks_like_path(bare) or bare.lower().endswith(ARCHIVE_EXTENSIONS)
-            ):
-                _requirement(req_text, where=where)
-                return None
-            value = original = bare
-            kind, suffix = "path", (extras or "") + _markers(markers, sep)
-        return _installable(
-            value,
-            kind=kind,
-            original=original,
-            prefix=prefix,
-            suffix=suffix + options,
-            base=base,
-            where=where,
-        )
+            ref = _path_line(req_text, where=where)
+        if ref is None:
+            return None
+        ref.suffix += "".join(f" {t}" for t in options)
+        return _installable(ref, base=base, where=where)
+
+    def _direct_url_line(self, req_text, *, where):
+        """``name @ URL``: a ``file:`` URL's line (a remote URL is only noted)."""
+        req = _requirement(req_text, where=where)
+        if req.url and req.url.startswith("file:"):
+            prefix, _, suffix = req_text.partition(req.url)
+            return ReqLine("file-url", None, prefix, suffix, req.url)
+        if req.url:
+            self.note_url(req.url, where=where)
+        return None
+
+
+def _editable_error(option, value, *, where):
+    return _error(
+        where,
+        f"editable installs ({option} {value or ''}) are not supported in "
+        "an image build: the source would not be in the image. Drop "
+        f"'{option}' to install a copy of the project instead.",
+    )
+
+
+def _split_requirement(text, *, where):
+    """(requirement, the options after it) of a requirement line."""
+    tokens = text.split()
+    n = next((i for i, t in enumerate(tokens) if t.startswith("-")), len(tokens))
+    if n == 0:
+        raise _error(where, f"no requirement before the options in {text!r}")
+    return " ".join(tokens[:n]), tokens[n:]
+
+
+def _find_links(ref, *, in_image, where):
+    """The line of a local ``--find-links`` directory (in the image or here)."""
+    if in_image:
+        ref.kind = "image-path"
+    elif not ref.target.exists():
+        raise _error(where, f"{ref.prefix}{ref.original}: {ref.target} does not exist")
+    return ref
+
+
+def _file_url_line(req_text):
+    """A ``file:`` URL requirement (with markers)."""
+    url, sep, markers = req_text.partition("; ")
+    return ReqLine("file-url", None, "", _markers(markers, sep), url.strip())
+
+
+def _path_line(req_text, *, where):
+    """A local path requirement (``./dir[extra]``, ``x.whl``); None for a name."""
+    path_part, sep, markers = req_text.partition(";")
+    bare, extras = re.match(r"^(.*?)(\[[^\]]*\])?$", path_part.strip()).groups()
+    if not (_looks_like_path(bare) or bare.lower().endswith(ARCHIVE_EXTENSIONS)):
+        _requirement(req_text, where=where)
+        return None
+    return ReqLine("path", None, "", (extras or "") + _markers(markers, sep), bare)
 
 
 def scan_step(*, step):

@@ -46,28 +46,34 @@ def _origins(packages, base_packages):
     ]
 
 
+def _library(package, *, purl, origin):
+    """The component of a package (name, version) with its :data:`ORIGIN_PROPERTY`."""
+    return Component(
+        name=package["name"],
+        version=package["version"],
+        type=ComponentType.LIBRARY,
+        purl=purl,
+        bom_ref=purl.to_string(),
+        properties=[Property(name=ORIGIN_PROPERTY, value=origin)],
+    )
+
+
 def _system_components(record):
     """Components of the distribution packages a system-packages record lists."""
-    components = []
-    for package in record.get("added", []) + record.get("changed", []):
-        purl = PackageURL(
-            type=record["kind"],
-            namespace=record["distro"],
-            name=package["name"],
-            version=package["version"],
-            qualifiers={"arch": package["arch"]},
-        )
-        components.append(
-            Component(
+    return [
+        _library(
+            package,
+            purl=PackageURL(
+                type=record["kind"],
+                namespace=record["distro"],
                 name=package["name"],
                 version=package["version"],
-                type=ComponentType.LIBRARY,
-                purl=purl,
-                bom_ref=purl.to_string(),
-                properties=[Property(name=ORIGIN_PROPERTY, value="build")],
-            )
+                qualifiers={"arch": package["arch"]},
+            ),
+            origin="build",
         )
-    return components
+        for package in record.get("added", []) + record.get("changed", [])
+    ]
 
 
 def read_system_record(*, root):
@@ -109,23 +115,16 @@ def cyclonedx_json(
         )
     )
     packages = sorted(packages, key=lambda p: p["name"].lower())
-    components = []
-    for package, origin in zip(packages, _origins(packages, base_packages)):
-        name, version = package["name"], package["version"]
-        purl = PackageURL(type="pypi", name=name, version=version)
-        components.append(
-            Component(
-                name=name,
-                version=version,
-                type=ComponentType.LIBRARY,
-                purl=purl,
-                bom_ref=purl.to_string(),
-                properties=[Property(name=ORIGIN_PROPERTY, value=origin)],
-            )
+    components = [
+        _library(
+            p,
+            purl=PackageURL(type="pypi", name=p["name"], version=p["version"]),
+            origin=o,
         )
-        bom.components.add(components[-1])
-    for component in _system_components(system_record or {}):
-        components.append(component)
+        for p, o in zip(packages, _origins(packages, base_packages))
+    ]
+    components += _system_components(system_record or {})
+    for component in components:
         bom.components.add(component)
     bom.register_dependency(image, components)
     return make_outputter(bom, OutputFormat.JSON, SCHEMA_VERSION).output_as_string(

@@ -22,9 +22,10 @@ from .install import (
     STEPS_FILE,
     WORK_DIR,
     PipRun,
-    _redacted_logs,
-    _secrets,
     install_command,
+    redacted_logs,
+    step_dir,
+    step_secrets,
 )
 from .requirements import scan_step
 from .steps import PipSettings, default_cache_dir
@@ -35,7 +36,7 @@ __all__ = ["PACKAGES_FILE", "WORK_DIR", "PipStage"]
 
 def _describe_step(step, scan, *, cache):
     """The plan's lines on one step: its command, inputs and protection."""
-    keep = f"{PIP_DIR}/step{step.number}"
+    keep = step_dir(step)
     files = [
         f"{keep}/{rf.path.name if rf.path else 'packages.txt'}" for rf in scan.files
     ]
@@ -75,16 +76,23 @@ class PipStage(Stage):
         self.scans = [scan_step(step=step) for step in self.steps]
         self.cache_dir = Path(self.settings.cache_dir or default_cache_dir())
         self.uv_cache_dir = Path(self.settings.uv_cache_dir or default_cache_dir("uv"))
-        self.uv = None  # (host program, version) when a step uses uv
-        for step, scan in zip(self.steps, self.scans):
-            if step.installer == "uv":
-                check_uv_step(step=step, scan=scan)
-                self.uv = self.uv or find_uv()
-        if self.uv and self.settings.cache and set(",:") & set(str(self.uv_cache_dir)):
+        self.uv = self._find_uv()
+
+    def _find_uv(self):
+        """(host program, version) of uv when a step uses it (checked), else None."""
+        pairs = zip(self.steps, self.scans)
+        uv_steps = [(step, scan) for step, scan in pairs if step.installer == "uv"]
+        for step, scan in uv_steps:
+            check_uv_step(step=step, scan=scan)
+        if not uv_steps:
+            return None
+        uv = find_uv()
+        if self.settings.cache and set(",:") & set(str(self.uv_cache_dir)):
             raise InputError(
                 f"The uv cache {self.uv_cache_dir} is mounted into the container, "
                 "which a path with ',' or ':' cannot be: set pip.uv-cache-dir."
             )
+        return uv
 
     def describe(self, *, build):
         """The steps, their pip commands, protection and cache."""
@@ -121,5 +129,5 @@ class PipStage(Stage):
 
     def run(self, *, context):
         """Run the pip steps in order (no secret in a record or log line)."""
-        with _redacted_logs(values=_secrets(self.steps)):
+        with redacted_logs(values=step_secrets(self.steps)):
             return PipRun(stage=self, context=context).run()

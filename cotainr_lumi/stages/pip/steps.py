@@ -30,6 +30,7 @@ from ...engine.settings import (
 )
 from ...engine.yamlfile import LineDict, read_yaml
 from ...errors import InputError, redact, redact_env
+from .requirements import is_remote_url
 
 _INTO_ENV = "packages must go into the image's Python environment"
 _EDITABLE = "editable installs cannot work in an image; install a copy instead"
@@ -51,7 +52,6 @@ FORBIDDEN_PIP_ARGS = {
 # Matched with fullmatch: "$" would also match before a trailing newline.
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PACKAGE_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
-_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def default_cache_dir(installer="pip"):
@@ -96,7 +96,7 @@ def _check_pip_args(pip_args):
             )
         if option in ("-f", "--find-links"):
             value = value if equals else after
-            if not _URL_RE.match(value) or value.startswith("file:"):
+            if not is_remote_url(value):
                 raise ValueError(
                     f"{arg!r} with a local path is not allowed here: put "
                     "'--find-links DIR' in a requirements file, where local "
@@ -203,6 +203,18 @@ class PipStep(StepSettings):
         """The step, also allowed to change `names`."""
         allowed = {canonicalize_name(n) for n in names}
         return dataclasses.replace(self, allow_changes=self.allow_changes | allowed)
+
+    def install_args(self, *, requirement_files, constraints):
+        """The install arguments pip and uv take alike: indexes, pip-args, files."""
+        args = ["--no-build-isolation"] if self.no_build_isolation else []
+        if self.index_url:
+            args += ["--index-url", self.index_url]
+        for url in self.extra_index_urls:
+            args += ["--extra-index-url", url]
+        args += [*self.pip_args, "-c", constraints]
+        for path in requirement_files:
+            args += ["-r", path]
+        return args
 
     def to_dict(self):
         """The step in the steps format (absolute paths; for records: redacted)."""

@@ -146,24 +146,14 @@ def check_uv_step(*, step, scan):
         )
 
 
-def uv_command(*, uv, step, requirement_files, constraints, cache_dir, python):
-    """The ``uv pip install`` command line of a step (in the container)."""
+def uv_command(*, uv, cache_dir, python):
+    """The ``uv pip install`` command line (in the container), before a step's arguments."""
     cmd = [uv, "--color", "never", "--no-config", "--no-progress"]
     cmd += ["--cache-dir", cache_dir] if cache_dir else ["--no-cache"]
     cmd += ["pip", "install", "--python", python, "--link-mode", "copy"]
     # pip's: .pyc files written at install (an image is read-only at run time),
     # the best version over all indexes.
-    cmd += ["--compile-bytecode", "--index-strategy", "unsafe-best-match"]
-    if step.no_build_isolation:
-        cmd.append("--no-build-isolation")
-    if step.index_url:
-        cmd += ["--index-url", step.index_url]
-    for url in step.extra_index_urls:
-        cmd += ["--extra-index-url", url]
-    cmd += [*step.pip_args, "-c", constraints]
-    for path in requirement_files:
-        cmd += ["-r", path]
-    return cmd
+    return cmd + ["--compile-bytecode", "--index-strategy", "unsafe-best-match"]
 
 
 def uv_env(*, environ, overrides):

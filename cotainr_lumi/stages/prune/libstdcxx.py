@@ -54,34 +54,51 @@ class SystemLib:
     how: str
 
 
-def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
-    """The base image's ``libstdc++.so.6``: its loader cache first, then the standard directories."""
-    candidates = [
+def _candidates(ldconfig_text):
+    """(image path, how found) of each place the loader would look, in order."""
+    found = [
         (path, "ld.so.cache")
         for name, _flags, path in parse_ldconfig(text=ldconfig_text)
         if name == LIBSTDCXX_SONAME
     ]
-    candidates += [
+    dirs = [
         (f"{d}/{LIBSTDCXX_SONAME}", "standard directory") for d in DEFAULT_LOADER_DIRS
     ]
+    return found + dirs
+
+
+def _regular_file(*, root, image_path):
+    """The host path of `image_path` if it is a regular file (not a link), else None."""
+    try:
+        host = resolve_in_root(root=root, path=image_path)
+    except OSError as e:  # a symlink loop
+        logger.debug("Skipping %s: %s", image_path, e)
+        return None
+    if host.is_file() and not host.is_symlink():
+        return host
+    return None
+
+
+def _is_libstdcxx(info, *, like):
+    """Whether ELF `info` is a libstdc++.so.6 that objects like `like` can load."""
+    if info is None or info.soname != LIBSTDCXX_SONAME:
+        return False
+    return like is None or info.compatible_with(like)
+
+
+def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
+    """The base image's ``libstdc++.so.6``: its loader cache first, then the standard directories."""
     seen = set()
-    for image_path, how in candidates:
-        try:
-            host = resolve_in_root(root=root, path=image_path)
-        except OSError as e:  # a symlink loop
-            logger.debug("Skipping %s: %s", image_path, e)
-            continue
-        if host in seen or not host.is_file() or host.is_symlink():
+    for image_path, how in _candidates(ldconfig_text):
+        host = _regular_file(root=root, image_path=image_path)
+        if host is None or host in seen:
             continue
         seen.add(host)
         if exclude is not None and is_inside(parent=exclude, path=host):
             continue
         info = read_elf_info(path=host)
-        if info is None or info.soname != LIBSTDCXX_SONAME:
-            continue
-        if like is not None and not info.compatible_with(like):
-            continue
-        return SystemLib(image_path=image_path, info=info, how=how)
+        if _is_libstdcxx(info, like=like):
+            return SystemLib(image_path=image_path, info=info, how=how)
     return None
 
 
@@ -93,43 +110,49 @@ class LibstdcxxCheck:
     status: str
     reason: str
     candidates: list = field(default_factory=list)
-    lib_dir: object = None
     system: SystemLib | None = None
     missing: dict = field(default_factory=dict)
     objects_checked: int = 0
     requirers: int = 0
 
 
-def _env_lib_files(*, root, env_prefix):
-    """The env's and its ``lib``'s host paths and its ``libstdc++.so*``, or why not (a check)."""
+_LOOP = "is a symlink loop (too many levels of symbolic links), so its libstdc++ is left alone"
 
-    def end(status, reason):
-        return LibstdcxxCheck(env_prefix=env_prefix, status=status, reason=reason)
 
-    loop = "is a symlink loop (too many levels of symbolic links), so its libstdc++ is left alone"
+class _LeftAloneError(Exception):
+    """The env's libstdc++ is not looked at: (status, reason) of its check."""
+
+
+def _env_dir(*, root, env_prefix):
+    """The env's host directory (a separate env's, existing)."""
     env_host = resolve_or_none(root=root, path=env_prefix)
     if env_host is None:
-        return end("unsupported", f"{env_prefix} {loop}")
+        raise _LeftAloneError("unsupported", f"{env_prefix} {_LOOP}")
     real_prefix = str(image_path_of(root=root, host_path=env_host))
     if real_prefix in SYSTEM_PREFIXES:
-        return end(
+        raise _LeftAloneError(
             "unsupported",
             f"the active Python's prefix is {real_prefix}, the system itself "
             "rather than a separate environment; the system's libstdc++ is "
             "never removed",
         )
     if not env_host.is_dir():
-        return end(
+        raise _LeftAloneError(
             "absent", f"the environment {env_prefix} does not exist in the image"
         )
+    return env_host
+
+
+def _lib_files(*, root, env_prefix, env_host):
+    """The ``libstdc++.so*`` of the env's ``lib`` (a directory inside the env)."""
     lib_image = f"{env_prefix}/lib"
     lib_host = resolve_or_none(root=root, path=lib_image)
     if lib_host is None:
-        return end("unsupported", f"{lib_image} {loop}")
+        raise _LeftAloneError("unsupported", f"{lib_image} {_LOOP}")
     if not lib_host.is_dir():
-        return end("absent", f"{lib_image} does not exist")
+        raise _LeftAloneError("absent", f"{lib_image} does not exist")
     if lib_host == env_host or not is_inside(parent=env_host, path=lib_host):
-        return end(
+        raise _LeftAloneError(
             "unsupported",
             f"{lib_image} is a link to "
             f"{image_path_of(root=root, host_path=lib_host)}, outside the "
@@ -139,8 +162,8 @@ def _env_lib_files(*, root, env_prefix):
         p for p in lib_host.glob(LIBSTDCXX_GLOB) if p.is_symlink() or p.is_file()
     )
     if not candidates:
-        return end("absent", f"no {LIBSTDCXX_GLOB} in {lib_image}")
-    return env_host, lib_host, candidates
+        raise _LeftAloneError("absent", f"no {LIBSTDCXX_GLOB} in {lib_image}")
+    return candidates
 
 
 def _libstdcxx_users(*, root, env_prefix, candidates):
@@ -188,10 +211,12 @@ def _reason(*, system, missing, needs):
 def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
     """Check whether removing the env's libstdc++ is safe."""
     env_prefix = str(PurePosixPath("/", env_prefix))
-    found = _env_lib_files(root=root, env_prefix=env_prefix)
-    if isinstance(found, LibstdcxxCheck):
-        return found
-    env_host, lib_host, candidates = found
+    try:
+        env_host = _env_dir(root=root, env_prefix=env_prefix)
+        candidates = _lib_files(root=root, env_prefix=env_prefix, env_host=env_host)
+    except _LeftAloneError as e:
+        status, reason = e.args
+        return LibstdcxxCheck(env_prefix=env_prefix, status=status, reason=reason)
     needs, objects, like = _libstdcxx_users(
         root=root, env_prefix=env_prefix, candidates=candidates
     )
@@ -214,7 +239,6 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
         status="unsafe" if missing else "safe",
         reason=_reason(system=system, missing=missing, needs=needs),
         candidates=candidates,
-        lib_dir=lib_host,
         system=system,
         missing=missing,
         objects_checked=objects,
@@ -235,11 +259,8 @@ def remove_libstdcxx(*, check, root, manifest):
     """Remove the candidates of a safe check (links themselves, never their targets)."""
     if check.status != "safe":
         raise ValueError(f"refusing to remove libstdc++: check status {check.status}")
-    env_host = resolve_in_root(root=root, path=check.env_prefix)
     freed = 0
     for path in check.candidates:
-        if path.parent != check.lib_dir or not is_inside(parent=env_host, path=path):
-            raise ValueError(f"{path} is not in the environment's lib directory")
         kind = "symlink" if os.path.islink(path) else "file"
         size = 0 if kind == "symlink" else os.lstat(path).st_size
         os.unlink(path)

@@ -116,11 +116,7 @@ def find_bundle_dirs(*, root, site_dirs, rocm_dirs):
     for name, pkg_dir in _site_subdirs(root=root, site_dirs=site_dirs):
         if name.startswith(ROCM_SDK_PREFIX):
             continue
-        package, lib_dir = (
-            (name[: -len(".libs")], pkg_dir)
-            if name.endswith(".libs")
-            else (name, pkg_dir / "lib")
-        )
+        lib_dir = pkg_dir if name.endswith(".libs") else pkg_dir / "lib"
         if not lib_dir.is_dir() or lib_dir.is_symlink():
             continue
         try:
@@ -130,7 +126,7 @@ def find_bundle_dirs(*, root, site_dirs, rocm_dirs):
         if overlap:
             bundles.append(
                 BundleDir(
-                    package=package,
+                    package=name.removesuffix(".libs"),
                     package_dir=pkg_dir,
                     host_path=lib_dir,
                     image_path=str(image_path_of(root=root, host_path=lib_dir)),
@@ -196,24 +192,17 @@ def _plan_entry(*, root, bundle, name, rocm_dirs):
         return ours_image, f"{theirs_image}: {e.strerror or e}"
     if ours.is_symlink():
         return ours_image, "already a link"
-    kind = "dir" if ours.is_dir() else "file"
+    if not (ours.is_dir() or ours.is_file()):
+        return ours_image, "not a regular file or directory"
+    kind, size, ours_info = _entry(root=root, path=ours, image_path=ours_image)
     if kind == "dir":
-        if not theirs.is_dir():
-            return ours_image, f"{theirs_image} is not a directory"
-        entries = walk_in_root(root=root, path=ours_image)
-        size = sum(e.size for e in entries if e.kind == "file")
-        ours_info = None
-        why = f"same directory in the base image ({theirs_image})"
-    elif ours.is_file():
-        size = os.lstat(ours).st_size
-        ours_info = read_elf_info(path=ours)
+        ok, why = _dir_verdict(theirs=theirs, theirs_image=theirs_image)
+    else:
         ok, why = _file_verdict(
             ours_info=ours_info, theirs=theirs, theirs_image=theirs_image
         )
-        if not ok:
-            return ours_image, why
-    else:
-        return ours_image, "not a regular file or directory"
+    if not ok:
+        return ours_image, why
     return DedupAction(
         host_path=ours,
         image_path=ours_image,
@@ -224,6 +213,21 @@ def _plan_entry(*, root, bundle, name, rocm_dirs):
         reason=why,
         is_elf=ours_info is not None,
     )
+
+
+def _entry(*, root, path, image_path):
+    """(kind, size, ELF info) of a bundled entry (a directory's size: its files')."""
+    if path.is_dir():
+        entries = walk_in_root(root=root, path=image_path)
+        return "dir", sum(e.size for e in entries if e.kind == "file"), None
+    return "file", os.lstat(path).st_size, read_elf_info(path=path)
+
+
+def _dir_verdict(*, theirs, theirs_image):
+    """Whether a bundled directory may become a link to ROCm's `theirs`."""
+    if not theirs.is_dir():
+        return False, f"{theirs_image} is not a directory"
+    return True, f"same directory in the base image ({theirs_image})"
 
 
 def _file_verdict(*, ours_info, theirs, theirs_image):
@@ -377,8 +381,10 @@ class RocmDedup:
     """One de-duplication in the build's target env; `skip_or_fail` is the stage's."""
 
     def __init__(self, *, context, target, manifest, skip_or_fail):
-        self.context, self.root = context, context.sandbox.root
-        self.target, self.manifest = target, manifest
+        self.context = context
+        self.root = context.sandbox.root
+        self.target = target
+        self.manifest = manifest
         self.skip_or_fail = skip_or_fail
 
     def _note_left_alone(self, info):
@@ -421,10 +427,9 @@ class RocmDedup:
 
     def run(self):
         """De-duplicate what is safe; record it in the manifest."""
-        root, target, manifest = self.root, self.target, self.manifest
-        rocm_path = target.image.rocm_path or "/opt/rocm"
-        rocm_dirs = rocm_dirs_of(root=root, rocm_path=rocm_path)
-        info = manifest.facts["rocm-dedup"] = {
+        rocm_path = self.target.image.rocm_path or "/opt/rocm"
+        rocm_dirs = rocm_dirs_of(root=self.root, rocm_path=rocm_path)
+        info = self.manifest.facts["rocm-dedup"] = {
             "rocm-path": rocm_path,
             "rocm-dirs": [d.real_image_path for d in rocm_dirs],
         }
@@ -435,7 +440,7 @@ class RocmDedup:
                 rocm_path,
                 AMDGPU_LIB_DIR,
             )
-            manifest.skip(
+            self.manifest.skip(
                 group="rocm-dedup",
                 what=rocm_path,
                 reason="no ROCm library directory in the base image",
@@ -444,7 +449,7 @@ class RocmDedup:
         base_mm, source = self._base_rocm(rocm_path)
         info["base-rocm"] = {"major-minor": base_mm, "source": source}
         bundles = find_bundle_dirs(
-            root=root, site_dirs=target.site, rocm_dirs=rocm_dirs
+            root=self.root, site_dirs=self.target.site, rocm_dirs=rocm_dirs
         )
         if not bundles:
             logger.info(
@@ -465,9 +470,9 @@ class RocmDedup:
                 )
                 self.skip_or_fail(group="rocm-dedup", what=what, reason=reason)
                 continue
-            plan = plan_dedup(root=root, bundle=bundle, rocm_dirs=rocm_dirs)
+            plan = plan_dedup(root=self.root, bundle=bundle, rocm_dirs=rocm_dirs)
             for image_path, why in plan.left_alone:
-                manifest.skip(group="rocm-dedup", what=image_path, reason=why)
+                self.manifest.skip(group="rocm-dedup", what=image_path, reason=why)
             if plan.actions:
                 apply_actions(actions=plan.actions)
                 applied.append((bundle, plan.actions))

@@ -1,7 +1,7 @@
 """Installing system packages into the sandbox and recording what changed."""
 
 import contextlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 import functools
 import json
 import logging
@@ -36,10 +36,10 @@ class SystemPackagesRecord:
     kind: str
     distro: str
     requested: list[str]
-    added: list[Package] = field(default_factory=list)
-    changed: list[Package] = field(default_factory=list)
-    removed: list[Package] = field(default_factory=list)
-    seconds: float = 0.0
+    added: list[Package]
+    changed: list[Package]
+    removed: list[Package]
+    seconds: float
 
     def to_dict(self):
         """The record as JSON data."""
@@ -155,17 +155,16 @@ def install_packages(*, root, packages, proot):
             logger.debug("%s", proc.stdout + proc.stderr)
             _check(manager=manager, what=what, proc=proc, packages=packages, root=root)
         after = manager.installed(root=root, run=run)
-    record = SystemPackagesRecord(
+    return SystemPackagesRecord(
         manager=manager.name,
         kind=manager.kind,
         distro=_distro(root),
         requested=packages,
+        added=[p for n, p in sorted(after.items()) if n not in before],
+        changed=[p for n, p in sorted(after.items()) if before.get(n, p) != p],
+        removed=[p for n, p in sorted(before.items()) if n not in after],
+        seconds=round(time.time() - t0, 1),
     )
-    record.added = [p for n, p in sorted(after.items()) if n not in before]
-    record.changed = [p for n, p in sorted(after.items()) if before.get(n, p) != p]
-    record.removed = [p for n, p in sorted(before.items()) if n not in after]
-    record.seconds = round(time.time() - t0, 1)
-    return record
 
 
 def update_aif_sbom(*, root, record):

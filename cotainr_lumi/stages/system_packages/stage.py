@@ -107,18 +107,20 @@ class SystemPackagesStage(Stage):
         record = install_packages(
             root=root, packages=list(self.settings.packages), proot=self.proot
         )
-        text = json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n"
+        data = record.to_dict()
+        text = json.dumps(data, indent=2, sort_keys=True) + "\n"
         write_file_in_root(
             root=root, path=imagelayout.SYSTEM_PACKAGES_FILE, content=text
         )
         aif = update_aif_sbom(root=root, record=record)
         added = ", ".join(f"{p.name} {p.version}" for p in record.added) or "nothing"
         summary = f"{record.manager}: added {added}"
-        summary += f"; {imagelayout.AIF_SBOM_FILE} updated" if aif else ""
+        if aif:
+            summary += f"; {imagelayout.AIF_SBOM_FILE} updated"
         return StageReport(
             name=self.name,
             summary=summary,
-            record=record.to_dict(),
+            record=data,
             labels={
                 imagelayout.LABEL_SYSTEM_PACKAGES: imagelayout.SYSTEM_PACKAGES_FILE
             },
