@@ -148,6 +148,16 @@ def _check_labels(report, facts):
     )
 
 
+def _missing_rocm_dirs(env, rocm_path):
+    """The ROCm directories not on PATH and LD_LIBRARY_PATH, in words."""
+    problems = []
+    for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
+        entries = [os.path.normpath(p) for p in (env.get(var) or "").split(":") if p]
+        if os.path.normpath(os.path.join(rocm_path, sub)) not in entries:
+            problems.append(f"{rocm_path}/{sub} not on {var}")
+    return problems
+
+
 def _check_rocm(report, facts):
     env = facts["env"]
     rocm = facts["rocm"]
@@ -161,12 +171,7 @@ def _check_rocm(report, facts):
         f"ROCM_PATH={env.get('ROCM_PATH')!r}, /opt/rocm is {opt_rocm['kind']}",
     )
     rocm_path = env.get("ROCM_PATH") or "/opt/rocm"
-    problems = [
-        f"{rocm_path}/{sub} not on {var}"
-        for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib"))
-        if os.path.normpath(os.path.join(rocm_path, sub))
-        not in [os.path.normpath(p) for p in (env.get(var) or "").split(":") if p]
-    ]
+    problems = _missing_rocm_dirs(env, rocm_path)
     report.pass_if(
         "rocm-env",
         not problems,
@@ -220,45 +225,48 @@ def _check_target_env(report, facts):
         )
 
 
-def _check_torch(report, facts):
-    torch = facts.get("torch")
-    if torch is None or not torch.get("hip"):
-        why = torch is not None and f"{torch['dir']} is not a ROCm build of torch"
-        for row in ("torch-rocm-duplicates", "torch-rccl"):
-            report.add(row, NA, why or "torch is not installed in the image")
-        return
-    rocm_names = set(facts["rocm"]["lib_names"])
-    rocm_real = facts["rocm"]["realpath"]
-    dups = [
-        e["name"]
-        for e in torch["lib"]
-        if e["name"] in rocm_names
-        and not (e["link"] and str(e.get("target", "")).startswith(rocm_real))
-    ]
-    linked = sum(1 for e in torch["lib"] if e["name"] in rocm_names)
-    report.pass_if(
-        "torch-rocm-duplicates",
-        not dups,
-        f"torch {torch['hip']}: no duplicates ({linked} entries link into {rocm_real})",
-        f"{len(dups)} torch/lib entries duplicate the base's ROCm: "
-        f"{', '.join(sorted(dups)[:6])}{' ...' if len(dups) > 6 else ''}",
-    )
+def _torch_rccl_row(torch, rocm_real):
+    """The ``torch-rccl`` row: the librccl libtorch_hip.so loads is the base's."""
     ldd = torch.get("ldd_torch_hip")
     if not ldd:
-        report.add("torch-rccl", NA, "no torch/lib/libtorch_hip.so to resolve")
-        return
+        return NA, "no torch/lib/libtorch_hip.so to resolve"
     rccl = [
         f"{n} => {p or 'not found'}" for n, p in ldd["deps"].items() if "librccl" in n
     ]
     real = torch.get("rccl_realpath") or ""
-    report.pass_if(
-        "torch-rccl",
-        real and real.startswith(rocm_real.rstrip("/") + "/"),
-        f"{rccl[0] if rccl else ''} (real path {real})",
-        f"{rccl[0]} (real path {real or 'unknown'}, not in {rocm_real})"
-        if rccl
-        else "librccl not resolved",
+    if real.startswith(rocm_real.rstrip("/") + "/"):
+        return PASS, f"{rccl[0] if rccl else ''} (real path {real})"
+    if not rccl:
+        return FAIL, "librccl not resolved"
+    return FAIL, f"{rccl[0]} (real path {real or 'unknown'}, not in {rocm_real})"
+
+
+def _check_torch(report, facts):
+    torch = facts.get("torch")
+    if torch is None or not torch.get("hip"):
+        why = "torch is not installed in the image"
+        if torch is not None:
+            why = f"{torch['dir']} is not a ROCm build of torch"
+        report.add("torch-rocm-duplicates", NA, why)
+        report.add("torch-rccl", NA, why)
+        return
+    rocm_names = set(facts["rocm"]["lib_names"])
+    rocm_real = facts["rocm"]["realpath"]
+    shared = [e for e in torch["lib"] if e["name"] in rocm_names]
+    dups = sorted(
+        e["name"]
+        for e in shared
+        if not (e["link"] and str(e.get("target", "")).startswith(rocm_real))
     )
+    more = " ..." if len(dups) > 6 else ""
+    report.pass_if(
+        "torch-rocm-duplicates",
+        not dups,
+        f"torch {torch['hip']}: no duplicates ({len(shared)} entries link into {rocm_real})",
+        f"{len(dups)} torch/lib entries duplicate the base's ROCm: "
+        f"{', '.join(dups[:6])}{more}",
+    )
+    report.add("torch-rccl", *_torch_rccl_row(torch, rocm_real))
 
 
 def _check_runtime(report, facts):
