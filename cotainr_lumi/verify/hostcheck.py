@@ -153,6 +153,36 @@ def _gpu_rows(system, root):
         yield "mpi-gpu-aware", WARN, caveat, ""
 
 
+def _discovered_mpi_row(raw, root):
+    """The ``mpi-host`` row of a binding found on the host (``discover``, globs)."""
+    binds = [
+        f"{root}/{b.lstrip('/')}:{b}" if ":" not in b else b
+        for b in raw.get("binds") or ()
+    ]
+    found = discover_host_mpi(setting={**raw, "binds": binds})
+    words = found.problem or (
+        f"the module file finds {found.libmpi} ({found.source}); LD_LIBRARY_PATH "
+        f"{':'.join(found.ld_library_path)}"
+    )
+    fix = "load cray-mpich (or cray-mpich-abi) or set lumi-env.mpi-host.libmpi (COTAINR_LUMI_MPI=container works meanwhile)"
+    return "mpi-host", not found.problem, words, fix
+
+
+def _bound_mpi_rows(raw, root):
+    """A row per host path a fixed binding binds (the container's own: none)."""
+    binding = HostBinding.from_setting(raw)
+    paths = [("libmpi", binding.libmpi)]
+    paths += [("ld-library-path", p) for p in binding.ld_library_path[1:]]
+    for key, path in paths:
+        host = binding.host_path(path)
+        if host is None:
+            continue
+        ok, words = _exists(root, host, file=key == "libmpi")
+        if host != path:
+            words = f"{path} is {words}"
+        yield f"mpi {path}", ok, words, f"set lumi-env.mpi-host.{key}"
+
+
 def _mpi_rows(system, root):
     """The rows of a system's host MPI binding (``lumi-env.mpi-host``)."""
     raw = system.stage_settings("lumi-env").get("mpi-host") or {}
@@ -160,29 +190,9 @@ def _mpi_rows(system, root):
         return
     paths = [raw["libmpi"], *(raw.get("ld-library-path") or [])]
     if raw["libmpi"] == "discover" or any("*" in p for p in paths):
-        binds = [
-            f"{root}/{b.lstrip('/')}:{b}" if ":" not in b else b
-            for b in raw.get("binds") or ()
-        ]
-        found = discover_host_mpi(setting={**raw, "binds": binds})
-        words = found.problem or (
-            f"the module file finds {found.libmpi} ({found.source}); LD_LIBRARY_PATH "
-            f"{':'.join(found.ld_library_path)}"
-        )
-        fix = "load cray-mpich (or cray-mpich-abi) or set lumi-env.mpi-host.libmpi (COTAINR_LUMI_MPI=container works meanwhile)"
-        yield "mpi-host", not found.problem, words, fix
-        return
-    binding = HostBinding.from_setting(raw)
-    for key, path in [("libmpi", binding.libmpi)] + [
-        ("ld-library-path", p) for p in binding.ld_library_path[1:]
-    ]:
-        host = binding.host_path(path)
-        if host is None:
-            continue  # not bound: the container's own directory
-        ok, words = _exists(root, host, file=key == "libmpi")
-        if host != path:
-            words = f"{path} is {words}"
-        yield f"mpi {path}", ok, words, f"set lumi-env.mpi-host.{key}"
+        yield _discovered_mpi_row(raw, root)
+    else:
+        yield from _bound_mpi_rows(raw, root)
 
 
 def _status(ok):
@@ -208,8 +218,8 @@ def _add_compression_rows(report, root):
         report.add(f"squashfs {name}", status, words)
 
 
-def check_host(*, root="/", system=None):
-    """The report of the host facts of every system (or of one)."""
+def _checked_root(root):
+    """The absolute host tree to check (InputError for one binds cannot name)."""
     if not Path(root).is_dir():
         raise InputError(f"--root {root}: not a directory; give the host tree to check")
     root = os.path.abspath(root)
@@ -218,14 +228,25 @@ def check_host(*, root="/", system=None):
             f"--root {root}: host paths are looked up through binds, which cannot "
             "name a path with ':', ',' or white space; give a link to it instead"
         )
+    return root
+
+
+def _row_kinds(system):
+    """The row makers that apply to a system."""
+    kinds = [_site_rows, _base_image_rows, _rocm_rows]
+    if "lumi-env" in system.stages:
+        kinds += [_bind_rows, _gpu_rows, _mpi_rows]
+    return kinds
+
+
+def check_host(*, root="/", system=None):
+    """The report of the host facts of every system (or of one)."""
+    root = _checked_root(root)
     systems = load_systems()
     chosen = [get_system(name=system, systems=systems)] if system else systems.values()
     rows = {}
     for one in chosen:
-        kinds = [_site_rows, _base_image_rows, _rocm_rows]
-        if "lumi-env" in one.stages:
-            kinds += [_bind_rows, _gpu_rows, _mpi_rows]
-        for kind in kinds:
+        for kind in _row_kinds(one):
             for check, ok, words, fix in kind(one, Path(root)):
                 status = _status(ok)
                 row = rows.setdefault(check, [status, words, []])
