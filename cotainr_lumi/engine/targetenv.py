@@ -316,32 +316,54 @@ _PLACE_RULES = (
 )
 
 
+def _named_target(facts, *, explicit):
+    """Rule 1: the env the setting names (it must be a working env)."""
+    info = _python(facts, "explicit")
+    if info is None:
+        raise TargetEnvNotFoundError(
+            f"target-env.prefix={explicit}: there is no working "
+            f"{explicit}/bin/python (or python3) in the image. Give the prefix "
+            "of a venv or conda env of the base image (the directory holding "
+            "bin/python), or drop the setting to let cotainr-lumi find it."
+        )
+    if _is_system_prefix(info["prefix"]):
+        raise TargetEnvNotFoundError(
+            f"target-env.prefix={explicit} is a system Python (sys.prefix "
+            f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
+            "or conda env, or give --conda-env."
+        )
+    return _make_target(facts, info, source="setting")
+
+
+def _conda_env_target(facts):
+    """Rule 2: the conda env cotainr created."""
+    info = _python(facts, "explicit")
+    if info is None:
+        raise TargetEnvNotFoundError(
+            f"the conda env cotainr created ({CONDA_ENV}) has no working python; "
+            "check the conda environment file"
+        )
+    return _make_target(facts, info, source="conda-env")
+
+
+def _place_target(facts):
+    """Rules 5 and 6: the venv/conda env of a place the image names (or None)."""
+    image = facts.get("image", {})
+    for source, place, where, reason in _PLACE_RULES:
+        info = _python(facts, where)
+        if image.get(place) and info and _kind(info) in ("venv", "conda-env"):
+            kind = _KIND_WORDS[_kind(info)]
+            reason = reason.format(place=image[place], kind=kind, **info)
+            return _make_target(facts, info, source=source, reason=reason)
+    return None
+
+
 def choose(*, facts, explicit=None, conda_env=False):
     """Choose the target environment from the probe's facts."""
-    if explicit:  # rule 1: the env the setting names (it must be a working env)
-        info = _python(facts, "explicit")
-        if info is None:
-            raise TargetEnvNotFoundError(
-                f"target-env.prefix={explicit}: there is no working "
-                f"{explicit}/bin/python (or python3) in the image. Give the prefix "
-                "of a venv or conda env of the base image (the directory holding "
-                "bin/python), or drop the setting to let cotainr-lumi find it."
-            )
-        if _is_system_prefix(info["prefix"]):
-            raise TargetEnvNotFoundError(
-                f"target-env.prefix={explicit} is a system Python (sys.prefix "
-                f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
-                "or conda env, or give --conda-env."
-            )
-        return _make_target(facts, info, source="setting")
-    if conda_env:  # rule 2: the conda env cotainr created
-        info = _python(facts, "explicit")
-        if info is None:
-            raise TargetEnvNotFoundError(
-                f"the conda env cotainr created ({CONDA_ENV}) has no working python; "
-                "check the conda environment file"
-            )
-        return _make_target(facts, info, source="conda-env")
+    if explicit:
+        return _named_target(facts, explicit=explicit)
+    if conda_env:
+        return _conda_env_target(facts)
     before = _active(facts, "image")
     target = _from_with_conda(facts, before=before)
     if target is not None:
@@ -350,14 +372,10 @@ def choose(*, facts, explicit=None, conda_env=False):
         named_by, info = before
         reason = f"active in the base image's environment ({named_by})"
         return _make_target(facts, info, source="active-env", reason=reason)
-    image = facts.get("image", {})
-    for source, place, where, reason in _PLACE_RULES:
-        info = _python(facts, where)
-        if image.get(place) and info and _kind(info) in ("venv", "conda-env"):
-            kind = _KIND_WORDS[_kind(info)]
-            reason = reason.format(place=image[place], kind=kind, **info)
-            return _make_target(facts, info, source=source, reason=reason)
-    raise TargetEnvNotFoundError(_not_found_message(facts))
+    target = _place_target(facts)
+    if target is None:
+        raise TargetEnvNotFoundError(_not_found_message(facts))
+    return target
 
 
 #: What a build looks for when it cannot ask the base image now.
