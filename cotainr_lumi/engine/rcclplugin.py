@@ -80,7 +80,9 @@ def default_name(names):
         for n in names
         if fnmatch.fnmatchcase(n, f"{PREFIX}-?*.so")
     )
-    return ("ofi" if "ofi" in own else own[0]) if own else None
+    if "ofi" in own:
+        return "ofi"
+    return own[0] if own else None
 
 
 def _nccl_plugins(*, files, search_dirs):

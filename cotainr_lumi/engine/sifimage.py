@@ -230,7 +230,8 @@ def _new_sif(path, objects):
 
 def _write(sandbox, path, compression, *, arch, work):
     """Squash `sandbox` into a SIF at `path` as Apptainer does; mksquashfs's seconds."""
-    squashfs, metadata = work / "image.sqfs", sandbox.metadata()
+    squashfs = work / "image.sqfs"
+    metadata = sandbox.metadata()
     start = time.monotonic()
     _run(squash_command(source=sandbox.root, dest=squashfs, compression=compression))
     seconds = time.monotonic() - start
@@ -297,16 +298,15 @@ def write_sif(*, sandbox_dir, path, compression, architecture):
         sandbox = _Sandbox(sandbox_dir)
         sandbox.insert_definition()
         with tempfile.TemporaryDirectory(prefix="sif-") as work:
-            arch, work = SIF_ARCH[architecture], Path(work)
-            image = _write_and_run(sandbox, Path(path), compression, arch, work)
+            arch = SIF_ARCH[architecture]
+            image = _write_and_run(sandbox, Path(path), compression, arch, Path(work))
     except _NoSifError as e:
         Path(path).unlink(missing_ok=True)
         logger.warning("Apptainer builds the image (slower): %s.", e)
         return None
-    size, cores = image.size / 1e6, job_processors()
     logger.info(
-        f"Image {path}: {image.compression}, {size:.1f} MB, "
-        f"squashed in {image.seconds:.1f} s on {cores} cores"
+        f"Image {path}: {image.compression}, {image.size / 1e6:.1f} MB, "
+        f"squashed in {image.seconds:.1f} s on {job_processors()} cores"
     )
     return image
 
@@ -334,7 +334,8 @@ def _write_and_run(sandbox, path, compression, arch, work):
 def mount_problem(compression, *, timeout=60):
     """Why the runtime here cannot mount a tiny `compression` image (None: it can)."""
     with tempfile.TemporaryDirectory(prefix="cotainr-lumi-probe-") as work:
-        tree, binds = Path(work, "tree"), []
+        tree = Path(work, "tree")
+        binds = []
         for name in PROBE_DIRS:  # the host's programs, bound or linked as here
             host = Path("/", name)
             tree.mkdir(exist_ok=True)
@@ -343,7 +344,8 @@ def mount_problem(compression, *, timeout=60):
             elif host.is_dir():
                 (tree / name).mkdir()
                 binds.append(str(host))
-        sif, squashfs = Path(work, "probe.sif"), Path(work, "probe.sqfs")
+        sif = Path(work, "probe.sif")
+        squashfs = Path(work, "probe.sqfs")
         arch = SIF_ARCH.get(os.uname().machine, 0)
         try:
             _run(squash_command(source=tree, dest=squashfs, compression=compression))

@@ -39,7 +39,9 @@ def _moved(root, path):
     """Where a missing versioned path may be now (the nearest sibling with the rest)."""
     parts = PurePosixPath(path).parts
     i = next(i for i in range(2, len(parts) + 1) if not _there(root, Path(*parts[:i])))
-    parent, missing, rest = Path(*parts[: i - 1]), parts[i - 1], parts[i:]
+    parent = Path(*parts[: i - 1])
+    missing = parts[i - 1]
+    rest = parts[i:]
     names = _try(root, parent, os.listdir, [])
     shape = re.sub(r"[\d.]", "", missing)  # the name without its version
     names = [n for n in names if re.sub(r"[\d.]", "", n) == shape and n != missing]

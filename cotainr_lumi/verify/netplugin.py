@@ -198,7 +198,8 @@ def _rccl_tests_row(net):
 
 def check_network(report, facts):
     """Add the network rows."""
-    net, env = facts.get("network") or {}, facts["env"]
+    net = facts.get("network") or {}
+    env = facts["env"]
     runtime = net.get("runtime")  # whose libfabric: the image's record says
     if isinstance(runtime, dict) and runtime.get("libfabric") in ("host", "image"):
         source = runtime["libfabric"]

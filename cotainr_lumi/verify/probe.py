@@ -97,10 +97,11 @@ def guarded(name, facts_of):
 
 def entry(path):
     """Describe a directory entry (kind, link target)."""
-    kind = (
-        "dir" if os.path.isdir(path) else "file" if os.path.isfile(path) else "missing"
-    )
-    info = {"name": os.path.basename(path), "link": None, "kind": kind}
+    info = {"name": os.path.basename(path), "link": None, "kind": "missing"}
+    if os.path.isdir(path):
+        info["kind"] = "dir"
+    elif os.path.isfile(path):
+        info["kind"] = "file"
     if os.path.islink(path):
         info["link"] = os.readlink(path)
         info["target"] = os.path.realpath(path)

@@ -1,3 +1,6 @@
 """The statuses of a ``cotainr-lumi verify`` row."""
 
-PASS, FAIL, NA, WARN = "PASS", "FAIL", "N/A", "WARN"
+PASS = "PASS"
+FAIL = "FAIL"
+NA = "N/A"
+WARN = "WARN"
