@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..imagelayout import LABEL_LAYERS, LABELS_FILE
 from .digest import Pinned, sha256_of_file
 from .rootfs import resolve_in_root
-from .sifimage import GZIP, METADATA_NAME, squash_command
+from .sifimage import GZIP, METADATA_NAME, last_line, squash_command
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -118,8 +118,8 @@ def _escape(path):
 def _run(cmd):
     done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
     if done.returncode:
-        why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no message"]
-        raise LayerError(f"{shlex.join(map(str, cmd[:3]))}...: {why[0]}")
+        why = last_line(done.stderr or done.stdout)
+        raise LayerError(f"{shlex.join(map(str, cmd[:3]))}...: {why}")
 
 
 class BaseView:
@@ -177,8 +177,8 @@ class BaseView:
             seen = subprocess.CompletedProcess(e.cmd, -1, "", str(e))
         if seen.returncode:
             self.unmount()
-            why = seen.stderr.strip().splitlines()[-1:] or ["no message"]
-            raise LayerError(f"the runtime cannot run the mounted base: {why[0]}")
+            why = last_line(seen.stderr)
+            raise LayerError(f"the runtime cannot run the mounted base: {why}")
         self.merged = Path(at)
         logger.info("The base image is mounted read-only at %s (no unpack)", at)
 

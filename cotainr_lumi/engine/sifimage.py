@@ -136,6 +136,12 @@ class WrittenImage:
     why_gzip: Optional[str] = None  # why the compressor asked for was not used
 
 
+def last_line(text, *, default="no message"):
+    """The last line of a tool's output (its error, as a rule)."""
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else default
+
+
 class _StepError(Exception):
     """A step of writing the image failed."""
 
@@ -151,8 +157,8 @@ def _run(cmd, *, timeout=None):
     except (OSError, subprocess.TimeoutExpired) as e:
         raise _StepError(f"{Path(cmd[0]).name}: {e}") from None
     if done.returncode:
-        why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no message"]
-        raise _StepError(f"{Path(cmd[0]).name} {cmd[1]}: {why[0]}")
+        why = last_line(done.stderr or done.stdout)
+        raise _StepError(f"{Path(cmd[0]).name} {cmd[1]}: {why}")
     return done.stdout
 
 
@@ -260,7 +266,7 @@ def _compressor_problem(path, labels, compression):
         seen = subprocess.CompletedProcess(e.cmd, -9, "", f"killed after {e.timeout} s")
     if seen.returncode == 0 and seen.stdout == labels:
         return None
-    problem = (seen.stderr.strip().splitlines() or ["it shows other labels"])[-1]
+    problem = last_line(seen.stderr, default="it shows other labels")
     if compression == GZIP or mount_problem(compression) is None:
         logger.warning("The runtime cannot run the image here (kept): %s", problem)
         return None  # not for its compression: a tiny image of it runs
@@ -357,4 +363,4 @@ def mount_problem(compression, *, timeout=60):
             return str(e)
     if seen.returncode == 0:
         return None
-    return (seen.stderr.strip().splitlines() or ["no message"])[-1]
+    return last_line(seen.stderr)

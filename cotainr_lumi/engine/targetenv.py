@@ -253,9 +253,14 @@ def _not_found_message(facts):
     )
 
 
+def _with_conda(facts):
+    """The base image's $WITH_CONDA (None: not set)."""
+    image = facts.get("image", {})
+    return image.get("with_conda") if image.get("with_conda_set") else None
+
+
 def _make_target(facts, info, *, source, reason=None):
     """The TargetEnv of one interpreter's facts (`reason`: the source's words)."""
-    image = facts.get("image", {})
     return TargetEnv(
         prefix=info["prefix"],
         python=info["executable"],
@@ -264,7 +269,7 @@ def _make_target(facts, info, *, source, reason=None):
         site=list(info.get("site") or []),
         source=source,
         reason=reason or _SOURCE_WORDS[source],
-        with_conda=image.get("with_conda") if image.get("with_conda_set") else None,
+        with_conda=_with_conda(facts),
         decoys=_decoys(facts, info["prefix"]),
         image=ImageFacts.from_facts(facts),
         torch=info.get("torch") or None,
@@ -273,8 +278,7 @@ def _make_target(facts, info, *, source, reason=None):
 
 def _from_with_conda(facts, *, before):
     """Rule 3: the env the base image's $WITH_CONDA activates (None: none)."""
-    image = facts.get("image", {})
-    with_conda = image.get("with_conda") if image.get("with_conda_set") else None
+    with_conda = _with_conda(facts)
     if not with_conda:
         return None
     rc = facts.get("with_conda", {}).get("rc")
