@@ -2,6 +2,7 @@
 
 from collections import Counter, namedtuple
 from dataclasses import dataclass, field
+from functools import partial
 import json
 import logging
 import os
@@ -382,10 +383,10 @@ def _check_records(report, facts):
     )
 
 
-def _guarded(report, row, check, facts, **kwargs):
+def _guarded(report, row, check, facts):
     """Run a check; facts it cannot read are its first row, FAIL (no traceback)."""
     try:
-        check(report, facts, **kwargs)
+        check(report, facts)
     except (AttributeError, LookupError, TypeError, ValueError, RecursionError) as e:
         logger.debug("Check %s failed on the facts", row, exc_info=True)
         report.add(
@@ -417,21 +418,6 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
         _check_layer_base(report, base, labels)
     try:
         facts = _probe(base, timeout=timeout, overlay=None if sif else f"{image}:ro")
-        checks = [
-            ("records", _check_records, {}),
-            ("provenance-labels", _check_labels, {}),
-            ("rocm-layout", _check_rocm, {}),
-            ("net-plugin", netplugin.check_network, {}),
-            ("env", _check_lumi_env, {"expected_env": dict(expected_env or {})}),
-            ("target-env", _check_target_env, {}),
-            ("env-libstdcxx", _check_libstdcxx, {}),
-            ("torch-rocm-duplicates", _check_torch, {}),
-            ("rocm-driver", expectedenv.check_rocm_driver, {"strict": strict}),
-            ("runscripts", _check_runtime, {}),
-            ("mpi-host-binding", mpi.check_mpi, {}),
-        ]
-        for row, check, kwargs in checks:
-            _guarded(report, row, check, facts, **kwargs)
     except subprocess.TimeoutExpired:
         raise InputError(
             f"Cannot inspect {image}: running its python did not finish within "
@@ -439,6 +425,21 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
             "returns?); the container was stopped. Fix the image, or allow more "
             "time with --timeout SECONDS."
         ) from None
+    checks = {  # each by the row it fails with when the facts are malformed
+        "records": _check_records,
+        "provenance-labels": _check_labels,
+        "rocm-layout": _check_rocm,
+        "net-plugin": netplugin.check_network,
+        "env": partial(_check_lumi_env, expected_env=dict(expected_env or {})),
+        "target-env": _check_target_env,
+        "env-libstdcxx": _check_libstdcxx,
+        "torch-rocm-duplicates": _check_torch,
+        "rocm-driver": partial(expectedenv.check_rocm_driver, strict=strict),
+        "runscripts": _check_runtime,
+        "mpi-host-binding": mpi.check_mpi,
+    }
+    for row, check in checks.items():
+        _guarded(report, row, check, facts)
     for check, what, instead in HARDWARE_CHECKS:
         report.add(check, NA, f"needs LUMI hardware: {what}; run: {instead}")
     return report

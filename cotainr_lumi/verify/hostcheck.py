@@ -95,26 +95,24 @@ def _base_image_rows(system, root):
         yield f"base-image {PurePosixPath(image).name}", ok, words, fix
 
 
+def _site_answer(site):
+    """(status, words) of LUST's base image for a system against the built-in one."""
+    default = site.default
+    if site.site == default:
+        return True, f"the same as the built-in default: {default}"
+    if site.site:
+        return WARN, f"{site.site}; builds use it, not the built-in {default}"
+    if site.site_file:
+        return WARN, f"{site.site_file} has no {site.name}; builds use {default}"
+    return NA, f"no LUST systems.json; builds use the built-in {default}"
+
+
 def _site_rows(system, _root):
     """LUST's systems.json (`follows`) against the profile's base image."""
     site = system.site_base
-    if site is None:
-        return
-    check = f"site {site.name}" + (f" of {site.site_file}" if site.site else "")
-    default = site.default
-    if site.site == default:
-        yield check, True, f"the same as the built-in default: {default}", ""
-    elif site.site:
-        yield check, WARN, f"{site.site}; builds use it, not the built-in {default}", ""
-    elif site.site_file:
-        yield (
-            check,
-            WARN,
-            f"{site.site_file} has no {site.name}; builds use {default}",
-            "",
-        )
-    else:
-        yield check, NA, f"no LUST systems.json; builds use the built-in {default}", ""
+    if site is not None:
+        check = f"site {site.name}" + (f" of {site.site_file}" if site.site else "")
+        yield check, *_site_answer(site), ""
 
 
 def _head(path):
