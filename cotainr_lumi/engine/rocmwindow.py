@@ -103,6 +103,11 @@ class RocmSettings(StageSettings):
         return Window.from_text(self.supported, source=self.source)
 
 
+def system_window(system):
+    """The supported range a system's profile states (None: not checked)."""
+    return RocmSettings.complete(system.stage_settings(SETTINGS_NAME)).window
+
+
 def torch_rocm(torch):
     """The ROCm major.minor a torch was built for."""
     if not torch:

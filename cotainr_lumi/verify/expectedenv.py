@@ -62,8 +62,7 @@ def window_for(*, labels):
         systems = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
     # The packaged profile, read first, always has DEFAULT_SYSTEM.
     system = systems.get(labels.get(LABEL_SYSTEM)) or systems[DEFAULT_SYSTEM]
-    settings = system.stage_settings(rocmwindow.SETTINGS_NAME)
-    profile = rocmwindow.RocmSettings.complete(settings).window
+    profile = rocmwindow.system_window(system)
     recorded = rocmwindow.Window.from_text(labels.get(LABEL_ROCM_SUPPORTED))
     if recorded is None or str(profile) == str(recorded):
         return profile  # none recorded, or the same range with its source

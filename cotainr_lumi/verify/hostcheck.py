@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 import re
 
 from .. import safeio
-from ..engine.rocmwindow import RocmSettings, major_minor
+from ..engine.rocmwindow import major_minor, system_window
 from ..engine.rootfs import image_path_of, resolve_in_root
 from ..engine.sifimage import COMPRESSORS, Compression, mount_problem
 from ..errors import InputError
@@ -72,10 +72,15 @@ def _exists(root, path, *, file=False):
     return True, f"{where} exists"
 
 
+def _host_mpi(system):
+    """A system's host MPI binding setting (``lumi-env.mpi-host``; {}: none)."""
+    return system.stage_settings("lumi-env").get("mpi-host") or {}
+
+
 def _bind_rows(system, root):
-    settings = system.stage_settings("lumi-env")
-    host_mpi = settings.get("mpi-host") or {}
-    binds = [*(settings.get("binds") or []), *(host_mpi.get("binds") or [])]
+    host_mpi = _host_mpi(system)
+    binds = system.stage_settings("lumi-env").get("binds") or []
+    binds = [*binds, *(host_mpi.get("binds") or [])]
     binds += host_mpi.get("binds-if-absent") or []
     fix = "remove the bind or give where it moved in lumi-env binds"
     for src in (bind.partition(":")[0] for bind in binds):
@@ -126,7 +131,7 @@ def _read(root, path):
 
 
 def _rocm_rows(system, root):
-    window = RocmSettings.complete(system.stage_settings("rocm")).window
+    window = system_window(system)
     if window is None:
         return
     names = sorted(_try(root, "/opt", os.listdir, []))
@@ -141,16 +146,6 @@ def _rocm_rows(system, root):
         words += f": {', '.join(out)} is outside" if out else ""
         fix = "set rocm.supported (and .source) as LUST states for this driver"
         yield f"{check} {window}", not out if found else NA, words, fix
-
-
-def _gpu_rows(system, root):
-    """The WARN of a ROCm 7 system with a host MPI binding (Update-202601)."""
-    host_mpi = system.stage_settings("lumi-env").get("mpi-host") or {}
-    if not host_mpi.get("libmpi"):
-        return
-    caveat = gpu_aware_caveat(system.rocm_version)
-    if caveat:
-        yield "mpi-gpu-aware", WARN, caveat, ""
 
 
 def _discovered_mpi_row(raw, root):
@@ -185,9 +180,12 @@ def _bound_mpi_rows(raw, root):
 
 def _mpi_rows(system, root):
     """The rows of a system's host MPI binding (``lumi-env.mpi-host``)."""
-    raw = system.stage_settings("lumi-env").get("mpi-host") or {}
+    raw = _host_mpi(system)
     if not raw.get("libmpi"):
         return
+    caveat = gpu_aware_caveat(system.rocm_version)
+    if caveat:  # a ROCm 7 system (Update-202601)
+        yield "mpi-gpu-aware", WARN, caveat, ""
     paths = [raw["libmpi"], *(raw.get("ld-library-path") or [])]
     if raw["libmpi"] == "discover" or any("*" in p for p in paths):
         yield _discovered_mpi_row(raw, root)
@@ -235,7 +233,7 @@ def _row_kinds(system):
     """The row makers that apply to a system."""
     kinds = [_site_rows, _base_image_rows, _rocm_rows]
     if "lumi-env" in system.stages:
-        kinds += [_bind_rows, _gpu_rows, _mpi_rows]
+        kinds += [_bind_rows, _mpi_rows]
     return kinds
 
 
