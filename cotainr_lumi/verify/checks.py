@@ -13,7 +13,7 @@ from .. import apptainer, imagelayout, safeio
 from ..engine.digest import remembered_sha256
 from ..errors import InputError
 from . import expectedenv, mpi, netplugin
-from .status import FAIL, NA, PASS, WARN
+from .status import FAIL, NA, PASS, WARN, hardware_row
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -440,6 +440,6 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
     }
     for row, check in checks.items():
         _guarded(report, row, check, facts)
-    for check, what, instead in HARDWARE_CHECKS:
-        report.add(check, NA, f"needs LUMI hardware: {what}; run: {instead}")
+    for check in HARDWARE_CHECKS:
+        report.add(*hardware_row(*check))
     return report

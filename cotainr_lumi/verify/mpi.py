@@ -9,7 +9,7 @@ from ..stages.lumi_env.mpi import (
     gpu_aware_caveat,
     parse_load_check,
 )
-from .status import FAIL, NA, PASS, WARN
+from .status import FAIL, NA, PASS, WARN, hardware_row
 
 #: How to run the LUMI acceptance job: from its directory, which holds
 #: osu_bw.py (the job reads it from $SLURM_SUBMIT_DIR), with an absolute
@@ -132,11 +132,10 @@ def mpi_rows(facts):
     has_mpi4py = "No module named 'mpi4py'" not in loaded.get("error", "")
     if not has_mpi4py and (record is None or record.get("mode") in (None, "none")):
         return []
-    check, what, instead = HARDWARE_CHECK
     return [
         ("mpi4py-libmpi", *_loaded_row(facts, record, loaded)),
         ("mpi-host-binding", *_binding_row(record)),
-        (check, NA, f"needs LUMI hardware: {what}; run: {instead}"),
+        hardware_row(*HARDWARE_CHECK),
     ]
 
 
