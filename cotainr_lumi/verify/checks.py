@@ -196,7 +196,7 @@ def _check_libstdcxx(report, facts):
         report.add("env-libstdcxx", PASS, f"no libstdc++ in {facts['prefix']}/lib")
         return
     manifest = facts.get("prune_manifest")
-    skipped = (manifest.get("skipped") or []) if isinstance(manifest, dict) else []
+    skipped = (manifest or {}).get("skipped") or []  # the probe read an object
     kept = [d for d in skipped if isinstance(d, dict) and d.get("group") == "libstdcxx"]
     reason = kept and (kept[0].get("reason") or "reason recorded in the manifest")
     report.pass_if(
@@ -209,7 +209,7 @@ def _check_libstdcxx(report, facts):
 
 def _check_target_env(report, facts):
     target = facts.get("target_env")
-    if not isinstance(target, dict):
+    if target is None:
         report.add(
             "target-env",
             NA,

@@ -125,9 +125,9 @@ def _binding_row(record):
 
 def mpi_rows(facts):
     """The rows for the probe's MPI facts."""
-    if not isinstance(facts, dict) or not isinstance(facts.get("check"), dict):
+    if not facts or "check" not in facts:
         return []
-    record = facts.get("record") if isinstance(facts.get("record"), dict) else None
+    record = facts.get("record")  # an object, or None (the probe reads no other)
     loaded = parse_load_check(facts["check"]["out"])
     has_mpi4py = "No module named 'mpi4py'" not in loaded.get("error", "")
     if not has_mpi4py and (record is None or record.get("mode") in (None, "none")):
@@ -141,8 +141,7 @@ def mpi_rows(facts):
 
 def gpu_aware_row(facts):
     """The ``mpi-gpu-aware`` WARN of an image with a host binding on ROCm 7 (or None)."""
-    mpi = facts.get("mpi") if isinstance(facts.get("mpi"), dict) else {}
-    record = mpi.get("record") if isinstance(mpi.get("record"), dict) else {}
+    record = (facts.get("mpi") or {}).get("record") or {}
     if not record.get("host") or record.get("mode") == "none":
         return None
     caveat = gpu_aware_caveat((facts.get("rocm") or {}).get("version_file"))

@@ -200,8 +200,8 @@ def check_network(report, facts):
     """Add the network rows."""
     net = facts.get("network") or {}
     env = facts["env"]
-    runtime = net.get("runtime")  # whose libfabric: the image's record says
-    if isinstance(runtime, dict) and runtime.get("libfabric") in ("host", "image"):
+    runtime = net.get("runtime") or {}  # whose libfabric: the image's record says
+    if runtime.get("libfabric") in ("host", "image"):
         source = runtime["libfabric"]
     else:  # without one: the image's own when it has one and no Cray's
         cray = any(p.startswith(CRAY_PREFIX) for p in _ld_library_path(env))

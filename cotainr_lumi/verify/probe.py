@@ -113,7 +113,7 @@ target_env = load(INPUTS["target_env_file"])
 # Run as the target env's own interpreter (not whatever `python` is first
 # on PATH): verify looks at the env the build installed into.
 if (
-    isinstance(target_env, dict)
+    target_env
     and isinstance(target_env.get("python"), str)
     and target_env.get("prefix") != sys.prefix
     and os.environ.get("COTAINR_LUMI_VERIFY_REEXEC") != "1"
@@ -249,7 +249,7 @@ def rccl_tests(dirs):
 def network_facts():
     """Where the plugin, its libraries, libfabric and rccl-tests are in the image."""
     runtime = load(INPUTS["runtime_file"])
-    record = runtime if isinstance(runtime, dict) else {}
+    record = runtime or {}
     ld_path = [p for p in (os.environ.get("LD_LIBRARY_PATH") or "").split(":") if p]
     named = os.environ.get("NCCL_NET_PLUGIN") or None
     conf = conf_dirs()
