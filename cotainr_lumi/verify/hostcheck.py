@@ -51,10 +51,13 @@ def _moved(root, path):
         key=lambda n: (len(common([missing, n])), [*map(int, re.findall(r"\d+", n))])
     )
     names.reverse()
-    has = f"{parent} has {', '.join(names[:8])}" if names else ""
-    for name in (n for n in names if _there(root, parent.joinpath(n, *rest))):
-        return f"; it may be {parent.joinpath(name, *rest)} ({has})"
-    return f"; {has}" * bool(names)
+    if not names:
+        return ""
+    has = f"{parent} has {', '.join(names[:8])}"
+    for name in names:
+        if _there(root, parent.joinpath(name, *rest)):
+            return f"; it may be {parent.joinpath(name, *rest)} ({has})"
+    return f"; {has}"
 
 
 def _exists(root, path, *, file=False):
@@ -79,9 +82,11 @@ def _host_mpi(system):
 
 def _bind_rows(system, root):
     host_mpi = _host_mpi(system)
-    binds = system.stage_settings("lumi-env").get("binds") or []
-    binds = [*binds, *(host_mpi.get("binds") or [])]
-    binds += host_mpi.get("binds-if-absent") or []
+    binds = [
+        *(system.stage_settings("lumi-env").get("binds") or []),
+        *(host_mpi.get("binds") or []),
+        *(host_mpi.get("binds-if-absent") or []),
+    ]
     fix = "remove the bind or give where it moved in lumi-env binds"
     for src in (bind.partition(":")[0] for bind in binds):
         ok, words = _exists(root, src, file=".so" in PurePosixPath(src).name)
