@@ -86,18 +86,22 @@ def remembered_sha256(*, path, cache_file=None, pinned=None):
         with pinned.file:
             return remembered_sha256(path=path, cache_file=cache_file, pinned=pinned)
     pinned.check()
-    real, stamp = pinned.name, pinned.stamp
+    real = pinned.name
     if cache_file is None:
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
         cache_file = Path(cache) / "cotainr-lumi" / "sha256.json"
     known = _trusted(cache_file)
     entry = known.pop(real, None)
-    if isinstance(entry, list) and entry[:-1] == stamp and isinstance(entry[-1], str):
+    if (
+        isinstance(entry, list)
+        and entry[:-1] == pinned.stamp
+        and isinstance(entry[-1], str)
+    ):
         logger.info("The sha256 of %s is remembered (the file is unchanged)", real)
         known[real] = entry
         return entry[-1]
     logger.info("Computing the sha256 of %s", real)
-    known[real] = [*stamp, sha256_of_file(path=pinned.path)]
+    known[real] = [*pinned.stamp, sha256_of_file(path=pinned.path)]
     try:
         cache_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, partial = tempfile.mkstemp(dir=cache_file.parent, suffix=".partial")

@@ -131,34 +131,48 @@ class _ScanELFFile(ELFFile):
         self.stream_loader = None
 
 
-def _read_open_elf(stream, *, path):
-    """Parse the header, dynamic and version sections of an open ELF file."""
+def _open_elf(stream):
     try:
-        elf = _ScanELFFile(stream)
+        return _ScanELFFile(stream)
     except AttributeError:  # pragma: no cover - pyelftools internals changed
         stream.seek(0)
-        elf = ELFFile(stream)
-    strings = {name: [] for name in _DYNAMIC_STRINGS}
+        return ELFFile(stream)
+
+
+def _version_needs(sections):
+    """{library: the versions needed from it} of the GNU verneed sections."""
     needs = {}
-    defs = set()
-    dynamic_seen = False
-    for section in _iter_wanted_sections(elf):
-        if isinstance(section, DynamicSection):
-            dynamic_seen = True
-            _read_dynamic(section, strings=strings)
-        elif isinstance(section, GNUVerNeedSection):
+    for section in sections:
+        if isinstance(section, GNUVerNeedSection):
             for verneed, auxiliaries in section.iter_versions():
                 versions = needs.setdefault(verneed.name, set())
                 versions.update(aux.name for aux in auxiliaries)
-        elif isinstance(section, GNUVerDefSection):
+    return {name: frozenset(v) for name, v in needs.items()}
+
+
+def _version_defs(sections):
+    """The versions the GNU verdef sections define (not the library's own name)."""
+    defs = set()
+    for section in sections:
+        if isinstance(section, GNUVerDefSection):
             for verdef, auxiliaries in section.iter_versions():
                 if not verdef["vd_flags"] & _VER_FLG_BASE:
                     defs.update(aux.name for aux in islice(auxiliaries, 1))
-    if not dynamic_seen:
+    return frozenset(defs)
+
+
+def _read_open_elf(stream, *, path):
+    """Parse the header, dynamic and version sections of an open ELF file."""
+    elf = _open_elf(stream)
+    sections = list(_iter_wanted_sections(elf))
+    dynamic = [s for s in sections if isinstance(s, DynamicSection)]
+    if not dynamic:
         # No section headers (stripped hard): fall back to the PT_DYNAMIC
         # segment, which has the tags but no version information.
-        for segment in elf.iter_segments(type="PT_DYNAMIC"):
-            _read_dynamic(segment, strings=strings)
+        dynamic = list(elf.iter_segments(type="PT_DYNAMIC"))
+    strings = {name: [] for name in _DYNAMIC_STRINGS}
+    for tags in dynamic:
+        _read_dynamic(tags, strings=strings)
     return ElfInfo(
         path=path,
         elfclass=elf.elfclass,
@@ -167,8 +181,8 @@ def _read_open_elf(stream, *, path):
         needed=tuple(strings["DT_NEEDED"]),
         rpath=_split_paths(strings["DT_RPATH"]),
         runpath=_split_paths(strings["DT_RUNPATH"]),
-        version_needs={name: frozenset(v) for name, v in needs.items()},
-        version_defs=frozenset(defs),
+        version_needs=_version_needs(sections),
+        version_defs=_version_defs(sections),
     )
 
 

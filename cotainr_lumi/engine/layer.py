@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..imagelayout import LABEL_LAYERS, LABELS_FILE
 from .digest import Pinned, sha256_of_file
 from .rootfs import resolve_in_root
-from .sifimage import GZIP, squash_command
+from .sifimage import GZIP, METADATA_NAME, last_line, squash_command
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -27,7 +27,6 @@ WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 #: This build's layer in the label :data:`LABEL_LAYERS` (its sha256 in the SIF's).
 THIS = "this build"
-METADATA = "inspect-metadata.json"
 
 
 class LayerError(Exception):
@@ -119,8 +118,8 @@ def _escape(path):
 def _run(cmd):
     done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
     if done.returncode:
-        why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no message"]
-        raise LayerError(f"{shlex.join(map(str, cmd[:3]))}...: {why[0]}")
+        why = last_line(done.stderr or done.stdout)
+        raise LayerError(f"{shlex.join(map(str, cmd[:3]))}...: {why}")
 
 
 class BaseView:
@@ -131,13 +130,19 @@ class BaseView:
     def __init__(
         self, *, base, work, pinned=None, layer=True, only=False, compression=GZIP
     ):
-        self.base, self.work, self.layer = Path(base), Path(work), layer
+        self.base = Path(base)
+        self.work = Path(work)
+        self.layer = layer
         self.pinned = pinned or Pinned(base)
         self.source = self.pinned.path
         self.compression = compression
-        self.only, self.kept = only, False  # only: the layer alone, on the base
-        self.upper, self.mounts, self.merged = self.work / "upper", [], None
-        self.parts, (self.meta, self.metadata) = (), _metadata(self.source)
+        self.only = only  # the layer alone, on the base
+        self.kept = False
+        self.upper = self.work / "upper"
+        self.mounts = []
+        self.merged = None
+        self.parts = ()
+        self.meta, self.metadata = _metadata(self.source)
         self.fuse = os.geteuid() != 0  # squashfuse and fuse-overlayfs
         self.layers = overlays(self.source)
 
@@ -145,7 +150,8 @@ class BaseView:
         """Mount the view at `at` (:class:`LayerError`: nothing left mounted)."""
         if set(",:") & set(str(self.work)):
             raise LayerError(f"the work dir {self.work} has a ',' or ':'")
-        fuse, lowers = self.fuse, []
+        fuse = self.fuse
+        lowers = []
         self.parts = _partitions(self.source)
         for part in self.parts:
             lowers.append(self.work / f"lower-{part.id}")
@@ -171,8 +177,8 @@ class BaseView:
             seen = subprocess.CompletedProcess(e.cmd, -1, "", str(e))
         if seen.returncode:
             self.unmount()
-            why = seen.stderr.strip().splitlines()[-1:] or ["no message"]
-            raise LayerError(f"the runtime cannot run the mounted base: {why[0]}")
+            why = last_line(seen.stderr)
+            raise LayerError(f"the runtime cannot run the mounted base: {why}")
         self.merged = Path(at)
         logger.info("The base image is mounted read-only at %s (no unpack)", at)
 
@@ -227,7 +233,8 @@ class BaseView:
                 extra=["-quiet", *whiteouts],
             )
         )
-        size, cat = delta.stat().st_size >> 10, ["cat", LABELS_FILE]
+        size = delta.stat().st_size >> 10
+        cat = ["cat", LABELS_FILE]
         self.pinned.check()
         if self.only:  # as the module file runs it (a list of PATH[:ro])
             if set(",:") & set(str(path)):
@@ -240,9 +247,9 @@ class BaseView:
         _run(apptainer.sif_add(image=path, file=delta, arch=self.parts[-1].arch))
         if self.meta:  # what `inspect` may show: this build's labels and env files
             self._update(delta, json.JSONDecoder().raw_decode(labels)[0])
-            (self.work / METADATA).write_text(json.dumps(self.metadata))
+            (self.work / METADATA_NAME).write_text(json.dumps(self.metadata))
             _run(apptainer.sif_delete(image=path, object_id=self.meta.id))
-            _run(apptainer.sif_add(image=path, file=self.work / METADATA))
+            _run(apptainer.sif_add(image=path, file=self.work / METADATA_NAME))
         logger.info("Layered image: %s plus a %d KiB layer", self.base.name, size)
         return apptainer.exec_in_image(image=path, args=cat)
 

@@ -22,7 +22,8 @@ class Origin:
 
     def __init__(self, *, base_dir=None, label=None, option=None):
         self.base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
-        self.label, self.option = label, option
+        self.label = label
+        self.option = option
 
     def error(self, *, path, message):
         """The error for a problem at `path` (and the option that gave it)."""
@@ -36,7 +37,10 @@ class FileOrigin(Origin):
 
     def __init__(self, *, file, data, what, describe=None):
         super().__init__(base_dir=Path(file).parent, label=str(file))
-        self.file, self.data, self.what, self.describe = file, data, what, describe
+        self.file = file
+        self.data = data
+        self.what = what
+        self.describe = describe
 
     def error(self, *, path, message):
         """The error for a problem at ``(stage, *path)`` in the file."""
@@ -54,7 +58,9 @@ class ProfileOrigin(Origin):
 
     def __init__(self, *, file, system, data):
         super().__init__()
-        self.file, self.system, self.data = file, system, data
+        self.file = file
+        self.system = system
+        self.data = data
 
     def error(self, *, path, message):
         """The error for a problem at ``settings.<path>`` of the system."""

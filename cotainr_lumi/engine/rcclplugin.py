@@ -80,7 +80,19 @@ def default_name(names):
         for n in names
         if fnmatch.fnmatchcase(n, f"{PREFIX}-?*.so")
     )
-    return ("ofi" if "ofi" in own else own[0]) if own else None
+    if "ofi" in own:
+        return "ofi"
+    return own[0] if own else None
+
+
+def _nccl_plugins(*, files, search_dirs):
+    """The NCCL plugins (never loaded by RCCL) on the search path."""
+    return [
+        posixpath.join(d, n)
+        for d in search_dirs
+        for n in sorted(files.get(d, {}))
+        if generation(n) == "nccl"
+    ]
 
 
 def advice(*, named, files, search_dirs):
@@ -99,12 +111,7 @@ def advice(*, named, files, search_dirs):
             f"RCCL tries {tried}; the plugin in {elsewhere[0]} is not on "
             "LD_LIBRARY_PATH or the loader's path"
         )
-    nccl = [
-        posixpath.join(d, n)
-        for d in search_dirs
-        for n in sorted(files.get(d, {}))
-        if generation(n) == "nccl"
-    ]
+    nccl = _nccl_plugins(files=files, search_dirs=search_dirs)
     if nccl:
         return (
             f"RCCL tries {tried} and never NCCL's names: {nccl[0]} is a plugin "

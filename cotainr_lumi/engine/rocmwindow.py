@@ -103,6 +103,11 @@ class RocmSettings(StageSettings):
         return Window.from_text(self.supported, source=self.source)
 
 
+def system_window(system):
+    """The supported range a system's profile states (None: not checked)."""
+    return RocmSettings.complete(system.stage_settings(SETTINGS_NAME)).window
+
+
 def torch_rocm(torch):
     """The ROCm major.minor a torch was built for."""
     if not torch:
@@ -150,6 +155,17 @@ def _dry_run_torch(*, facts, target):
     return None
 
 
+def _dry_run_base(*, facts, profile_rocm):
+    """The base image's ROCm the dry run knows of, and its words."""
+    base = (facts or {}).get("image", {}).get("rocm_version")
+    if base:
+        return base, f"base image ROCm {base}"
+    if profile_rocm:
+        words = "the profile's rocm-version; not asked"
+        return profile_rocm, f"base image ROCm {profile_rocm} ({words})"
+    return None, "base image ROCm unknown (checked when the build starts)"
+
+
 def describe_lines(*, settings, profile_rocm, facts, target):
     """
     What the dry run says about the ROCm versions.
@@ -166,27 +182,13 @@ def describe_lines(*, settings, profile_rocm, facts, target):
         The target env the dry run found.
     """
     window = settings.window
-    base = (facts or {}).get("image", {}).get("rocm_version") or None
+    base, first = _dry_run_base(facts=facts, profile_rocm=profile_rocm)
     torch = _dry_run_torch(facts=facts, target=target)
-    if base:
-        first = f"base image ROCm {base}"
-    elif profile_rocm:
-        first = (
-            f"base image ROCm {profile_rocm} (the profile's rocm-version; not asked)"
-        )
-        base = profile_rocm
-    else:
-        first = "base image ROCm unknown (checked when the build starts)"
     if torch:
         first += f", torch {torch.get('version') or '?'}"
-    if window:
-        first += f"; {window.words()}"
-    else:
-        first += "; no supported range stated"
+    first += f"; {window.words() if window else 'no supported range stated'}"
     found = problems(window=window, base_rocm=base, torch=torch)
-    tag = "WARNING: "
-    if settings.strict:
-        tag = "ERROR (strict): "
+    tag = "ERROR (strict): " if settings.strict else "WARNING: "
     lines = [first, *(tag + p for p in found)]
     if found and settings.strict:
         lines.append("the build would stop here (strict)")

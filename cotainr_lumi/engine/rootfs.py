@@ -25,6 +25,16 @@ class SymlinkLoopError(OSError):
     """Too many symlinks (a loop) while resolving a path inside a root."""
 
 
+def _link_target(link, *, followed, path, root):
+    """The target of the `followed`-th link met resolving `path` (a loop raises)."""
+    if followed > MAX_SYMLINKS:
+        raise SymlinkLoopError(
+            errno.ELOOP,
+            f"Too many levels of symbolic links resolving {path!s} inside {root}",
+        )
+    return PurePosixPath(os.readlink(link))
+
+
 def resolve_in_root(*, root, path, follow_final=True, confine=False):
     """The host path of an image path, resolved as under ``chroot root``.
 
@@ -38,9 +48,7 @@ def resolve_in_root(*, root, path, follow_final=True, confine=False):
     resolved = []
     links_followed = 0
     while pending:
-        part = pending.pop()
-        if part in ("", "."):
-            continue
+        part = pending.pop()  # never "" or ".": PurePosixPath drops them
         if part == "..":
             if resolved:
                 resolved.pop()
@@ -52,12 +60,7 @@ def resolve_in_root(*, root, path, follow_final=True, confine=False):
             resolved.append(part)
             continue
         links_followed += 1
-        if links_followed > MAX_SYMLINKS:
-            raise SymlinkLoopError(
-                errno.ELOOP,
-                f"Too many levels of symbolic links resolving {path!s} inside {root}",
-            )
-        target = PurePosixPath(os.readlink(candidate))
+        target = _link_target(candidate, followed=links_followed, path=path, root=root)
         if target.is_absolute():
             resolved = []
         pending.extend(reversed(target.relative_to(target.anchor).parts))

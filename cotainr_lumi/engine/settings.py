@@ -163,19 +163,30 @@ class NoSettings(StageSettings):
     """The declaration of a stage without settings."""
 
 
+def _union_words(args, many):
+    text = " or ".join(_words(a, many=many) for a in args if a is not _NONE)
+    return text + (" or null" if _NONE in args else "")
+
+
+def _list_words(args, many):
+    return ("lists of " if many else "a list of ") + _words(args[0], many=True)
+
+
+def _dict_words(args, many):
+    return "mappings" if many else f"a mapping of names to {_words(args[1], many=True)}"
+
+
+#: How messages name values of a generic type, by its origin.
+_GENERIC_WORDS = {Union: _union_words, list: _list_words, dict: _dict_words}
+
+
 def _words(type_, *, many=False):
     """How messages name values of `type_`."""
-    origin, args = get_origin(type_), get_args(type_)
+    origin = get_origin(type_)
     if type_ is Any:
         return "values" if many else "a value"
-    if origin is Union:
-        text = " or ".join(_words(a, many=many) for a in args if a is not _NONE)
-        return text + (" or null" if _NONE in args else "")
-    if origin is list:
-        return ("lists of " if many else "a list of ") + _words(args[0], many=True)
-    if origin is dict:
-        values = _words(args[1], many=True)
-        return "mappings" if many else f"a mapping of names to {values}"
+    if origin in _GENERIC_WORDS:
+        return _GENERIC_WORDS[origin](get_args(type_), many)
     if type_ in _SCALAR_WORDS:
         return _SCALAR_WORDS[type_][1 if many else 0]
     name = getattr(type_, "__name__", str(type_))
@@ -188,34 +199,49 @@ def _fits(type_, value):
     return isinstance(value, (int, float) if type_ is float else type_)
 
 
+def _mismatch(type_, value):
+    return SettingError(f"must be {_words(type_)} (got {value!r})")
+
+
+def _convert_union(type_, args, value):
+    if value is None and _NONE in args:
+        return None
+    for arg in (a for a in args if a is not _NONE):
+        with contextlib.suppress(SettingError):
+            return convert(type_=arg, value=value)
+    raise _mismatch(type_, value)
+
+
+def _convert_list(type_, args, value):
+    if not isinstance(value, (list, tuple)):
+        raise _mismatch(type_, value)
+    return [_under(i, convert, type_=args[0], value=v) for i, v in enumerate(value)]
+
+
+def _convert_dict(type_, args, value):
+    if not isinstance(value, Mapping):
+        raise _mismatch(type_, value)
+    result = {}
+    for key, item in value.items():  # an error points at the key
+        if not _fits(args[0], key):
+            raise SettingError(f"{key!r} is not {_words(args[0])}", path=(key,))
+        result[key] = _under(key, convert, type_=args[1], value=item)
+    return result
+
+
+#: How a value is converted to a generic type, by its origin.
+_GENERIC_CONVERT = {Union: _convert_union, list: _convert_list, dict: _convert_dict}
+
+
 def convert(*, type_, value):
     """A value as a declared type."""
-    origin, args = get_origin(type_), get_args(type_)
-    problem = SettingError(f"must be {_words(type_)} (got {value!r})")
+    origin = get_origin(type_)
     if type_ is Any:
         return value
-    if origin is Union:
-        if value is None and _NONE in args:
-            return None
-        for arg in (a for a in args if a is not _NONE):
-            with contextlib.suppress(SettingError):
-                return convert(type_=arg, value=value)
-        raise problem
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise problem
-        return [_under(i, convert, type_=args[0], value=v) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise problem
-        result = {}
-        for key, item in value.items():  # an error points at the key
-            if not _fits(args[0], key):
-                raise SettingError(f"{key!r} is not {_words(args[0])}", path=(key,))
-            result[key] = _under(key, convert, type_=args[1], value=item)
-        return result
+    if origin in _GENERIC_CONVERT:
+        return _GENERIC_CONVERT[origin](type_, get_args(type_), value)
     if not _fits(type_, value):
-        raise problem
+        raise _mismatch(type_, value)
     return value
 
 

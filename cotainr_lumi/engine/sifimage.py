@@ -136,6 +136,12 @@ class WrittenImage:
     why_gzip: Optional[str] = None  # why the compressor asked for was not used
 
 
+def last_line(text, *, default="no message"):
+    """The last line of a tool's output (its error, as a rule)."""
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else default
+
+
 class _StepError(Exception):
     """A step of writing the image failed."""
 
@@ -151,8 +157,8 @@ def _run(cmd, *, timeout=None):
     except (OSError, subprocess.TimeoutExpired) as e:
         raise _StepError(f"{Path(cmd[0]).name}: {e}") from None
     if done.returncode:
-        why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no message"]
-        raise _StepError(f"{Path(cmd[0]).name} {cmd[1]}: {why[0]}")
+        why = last_line(done.stderr or done.stdout)
+        raise _StepError(f"{Path(cmd[0]).name} {cmd[1]}: {why}")
     return done.stdout
 
 
@@ -230,7 +236,8 @@ def _new_sif(path, objects):
 
 def _write(sandbox, path, compression, *, arch, work):
     """Squash `sandbox` into a SIF at `path` as Apptainer does; mksquashfs's seconds."""
-    squashfs, metadata = work / "image.sqfs", sandbox.metadata()
+    squashfs = work / "image.sqfs"
+    metadata = sandbox.metadata()
     start = time.monotonic()
     _run(squash_command(source=sandbox.root, dest=squashfs, compression=compression))
     seconds = time.monotonic() - start
@@ -259,7 +266,7 @@ def _compressor_problem(path, labels, compression):
         seen = subprocess.CompletedProcess(e.cmd, -9, "", f"killed after {e.timeout} s")
     if seen.returncode == 0 and seen.stdout == labels:
         return None
-    problem = (seen.stderr.strip().splitlines() or ["it shows other labels"])[-1]
+    problem = last_line(seen.stderr, default="it shows other labels")
     if compression == GZIP or mount_problem(compression) is None:
         logger.warning("The runtime cannot run the image here (kept): %s", problem)
         return None  # not for its compression: a tiny image of it runs
@@ -297,16 +304,15 @@ def write_sif(*, sandbox_dir, path, compression, architecture):
         sandbox = _Sandbox(sandbox_dir)
         sandbox.insert_definition()
         with tempfile.TemporaryDirectory(prefix="sif-") as work:
-            arch, work = SIF_ARCH[architecture], Path(work)
-            image = _write_and_run(sandbox, Path(path), compression, arch, work)
+            arch = SIF_ARCH[architecture]
+            image = _write_and_run(sandbox, Path(path), compression, arch, Path(work))
     except _NoSifError as e:
         Path(path).unlink(missing_ok=True)
         logger.warning("Apptainer builds the image (slower): %s.", e)
         return None
-    size, cores = image.size / 1e6, job_processors()
     logger.info(
-        f"Image {path}: {image.compression}, {size:.1f} MB, "
-        f"squashed in {image.seconds:.1f} s on {cores} cores"
+        f"Image {path}: {image.compression}, {image.size / 1e6:.1f} MB, "
+        f"squashed in {image.seconds:.1f} s on {job_processors()} cores"
     )
     return image
 
@@ -334,7 +340,8 @@ def _write_and_run(sandbox, path, compression, arch, work):
 def mount_problem(compression, *, timeout=60):
     """Why the runtime here cannot mount a tiny `compression` image (None: it can)."""
     with tempfile.TemporaryDirectory(prefix="cotainr-lumi-probe-") as work:
-        tree, binds = Path(work, "tree"), []
+        tree = Path(work, "tree")
+        binds = []
         for name in PROBE_DIRS:  # the host's programs, bound or linked as here
             host = Path("/", name)
             tree.mkdir(exist_ok=True)
@@ -343,7 +350,8 @@ def mount_problem(compression, *, timeout=60):
             elif host.is_dir():
                 (tree / name).mkdir()
                 binds.append(str(host))
-        sif, squashfs = Path(work, "probe.sif"), Path(work, "probe.sqfs")
+        sif = Path(work, "probe.sif")
+        squashfs = Path(work, "probe.sqfs")
         arch = SIF_ARCH.get(os.uname().machine, 0)
         try:
             _run(squash_command(source=tree, dest=squashfs, compression=compression))
@@ -355,4 +363,4 @@ def mount_problem(compression, *, timeout=60):
             return str(e)
     if seen.returncode == 0:
         return None
-    return (seen.stderr.strip().splitlines() or ["no message"])[-1]
+    return last_line(seen.stderr)

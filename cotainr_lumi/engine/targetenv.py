@@ -253,9 +253,14 @@ def _not_found_message(facts):
     )
 
 
+def _with_conda(facts):
+    """The base image's $WITH_CONDA (None: not set)."""
+    image = facts.get("image", {})
+    return image.get("with_conda") if image.get("with_conda_set") else None
+
+
 def _make_target(facts, info, *, source, reason=None):
     """The TargetEnv of one interpreter's facts (`reason`: the source's words)."""
-    image = facts.get("image", {})
     return TargetEnv(
         prefix=info["prefix"],
         python=info["executable"],
@@ -264,7 +269,7 @@ def _make_target(facts, info, *, source, reason=None):
         site=list(info.get("site") or []),
         source=source,
         reason=reason or _SOURCE_WORDS[source],
-        with_conda=image.get("with_conda") if image.get("with_conda_set") else None,
+        with_conda=_with_conda(facts),
         decoys=_decoys(facts, info["prefix"]),
         image=ImageFacts.from_facts(facts),
         torch=info.get("torch") or None,
@@ -273,8 +278,7 @@ def _make_target(facts, info, *, source, reason=None):
 
 def _from_with_conda(facts, *, before):
     """Rule 3: the env the base image's $WITH_CONDA activates (None: none)."""
-    image = facts.get("image", {})
-    with_conda = image.get("with_conda") if image.get("with_conda_set") else None
+    with_conda = _with_conda(facts)
     if not with_conda:
         return None
     rc = facts.get("with_conda", {}).get("rc")
@@ -316,32 +320,54 @@ _PLACE_RULES = (
 )
 
 
+def _named_target(facts, *, explicit):
+    """Rule 1: the env the setting names (it must be a working env)."""
+    info = _python(facts, "explicit")
+    if info is None:
+        raise TargetEnvNotFoundError(
+            f"target-env.prefix={explicit}: there is no working "
+            f"{explicit}/bin/python (or python3) in the image. Give the prefix "
+            "of a venv or conda env of the base image (the directory holding "
+            "bin/python), or drop the setting to let cotainr-lumi find it."
+        )
+    if _is_system_prefix(info["prefix"]):
+        raise TargetEnvNotFoundError(
+            f"target-env.prefix={explicit} is a system Python (sys.prefix "
+            f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
+            "or conda env, or give --conda-env."
+        )
+    return _make_target(facts, info, source="setting")
+
+
+def _conda_env_target(facts):
+    """Rule 2: the conda env cotainr created."""
+    info = _python(facts, "explicit")
+    if info is None:
+        raise TargetEnvNotFoundError(
+            f"the conda env cotainr created ({CONDA_ENV}) has no working python; "
+            "check the conda environment file"
+        )
+    return _make_target(facts, info, source="conda-env")
+
+
+def _place_target(facts):
+    """Rules 5 and 6: the venv/conda env of a place the image names (or None)."""
+    image = facts.get("image", {})
+    for source, place, where, reason in _PLACE_RULES:
+        info = _python(facts, where)
+        if image.get(place) and info and _kind(info) in ("venv", "conda-env"):
+            kind = _KIND_WORDS[_kind(info)]
+            reason = reason.format(place=image[place], kind=kind, **info)
+            return _make_target(facts, info, source=source, reason=reason)
+    return None
+
+
 def choose(*, facts, explicit=None, conda_env=False):
     """Choose the target environment from the probe's facts."""
-    if explicit:  # rule 1: the env the setting names (it must be a working env)
-        info = _python(facts, "explicit")
-        if info is None:
-            raise TargetEnvNotFoundError(
-                f"target-env.prefix={explicit}: there is no working "
-                f"{explicit}/bin/python (or python3) in the image. Give the prefix "
-                "of a venv or conda env of the base image (the directory holding "
-                "bin/python), or drop the setting to let cotainr-lumi find it."
-            )
-        if _is_system_prefix(info["prefix"]):
-            raise TargetEnvNotFoundError(
-                f"target-env.prefix={explicit} is a system Python (sys.prefix "
-                f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
-                "or conda env, or give --conda-env."
-            )
-        return _make_target(facts, info, source="setting")
-    if conda_env:  # rule 2: the conda env cotainr created
-        info = _python(facts, "explicit")
-        if info is None:
-            raise TargetEnvNotFoundError(
-                f"the conda env cotainr created ({CONDA_ENV}) has no working python; "
-                "check the conda environment file"
-            )
-        return _make_target(facts, info, source="conda-env")
+    if explicit:
+        return _named_target(facts, explicit=explicit)
+    if conda_env:
+        return _conda_env_target(facts)
     before = _active(facts, "image")
     target = _from_with_conda(facts, before=before)
     if target is not None:
@@ -350,14 +376,10 @@ def choose(*, facts, explicit=None, conda_env=False):
         named_by, info = before
         reason = f"active in the base image's environment ({named_by})"
         return _make_target(facts, info, source="active-env", reason=reason)
-    image = facts.get("image", {})
-    for source, place, where, reason in _PLACE_RULES:
-        info = _python(facts, where)
-        if image.get(place) and info and _kind(info) in ("venv", "conda-env"):
-            kind = _KIND_WORDS[_kind(info)]
-            reason = reason.format(place=image[place], kind=kind, **info)
-            return _make_target(facts, info, source=source, reason=reason)
-    raise TargetEnvNotFoundError(_not_found_message(facts))
+    target = _place_target(facts)
+    if target is None:
+        raise TargetEnvNotFoundError(_not_found_message(facts))
+    return target
 
 
 #: What a build looks for when it cannot ask the base image now.

@@ -2,6 +2,7 @@
 
 from collections import Counter, namedtuple
 from dataclasses import dataclass, field
+from functools import partial
 import json
 import logging
 import os
@@ -12,7 +13,7 @@ from .. import apptainer, imagelayout, safeio
 from ..engine.digest import remembered_sha256
 from ..errors import InputError
 from . import expectedenv, mpi, netplugin
-from .status import FAIL, NA, PASS, WARN
+from .status import FAIL, NA, PASS, WARN, hardware_row
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -148,6 +149,16 @@ def _check_labels(report, facts):
     )
 
 
+def _missing_rocm_dirs(env, rocm_path):
+    """The ROCm directories not on PATH and LD_LIBRARY_PATH, in words."""
+    problems = []
+    for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
+        entries = [os.path.normpath(p) for p in (env.get(var) or "").split(":") if p]
+        if os.path.normpath(os.path.join(rocm_path, sub)) not in entries:
+            problems.append(f"{rocm_path}/{sub} not on {var}")
+    return problems
+
+
 def _check_rocm(report, facts):
     env = facts["env"]
     rocm = facts["rocm"]
@@ -161,12 +172,7 @@ def _check_rocm(report, facts):
         f"ROCM_PATH={env.get('ROCM_PATH')!r}, /opt/rocm is {opt_rocm['kind']}",
     )
     rocm_path = env.get("ROCM_PATH") or "/opt/rocm"
-    problems = [
-        f"{rocm_path}/{sub} not on {var}"
-        for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib"))
-        if os.path.normpath(os.path.join(rocm_path, sub))
-        not in [os.path.normpath(p) for p in (env.get(var) or "").split(":") if p]
-    ]
+    problems = _missing_rocm_dirs(env, rocm_path)
     report.pass_if(
         "rocm-env",
         not problems,
@@ -190,7 +196,7 @@ def _check_libstdcxx(report, facts):
         report.add("env-libstdcxx", PASS, f"no libstdc++ in {facts['prefix']}/lib")
         return
     manifest = facts.get("prune_manifest")
-    skipped = (manifest.get("skipped") or []) if isinstance(manifest, dict) else []
+    skipped = (manifest or {}).get("skipped") or []  # the probe read an object
     kept = [d for d in skipped if isinstance(d, dict) and d.get("group") == "libstdcxx"]
     reason = kept and (kept[0].get("reason") or "reason recorded in the manifest")
     report.pass_if(
@@ -203,7 +209,7 @@ def _check_libstdcxx(report, facts):
 
 def _check_target_env(report, facts):
     target = facts.get("target_env")
-    if not isinstance(target, dict):
+    if target is None:
         report.add(
             "target-env",
             NA,
@@ -220,45 +226,48 @@ def _check_target_env(report, facts):
         )
 
 
-def _check_torch(report, facts):
-    torch = facts.get("torch")
-    if torch is None or not torch.get("hip"):
-        why = torch is not None and f"{torch['dir']} is not a ROCm build of torch"
-        for row in ("torch-rocm-duplicates", "torch-rccl"):
-            report.add(row, NA, why or "torch is not installed in the image")
-        return
-    rocm_names = set(facts["rocm"]["lib_names"])
-    rocm_real = facts["rocm"]["realpath"]
-    dups = [
-        e["name"]
-        for e in torch["lib"]
-        if e["name"] in rocm_names
-        and not (e["link"] and str(e.get("target", "")).startswith(rocm_real))
-    ]
-    linked = sum(1 for e in torch["lib"] if e["name"] in rocm_names)
-    report.pass_if(
-        "torch-rocm-duplicates",
-        not dups,
-        f"torch {torch['hip']}: no duplicates ({linked} entries link into {rocm_real})",
-        f"{len(dups)} torch/lib entries duplicate the base's ROCm: "
-        f"{', '.join(sorted(dups)[:6])}{' ...' if len(dups) > 6 else ''}",
-    )
+def _torch_rccl_row(torch, rocm_real):
+    """The ``torch-rccl`` row: the librccl libtorch_hip.so loads is the base's."""
     ldd = torch.get("ldd_torch_hip")
     if not ldd:
-        report.add("torch-rccl", NA, "no torch/lib/libtorch_hip.so to resolve")
-        return
+        return NA, "no torch/lib/libtorch_hip.so to resolve"
     rccl = [
         f"{n} => {p or 'not found'}" for n, p in ldd["deps"].items() if "librccl" in n
     ]
     real = torch.get("rccl_realpath") or ""
-    report.pass_if(
-        "torch-rccl",
-        real and real.startswith(rocm_real.rstrip("/") + "/"),
-        f"{rccl[0] if rccl else ''} (real path {real})",
-        f"{rccl[0]} (real path {real or 'unknown'}, not in {rocm_real})"
-        if rccl
-        else "librccl not resolved",
+    if real.startswith(rocm_real.rstrip("/") + "/"):
+        return PASS, f"{rccl[0] if rccl else ''} (real path {real})"
+    if not rccl:
+        return FAIL, "librccl not resolved"
+    return FAIL, f"{rccl[0]} (real path {real or 'unknown'}, not in {rocm_real})"
+
+
+def _check_torch(report, facts):
+    torch = facts.get("torch")
+    if torch is None or not torch.get("hip"):
+        why = "torch is not installed in the image"
+        if torch is not None:
+            why = f"{torch['dir']} is not a ROCm build of torch"
+        report.add("torch-rocm-duplicates", NA, why)
+        report.add("torch-rccl", NA, why)
+        return
+    rocm_names = set(facts["rocm"]["lib_names"])
+    rocm_real = facts["rocm"]["realpath"]
+    shared = [e for e in torch["lib"] if e["name"] in rocm_names]
+    dups = sorted(
+        e["name"]
+        for e in shared
+        if not (e["link"] and str(e.get("target", "")).startswith(rocm_real))
     )
+    more = " ..." if len(dups) > 6 else ""
+    report.pass_if(
+        "torch-rocm-duplicates",
+        not dups,
+        f"torch {torch['hip']}: no duplicates ({len(shared)} entries link into {rocm_real})",
+        f"{len(dups)} torch/lib entries duplicate the base's ROCm: "
+        f"{', '.join(dups[:6])}{more}",
+    )
+    report.add("torch-rccl", *_torch_rccl_row(torch, rocm_real))
 
 
 def _check_runtime(report, facts):
@@ -374,10 +383,10 @@ def _check_records(report, facts):
     )
 
 
-def _guarded(report, row, check, facts, **kwargs):
+def _guarded(report, row, check, facts):
     """Run a check; facts it cannot read are its first row, FAIL (no traceback)."""
     try:
-        check(report, facts, **kwargs)
+        check(report, facts)
     except (AttributeError, LookupError, TypeError, ValueError, RecursionError) as e:
         logger.debug("Check %s failed on the facts", row, exc_info=True)
         report.add(
@@ -409,21 +418,6 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
         _check_layer_base(report, base, labels)
     try:
         facts = _probe(base, timeout=timeout, overlay=None if sif else f"{image}:ro")
-        checks = [
-            ("records", _check_records, {}),
-            ("provenance-labels", _check_labels, {}),
-            ("rocm-layout", _check_rocm, {}),
-            ("net-plugin", netplugin.check_network, {}),
-            ("env", _check_lumi_env, {"expected_env": dict(expected_env or {})}),
-            ("target-env", _check_target_env, {}),
-            ("env-libstdcxx", _check_libstdcxx, {}),
-            ("torch-rocm-duplicates", _check_torch, {}),
-            ("rocm-driver", expectedenv.check_rocm_driver, {"strict": strict}),
-            ("runscripts", _check_runtime, {}),
-            ("mpi-host-binding", mpi.check_mpi, {}),
-        ]
-        for row, check, kwargs in checks:
-            _guarded(report, row, check, facts, **kwargs)
     except subprocess.TimeoutExpired:
         raise InputError(
             f"Cannot inspect {image}: running its python did not finish within "
@@ -431,6 +425,21 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
             "returns?); the container was stopped. Fix the image, or allow more "
             "time with --timeout SECONDS."
         ) from None
-    for check, what, instead in HARDWARE_CHECKS:
-        report.add(check, NA, f"needs LUMI hardware: {what}; run: {instead}")
+    checks = {  # each by the row it fails with when the facts are malformed
+        "records": _check_records,
+        "provenance-labels": _check_labels,
+        "rocm-layout": _check_rocm,
+        "net-plugin": netplugin.check_network,
+        "env": partial(_check_lumi_env, expected_env=dict(expected_env or {})),
+        "target-env": _check_target_env,
+        "env-libstdcxx": _check_libstdcxx,
+        "torch-rocm-duplicates": _check_torch,
+        "rocm-driver": partial(expectedenv.check_rocm_driver, strict=strict),
+        "runscripts": _check_runtime,
+        "mpi-host-binding": mpi.check_mpi,
+    }
+    for row, check in checks.items():
+        _guarded(report, row, check, facts)
+    for check in HARDWARE_CHECKS:
+        report.add(*hardware_row(*check))
     return report

@@ -23,21 +23,33 @@ DEFAULT_SYSTEM = "lumi-g-ext-rocm-6.2"
 LUMI_ENV_STAGE = "lumi-env"
 
 
-def expected_env(*, system_name):
-    """The values expected of an image of one system (None: the defaults)."""
+def _systems(system_name):
+    """The default system, then the image's (None when unknown or unreadable)."""
     packaged = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
     systems = [packaged[DEFAULT_SYSTEM]]
     try:
         systems.append(system_name and load_systems().get(system_name))
     except CotainrLumiError as e:
         logger.debug("Profiles unreadable, expecting the defaults: %s", e)
+    return systems
+
+
+def _env_setting(system):
+    """A system's lumi-env ``env`` setting ({} without one)."""
+    if not system or LUMI_ENV_STAGE not in system.stages:
+        return {}
+    return system.stage_settings(LUMI_ENV_STAGE).get("env") or {}
+
+
+def expected_env(*, system_name):
+    """The values expected of an image of one system (None: the defaults)."""
     expected = {}
-    for system in systems:
-        if system and LUMI_ENV_STAGE in system.stages:
-            env = system.stage_settings(LUMI_ENV_STAGE).get("env") or {}
-            expected.update((k, str(v)) for k, v in env.items() if v is not None)
-            for key in (k for k, v in env.items() if v is None):
-                expected.pop(key, None)
+    for system in _systems(system_name):
+        for name, value in _env_setting(system).items():
+            if value is None:
+                expected.pop(name, None)
+            else:
+                expected[name] = str(value)
     return expected
 
 
@@ -50,8 +62,7 @@ def window_for(*, labels):
         systems = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
     # The packaged profile, read first, always has DEFAULT_SYSTEM.
     system = systems.get(labels.get(LABEL_SYSTEM)) or systems[DEFAULT_SYSTEM]
-    settings = system.stage_settings(rocmwindow.SETTINGS_NAME)
-    profile = rocmwindow.RocmSettings.complete(settings).window
+    profile = rocmwindow.system_window(system)
     recorded = rocmwindow.Window.from_text(labels.get(LABEL_ROCM_SUPPORTED))
     if recorded is None or str(profile) == str(recorded):
         return profile  # none recorded, or the same range with its source

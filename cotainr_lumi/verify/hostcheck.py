@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 import re
 
 from .. import safeio
-from ..engine.rocmwindow import RocmSettings, major_minor
+from ..engine.rocmwindow import major_minor, system_window
 from ..engine.rootfs import image_path_of, resolve_in_root
 from ..engine.sifimage import COMPRESSORS, Compression, mount_problem
 from ..errors import InputError
@@ -39,7 +39,9 @@ def _moved(root, path):
     """Where a missing versioned path may be now (the nearest sibling with the rest)."""
     parts = PurePosixPath(path).parts
     i = next(i for i in range(2, len(parts) + 1) if not _there(root, Path(*parts[:i])))
-    parent, missing, rest = Path(*parts[: i - 1]), parts[i - 1], parts[i:]
+    parent = Path(*parts[: i - 1])
+    missing = parts[i - 1]
+    rest = parts[i:]
     names = _try(root, parent, os.listdir, [])
     shape = re.sub(r"[\d.]", "", missing)  # the name without its version
     names = [n for n in names if re.sub(r"[\d.]", "", n) == shape and n != missing]
@@ -49,10 +51,13 @@ def _moved(root, path):
         key=lambda n: (len(common([missing, n])), [*map(int, re.findall(r"\d+", n))])
     )
     names.reverse()
-    has = f"{parent} has {', '.join(names[:8])}" if names else ""
-    for name in (n for n in names if _there(root, parent.joinpath(n, *rest))):
-        return f"; it may be {parent.joinpath(name, *rest)} ({has})"
-    return f"; {has}" * bool(names)
+    if not names:
+        return ""
+    has = f"{parent} has {', '.join(names[:8])}"
+    for name in names:
+        if _there(root, parent.joinpath(name, *rest)):
+            return f"; it may be {parent.joinpath(name, *rest)} ({has})"
+    return f"; {has}"
 
 
 def _exists(root, path, *, file=False):
@@ -70,11 +75,18 @@ def _exists(root, path, *, file=False):
     return True, f"{where} exists"
 
 
+def _host_mpi(system):
+    """A system's host MPI binding setting (``lumi-env.mpi-host``; {}: none)."""
+    return system.stage_settings("lumi-env").get("mpi-host") or {}
+
+
 def _bind_rows(system, root):
-    settings = system.stage_settings("lumi-env")
-    host_mpi = settings.get("mpi-host") or {}
-    binds = [*(settings.get("binds") or []), *(host_mpi.get("binds") or [])]
-    binds += host_mpi.get("binds-if-absent") or []
+    host_mpi = _host_mpi(system)
+    binds = [
+        *(system.stage_settings("lumi-env").get("binds") or []),
+        *(host_mpi.get("binds") or []),
+        *(host_mpi.get("binds-if-absent") or []),
+    ]
     fix = "remove the bind or give where it moved in lumi-env binds"
     for src in (bind.partition(":")[0] for bind in binds):
         ok, words = _exists(root, src, file=".so" in PurePosixPath(src).name)
@@ -93,26 +105,24 @@ def _base_image_rows(system, root):
         yield f"base-image {PurePosixPath(image).name}", ok, words, fix
 
 
+def _site_answer(site):
+    """(status, words) of LUST's base image for a system against the built-in one."""
+    default = site.default
+    if site.site == default:
+        return True, f"the same as the built-in default: {default}"
+    if site.site:
+        return WARN, f"{site.site}; builds use it, not the built-in {default}"
+    if site.site_file:
+        return WARN, f"{site.site_file} has no {site.name}; builds use {default}"
+    return NA, f"no LUST systems.json; builds use the built-in {default}"
+
+
 def _site_rows(system, _root):
     """LUST's systems.json (`follows`) against the profile's base image."""
     site = system.site_base
-    if site is None:
-        return
-    check = f"site {site.name}" + (f" of {site.site_file}" if site.site else "")
-    default = site.default
-    if site.site == default:
-        yield check, True, f"the same as the built-in default: {default}", ""
-    elif site.site:
-        yield check, WARN, f"{site.site}; builds use it, not the built-in {default}", ""
-    elif site.site_file:
-        yield (
-            check,
-            WARN,
-            f"{site.site_file} has no {site.name}; builds use {default}",
-            "",
-        )
-    else:
-        yield check, NA, f"no LUST systems.json; builds use the built-in {default}", ""
+    if site is not None:
+        check = f"site {site.name}" + (f" of {site.site_file}" if site.site else "")
+        yield check, *_site_answer(site), ""
 
 
 def _head(path):
@@ -126,7 +136,7 @@ def _read(root, path):
 
 
 def _rocm_rows(system, root):
-    window = RocmSettings.complete(system.stage_settings("rocm")).window
+    window = system_window(system)
     if window is None:
         return
     names = sorted(_try(root, "/opt", os.listdir, []))
@@ -143,46 +153,49 @@ def _rocm_rows(system, root):
         yield f"{check} {window}", not out if found else NA, words, fix
 
 
-def _gpu_rows(system, root):
-    """The WARN of a ROCm 7 system with a host MPI binding (Update-202601)."""
-    host_mpi = system.stage_settings("lumi-env").get("mpi-host") or {}
-    if not host_mpi.get("libmpi"):
-        return
-    caveat = gpu_aware_caveat(system.rocm_version)
-    if caveat:
-        yield "mpi-gpu-aware", WARN, caveat, ""
+def _discovered_mpi_row(raw, root):
+    """The ``mpi-host`` row of a binding found on the host (``discover``, globs)."""
+    binds = [
+        f"{root}/{b.lstrip('/')}:{b}" if ":" not in b else b
+        for b in raw.get("binds") or ()
+    ]
+    found = discover_host_mpi(setting={**raw, "binds": binds})
+    words = found.problem or (
+        f"the module file finds {found.libmpi} ({found.source}); LD_LIBRARY_PATH "
+        f"{':'.join(found.ld_library_path)}"
+    )
+    fix = "load cray-mpich (or cray-mpich-abi) or set lumi-env.mpi-host.libmpi (COTAINR_LUMI_MPI=container works meanwhile)"
+    return "mpi-host", not found.problem, words, fix
 
 
-def _mpi_rows(system, root):
-    """The rows of a system's host MPI binding (``lumi-env.mpi-host``)."""
-    raw = system.stage_settings("lumi-env").get("mpi-host") or {}
-    if not raw.get("libmpi"):
-        return
-    paths = [raw["libmpi"], *(raw.get("ld-library-path") or [])]
-    if raw["libmpi"] == "discover" or any("*" in p for p in paths):
-        binds = [
-            f"{root}/{b.lstrip('/')}:{b}" if ":" not in b else b
-            for b in raw.get("binds") or ()
-        ]
-        found = discover_host_mpi(setting={**raw, "binds": binds})
-        words = found.problem or (
-            f"the module file finds {found.libmpi} ({found.source}); LD_LIBRARY_PATH "
-            f"{':'.join(found.ld_library_path)}"
-        )
-        fix = "load cray-mpich (or cray-mpich-abi) or set lumi-env.mpi-host.libmpi (COTAINR_LUMI_MPI=container works meanwhile)"
-        yield "mpi-host", not found.problem, words, fix
-        return
+def _bound_mpi_rows(raw, root):
+    """A row per host path a fixed binding binds (the container's own: none)."""
     binding = HostBinding.from_setting(raw)
-    for key, path in [("libmpi", binding.libmpi)] + [
-        ("ld-library-path", p) for p in binding.ld_library_path[1:]
-    ]:
+    paths = [("libmpi", binding.libmpi)]
+    paths += [("ld-library-path", p) for p in binding.ld_library_path[1:]]
+    for key, path in paths:
         host = binding.host_path(path)
         if host is None:
-            continue  # not bound: the container's own directory
+            continue
         ok, words = _exists(root, host, file=key == "libmpi")
         if host != path:
             words = f"{path} is {words}"
         yield f"mpi {path}", ok, words, f"set lumi-env.mpi-host.{key}"
+
+
+def _mpi_rows(system, root):
+    """The rows of a system's host MPI binding (``lumi-env.mpi-host``)."""
+    raw = _host_mpi(system)
+    if not raw.get("libmpi"):
+        return
+    caveat = gpu_aware_caveat(system.rocm_version)
+    if caveat:  # a ROCm 7 system (Update-202601)
+        yield "mpi-gpu-aware", WARN, caveat, ""
+    paths = [raw["libmpi"], *(raw.get("ld-library-path") or [])]
+    if raw["libmpi"] == "discover" or any("*" in p for p in paths):
+        yield _discovered_mpi_row(raw, root)
+    else:
+        yield from _bound_mpi_rows(raw, root)
 
 
 def _status(ok):
@@ -208,8 +221,8 @@ def _add_compression_rows(report, root):
         report.add(f"squashfs {name}", status, words)
 
 
-def check_host(*, root="/", system=None):
-    """The report of the host facts of every system (or of one)."""
+def _checked_root(root):
+    """The absolute host tree to check (InputError for one binds cannot name)."""
     if not Path(root).is_dir():
         raise InputError(f"--root {root}: not a directory; give the host tree to check")
     root = os.path.abspath(root)
@@ -218,14 +231,25 @@ def check_host(*, root="/", system=None):
             f"--root {root}: host paths are looked up through binds, which cannot "
             "name a path with ':', ',' or white space; give a link to it instead"
         )
+    return root
+
+
+def _row_kinds(system):
+    """The row makers that apply to a system."""
+    kinds = [_site_rows, _base_image_rows, _rocm_rows]
+    if "lumi-env" in system.stages:
+        kinds += [_bind_rows, _mpi_rows]
+    return kinds
+
+
+def check_host(*, root="/", system=None):
+    """The report of the host facts of every system (or of one)."""
+    root = _checked_root(root)
     systems = load_systems()
     chosen = [get_system(name=system, systems=systems)] if system else systems.values()
     rows = {}
     for one in chosen:
-        kinds = [_site_rows, _base_image_rows, _rocm_rows]
-        if "lumi-env" in one.stages:
-            kinds += [_bind_rows, _gpu_rows, _mpi_rows]
-        for kind in kinds:
+        for kind in _row_kinds(one):
             for check, ok, words, fix in kind(one, Path(root)):
                 status = _status(ok)
                 row = rows.setdefault(check, [status, words, []])

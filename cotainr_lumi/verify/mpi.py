@@ -9,7 +9,7 @@ from ..stages.lumi_env.mpi import (
     gpu_aware_caveat,
     parse_load_check,
 )
-from .status import FAIL, NA, PASS, WARN
+from .status import FAIL, NA, PASS, WARN, hardware_row
 
 #: How to run the LUMI acceptance job: from its directory, which holds
 #: osu_bw.py (the job reads it from $SLURM_SUBMIT_DIR), with an absolute
@@ -39,25 +39,35 @@ def probe_inputs():
     }
 
 
+def _load_error_row(record, error):
+    """The ``mpi4py-libmpi`` row when mpi4py could not load an MPI library."""
+    if "No module named 'mpi4py'" in error:
+        return NA, "mpi4py is not installed in the image"
+    if record and not record.get("image-library"):
+        return NA, (
+            "the image has no MPI library of its own: mpi4py runs only with "
+            f"the host binding ({error})"
+        )
+    return FAIL, f"mpi4py cannot load an MPI library: {error}"
+
+
+def _unresolved(ldd, libraries):
+    """The libraries' dependencies ``ldd`` found nowhere, in words."""
+    return [
+        f"{lib}: {name} => not found"
+        for lib in libraries
+        for name, path in (ldd.get(lib, {}).get("deps") or {}).items()
+        if path is None
+    ]
+
+
 def _loaded_row(facts, record, loaded):
     """The ``mpi4py-libmpi`` row of the parsed load check."""
     if "error" in loaded:
-        if "No module named 'mpi4py'" in loaded["error"]:
-            return NA, "mpi4py is not installed in the image"
-        if record and not record.get("image-library"):
-            return NA, (
-                "the image has no MPI library of its own: mpi4py runs only with "
-                f"the host binding ({loaded['error']})"
-            )
-        return FAIL, f"mpi4py cannot load an MPI library: {loaded['error']}"
+        return _load_error_row(record, loaded["error"])
     libraries = loaded.get("libmpi") or []
     version = loaded.get("library_version", "")
-    unresolved = [
-        f"{lib}: {name} => not found"
-        for lib in libraries
-        for name, path in (facts["ldd"].get(lib, {}).get("deps") or {}).items()
-        if path is None
-    ]
+    unresolved = _unresolved(facts["ldd"], libraries)
     if unresolved:
         return FAIL, (
             f"mpi4py loads {', '.join(libraries)} but ldd: {'; '.join(unresolved)}"
@@ -73,28 +83,34 @@ def _loaded_row(facts, record, loaded):
     )
 
 
+def _swap_words(record, host):
+    """What the host binding puts in place of the image's MPI, in words."""
+    lib = host["libmpi"]
+    if host.get("setting") == "discover":
+        lib = (
+            f"the Cray MPICH the module file finds on load (at build: {lib or 'none'})"
+        )
+    image = record.get("image-library") or "nothing (no library in the image)"
+    return (
+        f"{lib} replaces {image} (LD_LIBRARY_PATH first: "
+        f"{':'.join(host['ld-library-path'])}; MPI4PY_LIBMPI={host['mpi4py-libmpi']}; "
+        f"binds: {','.join(host['binds'])})"
+    )
+
+
 def _binding_row(record):
     """The ``mpi-host-binding`` row."""
     if record is None:
         return NA, f"no {MPI_FILE}: built without cotainr-lumi's MPI support"
     if record.get("mode") == "none":
         return NA, f"lumi-env mpi: none ({record.get('reason')})"
-    host = record.get("host")
     if record.get("pins"):
         pin = record["pins"][0]
         return FAIL, (
             f"{pin['user']} pins {pin['library']} with DT_RPATH {pin['entry']!r}"
         )
-    swap = ""
-    if host:
-        lib = host["libmpi"]
-        if host.get("setting") == "discover":
-            lib = f"the Cray MPICH the module file finds on load (at build: {lib or 'none'})"
-        swap = (
-            f"{lib} replaces {record.get('image-library') or 'nothing (no library in the image)'}"
-            f" (LD_LIBRARY_PATH first: {':'.join(host['ld-library-path'])}; "
-            f"MPI4PY_LIBMPI={host['mpi4py-libmpi']}; binds: {','.join(host['binds'])})"
-        )
+    host = record.get("host")
+    swap = _swap_words(record, host) if host else ""
     srun = record.get("srun") or {}
     if record.get("mode") == "host":
         return PASS, (
@@ -109,25 +125,23 @@ def _binding_row(record):
 
 def mpi_rows(facts):
     """The rows for the probe's MPI facts."""
-    if not isinstance(facts, dict) or not isinstance(facts.get("check"), dict):
+    if not facts or "check" not in facts:
         return []
-    record = facts.get("record") if isinstance(facts.get("record"), dict) else None
+    record = facts.get("record")  # an object, or None (the probe reads no other)
     loaded = parse_load_check(facts["check"]["out"])
     has_mpi4py = "No module named 'mpi4py'" not in loaded.get("error", "")
     if not has_mpi4py and (record is None or record.get("mode") in (None, "none")):
         return []
-    check, what, instead = HARDWARE_CHECK
     return [
         ("mpi4py-libmpi", *_loaded_row(facts, record, loaded)),
         ("mpi-host-binding", *_binding_row(record)),
-        (check, NA, f"needs LUMI hardware: {what}; run: {instead}"),
+        hardware_row(*HARDWARE_CHECK),
     ]
 
 
 def gpu_aware_row(facts):
     """The ``mpi-gpu-aware`` WARN of an image with a host binding on ROCm 7 (or None)."""
-    mpi = facts.get("mpi") if isinstance(facts.get("mpi"), dict) else {}
-    record = mpi.get("record") if isinstance(mpi.get("record"), dict) else {}
+    record = (facts.get("mpi") or {}).get("record") or {}
     if not record.get("host") or record.get("mode") == "none":
         return None
     caveat = gpu_aware_caveat((facts.get("rocm") or {}).get("version_file"))

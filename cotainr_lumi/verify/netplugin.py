@@ -75,43 +75,77 @@ def _plugin_row(net, env, plugin):
     return PASS, f"{plugin['generation']}: {plugin['path']} (on {where})"
 
 
-def _deps_row(plugin, *, source):
-    """The ``net-plugin-deps`` row: (status, evidence)."""
-    if plugin is None:
-        return NA, "no network plugin in the image"
-    ldd = plugin.get("ldd") or {}
-    deps = ldd.get("deps") or {}
-    if not ldd:
-        return FAIL, f"the probe did not read {plugin['path']}'s libraries"
-    missing = [name for name, path in deps.items() if path is None]
-    if not deps and ldd.get("rc") not in (0, None):
-        return FAIL, f"ldd {plugin['path']} failed: {ldd.get('err')}"
+def _needs_row(plugin, missing, *, where):
+    return FAIL, (
+        f"{plugin['path']} needs {', '.join(sorted(missing))}, not found in {where}"
+    )
+
+
+def _host_deps_row(plugin, deps, missing):
+    """The ``net-plugin-deps`` row of a plugin using the host's libfabric."""
     host = [m for m in missing if m.startswith(HOST_PROVIDED)]
-    if source == "host":
-        missing = [m for m in missing if m not in host]
+    missing = [m for m in missing if m not in host]
     if missing:
-        return FAIL, (
-            f"{plugin['path']} needs {', '.join(sorted(missing))}, not found in "
-            "the image" + ("" if source == "image" else " or from the host")
-        )
-    if host and source == "host":
+        return _needs_row(plugin, missing, where="the image or from the host")
+    if host:
         return PASS, (
             f"{len(deps) - len(host)} of {len(deps)} resolve in the image; "
             f"{', '.join(sorted(host))} come from the host at run time "
             "(/opt/cray and libcxi bound by the module)"
         )
-    name = os.path.basename(plugin["path"])
-    return PASS, f"all {len(deps)} libraries of {name} resolve"
+    return _all_resolve_row(plugin, deps)
+
+
+def _all_resolve_row(plugin, deps):
+    return (
+        PASS,
+        f"all {len(deps)} libraries of {os.path.basename(plugin['path'])} resolve",
+    )
+
+
+def _ldd_problem(plugin):
+    """Why the probe's ``ldd`` of the plugin tells nothing (None: it tells)."""
+    ldd = plugin.get("ldd") or {}
+    if not ldd:
+        return f"the probe did not read {plugin['path']}'s libraries"
+    if not ldd.get("deps") and ldd.get("rc") not in (0, None):
+        return f"ldd {plugin['path']} failed: {ldd.get('err')}"
+    return None
+
+
+def _deps_row(plugin, *, source):
+    """The ``net-plugin-deps`` row: (status, evidence)."""
+    if plugin is None:
+        return NA, "no network plugin in the image"
+    problem = _ldd_problem(plugin)
+    if problem:
+        return FAIL, problem
+    deps = plugin["ldd"].get("deps") or {}
+    missing = [name for name, path in deps.items() if path is None]
+    if source == "host":
+        return _host_deps_row(plugin, deps, missing)
+    if missing:
+        return _needs_row(plugin, missing, where="the image")
+    return _all_resolve_row(plugin, deps)
+
+
+def _cray_shadowing(ld_path, libfabric):
+    """The host's Cray entries of LD_LIBRARY_PATH before the image's libfabric."""
+    own = os.path.dirname(libfabric or "")
+    before = ld_path[: ld_path.index(own)] if own in ld_path else ld_path
+    return [p for p in before if p.startswith(CRAY_PREFIX)]
+
+
+def _resolved_libfabric(plugin):
+    """Where the plugin's libfabric.so resolves (None: nowhere, or no plugin)."""
+    deps = ((plugin or {}).get("ldd") or {}).get("deps") or {}
+    return next((p for n, p in deps.items() if n.startswith("libfabric.so")), None)
 
 
 def _image_libfabric_row(net, plugin, env):
     """The ``image-libfabric`` row: (status, evidence)."""
-    deps = ((plugin or {}).get("ldd") or {}).get("deps") or {}
-    resolved = next((p for n, p in deps.items() if n.startswith("libfabric.so")), None)
-    ld = _ld_library_path(env)  # only host entries before the image's shadow it
-    own = os.path.dirname(resolved or "")
-    before = ld[: ld.index(own)] if own in ld else ld
-    cray = [p for p in before if p.startswith(CRAY_PREFIX)]
+    resolved = _resolved_libfabric(plugin)
+    cray = _cray_shadowing(_ld_library_path(env), resolved)
     if cray:
         return FAIL, (
             f"LD_LIBRARY_PATH has the host's {cray[0]}: bound at run time it would "
@@ -164,9 +198,10 @@ def _rccl_tests_row(net):
 
 def check_network(report, facts):
     """Add the network rows."""
-    net, env = facts.get("network") or {}, facts["env"]
-    runtime = net.get("runtime")  # whose libfabric: the image's record says
-    if isinstance(runtime, dict) and runtime.get("libfabric") in ("host", "image"):
+    net = facts.get("network") or {}
+    env = facts["env"]
+    runtime = net.get("runtime") or {}  # whose libfabric: the image's record says
+    if runtime.get("libfabric") in ("host", "image"):
         source = runtime["libfabric"]
     else:  # without one: the image's own when it has one and no Cray's
         cray = any(p.startswith(CRAY_PREFIX) for p in _ld_library_path(env))

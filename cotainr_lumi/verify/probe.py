@@ -97,10 +97,11 @@ def guarded(name, facts_of):
 
 def entry(path):
     """Describe a directory entry (kind, link target)."""
-    kind = (
-        "dir" if os.path.isdir(path) else "file" if os.path.isfile(path) else "missing"
-    )
-    info = {"name": os.path.basename(path), "link": None, "kind": kind}
+    info = {"name": os.path.basename(path), "link": None, "kind": "missing"}
+    if os.path.isdir(path):
+        info["kind"] = "dir"
+    elif os.path.isfile(path):
+        info["kind"] = "file"
     if os.path.islink(path):
         info["link"] = os.readlink(path)
         info["target"] = os.path.realpath(path)
@@ -112,7 +113,7 @@ target_env = load(INPUTS["target_env_file"])
 # Run as the target env's own interpreter (not whatever `python` is first
 # on PATH): verify looks at the env the build installed into.
 if (
-    isinstance(target_env, dict)
+    target_env
     and isinstance(target_env.get("python"), str)
     and target_env.get("prefix") != sys.prefix
     and os.environ.get("COTAINR_LUMI_VERIFY_REEXEC") != "1"
@@ -208,14 +209,18 @@ def plugin_files(dirs, named):
     return files
 
 
+def could_open(name, named):
+    """Whether RCCL could open a plugin file of this name (never a versioned one)."""
+    rccl_name = name.startswith("librccl-net") and name.endswith(".so")
+    return rccl_name or (named and name == os.path.basename(named))
+
+
 def plugin_ldd(files, named, limit=8):
-    """``ldd`` of each file RCCL could open (never a versioned name), each real file once."""
-    named_base = os.path.basename(named) if named else None
-    done, result = {}, {}
-    for path in (os.path.join(d, name) for d, names in files.items() for name in names):
-        name = os.path.basename(path)
-        rccl_name = name.startswith("librccl-net") and name.endswith(".so")
-        if rccl_name or name == named_base:
+    """``ldd`` of each file RCCL could open, each real file once."""
+    done = {}
+    result = {}
+    for d, names in files.items():
+        for path in (os.path.join(d, n) for n in names if could_open(n, named)):
             real = os.path.realpath(path)
             if real not in done and len(done) < limit:
                 done[real] = ldd(path)
@@ -224,21 +229,33 @@ def plugin_ldd(files, named, limit=8):
     return result
 
 
-def network_facts():
-    """Where the plugin, its libraries, libfabric and rccl-tests are in the image."""
-    runtime = load(INPUTS["runtime_file"])
-    record = runtime if isinstance(runtime, dict) else {}
-    ld_path = [p for p in (os.environ.get("LD_LIBRARY_PATH") or "").split(":") if p]
-    named = os.environ.get("NCCL_NET_PLUGIN") or None
-    conf = conf_dirs()
-    # Where the loader looks for a bare name, after the plugin's own places.
-    loader = ld_path + conf + INPUTS["loader_dirs"]
+def plugin_dirs(record, named, loader):
+    """Where to look for the plugin: recorded, known, /opt/aws-ofi-*, the loader's."""
     dirs = list(record.get("net-plugin-dirs") or []) + INPUTS["plugin_dirs"]
     for opt in sorted(glob.glob("/opt/aws-ofi-*")):
         dirs += [opt, f"{opt}/lib", f"{opt}/lib64"]
     if named and "/" in named:
         dirs.append(os.path.dirname(named))
-    dirs = list(dict.fromkeys(os.path.normpath(d) for d in dirs + loader if d))
+    return list(dict.fromkeys(os.path.normpath(d) for d in dirs + loader if d))
+
+
+def rccl_tests(dirs):
+    """The first rccl-tests directory there is, and whether it runs all_reduce_perf."""
+    for d in filter(os.path.isdir, dirs):
+        return {"dir": d, "all_reduce_perf": os.access(f"{d}/all_reduce_perf", os.X_OK)}
+    return None
+
+
+def network_facts():
+    """Where the plugin, its libraries, libfabric and rccl-tests are in the image."""
+    runtime = load(INPUTS["runtime_file"])
+    record = runtime or {}
+    ld_path = [p for p in (os.environ.get("LD_LIBRARY_PATH") or "").split(":") if p]
+    named = os.environ.get("NCCL_NET_PLUGIN") or None
+    conf = conf_dirs()
+    # Where the loader looks for a bare name, after the plugin's own places.
+    loader = ld_path + conf + INPUTS["loader_dirs"]
+    dirs = plugin_dirs(record, named, loader)
     files = plugin_files(dirs, named)
     libfabric = sorted(
         {os.path.realpath(p) for d in loader for p in glob.glob(f"{d}/libfabric.so.1")}
@@ -246,13 +263,6 @@ def network_facts():
     tests_dirs = INPUTS["rccl_tests_dirs"]
     if record.get("rccl-tests"):
         tests_dirs = [record["rccl-tests"]]
-    tests = None
-    for d in filter(os.path.isdir, tests_dirs):
-        tests = {
-            "dir": d,
-            "all_reduce_perf": os.access(f"{d}/all_reduce_perf", os.X_OK),
-        }
-        break
     return {
         "runtime": runtime,
         "searched": dirs,
@@ -261,7 +271,7 @@ def network_facts():
         "plugin_files": files,
         "ldd": plugin_ldd(files, named),
         "image_libfabric": libfabric,
-        "rccl_tests": tests,
+        "rccl_tests": rccl_tests(tests_dirs),
         "rccl_tests_dirs": tests_dirs,
     }
 

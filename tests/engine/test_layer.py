@@ -20,7 +20,7 @@ def sif(path, *overlays, labels=None):
     objects += [(PARTITION, b"layer", fstype, OVERLAY, "") for fstype in overlays]
     if labels is not None:
         data = {"data": {"attributes": {"labels": labels}}}
-        objects.append((JSON, json.dumps(data).encode(), 0, 0, layer.METADATA))
+        objects.append((JSON, json.dumps(data).encode(), 0, 0, layer.METADATA_NAME))
     write_sif(path, objects)
     return path
 
