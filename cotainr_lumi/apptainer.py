@@ -152,13 +152,18 @@ def links_in_image(*, image, paths):
     listing = _listing(image=image, names=[p.lstrip("/") for p in paths])
     if listing is None:
         return None
+    links = _listed_links(listing)
+    return {path: target for path, target in links.items() if path in paths}
+
+
+def _listed_links(listing):
+    """The links of an ``unsquashfs -lls`` listing: ``{/path: target}``."""
     links = {}
     for line in listing:
         fields = line.split(None, 5)
         if line.startswith("l") and len(fields) == 6:
             path, _, target = fields[5].partition(" -> ")
-            if "/" + path.lstrip("/") in paths:
-                links["/" + path.lstrip("/")] = target
+            links["/" + path.lstrip("/")] = target
     return links
 
 

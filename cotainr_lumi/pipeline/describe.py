@@ -82,8 +82,15 @@ def _inputs(plan):
         lines.append("  system:     none (--base-image)")
     else:
         lines += plan.system.describe_lines()
-    base = plan.base_image
-    lines.append(f"  base image: {base.given}")
+    lines += _base_lines(plan.base_image)
+    conda = ", ".join(map(str, plan.conda_envs)) or "none"
+    lines.append(f"  conda env:  {conda}")
+    return lines
+
+
+def _base_lines(base):
+    """The plan's lines on the base image: as given, matched, linked, resolved."""
+    lines = [f"  base image: {base.given}"]
     if base.pattern:
         lines.append(f"    matched by: {base.pattern}")
     if base.link:
@@ -92,8 +99,6 @@ def _inputs(plan):
         lines.append(f"    resolved: {base.resolved}")
     if not base.is_local_file and not is_uri(base.given):
         lines.append("    (not a file on this machine: the build will fail here)")
-    conda = ", ".join(map(str, plan.conda_envs)) or "none"
-    lines.append(f"  conda env:  {conda}")
     return lines
 
 
