@@ -16,7 +16,6 @@ from .errors import CotainrLumiError, InputError, UnsupportedCotainrError, fail
 COTAINR_MISSING = None
 try:
     from . import _cotainr
-    from .pipeline.profiles import load_systems
 except UnsupportedCotainrError as e:
     COTAINR_MISSING = e
 
@@ -30,7 +29,9 @@ class Verify:
     """
 
     def __init__(self, *, image, json=False, strict=False, timeout=600):
-        self.image, self.json, self.strict = image, json, strict
+        self.image = image
+        self.json = json
+        self.strict = strict
         self.timeout = timeout
 
     def report(self):
@@ -69,7 +70,9 @@ class CheckHost(Verify):
     """
 
     def __init__(self, *, json=False, system=None, root="/"):
-        self.json, self.system, self.root = json, system, root
+        self.json = json
+        self.system = system
+        self.root = root
 
     def report(self):
         """The report of the host under ``--root``."""
@@ -133,9 +136,11 @@ class CotainrLumiCLI:
         args = list(sys.argv[1:] if args is None else args)
         self.name = next((a for a in args if not a.startswith("-")), None)
         if self.name in ("build", "info"):  # cotainr's, with the plugin active
-            if self.name == "build":
+            if self.name == "build" and not {"-h", "--help"} & set(args):
                 # cotainr reads a broken profile file as "no such system";
                 # the cotainr-lumi command says what is wrong with it.
+                from .pipeline.profiles import load_systems
+
                 load_systems()
             try:
                 self.subcommand = _cotainr.cotainr_subcommand(args=args)
@@ -171,6 +176,8 @@ class CotainrLumiCLI:
 
     def _info(self):
         """Cotainr's info, then the cotainr-lumi systems (a broken profile: an error)."""
+        from .pipeline.profiles import load_systems
+
         if _cotainr.NATIVE:  # its info lists the plugins, not their systems
             self.subcommand.execute()
         else:
