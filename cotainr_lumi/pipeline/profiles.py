@@ -27,10 +27,11 @@ from typing import Any, Optional
 from .. import _cotainr
 from .. import stages as builtin
 from ..engine import rocmwindow, targetenv, workdir
-from ..engine.origins import ProfileOrigin
-from ..engine.settings import load_sections
+from ..engine.origins import ProfileOrigin, dotted
+from ..engine.settings import SettingError, load_sections
 from ..engine.yamlfile import line_of, read_yaml
 from ..errors import ProfileError, UnknownSystemError
+from ..stages.lumi_env.mpi import HostBinding
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -98,6 +99,7 @@ class SystemProfile:
     sources: tuple[str, ...] = ()
     stock: bool = False
     site_base: Optional[SiteBase] = None
+    mpi_host: Optional[HostBinding] = None  # lumi-env.mpi-host, typed
 
     def stage_settings(self, name):
         """The settings of one stage."""
@@ -386,15 +388,26 @@ def _validate(*, name, merged, sources, where):
     description = merged.get("description") or ""
     if not isinstance(description, str):
         raise ProfileError("must be a string", key="description", **where)
+    settings = merged.get("settings") or {}
     return SystemProfile(
         name=name,
         base_image=base_image,
         description=description,
         stages=_stage_list(merged.get("stages") or [], where=where),
-        settings=copy.deepcopy(merged.get("settings") or {}),
+        settings=copy.deepcopy(settings),
         rocm_version=_rocm_version(merged.get("rocm-version"), where=where),
         sources=tuple(sources),
+        mpi_host=_host_binding(settings, where=where),
     )
+
+
+def _host_binding(settings, *, where):
+    """The system's ``lumi-env.mpi-host`` as read once (None: no host binding)."""
+    key = ("settings", "lumi-env", "mpi-host")
+    try:
+        return HostBinding.from_setting(settings.get(key[1], {}).get(key[2]))
+    except SettingError as e:
+        raise ProfileError(e.message, key=dotted((*key, *e.path)), **where) from None
 
 
 def _rocm_version(value, *, where):
