@@ -4,9 +4,8 @@ cotainr-lumi as a cotainr plugin: its systems and its build hook.
 This module is the ``cotainr.plugins`` entry point: cotainr (or, on a
 cotainr without plugin support, :mod:`cotainr_lumi._cotainr.shim`) reads
 :func:`systems` and calls :data:`build_hook` (``docs/upstream/seam-api.md``).
-cotainr's own ``Build.execute`` creates the sandbox, installs the conda env,
-adds the metadata and builds the image; the hook runs the plan's stages
-(pip, prune, lumi-env, provenance) before the metadata.
+The hook only adapts cotainr's calls to the steps of
+:class:`cotainr_lumi.pipeline.build.Build`, where a build happens.
 """
 
 import contextlib
@@ -126,12 +125,13 @@ class LumiHook:
         """
         from .buildoptions import request_from_options
         from .pipeline.build import Build
-        from .pipeline.checks import refuse_base_links
+        from .pipeline.checks import check_conda_prefix, refuse_base_links
+        from .pipeline.describe import dry_run_lines
         from .pipeline.plan import make_plan
 
         self.build = None
         with _reported():
-            _check_conda_prefix(context)
+            check_conda_prefix(context.conda_prefix)
             build = self._handed
             if build is None:
                 conda_env = list(context.conda_env_files) or None
@@ -141,7 +141,7 @@ class LumiHook:
                 return None
             refuse_base_links(build.plan)
             if context.dry_run:
-                return _dry_run_lines(build.plan)
+                return dry_run_lines(build.plan)
             build.start()
         self.build = build
         self._base_used = os.path.abspath(context.base_image)  # (cotainr chdirs)
@@ -199,28 +199,6 @@ class LumiHook:
         if isinstance(error, Exception) and not isinstance(error, _cotainr.PluginError):
             failure = cotainr_failure(error, plan=build.plan)
             raise _cotainr.plugin_error(failure) from error
-
-
-def _check_conda_prefix(context):
-    """Refuse a cotainr whose conda env is not where cotainr-lumi looks for it."""
-    prefix = context.conda_prefix
-    if prefix is not None and prefix != _cotainr.CONDA_PREFIX:
-        raise InputError(
-            f"cotainr {_cotainr.cotainr_version()} installs conda in {prefix}, "
-            f"this cotainr-lumi looks for it in {_cotainr.CONDA_PREFIX}; install "
-            "a cotainr-lumi release for this cotainr."
-        )
-
-
-def _dry_run_lines(plan):
-    """The dry run's lines; the plan, then one error when the base could not be asked."""
-    from .pipeline import describe
-
-    text, answer = describe.dry_run(plan)
-    if answer.problem:  # the plan, then a non-zero exit (as stated)
-        print(text)
-        raise InputError(f"the dry run could not ask the base image: {answer.problem}")
-    return text.splitlines()
 
 
 #: Turns cotainr-lumi off (the start-up hook's switch too; the hook is

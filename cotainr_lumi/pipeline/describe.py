@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from .. import apptainer
 from ..engine import imageprobe, rocmwindow, targetenv
-from ..errors import redact
+from ..errors import InputError, redact
 from . import checks
 from .plan import is_uri
 
@@ -204,3 +204,12 @@ def dry_run(plan):
     """
     answer = ask_base_image(plan)
     return describe(plan, answer=answer, space=checks.space_needed(plan)), answer
+
+
+def dry_run_lines(plan):
+    """The dry run's lines; the plan, then one error when the base could not be asked."""
+    text, answer = dry_run(plan)
+    if answer.problem:  # the plan, then a non-zero exit (as stated)
+        print(text)
+        raise InputError(f"the dry run could not ask the base image: {answer.problem}")
+    return text.splitlines()
