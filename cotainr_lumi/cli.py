@@ -129,6 +129,27 @@ def _parser():
     return parser
 
 
+def _cotainr_subcommand(name, *, args):
+    """The ``build`` or ``info`` of cotainr for `args`, with the plugin active."""
+    if name == "build" and not {"-h", "--help"} & set(args):
+        # cotainr reads a broken profile file as "no such system";
+        # the cotainr-lumi command says what is wrong with it.
+        from .pipeline.profiles import load_systems
+
+        load_systems()
+    try:
+        return _cotainr.cotainr_subcommand(args=args)
+    except (OSError, RuntimeError) as e:
+        # cotainr's Build resolves the paths it is given (a symlink
+        # loop, an unreadable directory) before any plugin runs.
+        if isinstance(e, RuntimeError) and "Symlink loop" not in str(e):
+            raise
+        raise InputError(
+            f"A path given to build cannot be resolved ({e}); give a "
+            "path without a symlink loop, in a directory you can read."
+        ) from None
+
+
 class CotainrLumiCLI:
     """Build Apptainer/Singularity containers for LUMI with cotainr-lumi."""
 
@@ -136,23 +157,7 @@ class CotainrLumiCLI:
         args = list(sys.argv[1:] if args is None else args)
         self.name = next((a for a in args if not a.startswith("-")), None)
         if self.name in ("build", "info"):  # cotainr's, with the plugin active
-            if self.name == "build" and not {"-h", "--help"} & set(args):
-                # cotainr reads a broken profile file as "no such system";
-                # the cotainr-lumi command says what is wrong with it.
-                from .pipeline.profiles import load_systems
-
-                load_systems()
-            try:
-                self.subcommand = _cotainr.cotainr_subcommand(args=args)
-            except (OSError, RuntimeError) as e:
-                # cotainr's Build resolves the paths it is given (a symlink
-                # loop, an unreadable directory) before any plugin runs.
-                if isinstance(e, RuntimeError) and "Symlink loop" not in str(e):
-                    raise
-                raise InputError(
-                    f"A path given to build cannot be resolved ({e}); give a "
-                    "path without a symlink loop, in a directory you can read."
-                ) from None
+            self.subcommand = _cotainr_subcommand(self.name, args=args)
             return
         parser = _parser()
         options = vars(parser.parse_args(args=args))
