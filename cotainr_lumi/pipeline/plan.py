@@ -48,7 +48,7 @@ def base_image_from_spec(spec, *, pattern=None):
     """The base image `spec` names, resolved when it is a local file."""
     spec = str(spec)
     path = Path(spec).expanduser()
-    if not _URI_RE.match(spec) and path.is_file():
+    if not is_uri(spec) and path.is_file():
         link = None
         if path.is_symlink():
             link = os.path.normpath(path.parent.absolute() / os.readlink(path))
@@ -70,7 +70,7 @@ def is_uri(spec):
 def match_base_image(spec, *, system):
     """The one file a base image glob matches (itself off LUMI: no such directory)."""
     where = os.path.expanduser(spec)
-    if _URI_RE.match(spec) or not set("*?[") & set(os.path.basename(spec)):
+    if is_uri(spec) or not set("*?[") & set(os.path.basename(spec)):
         return spec
     directory = os.path.dirname(where)
     if os.path.exists(where) or not os.path.isdir(directory):
