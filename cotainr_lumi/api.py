@@ -113,13 +113,7 @@ def build(
         _cotainr.setup_cli_logging(log_settings=log_settings)
     if dry_run:
         text, _answer = describe.dry_run(build_plan)
-        return BuildResult(
-            image_path=build_plan.image_path,
-            system=build_plan.facts.system,
-            base_image=build_plan.base_image.given,
-            dry_run=True,
-            plan_text=text,
-        )
+        return BuildResult.of_plan(build_plan, dry_run=True, plan_text=text)
     return _run_build(
         build=Build(plan=build_plan), verbosity=verbosity, log_to_file=log_to_file
     )

@@ -24,8 +24,14 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 SIF_MAGIC = b"SIF_MAGIC"
 #: A SIF descriptor (github.com/apptainer/sif, pkg/sif/sif.go: rawDescriptor).
 _SIF_DESCRIPTOR = struct.Struct("<iBIIIqqqqqqq128s384s")
-#: The SIF data types and partition types cotainr-lumi reads.
-SIF_PARTITION, SIF_JSON, SIF_SYSTEM, SIF_OVERLAY, SIF_SQUASHFS = 0x4004, 0x4006, 2, 4, 1
+#: The SIF data types cotainr-lumi reads: a partition, a JSON object.
+SIF_PARTITION = 0x4004
+SIF_JSON = 0x4006
+#: The partition types cotainr-lumi reads: the root file system, an overlay.
+SIF_SYSTEM = 2
+SIF_OVERLAY = 4
+#: The file system of a partition cotainr-lumi reads.
+SIF_SQUASHFS = 1
 #: The most descriptors read (Apptainer's images have 48 slots).
 MAX_DESCRIPTORS = 4096
 
@@ -152,13 +158,18 @@ def links_in_image(*, image, paths):
     listing = _listing(image=image, names=[p.lstrip("/") for p in paths])
     if listing is None:
         return None
+    links = _listed_links(listing)
+    return {path: target for path, target in links.items() if path in paths}
+
+
+def _listed_links(listing):
+    """The links of an ``unsquashfs -lls`` listing: ``{/path: target}``."""
     links = {}
     for line in listing:
         fields = line.split(None, 5)
         if line.startswith("l") and len(fields) == 6:
             path, _, target = fields[5].partition(" -> ")
-            if "/" + path.lstrip("/") in paths:
-                links["/" + path.lstrip("/")] = target
+            links["/" + path.lstrip("/")] = target
     return links
 
 

@@ -225,29 +225,43 @@ def request_from_options(*, context, conda_env):
     """The build request of a build hook's context."""
     from .pipeline.plan import BuildRequest
 
-    options = dict(context.options)
-    set_settings = options.pop("set_settings", None) or []
-    skip_stages = options.pop("skip_stages", None) or ()
-    work_dir = options.pop("work_dir", None)
-    lumi_system = options.pop("lumi_system", None)
+    options = context.options
+    lumi_system = options.get("lumi_system")
     if lumi_system and context.system is not None:
         raise InputError(
             "--lumi-system goes with --base-image (build as that system on "
             "another base image); with --system, leave it out."
         )
-    settings = stage_settings(set_settings=set_settings, options=options)
-    if work_dir is not None:
-        settings.setdefault("build", {})["work-dir"] = str(work_dir)
-    if options.pop("flatten", False):
-        settings.setdefault("build", {})["layered"] = False
-    if options.pop("layer_only", False):
-        settings.setdefault("build", {})["layer-only"] = True
+    settings = stage_settings(
+        set_settings=options.get("set_settings") or [], options=options
+    )
+    build = _build_settings(options)
+    if build:
+        settings["build"] = {**settings.get("build", {}), **build}
+    base_image = context.base_image
+    if lumi_system or context.system:
+        base_image = None
+    override = None
+    if lumi_system:
+        override = context.base_image
     return BuildRequest(
         image_path=context.image_path,
         system=lumi_system or context.system,
-        base_image=None if lumi_system or context.system else context.base_image,
-        base_image_override=context.base_image if lumi_system else None,
+        base_image=base_image,
+        base_image_override=override,
         conda_env=conda_env,
         settings=settings,
-        skip_stages=tuple(skip_stages),
+        skip_stages=tuple(options.get("skip_stages") or ()),
     )
+
+
+def _build_settings(options):
+    """The ``build`` settings of ``--work-dir``, ``--flatten`` and ``--layer-only``."""
+    settings = {}
+    if options.get("work_dir") is not None:
+        settings["work-dir"] = str(options["work_dir"])
+    if options.get("flatten"):
+        settings["layered"] = False
+    if options.get("layer_only"):
+        settings["layer-only"] = True
+    return settings

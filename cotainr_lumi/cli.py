@@ -16,7 +16,6 @@ from .errors import CotainrLumiError, InputError, UnsupportedCotainrError, fail
 COTAINR_MISSING = None
 try:
     from . import _cotainr
-    from .pipeline.profiles import load_systems
 except UnsupportedCotainrError as e:
     COTAINR_MISSING = e
 
@@ -30,7 +29,9 @@ class Verify:
     """
 
     def __init__(self, *, image, json=False, strict=False, timeout=600):
-        self.image, self.json, self.strict = image, json, strict
+        self.image = image
+        self.json = json
+        self.strict = strict
         self.timeout = timeout
 
     def report(self):
@@ -69,7 +70,9 @@ class CheckHost(Verify):
     """
 
     def __init__(self, *, json=False, system=None, root="/"):
-        self.json, self.system, self.root = json, system, root
+        self.json = json
+        self.system = system
+        self.root = root
 
     def report(self):
         """The report of the host under ``--root``."""
@@ -126,6 +129,27 @@ def _parser():
     return parser
 
 
+def _cotainr_subcommand(name, *, args):
+    """The ``build`` or ``info`` of cotainr for `args`, with the plugin active."""
+    if name == "build" and not {"-h", "--help"} & set(args):
+        # cotainr reads a broken profile file as "no such system";
+        # the cotainr-lumi command says what is wrong with it.
+        from .pipeline.profiles import load_systems
+
+        load_systems()
+    try:
+        return _cotainr.cotainr_subcommand(args=args)
+    except (OSError, RuntimeError) as e:
+        # cotainr's Build resolves the paths it is given (a symlink
+        # loop, an unreadable directory) before any plugin runs.
+        if isinstance(e, RuntimeError) and "Symlink loop" not in str(e):
+            raise
+        raise InputError(
+            f"A path given to build cannot be resolved ({e}); give a "
+            "path without a symlink loop, in a directory you can read."
+        ) from None
+
+
 class CotainrLumiCLI:
     """Build Apptainer/Singularity containers for LUMI with cotainr-lumi."""
 
@@ -133,21 +157,7 @@ class CotainrLumiCLI:
         args = list(sys.argv[1:] if args is None else args)
         self.name = next((a for a in args if not a.startswith("-")), None)
         if self.name in ("build", "info"):  # cotainr's, with the plugin active
-            if self.name == "build":
-                # cotainr reads a broken profile file as "no such system";
-                # the cotainr-lumi command says what is wrong with it.
-                load_systems()
-            try:
-                self.subcommand = _cotainr.cotainr_subcommand(args=args)
-            except (OSError, RuntimeError) as e:
-                # cotainr's Build resolves the paths it is given (a symlink
-                # loop, an unreadable directory) before any plugin runs.
-                if isinstance(e, RuntimeError) and "Symlink loop" not in str(e):
-                    raise
-                raise InputError(
-                    f"A path given to build cannot be resolved ({e}); give a "
-                    "path without a symlink loop, in a directory you can read."
-                ) from None
+            self.subcommand = _cotainr_subcommand(self.name, args=args)
             return
         parser = _parser()
         options = vars(parser.parse_args(args=args))
@@ -171,6 +181,8 @@ class CotainrLumiCLI:
 
     def _info(self):
         """Cotainr's info, then the cotainr-lumi systems (a broken profile: an error)."""
+        from .pipeline.profiles import load_systems
+
         if _cotainr.NATIVE:  # its info lists the plugins, not their systems
             self.subcommand.execute()
         else:

@@ -56,7 +56,9 @@ class ProfileError(CotainrLumiError):
 
     def __init__(self, message, *, file=None, line=None, system=None, key=None):
         self.file = None if file is None else str(file)
-        self.line, self.system, self.key = line, system, key
+        self.line = line
+        self.system = system
+        self.key = key
         where = [f"file {self.file}"] if file is not None else []
         where += [f"line {line}"] if line is not None else []
         where += [f"{n} '{v}'" for n, v in (("system", system), ("key", key)) if v]
@@ -121,7 +123,8 @@ class StageError(CotainrLumiError):
     """
 
     def __init__(self, message, *, stage, details=None):
-        self.stage, self.details = stage, details
+        self.stage = stage
+        self.details = details
         text = f"Stage '{stage}' failed: {message}"
         if details:
             text += "\n" + clip_output(details.rstrip())
@@ -134,7 +137,8 @@ class UnsupportedCotainrError(CotainrLumiError):
 
 def clip_output(text, *, line_limit=500, limit=4000):
     """The last lines of `text` within `limit` UTF-8 bytes, each cut to `line_limit`."""
-    kept, size = [], 0
+    kept = []
+    size = 0
     for line in reversed(str(text).splitlines()):
         raw = line.encode("utf-8", "replace")
         if len(raw) > line_limit:  # saying its length: clipping twice changes nothing

@@ -4,9 +4,8 @@ cotainr-lumi as a cotainr plugin: its systems and its build hook.
 This module is the ``cotainr.plugins`` entry point: cotainr (or, on a
 cotainr without plugin support, :mod:`cotainr_lumi._cotainr.shim`) reads
 :func:`systems` and calls :data:`build_hook` (``docs/upstream/seam-api.md``).
-cotainr's own ``Build.execute`` creates the sandbox, installs the conda env,
-adds the metadata and builds the image; the hook runs the plan's stages
-(pip, prune, lumi-env, provenance) before the metadata.
+The hook only adapts cotainr's calls to the steps of
+:class:`cotainr_lumi.pipeline.build.Build`, where a build happens.
 """
 
 import contextlib
@@ -19,8 +18,6 @@ from . import _cotainr
 from .errors import CotainrLumiError, InputError, UnknownSystemError, redact
 
 logger = logging.getLogger(f"cotainr.{__name__}")
-
-_listing_systems = False
 
 
 def systems():
@@ -36,21 +33,16 @@ def systems():
     """
     from .pipeline.profiles import load_systems
 
-    global _listing_systems
-    if _listing_systems or disabled():  # load_systems() asks cotainr for its own
+    if disabled():
         return {}
-    _listing_systems = True
     try:
-        loaded = load_systems()
+        loaded = load_systems(include_stock=False)
     except CotainrLumiError as e:
         logger.warning("cotainr-lumi systems are not available: %s", e)
         return {}
-    finally:
-        _listing_systems = False
     return {
         name: {"base-image": _base_image(system), "description": system.description}
         for name, system in loaded.items()
-        if not system.stock
     }
 
 
@@ -75,6 +67,15 @@ def system_problem(name):
     if not message:
         return None
     return str(UnknownSystemError(name, available=(), removed=message))
+
+
+@contextlib.contextmanager
+def _reported():
+    """Meanwhile, a cotainr-lumi error is a plugin error of cotainr (one line)."""
+    try:
+        yield
+    except CotainrLumiError as e:
+        raise _cotainr.plugin_error(e) from e
 
 
 class LumiHook:
@@ -108,100 +109,63 @@ class LumiHook:
             self._handed = None
 
     def add_arguments(self, *, parser):
-        """
-        Add the cotainr-lumi options of ``cotainr build``.
+        """Add the cotainr-lumi options to the plugin's group of ``cotainr build``."""
+        from .buildoptions import add_options
 
-        Parameters
-        ----------
-        parser : argument group
-            The plugin's group of the ``build`` parser.
-        """
-        from . import buildoptions
-
-        buildoptions.add_options(parser=parser)
-
-    def _build_of(self, context):
-        """The build of `context`: the API's, or one of the options' plan."""
-        from . import buildoptions
-        from .pipeline.build import Build
-        from .pipeline.plan import make_plan
-
-        if self._handed is not None:
-            return self._handed
-        request = buildoptions.request_from_options(
-            context=context, conda_env=list(context.conda_env_files) or None
-        )
-        return Build(plan=make_plan(request=request))
+        add_options(parser=parser)
 
     def prepare(self, *, context):
         """
         Make the plan of a build; None for a build cotainr-lumi takes no part in.
-
-        Parameters
-        ----------
-        context : BuildContext
-            The build.
 
         Returns
         -------
         lines : list of str or None
             The plan, for ``--dry-run``.
         """
-        from .pipeline.checks import refuse_base_links
+        from .buildoptions import request_from_options
+        from .pipeline.build import Build
+        from .pipeline.checks import check_conda_prefix, refuse_base_links
+        from .pipeline.describe import dry_run_lines
+        from .pipeline.plan import make_plan
 
         self.build = None
-        try:
-            _check_conda_prefix(context)
-            build = self._build_of(context)
+        with _reported():
+            check_conda_prefix(context.conda_prefix)
+            build = self._handed
+            if build is None:
+                conda_env = list(context.conda_env_files) or None
+                request = request_from_options(context=context, conda_env=conda_env)
+                build = Build(plan=make_plan(request=request))
             if not build.plan.extended:
                 return None
             refuse_base_links(build.plan)
             if context.dry_run:
-                return _dry_run_lines(build.plan)
+                return dry_run_lines(build.plan)
             build.start()
-        except CotainrLumiError as e:
-            raise _cotainr.plugin_error(e) from e
         self.build = build
         self._base_used = os.path.abspath(context.base_image)  # (cotainr chdirs)
         return []
 
     def sandbox(self, *, context, sandbox_dir):
-        """
-        Mount the base image at `sandbox_dir` for a layered build.
-
-        Returns
-        -------
-        release : callable or None
-            Unmounts it; None: cotainr unpacks the base image.
-        """
-        try:
+        """Mount the base image at `sandbox_dir`: its release (None: unpack it)."""
+        with _reported():
             return self.build.sandbox(sandbox_dir=sandbox_dir)
-        except CotainrLumiError as e:
-            raise _cotainr.plugin_error(e) from e
 
     def customize(self, *, sandbox, context):
         """
         Run the stages on the sandbox, after cotainr's conda step.
-
-        Parameters
-        ----------
-        sandbox : :class:`cotainr.container.SingularitySandbox`
-            The build's sandbox.
-        context : BuildContext
-            The build.
 
         The labels of the stages go into the sandbox's ``labels.json``, where
         cotainr's metadata step adds its own.
         """
         from .engine import history
 
-        try:
+        with _reported():
             labels = self.build.customize(
                 sandbox=_cotainr.Sandbox(stock=sandbox),
                 base_image_used=self._base_used,
             )
-        except CotainrLumiError as e:
-            raise _cotainr.plugin_error(e) from e
         # cotainr records the command line next (cotainr.command): without
         # credentials; finalize gives the caller its own sys.argv back.
         self._argv = sys.argv
@@ -213,68 +177,28 @@ class LumiHook:
         _cotainr.write_labels(sandbox=sandbox, labels=labels)
 
     def write_image(self, *, sandbox, context, path):
-        """
-        Write the image at `path` when cotainr-lumi writes it.
-
-        Returns
-        -------
-        written : bool
-            False: cotainr builds the image.
-        """
-        try:
+        """Write the image at `path`: True, or False when cotainr builds it."""
+        with _reported():
             return self.build.write_image(
                 path=path,
                 sandbox_dir=sandbox.sandbox_dir,
                 architecture=sandbox.architecture,
             )
-        except CotainrLumiError as e:
-            raise _cotainr.plugin_error(e) from e
 
     def finalize(self, *, context, error):
-        """
-        Write the host files once the image is built; say so when it is not.
+        """Write the host files once the image is built; say so when it is not."""
+        from .pipeline.checks import cotainr_failure
 
-        Parameters
-        ----------
-        context : BuildContext
-            The build.
-        error : BaseException or None
-            What stopped the build, or None once the image is in place.
-        """
         build = self.build
         if build is None:
             return
         if self._argv is not None:
             sys.argv = self._argv
             self._argv = None
-        from .pipeline.checks import cotainr_failure
-
         build.finish(error=error)
         if isinstance(error, Exception) and not isinstance(error, _cotainr.PluginError):
             failure = cotainr_failure(error, plan=build.plan)
             raise _cotainr.plugin_error(failure) from error
-
-
-def _check_conda_prefix(context):
-    """Refuse a cotainr whose conda env is not where cotainr-lumi looks for it."""
-    prefix = context.conda_prefix
-    if prefix is not None and prefix != _cotainr.CONDA_PREFIX:
-        raise InputError(
-            f"cotainr {_cotainr.cotainr_version()} installs conda in {prefix}, "
-            f"this cotainr-lumi looks for it in {_cotainr.CONDA_PREFIX}; install "
-            "a cotainr-lumi release for this cotainr."
-        )
-
-
-def _dry_run_lines(plan):
-    """The dry run's lines; the plan, then one error when the base could not be asked."""
-    from .pipeline import describe
-
-    text, answer = describe.dry_run(plan)
-    if answer.problem:  # the plan, then a non-zero exit (as stated)
-        print(text)
-        raise InputError(f"the dry run could not ask the base image: {answer.problem}")
-    return text.splitlines()
 
 
 #: Turns cotainr-lumi off (the start-up hook's switch too; the hook is

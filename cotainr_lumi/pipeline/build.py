@@ -74,6 +74,16 @@ class BuildResult:
     dry_run: bool = False
     plan_text: str = ""
 
+    @classmethod
+    def of_plan(cls, plan, **fields):
+        """The result of a build of `plan`: its image, system and base image."""
+        return cls(
+            image_path=plan.image_path,
+            system=plan.facts.system,
+            base_image=plan.base_image.given,
+            **fields,
+        )
+
     def report(self, name):
         """The report of the stage `name` (KeyError: the stage did not run)."""
         for report in self.reports:
@@ -292,10 +302,8 @@ class Build:
         hostfiles.write(files.files)
         if files.run_hint:
             logger.info("%s", files.run_hint)
-        self.result = BuildResult(
-            image_path=self.plan.image_path,
-            system=self.plan.facts.system,
-            base_image=self.plan.base_image.given,
+        self.result = BuildResult.of_plan(
+            self.plan,
             labels=dict(self.labels),
             reports=tuple(self.reports),
             duration=time.time() - self.started,

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from .. import apptainer
 from ..engine import imageprobe, rocmwindow, targetenv
-from ..errors import redact
+from ..errors import InputError, redact
 from . import checks
 from .plan import is_uri
 
@@ -82,8 +82,15 @@ def _inputs(plan):
         lines.append("  system:     none (--base-image)")
     else:
         lines += plan.system.describe_lines()
-    base = plan.base_image
-    lines.append(f"  base image: {base.given}")
+    lines += _base_lines(plan.base_image)
+    conda = ", ".join(map(str, plan.conda_envs)) or "none"
+    lines.append(f"  conda env:  {conda}")
+    return lines
+
+
+def _base_lines(base):
+    """The plan's lines on the base image: as given, matched, linked, resolved."""
+    lines = [f"  base image: {base.given}"]
     if base.pattern:
         lines.append(f"    matched by: {base.pattern}")
     if base.link:
@@ -92,8 +99,6 @@ def _inputs(plan):
         lines.append(f"    resolved: {base.resolved}")
     if not base.is_local_file and not is_uri(base.given):
         lines.append("    (not a file on this machine: the build will fail here)")
-    conda = ", ".join(map(str, plan.conda_envs)) or "none"
-    lines.append(f"  conda env:  {conda}")
     return lines
 
 
@@ -199,3 +204,12 @@ def dry_run(plan):
     """
     answer = ask_base_image(plan)
     return describe(plan, answer=answer, space=checks.space_needed(plan)), answer
+
+
+def dry_run_lines(plan):
+    """The dry run's lines; the plan, then one error when the base could not be asked."""
+    text, answer = dry_run(plan)
+    if answer.problem:  # the plan, then a non-zero exit (as stated)
+        print(text)
+        raise InputError(f"the dry run could not ask the base image: {answer.problem}")
+    return text.splitlines()

@@ -53,22 +53,23 @@ def checked(reports):
     choice : Choice
         All files and run hints of the reports, for the image and for a layer.
     """
-    image = {}
-    layer = {}
-    hints = []
-    layer_hints = []
     for report in reports:
-        for_layer = report.layer_host_files or report.host_files
-        for files, into in ((report.host_files, image), (for_layer, layer)):
+        for files in filter(None, (report.host_files, report.layer_host_files)):
             for path, content in files.files.items():
                 _check(Path(path), content, stage=report.name)
-                into[Path(path)] = content
-        hints.append(report.host_files.run_hint)
-        layer_hints.append(for_layer.run_hint)
     return Choice(
-        image=HostFiles(files=image, run_hint="\n".join(filter(None, hints))),
-        layer=HostFiles(files=layer, run_hint="\n".join(filter(None, layer_hints))),
+        image=_joined([report.host_files for report in reports]),
+        layer=_joined([r.layer_host_files or r.host_files for r in reports]),
     )
+
+
+def _joined(host_files):
+    """One HostFiles of several: all their files, their run hints in order."""
+    files = {
+        Path(path): text for each in host_files for path, text in each.files.items()
+    }
+    hints = [each.run_hint for each in host_files if each.run_hint]
+    return HostFiles(files=files, run_hint="\n".join(hints))
 
 
 def write(files):

@@ -48,7 +48,7 @@ def base_image_from_spec(spec, *, pattern=None):
     """The base image `spec` names, resolved when it is a local file."""
     spec = str(spec)
     path = Path(spec).expanduser()
-    if not _URI_RE.match(spec) and path.is_file():
+    if not is_uri(spec) and path.is_file():
         link = None
         if path.is_symlink():
             link = os.path.normpath(path.parent.absolute() / os.readlink(path))
@@ -70,7 +70,7 @@ def is_uri(spec):
 def match_base_image(spec, *, system):
     """The one file a base image glob matches (itself off LUMI: no such directory)."""
     where = os.path.expanduser(spec)
-    if _URI_RE.match(spec) or not set("*?[") & set(os.path.basename(spec)):
+    if is_uri(spec) or not set("*?[") & set(os.path.basename(spec)):
         return spec
     directory = os.path.dirname(where)
     if os.path.exists(where) or not os.path.isdir(directory):
@@ -226,25 +226,29 @@ def _is_extended(*, system, given, overrides):
 
 def _stage_names(*, request, system, given, extended):
     """The stages of the build in order."""
+    names = []
     if system is not None and not system.stock:
         names = list(system.stages)
     elif extended:  # a stock build with stage settings: those stages
         names = [s.name for s in builtin.PIPELINE if s.name in given or s.always]
-    else:
-        names = []
+    _check_named_stages(names, given=given, skip=request.skip_stages)
+    return names
+
+
+def _check_named_stages(names, *, given, skip):
+    """Refuse settings for, or skipping, a stage the build does not run."""
     listed = ", ".join(names) or "none"
-    unknown = sorted(name for name in given if name not in names)
+    unknown = sorted(set(given) - set(names))
     if unknown:
         raise InputError(
             f"Settings were given for stage(s) {', '.join(unknown)}, "
             f"which this build does not run (its stages: {listed})."
         )
-    for name in request.skip_stages:
-        if name not in names:
-            raise InputError(
-                f"Cannot skip stage {name!r}: this build's stages are {listed}."
-            )
-    return names
+    not_run = [name for name in skip if name not in names]
+    if not_run:
+        raise InputError(
+            f"Cannot skip stage {not_run[0]!r}: this build's stages are {listed}."
+        )
 
 
 def _mount_problem(*, base, layered, layers, conda_envs):

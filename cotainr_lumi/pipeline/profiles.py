@@ -27,10 +27,11 @@ from typing import Any, Optional
 from .. import _cotainr
 from .. import stages as builtin
 from ..engine import rocmwindow, targetenv, workdir
-from ..engine.origins import ProfileOrigin
-from ..engine.settings import load_sections
+from ..engine.origins import ProfileOrigin, dotted
+from ..engine.settings import SettingError, load_sections
 from ..engine.yamlfile import line_of, read_yaml
 from ..errors import ProfileError, UnknownSystemError
+from ..stages.lumi_env.mpi import HostBinding
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -98,6 +99,7 @@ class SystemProfile:
     sources: tuple[str, ...] = ()
     stock: bool = False
     site_base: Optional[SiteBase] = None
+    mpi_host: Optional[HostBinding] = None  # lumi-env.mpi-host, typed
 
     def stage_settings(self, name):
         """The settings of one stage."""
@@ -142,22 +144,7 @@ def _read_profile_file(path):
     )
     if data is None:
         return {}, {}
-    if not isinstance(data, dict) or set(data) - {"systems", "version", "removed"}:
-        raise ProfileError(
-            "the top level must be a mapping with a 'systems' key "
-            "(and optionally 'version' and 'removed')",
-            file=path,
-        )
-    version = data.get("version", PROFILE_FORMAT_VERSION)
-    if version != PROFILE_FORMAT_VERSION or isinstance(version, bool):
-        raise ProfileError(
-            f"unknown format version {version!r}: this cotainr-lumi reads version "
-            f"{PROFILE_FORMAT_VERSION}; write 'version: {PROFILE_FORMAT_VERSION}' "
-            "(or leave it out), or upgrade cotainr-lumi",
-            file=path,
-            line=line_of(data=data, path=("version",)),
-            key="version",
-        )
+    _check_top_level(data, path=path)
     systems = data.get("systems") or {}
     if not isinstance(systems, dict):
         raise ProfileError(
@@ -175,6 +162,26 @@ def _read_profile_file(path):
         name: _read_system(path=path, name=name, raw=raw, systems=systems)
         for name, raw in systems.items()
     }
+
+
+def _check_top_level(data, *, path):
+    """Refuse a profile file of unknown keys or another format version."""
+    if not isinstance(data, dict) or set(data) - {"systems", "version", "removed"}:
+        raise ProfileError(
+            "the top level must be a mapping with a 'systems' key "
+            "(and optionally 'version' and 'removed')",
+            file=path,
+        )
+    version = data.get("version", PROFILE_FORMAT_VERSION)
+    if version != PROFILE_FORMAT_VERSION or isinstance(version, bool):
+        raise ProfileError(
+            f"unknown format version {version!r}: this cotainr-lumi reads version "
+            f"{PROFILE_FORMAT_VERSION}; write 'version: {PROFILE_FORMAT_VERSION}' "
+            "(or leave it out), or upgrade cotainr-lumi",
+            file=path,
+            line=line_of(data=data, path=("version",)),
+            key="version",
+        )
 
 
 def _read_system(*, path, name, raw, systems):
@@ -256,7 +263,7 @@ def site_systems():
 
 
 def _last_with(definitions, key):
-    return next((d for d in reversed(definitions) if key in d), None)
+    return next((d for _, d in reversed(definitions) if key in d), None)
 
 
 def _follow_site(raw, *, history):
@@ -289,36 +296,51 @@ def _follow_site(raw, *, history):
 def load_systems(*, files=None, include_stock=True):
     """Read, merge, resolve and validate all systems."""
     files = profile_files() if files is None else [Path(f) for f in files]
-    raw, sources, removed = {}, {}, {}
-    history = {}  # each system's definitions, in the order read
+    raw, history, removed = _read_profiles(files)
+    systems = Systems()
+    systems.removed = removed
+    if include_stock:
+        systems.update(_stock_profiles(exclude=raw))
+    sources = {name: [file for file, _ in read] for name, read in history.items()}
+    site_bases = _follow_site(raw, history=history)
+    for name in raw:
+        system = _resolve(name=name, raw=raw, sources=sources)
+        systems[name] = dataclasses.replace(system, site_base=site_bases.get(name))
+    return systems
+
+
+def _read_profiles(files):
+    """The systems of `files` merged, each one's (file, definition)s, the retired."""
+    raw = {}
+    history = {}
+    removed = {}
     for path in files:
         gone, defined = _read_profile_file(path)
         removed.update(gone)
         for name, definition in defined.items():
             removed.pop(name, None)  # defined again after its removal
             raw[name] = merge_mappings(raw.get(name, {}), definition)
-            sources.setdefault(name, []).append(str(path))
-            history.setdefault(name, []).append(definition)
-    systems = Systems()
-    systems.removed = {name: text for name, text in removed.items() if text}
-    for name in systems.removed:
+            history.setdefault(name, []).append((str(path), definition))
+    removed = {name: text for name, text in removed.items() if text}
+    for name in removed:
         raw.pop(name, None)
-    if include_stock:
-        for name, definition in _cotainr.stock_systems().items():
-            if name not in raw:
-                systems[name] = SystemProfile(
-                    name=name,
-                    base_image=str(definition["base-image"]),
-                    description="stock cotainr system",
-                    sources=(str(_cotainr.stock_systems_file()),),
-                    stock=True,
-                )
+    return raw, history, removed
 
-    site_bases = _follow_site(raw, history=history)
-    for name in raw:
-        system = _resolve(name=name, raw=raw, sources=sources)
-        systems[name] = dataclasses.replace(system, site_base=site_bases.get(name))
-    return systems
+
+def _stock_profiles(*, exclude):
+    """The systems of cotainr itself that no profile defines."""
+    file = str(_cotainr.stock_systems_file())
+    return {
+        name: SystemProfile(
+            name=name,
+            base_image=str(definition["base-image"]),
+            description="stock cotainr system",
+            sources=(file,),
+            stock=True,
+        )
+        for name, definition in _cotainr.stock_systems().items()
+        if name not in exclude
+    }
 
 
 def _resolve(*, name, raw, sources, chain=()):
@@ -366,16 +388,43 @@ def _validate(*, name, merged, sources, where):
     description = merged.get("description") or ""
     if not isinstance(description, str):
         raise ProfileError("must be a string", key="description", **where)
-    rocm = merged.get("rocm-version")
-    if rocm is not None:
-        rocm = str(rocm)
-        if not re.fullmatch(r"[0-9]+\.[0-9]+", rocm):
-            raise ProfileError(
-                f'must be a ROCm major.minor such as "6.2" (got {rocm!r})',
-                key="rocm-version",
-                **where,
-            )
-    stages = merged.get("stages") or []
+    settings = merged.get("settings") or {}
+    return SystemProfile(
+        name=name,
+        base_image=base_image,
+        description=description,
+        stages=_stage_list(merged.get("stages") or [], where=where),
+        settings=copy.deepcopy(settings),
+        rocm_version=_rocm_version(merged.get("rocm-version"), where=where),
+        sources=tuple(sources),
+        mpi_host=_host_binding(settings, where=where),
+    )
+
+
+def _host_binding(settings, *, where):
+    """The system's ``lumi-env.mpi-host`` as read once (None: no host binding)."""
+    key = ("settings", "lumi-env", "mpi-host")
+    try:
+        return HostBinding.from_setting(settings.get(key[1], {}).get(key[2]))
+    except SettingError as e:
+        raise ProfileError(e.message, key=dotted((*key, *e.path)), **where) from None
+
+
+def _rocm_version(value, *, where):
+    """A system's ``rocm-version`` as text (None: not set)."""
+    if value is None:
+        return None
+    if not re.fullmatch(r"[0-9]+\.[0-9]+", str(value)):
+        raise ProfileError(
+            f'must be a ROCm major.minor such as "6.2" (got {str(value)!r})',
+            key="rocm-version",
+            **where,
+        )
+    return str(value)
+
+
+def _stage_list(stages, *, where):
+    """A system's ``stages``, checked: known, each once."""
     if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):
         raise ProfileError("must be a list of stage names", key="stages", **where)
     known = sorted(stage.name for stage in builtin.PIPELINE)
@@ -385,16 +434,7 @@ def _validate(*, name, merged, sources, where):
         raise ProfileError(what, key="stages", **where)
     if len(set(stages)) != len(stages):
         raise ProfileError("a stage is listed twice", key="stages", **where)
-    settings = merged.get("settings") or {}
-    return SystemProfile(
-        name=name,
-        base_image=base_image,
-        description=description,
-        stages=tuple(stages),
-        settings=copy.deepcopy(settings),
-        rocm_version=rocm,
-        sources=tuple(sources),
-    )
+    return tuple(stages)
 
 
 def get_system(*, name, systems=None):

@@ -38,6 +38,10 @@ def test_the_packaged_systems_are_lusts_current_cotainr_systems():
     assert rocm62.rocm_version == "6.2"
     assert rocm62.stage_settings("lumi-env")["libfabric"] == "auto"
     assert "--system=lumi-g-ext-rocm-6.2" in systems.removed["lumi-g-ext-rocm-6.1"]
+    # lumi-env.mpi-host is read once, typed: no binding, or LUST's discovery.
+    assert ext.mpi_host is None
+    assert rocm62.mpi_host.libmpi == "discover" and rocm62.mpi_host.discover
+    assert "/opt/cray/pe/lib64" in rocm62.mpi_host.ld_library_path
 
 
 def test_a_removed_system_is_one_error_naming_the_replacement():
