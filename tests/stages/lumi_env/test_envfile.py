@@ -16,16 +16,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import pytest
 
+from cotainr_lumi.stages.lumi_env.checks import EnvError, validate_name, validate_value
 from cotainr_lumi.stages.lumi_env.envfile import (
-    EnvError,
     default_assignment,
     default_assignments,
     forced_assignment,
     path_addition,
     private_dir_defaults,
     render_env_file,
-    validate_name,
-    validate_value,
 )
 
 # Both are essential packages on Debian (always installed).

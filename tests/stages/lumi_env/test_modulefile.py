@@ -11,20 +11,21 @@ from hypothesis import strategies as st
 import pytest
 
 from cotainr_lumi.engine.targetenv import TargetEnv
+from cotainr_lumi.stages.lumi_env.checks import (
+    check_image_path,
+    check_var_name,
+    validate_bind,
+)
 from cotainr_lumi.stages.lumi_env.modulefile import (
     MARKER,
     LayerBase,
-    check_image_path,
-    check_var_name,
-    lua_quote,
     module_ops,
     module_outputs,
-    render,
-    validate_bind,
     var_name_of,
     wrapper_names,
 )
 from cotainr_lumi.stages.lumi_env.mpi import plan_mpi
+from cotainr_lumi.stages.lumi_env.ops import lua_quote, render
 from cotainr_lumi.stages.lumi_env.settings import LumiEnvSettings
 
 BINDS = ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1", "/pfs", "/scratch"]

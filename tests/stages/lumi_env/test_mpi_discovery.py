@@ -22,13 +22,13 @@ from hosttools import LMOD_INIT, need_lmod, need_tool
 import pytest
 
 from cotainr_lumi.pipeline.profiles import get_system, load_systems
-from cotainr_lumi.stages.lumi_env.modulefile import render
 from cotainr_lumi.stages.lumi_env.mpi import (
     HostBinding,
     discover_host_mpi,
     discovery_program,
     mpi_module_ops,
 )
+from cotainr_lumi.stages.lumi_env.ops import render
 
 NEWEST = mpich_versions()["25.09"]  # 9.0.1: installed, not the default
 
