@@ -95,39 +95,42 @@ class LumiEnvStage(Stage):
             lines.append(f"MPI ({mpi.mode}): launch ranks with {mpi.launch_hint()}")
         return "\n".join(lines)
 
-    def describe(self, *, build):
-        """Describe the env file, runscripts, binds and module file."""
+    def _env_lines(self):
+        """The dry run's lines about the env file."""
+        settings = self.settings
         lines = [f"env file {ENV_FILE} (defaults, overridable at run time):"]
         lines += [f"  {name}={shlex.quote(str(v))}" for name, v in self.env.items()]
-        dropped = [k for k, v in self.settings.env.items() if v is None]
-        if dropped:
-            lines.append(f"  not set: {', '.join(dropped)}")
-        if self.settings.miopen_cache:
-            lines.append(
+        dropped = [k for k, v in settings.env.items() if v is None]
+        private = "(at run time, if private to the user)"
+        optional = [
+            (dropped, f"  not set: {', '.join(dropped)}"),
+            (
+                settings.miopen_cache,
                 "  MIOPEN_USER_DB_PATH, MIOPEN_CUSTOM_CACHE_DIR="
-                "/tmp/$(id -un)-miopen-cache (at run time, if private to the user)"
-            )
-        if self.settings.jit_caches:
-            lines.append(
+                f"/tmp/$(id -un)-miopen-cache {private}",
+            ),
+            (
+                settings.jit_caches,
                 f"  {', '.join(JIT_CACHES)}=/tmp/$(id -un)-job$SLURM_JOB_ID-NAME-cache "
-                "(at run time, if private to the user)"
-            )
-        if self.settings.rocm_paths:
-            lines.append(
+                + private,
+            ),
+            (
+                settings.rocm_paths,
                 f"  ROCM_PATH, PATH += {ROCM_ROOT}/bin, LD_LIBRARY_PATH += "
-                f"{ROCM_ROOT}/lib (when in the image and missing)"
-            )
-        lines += [
-            f"  {line}" for line in network.describe_lines(settings=self.settings)
+                f"{ROCM_ROOT}/lib (when in the image and missing)",
+            ),
         ]
-        for var, entries in (
-            ("PATH", self.settings.path),
-            ("LD_LIBRARY_PATH", self.settings.ld_library_path),
-        ):
-            if entries:
-                lines.append(f"  {var} += {':'.join(entries)}")
-        if self.settings.with_conda:
+        lines += [text for wanted, text in optional if wanted]
+        lines += [f"  {line}" for line in network.describe_lines(settings=settings)]
+        paths = [("PATH", settings.path), ("LD_LIBRARY_PATH", settings.ld_library_path)]
+        lines += [f"  {var} += {':'.join(e)}" for var, e in paths if e]
+        if settings.with_conda:
             lines.append(f"  WITH_CONDA={shlex.quote(WITH_CONDA_VALUE)}")
+        return lines
+
+    def describe(self, *, build):
+        """Describe the env file, runscripts, binds and module file."""
+        lines = self._env_lines()
         if self.settings.runscripts:
             lines.append(
                 f"runscripts in {RUNSCRIPTS_DIR} (on PATH): {', '.join(RUNSCRIPTS)}"
@@ -301,18 +304,21 @@ class LumiEnvStage(Stage):
             "user-venv": user_venv,
         }
 
-    def _check_in_sandbox(self, *, context, mpi):
-        """One start of the container: the env file works, mpi4py loads its MPI."""
-        sandbox = context.sandbox
+    def _start_command(self, *, context, mpi):
+        """The start check's command; with :data:`.mpi.LOAD_CHECK` when it applies."""
         script = 'printf "ok\\n"'
         if self.settings.runscripts:
             script = "command -v get-master >/dev/null && " + script
         python = getattr(context.target_env, "python", None) if mpi.active else None
-        load_check = bool(python and mpi.scan.mpi4py)
-        args = ["bash", "-c", script]
-        if load_check:
-            script += ' && { "$1" -c "$2" || true; }'
-            args = ["bash", "-c", script, "check", python, LOAD_CHECK]
+        if not (python and mpi.scan.mpi4py):
+            return ["bash", "-c", script], False
+        script += ' && { "$1" -c "$2" || true; }'
+        return ["bash", "-c", script, "check", python, LOAD_CHECK], True
+
+    def _check_in_sandbox(self, *, context, mpi):
+        """One start of the container: the env file works, mpi4py loads its MPI."""
+        sandbox = context.sandbox
+        args, load_check = self._start_command(context=context, mpi=mpi)
         try:
             proc = sandbox.run(args)
         except _cotainr.CommandError as e:
