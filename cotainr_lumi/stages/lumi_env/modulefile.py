@@ -210,15 +210,15 @@ def _host_command_text(name, *, image, root, base=None):
 def module_outputs(
     *, settings, image_path, binds, user_software, mpi, wrappers, base=None
 ):
-    """The module file, shell snippet and CONTAINERROOT files (host outputs)."""
+    """{path: text} of the module file, shell snippet and CONTAINERROOT files."""
     names = settings.names(image_path=image_path)
     if names.lua is None:
-        return None, None, {}
+        return {}
     try:
         check_image_path(image_path)
     except ValueError as e:
         logger.warning("Not writing a module file: %s", e)
-        return None, None, {}
+        return {}
     ops = module_ops(
         image=image_path,
         binds=binds,
@@ -229,9 +229,9 @@ def module_outputs(
         user_software=user_software,
         base=base,
     ) + mpi.module_ops(image=str(image_path))
-    outputs = {
-        str(names.lua): render(ops, language="lua"),
-        str(names.shell): render(ops, language="sh"),
+    return {
+        names.lua: render(ops, language="lua"),
+        names.shell: render(ops, language="sh"),
         **_container_root_files(
             settings=settings,
             root=names.root,
@@ -241,26 +241,23 @@ def module_outputs(
             base=base,
         ),
     }
-    return (names.lua, names.shell), names.root, outputs
 
 
 def _container_root_files(*, settings, root, image_path, user_venv, wrappers, base):
     """CONTAINERROOT's files: host commands, runscripts, user-software."""
     scripts = {**{n: n for n in HOST_COMMANDS}, **dict.fromkeys(wrappers, "python")}
     files = {
-        str(root / "bin" / n): _host_command_text(
-            s, image=image_path, root=root, base=base
-        )
+        root / "bin" / n: _host_command_text(s, image=image_path, root=root, base=base)
         for n, s in scripts.items()
     }
     if settings.runscripts:
         for name in RUNSCRIPTS:  # with the output marker after the first line
             first, _, rest = runscript_text(name).partition("\n")
             what = f"Host copy of {RUNSCRIPTS_DIR}/{name} (edit a copy), {MARKER}"
-            files[str(root / "runscripts" / name)] = (
+            files[root / "runscripts" / name] = (
                 f"{first}\n# {what} {__version__}.\n{rest}"
             )
-    files[str(root / "user-software" / "README.cotainr-lumi")] = (
+    files[root / "user-software" / "README.cotainr-lumi"] = (
         f"{MARKER} {__version__} for {image_path}.\n"
         f"This directory is mounted at {USER_SOFTWARE_DIR} by the module.\n"
         f"In the container, `source /runscripts/init-conda-venv` creates and\n"

@@ -22,7 +22,7 @@ from ...imagelayout import MPI_ENV_FILE, MPI_FILE, RUNSCRIPTS_DIR, USER_SOFTWARE
 from . import entrypoint, imagefiles, network
 from .checks import CONTAINER_ROOT, MODULE_DIR, module_name_problem, text_problem
 from .envfile import render_env_file
-from .imagefiles import JIT_CACHES, ROCM_ROOT, RUNSCRIPTS, WITH_CONDA_VALUE
+from .imagefiles import RUNSCRIPTS
 from .modulefile import (
     LayerBase,
     image_has_user_software,
@@ -87,7 +87,8 @@ class LumiEnvStage(Stage):
             )
             lines.append("or, without the module:")
         image = shlex.quote(str(image_path))
-        image = f"--overlay {image}:ro {shlex.quote(base)}" if base else image
+        if base:
+            image = f"--overlay {image}:ro {shlex.quote(base.path)}"
         lines.append(
             f"  srun singularity exec {bind_opt}{image} {entry} your_script.py"
         )
@@ -95,42 +96,9 @@ class LumiEnvStage(Stage):
             lines.append(f"MPI ({mpi.mode}): launch ranks with {mpi.launch_hint()}")
         return "\n".join(lines)
 
-    def _env_lines(self):
-        """The dry run's lines about the env file."""
-        settings = self.settings
-        lines = [f"env file {ENV_FILE} (defaults, overridable at run time):"]
-        lines += [f"  {name}={shlex.quote(str(v))}" for name, v in self.env.items()]
-        dropped = [k for k, v in settings.env.items() if v is None]
-        private = "(at run time, if private to the user)"
-        optional = [
-            (dropped, f"  not set: {', '.join(dropped)}"),
-            (
-                settings.miopen_cache,
-                "  MIOPEN_USER_DB_PATH, MIOPEN_CUSTOM_CACHE_DIR="
-                f"/tmp/$(id -un)-miopen-cache {private}",
-            ),
-            (
-                settings.jit_caches,
-                f"  {', '.join(JIT_CACHES)}=/tmp/$(id -un)-job$SLURM_JOB_ID-NAME-cache "
-                + private,
-            ),
-            (
-                settings.rocm_paths,
-                f"  ROCM_PATH, PATH += {ROCM_ROOT}/bin, LD_LIBRARY_PATH += "
-                f"{ROCM_ROOT}/lib (when in the image and missing)",
-            ),
-        ]
-        lines += [text for wanted, text in optional if wanted]
-        lines += [f"  {line}" for line in network.describe_lines(settings=settings)]
-        paths = [("PATH", settings.path), ("LD_LIBRARY_PATH", settings.ld_library_path)]
-        lines += [f"  {var} += {':'.join(e)}" for var, e in paths if e]
-        if settings.with_conda:
-            lines.append(f"  WITH_CONDA={shlex.quote(WITH_CONDA_VALUE)}")
-        return lines
-
     def describe(self, *, build):
         """Describe the env file, runscripts, binds and module file."""
-        lines = self._env_lines()
+        lines = imagefiles.describe_env_file(settings=self.settings)
         if self.settings.runscripts:
             lines.append(
                 f"runscripts in {RUNSCRIPTS_DIR} (on PATH): {', '.join(RUNSCRIPTS)}"
@@ -185,26 +153,25 @@ class LumiEnvStage(Stage):
             mpi=mpi,
             wrappers=wrappers,
         )
-        paths, container_root, outputs = module_outputs(**module)
-        hint = dict(image_path=image_path, mpi=mpi, binds=binds)
-        host_files = HostFiles(
-            files={Path(p): text for p, text in outputs.items()},
-            run_hint=self._run_hint(**hint),
-        )
+        host_files = self._host_files(module=module)
         layer_host_files = None
         if context.build.layer_only:  # used if the layer is kept
-            layer_host_files = self._layer_host_files(
-                base=LayerBase.of(context.build.base_image), module=module, hint=hint
-            )
+            base = LayerBase.of(context.build.base_image)
+            layer_host_files = self._host_files(module=module, base=base)
+        module_file = None
         record |= {
             "mpi": mpi.record(),
-            "module-files": sorted(str(p) for p in (paths or ())),
-            "container-root": str(container_root) if container_root else None,
-            "host-files": sorted(str(p) for p in outputs),
+            "module-files": [],
+            "container-root": None,
+            "host-files": sorted(str(p) for p in host_files.files),
         }
+        if host_files.files:
+            module_file = names.lua
+            record["module-files"] = [str(names.lua), str(names.shell)]
+            record["container-root"] = str(names.root)
         return StageReport(
             name=self.name,
-            summary=self._summary(module_file=paths and paths[0], mpi=mpi),
+            summary=self._summary(module_file=module_file, mpi=mpi),
             record=record,
             labels=self._labels(binds=binds, mpi=mpi, record=record),
             host_files=host_files,
@@ -220,13 +187,15 @@ class LumiEnvStage(Stage):
             summary += f", module file {module_file}"
         return f"{summary}; {mpi.summary()}"
 
-    def _layer_host_files(self, *, base, module, hint):
-        """The host files of ``--layer-only``: SIF is the base, the layer on it."""
-        layer = module_outputs(**module, base=base)[2]
-        return HostFiles(
-            files={Path(p): text for p, text in layer.items()},
-            run_hint=self._run_hint(**hint, base=base.path),
+    def _host_files(self, *, module, base=None):
+        """The module files and CONTAINERROOT (`base`: of the layer on that base)."""
+        hint = self._run_hint(
+            image_path=module["image_path"],
+            mpi=module["mpi"],
+            binds=module["binds"],
+            base=base,
         )
+        return HostFiles(files=module_outputs(**module, base=base), run_hint=hint)
 
     def _network_and_mpi(self, *, context):
         """The network family (decided from the image), the MPI plan and the binds."""
