@@ -12,14 +12,14 @@ import importlib.resources
 import re
 import shlex
 
-from .checks import (
+from .ops import AppendPath, PrependPath, SetEnv
+from .validators import (
     EnvError,
     is_name,
     validate_name,
     validate_path_entry,
     validate_value,
 )
-from .ops import AppendPath, PrependPath, SetEnv
 
 
 def default_assignment(*, name, value):

@@ -20,7 +20,6 @@ from ..._version import __version__
 from ...engine.rootfs import resolve_in_root
 from ...engine.stage import OUTPUT_MARKER as MARKER
 from ...imagelayout import RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
-from .checks import check_image_path, check_var_name, validate_bind
 from .imagefiles import RUNSCRIPTS, runscript_text
 from .ops import (
     Comment,
@@ -33,6 +32,7 @@ from .ops import (
     bind,
     render,
 )
+from .validators import check_image_path, check_var_name, validate_bind
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -74,14 +74,13 @@ def _container_root_ops(*, root, var, runscripts, user_software):
     ops = [
         SetEnv("CONTAINERROOT", root),
         SetEnv(f"EBROOT{var}", root),
-        PrependPath("PATH", f"{root}/bin"),
+        PrependPath("PATH", os.path.join(root, "bin")),
     ]
     if runscripts:
-        ops += [
-            SetEnv(v, f"{root}/runscripts") for v in ("RUNSCRIPTS", f"RUNSCRIPTS{var}")
-        ]
+        copies = os.path.join(root, "runscripts")
+        ops += [SetEnv(v, copies) for v in ("RUNSCRIPTS", f"RUNSCRIPTS{var}")]
     if user_software:
-        home = f"{root}/user-software"
+        home = os.path.join(root, "user-software")
         squashfs = bind(f"{home}.squashfs:{USER_SOFTWARE_DIR}:image-src=/")
         branches = (
             ("file", f"{home}.squashfs", [squashfs]),

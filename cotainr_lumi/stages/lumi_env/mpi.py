@@ -24,10 +24,10 @@ from ...engine.origins import Origin
 from ...engine.rocmwindow import major_minor
 from ...engine.settings import SettingError, StageSettings, each, read_declared, setting
 from ...errors import StageError
-from .checks import validate_bind, validate_path_entry
 from .envfile import computed_default, read_host_value
 from .mpiscan import MPICH_ABI, MpiScan, image_library, scan_mpi
 from .ops import Comment, Discover, PushEnv, printable
+from .validators import validate_bind, validate_path_entry
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -162,7 +162,7 @@ def mpi_module_ops(*, mode, binding, image):
         lines = textwrap.wrap(text, 76, break_on_hyphens=False, break_long_words=False)
         ops += [Comment(line) for line in lines]
         say = "problem" if mode == "host" else "quiet"  # the line to show
-        command = shlex.join(["sh", "-c", discovery_program(), "sh", *binding.argv()])
+        command = shlex.join(binding.command())
         ops.append(Discover(command, say, HOST_LIBMPI_VAR, HOST_PATH_VAR))
     if mode == "container":  # as lumi-aif-singularity-bindings does
         ops += [
@@ -248,13 +248,19 @@ class HostBinding(StageSettings):
         """Whether the host library is found where the module file is loaded."""
         return self.libmpi == DISCOVER
 
-    def argv(self):
-        """The arguments of :func:`discovery_program` for this binding."""
-        fixed = [] if self.discover else [self.libmpi]
-        args = [self.host_path(CRAY) or CRAY, CRAY] + ([] if fixed else ["", ""])
-        for entry in [*fixed, *self.ld_library_path[len(fixed) :]]:
+    @property
+    def fixed(self):
+        """The host library as set (empty with ``discover``)."""
+        if self.discover:
+            return []
+        return [self.libmpi]
+
+    def command(self):
+        """:func:`discovery_program` with its arguments for this binding."""
+        args = [self.host_path(CRAY) or CRAY, CRAY] + ([] if self.fixed else ["", ""])
+        for entry in [*self.fixed, *self.ld_library_path[len(self.fixed) :]]:
             args += [entry, self.host_path(entry) or entry]
-        return args
+        return ["sh", "-c", discovery_program(), "sh", *args]
 
     def defaults(self, found):
         """The env file's default library and LD_LIBRARY_PATH (the build's)."""
@@ -279,10 +285,28 @@ class HostBinding(StageSettings):
         """The host path behind an image path (None when no bind covers it)."""
         return self._cover(path)[2]
 
+    def without_host_libfabric(self):
+        """The binding for an image with its own libfabric (no ``/libfabric/``)."""
+        path = tuple(p for p in self.ld_library_path if "/libfabric/" not in p)
+        return replace(self, ld_library_path=path)
+
+    def find_here(self, *, env=None):
+        """Run the module file's discovery on this host."""
+        proc = subprocess.run(
+            self.command(), capture_output=True, text=True, env=env, check=False
+        )
+        # Lines as the module file's parser sees them: split at "\n" only.
+        out = dict(ln.split(" ", 1) for ln in proc.stdout.split("\n") if " " in ln)
+        if "libmpi" not in out:
+            problem = out.get("problem") or f"discovery failed: {proc.stderr.strip()}"
+            return HostMpi(problem=problem)
+        path = tuple(out.get("path", "").split(":"))
+        version = out.get("version") or None
+        return HostMpi(out["libmpi"], path, out["source"], version)
+
     def host_problems(self):
         """What of the binding is missing here (where its bind's source exists)."""
-        paths = [] if self.discover else [self.libmpi]
-        paths += [p for p in self.ld_library_path if "*" not in p]
+        paths = [p for p in [*self.fixed, *self.ld_library_path] if "*" not in p]
         problems = []
         for path in dict.fromkeys(paths):
             bind, src, host = self._cover(path)
@@ -343,20 +367,7 @@ def discover_host_mpi(*, setting, env=None):
     binding = HostBinding.from_setting(setting)
     if binding is None:
         return HostMpi(source="no host binding (libmpi: null)")
-    proc = subprocess.run(
-        ["sh", "-c", discovery_program(), "sh", *binding.argv()],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    # Lines as the module file's parser sees them: split at "\n" only.
-    out = dict(ln.split(" ", 1) for ln in proc.stdout.split("\n") if " " in ln)
-    if "libmpi" not in out:
-        problem = out.get("problem") or f"discovery failed: {proc.stderr.strip()}"
-        return HostMpi(problem=problem)
-    path = tuple(out.get("path", "").split(":"))
-    return HostMpi(out["libmpi"], path, out["source"], out.get("version") or None, None)
+    return binding.find_here(env=env)
 
 
 def check_host_binding(value):
@@ -607,14 +618,6 @@ class MpiPlan:
         return text
 
 
-def _without_host_libfabric(host_setting):
-    """``lumi-env.mpi-host`` without the host's ``/libfabric/`` directories."""
-    setting = dict(host_setting or {})
-    path = setting.get("ld-library-path") or ()
-    setting["ld-library-path"] = [p for p in path if "/libfabric/" not in p]
-    return setting
-
-
 def _scan(*, root, target):
     """:func:`.mpiscan.scan_mpi` of the image (its target env's, when known)."""
     if target is None:
@@ -658,13 +661,13 @@ def plan_mpi(*, root, target, requested, host_setting, stage, libfabric="host"):
     runs on the image's libfabric: the host's ``/libfabric/`` directories are
     left out of the binding.
     """
-    if libfabric == "image":
-        host_setting = _without_host_libfabric(host_setting)
     binding = HostBinding.from_setting(host_setting)
+    if binding and libfabric == "image":
+        binding = binding.without_host_libfabric()
     if requested == "none":
         reason = "lumi-env.mpi is none"
         return MpiPlan(requested, "none", reason, binding, MpiScan())
-    found = binding and discover_host_mpi(setting=host_setting)
+    found = binding and binding.find_here()
     scan = _scan(root=root, target=target)
     try:
         mode, reason = resolve_mode(requested=requested, scan=scan, binding=binding)
@@ -709,7 +712,7 @@ def describe(*, requested, host_setting):
             f"{':'.join(binding.ld_library_path)}; MPI4PY_LIBMPI; binds "
             f"{','.join(binding.binds) or '(none)'}"
         )
-        found = discover_host_mpi(setting=host_setting)
+        found = binding.find_here()
         here = f"{found.libmpi} ({found.source}, {found.version})"
         lines.append(f"  here: {found.problem or here}")
         lines += [f"  problem: {problem}" for problem in binding.host_problems()]

@@ -8,7 +8,10 @@ from typing import Any, NamedTuple, Optional, Union
 from ...engine.settings import SettingError, StageSettings, each, setting
 from ...errors import SECRET_NAME_RE, InputError, redact
 from ...imagelayout import USER_SOFTWARE_DIR
-from .checks import (
+from .modulefile import var_name_of
+from .mpi import check_host_binding, check_mode
+from .network import AWS_OFI_RCCL_DIRS, check_gdr_level, check_libfabric
+from .validators import (
     CONTAINER_ROOT,
     MODULE_DIR,
     check_var_name,
@@ -19,9 +22,6 @@ from .checks import (
     validate_path_entry,
     validate_value,
 )
-from .modulefile import var_name_of
-from .mpi import check_host_binding, check_mode
-from .network import AWS_OFI_RCCL_DIRS, check_gdr_level, check_libfabric
 
 
 def directory_problem(directory):

@@ -20,7 +20,6 @@ from ...errors import InputError, StageError
 from ...imagelayout import LUMI_ENV_FILE as ENV_FILE
 from ...imagelayout import MPI_ENV_FILE, MPI_FILE, RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
 from . import entrypoint, imagefiles, network
-from .checks import CONTAINER_ROOT, MODULE_DIR, module_name_problem, text_problem
 from .envfile import render_env_file
 from .imagefiles import RUNSCRIPTS
 from .modulefile import (
@@ -32,6 +31,7 @@ from .modulefile import (
 from .mpi import LOAD_CHECK, HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
 from .settings import LumiEnvSettings
+from .validators import CONTAINER_ROOT, MODULE_DIR, module_name_problem, text_problem
 
 
 class LumiEnvStage(Stage):

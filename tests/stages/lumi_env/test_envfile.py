@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import pytest
 
-from cotainr_lumi.stages.lumi_env.checks import EnvError, validate_name, validate_value
 from cotainr_lumi.stages.lumi_env.envfile import (
     default_assignment,
     default_assignments,
@@ -24,6 +23,11 @@ from cotainr_lumi.stages.lumi_env.envfile import (
     path_addition,
     private_dir_defaults,
     render_env_file,
+)
+from cotainr_lumi.stages.lumi_env.validators import (
+    EnvError,
+    validate_name,
+    validate_value,
 )
 
 # Both are essential packages on Debian (always installed).

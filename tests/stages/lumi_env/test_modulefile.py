@@ -11,11 +11,6 @@ from hypothesis import strategies as st
 import pytest
 
 from cotainr_lumi.engine.targetenv import TargetEnv
-from cotainr_lumi.stages.lumi_env.checks import (
-    check_image_path,
-    check_var_name,
-    validate_bind,
-)
 from cotainr_lumi.stages.lumi_env.modulefile import (
     MARKER,
     LayerBase,
@@ -27,6 +22,11 @@ from cotainr_lumi.stages.lumi_env.modulefile import (
 from cotainr_lumi.stages.lumi_env.mpi import plan_mpi
 from cotainr_lumi.stages.lumi_env.ops import lua_quote, render
 from cotainr_lumi.stages.lumi_env.settings import LumiEnvSettings
+from cotainr_lumi.stages.lumi_env.validators import (
+    check_image_path,
+    check_var_name,
+    validate_bind,
+)
 
 BINDS = ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1", "/pfs", "/scratch"]
 

@@ -151,13 +151,7 @@ def test_a_fixed_profile_library_overrides_discovery(tmp_path):
 def raw(cray, env):
     """discover-mpi's lines, as the module file's parser reads them."""
     proc = subprocess.run(
-        [
-            "sh",
-            "-c",
-            discovery_program(),
-            "sh",
-            *HostBinding.from_setting(setting(cray)).argv(),
-        ],
+        HostBinding.from_setting(setting(cray)).command(),
         env={"PATH": os.environ["PATH"], **env},
         capture_output=True,
         text=True,

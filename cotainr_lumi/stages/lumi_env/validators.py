@@ -1,5 +1,5 @@
 """
-The checks of text that goes into an env file or a module file (a leaf module).
+The validators of text that goes into an env file or a module file (a leaf).
 
 Each check returns its argument or raises :class:`EnvError` (a ValueError);
 ``*_problem`` functions return the reason instead (None: fine).

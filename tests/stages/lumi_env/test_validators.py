@@ -1,15 +1,15 @@
-"""Tests of cotainr_lumi.stages.lumi_env.checks: the room's validators, a leaf."""
+"""Tests of cotainr_lumi.stages.lumi_env.validators: the room's validators, a leaf."""
 
 import ast
 from pathlib import Path
 
 import pytest
 
-from cotainr_lumi.stages.lumi_env import checks
+from cotainr_lumi.stages.lumi_env import validators
 
 
-def test_checks_is_a_leaf_of_the_room():
-    tree = ast.parse(Path(checks.__file__).read_text())
+def test_validators_is_a_leaf_of_the_room():
+    tree = ast.parse(Path(validators.__file__).read_text())
     imported = [
         node
         for node in ast.walk(tree)
@@ -31,7 +31,7 @@ def test_checks_is_a_leaf_of_the_room():
     ],
 )
 def test_text_problem(value, rule, problem):
-    found = checks.text_problem(value, what="x", **rule)
+    found = validators.text_problem(value, what="x", **rule)
     if problem is None:
         assert found is None
     else:
