@@ -13,7 +13,6 @@ import importlib.resources
 import logging
 import os
 from pathlib import Path
-import re
 import shlex
 
 from ..._version import __version__
@@ -32,17 +31,9 @@ from .ops import (
     bind,
     render,
 )
-from .validators import check_image_path, check_var_name, validate_bind
+from .validators import check_image_path, check_var_name, validate_bind, var_name_of
 
 logger = logging.getLogger(f"cotainr.{__name__}")
-
-
-def var_name_of(name):
-    """The ``SIF<NAME>`` suffix for a module name, as EasyBuild would make it."""
-    var = re.sub(r"[^A-Z0-9]+", "_", str(name).upper()).strip("_")
-    if not var or not var[0].isalpha():
-        var = "IMAGE_" + var if var else "IMAGE"
-    return var
 
 
 def _help_text(*, image, var, root):

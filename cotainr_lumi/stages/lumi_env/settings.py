@@ -8,7 +8,6 @@ from typing import Any, NamedTuple, Optional, Union
 from ...engine.settings import SettingError, StageSettings, each, setting
 from ...errors import SECRET_NAME_RE, InputError, redact
 from ...imagelayout import USER_SOFTWARE_DIR
-from .modulefile import var_name_of
 from .mpi import check_host_binding, check_mode
 from .network import AWS_OFI_RCCL_DIRS, check_gdr_level, check_libfabric
 from .validators import (
@@ -21,6 +20,7 @@ from .validators import (
     validate_name,
     validate_path_entry,
     validate_value,
+    var_name_of,
 )
 
 

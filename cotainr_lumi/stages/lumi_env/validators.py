@@ -96,6 +96,14 @@ def check_image_path(image):
     return check_text(str(image), what=what, forbid="", spaces=True)
 
 
+def var_name_of(name):
+    """The ``SIF<NAME>`` suffix for a module name, as EasyBuild would make it."""
+    var = re.sub(r"[^A-Z0-9]+", "_", str(name).upper()).strip("_")
+    if not var or not var[0].isalpha():
+        var = "IMAGE_" + var if var else "IMAGE"
+    return var
+
+
 def check_var_name(var):
     """Check a ``SIF<NAME>`` suffix."""
     if not isinstance(var, str) or not re.fullmatch(r"[A-Z][A-Z0-9_]*", var):

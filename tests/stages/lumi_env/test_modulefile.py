@@ -16,7 +16,6 @@ from cotainr_lumi.stages.lumi_env.modulefile import (
     LayerBase,
     module_ops,
     module_outputs,
-    var_name_of,
     wrapper_names,
 )
 from cotainr_lumi.stages.lumi_env.mpi import plan_mpi
@@ -26,6 +25,7 @@ from cotainr_lumi.stages.lumi_env.validators import (
     check_image_path,
     check_var_name,
     validate_bind,
+    var_name_of,
 )
 
 BINDS = ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1", "/pfs", "/scratch"]
