@@ -18,7 +18,7 @@ from ... import apptainer
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...errors import clip_output
 from ...imagelayout import ENTRYPOINT_ENV_FILE, ENTRYPOINT_REPORTER_FILE, RUNSCRIPT_FILE
-from .envfile import PATH_VARIABLES, RESERVED_NAMES, RESERVED_PREFIXES
+from .validators import PATH_VARIABLES, RESERVED_NAMES, RESERVED_PREFIXES
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 

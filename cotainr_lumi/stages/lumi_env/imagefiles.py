@@ -6,7 +6,7 @@ from pathlib import PurePosixPath
 import shlex
 
 from ...engine.rootfs import resolve_in_root, write_file_in_root
-from ...imagelayout import RUNSCRIPTS_DIR, WITH_CONDA_FILE
+from ...imagelayout import LUMI_ENV_FILE, RUNSCRIPTS_DIR, WITH_CONDA_FILE
 from . import network
 from .envfile import (
     default_assignments,
@@ -250,6 +250,46 @@ def env_file_blocks(*, settings, root, target, user_venv, libfabric):
         _USER_VENV_BLOCK,
     ]
     return blocks, found
+
+
+def _variable_lines(env):
+    """The profile's variables: those set, then those dropped (null)."""
+    lines = [f"  {k}={shlex.quote(str(v))}" for k, v in env.items() if v is not None]
+    dropped = [k for k, v in env.items() if v is None]
+    if dropped:
+        lines.append(f"  not set: {', '.join(dropped)}")
+    return lines
+
+
+def describe_env_file(*, settings):
+    """The dry run's lines about the env file (:func:`env_file_blocks`)."""
+    lines = [f"env file {LUMI_ENV_FILE} (defaults, overridable at run time):"]
+    lines += _variable_lines(settings.env)
+    private = "(at run time, if private to the user)"
+    optional = [
+        (
+            settings.miopen_cache,
+            "  MIOPEN_USER_DB_PATH, MIOPEN_CUSTOM_CACHE_DIR="
+            f"/tmp/$(id -un)-miopen-cache {private}",
+        ),
+        (
+            settings.jit_caches,
+            f"  {', '.join(JIT_CACHES)}=/tmp/$(id -un)-job$SLURM_JOB_ID-NAME-cache "
+            + private,
+        ),
+        (
+            settings.rocm_paths,
+            f"  ROCM_PATH, PATH += {ROCM_ROOT}/bin, LD_LIBRARY_PATH += "
+            f"{ROCM_ROOT}/lib (when in the image and missing)",
+        ),
+    ]
+    lines += [text for wanted, text in optional if wanted]
+    lines += [f"  {line}" for line in network.describe_lines(settings=settings)]
+    paths = [("PATH", settings.path), ("LD_LIBRARY_PATH", settings.ld_library_path)]
+    lines += [f"  {var} += {':'.join(e)}" for var, e in paths if e]
+    if settings.with_conda:
+        lines.append(f"  WITH_CONDA={shlex.quote(WITH_CONDA_VALUE)}")
+    return lines
 
 
 def write_runscripts(*, root):

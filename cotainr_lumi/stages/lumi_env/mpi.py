@@ -24,9 +24,10 @@ from ...engine.origins import Origin
 from ...engine.rocmwindow import major_minor
 from ...engine.settings import SettingError, StageSettings, each, read_declared, setting
 from ...errors import StageError
-from .envfile import computed_default, printable, read_host_value, validate_path_entry
-from .modulefile import validate_bind
+from .envfile import computed_default, read_host_value
 from .mpiscan import MPICH_ABI, MpiScan, image_library, scan_mpi
+from .ops import Comment, Discover, PushEnv, printable
+from .validators import validate_bind, validate_path_entry
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -159,14 +160,14 @@ def mpi_module_ops(*, mode, binding, image):
         )
         # Never break a path: paths in the comment are searched for and copied.
         lines = textwrap.wrap(text, 76, break_on_hyphens=False, break_long_words=False)
-        ops += [("comment", line) for line in lines]
+        ops += [Comment(line) for line in lines]
         say = "problem" if mode == "host" else "quiet"  # the line to show
-        command = shlex.join(["sh", "-c", discovery_program(), "sh", *binding.argv()])
-        ops.append(("discover", command, say, HOST_LIBMPI_VAR, HOST_PATH_VAR))
+        command = shlex.join(binding.command())
+        ops.append(Discover(command, say, HOST_LIBMPI_VAR, HOST_PATH_VAR))
     if mode == "container":  # as lumi-aif-singularity-bindings does
         ops += [
-            ("comment", f"{SRUN_HINT['container']}: srun's default here."),
-            ("pushenv", "SLURM_MPI_TYPE", "pmi2"),
+            Comment(f"{SRUN_HINT['container']}: srun's default here."),
+            PushEnv("SLURM_MPI_TYPE", "pmi2"),
         ]
     return ops
 
@@ -247,13 +248,19 @@ class HostBinding(StageSettings):
         """Whether the host library is found where the module file is loaded."""
         return self.libmpi == DISCOVER
 
-    def argv(self):
-        """The arguments of :func:`discovery_program` for this binding."""
-        fixed = [] if self.discover else [self.libmpi]
-        args = [self.host_path(CRAY) or CRAY, CRAY] + ([] if fixed else ["", ""])
-        for entry in [*fixed, *self.ld_library_path[len(fixed) :]]:
+    @property
+    def fixed(self):
+        """The host library as set (empty with ``discover``)."""
+        if self.discover:
+            return []
+        return [self.libmpi]
+
+    def command(self):
+        """:func:`discovery_program` with its arguments for this binding."""
+        args = [self.host_path(CRAY) or CRAY, CRAY] + ([] if self.fixed else ["", ""])
+        for entry in [*self.fixed, *self.ld_library_path[len(self.fixed) :]]:
             args += [entry, self.host_path(entry) or entry]
-        return args
+        return ["sh", "-c", discovery_program(), "sh", *args]
 
     def defaults(self, found):
         """The env file's default library and LD_LIBRARY_PATH (the build's)."""
@@ -278,10 +285,28 @@ class HostBinding(StageSettings):
         """The host path behind an image path (None when no bind covers it)."""
         return self._cover(path)[2]
 
+    def without_host_libfabric(self):
+        """The binding for an image with its own libfabric (no ``/libfabric/``)."""
+        path = tuple(p for p in self.ld_library_path if "/libfabric/" not in p)
+        return replace(self, ld_library_path=path)
+
+    def find_here(self, *, env=None):
+        """Run the module file's discovery on this host."""
+        proc = subprocess.run(
+            self.command(), capture_output=True, text=True, env=env, check=False
+        )
+        # Lines as the module file's parser sees them: split at "\n" only.
+        out = dict(ln.split(" ", 1) for ln in proc.stdout.split("\n") if " " in ln)
+        if "libmpi" not in out:
+            problem = out.get("problem") or f"discovery failed: {proc.stderr.strip()}"
+            return HostMpi(problem=problem)
+        path = tuple(out.get("path", "").split(":"))
+        version = out.get("version") or None
+        return HostMpi(out["libmpi"], path, out["source"], version)
+
     def host_problems(self):
         """What of the binding is missing here (where its bind's source exists)."""
-        paths = [] if self.discover else [self.libmpi]
-        paths += [p for p in self.ld_library_path if "*" not in p]
+        paths = [p for p in [*self.fixed, *self.ld_library_path] if "*" not in p]
         problems = []
         for path in dict.fromkeys(paths):
             bind, src, host = self._cover(path)
@@ -330,32 +355,19 @@ def discovery_program():
 class HostMpi:
     """What :func:`discover_host_mpi` found (container paths)."""
 
-    libmpi: Optional[str]
-    ld_library_path: tuple
-    source: str
-    version: Optional[str]
-    problem: Optional[str]
+    libmpi: Optional[str] = None
+    ld_library_path: tuple = ()
+    source: Optional[str] = None
+    version: Optional[str] = None
+    problem: Optional[str] = None
 
 
 def discover_host_mpi(*, setting, env=None):
     """Run the module file's discovery on this host for a ``lumi-env.mpi-host``."""
     binding = HostBinding.from_setting(setting)
     if binding is None:
-        return HostMpi(None, (), "no host binding (libmpi: null)", None, None)
-    proc = subprocess.run(
-        ["sh", "-c", discovery_program(), "sh", *binding.argv()],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    # Lines as the module file's parser sees them: split at "\n" only.
-    out = dict(ln.split(" ", 1) for ln in proc.stdout.split("\n") if " " in ln)
-    if "libmpi" not in out:
-        problem = out.get("problem") or f"discovery failed: {proc.stderr.strip()}"
-        return HostMpi(None, (), None, None, problem)
-    path = tuple(out.get("path", "").split(":"))
-    return HostMpi(out["libmpi"], path, out["source"], out.get("version") or None, None)
+        return HostMpi(source="no host binding (libmpi: null)")
+    return binding.find_here(env=env)
 
 
 def check_host_binding(value):
@@ -371,33 +383,43 @@ def check_host_binding(value):
         )
 
 
-def resolve_mode(*, requested, scan, binding):
-    """The mode of a build."""
+def _no_mpi_text(*, requested, scan):
+    """Why lumi-env.mpi `requested` cannot be met in an image without MPI."""
+    text = (
+        f"lumi-env.mpi is {requested!r}, but the image has no MPI: no {MPICH_ABI} "
+        "(MPICH ABI) in the Python environment's lib/ or the loader's directories, "
+        f"and nothing in the environment needs one. Install one with a pip step "
+        "(packages: [mpich, mpi4py]), build on a base image with MPICH (the LUMI "
+        "AI Factory images), or leave lumi-env.mpi at auto (none: no MPI)"
+    )
+    if scan.open_mpi:
+        text += (
+            f". Found Open MPI ({scan.open_mpi[0]}), which LUMI's Cray MPICH "
+            "cannot replace: use the `mpich` wheel instead"
+        )
+    return text
+
+
+def _auto_mode(*, scan, binding):
+    """The mode auto picks for an image with MPICH."""
     cxi = [lib for lib in scan.mpich if lib.cxi]
+    if cxi:
+        return "container", f"auto: the image's {cxi[0].path} speaks CXI"
+    if binding is None:
+        return "container", "auto: this system has no host binding"
+    return "host", "auto: the image's MPICH does not speak CXI"
+
+
+def resolve_mode(*, requested, scan, binding):
+    """The mode of a build, and why."""
     if requested == "none":
         return "none", "lumi-env.mpi is none"
     if not scan.has_mpich:
         if requested == "auto":
             return "none", "auto: the image has no MPICH-ABI MPI"
-        text = (
-            f"lumi-env.mpi is {requested!r}, but the image has no MPI: no {MPICH_ABI} "
-            "(MPICH ABI) in the Python environment's lib/ or the loader's directories, "
-            f"and nothing in the environment needs one. Install one with a pip step "
-            "(packages: [mpich, mpi4py]), build on a base image with MPICH (the LUMI "
-            "AI Factory images), or leave lumi-env.mpi at auto (none: no MPI)"
-        )
-        if scan.open_mpi:
-            text += (
-                f". Found Open MPI ({scan.open_mpi[0]}), which LUMI's Cray MPICH "
-                "cannot replace: use the `mpich` wheel instead"
-            )
-        raise ValueError(text)
+        raise ValueError(_no_mpi_text(requested=requested, scan=scan))
     if requested == "auto":
-        if cxi:
-            return "container", f"auto: the image's {cxi[0].path} speaks CXI"
-        if binding is None:
-            return "container", "auto: this system has no host binding"
-        return "host", "auto: the image's MPICH does not speak CXI"
+        return _auto_mode(scan=scan, binding=binding)
     if requested == "host" and binding is None:
         raise ValueError(
             "lumi-env.mpi is 'host', but this system has no host binding "
@@ -558,7 +580,7 @@ class MpiPlan:
 
     def _host_record(self):
         lib, path = self.binding.defaults(self.found)
-        found = self.found or HostMpi(None, (), None, None, None)
+        found = self.found or HostMpi()
         return {
             "setting": self.binding.libmpi,
             "libmpi": lib or None,
@@ -596,39 +618,23 @@ class MpiPlan:
         return text
 
 
-def plan_mpi(*, root, target, requested, host_setting, stage, libfabric="host"):
-    """
-    Find the image's MPI and decide what the build does about it.
-
-    With ``libfabric="image"`` (the image has its own libfabric), Cray MPICH
-    runs on the image's libfabric: the host's ``/libfabric/`` directories are
-    left out of the binding.
-    """
-    if libfabric == "image":
-        host_setting = dict(host_setting or {})
-        host_setting["ld-library-path"] = [
-            p
-            for p in host_setting.get("ld-library-path") or ()
-            if "/libfabric/" not in p
-        ]
-    binding = HostBinding.from_setting(host_setting)
-    if requested == "none":
-        reason = "lumi-env.mpi is none"
-        return MpiPlan(requested, "none", reason, binding, MpiScan())
-    found = binding and discover_host_mpi(setting=host_setting)
-    scan = scan_mpi(
+def _scan(*, root, target):
+    """:func:`.mpiscan.scan_mpi` of the image (its target env's, when known)."""
+    if target is None:
+        return scan_mpi(root=root, prefixes=[])
+    return scan_mpi(
         root=root,
-        prefixes=target.env_prefixes if target else [],
-        site_dirs=target.site if target else (),
-        python=target.python if target else None,
+        prefixes=target.env_prefixes,
+        site_dirs=target.site,
+        python=target.python,
     )
-    try:
-        mode, reason = resolve_mode(requested=requested, scan=scan, binding=binding)
-    except ValueError as e:
-        raise StageError(str(e), stage=stage) from None
+
+
+def _check_pins(*, scan, requested, mode, stage):
+    """Stop a host-mode build whose MPI users pin the image's library; warn else."""
+    if not scan.pins:
+        return
     if mode == "host":
-        check_host_paths(binding=binding, error=lambda m: StageError(m, stage=stage))
-    if scan.pins and mode == "host":
         setting = mode if requested == mode else f"{requested} -> {mode}"
         raise StageError(
             f"MPI users run on the host's MPICH here (lumi-env.mpi: {setting}), but "
@@ -639,12 +645,37 @@ def plan_mpi(*, root, target, requested, host_setting, stage, libfabric="host"):
             "--set lumi-env.mpi=container",
             stage=stage,
         )
-    if scan.pins and mode == "container":
+    if mode == "container":
         logger.warning(
             "MPI: %s; fine with the image's MPICH (the default here), but "
             "COTAINR_LUMI_MPI=host would not reach it",
             _pin_text(scan.pins),
         )
+
+
+def plan_mpi(*, root, target, requested, host_setting, stage, libfabric="host"):
+    """
+    Find the image's MPI and decide what the build does about it.
+
+    With ``libfabric="image"`` (the image has its own libfabric), Cray MPICH
+    runs on the image's libfabric: the host's ``/libfabric/`` directories are
+    left out of the binding.
+    """
+    binding = HostBinding.from_setting(host_setting)
+    if binding and libfabric == "image":
+        binding = binding.without_host_libfabric()
+    if requested == "none":
+        reason = "lumi-env.mpi is none"
+        return MpiPlan(requested, "none", reason, binding, MpiScan())
+    found = binding and binding.find_here()
+    scan = _scan(root=root, target=target)
+    try:
+        mode, reason = resolve_mode(requested=requested, scan=scan, binding=binding)
+    except ValueError as e:
+        raise StageError(str(e), stage=stage) from None
+    if mode == "host":
+        check_host_paths(binding=binding, error=lambda m: StageError(m, stage=stage))
+    _check_pins(scan=scan, requested=requested, mode=mode, stage=stage)
     return MpiPlan(
         requested,
         mode,
@@ -681,7 +712,7 @@ def describe(*, requested, host_setting):
             f"{':'.join(binding.ld_library_path)}; MPI4PY_LIBMPI; binds "
             f"{','.join(binding.binds) or '(none)'}"
         )
-        found = discover_host_mpi(setting=host_setting)
+        found = binding.find_here()
         here = f"{found.libmpi} ({found.source}, {found.version})"
         lines.append(f"  here: {found.problem or here}")
         lines += [f"  problem: {problem}" for problem in binding.host_problems()]

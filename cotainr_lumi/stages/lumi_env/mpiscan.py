@@ -99,6 +99,20 @@ class MpiScan:
         }
 
 
+def _included_dirs(*, root, conf, pattern, seen):
+    """The directories of the files an ``include`` line of `conf` names."""
+    # A relative pattern is relative to the file's directory.
+    pattern = PurePosixPath(conf).parent / pattern
+    parent = resolve_or_none(root=root, path=str(pattern.parent))
+    if parent is None or not parent.is_dir():
+        return []
+    dirs = []
+    for match in sorted(glob.glob(str(parent / pattern.name))):
+        image = str(pattern.parent / os.path.basename(match))
+        dirs += _conf_dirs(root=root, conf=image, seen=seen)
+    return dirs
+
+
 def _conf_dirs(*, root, conf, seen):
     """The directories an ``ld.so.conf`` file names (``include`` followed)."""
     if conf in seen:
@@ -113,14 +127,8 @@ def _conf_dirs(*, root, conf, seen):
     for line in lines:
         line = line.split("#", 1)[0].strip()
         if line.startswith("include"):
-            # A relative pattern is relative to the file's directory.
-            pattern = PurePosixPath(conf).parent / line[len("include") :].strip()
-            parent = resolve_or_none(root=root, path=str(pattern.parent))
-            if parent is None or not parent.is_dir():
-                continue
-            for match in sorted(glob.glob(str(parent / pattern.name))):
-                image = str(pattern.parent / os.path.basename(match))
-                dirs += _conf_dirs(root=root, conf=image, seen=seen)
+            pattern = line[len("include") :].strip()
+            dirs += _included_dirs(root=root, conf=conf, pattern=pattern, seen=seen)
         elif line.startswith("/"):
             dirs.append(line.rstrip("/") or "/")
     return dirs
@@ -260,31 +268,61 @@ def _pin(*, root, user, interpreter):
     return None
 
 
+def _mpi_needed(info):
+    """The MPI library an ELF file needs (None: none)."""
+    for name in (MPICH_ABI, OPEN_MPI):
+        if name in info.needed:
+            return name
+    return None
+
+
+def _interpreter(*, root, python):
+    """(image path, ELF info) of the env's Python: its DT_RPATH pins too."""
+    if not python:
+        return None, None
+    exe = _real_image_path(root=root, path=python)
+    return exe, read_elf_info(path=resolve_or_none(root=root, path=exe))
+
+
+def _users(*, root, prefixes, skip, owners, preloading):
+    """The ELF files below `prefixes` that need an MPI library (`skip` aside)."""
+    users = []
+    seen = set(skip)
+    for prefix in prefixes:
+        for info in scan_elf_files(root=root, path=prefix):
+            needs = _mpi_needed(info)
+            path = str(image_path_of(root=root, host_path=info.path))
+            if needs is None or path in seen:
+                continue
+            seen.add(path)
+            preloaded = bool(preloading and path.startswith(preloading))
+            owner = owners.get(path)
+            users.append(
+                MpiUser(path, needs, info.rpath, info.runpath, owner, preloaded)
+            )
+    return users
+
+
 def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
     """Find the MPI of an image."""
     scan = MpiScan(libraries=_libraries(root=root, prefixes=prefixes))
     scan.mpi4py = _mpi4py(root=root, site_dirs=site_dirs)
-    owners = _distributions(root=root, site_dirs=site_dirs)
-    exe = python and _real_image_path(root=root, path=python)
-    interpreter = (
-        exe,
-        exe and read_elf_info(path=resolve_or_none(root=root, path=exe)),
-    )
     # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
-    preloading = scan.mpi4py and scan.mpi4py["abi_aware"] and scan.mpi4py["dir"] + "/"
-    seen = {lib.real for lib in scan.libraries}
-    for prefix in prefixes:
-        for info in scan_elf_files(root=root, path=prefix):
-            needs = next((n for n in (MPICH_ABI, OPEN_MPI) if n in info.needed), None)
-            user = str(image_path_of(root=root, host_path=info.path))
-            if needs is None or user in seen:
-                continue
-            seen.add(user)
-            preloaded = bool(preloading and user.startswith(preloading))
-            owner = owners.get(user)
-            mpi_user = MpiUser(user, needs, info.rpath, info.runpath, owner, preloaded)
-            scan.users.append(mpi_user)
-            if needs == MPICH_ABI and not preloaded:
-                pin = _pin(root=root, user=mpi_user, interpreter=interpreter)
-                scan.pins += [pin] if pin else []
+    preloading = None
+    if scan.mpi4py and scan.mpi4py["abi_aware"]:
+        preloading = scan.mpi4py["dir"] + "/"
+    scan.users = _users(
+        root=root,
+        prefixes=prefixes,
+        skip={lib.real for lib in scan.libraries},
+        owners=_distributions(root=root, site_dirs=site_dirs),
+        preloading=preloading,
+    )
+    interpreter = _interpreter(root=root, python=python)
+    for user in scan.users:
+        if user.needs != MPICH_ABI or user.preloaded:
+            continue
+        pin = _pin(root=root, user=user, interpreter=interpreter)
+        if pin:
+            scan.pins.append(pin)
     return scan

@@ -8,20 +8,20 @@ from typing import Any, NamedTuple, Optional, Union
 from ...engine.settings import SettingError, StageSettings, each, setting
 from ...errors import SECRET_NAME_RE, InputError, redact
 from ...imagelayout import USER_SOFTWARE_DIR
-from .envfile import text_problem, validate_name, validate_path_entry, validate_value
-from .modulefile import check_var_name, validate_bind, var_name_of
 from .mpi import check_host_binding, check_mode
 from .network import AWS_OFI_RCCL_DIRS, check_gdr_level, check_libfabric
-
-#: The rules of :func:`.envfile.text_problem` for the module's places.
-MODULE_DIR = dict(
-    what="the module directory",
-    forbid=":",
-    spaces=True,
-    absolute=False,
-    use="MODULEPATH",
+from .validators import (
+    CONTAINER_ROOT,
+    MODULE_DIR,
+    check_var_name,
+    module_name_problem,
+    text_problem,
+    validate_bind,
+    validate_name,
+    validate_path_entry,
+    validate_value,
+    var_name_of,
 )
-CONTAINER_ROOT = dict(what="CONTAINERROOT", absolute=False, use="SINGULARITY_BIND")
 
 
 def directory_problem(directory):
@@ -35,17 +35,6 @@ def directory_problem(directory):
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"{why}{ancestor} is not writable"
     return None
-
-
-def module_name_problem(value):
-    """Why `value` cannot be the name of a module Lmod loads."""
-    what = "the module name"
-    problem = text_problem(value, what=what, forbid=",:/", absolute=False)
-    if problem is None and value.startswith((".", "-")):
-        return f"{what} must not start with '.' or '-' (got {value!r})"
-    if problem is None and value.endswith((".lua", ".sh")):
-        return f"{what} must not end in .lua or .sh, the module files' (got {value!r})"
-    return problem
 
 
 def _directory(rule):

@@ -20,8 +20,8 @@ from ...errors import InputError, StageError
 from ...imagelayout import LUMI_ENV_FILE as ENV_FILE
 from ...imagelayout import MPI_ENV_FILE, MPI_FILE, RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
 from . import entrypoint, imagefiles, network
-from .envfile import render_env_file, text_problem
-from .imagefiles import JIT_CACHES, ROCM_ROOT, RUNSCRIPTS, WITH_CONDA_VALUE
+from .envfile import render_env_file
+from .imagefiles import RUNSCRIPTS
 from .modulefile import (
     LayerBase,
     image_has_user_software,
@@ -30,7 +30,8 @@ from .modulefile import (
 )
 from .mpi import LOAD_CHECK, HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
-from .settings import CONTAINER_ROOT, MODULE_DIR, LumiEnvSettings, module_name_problem
+from .settings import LumiEnvSettings
+from .validators import CONTAINER_ROOT, MODULE_DIR, module_name_problem, text_problem
 
 
 class LumiEnvStage(Stage):
@@ -86,7 +87,8 @@ class LumiEnvStage(Stage):
             )
             lines.append("or, without the module:")
         image = shlex.quote(str(image_path))
-        image = f"--overlay {image}:ro {shlex.quote(base)}" if base else image
+        if base:
+            image = f"--overlay {image}:ro {shlex.quote(base.path)}"
         lines.append(
             f"  srun singularity exec {bind_opt}{image} {entry} your_script.py"
         )
@@ -96,37 +98,7 @@ class LumiEnvStage(Stage):
 
     def describe(self, *, build):
         """Describe the env file, runscripts, binds and module file."""
-        lines = [f"env file {ENV_FILE} (defaults, overridable at run time):"]
-        lines += [f"  {name}={shlex.quote(str(v))}" for name, v in self.env.items()]
-        dropped = [k for k, v in self.settings.env.items() if v is None]
-        if dropped:
-            lines.append(f"  not set: {', '.join(dropped)}")
-        if self.settings.miopen_cache:
-            lines.append(
-                "  MIOPEN_USER_DB_PATH, MIOPEN_CUSTOM_CACHE_DIR="
-                "/tmp/$(id -un)-miopen-cache (at run time, if private to the user)"
-            )
-        if self.settings.jit_caches:
-            lines.append(
-                f"  {', '.join(JIT_CACHES)}=/tmp/$(id -un)-job$SLURM_JOB_ID-NAME-cache "
-                "(at run time, if private to the user)"
-            )
-        if self.settings.rocm_paths:
-            lines.append(
-                f"  ROCM_PATH, PATH += {ROCM_ROOT}/bin, LD_LIBRARY_PATH += "
-                f"{ROCM_ROOT}/lib (when in the image and missing)"
-            )
-        lines += [
-            f"  {line}" for line in network.describe_lines(settings=self.settings)
-        ]
-        for var, entries in (
-            ("PATH", self.settings.path),
-            ("LD_LIBRARY_PATH", self.settings.ld_library_path),
-        ):
-            if entries:
-                lines.append(f"  {var} += {':'.join(entries)}")
-        if self.settings.with_conda:
-            lines.append(f"  WITH_CONDA={shlex.quote(WITH_CONDA_VALUE)}")
+        lines = imagefiles.describe_env_file(settings=self.settings)
         if self.settings.runscripts:
             lines.append(
                 f"runscripts in {RUNSCRIPTS_DIR} (on PATH): {', '.join(RUNSCRIPTS)}"
@@ -181,26 +153,25 @@ class LumiEnvStage(Stage):
             mpi=mpi,
             wrappers=wrappers,
         )
-        paths, container_root, outputs = module_outputs(**module)
-        hint = dict(image_path=image_path, mpi=mpi, binds=binds)
-        host_files = HostFiles(
-            files={Path(p): text for p, text in outputs.items()},
-            run_hint=self._run_hint(**hint),
-        )
+        host_files = self._host_files(module=module)
         layer_host_files = None
         if context.build.layer_only:  # used if the layer is kept
-            layer_host_files = self._layer_host_files(
-                base=LayerBase.of(context.build.base_image), module=module, hint=hint
-            )
+            base = LayerBase.of(context.build.base_image)
+            layer_host_files = self._host_files(module=module, base=base)
+        module_file = None
         record |= {
             "mpi": mpi.record(),
-            "module-files": sorted(str(p) for p in (paths or ())),
-            "container-root": str(container_root) if container_root else None,
-            "host-files": sorted(str(p) for p in outputs),
+            "module-files": [],
+            "container-root": None,
+            "host-files": sorted(str(p) for p in host_files.files),
         }
+        if host_files.files:
+            module_file = names.lua
+            record["module-files"] = [str(names.lua), str(names.shell)]
+            record["container-root"] = str(names.root)
         return StageReport(
             name=self.name,
-            summary=self._summary(module_file=paths and paths[0], mpi=mpi),
+            summary=self._summary(module_file=module_file, mpi=mpi),
             record=record,
             labels=self._labels(binds=binds, mpi=mpi, record=record),
             host_files=host_files,
@@ -216,13 +187,15 @@ class LumiEnvStage(Stage):
             summary += f", module file {module_file}"
         return f"{summary}; {mpi.summary()}"
 
-    def _layer_host_files(self, *, base, module, hint):
-        """The host files of ``--layer-only``: SIF is the base, the layer on it."""
-        layer = module_outputs(**module, base=base)[2]
-        return HostFiles(
-            files={Path(p): text for p, text in layer.items()},
-            run_hint=self._run_hint(**hint, base=base.path),
+    def _host_files(self, *, module, base=None):
+        """The module files and CONTAINERROOT (`base`: of the layer on that base)."""
+        hint = self._run_hint(
+            image_path=module["image_path"],
+            mpi=module["mpi"],
+            binds=module["binds"],
+            base=base,
         )
+        return HostFiles(files=module_outputs(**module, base=base), run_hint=hint)
 
     def _network_and_mpi(self, *, context):
         """The network family (decided from the image), the MPI plan and the binds."""
@@ -300,18 +273,21 @@ class LumiEnvStage(Stage):
             "user-venv": user_venv,
         }
 
-    def _check_in_sandbox(self, *, context, mpi):
-        """One start of the container: the env file works, mpi4py loads its MPI."""
-        sandbox = context.sandbox
+    def _start_command(self, *, context, mpi):
+        """The start check's command; with :data:`.mpi.LOAD_CHECK` when it applies."""
         script = 'printf "ok\\n"'
         if self.settings.runscripts:
             script = "command -v get-master >/dev/null && " + script
         python = getattr(context.target_env, "python", None) if mpi.active else None
-        load_check = bool(python and mpi.scan.mpi4py)
-        args = ["bash", "-c", script]
-        if load_check:
-            script += ' && { "$1" -c "$2" || true; }'
-            args = ["bash", "-c", script, "check", python, LOAD_CHECK]
+        if not (python and mpi.scan.mpi4py):
+            return ["bash", "-c", script], False
+        script += ' && { "$1" -c "$2" || true; }'
+        return ["bash", "-c", script, "check", python, LOAD_CHECK], True
+
+    def _check_in_sandbox(self, *, context, mpi):
+        """One start of the container: the env file works, mpi4py loads its MPI."""
+        sandbox = context.sandbox
+        args, load_check = self._start_command(context=context, mpi=mpi)
         try:
             proc = sandbox.run(args)
         except _cotainr.CommandError as e:

@@ -17,13 +17,15 @@ from hypothesis import strategies as st
 import pytest
 
 from cotainr_lumi.stages.lumi_env.envfile import (
-    EnvError,
     default_assignment,
     default_assignments,
     forced_assignment,
     path_addition,
     private_dir_defaults,
     render_env_file,
+)
+from cotainr_lumi.stages.lumi_env.validators import (
+    EnvError,
     validate_name,
     validate_value,
 )

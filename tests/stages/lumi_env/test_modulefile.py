@@ -14,18 +14,19 @@ from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.stages.lumi_env.modulefile import (
     MARKER,
     LayerBase,
-    check_image_path,
-    check_var_name,
-    lua_quote,
     module_ops,
     module_outputs,
-    render,
-    validate_bind,
-    var_name_of,
     wrapper_names,
 )
 from cotainr_lumi.stages.lumi_env.mpi import plan_mpi
+from cotainr_lumi.stages.lumi_env.ops import lua_quote, render
 from cotainr_lumi.stages.lumi_env.settings import LumiEnvSettings
+from cotainr_lumi.stages.lumi_env.validators import (
+    check_image_path,
+    check_var_name,
+    validate_bind,
+    var_name_of,
+)
 
 BINDS = ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1", "/pfs", "/scratch"]
 
@@ -244,7 +245,8 @@ def test_wrappers_are_the_commands_the_target_env_has(tmp_path):
     image = tmp_path / "out/pt.sif"
     settings = LumiEnvSettings.complete({"module-dir": str(tmp_path / "mods")})
     mpi = plan_mpi(root=root, target=None, requested="none", host_setting={}, stage="x")
-    _, croot, outputs = module_outputs(
+    croot = settings.names(image_path=image).root
+    outputs = module_outputs(
         settings=settings,
         image_path=image,
         binds=[],
@@ -252,15 +254,15 @@ def test_wrappers_are_the_commands_the_target_env_has(tmp_path):
         mpi=mpi,
         wrappers=names,
     )
-    script = outputs[str(croot / "bin" / "python")]
+    script = outputs[croot / "bin" / "python"]
     for name in names:  # copies of one script (it runs the name it is called by)
-        assert outputs[str(croot / "bin" / name)] == script
+        assert outputs[croot / "bin" / name] == script
     assert (
         "${0##*/}" in script and f"default_sif={image}" in script and MARKER in script
     )
-    lua = outputs[str(tmp_path / "mods/pt.lua")]
+    lua = outputs[tmp_path / "mods/pt.lua"]
     assert "wrappers of the image's python, pip, torchrun, ..." in lua
-    assert not any(p.endswith(("/python3", "/ray", "/hf")) for p in outputs)
+    assert not any(str(p).endswith(("/python3", "/ray", "/hf")) for p in outputs)
 
 
 def test_a_layer_only_image_is_mounted_on_its_base_in_lmod_and_sh(tmp_path):

@@ -19,7 +19,6 @@ from targetenv_fakes import is_probe, probe_stdout
 
 from cotainr_lumi.errors import CotainrLumiError, InputError, StageError
 from cotainr_lumi.imagelayout import MPI_ENV_FILE, MPI_FILE
-from cotainr_lumi.stages.lumi_env.modulefile import render
 from cotainr_lumi.stages.lumi_env.mpi import (
     HostBinding,
     mpi_env_file,
@@ -28,6 +27,7 @@ from cotainr_lumi.stages.lumi_env.mpi import (
     resolve_mode,
 )
 from cotainr_lumi.stages.lumi_env.mpiscan import library_dirs, scan_mpi
+from cotainr_lumi.stages.lumi_env.ops import render
 from cotainr_lumi.stages.lumi_env.stage import LumiEnvStage
 
 ENV = "/opt/env"

@@ -22,13 +22,13 @@ from hosttools import LMOD_INIT, need_lmod, need_tool
 import pytest
 
 from cotainr_lumi.pipeline.profiles import get_system, load_systems
-from cotainr_lumi.stages.lumi_env.modulefile import render
 from cotainr_lumi.stages.lumi_env.mpi import (
     HostBinding,
     discover_host_mpi,
     discovery_program,
     mpi_module_ops,
 )
+from cotainr_lumi.stages.lumi_env.ops import render
 
 NEWEST = mpich_versions()["25.09"]  # 9.0.1: installed, not the default
 
@@ -151,13 +151,7 @@ def test_a_fixed_profile_library_overrides_discovery(tmp_path):
 def raw(cray, env):
     """discover-mpi's lines, as the module file's parser reads them."""
     proc = subprocess.run(
-        [
-            "sh",
-            "-c",
-            discovery_program(),
-            "sh",
-            *HostBinding.from_setting(setting(cray)).argv(),
-        ],
+        HostBinding.from_setting(setting(cray)).command(),
         env={"PATH": os.environ["PATH"], **env},
         capture_output=True,
         text=True,
