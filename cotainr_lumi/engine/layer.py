@@ -187,12 +187,13 @@ class BaseView:
         return refusal(self.base, problem)
 
     def _mount(self, cmd):
+        self.mounts.append(cmd[-1])  # before: an interrupted mount may have mounted
         try:
             _run(cmd)
         except (OSError, LayerError):
+            self.mounts.pop()
             self.unmount()
             raise
-        self.mounts.append(cmd[-1])
 
     def unmount(self):
         """Unmount everything :meth:`mount` mounted (again: nothing)."""
