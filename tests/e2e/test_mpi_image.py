@@ -437,10 +437,11 @@ def test_verify_reports_the_mpi_rows(mpi_image, verify_image, work, e2e_facts):
 
 
 def one_error(output):
-    """The build's one error (no traceback, one error line), its lines."""
+    """The build's one error (no traceback, one error line): it and what follows."""
     assert "Traceback" not in output, output[-3000:]
-    assert len(error_lines(output)) == 1, output[-3000:]
-    return [ln for ln in output.splitlines() if "rror" in ln]
+    found = error_lines(output)
+    assert len(found) == 1, output[-3000:]
+    return output[output.index(found[0]) :].splitlines()
 
 
 def test_a_base_without_mpi_is_one_message(work, build):
