@@ -16,7 +16,9 @@
 #  (d) cotainr's Sphinx docs build (apidoc, relnotes, html) with no more
 #      warnings than stock (intersphinx left out: it needs the network),
 #  (e) cotainr-lumi's tests pass with that cotainr installed: its whole unit
-#      suite on the whole series, and on each small patch alone the tests of
+#      suite and the seam guard (tests/e2e/test_seam_guard.py: a real layered
+#      build uses no private cotainr name) on the whole series, and on each
+#      small patch alone the tests of
 #      how it meets cotainr ($seam_tests below: the start-up hook and the
 #      shim, the layering, future cotainr releases, the plugin module, stock
 #      use); the fallback path on each stock release is
@@ -266,12 +268,18 @@ in runpy.run_path('conf.py')['extensions'] if e != 'sphinx.ext.intersphinx'))") 
 # own, from the repository root; the result in $logs/KEY.lumi
 run_lumi_suite() {
     local key=$1 which=$2 venv=$work/venv-lumi-$1 log=$logs/$1-lumi.log rc=0 summary
-    local tests=()
-    [ "$which" = all ] || tests=("${seam_tests[@]}")
+    local tests=() marks="not e2e"
+    if [ "$which" = all ]; then
+        # and the seam guard: a real layered build touches no private or
+        # unlisted cotainr name (tests/e2e/test_seam_guard.py, Apptainer)
+        marks="not e2e or seam_guard"
+    else
+        tests=("${seam_tests[@]}")
+    fi
     {
         make_venv "$venv" --no-index --find-links "$work/wheelhouse" \
             "$work"/wheels/"$key"/cotainr-*.whl "${lumi_wheel}[test]" &&
-            (cd "$root" && CI=true "$venv/bin/python" -m pytest -m "not e2e" -q \
+            (cd "$root" && CI=true "$venv/bin/python" -m pytest -m "$marks" -q \
                 -p no:cacheprovider --basetemp="$work/lumi-tmp-$key" "${tests[@]}")
     } >"$log" 2>&1 || rc=$?
     summary=$(awk '/^=* *[0-9]+ (passed|failed|errors?)|no tests ran/ {last = $0}

@@ -7,8 +7,9 @@ access from cotainr-lumi's code in the ``cotainr`` process.
 
 It needs a cotainr with the series applied, so the README's command (on the
 cotainr release) deselects it (marker ``seam_guard``, pyproject.toml's
-addopts); CI runs it through ``scripts/e2e-on-series.sh``, which applies the
-series and runs it by default.
+addopts); ``scripts/check-upstream-series.sh`` runs it on the whole series
+(in CI), as does ``scripts/e2e-on-series.sh -m seam_guard
+tests/e2e/test_seam_guard.py``.
 """
 
 import os
