@@ -15,13 +15,12 @@ import logging
 import os
 from pathlib import Path
 import shlex
-import signal
 import subprocess
 import sys
-import threading
 
-from ..errors import UnsupportedCotainrError, clip_output
+from ..errors import UnsupportedCotainrError
 from ..imagelayout import LABEL_PAD, LABELS_FILE
+from ..processes import CommandError, CommandTimeoutError, killed_after
 
 try:
     import cotainr
@@ -229,35 +228,6 @@ def setup_cli_logging(*, log_settings):
     root.handlers = [out, err]
 
 
-class CommandError(Exception):
-    """A command run in the sandbox failed."""
-
-    def __init__(self, *, cmd, returncode, stdout="", stderr=""):
-        self.cmd = list(cmd)
-        self.returncode = returncode
-        self.stdout = stdout or ""
-        self.stderr = stderr or ""
-        super().__init__(
-            f"Command {shlex.join(self.cmd)} exited with status {returncode}"
-        )
-
-    def error_lines(self, *, limit=40):
-        """The lines of output that explain the failure."""
-        lines = (self.stderr or self.stdout).splitlines()
-        tags = ("ERROR", "error", "Error", "FATAL", "No module named")
-        chosen = [ln for ln in lines if any(tag in ln for tag in tags)] or lines
-        return clip_output("\n".join(chosen[-limit:]))
-
-
-class CommandTimeoutError(CommandError):
-    """A command run in the sandbox ran longer than its timeout (and was killed)."""
-
-    def __init__(self, *, cmd, timeout):
-        super().__init__(
-            cmd=cmd, returncode=-9, stderr=f"ERROR: killed after {timeout:g} s"
-        )
-
-
 def command_error_from(error, *, cmd=None):
     """The :class:`CommandError` of a failed command (a ``ValueError`` from it: 2025.7)."""
     if isinstance(error, CommandError):
@@ -275,34 +245,6 @@ def command_error_from(error, *, cmd=None):
     )
 
 
-@contextlib.contextmanager
-def _killed_after(timeout, *, marker):
-    """After `timeout` s, kill the process working on `marker` and all below it."""
-    fired = []
-
-    def kill():
-        fired.append(True)
-        for pid in shim.process_tree(os.getpid())[1:]:
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker.encode() in cmdline:
-                for victim in reversed(shim.process_tree(pid)):
-                    with contextlib.suppress(OSError):
-                        os.kill(victim, signal.SIGKILL)
-                return
-
-    timer = threading.Timer(timeout or 0, kill)
-    timer.daemon = True
-    if timeout:
-        timer.start()
-    try:
-        yield fired
-    finally:
-        timer.cancel()
-
-
 class Sandbox:
     """A cotainr ``SingularitySandbox`` with the helpers our stages use."""
 
@@ -315,7 +257,7 @@ class Sandbox:
         cmd = [str(a) for a in args]
         if env:
             cmd = ["env", *(f"{k}={v}" for k, v in env.items()), *cmd]
-        with _killed_after(timeout, marker=str(self.root)) as fired:
+        with killed_after(timeout, marker=str(self.root)) as fired:
             try:
                 return self.stock.run_command_in_container(cmd=shlex.join(cmd))
             except UnicodeDecodeError as e:

@@ -21,6 +21,7 @@ import types
 from typing import Optional
 
 from ..errors import fail
+from ..processes import process_tree
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -588,24 +589,6 @@ def _spinner_only_on_a_terminal():
     finally:
         if spinner is not None:
             tracing.ConsoleSpinner = spinner
-
-
-def process_tree(pid):
-    """`pid` and the process ids below it (Linux /proc)."""
-    found = [pid]
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = (task / "children").read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if child not in found:
-                    found.append(child)
-                    todo.append(child)
-    return found
 
 
 @contextlib.contextmanager
