@@ -76,7 +76,7 @@ SHIM_PROBLEM = None if NATIVE else shim.install(**_modules, version=cotainr_vers
 
 
 def _go_json_size(labels):
-    """The size of labels.json as Apptainer writes it (Go: tabs, raw UTF-8, <>& escaped)."""
+    """The size of Apptainer's labels.json (Go: tabs, raw UTF-8, <>& escaped)."""
     text = json.dumps(labels, indent="\t", ensure_ascii=False)
     return len(text.encode()) + 5 * sum(text.count(c) for c in "<>&")
 
@@ -85,11 +85,9 @@ def stock_cotainr_pad(*, labels):
     """
     A label that keeps stock cotainr's rewrite of this labels.json valid.
 
-    cotainr 2025.7.1 and older rewrite labels.json in place, compact and without
-    truncating it (fixed by patch 0003 of docs/upstream/series): a build on an
-    image whose Apptainer-written labels.json is longer than the rewrite fails.
-    Each "\u00b7" is 2 bytes in Apptainer's file and 6 in cotainr's, so enough of
-    them make the rewrite the longer one, even with an empty new cotainr.command.
+    cotainr <= 2025.7.1 rewrites labels.json in place without truncating it
+    (patch 0003 of docs/upstream/series): a shorter rewrite leaves a broken file.
+    Each "\u00b7" is 2 bytes in Apptainer's file and 6 in cotainr's rewrite.
     """
     labels = {k: v for k, v in labels.items() if k != LABEL_PAD}
     short = {k: "" if k == "cotainr.command" else v for k, v in labels.items()}
@@ -99,16 +97,7 @@ def stock_cotainr_pad(*, labels):
 
 
 def write_labels(*, sandbox, labels):
-    """
-    Add `labels` to the sandbox's ``labels.json`` (cotainr adds its own after).
-
-    Parameters
-    ----------
-    sandbox : cotainr's ``SingularitySandbox``
-        The sandbox; a link in the base image's ``/.singularity.d`` is refused.
-    labels : dict of str to str
-        The labels.
-    """
+    """Add `labels` to the sandbox's labels.json (no link; cotainr adds its own)."""
     if not NATIVE:
         path = shim.host_path(sandbox.sandbox_dir, LABELS_FILE)
     else:
@@ -177,7 +166,7 @@ def stock_systems_file():
 
 
 def site_systems_file():
-    """LUST's ``systems.json``: in $EBROOTCOTAINR, else cotainr's own (None: neither)."""
+    """LUST's systems.json: in $EBROOTCOTAINR, else cotainr's own (None: neither)."""
     root = os.environ.get("EBROOTCOTAINR", "").strip()
     candidates = [Path(root) / "systems.json"] if root else []
     return next((p for p in [*candidates, stock_systems_file()] if p.is_file()), None)
@@ -229,7 +218,7 @@ def setup_cli_logging(*, log_settings):
 
 
 def command_error_from(error, *, cmd=None):
-    """The :class:`CommandError` of a failed command (a ``ValueError`` from it: 2025.7)."""
+    """The :class:`CommandError` of a failed command (2025.7: its ``ValueError``)."""
     if isinstance(error, CommandError):
         return error
     cause = error.__cause__ if isinstance(error, ValueError) else error
