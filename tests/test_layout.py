@@ -24,6 +24,7 @@ LAYERS = {
     "imagelayout": 0,
     "apptainer": 0,
     "safeio": 0,
+    "processes": 0,
     "_cotainr": 1,
     "engine": 2,
     "stages": 3,
@@ -212,3 +213,4 @@ def test_the_leaf_modules_import_nothing_of_the_package():
         imports = dict(IMPORTS)[leaf]
         assert imports == [], f"{leaf} imports {imports}"
     assert sorted(dict(IMPORTS)["apptainer"]) == ["errors", "safeio"]
+    assert dict(IMPORTS)["processes"] == ["errors"]

@@ -15,13 +15,12 @@ import logging
 import os
 from pathlib import Path
 import shlex
-import signal
 import subprocess
 import sys
-import threading
 
-from ..errors import UnsupportedCotainrError, clip_output
+from ..errors import UnsupportedCotainrError
 from ..imagelayout import LABEL_PAD, LABELS_FILE
+from ..processes import CommandError, CommandTimeoutError, killed_after
 
 try:
     import cotainr
@@ -77,7 +76,7 @@ SHIM_PROBLEM = None if NATIVE else shim.install(**_modules, version=cotainr_vers
 
 
 def _go_json_size(labels):
-    """The size of labels.json as Apptainer writes it (Go: tabs, raw UTF-8, <>& escaped)."""
+    """The size of Apptainer's labels.json (Go: tabs, raw UTF-8, <>& escaped)."""
     text = json.dumps(labels, indent="\t", ensure_ascii=False)
     return len(text.encode()) + 5 * sum(text.count(c) for c in "<>&")
 
@@ -86,11 +85,9 @@ def stock_cotainr_pad(*, labels):
     """
     A label that keeps stock cotainr's rewrite of this labels.json valid.
 
-    cotainr 2025.7.1 and older rewrite labels.json in place, compact and without
-    truncating it (fixed by patch 0003 of docs/upstream/series): a build on an
-    image whose Apptainer-written labels.json is longer than the rewrite fails.
-    Each "\u00b7" is 2 bytes in Apptainer's file and 6 in cotainr's, so enough of
-    them make the rewrite the longer one, even with an empty new cotainr.command.
+    cotainr <= 2025.7.1 rewrites labels.json in place without truncating it
+    (patch 0003 of docs/upstream/series): a shorter rewrite leaves a broken file.
+    Each "\u00b7" is 2 bytes in Apptainer's file and 6 in cotainr's rewrite.
     """
     labels = {k: v for k, v in labels.items() if k != LABEL_PAD}
     short = {k: "" if k == "cotainr.command" else v for k, v in labels.items()}
@@ -100,16 +97,7 @@ def stock_cotainr_pad(*, labels):
 
 
 def write_labels(*, sandbox, labels):
-    """
-    Add `labels` to the sandbox's ``labels.json`` (cotainr adds its own after).
-
-    Parameters
-    ----------
-    sandbox : cotainr's ``SingularitySandbox``
-        The sandbox; a link in the base image's ``/.singularity.d`` is refused.
-    labels : dict of str to str
-        The labels.
-    """
+    """Add `labels` to the sandbox's labels.json (no link; cotainr adds its own)."""
     if not NATIVE:
         path = shim.host_path(sandbox.sandbox_dir, LABELS_FILE)
     else:
@@ -178,7 +166,7 @@ def stock_systems_file():
 
 
 def site_systems_file():
-    """LUST's ``systems.json``: in $EBROOTCOTAINR, else cotainr's own (None: neither)."""
+    """LUST's systems.json: in $EBROOTCOTAINR, else cotainr's own (None: neither)."""
     root = os.environ.get("EBROOTCOTAINR", "").strip()
     candidates = [Path(root) / "systems.json"] if root else []
     return next((p for p in [*candidates, stock_systems_file()] if p.is_file()), None)
@@ -229,37 +217,8 @@ def setup_cli_logging(*, log_settings):
     root.handlers = [out, err]
 
 
-class CommandError(Exception):
-    """A command run in the sandbox failed."""
-
-    def __init__(self, *, cmd, returncode, stdout="", stderr=""):
-        self.cmd = list(cmd)
-        self.returncode = returncode
-        self.stdout = stdout or ""
-        self.stderr = stderr or ""
-        super().__init__(
-            f"Command {shlex.join(self.cmd)} exited with status {returncode}"
-        )
-
-    def error_lines(self, *, limit=40):
-        """The lines of output that explain the failure."""
-        lines = (self.stderr or self.stdout).splitlines()
-        tags = ("ERROR", "error", "Error", "FATAL", "No module named")
-        chosen = [ln for ln in lines if any(tag in ln for tag in tags)] or lines
-        return clip_output("\n".join(chosen[-limit:]))
-
-
-class CommandTimeoutError(CommandError):
-    """A command run in the sandbox ran longer than its timeout (and was killed)."""
-
-    def __init__(self, *, cmd, timeout):
-        super().__init__(
-            cmd=cmd, returncode=-9, stderr=f"ERROR: killed after {timeout:g} s"
-        )
-
-
 def command_error_from(error, *, cmd=None):
-    """The :class:`CommandError` of a failed command (a ``ValueError`` from it: 2025.7)."""
+    """The :class:`CommandError` of a failed command (2025.7: its ``ValueError``)."""
     if isinstance(error, CommandError):
         return error
     cause = error.__cause__ if isinstance(error, ValueError) else error
@@ -275,34 +234,6 @@ def command_error_from(error, *, cmd=None):
     )
 
 
-@contextlib.contextmanager
-def _killed_after(timeout, *, marker):
-    """After `timeout` s, kill the process working on `marker` and all below it."""
-    fired = []
-
-    def kill():
-        fired.append(True)
-        for pid in shim.process_tree(os.getpid())[1:]:
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker.encode() in cmdline:
-                for victim in reversed(shim.process_tree(pid)):
-                    with contextlib.suppress(OSError):
-                        os.kill(victim, signal.SIGKILL)
-                return
-
-    timer = threading.Timer(timeout or 0, kill)
-    timer.daemon = True
-    if timeout:
-        timer.start()
-    try:
-        yield fired
-    finally:
-        timer.cancel()
-
-
 class Sandbox:
     """A cotainr ``SingularitySandbox`` with the helpers our stages use."""
 
@@ -315,7 +246,7 @@ class Sandbox:
         cmd = [str(a) for a in args]
         if env:
             cmd = ["env", *(f"{k}={v}" for k, v in env.items()), *cmd]
-        with _killed_after(timeout, marker=str(self.root)) as fired:
+        with killed_after(timeout, marker=str(self.root)) as fired:
             try:
                 return self.stock.run_command_in_container(cmd=shlex.join(cmd))
             except UnicodeDecodeError as e:

@@ -21,6 +21,7 @@ import types
 from typing import Optional
 
 from ..errors import fail
+from ..processes import process_tree
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -217,16 +218,6 @@ def _systems_with_plugins(get_systems):
     return wrapped
 
 
-def _system_problem(system):
-    """A plugin's word on a system it does not define (``system_problem``)."""
-    for plugin in _plugins().values():
-        ask = getattr(plugin, "system_problem", None)
-        said = ask(system) if ask is not None else None
-        if said:
-            return said
-    return None
-
-
 class _OptionsParser(argparse.ArgumentParser):
     """A parser of one plugin's options that raises instead of exiting."""
 
@@ -235,14 +226,7 @@ class _OptionsParser(argparse.ArgumentParser):
 
 
 def _plugin_options(name, hook, parser):
-    """
-    Add the hook's options to `parser`, in a group of their own.
-
-    Returns
-    -------
-    defaults : dict or None
-        Their destinations and defaults; None: left out (one warning).
-    """
+    """Add the hook's options to `parser`, grouped: {dest: default} (None: left out)."""
     scratch = _OptionsParser(add_help=False)
     try:
         hook.add_arguments(parser=scratch.add_argument_group(f"{name} plugin"))
@@ -333,13 +317,19 @@ def _prepare(build, options):
 
 
 def _check_system(system, systems):
-    if system is not None and system not in systems:
-        raise PluginError(
-            _system_problem(system)
-            or f"System does not exist: {system!r}. Available systems: "
-            f"{', '.join(sorted(systems)) or 'none'} (see 'cotainr info').",
-            exit_code=2,
-        )
+    """Refuse an unknown system, in a plugin's words (``system_problem``) if any."""
+    if system is None or system in systems:
+        return
+    for plugin in _plugins().values():
+        ask = getattr(plugin, "system_problem", None)
+        said = ask(system) if ask is not None else None
+        if said:
+            raise PluginError(said, exit_code=2)
+    raise PluginError(
+        f"System does not exist: {system!r}. Available systems: "
+        f"{', '.join(sorted(systems)) or 'none'} (see 'cotainr info').",
+        exit_code=2,
+    )
 
 
 def _init(original, util):
@@ -413,12 +403,6 @@ def _print_dry_run(build, *, cotainr_lines):
             print(f"    {line}")
 
 
-def _finalize(taking_part, *, error):
-    """Each hook's finalize; an exception it raises is what is reported."""
-    for name, (hook, context, _lines) in taking_part.items():
-        _call(name, hook.finalize, context=context, error=error)
-
-
 def _execute(original):
     @functools.wraps(original)
     def execute(self):
@@ -432,15 +416,17 @@ def _execute(original):
             return original(self)
         _state.build = self
         self._shim_customized = False
+        error = None
         try:
             with stop_cleanly_on_signals(), _spinner_only_on_a_terminal():
                 original(self)
-        except BaseException as error:
-            _finalize(taking_part, error=error)
+        except BaseException as e:
+            error = e
             raise
-        finally:
+        finally:  # each hook's finalize: an exception it raises is reported
             _state.build = None
-        _finalize(taking_part, error=None)
+            for name, (hook, context, _lines) in taking_part.items():
+                _call(name, hook.finalize, context=context, error=error)
 
     return execute
 
@@ -588,24 +574,6 @@ def _spinner_only_on_a_terminal():
     finally:
         if spinner is not None:
             tracing.ConsoleSpinner = spinner
-
-
-def process_tree(pid):
-    """`pid` and the process ids below it (Linux /proc)."""
-    found = [pid]
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = (task / "children").read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if child not in found:
-                    found.append(child)
-                    todo.append(child)
-    return found
 
 
 @contextlib.contextmanager

@@ -16,8 +16,9 @@ import re
 import subprocess
 from typing import Any, Optional
 
-from .. import _cotainr, apptainer, imagelayout
+from .. import apptainer, imagelayout
 from ..errors import StageError
+from ..processes import CommandError, CommandTimeoutError
 from .rootfs import write_file_in_root
 from .targetenv import (
     CONDA_ENV,
@@ -179,11 +180,11 @@ def probe_build(*, sandbox, build):
     try:
         command = probe_command(explicit=explicit or conda_env or None)
         output = sandbox.run(command, timeout=settings.probe_timeout).stdout or ""
-    except _cotainr.CommandTimeoutError:
+    except CommandTimeoutError:
         raise StageError(
             timeout_message(settings.probe_timeout), stage=SETTINGS_NAME
         ) from None
-    except _cotainr.CommandError as e:
+    except CommandError as e:
         raise StageError(
             "could not start the container to find its Python environment",
             stage=SETTINGS_NAME,

@@ -7,9 +7,9 @@ from planfakes import build_facts
 import pytest
 
 from cotainr_lumi import apptainer
-from cotainr_lumi._cotainr import CommandError
 from cotainr_lumi.engine import imageprobe
 from cotainr_lumi.errors import StageError
+from cotainr_lumi.processes import CommandError
 
 SIF_HEADER = b"#!/usr/bin/env run-singularity\n\0SIF_MAGIC\x0001\x00rest"
 

@@ -7,7 +7,6 @@ import sys
 from planfakes import build_facts, plan_text, stage_context
 import pytest
 
-from cotainr_lumi._cotainr import CommandError
 from cotainr_lumi.engine import imageprobe
 from cotainr_lumi.engine.imageprobe import PROBE_SCRIPT, parse_probe
 from cotainr_lumi.engine.stage import StageContext
@@ -20,6 +19,7 @@ from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.imagelayout import TARGET_ENV_FILE
 from cotainr_lumi.pipeline import describe
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
+from cotainr_lumi.processes import CommandError
 
 M = "COTAINR_LUMI_TARGET_ENV"
 ENV = "/opt/miniconda3/envs/pytorch"

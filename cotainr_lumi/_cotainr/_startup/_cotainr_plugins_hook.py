@@ -1,18 +1,12 @@
 """
-Load cotainr plugins into the stock ``cotainr build`` command.
+Load cotainr plugins into a stock ``cotainr build`` (a cotainr without discovery).
 
-A cotainr without plugin discovery never imports its plugins. cotainr-lumi
-installs this module at the top of site-packages with a ``.pth`` file that
-imports it at interpreter start. In a process started as ``cotainr build``
-(and in no other: ``cotainr info`` and ``--help`` import no plugin, as on a
-cotainr with plugin discovery), it waits for ``cotainr.cli`` to be imported
-and then loads the ``cotainr.plugins`` entry points (cotainr-lumi's installs
-its shim of the build hook). Nothing happens when cotainr has the build hook
-(``cotainr.plugins.HOOK_API_VERSION``) or ``COTAINR_DISABLE_PLUGINS`` /
-``COTAINR_LUMI_DISABLE`` is set, and no failure here stops cotainr: it is one
-warning, and stock cotainr runs.
-
-Standard library only; at start-up nothing is imported beyond ``os`` and ``sys``.
+Installed at the top of site-packages with a ``.pth`` file that imports it at
+interpreter start: in a ``cotainr build`` process only (``info`` and ``--help``
+import no plugin), it loads the ``cotainr.plugins`` entry points once
+``cotainr.cli`` is imported. Nothing happens when cotainr has the build hook or
+``COTAINR_DISABLE_PLUGINS`` / ``COTAINR_LUMI_DISABLE`` is set; a failure is one
+warning and stock cotainr runs. Standard library only (``os`` and ``sys`` at start).
 """
 
 import os

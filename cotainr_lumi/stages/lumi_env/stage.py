@@ -13,12 +13,13 @@ import json
 from pathlib import Path
 import shlex
 
-from ... import _cotainr, imagelayout
+from ... import imagelayout
 from ...engine.rootfs import write_file_in_root
 from ...engine.stage import HostFiles, Stage, StageReport
 from ...errors import InputError, StageError
 from ...imagelayout import LUMI_ENV_FILE as ENV_FILE
 from ...imagelayout import MPI_ENV_FILE, MPI_FILE, RUNSCRIPTS_DIR, USER_SOFTWARE_DIR
+from ...processes import CommandError
 from . import entrypoint, imagefiles, network
 from .envfile import render_env_file
 from .imagefiles import RUNSCRIPTS
@@ -290,7 +291,7 @@ class LumiEnvStage(Stage):
         args, load_check = self._start_command(context=context, mpi=mpi)
         try:
             proc = sandbox.run(args)
-        except _cotainr.CommandError as e:
+        except CommandError as e:
             raise StageError(
                 f"the container does not start with the generated {ENV_FILE}",
                 stage=self.name,

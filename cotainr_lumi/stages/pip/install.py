@@ -12,10 +12,11 @@ import shutil
 import time
 from typing import Callable
 
-from ... import _cotainr, imagelayout
+from ... import imagelayout
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import StageReport
 from ...errors import SECRET_NAME_RE, StageError, redact, redact_env
+from ...processes import CommandError
 from .cache import export_cache, import_cache
 from .hostenv import host_pip_overrides
 from .protect import (
@@ -279,7 +280,7 @@ class PipRun:
             info["uv"] = self.stage.uv[1]
         try:
             proc = self._run([target.python, "-m", "pip", "--version"])
-        except _cotainr.CommandError as e:
+        except CommandError as e:
             if self.installers == {"uv"}:  # uv installs and lists: no pip needed
                 return info
             raise StageError(
@@ -348,7 +349,7 @@ class PipRun:
             info = self._check_pip(target)
             summary = f"no pip steps; package list of {target.prefix}: "
             return self._report({"target": info, "steps": []}, summary=summary)
-        except (StageError, _cotainr.CommandError) as e:
+        except (StageError, CommandError) as e:
             logger.warning(
                 "No pip steps and no package list: %s",
                 str(e).splitlines()[0] if str(e) else type(e).__name__,
@@ -448,7 +449,7 @@ class PipRun:
         try:
             with private_wheel_cache(root=self.root, step=step, cache=cache):
                 self._run(cmd, env=env, script=f"unset {unset}; ")
-        except _cotainr.CommandError as e:
+        except CommandError as e:
             raise install_error(e, step=step, before=before, staged=staged) from e
         finally:  # pip has read them: the image keeps them without credentials
             for path in staged.kept_files:

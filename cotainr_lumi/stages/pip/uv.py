@@ -18,9 +18,10 @@ from pathlib import Path
 import re
 import shutil
 
-from ... import _cotainr, imagelayout
+from ... import imagelayout
 from ...engine.rootfs import resolve_in_root
 from ...errors import InputError, StageError
+from ...processes import CommandError
 from .protect import Conflict
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -99,7 +100,7 @@ def uv_in_sandbox(*, root, uv, cache, run):
     host.chmod(0o755)
     try:
         run([UV_BIN, "--version"])
-    except _cotainr.CommandError as e:
+    except CommandError as e:
         raise StageError(
             f"uv {uv[1]} does not run in this image; install these steps with "
             "pip: --set pip.installer=pip (or 'installer: pip' in a step).",

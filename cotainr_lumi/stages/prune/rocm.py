@@ -15,7 +15,6 @@ from pathlib import Path
 import re
 import shutil
 
-from ... import _cotainr
 from ...engine import rocmwindow
 from ...engine.elfinfo import read_elf_info, scan_elf_files
 from ...engine.rootfs import (
@@ -26,6 +25,7 @@ from ...engine.rootfs import (
     walk_in_root,
 )
 from ...errors import StageError
+from ...processes import CommandError
 from .manifest import ManifestEntry, format_bytes
 
 logger = logging.getLogger(f"cotainr.{__name__}")
@@ -506,9 +506,9 @@ class RocmDedup:
                     f"links do not resolve to their ROCm entries: {', '.join(escaped)}"
                 )
             return self._verify(applied)
-        except (_cotainr.CommandError, ValueError, RuntimeError) as e:
+        except (CommandError, ValueError, RuntimeError) as e:
             rollback(actions=all_actions)
-            details = e.error_lines() if isinstance(e, _cotainr.CommandError) else None
+            details = e.error_lines() if isinstance(e, CommandError) else None
             raise StageError(
                 f"checking the de-duplicated ROCm libraries failed ({e}); the "
                 "bundled libraries were restored. Use --set prune.rocm-dedup=false to skip this step.",

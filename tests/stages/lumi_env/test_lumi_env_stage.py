@@ -14,13 +14,13 @@ import pytest
 from targetenv_fakes import is_probe, probe_stdout
 
 import cotainr_lumi
-from cotainr_lumi import _cotainr
 from cotainr_lumi.engine.stage import BaseImage
 from cotainr_lumi.engine.targetenv import TargetEnv
 from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.imagelayout import LUMI_ENV_FILE as ENV_FILE
 from cotainr_lumi.imagelayout import WITH_CONDA_FILE
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
+from cotainr_lumi.processes import CommandError
 from cotainr_lumi.stages import PIPELINE
 from cotainr_lumi.stages.lumi_env import imagefiles
 from cotainr_lumi.stages.lumi_env.imagefiles import BASE_WITH_CONDA_MARK, RUNSCRIPTS
@@ -66,7 +66,7 @@ class FakeSandbox:
             return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
         assert "CONDA_EXE" not in script, "a second probe of the image"
         if self.fail_check:
-            raise _cotainr.CommandError(
+            raise CommandError(
                 cmd=args, returncode=255, stdout="", stderr="FATAL: bad env"
             )
         return subprocess.CompletedProcess(args, 0, stdout="ok\n", stderr="")

@@ -11,9 +11,10 @@ from planfakes import plan_text, stage_context
 import pytest
 from targetenv_fakes import is_probe, probe_stdout
 
-from cotainr_lumi import _cotainr, buildoptions
+from cotainr_lumi import buildoptions
 from cotainr_lumi.errors import InputError, StageError
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
+from cotainr_lumi.processes import CommandError
 from cotainr_lumi.stages.pip.install import CHECK_FILE, STEPS_FILE
 from cotainr_lumi.stages.pip.stage import PACKAGES_FILE, WORK_DIR, PipStage
 
@@ -218,7 +219,7 @@ def _sandbox_without_python(tmp_path, mocker):
     mocker.patch.object(
         sandbox,
         "run",
-        side_effect=_cotainr.CommandError(
+        side_effect=CommandError(
             cmd=["bash"], returncode=127, stdout="", stderr="no python on PATH"
         ),
     )
@@ -383,9 +384,7 @@ def test_protection_conflict_names_package_version_and_requirement(inputs, tmp_p
     def on_install(argv, env):
         cache = sandbox.host(f"{WORK_DIR}/cache")
         (cache / "kept-even-on-failure").write_text("x")
-        raise _cotainr.CommandError(
-            cmd=argv, returncode=1, stdout="", stderr=CONFLICT_STDERR
-        )
+        raise CommandError(cmd=argv, returncode=1, stdout="", stderr=CONFLICT_STDERR)
 
     sandbox.on_install = on_install
     with pytest.raises(StageError) as info:
@@ -413,7 +412,7 @@ def test_other_pip_failure_shows_step_source_and_pip_errors(inputs, tmp_path):
 
     def on_install(argv, env):
         assert "--no-cache-dir" in argv
-        raise _cotainr.CommandError(
+        raise CommandError(
             cmd=argv,
             returncode=1,
             stdout="Collecting x\n",
@@ -600,7 +599,7 @@ def test_a_failing_step_shows_no_credentials(inputs, tmp_path):
     sandbox = FakeSandbox(tmp_path / "sb", {})
 
     def on_install(argv, env):
-        raise _cotainr.CommandError(
+        raise CommandError(
             cmd=argv,
             returncode=1,
             stdout="",

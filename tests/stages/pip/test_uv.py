@@ -11,8 +11,8 @@ from planfakes import stage_context
 import pytest
 from test_pip_stage import BUILD, PREFIX, FakeSandbox, _stage_from_cli, inputs  # noqa: F401
 
-from cotainr_lumi import _cotainr
 from cotainr_lumi.errors import InputError, StageError
+from cotainr_lumi.processes import CommandError
 from cotainr_lumi.stages.pip import uv
 from cotainr_lumi.stages.pip.install import CHECK_FILE
 from cotainr_lumi.stages.pip.stage import PipStage
@@ -157,9 +157,7 @@ def test_uv_that_does_not_run_in_the_image_is_one_error(inputs, tmp_path, fake_u
 
     def run(args, *, env=None, timeout=None):
         if "--version" in args[-1] and UV_BIN in args[-1]:
-            raise _cotainr.CommandError(
-                cmd=args, returncode=1, stderr="GLIBC_2.17 not found"
-            )
+            raise CommandError(cmd=args, returncode=1, stderr="GLIBC_2.17 not found")
         return UvSandbox.run(sandbox, args, env=env, timeout=timeout)
 
     sandbox.run = run

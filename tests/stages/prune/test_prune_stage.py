@@ -18,12 +18,12 @@ from targetenv_fakes import is_probe, probe_stdout
 from test_libstdcxx import DEB_DIR, install_lib
 from test_rocm import make_rocm
 
-from cotainr_lumi import _cotainr
 from cotainr_lumi.errors import InputError, ProfileError, StageError
 from cotainr_lumi.imagelayout import LABEL_PRUNE_MANIFEST as MANIFEST_LABEL
 from cotainr_lumi.imagelayout import PRUNE_MANIFEST_FILE as MANIFEST_PATH
 from cotainr_lumi.pipeline.plan import BuildRequest, make_plan
 from cotainr_lumi.pipeline.profiles import load_systems
+from cotainr_lumi.processes import CommandError
 from cotainr_lumi.stages import PIPELINE
 from cotainr_lumi.stages.prune.rocm import VERIFY_SCRIPT
 from cotainr_lumi.stages.prune.stage import PruneSettings, PruneStage
@@ -218,9 +218,7 @@ def test_failed_check_command_rolls_back(root, mocker):
     sandbox = FakeSandbox(root)
 
     def failing(objects):
-        raise _cotainr.CommandError(
-            cmd=["bash"], returncode=1, stdout="", stderr="ERROR: boom"
-        )
+        raise CommandError(cmd=["bash"], returncode=1, stdout="", stderr="ERROR: boom")
 
     sandbox.verify = failing
     with pytest.raises(StageError, match="were restored"):

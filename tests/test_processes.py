@@ -1,0 +1,61 @@
+import os
+import subprocess
+import sys
+import time
+
+from cotainr_lumi.processes import (
+    CommandError,
+    CommandTimeoutError,
+    killed_after,
+    process_tree,
+)
+
+# A shell (`marker` on its command line) whose child shell starts a sleep.
+SLEEPER = "sh -c 'sleep 60; :' \"$0\" & wait"
+
+
+def _start(marker):
+    proc = subprocess.Popen(["sh", "-c", SLEEPER, str(marker)])
+    for _ in range(100):
+        if len(process_tree(proc.pid)) >= 3:
+            return proc
+        time.sleep(0.05)
+    raise AssertionError("the grandchild did not start")
+
+
+def test_process_tree_finds_the_grandchildren(tmp_path):
+    proc = _start(tmp_path)
+    try:
+        tree = process_tree(os.getpid())
+        assert proc.pid in tree and len(process_tree(proc.pid)) >= 3
+    finally:
+        for pid in reversed(process_tree(proc.pid)):
+            os.kill(pid, 9)
+        proc.wait()
+
+
+def test_killed_after_kills_the_marked_tree_and_says_so(tmp_path):
+    with killed_after(0.5, marker=str(tmp_path)) as fired:
+        proc = _start(tmp_path)
+        assert proc.wait(timeout=30) != 0
+    assert fired == [True]
+
+
+def test_killed_after_without_a_timeout_kills_nothing(tmp_path):
+    with killed_after(None, marker=str(tmp_path)) as fired:
+        done = subprocess.run([sys.executable, "-c", "pass"], check=False)
+    assert done.returncode == 0 and fired == []
+
+
+def test_error_lines_pick_the_error_and_a_timeout_says_so():
+    error = CommandError(
+        cmd=["pip", "install", "x"],
+        returncode=1,
+        stdout="Collecting x\n",
+        stderr="Collecting x\nERROR: No matching distribution found for x\n",
+    )
+    assert str(error) == "Command pip install x exited with status 1"
+    assert error.error_lines() == "ERROR: No matching distribution found for x"
+    timeout = CommandTimeoutError(cmd=["sleep", "9"], timeout=2)
+    assert timeout.returncode == -9
+    assert timeout.error_lines() == "ERROR: killed after 2 s"
