@@ -50,10 +50,10 @@ def change(tree, module, old, new):
 
 
 NEW_OPTION = [
-    (
+    (  # the last parameter of Build.__init__ (whatever it is: a patch adds some)
         "cli",
-        "        no_color=False,\n    ):",
-        "        no_color=False,\n        foo=None,\n    ):",
+        '    ):\n        """Construct the "build" subcommand."""',
+        '        foo=None,\n    ):\n        """Construct the "build" subcommand."""',
     ),
     (
         "cli",
