@@ -147,9 +147,18 @@ class BaseView:
         self.layers = overlays(self.source)
 
     def mount(self, *, at):
-        """Mount the view at `at` (:class:`LayerError`: nothing left mounted)."""
+        """Mount the view at `at` (an error or a signal: nothing left mounted)."""
         if set(",:") & set(str(self.work)):
             raise LayerError(f"the work dir {self.work} has a ',' or ':'")
+        try:
+            self._mount_view(at)
+        except BaseException:
+            self.unmount()
+            raise
+        self.merged = Path(at)
+        logger.info("The base image is mounted read-only at %s (no unpack)", at)
+
+    def _mount_view(self, at):
         fuse = self.fuse
         lowers = []
         self.parts = _partitions(self.source)
@@ -176,23 +185,19 @@ class BaseView:
         except subprocess.SubprocessError as e:
             seen = subprocess.CompletedProcess(e.cmd, -1, "", str(e))
         if seen.returncode:
-            self.unmount()
             why = last_line(seen.stderr)
             raise LayerError(f"the runtime cannot run the mounted base: {why}")
-        self.merged = Path(at)
-        logger.info("The base image is mounted read-only at %s (no unpack)", at)
 
     def refused(self, problem):
         """The error for this base when it cannot be mounted (it has layers)."""
         return refusal(self.base, problem)
 
     def _mount(self, cmd):
-        self.mounts.append(cmd[-1])  # before: an interrupted mount may have mounted
+        self.mounts.append(cmd[-1])  # a signal may come once it is mounted
         try:
             _run(cmd)
         except (OSError, LayerError):
-            self.mounts.pop()
-            self.unmount()
+            self.mounts.pop()  # it failed: nothing mounted there
             raise
 
     def unmount(self):

@@ -175,9 +175,6 @@ class Build:
             logger.warning("The base image is unpacked (not mounted): %s", e)
             self.view = None
             return None
-        except BaseException:  # interrupted: cotainr then removes the directory
-            self.view.unmount()
-            raise
         return self.view.unmount
 
     def _check_mounted(self):

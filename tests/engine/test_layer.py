@@ -138,6 +138,27 @@ def test_a_killed_builds_mounts_are_unmounted(tmp_path):
     shutil.rmtree(build)
 
 
+def test_an_interrupted_mount_leaves_nothing_mounted(tmp_path, monkeypatch):
+    # SIGTERM while the overlay is mounted: cotainr then removes the sandbox
+    # directory, which must not hold the base's files any more.
+    from cotainr_lumi._cotainr import BuildInterruptedError
+
+    unmounted = []
+
+    def run(cmd):
+        if cmd[0] == "fuse-overlayfs":
+            raise BuildInterruptedError(15)
+
+    monkeypatch.setattr(layer, "_run", run)
+    monkeypatch.setattr(layer, "unmount", unmounted.append)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    view = layer.BaseView(base=sif(tmp_path / "a.sif"), work=tmp_path / "build")
+    with pytest.raises(BuildInterruptedError):
+        view.mount(at=tmp_path / "sandbox")
+    assert unmounted == [tmp_path / "sandbox", tmp_path / "build" / "lower-1"]
+    assert view.merged is None
+
+
 def test_a_mount_the_runtime_cannot_run_is_undone(tmp_path, monkeypatch):
     # LUMI's setuid runtime may not see a user's FUSE mounts (no allow_other):
     # the view is unmounted and the build unpacks the base instead.
