@@ -2,7 +2,7 @@
 
 import logging
 
-from . import _cotainr
+from . import _cotainr, console
 from .errors import CotainrLumiError, ImageExistsError, StageError
 from .pipeline import describe
 from .pipeline.build import Build, BuildResult
@@ -106,11 +106,8 @@ def build(
         no image is written).
     """
     build_plan = plan(**request)
-    log_settings = _cotainr.make_log_settings(
-        verbosity=verbosity, log_to_file=log_to_file, no_color=True
-    )
     if setup_logging:
-        _cotainr.setup_cli_logging(log_settings=log_settings)
+        console.setup_logging(verbosity=verbosity)
     if dry_run:
         text, _answer = describe.dry_run(build_plan)
         return BuildResult.of_plan(build_plan, dry_run=True, plan_text=text)

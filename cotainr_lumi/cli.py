@@ -10,6 +10,7 @@ import argparse
 import signal
 import sys
 
+from . import console, processes
 from .errors import CotainrLumiError, InputError, UnsupportedCotainrError, fail
 
 #: Why cotainr cannot be used (None: it can): every command is that one error.
@@ -39,11 +40,11 @@ class Verify:
         from .verify.checks import verify_image
 
         try:  # a signal is an exception: exec_in_image kills the container
-            with _cotainr.shim.stop_cleanly_on_signals():
+            with processes.stop_cleanly_on_signals():
                 return verify_image(
                     image=self.image, strict=self.strict, timeout=self.timeout
                 )
-        except _cotainr.BuildInterruptedError as e:
+        except processes.BuildInterruptedError as e:
             fail(
                 f"verify was interrupted by {signal.Signals(e.signum).name}; the "
                 "container it started was stopped",
@@ -92,7 +93,7 @@ def _parser():
     parser.add_argument(
         "--version",
         action="version",
-        version=f"%(prog)s {__version__} (cotainr {_cotainr.cotainr_version()})",
+        version=f"%(prog)s {__version__} (cotainr {_cotainr.COTAINR_VERSION})",
     )
     subparsers = parser.add_subparsers(title="subcommands")
     for name, summary in (
@@ -166,9 +167,7 @@ class CotainrLumiCLI:
             raise SystemExit(0)
         self.subcommand = options.pop("command")(**options)
         quiet = -int(options.get("json", False))  # --json: the report alone on stdout
-        _cotainr.setup_cli_logging(
-            log_settings=_cotainr.make_log_settings(verbosity=quiet)
-        )
+        console.setup_logging(verbosity=quiet)
 
     def execute(self):
         """Run the subcommand; one error line for a failed build stage."""
@@ -176,7 +175,7 @@ class CotainrLumiCLI:
             return self._info()
         try:
             self.subcommand.execute()
-        except (_cotainr.PluginError, _cotainr.BuildInterruptedError) as e:
+        except (_cotainr.PluginError, processes.BuildInterruptedError) as e:
             fail(e)
 
     def _info(self):

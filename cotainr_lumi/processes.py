@@ -3,7 +3,8 @@ Commands that fail and processes that are stopped.
 
 :class:`CommandError` is a failed command run in the build's sandbox;
 :func:`process_tree` and :func:`killed_after` find and stop the processes
-below this one (Linux ``/proc``).
+below this one (Linux ``/proc``); :func:`stop_cleanly_on_signals` turns a
+stop signal into :class:`BuildInterruptedError`, so that clean-up runs.
 """
 
 import contextlib
@@ -89,3 +90,42 @@ def killed_after(timeout, *, marker):
         yield fired
     finally:
         timer.cancel()
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class BuildInterruptedError(BaseException):
+    """The build was stopped by a signal (a ``BaseException``, as Ctrl-C's)."""
+
+    def __init__(self, signum):
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(
+            f"the build was interrupted by {signal.Signals(signum).name}; no image "
+            "was written (an existing image is kept) and the build's sandbox and "
+            "partial files were removed"
+        )
+
+
+@contextlib.contextmanager
+def stop_cleanly_on_signals():
+    """Turn SIGTERM/SIGHUP/SIGINT into :class:`BuildInterruptedError`."""
+
+    def handler(signum, frame):
+        for sig in STOP_SIGNALS:  # once: the clean-up must not be interrupted
+            signal.signal(sig, signal.SIG_IGN)
+        for pid in process_tree(os.getpid())[1:]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        raise BuildInterruptedError(signum)
+
+    try:
+        saved = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    except ValueError:  # not the main thread
+        saved = {}
+    try:
+        yield
+    finally:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)

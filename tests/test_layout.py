@@ -25,6 +25,7 @@ LAYERS = {
     "apptainer": 0,
     "safeio": 0,
     "processes": 0,
+    "console": 0,
     "_cotainr": 1,
     "engine": 2,
     "stages": 3,

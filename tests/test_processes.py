@@ -1,13 +1,18 @@
 import os
+import signal
 import subprocess
 import sys
 import time
 
+import pytest
+
 from cotainr_lumi.processes import (
+    BuildInterruptedError,
     CommandError,
     CommandTimeoutError,
     killed_after,
     process_tree,
+    stop_cleanly_on_signals,
 )
 
 # A shell (`marker` on its command line) whose child shell starts a sleep.
@@ -59,3 +64,16 @@ def test_error_lines_pick_the_error_and_a_timeout_says_so():
     timeout = CommandTimeoutError(cmd=["sleep", "9"], timeout=2)
     assert timeout.returncode == -9
     assert timeout.error_lines() == "ERROR: killed after 2 s"
+
+
+def test_a_stop_signal_is_an_interruption_that_stops_the_children_too(tmp_path):
+    proc = _start(tmp_path)
+    handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+    with pytest.raises(BuildInterruptedError) as caught:
+        with stop_cleanly_on_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the signal interrupts this
+    assert caught.value.exit_code == 128 + signal.SIGTERM
+    assert "SIGTERM" in str(caught.value)
+    assert proc.wait(timeout=10) != 0  # its tree got SIGTERM
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == handlers

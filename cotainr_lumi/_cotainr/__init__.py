@@ -8,15 +8,12 @@ has one, else :mod:`.shim`'s, installed when this package is imported.
 
 import argparse
 import contextlib
-from datetime import datetime
 import inspect
 import json
-import logging
 import os
 from pathlib import Path
 import shlex
 import subprocess
-import sys
 
 from ..errors import UnsupportedCotainrError
 from ..imagelayout import LABEL_PAD, LABELS_FILE
@@ -24,10 +21,10 @@ from ..processes import CommandError, CommandTimeoutError, killed_after
 
 try:
     import cotainr
-    from cotainr import cli as _cli
-    from cotainr import container as _container
-    from cotainr import tracing as _tracing
-    from cotainr import util as _util
+    import cotainr.cli
+    import cotainr.container
+    import cotainr.tracing
+    import cotainr.util
 except ImportError as e:  # one message, not a traceback (cli.main says it)
     raise UnsupportedCotainrError(
         f"cotainr-lumi needs cotainr, which cannot be imported ({e}); install "
@@ -43,7 +40,6 @@ except ImportError:
 NATIVE = getattr(_native, "HOOK_API_VERSION", None) == shim.HOOK_API_VERSION
 _api = _native if NATIVE else shim
 BuildContext, PluginError = _api.BuildContext, _api.PluginError
-BuildInterruptedError = shim.BuildInterruptedError
 #: Where cotainr's conda step puts its env since 2025.7.0: a cotainr with the
 #: hook says so in ``context.conda_prefix`` (checked when a build is planned).
 CONDA_PREFIX = "/opt/cotainr/conda"
@@ -61,18 +57,13 @@ def _conda_prefix():
     return CONDA_PREFIX
 
 
+#: The installed cotainr version.
+COTAINR_VERSION = str(getattr(cotainr, "__version__", "unknown"))
+#: Why the shim could not be installed (None: it was, or cotainr has the hook).
+SHIM_PROBLEM = None
 if not NATIVE:
     CONDA_PREFIX = _conda_prefix()
-
-
-def cotainr_version():
-    """The installed cotainr version."""
-    return str(getattr(cotainr, "__version__", "unknown"))
-
-
-_modules = {"cli": _cli, "container": _container, "util": _util, "tracing": _tracing}
-#: Why the shim could not be installed (None: it was, or cotainr has the hook).
-SHIM_PROBLEM = None if NATIVE else shim.install(**_modules, version=cotainr_version())
+    SHIM_PROBLEM = shim.install(cotainr, version=COTAINR_VERSION)
 
 
 def _go_json_size(labels):
@@ -130,19 +121,19 @@ def check_cotainr_version():
 
 def cotainr_subcommand(*, args):
     """The subcommand cotainr's own CLI makes of `args`, with the hook active."""
-    return _cli.CotainrCLI(args=args).subcommand
+    return cotainr.cli.CotainrCLI(args=args).subcommand
 
 
 def build_command():
     """Cotainr's "build" subcommand class (with the hook active)."""
-    return _cli.Build
+    return cotainr.cli.Build
 
 
 def takes_several_conda_envs():
     """Whether cotainr's ``--conda-env`` takes several files."""
     parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     try:
-        _cli.Build.add_arguments(parser=parser)
+        cotainr.cli.Build.add_arguments(parser=parser)
         args, _ = parser.parse_known_args(
             ["x", "--base-image=y", "--conda-env", "a", "b"]
         )
@@ -162,7 +153,7 @@ def stock_systems():
 
 def stock_systems_file():
     """The path of cotainr's ``systems.json`` (which may not exist)."""
-    return Path(getattr(_util, "systems_file", "systems.json"))
+    return Path(getattr(cotainr.util, "systems_file", "systems.json"))
 
 
 def site_systems_file():
@@ -170,51 +161,6 @@ def site_systems_file():
     root = os.environ.get("EBROOTCOTAINR", "").strip()
     candidates = [Path(root) / "systems.json"] if root else []
     return next((p for p in [*candidates, stock_systems_file()] if p.is_file()), None)
-
-
-def make_log_settings(*, verbosity=0, log_to_file=False, no_color=False):
-    """Cotainr log settings (`log_to_file` True: a time-stamped file here)."""
-    if log_to_file is True:
-        log_to_file = f"cotainr_build_{datetime.now().isoformat().replace(':', '.')}"
-    return _tracing.LogSettings(
-        verbosity=verbosity,
-        log_file_path=Path(log_to_file).resolve() if log_to_file else None,
-        no_color=no_color,
-    )
-
-
-class _StandardStreamHandler(logging.StreamHandler):
-    """A handler writing to the current ``sys.stdout``/``sys.stderr``."""
-
-    def __init__(self, *, name, level, fmt):
-        super().__init__(stream=getattr(sys, name))
-        self._name = name
-        self.setLevel(level)
-        self.setFormatter(logging.Formatter(fmt))
-
-    def emit(self, record):
-        self.stream = getattr(sys, self._name)
-        super().emit(record)
-
-
-def setup_cli_logging(*, log_settings):
-    """Console handlers on the ``cotainr`` logger, in the format of cotainr's CLI."""
-    verbosity = log_settings.verbosity
-    level = logging.DEBUG if verbosity >= 2 else logging.INFO
-    if verbosity <= -1:
-        level = logging.CRITICAL
-    out = _StandardStreamHandler(
-        name="stdout", level=level, fmt="Cotainr:-: %(message)s"
-    )
-    out.addFilter(lambda record: record.levelno <= logging.INFO)
-    err = _StandardStreamHandler(
-        name="stderr",
-        level=max(level, logging.WARNING),
-        fmt="Cotainr:-:%(levelname)s: %(message)s",
-    )
-    root = logging.getLogger("cotainr")
-    root.setLevel(level)
-    root.handlers = [out, err]
 
 
 def command_error_from(error, *, cmd=None):

@@ -15,13 +15,12 @@ import inspect
 import logging
 import os
 from pathlib import Path
-import signal
 import sys
 import types
 from typing import Optional
 
 from ..errors import fail
-from ..processes import process_tree
+from ..processes import BuildInterruptedError, stop_cleanly_on_signals
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -51,19 +50,6 @@ class PluginError(Exception):
         self.plugin = None  # the plugin whose hook raised it (set by the shim)
 
 
-class BuildInterruptedError(BaseException):
-    """The build was stopped by a signal (a ``BaseException``, as Ctrl-C's)."""
-
-    def __init__(self, signum):
-        self.signum = signum
-        self.exit_code = 128 + signum
-        super().__init__(
-            f"the build was interrupted by {signal.Signals(signum).name}; no image "
-            "was written (an existing image is kept) and the build's sandbox and "
-            "partial files were removed"
-        )
-
-
 #: What the shim needs of cotainr, wrapped or called: (module, attribute path).
 RELIED_ON = (
     ("cli", "main"),
@@ -91,16 +77,13 @@ BACKPORTED_OPTIONS = {
     "replaced only once the new one is built",
     "--dry-run": "print what the build would do and build nothing",
 }
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 #: `build`: the Build running now with the shim's steps (None: none or stock).
 _state = types.SimpleNamespace(build=None, tracing=None, labels={}, off=False)
 
 
 def _taking_part():
-    if _state.build is None:
-        return {}
-    return _state.build._shim_taking_part
+    return getattr(_state.build, "_shim_taking_part", {})
 
 
 def _order_problem(execute):
@@ -576,29 +559,6 @@ def _spinner_only_on_a_terminal():
             tracing.ConsoleSpinner = spinner
 
 
-@contextlib.contextmanager
-def stop_cleanly_on_signals():
-    """Turn SIGTERM/SIGHUP/SIGINT into :class:`BuildInterruptedError`."""
-
-    def handler(signum, frame):
-        for sig in STOP_SIGNALS:  # once: the clean-up must not be interrupted
-            signal.signal(sig, signal.SIG_IGN)
-        for pid in process_tree(os.getpid())[1:]:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGTERM)
-        raise BuildInterruptedError(signum)
-
-    try:
-        saved = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    except ValueError:  # not the main thread
-        saved = {}
-    try:
-        yield
-    finally:
-        for sig, previous in saved.items():
-            signal.signal(sig, previous)
-
-
 def _plugin_system_asked():
     """Whether the command line's ``--system`` is a plugin's."""
     parser = _OptionsParser(add_help=False)
@@ -608,14 +568,6 @@ def _plugin_system_asked():
         return any(system in p.systems() for p in load_plugins().values())
     except Exception:  # noqa: BLE001 - cotainr then says what is wrong
         return False
-
-
-def fail_for(error):
-    """Print a plugin's error (naming the plugin) and exit with its code."""
-    prefix = "cotainr: error"
-    if getattr(error, "plugin", None):
-        prefix = plugin_label(error.plugin)
-    fail(error, prefix=prefix)
 
 
 def _main(original, *, problem=None):
@@ -628,17 +580,21 @@ def _main(original, *, problem=None):
         try:
             return original(*args, **kwargs)
         except (PluginError, BuildInterruptedError) as e:
-            fail_for(e)
+            prefix = "cotainr: error"  # a plugin's error names the plugin
+            if getattr(e, "plugin", None):
+                prefix = plugin_label(e.plugin)
+            fail(e, prefix=prefix)
 
     return main
 
 
 @functools.cache
-def install(*, cli, container, util, tracing, version):
-    """Wrap cotainr's methods so that plugins' build hooks run; or why they cannot."""
-    _state.tracing = tracing
-    modules = {"cli": cli, "container": container, "util": util, "tracing": tracing}
+def install(cotainr, *, version):
+    """Wrap the `cotainr` package's methods for plugins' build hooks; or why not."""
+    modules = {m: getattr(cotainr, m) for m in ("cli", "container", "util", "tracing")}
+    _state.tracing = modules["tracing"]
     missing = missing_internals(modules)
+    cli, container, util = modules["cli"], modules["container"], modules["util"]
     if missing:
         problem = (
             f"cotainr-lumi cannot run on cotainr {version}: it lacks "

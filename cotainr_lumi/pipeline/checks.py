@@ -28,7 +28,7 @@ def check_conda_prefix(prefix):
     """Refuse a cotainr whose conda env (`prefix`) is not where cotainr-lumi looks."""
     if prefix is not None and prefix != _cotainr.CONDA_PREFIX:
         raise InputError(
-            f"cotainr {_cotainr.cotainr_version()} installs conda in {prefix}, "
+            f"cotainr {_cotainr.COTAINR_VERSION} installs conda in {prefix}, "
             f"this cotainr-lumi looks for it in {_cotainr.CONDA_PREFIX}; install "
             "a cotainr-lumi release for this cotainr."
         )

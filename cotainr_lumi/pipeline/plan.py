@@ -195,7 +195,7 @@ def _conda_envs(request):
     files = tuple(_conda_env_file(path) for path in given)
     if len(files) > 1 and not _cotainr.takes_several_conda_envs():
         raise InputError(
-            f"cotainr {_cotainr.cotainr_version()} takes one conda environment "
+            f"cotainr {_cotainr.COTAINR_VERSION} takes one conda environment "
             f"file; got {len(files)}. Put the packages that must be installed "
             "after others in pip steps (--pip-requirements or --pip-steps)."
         )

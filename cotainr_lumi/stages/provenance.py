@@ -66,7 +66,7 @@ class ProvenanceStage(Stage):
         conda = ", ".join(f.name for f in build.conda_envs) or None
         return {
             "cotainr-lumi": __version__,
-            "cotainr": _cotainr.cotainr_version(),
+            "cotainr": _cotainr.COTAINR_VERSION,
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "build-host": {
                 "machine": platform.machine(),

@@ -81,14 +81,6 @@ def test_hook_acts_only_in_the_cotainr_command(argv, env, wanted):
     assert hook.wanted(argv, env) is wanted
 
 
-def test_hook_is_one_shot_and_only_matches_cotainr_cli(monkeypatch):
-    finder = hook._Finder()
-    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
-    assert finder.find_spec("json") is None
-    assert finder.find_spec("cotainr") is None
-    assert finder in sys.meta_path
-
-
 def test_failing_plugin_leaves_cotainr_with_one_warning(mocker, capsys):
     def boom():
         raise RuntimeError("kaputt")

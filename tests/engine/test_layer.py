@@ -141,7 +141,7 @@ def test_a_killed_builds_mounts_are_unmounted(tmp_path):
 def test_an_interrupted_mount_leaves_nothing_mounted(tmp_path, monkeypatch):
     # SIGTERM while the overlay is mounted: cotainr then removes the sandbox
     # directory, which must not hold the base's files any more.
-    from cotainr_lumi._cotainr import BuildInterruptedError
+    from cotainr_lumi.processes import BuildInterruptedError
 
     unmounted = []
 

@@ -36,7 +36,7 @@ def test_labels_record_given_and_resolved_base_image(
         == hashlib.sha256(open(real, "rb").read()).hexdigest()
     )
     assert labels["cotainr-lumi.version"] == _version.__version__
-    assert labels["cotainr-lumi.cotainr-version"] == _cotainr.cotainr_version()
+    assert labels["cotainr-lumi.cotainr-version"] == _cotainr.COTAINR_VERSION
     assert labels["cotainr-lumi.provenance"] == "/opt/cotainr-lumi/provenance.json"
     record = captured["record"]
     assert record["base-image"]["sha256"] == labels["cotainr-lumi.base-image.sha256"]

@@ -2,18 +2,18 @@
 Load cotainr plugins into a stock ``cotainr build`` (a cotainr without discovery).
 
 Installed at the top of site-packages with a ``.pth`` file that imports it at
-interpreter start: in a ``cotainr build`` process only (``info`` and ``--help``
-import no plugin), it loads the ``cotainr.plugins`` entry points once
-``cotainr.cli`` is imported. Nothing happens when cotainr has the build hook or
-``COTAINR_DISABLE_PLUGINS`` / ``COTAINR_LUMI_DISABLE`` is set; a failure is one
-warning and stock cotainr runs. Standard library only (``os`` and ``sys`` at start).
+interpreter start. In a ``cotainr build`` process only (``info`` imports no
+plugin) it loads the ``cotainr.plugins`` entry points there and then, before
+the ``cotainr`` script imports cotainr's ``main``. Nothing happens when
+cotainr has the build hook or ``COTAINR_DISABLE_PLUGINS`` /
+``COTAINR_LUMI_DISABLE`` is set; a failure is one warning and stock cotainr
+runs. Every other process imports only ``os`` and ``sys`` here.
 """
 
 import os
 import sys
 
 DISABLE_ENV_VARS = ("COTAINR_DISABLE_PLUGINS", "COTAINR_LUMI_DISABLE")
-TARGET_MODULE = "cotainr.cli"
 
 
 def wanted(argv, environ):
@@ -53,43 +53,10 @@ def load_plugins():
         sys.stderr.write(f"WARNING: cotainr plugins not loaded ({e}).\n")
 
 
-class _Finder:
-    """A one-shot import finder: load the plugins right after cotainr.cli."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != TARGET_MODULE:
-            return None
-        sys.meta_path.remove(self)
-        from importlib.machinery import PathFinder
-
-        spec = PathFinder.find_spec(fullname, path)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader)
-        return spec
-
-
-class _Loader:
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        load_plugins()
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-
 def install():
-    """Place the finder in front of ``sys.meta_path`` in a ``cotainr`` process."""
-    if (
-        wanted(getattr(sys, "argv", None), os.environ)
-        and TARGET_MODULE not in sys.modules
-    ):
-        sys.meta_path.insert(0, _Finder())
+    """Load the plugins now, in a ``cotainr build`` process: before its ``main`` runs."""
+    if wanted(getattr(sys, "argv", None), os.environ):
+        load_plugins()
 
 
 try:
