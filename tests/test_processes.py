@@ -1,3 +1,4 @@
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,8 +16,9 @@ from cotainr_lumi.processes import (
     stop_cleanly_on_signals,
 )
 
-# A shell (`marker` on its command line) whose child shell starts a sleep.
-SLEEPER = "sh -c 'sleep 60; :' \"$0\" & wait"
+# A shell (`marker` on its command line) whose child shell starts a sleep; it
+# exits with its child's status, which is not 0 once the sleep is killed.
+SLEEPER = "sh -c 'sleep 60; exit 3' \"$0\" & wait $!"
 
 
 def _start(marker):
@@ -35,12 +37,13 @@ def test_process_tree_finds_the_grandchildren(tmp_path):
         assert proc.pid in tree and len(process_tree(proc.pid)) >= 3
     finally:
         for pid in reversed(process_tree(proc.pid)):
-            os.kill(pid, 9)
+            with contextlib.suppress(ProcessLookupError):  # its parent exited
+                os.kill(pid, 9)
         proc.wait()
 
 
 def test_killed_after_kills_the_marked_tree_and_says_so(tmp_path):
-    with killed_after(0.5, marker=str(tmp_path)) as fired:
+    with killed_after(2, marker=str(tmp_path)) as fired:
         proc = _start(tmp_path)
         assert proc.wait(timeout=30) != 0
     assert fired == [True]
