@@ -184,9 +184,15 @@ class BaseView:
             )
         except subprocess.SubprocessError as e:
             seen = subprocess.CompletedProcess(e.cmd, -1, "", str(e))
-        if seen.returncode:
-            why = last_line(seen.stderr)
-            raise LayerError(f"the runtime cannot run the mounted base: {why}")
+        if not seen.returncode:
+            return
+        why = last_line(seen.stderr)
+        hint = apptainer.env_deadline_hint(
+            seen.stderr, image=f"the base image {self.base}"
+        )
+        if hint:  # unpacked, the base would run the same env scripts again
+            raise InputError(f"The base image {self.base} does not start: {why}.{hint}")
+        raise LayerError(f"the runtime cannot run the mounted base: {why}")
 
     def refused(self, problem):
         """The error for this base when it cannot be mounted (it has layers)."""

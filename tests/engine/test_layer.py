@@ -12,6 +12,7 @@ import pytest
 from siffile import EXT3, JSON, OVERLAY, PARTITION, SQUASHFS, SYSTEM, write_sif
 
 from cotainr_lumi.engine import layer
+from cotainr_lumi.errors import InputError
 
 
 def sif(path, *overlays, labels=None):
@@ -187,6 +188,28 @@ def test_a_mount_the_runtime_cannot_run_is_undone(tmp_path, monkeypatch):
         }
     ]
     assert unmounted == [tmp_path / "sandbox", tmp_path / "build/lower-1"]
+    assert view.merged is None and view.mounts == []
+
+
+def test_a_base_whose_env_scripts_never_finish_stops_the_build(tmp_path, monkeypatch):
+    # Unpacking it would wait for the same env scripts again (Apptainer's 60 s).
+    deadline = "FATAL: while running env scripts: context deadline exceeded\n"
+    monkeypatch.setattr(layer, "_run", lambda cmd: None)
+    monkeypatch.setattr(layer, "unmount", lambda path: None)
+    monkeypatch.setattr(
+        layer.apptainer,
+        "exec_in_image",
+        lambda **kwargs: subprocess.CompletedProcess([], 255, "", deadline),
+    )
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    base = sif(tmp_path / "a.sif")
+    view = layer.BaseView(base=base, work=tmp_path / "build")
+    with pytest.raises(InputError) as caught:
+        view.mount(at=tmp_path / "sandbox")
+    assert str(caught.value).startswith(
+        f"The base image {base} does not start: {deadline.strip()}. The "
+        f"/.singularity.d/env scripts of the base image {base} did not finish"
+    )
     assert view.merged is None and view.mounts == []
 
 
