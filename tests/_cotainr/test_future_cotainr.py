@@ -85,8 +85,9 @@ def future(tmp_path, test_profile):
     shutil.copytree(Path(cotainr.__file__).parent, tree / "cotainr")
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "singularity").write_text(FAKE_SINGULARITY)
-    (bindir / "singularity").chmod(0o755)
+    for name in ("singularity", "apptainer"):  # whatever else is on PATH
+        (bindir / name).write_text(FAKE_SINGULARITY)
+        (bindir / name).chmod(0o755)
 
     def run(*args, changes=()):
         for module, old, new in changes:
