@@ -40,8 +40,9 @@ Sections (each a ratio measured in one run, on the same inputs):
    --base-image`` (Apptainer: its copy of the sandbox, gzip) and
    ``--system --flatten`` with each of ``--compressors`` (``--full-runs``
    rounds, or the builds of ``--full-order``, e.g. ``stock,zstd:3,stock``);
-   each build's time, SIF size, time to the first ``import torch`` from the
-   image (page cache dropped) and load average as it ends, then the medians
+   each build's time, SIF size and load average, then ``--import-runs``
+   alternating rounds of the first ``import torch`` from each kind's last
+   image (page cache dropped each time), then the medians
    (targets: the default <= 0.25x stock's time, its SIF <= 1.1x stock's gzip
    SIF, its import no slower). ``--full-base`` reuses a base made before.
 
@@ -586,39 +587,52 @@ def _torch_base(work, base, copies, given):
     return big, int(tree.stdout)
 
 
-def section_full(work, base, order, copies, given=None):
+def section_full(work, base, order, copies, given=None, import_runs=3):
     """7. Full builds in `order` ("stock" or a compression): time, size, first import."""
     if not TORCH_WHEEL.is_file():
         return [(f"skipped: {TORCH_WHEEL} is not on this machine", "", "")]
     big, tree = _torch_base(work, base, copies, given)
     print(f"torch-like tree {tree / 1e9:.2f} GB in {big}", flush=True)
     kinds = _full_builds(work, big, [k for k in dict.fromkeys(order) if k != "stock"])
-    times, imports, sizes = {}, {}, {}
-    image = work / "full.sif"
+    times, imports, sizes, images = {}, {}, {}, {}
     for kind in order:
         args, env = kinds[kind]
         load = _load()
+        image = images[kind] = work / f"full-{kind.replace(':', '-')}.sif"
         image.unlink(missing_ok=True)
         t0 = time.perf_counter()
         sh([str(BIN / "cotainr"), "build", str(image), *args], env=env)
         times.setdefault(kind, []).append(time.perf_counter() - t0)
         sizes[kind] = image.stat().st_size
-        imports.setdefault(kind, []).append(_first_import(image))
         print(
-            f"  {kind}: {times[kind][-1]:.1f} s, {sizes[kind]} B, first import "
-            f"{imports[kind][-1]:.2f} s, load {load} before, {_load()} after",
+            f"  {kind}: {times[kind][-1]:.1f} s, {sizes[kind]} B, "
+            f"load {load} before, {_load()} after",
             flush=True,
         )
+    # The first import from each kind's last image, alternating (page cache
+    # dropped each time): what decompression costs at run time.
+    for _ in range(import_runs):
+        for kind, image in images.items():
+            load = _load()
+            imports.setdefault(kind, []).append(_first_import(image))
+            print(
+                f"  first import torch, {kind}: {imports[kind][-1]:.2f} s, "
+                f"load {load} before",
+                flush=True,
+            )
     rows = [
         (f"torch-like tree {tree / 1e9:.2f} GB (real torch wheel content)", "", "-")
     ]
     for kind in times:
-        t, i = statistics.median(times[kind]), statistics.median(imports[kind])
+        t = statistics.median(times[kind])
         versus = f"{t / statistics.median(times['stock']):.3f}x stock, "
         versus += f"SIF {sizes[kind] / sizes['stock']:.3f}x stock's (gzip)"
         rows.append((f"{kind} (median of {len(times[kind])})", f"{t:.1f} s", versus))
         what = f"  SIF {sizes[kind] / 1e6:.0f} MB; first import torch"
-        rows.append((what, f"{i:.2f} s", ""))
+        if imports:
+            i = statistics.median(imports[kind])
+            what += f" (median of {len(imports[kind])})"
+            rows.append((what, f"{i:.2f} s", ""))
     return rows
 
 
@@ -675,6 +689,12 @@ def main(argv=None):
     )
     parser.add_argument("--full-base", help="section 7's base (else derived)")
     parser.add_argument(
+        "--import-runs",
+        type=int,
+        default=3,
+        help="section 7's first imports from each kind's image, alternating",
+    )
+    parser.add_argument(
         "--compressors",
         default="gzip,zstd:3,zstd:1,lz4",
         help="section 7's build.compression values (the first is the reference)",
@@ -720,6 +740,7 @@ def main(argv=None):
                 or ["stock", *args.compressors.split(",")] * args.full_runs,
                 args.full_copies,
                 args.full_base,
+                args.import_runs,
             ),
         ),
         8: ("8. uv vs pip (torch wheel)", lambda w: section_uv(w, base, args.uv_runs)),
