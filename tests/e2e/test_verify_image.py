@@ -337,7 +337,8 @@ def test_a_dry_run_whose_probe_failed_exits_non_zero(
 def test_env_scripts_that_never_finish_are_one_clear_build_error(
     odd, tmp_path, build_times
 ):
-    # Apptainer gives env scripts 60 s; the sandbox's first command fails then.
+    # Apptainer gives env scripts 60 s: the mount check of the layered build
+    # fails then, and the build stops (unpacked, the base would run them again).
     images, profile = odd
     t_start = time.time()
     proc = run(
@@ -349,7 +350,8 @@ def test_env_scripts_that_never_finish_are_one_clear_build_error(
     build_times["env script that never finishes (Apptainer's 60 s)"] = (
         time.time() - t_start
     )
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # exit 2: the base image given is what is wrong (an input error)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     errors = error_lines(proc.stderr)
     assert len(errors) == 1 and "Traceback" not in proc.stderr
     assert "context deadline exceeded" in errors[0]
