@@ -592,9 +592,9 @@ def _main(original, *, problem=None):
 def install(cotainr, *, version):
     """Wrap the `cotainr` package's methods for plugins' build hooks; or why not."""
     modules = {m: getattr(cotainr, m) for m in ("cli", "container", "util", "tracing")}
-    _state.tracing = modules["tracing"]
+    _state.tracing = cotainr.tracing
     missing = missing_internals(modules)
-    cli, container, util = modules["cli"], modules["container"], modules["util"]
+    cli = cotainr.cli
     if missing:
         problem = (
             f"cotainr-lumi cannot run on cotainr {version}: it lacks "
@@ -604,7 +604,8 @@ def install(cotainr, *, version):
             cli.main = _main(cli.main, problem=problem)
         return problem
     build = cli.Build
-    sandbox = container.SingularitySandbox
+    sandbox = cotainr.container.SingularitySandbox
+    util = cotainr.util
     util.get_systems = _systems_with_plugins(util.get_systems)
     build.add_arguments = _add_arguments(build.add_arguments.__func__)
     build.__init__ = _init(build.__init__, util)
