@@ -225,5 +225,28 @@ def env_deadline_hint(text, *, image):
     )
 
 
+#: The bind variable a build sets for its own mounts (a user's are unset then).
+BIND_VARIABLE = "SINGULARITY_BIND"
+
+
+def can_bind(path):
+    """Whether `path` can be written in a bind list (it has no comma or colon)."""
+    return "," not in str(path) and ":" not in str(path)
+
+
+@contextlib.contextmanager
+def bind_mounts(binds):
+    """Add `binds` (``source:destination[:ro]``) to the bind variable meanwhile."""
+    before = os.environ.get(BIND_VARIABLE)
+    os.environ[BIND_VARIABLE] = ",".join([*([before] if before else []), *binds])
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[BIND_VARIABLE]
+        else:
+            os.environ[BIND_VARIABLE] = before
+
+
 #: Runs ``$0`` (Python source) with the image's own python, passing ``$1...``.
 IMAGE_PYTHON = 'exec "$(command -v python || command -v python3)" -c "$0" "$@"'

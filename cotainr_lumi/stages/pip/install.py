@@ -12,7 +12,7 @@ import shutil
 import time
 from typing import Callable
 
-from ... import imagelayout
+from ... import apptainer, imagelayout
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import StageReport
 from ...errors import SECRET_NAME_RE, StageError, redact, redact_env
@@ -448,7 +448,8 @@ class PipRun:
         logger.info("Running: %s", shlex.join(shown))
         try:
             with private_wheel_cache(root=self.root, step=step, cache=cache):
-                self._run(cmd, env=env, script=f"unset {unset}; ")
+                with apptainer.bind_mounts(staged.binds):
+                    self._run(cmd, env=env, script=f"unset {unset}; ")
         except CommandError as e:
             raise install_error(e, step=step, before=before, staged=staged) from e
         finally:  # pip has read them: the image keeps them without credentials

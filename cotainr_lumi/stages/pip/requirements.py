@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from ... import apptainer
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...errors import InputError, StageError
 from .cache import link_or_copy
@@ -430,7 +431,14 @@ def _check_tree_to_stage(src, *, root):
 
 
 class StagedStep:
-    """A scanned step staged into the sandbox (paths in the image <- on the host)."""
+    """A scanned step staged into the sandbox (paths in the image <- on the host).
+
+    A local file is mounted read-only where the step reads it (:attr:`binds`,
+    for the install command), not copied: it keeps its inode and ctime, by which
+    uv's cache knows a local wheel it has unpacked before. A file whose path
+    cannot be mounted is hard-linked or copied; a directory is copied (builds
+    write into those).
+    """
 
     def __init__(self, *, scan, root, keep_dir, staging_dir):
         self.root = Path(root)
@@ -438,6 +446,7 @@ class StagedStep:
         self.staging_dir = PurePosixPath(staging_dir)
         self.kept_files: dict[str, str] = {}
         self.staged: dict[str, str] = {}
+        self.binds: list[str] = []
         self._kept: dict[ReqFile, str] = {}
         self._staged: dict[Path, str] = {}
         self.requirement_files = [self._stage_file(rf) for rf in scan.files]
@@ -468,7 +477,7 @@ class StagedStep:
         return image_path
 
     def _stage_path(self, src):
-        """Hard-link or copy a file, copy a directory (builds write into those)."""
+        """Mount (or hard-link or copy) a file, copy a directory."""
         if src in self._staged:
             return self._staged[src]
         image_path = str(self.staging_dir / str(len(self._staged) + 1) / src.name)
@@ -477,11 +486,22 @@ class StagedStep:
             _check_tree_to_stage(src, root=self.root)
             host.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(src, host, symlinks=True)
-        else:  # os.link() would link a symlink itself
-            link_or_copy(os.path.realpath(src), host)
+        else:
+            self._stage_file_path(
+                os.path.realpath(src), host=host, image_path=image_path
+            )
         self._staged[src] = image_path
         self.staged[image_path] = str(src)
         return image_path
+
+    def _stage_file_path(self, real, *, host, image_path):
+        """Put host file `real` (no symlink) at `image_path` for the install."""
+        if apptainer.can_bind(real) and apptainer.can_bind(image_path):
+            host.parent.mkdir(parents=True, exist_ok=True)
+            host.touch()  # where the file is mounted
+            self.binds.append(f"{real}:{image_path}:ro")
+        else:
+            link_or_copy(real, host)
 
     def _rewrite(self, ref):
         if ref.kind == "image-path":

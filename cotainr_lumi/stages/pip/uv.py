@@ -13,12 +13,11 @@ is refused when the plan is made, saying how to run that step with pip.
 import contextlib
 import importlib.metadata
 import logging
-import os
 from pathlib import Path
 import re
 import shutil
 
-from ... import imagelayout
+from ... import apptainer, imagelayout
 from ...engine.rootfs import resolve_in_root
 from ...errors import InputError, StageError
 from ...processes import CommandError
@@ -31,8 +30,6 @@ UV_VERSION = "0.13.9"
 #: Where uv and its cache are while the steps run (removed before the image).
 UV_BIN = f"{imagelayout.PIP_WORK_DIR}/uv"
 UV_CACHE_DIR = f"{imagelayout.PIP_WORK_DIR}/uv-cache"
-#: The runtime's bind variable (the build unsets it; Apptainer reads it too).
-BIND_VARIABLE = "SINGULARITY_BIND"
 #: pip install options uv takes under the same name, with pip's meaning
 #: (uv's aliases: astral-sh/uv crates/uv-cli/src/lib.rs), and whether a value
 #: follows.
@@ -112,11 +109,8 @@ def uv_in_sandbox(*, root, uv, cache, run):
         return
     Path(cache).mkdir(parents=True, exist_ok=True)
     resolve_in_root(root=root, path=UV_CACHE_DIR).mkdir(parents=True, exist_ok=True)
-    os.environ[BIND_VARIABLE] = f"{cache}:{UV_CACHE_DIR}"
-    try:
+    with apptainer.bind_mounts([f"{cache}:{UV_CACHE_DIR}"]):
         yield
-    finally:
-        del os.environ[BIND_VARIABLE]
 
 
 def uv_problems(*, step, scan):

@@ -100,9 +100,11 @@ def test_scan_and_stage_rewrites_every_local_reference(tmp_path, project):
     ]
 
     wheel = root / STAGING.lstrip("/") / "1" / "demo-1.0-py3-none-any.whl"
-    assert wheel.read_bytes() == b"wheel"
-    # Files are hard-linked (same file system), directories copied.
-    assert os.path.samefile(wheel, project / "wheels" / "demo-1.0-py3-none-any.whl")
+    # Files are mounted read-only where pip reads them (an empty file to mount
+    # on), directories copied.
+    assert wheel.read_bytes() == b""
+    host_wheel = project / "wheels" / "demo-1.0-py3-none-any.whl"
+    assert f"{host_wheel}:{STAGING}/1/demo-1.0-py3-none-any.whl:ro" in staged.binds
     assert (root / STAGING.lstrip("/") / "3" / "proj" / "pyproject.toml").is_file()
     assert not os.path.samefile(
         root / STAGING.lstrip("/") / "3" / "proj" / "pyproject.toml",
@@ -129,8 +131,26 @@ def test_symlinked_wheel_is_staged_as_its_target(tmp_path, project):
     )
     target = root / STAGING.lstrip("/") / "1" / real.name
     assert not target.is_symlink()
-    assert os.path.samefile(target, real)
+    assert staged.binds == [f"{real}:{STAGING}/1/{real.name}:ro"]
     assert staged.requirement_files == [f"{KEEP}/r.txt"]
+
+
+def test_a_file_whose_path_cannot_be_mounted_is_linked(tmp_path, project):
+    odd = project / "a,b"
+    odd.mkdir()
+    real = odd / "demo-1.0-py3-none-any.whl"
+    real.write_bytes(b"wheel")
+    req = project / "r.txt"
+    req.write_text(f"a,b/{real.name}\n")
+    root = tmp_path / "sandbox"
+    staged = StagedStep(
+        scan=scan_step(step=_step(tmp_path, requirements=[req])),
+        root=root,
+        keep_dir=KEEP,
+        staging_dir=STAGING,
+    )
+    assert staged.binds == []
+    assert os.path.samefile(root / STAGING.lstrip("/") / "1" / real.name, real)
 
 
 def test_inline_packages_are_relative_to_the_base_dir(tmp_path, project):

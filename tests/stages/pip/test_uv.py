@@ -68,8 +68,13 @@ def test_a_uv_step_runs_uv_in_the_container_and_uv_lists(inputs, tmp_path, fake_
     sandbox = UvSandbox(tmp_path / "sb", {"pip": "23.0.1"})
 
     def on_install(argv, env):
-        # The host uv cache is mounted where uv's --cache-dir points.
-        assert os.environ["SINGULARITY_BIND"] == f"{host_cache}:{uv.UV_CACHE_DIR}"
+        # The host uv cache is mounted where uv's --cache-dir points, and the
+        # local wheel read-only where the step reads it.
+        binds = os.environ["SINGULARITY_BIND"].split(",")
+        assert binds[0] == f"{host_cache}:{uv.UV_CACHE_DIR}"
+        wheel = inputs / "wheels" / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"
+        staged = f"{uv.imagelayout.PIP_WORK_DIR}/staging/step1/1/{wheel.name}"
+        assert binds[1:] == [f"{wheel}:{staged}:ro"]
         assert argv[argv.index("--cache-dir") + 1] == uv.UV_CACHE_DIR
         sandbox.installed.update(torch="2.13.0+cpu")
 
