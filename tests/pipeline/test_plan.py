@@ -1,5 +1,7 @@
 """The build plan (cotainr_lumi/pipeline/plan.py)."""
 
+import re
+
 from planfakes import plan_text
 import pytest
 import yaml
@@ -286,3 +288,36 @@ def test_the_space_estimate_counts_what_each_kind_of_build_writes(
     assert needed(layered=False) == 7000 + 2 * size
     assert needed() == size  # a copy of the base, the layer (in the headroom)
     assert needed(**{"layer-only": True}) == 0
+
+
+def test_the_dry_run_shows_the_system_packages_and_the_uv_command(
+    tmp_path, test_profile
+):
+    text = test_profile.read_text()
+    test_profile.write_text(text.replace("[provenance]", "[system-packages, pip]"))
+    proot = tmp_path / "bin" / "proot"
+    proot.parent.mkdir()
+    proot.write_text("#!/bin/sh\nexit 1\n")
+    proot.chmod(0o755)
+    settings = {
+        "system-packages": {"packages": ["jq", "libaio-dev"], "proot": str(proot)},
+        "pip": {"installer": "uv", "steps": [{"packages": ["six==1.17.0"]}]},
+    }
+    plan = cotainr_lumi.plan(
+        image_path=tmp_path / "x.sif", system="lumi-test", settings=settings
+    )
+    lines = plan_text(plan).splitlines()
+    text = "\n".join(lines)
+    # The packages, and how they are installed: proot's fake root, no host root.
+    assert "packages: jq, libaio-dev (and what they need" in text
+    assert f"({proot} -0 -r SANDBOX)" in text
+    # The step's command is uv's, for the target env, with its cache.
+    (command,) = [ln.strip() for ln in lines if " pip install " in ln]
+    assert command.split()[:2] == ["/opt/cotainr-lumi/.pip-work/uv", "--color"]
+    assert "--compile-bytecode" in command
+    assert command.endswith("-r /opt/cotainr-lumi/pip/step1/packages.txt")
+    assert "package: six==1.17.0" in text
+    assert "never kept in the image" in text
+    # The numbered steps: system-packages before the pip steps, as they run.
+    steps = [ln.split(". ", 1)[1] for ln in lines if re.match(r"  \d+\. ", ln)]
+    assert steps[1:3] == ["system-packages", "pip"], steps
