@@ -46,13 +46,16 @@ Sections (each a ratio measured in one run, on the same inputs):
    (targets: the default <= 0.25x stock's time, its SIF <= 1.1x stock's gzip
    SIF, its import no slower). ``--full-base`` reuses a base made before.
 
-7. uv vs pip (issue 42): the same pip step (the torch CPU wheel of
+8. uv vs pip (issue 42): the same pip step (the torch CPU wheel of
    ``/opt/wheels`` plus numpy, pyyaml and tqdm from PyPI, torch's
    dependencies from PyPI) on the test base as a layer (``--layer-only``),
    with ``pip.installer=pip`` and ``=uv``, each with an empty host cache
    (cold) and again with that cache (warm); medians of ``--uv-runs`` of the
    pip stage's time, the machine's load (``uptime``) before and after
-   (target: uv <= 0.3x pip, cold and warm). Not in ``--quick``.
+   (target: uv <= 0.3x pip, cold and warm). ``--uv-compile no`` gives the
+   step ``pip-args: [--no-compile]`` for both installers (no ``.pyc`` files,
+   which the stage writes by default), ``both`` measures both ways. Not in
+   ``--quick``.
 
 Needs what the end-to-end tests need (root on Debian 12, or a native
 Apptainer). ``--quick`` runs each section once on small inputs (used in CI
@@ -402,7 +405,7 @@ def _load():
     return sh(["uptime"]).stdout.split("load average:")[-1].strip()
 
 
-def section_uv(work, base, runs):
+def section_uv(work, base, runs, compile_modes=("yes",)):
     """8. The pip stage with pip and with uv, cold and warm host cache."""
     if not TORCH_WHEEL.is_file():
         return [(f"skipped: {TORCH_WHEEL} is not on this machine", "", "")]
@@ -413,31 +416,36 @@ def section_uv(work, base, runs):
     load = [_load()]
     times = {}
     for run in range(runs):
-        for installer in ("pip", "uv"):
-            caches = {"cache-dir": str(work / f"pip-{run}")}
-            caches["uv-cache-dir"] = str(work / f"uv-{run}")
-            steps = {"installer": installer, "steps": ["req.txt"], **caches}
-            (work / "steps.yml").write_text(yaml.safe_dump(steps))
-            for cache in ("cold", "warm"):
-                _, stages, _ = build(
-                    work / "uv.sqfs",
-                    ["--system=bench-uv", "--pip-steps=steps.yml", "--layer-only"],
-                    env={"COTAINR_LUMI_SYSTEMS": str(prof)},
-                    cwd=work,
-                )
-                times.setdefault((installer, cache), []).append(stages["pip"])
+        for compiled in compile_modes:
+            for installer in ("pip", "uv"):
+                step = {"requirements": "req.txt"}
+                if compiled == "no":
+                    step["pip-args"] = ["--no-compile"]
+                cache = work / f"{compiled}-{run}"
+                steps = {"installer": installer, "steps": [step]}
+                steps["cache-dir"] = str(cache / "pip")
+                steps["uv-cache-dir"] = str(cache / "uv")
+                (work / "steps.yml").write_text(yaml.safe_dump(steps))
+                for state in ("cold", "warm"):
+                    _, stages, _ = build(
+                        work / "uv.sqfs",
+                        ["--system=bench-uv", "--pip-steps=steps.yml", "--layer-only"],
+                        env={"COTAINR_LUMI_SYSTEMS": str(prof)},
+                        cwd=work,
+                    )
+                    key = (compiled, installer, state)
+                    times.setdefault(key, []).append(stages["pip"])
     load.append(_load())
     rows = []
-    for cache in ("cold", "warm"):
-        pip, uv = (statistics.median(times[(i, cache)]) for i in ("pip", "uv"))
-        rows.append((f"pip stage with pip, {cache} cache", f"{pip:.1f} s", "1.00x"))
-        rows.append(
-            (
-                f"pip stage with uv, {cache} cache",
-                f"{uv:.1f} s",
-                f"{uv / pip:.2f}x  (target <= 0.3x)",
-            )
-        )
+    for compiled in compile_modes:
+        pyc = {"yes": ".pyc written", "no": "no .pyc (--no-compile)"}[compiled]
+        for state in ("cold", "warm"):
+            pip = statistics.median(times[(compiled, "pip", state)])
+            uv = statistics.median(times[(compiled, "uv", state)])
+            label = f"{state} cache, {pyc}"
+            rows.append((f"pip stage with pip, {label}", f"{pip:.1f} s", "1.00x"))
+            ratio = f"{uv / pip:.2f}x  (target <= 0.3x)"
+            rows.append((f"pip stage with uv, {label}", f"{uv:.1f} s", ratio))
     rows.append((f"load before / after: {load[0]} / {load[1]}", "", ""))
     return rows
 
@@ -659,6 +667,12 @@ def main(argv=None):
     parser.add_argument("--sections", default="1,2,3,4,5,6,7,8")
     parser.add_argument("--uv-runs", type=int, default=3, help="runs of section 8")
     parser.add_argument(
+        "--uv-compile",
+        choices=("yes", "no", "both"),
+        default="yes",
+        help="section 8: .pyc files written (the default), not, or both ways",
+    )
+    parser.add_argument(
         "--layer-runs", type=int, default=3, help="runs of each build of section 6"
     )
     parser.add_argument(
@@ -701,6 +715,7 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     wanted = {int(s) for s in args.sections.split(",")}
+    compile_modes = ("yes", "no") if args.uv_compile == "both" else (args.uv_compile,)
     print(
         f"cotainr-lumi benchmarks, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, Python {sys.version.split()[0]}"
     )
@@ -743,7 +758,10 @@ def main(argv=None):
                 args.import_runs,
             ),
         ),
-        8: ("8. uv vs pip (torch wheel)", lambda w: section_uv(w, base, args.uv_runs)),
+        8: (
+            "8. uv vs pip (torch wheel)",
+            lambda w: section_uv(w, base, args.uv_runs, compile_modes),
+        ),
     }
     if args.quick:
         # A 1 GB base image and minutes per build: not for CI's quick mode.
