@@ -235,3 +235,20 @@ def test_a_fifo_is_no_sif_and_is_never_opened(tmp_path):
         apptainer.is_sif(tmp_path / "x.sif")
     with pytest.raises(OSError, match="not a regular file"):
         apptainer.sif_objects(tmp_path / "x.sif")
+
+
+def test_bind_mounts_add_to_the_bind_variable_and_restore_it(monkeypatch):
+    monkeypatch.delenv(apptainer.BIND_VARIABLE, raising=False)
+    with apptainer.bind_mounts(["/a:/b:ro"]):
+        assert os.environ[apptainer.BIND_VARIABLE] == "/a:/b:ro"
+        with apptainer.bind_mounts(["/c:/d", "/e:/f:ro"]):
+            assert os.environ[apptainer.BIND_VARIABLE] == "/a:/b:ro,/c:/d,/e:/f:ro"
+        with apptainer.bind_mounts([]):
+            assert os.environ[apptainer.BIND_VARIABLE] == "/a:/b:ro"
+        assert os.environ[apptainer.BIND_VARIABLE] == "/a:/b:ro"
+    assert apptainer.BIND_VARIABLE not in os.environ
+    with pytest.raises(RuntimeError), apptainer.bind_mounts(["/a:/b"]):
+        raise RuntimeError
+    assert apptainer.BIND_VARIABLE not in os.environ
+    assert apptainer.can_bind("/p/torch-2.13.0+cpu.whl")
+    assert not apptainer.can_bind("/p/a,b.whl") and not apptainer.can_bind("/p:q")
