@@ -115,13 +115,10 @@ def test_scan_and_stage_rewrites_every_local_reference(tmp_path, project):
     )
 
 
-def test_symlinked_wheel_is_staged_as_its_target(tmp_path, project):
-    real = project / "wheels" / "demo-1.0-py3-none-any.whl"
-    (project / "linked").mkdir()
-    link = project / "linked" / real.name
-    link.symlink_to(real)
+def _stage_one_line(tmp_path, project, line):
+    """(the sandbox, the StagedStep) of a requirements file of one `line`."""
     req = project / "r.txt"
-    req.write_text(f"linked/{real.name}\n")
+    req.write_text(f"{line}\n")
     root = tmp_path / "sandbox"
     staged = StagedStep(
         scan=scan_step(step=_step(tmp_path, requirements=[req])),
@@ -129,6 +126,15 @@ def test_symlinked_wheel_is_staged_as_its_target(tmp_path, project):
         keep_dir=KEEP,
         staging_dir=STAGING,
     )
+    return root, staged
+
+
+def test_symlinked_wheel_is_staged_as_its_target(tmp_path, project):
+    real = project / "wheels" / "demo-1.0-py3-none-any.whl"
+    (project / "linked").mkdir()
+    link = project / "linked" / real.name
+    link.symlink_to(real)
+    root, staged = _stage_one_line(tmp_path, project, f"linked/{real.name}")
     target = root / STAGING.lstrip("/") / "1" / real.name
     assert not target.is_symlink()
     assert staged.binds == [f"{real}:{STAGING}/1/{real.name}:ro"]
@@ -140,15 +146,7 @@ def test_a_file_whose_path_cannot_be_mounted_is_linked(tmp_path, project):
     odd.mkdir()
     real = odd / "demo-1.0-py3-none-any.whl"
     real.write_bytes(b"wheel")
-    req = project / "r.txt"
-    req.write_text(f"a,b/{real.name}\n")
-    root = tmp_path / "sandbox"
-    staged = StagedStep(
-        scan=scan_step(step=_step(tmp_path, requirements=[req])),
-        root=root,
-        keep_dir=KEEP,
-        staging_dir=STAGING,
-    )
+    root, staged = _stage_one_line(tmp_path, project, f"a,b/{real.name}")
     assert staged.binds == []
     assert os.path.samefile(root / STAGING.lstrip("/") / "1" / real.name, real)
 
