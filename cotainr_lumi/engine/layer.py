@@ -148,7 +148,7 @@ class BaseView:
 
     def mount(self, *, at):
         """Mount the view at `at` (an error or a signal: nothing left mounted)."""
-        if set(",:") & set(str(self.work)):
+        if not apptainer.can_bind(self.work):
             raise LayerError(f"the work dir {self.work} has a ',' or ':'")
         try:
             self._mount_view(at)
@@ -249,7 +249,7 @@ class BaseView:
         cat = ["cat", LABELS_FILE]
         self.pinned.check()
         if self.only:  # as the module file runs it (a list of PATH[:ro])
-            if set(",:") & set(str(path)):
+            if not apptainer.can_bind(path):
                 raise LayerError(f"{path} has a ',' or ':' (--overlay takes a list)")
             shutil.copy(delta, path)
             logger.info("The layer alone (%d KiB) for the base %s", size, self.base)

@@ -241,3 +241,11 @@ def test_a_layer_only_image_is_checked_on_the_base_as_the_module_runs_it(
     assert runs == ([] if "," in name else [run])
     assert image.exists() is kept and view.kept is kept
     assert base.read_bytes() == sif(tmp_path / "again.sif").read_bytes()
+
+
+def test_a_work_dir_the_runtime_cannot_take_in_a_list_is_refused(tmp_path):
+    work = tmp_path / "a,b"
+    view = layer.BaseView(base=sif(tmp_path / "a.sif"), work=work)
+    with pytest.raises(layer.LayerError, match=r"has a ',' or ':'"):
+        view.mount(at=tmp_path / "sandbox")
+    assert view.merged is None and not (tmp_path / "sandbox").exists()

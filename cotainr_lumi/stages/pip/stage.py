@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 import shlex
 
+from ... import apptainer
 from ...engine.stage import Stage
 from ...errors import InputError, redact_env
 from .install import (
@@ -87,7 +88,7 @@ class PipStage(Stage):
         if not uv_steps:
             return None
         uv = find_uv()
-        if self.settings.cache and set(",:") & set(str(self.uv_cache_dir)):
+        if self.settings.cache and not apptainer.can_bind(self.uv_cache_dir):
             raise InputError(
                 f"The uv cache {self.uv_cache_dir} is mounted into the container, "
                 "which a path with ',' or ':' cannot be: set pip.uv-cache-dir."

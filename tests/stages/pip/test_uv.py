@@ -168,3 +168,14 @@ def test_uv_that_does_not_run_in_the_image_is_one_error(inputs, tmp_path, fake_u
     sandbox.run = run
     with pytest.raises(StageError, match="does not run in this image; install these"):
         stage.run(context=stage_context(sandbox, **BUILD))
+
+
+def test_a_uv_cache_dir_that_cannot_be_mounted_is_one_error(inputs, fake_uv):  # noqa: F811
+    stage = _stage_from_cli(["--pip-requirements", "torch.txt"])
+    settings = dataclasses.replace(
+        stage.settings, installer="uv", uv_cache_dir=str(inputs / "uv:cache")
+    )
+    with pytest.raises(InputError, match=r"uv:cache is mounted into the container"):
+        PipStage(settings=settings)
+    off = dataclasses.replace(settings, cache=False)  # no cache, nothing mounted
+    assert PipStage(settings=off).uv_cache_dir == inputs / "uv:cache"
