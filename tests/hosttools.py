@@ -89,6 +89,10 @@ def real_users(count, *, why):
         yield names
     finally:
         for name in names:
+            # What the users' runs left in /tmp (e.g. the runscripts' caches)
+            leftovers = list(Path("/tmp").glob(f"{name}-*"))
+            if leftovers:
+                remove_dirs_of(name, *leftovers)
             subprocess.run(["userdel", name], capture_output=True, check=False)
 
 
