@@ -41,12 +41,7 @@ def _describe_step(step, scan, *, cache):
     files = [
         f"{keep}/{rf.path.name if rf.path else 'packages.txt'}" for rf in scan.files
     ]
-    cmd = install_command(
-        step=step,
-        requirement_files=files,
-        constraints=f"{keep}/protected-constraints.txt",
-        cache=cache,
-    )
+    cmd = install_command(step=step, requirement_files=files, cache=cache)
     env = "".join(f"{k}={shlex.quote(v)} " for k, v in redact_env(step.env).items())
     lines = [f"{step.title}:", f"  {env}{shlex.join(cmd)}"]
     lines += [f"  requirements: {path}" for path in step.requirements]

@@ -141,9 +141,9 @@ def check_uv_step(*, step, scan):
         )
 
 
-def uv_command(*, uv, cache_dir, python):
+def uv_command(*, cache_dir, python):
     """The ``uv pip install`` command line (in the container), before a step's arguments."""
-    cmd = [uv, "--color", "never", "--no-config", "--no-progress"]
+    cmd = [UV_BIN, "--color", "never", "--no-config", "--no-progress"]
     cmd += ["--cache-dir", cache_dir] if cache_dir else ["--no-cache"]
     cmd += ["pip", "install", "--python", python, "--link-mode", "copy"]
     # pip's: .pyc files written at install (an image is read-only at run time),
