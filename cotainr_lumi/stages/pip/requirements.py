@@ -68,6 +68,11 @@ class ReqFile:
     lines: list[str]
     refs: list[ReqLine] = field(default_factory=list)
 
+    @property
+    def name(self):
+        """The file's name (``packages.txt`` for a step's inline packages)."""
+        return self.path.name if self.path is not None else "packages.txt"
+
 
 def _logical_lines(lines):
     """Yield (start, end, text) for each logical line (comments removed)."""
@@ -443,7 +448,7 @@ class StagedStep:
         self.requirement_files = [self._stage_file(rf) for rf in scan.files]
 
     def _kept_name(self, rf):
-        stem = rf.path.name if rf.path is not None else "packages.txt"
+        stem = rf.name
         used = {PurePosixPath(p).name for p in self.kept_files}
         name, n = stem, 1
         while name in used:
