@@ -223,7 +223,6 @@ class PipStep(StepSettings):
             data[key] = [redact(v) for v in data[key]]
         data["index-url"] = self.index_url and redact(self.index_url)
         data["env"] = redact_env(self.env)
-        data["base-dir"] = str(self.base_dir)
         return data
 
 

@@ -104,12 +104,12 @@ def uv_in_sandbox(*, root, uv, cache, run):
             stage="pip",
             details=e.error_lines(),
         ) from e
-    if cache is None:
-        yield
-        return
-    Path(cache).mkdir(parents=True, exist_ok=True)
-    resolve_in_root(root=root, path=UV_CACHE_DIR).mkdir(parents=True, exist_ok=True)
-    with apptainer.bind_mounts([f"{cache}:{UV_CACHE_DIR}"]):
+    binds = []
+    if cache is not None:
+        Path(cache).mkdir(parents=True, exist_ok=True)
+        resolve_in_root(root=root, path=UV_CACHE_DIR).mkdir(parents=True)
+        binds.append(f"{cache}:{UV_CACHE_DIR}")
+    with apptainer.bind_mounts(binds):
         yield
 
 
