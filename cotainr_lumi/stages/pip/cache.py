@@ -38,7 +38,6 @@ def link_or_copy(src, dst):
 
 
 def _files(top):
-    top = Path(top)
     for dirpath, _dirnames, filenames in os.walk(top):
         for name in filenames:
             path = Path(dirpath) / name
@@ -48,8 +47,7 @@ def _files(top):
 
 
 def import_cache(*, host_dir, sandbox_dir):
-    """Fill the sandbox cache directory from the host cache."""
-    host_dir, sandbox_dir = Path(host_dir), Path(sandbox_dir)
+    """Fill the sandbox cache directory (a Path) from the host cache (a Path)."""
     host_dir.mkdir(parents=True, exist_ok=True)
     sandbox_dir.mkdir(parents=True, exist_ok=True)
     stats = {"files": 0, "bytes": 0, "linked": 0}
@@ -63,8 +61,7 @@ def import_cache(*, host_dir, sandbox_dir):
 
 
 def export_cache(*, sandbox_dir, host_dir):
-    """Move new cache entries back to the host and remove the sandbox copy."""
-    sandbox_dir, host_dir = Path(sandbox_dir), Path(host_dir)
+    """Move new cache entries back to the host and remove the sandbox copy (Paths)."""
     stats = {"files": 0, "new": 0}
     if not sandbox_dir.is_dir():
         return stats

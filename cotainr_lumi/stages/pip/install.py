@@ -144,17 +144,21 @@ def step_dir(step):
     return f"{PIP_DIR}/step{step.number}"
 
 
-def install_command(*, step, requirement_files, constraints, cache, python="python"):
+def constraints_file(step):
+    """Where a step's constraints pinning what is installed before it are."""
+    return f"{step_dir(step)}/protected-constraints.txt"
+
+
+def install_command(*, step, requirement_files, cache, python="python"):
     """A step's install command: pip's or uv's (`cache`: the host caches used)."""
     if step.installer == "uv":
-        cache_dir = UV_CACHE_DIR if cache else None
-        cmd = uv_command(uv=UV_BIN, cache_dir=cache_dir, python=python)
+        cmd = uv_command(cache_dir=UV_CACHE_DIR if cache else None, python=python)
     else:
         cmd = [python, "-m", "pip", "install", "--no-input"]
         cmd += ["--disable-pip-version-check", "--progress-bar", "off"]
         cmd += ["--cache-dir", CACHE_DIR] if cache else ["--no-cache-dir"]
     args = step.install_args(
-        requirement_files=requirement_files, constraints=constraints
+        requirement_files=requirement_files, constraints=constraints_file(step)
     )
     return cmd + args
 
@@ -312,9 +316,9 @@ class PipRun:
         uv_cache = None
         if self.settings.cache:
             stats["dir"] = str(host_cache)
-            uv_cache = self.stage.uv_cache_dir
-        if uv_cache and self.stage.uv:
-            stats["uv-dir"] = str(uv_cache)
+            if self.stage.uv:
+                uv_cache = self.stage.uv_cache_dir
+                stats["uv-dir"] = str(uv_cache)
         try:
             if pip_cache:
                 stats["import"] = _timed(
@@ -429,7 +433,7 @@ class PipRun:
         logger.warning("%s pip.check=strict makes this an error.", message)
         return [{"package": p, "problem": q, "involved": i} for p, q, i in broken]
 
-    def _install(self, *, step, staged, constraints, before):
+    def _install(self, *, step, staged, before):
         """Run the step's ``pip install`` in the target env; return it redacted."""
         env = step.env
         unset = UNSET_PIP_VARIABLES
@@ -440,7 +444,6 @@ class PipRun:
         cmd = install_command(
             step=step,
             requirement_files=staged.requirement_files,
-            constraints=constraints,
             cache=cache,
             python=self.target.python,
         )
@@ -460,31 +463,27 @@ class PipRun:
 
     def _run_step(self, *, step, scan):
         """Stage, pin, install and check one step; return its record."""
-        root = self.root
         logger.info("pip %s", step.title)
         t0 = time.time()
-        keep_dir = step_dir(step)
         staging_dir = f"{WORK_DIR}/staging/step{step.number}"
         staged = StagedStep(
-            scan=scan, root=root, keep_dir=keep_dir, staging_dir=staging_dir
+            scan=scan, root=self.root, keep_dir=step_dir(step), staging_dir=staging_dir
         )
         before, packages = self.listed or self._pip_list()
         if step.number == 1:
             self.base_packages = packages
-        constraints = f"{keep_dir}/protected-constraints.txt"
         write_file_in_root(
-            root=root,
-            path=constraints,
+            root=self.root,
+            path=constraints_file(step),
             content=constraints_text(installed=before, allowed=step.allow_changes),
         )
-        cmd = self._install(
-            step=step, staged=staged, constraints=constraints, before=before
-        )
+        cmd = self._install(step=step, staged=staged, before=before)
         last = step.number == len(self.stage.steps) and self.settings.check != "off"
         self.listed = self._pip_list(check=last)
         after = self.listed[0]
         check_protected(step=step, before=before, after=after)
-        shutil.rmtree(resolve_in_root(root=root, path=staging_dir), ignore_errors=True)
+        staging = resolve_in_root(root=self.root, path=staging_dir)
+        shutil.rmtree(staging, ignore_errors=True)
         diff = describe_changes(before=before, after=after)
         logger.info(
             "Finished pip %s in %.1f s: %d added, %d changed",

@@ -68,6 +68,11 @@ class ReqFile:
     lines: list[str]
     refs: list[ReqLine] = field(default_factory=list)
 
+    @property
+    def name(self):
+        """The file's name (``packages.txt`` for a step's inline packages)."""
+        return self.path.name if self.path is not None else "packages.txt"
+
 
 def _logical_lines(lines):
     """Yield (start, end, text) for each logical line (comments removed)."""
@@ -281,7 +286,12 @@ class StepScan:
         option, value, rest = _split_option(tokens)
         self.options.append((option, where))
         if option in _EDITABLE:
-            raise _editable_error(option, value, where=where)
+            raise _error(
+                where,
+                f"editable installs ({option} {value or ''}) are not supported in "
+                "an image build: the source would not be in the image. Drop "
+                f"'{option}' to install a copy of the project instead.",
+            )
         if option not in _INCLUDE_OPTIONS + _FIND_LINKS:
             return None
         if not value:
@@ -316,7 +326,8 @@ class StepScan:
         req_text, options = _split_requirement(text, where=where)
         self.options += [(t.partition("=")[0], where) for t in options if t[0] == "-"]
         if req_text.startswith("file:"):
-            ref = _file_url_line(req_text)
+            url, sep, markers = req_text.partition("; ")
+            ref = ReqLine("file-url", None, "", _markers(markers, sep), url.strip())
         elif _URL_RE.match(req_text):
             self.note_url(req_text.partition(";")[0].strip(), where=where)
             return None  # remote URL (https://..., git+https://...)
@@ -340,15 +351,6 @@ class StepScan:
         return None
 
 
-def _editable_error(option, value, *, where):
-    return _error(
-        where,
-        f"editable installs ({option} {value or ''}) are not supported in "
-        "an image build: the source would not be in the image. Drop "
-        f"'{option}' to install a copy of the project instead.",
-    )
-
-
 def _split_requirement(text, *, where):
     """(requirement, the options after it) of a requirement line."""
     tokens = text.split()
@@ -365,12 +367,6 @@ def _find_links(ref, *, in_image, where):
     elif not ref.target.exists():
         raise _error(where, f"{ref.prefix}{ref.original}: {ref.target} does not exist")
     return ref
-
-
-def _file_url_line(req_text):
-    """A ``file:`` URL requirement (with markers)."""
-    url, sep, markers = req_text.partition("; ")
-    return ReqLine("file-url", None, "", _markers(markers, sep), url.strip())
 
 
 def _path_line(req_text, *, where):
@@ -452,7 +448,7 @@ class StagedStep:
         self.requirement_files = [self._stage_file(rf) for rf in scan.files]
 
     def _kept_name(self, rf):
-        stem = rf.path.name if rf.path is not None else "packages.txt"
+        stem = rf.name
         used = {PurePosixPath(p).name for p in self.kept_files}
         name, n = stem, 1
         while name in used:
@@ -482,26 +478,20 @@ class StagedStep:
             return self._staged[src]
         image_path = str(self.staging_dir / str(len(self._staged) + 1) / src.name)
         host = resolve_in_root(root=self.root, path=image_path)
+        real = os.path.realpath(src)
         if src.is_dir():
             _check_tree_to_stage(src, root=self.root)
             host.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(src, host, symlinks=True)
-        else:
-            self._stage_file_path(
-                os.path.realpath(src), host=host, image_path=image_path
-            )
-        self._staged[src] = image_path
-        self.staged[image_path] = str(src)
-        return image_path
-
-    def _stage_file_path(self, real, *, host, image_path):
-        """Put host file `real` (no symlink) at `image_path` for the install."""
-        if apptainer.can_bind(real) and apptainer.can_bind(image_path):
+        elif apptainer.can_bind(real) and apptainer.can_bind(image_path):
             host.parent.mkdir(parents=True, exist_ok=True)
             host.touch()  # where the file is mounted
             self.binds.append(f"{real}:{image_path}:ro")
         else:
             link_or_copy(real, host)
+        self._staged[src] = image_path
+        self.staged[image_path] = str(src)
+        return image_path
 
     def _rewrite(self, ref):
         if ref.kind == "image-path":

@@ -34,16 +34,16 @@ SCHEMA_VERSION = SchemaVersion.V1_6
 ORIGIN_PROPERTY = "cotainr-lumi:origin"
 
 
-def _origins(packages, base_packages):
-    """'base' or 'build' for each package (all 'base' without a base list)."""
-    base = {canonicalize_name(p["name"]): p["version"] for p in base_packages or []}
-    return [
-        "build"
-        if base_packages is not None
-        and base.get(canonicalize_name(p["name"])) != p["version"]
-        else "base"
+def _added(packages, base_packages):
+    """The names of the packages not as in the base (none without a base list)."""
+    if base_packages is None:
+        return set()
+    base = {canonicalize_name(p["name"]): p["version"] for p in base_packages}
+    return {
+        p["name"]
         for p in packages
-    ]
+        if base.get(canonicalize_name(p["name"])) != p["version"]
+    }
 
 
 def _library(package, *, purl, origin):
@@ -114,14 +114,14 @@ def cyclonedx_json(
             name="cotainr-lumi", version=__version__, type=ComponentType.APPLICATION
         )
     )
-    packages = sorted(packages, key=lambda p: p["name"].lower())
+    added = _added(packages, base_packages)
     components = [
         _library(
             p,
             purl=PackageURL(type="pypi", name=p["name"], version=p["version"]),
-            origin=o,
+            origin="build" if p["name"] in added else "base",
         )
-        for p, o in zip(packages, _origins(packages, base_packages))
+        for p in sorted(packages, key=lambda p: p["name"].lower())
     ]
     components += _system_components(system_record or {})
     for component in components:
@@ -168,8 +168,7 @@ def write_sboms(*, root, packages, base_packages, **image):
     )
     write_file_in_root(root=root, path=imagelayout.CYCLONEDX_SBOM_FILE, content=text)
     aif = update_aif_sbom(root=root, packages=packages)
-    origins = _origins(packages, base_packages)
-    added = sorted(p["name"] for p, o in zip(packages, origins) if o == "build")
+    added = sorted(_added(packages, base_packages))
     aif = imagelayout.AIF_SBOM_FILE if aif else None
     logger.info(
         "SBOM: %s%s; added by this build: %s",

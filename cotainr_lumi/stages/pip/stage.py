@@ -38,15 +38,8 @@ __all__ = ["PACKAGES_FILE", "WORK_DIR", "PipStage"]
 def _describe_step(step, scan, *, cache):
     """The plan's lines on one step: its command, inputs and protection."""
     keep = step_dir(step)
-    files = [
-        f"{keep}/{rf.path.name if rf.path else 'packages.txt'}" for rf in scan.files
-    ]
-    cmd = install_command(
-        step=step,
-        requirement_files=files,
-        constraints=f"{keep}/protected-constraints.txt",
-        cache=cache,
-    )
+    files = [f"{keep}/{rf.name}" for rf in scan.files]
+    cmd = install_command(step=step, requirement_files=files, cache=cache)
     env = "".join(f"{k}={shlex.quote(v)} " for k, v in redact_env(step.env).items())
     lines = [f"{step.title}:", f"  {env}{shlex.join(cmd)}"]
     lines += [f"  requirements: {path}" for path in step.requirements]

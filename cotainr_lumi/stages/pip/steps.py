@@ -223,7 +223,6 @@ class PipStep(StepSettings):
             data[key] = [redact(v) for v in data[key]]
         data["index-url"] = self.index_url and redact(self.index_url)
         data["env"] = redact_env(self.env)
-        data["base-dir"] = str(self.base_dir)
         return data
 
 
@@ -328,8 +327,7 @@ def _describe_key(path, *, data):
 
 
 def load_steps_file(*, path):
-    """Read a steps file into typed stage settings."""
-    path = Path(os.path.abspath(os.path.expanduser(path)))
+    """Read a steps file (an absolute Path) into typed stage settings."""
     data = read_yaml(
         path=path,
         error=lambda message: InputError(f"The pip steps file {path} {message}."),
@@ -364,7 +362,7 @@ def steps_from_inputs(*, inputs):
     """Typed stage settings from command line inputs, in command line order."""
     settings: dict[str, Any] = {"steps": []}
     for kind, value in inputs:
-        path = Path(os.path.abspath(os.path.expanduser(value)))
+        path = _absolute(value, ".")
         if kind == "requirements":
             if not path.is_file():
                 raise InputError(f"--pip-requirements {value}: no such file ({path}).")

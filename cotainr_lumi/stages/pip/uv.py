@@ -104,12 +104,12 @@ def uv_in_sandbox(*, root, uv, cache, run):
             stage="pip",
             details=e.error_lines(),
         ) from e
-    if cache is None:
-        yield
-        return
-    Path(cache).mkdir(parents=True, exist_ok=True)
-    resolve_in_root(root=root, path=UV_CACHE_DIR).mkdir(parents=True, exist_ok=True)
-    with apptainer.bind_mounts([f"{cache}:{UV_CACHE_DIR}"]):
+    binds = []
+    if cache is not None:
+        Path(cache).mkdir(parents=True, exist_ok=True)
+        resolve_in_root(root=root, path=UV_CACHE_DIR).mkdir(parents=True)
+        binds.append(f"{cache}:{UV_CACHE_DIR}")
+    with apptainer.bind_mounts(binds):
         yield
 
 
@@ -141,9 +141,9 @@ def check_uv_step(*, step, scan):
         )
 
 
-def uv_command(*, uv, cache_dir, python):
+def uv_command(*, cache_dir, python):
     """The ``uv pip install`` command line (in the container), before a step's arguments."""
-    cmd = [uv, "--color", "never", "--no-config", "--no-progress"]
+    cmd = [UV_BIN, "--color", "never", "--no-config", "--no-progress"]
     cmd += ["--cache-dir", cache_dir] if cache_dir else ["--no-cache"]
     cmd += ["pip", "install", "--python", python, "--link-mode", "copy"]
     # pip's: .pyc files written at install (an image is read-only at run time),
