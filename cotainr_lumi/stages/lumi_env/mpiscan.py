@@ -267,8 +267,9 @@ def _interpreter_search(image, python):
 
 
 def _pin(image, user, interpreter_search):
-    """The pin of one :class:`MpiUser` of ``libmpi.so.12`` (None: not pinned)."""
-    if user.runpath:
+    """The pin of one :class:`MpiUser` (None: not pinned)."""
+    # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
+    if user.needs != MPICH_ABI or user.preloaded or user.runpath:
         return None
     own = (user.rpath, str(PurePosixPath(user.path).parent), "its DT_RPATH")
     # The loader takes the first directory that has it, in this order.
@@ -305,7 +306,6 @@ def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
     image = ImageFiles(root)
     scan = MpiScan(libraries=_libraries(image, prefixes))
     scan.mpi4py = _mpi4py(image, site_dirs)
-    # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
     preloading = None
     if scan.mpi4py and scan.mpi4py["abi_aware"]:
         preloading = scan.mpi4py["dir"] + "/"
@@ -317,10 +317,6 @@ def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
         preloading=preloading,
     )
     interpreter_search = _interpreter_search(image, python)
-    for user in scan.users:
-        if user.needs != MPICH_ABI or user.preloaded:
-            continue
-        pin = _pin(image, user, interpreter_search)
-        if pin:
-            scan.pins.append(pin)
+    pins = (_pin(image, user, interpreter_search) for user in scan.users)
+    scan.pins = [pin for pin in pins if pin]
     return scan
