@@ -25,7 +25,7 @@ from ...engine.rocmwindow import major_minor
 from ...engine.settings import SettingError, StageSettings, each, read_declared, setting
 from ...errors import StageError
 from .envfile import computed_default, read_host_value
-from .mpiscan import MPICH_ABI, MpiScan, image_library, scan_mpi
+from .mpiscan import MPICH_ABI, ImageFiles, MpiScan, scan_mpi
 from .ops import Comment, Discover, PushEnv, printable
 from .validators import validate_bind, validate_path_entry
 
@@ -338,10 +338,11 @@ def gpu_aware_caveat(rocm_version):
 def absent_binds(*, binding, root):
     """{bind: the image's library of that name, or None (then it is bound)}."""
     found = {}
+    image = ImageFiles(root)
     for bind in binding.binds_if_absent if binding else ():
         src, _, rest = bind.partition(":")
         name = PurePosixPath(rest.partition(":")[0] or src).name
-        found[bind] = image_library(root=root, name=name)
+        found[bind] = image.find(name, image.library_dirs)
     return found
 
 

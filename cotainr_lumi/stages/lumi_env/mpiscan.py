@@ -99,63 +99,77 @@ class MpiScan:
         }
 
 
-def _included_dirs(*, root, conf, pattern, seen):
-    """The directories of the files an ``include`` line of `conf` names."""
-    # A relative pattern is relative to the file's directory.
-    pattern = PurePosixPath(conf).parent / pattern
-    parent = resolve_or_none(root=root, path=str(pattern.parent))
-    if parent is None or not parent.is_dir():
-        return []
-    dirs = []
-    for match in sorted(glob.glob(str(parent / pattern.name))):
-        image = str(pattern.parent / os.path.basename(match))
-        dirs += _conf_dirs(root=root, conf=image, seen=seen)
-    return dirs
+class ImageFiles:
+    """
+    The files of one image, read statically (`root`: its host directory).
+
+    ``library_dirs`` are the loader's directories: those ``/etc/ld.so.conf``
+    names (``include`` followed), then the default ones.
+    """
+
+    def __init__(self, root):
+        self.root = root
+        dirs = self._conf_dirs("/etc/ld.so.conf", seen=set())
+        self.library_dirs = list(dict.fromkeys([*dirs, *DEFAULT_LOADER_DIRS]))
+
+    def host(self, path):
+        """The host path of image path `path` (None for a symlink loop)."""
+        return resolve_or_none(root=self.root, path=path)
+
+    def real(self, path):
+        """The image path of `path` with its links resolved."""
+        host = self.host(path)
+        return (
+            path if host is None else str(image_path_of(root=self.root, host_path=host))
+        )
+
+    def elf(self, path):
+        """:func:`read_elf_info` of image path `path`."""
+        return read_elf_info(path=self.host(path))
+
+    def find(self, name, dirs):
+        """The first ``DIR/name`` of `dirs` that is a file in the image (image path)."""
+        for directory in dirs:
+            path = f"{directory.rstrip('/')}/{name}"
+            host = self.host(path)
+            if host is not None and host.is_file():
+                return path
+        return None
+
+    def _conf_dirs(self, conf, seen):
+        """The directories an ``ld.so.conf`` file names (``include`` followed)."""
+        if conf in seen:
+            return []
+        seen.add(conf)
+        host = self.host(conf)
+        try:
+            lines = host.read_text(errors="replace").splitlines() if host else []
+        except OSError:
+            return []
+        dirs = []
+        for line in lines:
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("include"):
+                pattern = line[len("include") :].strip()
+                dirs += self._included_dirs(conf, pattern, seen)
+            elif line.startswith("/"):
+                dirs.append(line.rstrip("/") or "/")
+        return dirs
+
+    def _included_dirs(self, conf, pattern, seen):
+        """The directories of the files an ``include`` line of `conf` names."""
+        # A relative pattern is relative to the file's directory.
+        pattern = PurePosixPath(conf).parent / pattern
+        parent = self.host(str(pattern.parent))
+        if parent is None or not parent.is_dir():
+            return []
+        dirs = []
+        for match in sorted(glob.glob(str(parent / pattern.name))):
+            dirs += self._conf_dirs(str(pattern.parent / os.path.basename(match)), seen)
+        return dirs
 
 
-def _conf_dirs(*, root, conf, seen):
-    """The directories an ``ld.so.conf`` file names (``include`` followed)."""
-    if conf in seen:
-        return []
-    seen.add(conf)
-    host = resolve_or_none(root=root, path=conf)
-    try:
-        lines = host.read_text(errors="replace").splitlines() if host else []
-    except OSError:
-        return []
-    dirs = []
-    for line in lines:
-        line = line.split("#", 1)[0].strip()
-        if line.startswith("include"):
-            pattern = line[len("include") :].strip()
-            dirs += _included_dirs(root=root, conf=conf, pattern=pattern, seen=seen)
-        elif line.startswith("/"):
-            dirs.append(line.rstrip("/") or "/")
-    return dirs
-
-
-def library_dirs(*, root):
-    """The loader's directories in the image."""
-    dirs = _conf_dirs(root=root, conf="/etc/ld.so.conf", seen=set())
-    return list(dict.fromkeys([*dirs, *DEFAULT_LOADER_DIRS]))
-
-
-def _find(*, root, name, dirs):
-    """The first ``DIR/name`` of `dirs` that is a file in the image (image path)."""
-    for directory in dirs:
-        path = f"{directory.rstrip('/')}/{name}"
-        host = resolve_or_none(root=root, path=path)
-        if host is not None and host.is_file():
-            return path
-    return None
-
-
-def image_library(*, root, name):
-    """The image path of library `name` in the loader's directories (or None)."""
-    return _find(root=root, name=name, dirs=library_dirs(root=root))
-
-
-def _expand(entry, *, origin):
+def _expand(entry, origin):
     """A search path entry with ``$ORIGIN`` expanded (None for other tokens)."""
     text = entry.replace("${ORIGIN}", "$ORIGIN").replace("$ORIGIN", origin)
     if "$" in text or not text.startswith("/"):
@@ -163,62 +177,54 @@ def _expand(entry, *, origin):
     return os.path.normpath(text)
 
 
-def _real_image_path(*, root, path):
-    """The image path of `path` with its links resolved."""
-    host = resolve_or_none(root=root, path=path)
-    return path if host is None else str(image_path_of(root=root, host_path=host))
-
-
 def find_needed(*, root, name, info, origin, ld_path=()):
     """The image path where the loader finds `name` for `info` in `origin` (or None)."""
     own = [*(() if info.runpath else info.rpath), *ld_path, *info.runpath]
-    search = [d for p in own if p and (d := _expand(p, origin=origin))]
-    return _find(root=root, name=name, dirs=search + library_dirs(root=root))
+    search = [d for p in own if p and (d := _expand(p, origin))]
+    image = ImageFiles(root)
+    return image.find(name, search + image.library_dirs)
 
 
-def _speaks_cxi(*, root, library_path, info):
+def _speaks_cxi(image, library_path, info):
     """(libfabric image path or None, whether the library speaks CXI)."""
     if LIBCXI in info.needed:
         return None, True
     if LIBFABRIC not in info.needed:
         return None, False
     origin = str(PurePosixPath(library_path).parent)
-    fabric = find_needed(root=root, name=LIBFABRIC, info=info, origin=origin)
+    fabric = find_needed(root=image.root, name=LIBFABRIC, info=info, origin=origin)
     if fabric is None:
         return None, False
-    fabric_info = read_elf_info(path=resolve_or_none(root=root, path=fabric))  # a file
-    providers = resolve_or_none(
-        root=root, path=f"{PurePosixPath(fabric).parent}/libfabric"
-    )
+    fabric_info = image.elf(fabric)  # a file
+    providers = image.host(f"{PurePosixPath(fabric).parent}/libfabric")
     has_provider = providers is not None and glob.glob(str(providers / "libcxi-fi*.so"))
     return fabric, bool(has_provider or (fabric_info and LIBCXI in fabric_info.needed))
 
 
-def _libraries(*, root, prefixes):
+def _libraries(image, prefixes):
     """The MPI libraries of the image, the env's first."""
     places = [(f"{p.rstrip('/')}/lib", "env") for p in prefixes]
-    places += [(d, "system") for d in library_dirs(root=root)]
-    found, seen = [], set()
+    places += [(d, "system") for d in image.library_dirs]
+    found = {}
     for directory, where in places:
         for name in (MPICH_ABI, OPEN_MPI):
-            path = _find(root=root, name=name, dirs=[directory])
-            real = path and _real_image_path(root=root, path=path)
-            if real is None or real in seen:
+            path = image.find(name, [directory])
+            real = path and image.real(path)
+            if real is None or real in found:
                 continue
-            seen.add(real)
-            info = read_elf_info(path=resolve_or_none(root=root, path=real))
+            info = image.elf(real)
             if info is None:
                 continue
-            cxi = _speaks_cxi(root=root, library_path=real, info=info)
-            found.append(MpiLibrary(path, real, info.soname or name, where, *cxi))
-    return found
+            cxi = _speaks_cxi(image, real, info)
+            found[real] = MpiLibrary(path, real, info.soname or name, where, *cxi)
+    return list(found.values())
 
 
-def _distributions(*, root, site_dirs):
+def _distributions(image, site_dirs):
     """Image path of each installed file -> ``name version`` (from RECORD)."""
     owners = {}
     for site in site_dirs:
-        host_site = resolve_or_none(root=root, path=site)
+        host_site = image.host(site)
         if host_site is None or not host_site.is_dir():
             continue
         for record in sorted(host_site.glob("*.dist-info/RECORD")):
@@ -228,15 +234,15 @@ def _distributions(*, root, site_dirs):
             except OSError:
                 continue
             for rel in filter(None, (line.split(",", 1)[0] for line in lines)):
-                image = os.path.normpath(os.path.join(site, rel))
-                owners.setdefault(image, f"{name} {version}".strip())
+                image_path = os.path.normpath(os.path.join(site, rel))
+                owners.setdefault(image_path, f"{name} {version}".strip())
     return owners
 
 
-def _mpi4py(*, root, site_dirs):
+def _mpi4py(image, site_dirs):
     """mpi4py's version, directory and whether it loads its library itself."""
     for site in site_dirs:
-        host = resolve_or_none(root=root, path=f"{site.rstrip('/')}/mpi4py/__init__.py")
+        host = image.host(f"{site.rstrip('/')}/mpi4py/__init__.py")
         if host is None or not host.is_file():
             continue
         text = host.read_text(errors="replace")
@@ -249,49 +255,41 @@ def _mpi4py(*, root, site_dirs):
     return None
 
 
-def _pin(*, root, user, interpreter):
-    """The pin of one :class:`MpiUser` of ``libmpi.so.12`` (None: not pinned)."""
-    if user.runpath:
+def _interpreter_search(image, python):
+    """The DT_RPATH of the env's Python, which pins its extensions' MPI too."""
+    if not python:
+        return []
+    exe = image.real(python)
+    info = image.elf(exe)
+    if info is None or not info.rpath or info.runpath:
+        return []
+    return [(info.rpath, str(PurePosixPath(exe).parent), f"the DT_RPATH of {exe}")]
+
+
+def _pin(image, user, interpreter_search):
+    """The pin of one :class:`MpiUser` (None: not pinned)."""
+    # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
+    if user.needs != MPICH_ABI or user.preloaded or user.runpath:
         return None
-    searches = [(user.rpath, str(PurePosixPath(user.path).parent), "its DT_RPATH")]
-    exe_path, exe = interpreter
-    if exe and exe.rpath and not exe.runpath:
-        origin = str(PurePosixPath(exe_path).parent)
-        searches.append((exe.rpath, origin, f"the DT_RPATH of {exe_path}"))
+    own = (user.rpath, str(PurePosixPath(user.path).parent), "its DT_RPATH")
     # The loader takes the first directory that has it, in this order.
-    for entries, origin, via in searches:
+    for entries, origin, via in [own, *interpreter_search]:
         for entry in entries:
-            directory = _expand(entry, origin=origin)
-            found = directory and _find(root=root, name=MPICH_ABI, dirs=[directory])
+            directory = _expand(entry, origin)
+            found = directory and image.find(MPICH_ABI, [directory])
             if found:
                 return Pin(user.path, entry, found, via, user.distribution)
     return None
 
 
-def _mpi_needed(info):
-    """The MPI library an ELF file needs (None: none)."""
-    for name in (MPICH_ABI, OPEN_MPI):
-        if name in info.needed:
-            return name
-    return None
-
-
-def _interpreter(*, root, python):
-    """(image path, ELF info) of the env's Python: its DT_RPATH pins too."""
-    if not python:
-        return None, None
-    exe = _real_image_path(root=root, path=python)
-    return exe, read_elf_info(path=resolve_or_none(root=root, path=exe))
-
-
-def _users(*, root, prefixes, skip, owners, preloading):
+def _users(image, prefixes, *, skip, owners, preloading):
     """The ELF files below `prefixes` that need an MPI library (`skip` aside)."""
     users = []
     seen = set(skip)
     for prefix in prefixes:
-        for info in scan_elf_files(root=root, path=prefix):
-            needs = _mpi_needed(info)
-            path = str(image_path_of(root=root, host_path=info.path))
+        for info in scan_elf_files(root=image.root, path=prefix):
+            needs = next((n for n in (MPICH_ABI, OPEN_MPI) if n in info.needed), None)
+            path = str(image_path_of(root=image.root, host_path=info.path))
             if needs is None or path in seen:
                 continue
             seen.add(path)
@@ -305,24 +303,20 @@ def _users(*, root, prefixes, skip, owners, preloading):
 
 def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
     """Find the MPI of an image."""
-    scan = MpiScan(libraries=_libraries(root=root, prefixes=prefixes))
-    scan.mpi4py = _mpi4py(root=root, site_dirs=site_dirs)
-    # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
+    image = ImageFiles(root)
+    scan = MpiScan(libraries=_libraries(image, prefixes))
+    scan.mpi4py = _mpi4py(image, site_dirs)
     preloading = None
     if scan.mpi4py and scan.mpi4py["abi_aware"]:
         preloading = scan.mpi4py["dir"] + "/"
     scan.users = _users(
-        root=root,
-        prefixes=prefixes,
+        image,
+        prefixes,
         skip={lib.real for lib in scan.libraries},
-        owners=_distributions(root=root, site_dirs=site_dirs),
+        owners=_distributions(image, site_dirs),
         preloading=preloading,
     )
-    interpreter = _interpreter(root=root, python=python)
-    for user in scan.users:
-        if user.needs != MPICH_ABI or user.preloaded:
-            continue
-        pin = _pin(root=root, user=user, interpreter=interpreter)
-        if pin:
-            scan.pins.append(pin)
+    interpreter_search = _interpreter_search(image, python)
+    pins = (_pin(image, user, interpreter_search) for user in scan.users)
+    scan.pins = [pin for pin in pins if pin]
     return scan

@@ -26,7 +26,7 @@ from cotainr_lumi.stages.lumi_env.mpi import (
     plan_mpi,
     resolve_mode,
 )
-from cotainr_lumi.stages.lumi_env.mpiscan import library_dirs, scan_mpi
+from cotainr_lumi.stages.lumi_env.mpiscan import ImageFiles, scan_mpi
 from cotainr_lumi.stages.lumi_env.ops import render
 from cotainr_lumi.stages.lumi_env.stage import LumiEnvStage
 
@@ -113,7 +113,7 @@ def system_mpich(root, libs, *, cxi):
 
 def test_library_dirs_follow_ld_so_conf_includes(tmp_path, libs):
     root = system_mpich(tmp_path, libs, cxi=True)
-    dirs = library_dirs(root=root)
+    dirs = ImageFiles(root).library_dirs
     assert dirs[:2] == ["/usr/local/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"]
     assert "/usr/lib64" in dirs and dirs.count("/usr/lib/x86_64-linux-gnu") == 1
 
