@@ -181,10 +181,9 @@ def _check_rocm(report, facts):
     )
 
 
-def _check_lumi_env(report, facts, *, expected_env):
+def _check_lumi_env(report, facts):
     system = facts["labels"].get(imagelayout.LABEL_SYSTEM)
-    expected = expected_env or expectedenv.expected_env(system_name=system)
-    for name, value in expected.items():
+    for name, value in expectedenv.expected_env(system_name=system).items():
         found = facts["env"].get(name)
         status = PASS if found == value else FAIL
         report.add(f"env:{name}", status, f"{name}={found!r} (expected {value!r})")
@@ -349,7 +348,7 @@ def _check_layer_base(report, base, labels):
     )
 
 
-def _probe(image, *, timeout, overlay=None):
+def _probe(image, *, timeout, overlay):
     """Run :mod:`.probe` in the image's own python; return its facts."""
     probe = Path(__file__).with_name("probe.py").read_text()
     inputs = json.dumps(probe_inputs())
@@ -397,7 +396,7 @@ def _guarded(report, row, check, facts):
         )
 
 
-def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEOUT):
+def verify_image(*, image, strict=False, timeout=VERIFY_TIMEOUT):
     """Run every check on an image."""
     image = Path(image)
     if not image.exists():
@@ -430,7 +429,7 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
         "provenance-labels": _check_labels,
         "rocm-layout": _check_rocm,
         "net-plugin": netplugin.check_network,
-        "env": partial(_check_lumi_env, expected_env=dict(expected_env or {})),
+        "env": _check_lumi_env,
         "target-env": _check_target_env,
         "env-libstdcxx": _check_libstdcxx,
         "torch-rocm-duplicates": _check_torch,

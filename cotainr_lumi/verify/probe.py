@@ -41,13 +41,13 @@ def ldd(path):
     return {"rc": result["rc"], "deps": deps, "err": result["err"][-500:]}
 
 
-def read(path, limit=200000):
+def read(path):
     """Read a text file, or None (also for a FIFO or device: never opened)."""
     if not os.path.isfile(path):
         return None
     try:
         with open(path, errors="replace") as f:
-            return f.read(limit)
+            return f.read(200000)
     except OSError:
         return None
 
@@ -78,7 +78,7 @@ def load(path, kind="object"):
         value = json.loads(data)
         check_depth(value)
         found = {dict: "object", list: "array"}.get(type(value), type(value).__name__)
-        if kind and found != kind:
+        if found != kind:
             raise ValueError(f"a JSON {found}, not an {kind}")
     except (ValueError, RecursionError) as e:
         PROBLEMS[path] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -215,14 +215,14 @@ def could_open(name, named):
     return rccl_name or (named and name == os.path.basename(named))
 
 
-def plugin_ldd(files, named, limit=8):
-    """``ldd`` of each file RCCL could open, each real file once."""
+def plugin_ldd(files, named):
+    """``ldd`` of each file RCCL could open, each real file once (8 at most)."""
     done = {}
     result = {}
     for d, names in files.items():
         for path in (os.path.join(d, n) for n in names if could_open(n, named)):
             real = os.path.realpath(path)
-            if real not in done and len(done) < limit:
+            if real not in done and len(done) < 8:
                 done[real] = ldd(path)
             if real in done:
                 result[path] = done[real]
