@@ -49,9 +49,9 @@ def _moved(root, path):
     # The same line first (8.1.29: 8.1.32 before 9.0.1), then the newest.
     common = os.path.commonprefix
     names.sort(
-        key=lambda n: (len(common([missing, n])), [*map(int, re.findall(r"\d+", n))])
+        key=lambda n: (len(common([missing, n])), [*map(int, re.findall(r"\d+", n))]),
+        reverse=True,
     )
-    names.reverse()
     if not names:
         return ""
     has = f"{parent} has {', '.join(names[:8])}"
@@ -125,18 +125,15 @@ def _head(path):
         return f.read(4096).decode(errors="replace").strip() or None
 
 
-def _read(root, path):
-    return _try(root, path, _head)
-
-
 def _rocm_rows(system, root):
     window = system_window(system)
     if window is None:
         return
-    names = sorted(_try(root, "/opt", os.listdir, []))
-    rocms = {_read(root, f"/opt/{n}/.info/version") for n in names if "rocm" in n}
+    names = _try(root, "/opt", os.listdir, [])
+    rocms = {_try(root, f"/opt/{n}/.info/version", _head) for n in names if "rocm" in n}
+    driver = _try(root, "/sys/module/amdgpu/version", _head)
     for check, found, what in (
-        ("rocm-driver", {_read(root, "/sys/module/amdgpu/version")}, "amdgpu driver"),
+        ("rocm-driver", {driver}, "amdgpu driver"),
         ("rocm-host", rocms, "host ROCm"),
     ):
         found = sorted(found - {None})
