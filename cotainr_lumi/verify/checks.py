@@ -139,7 +139,7 @@ def _check_labels(report, facts):
         f"missing labels: {', '.join(missing)}",
     )
     pkg = labels.get(imagelayout.LABEL_PIP_PACKAGES)
-    size = facts.get("files", {}).get(imagelayout.PIP_PACKAGES_FILE)
+    size = facts["files"].get(imagelayout.PIP_PACKAGES_FILE)
     report.pass_if(
         "package-list",
         pkg and size,
@@ -194,8 +194,9 @@ def _check_libstdcxx(report, facts):
     if not present:
         report.add("env-libstdcxx", PASS, f"no libstdc++ in {facts['prefix']}/lib")
         return
-    manifest = facts.get("prune_manifest")
-    skipped = (manifest or {}).get("skipped") or []  # the probe read an object
+    skipped = (facts["prune_manifest"] or {}).get(
+        "skipped"
+    ) or []  # the probe read an object
     kept = [d for d in skipped if isinstance(d, dict) and d.get("group") == "libstdcxx"]
     reason = kept and (kept[0].get("reason") or "reason recorded in the manifest")
     report.pass_if(
@@ -207,7 +208,7 @@ def _check_libstdcxx(report, facts):
 
 
 def _check_target_env(report, facts):
-    target = facts.get("target_env")
+    target = facts["target_env"]
     if target is None:
         report.add(
             "target-env",
@@ -242,7 +243,7 @@ def _torch_rccl_row(torch, rocm_real):
 
 
 def _check_torch(report, facts):
-    torch = facts.get("torch")
+    torch = facts["torch"]
     if torch is None or not torch.get("hip"):
         why = "torch is not installed in the image"
         if torch is not None:

@@ -66,9 +66,9 @@ def window_for(*, labels):
 
 def check_rocm_driver(report, facts, *, strict):
     """Add the ``rocm-driver`` row."""
-    window = window_for(labels=facts.get("labels") or {})
-    base = (facts.get("rocm") or {}).get("version_file")
-    torch = facts.get("torch") or None
+    window = window_for(labels=facts["labels"])
+    base = (facts["rocm"] or {}).get("version_file")
+    torch = facts["torch"]
     found = rocmwindow.problems(window=window, base_rocm=base, torch=torch)
     if found:
         report.add("rocm-driver", FAIL if strict else WARN, "; ".join(found))

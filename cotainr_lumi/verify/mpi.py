@@ -135,7 +135,7 @@ def gpu_aware_row(facts):
     record = (facts.get("mpi") or {}).get("record") or {}
     if not record.get("host") or record.get("mode") == "none":
         return None
-    caveat = gpu_aware_caveat((facts.get("rocm") or {}).get("version_file"))
+    caveat = gpu_aware_caveat((facts["rocm"] or {}).get("version_file"))
     if caveat is None:
         return None
     return "mpi-gpu-aware", WARN, caveat
