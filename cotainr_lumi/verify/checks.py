@@ -139,7 +139,7 @@ def _check_labels(report, facts):
         f"missing labels: {', '.join(missing)}",
     )
     pkg = labels.get(imagelayout.LABEL_PIP_PACKAGES)
-    size = facts.get("files", {}).get(imagelayout.PIP_PACKAGES_FILE)
+    size = facts["files"].get(imagelayout.PIP_PACKAGES_FILE)
     report.pass_if(
         "package-list",
         pkg and size,
@@ -181,10 +181,9 @@ def _check_rocm(report, facts):
     )
 
 
-def _check_lumi_env(report, facts, *, expected_env):
+def _check_lumi_env(report, facts):
     system = facts["labels"].get(imagelayout.LABEL_SYSTEM)
-    expected = expected_env or expectedenv.expected_env(system_name=system)
-    for name, value in expected.items():
+    for name, value in expectedenv.expected_env(system_name=system).items():
         found = facts["env"].get(name)
         status = PASS if found == value else FAIL
         report.add(f"env:{name}", status, f"{name}={found!r} (expected {value!r})")
@@ -195,8 +194,9 @@ def _check_libstdcxx(report, facts):
     if not present:
         report.add("env-libstdcxx", PASS, f"no libstdc++ in {facts['prefix']}/lib")
         return
-    manifest = facts.get("prune_manifest")
-    skipped = (manifest or {}).get("skipped") or []  # the probe read an object
+    skipped = (facts["prune_manifest"] or {}).get(
+        "skipped"
+    ) or []  # the probe read an object
     kept = [d for d in skipped if isinstance(d, dict) and d.get("group") == "libstdcxx"]
     reason = kept and (kept[0].get("reason") or "reason recorded in the manifest")
     report.pass_if(
@@ -208,7 +208,7 @@ def _check_libstdcxx(report, facts):
 
 
 def _check_target_env(report, facts):
-    target = facts.get("target_env")
+    target = facts["target_env"]
     if target is None:
         report.add(
             "target-env",
@@ -243,7 +243,7 @@ def _torch_rccl_row(torch, rocm_real):
 
 
 def _check_torch(report, facts):
-    torch = facts.get("torch")
+    torch = facts["torch"]
     if torch is None or not torch.get("hip"):
         why = "torch is not installed in the image"
         if torch is not None:
@@ -349,7 +349,7 @@ def _check_layer_base(report, base, labels):
     )
 
 
-def _probe(image, *, timeout, overlay=None):
+def _probe(image, *, timeout, overlay):
     """Run :mod:`.probe` in the image's own python; return its facts."""
     probe = Path(__file__).with_name("probe.py").read_text()
     inputs = json.dumps(probe_inputs())
@@ -397,7 +397,7 @@ def _guarded(report, row, check, facts):
         )
 
 
-def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEOUT):
+def verify_image(*, image, strict=False, timeout=VERIFY_TIMEOUT):
     """Run every check on an image."""
     image = Path(image)
     if not image.exists():
@@ -430,7 +430,7 @@ def verify_image(*, image, expected_env=None, strict=False, timeout=VERIFY_TIMEO
         "provenance-labels": _check_labels,
         "rocm-layout": _check_rocm,
         "net-plugin": netplugin.check_network,
-        "env": partial(_check_lumi_env, expected_env=dict(expected_env or {})),
+        "env": _check_lumi_env,
         "target-env": _check_target_env,
         "env-libstdcxx": _check_libstdcxx,
         "torch-rocm-duplicates": _check_torch,

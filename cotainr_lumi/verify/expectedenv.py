@@ -23,15 +23,13 @@ DEFAULT_SYSTEM = "lumi-g-ext-rocm-6.2"
 LUMI_ENV_STAGE = "lumi-env"
 
 
-def _systems(system_name):
-    """The default system, then the image's (None when unknown or unreadable)."""
-    packaged = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
-    systems = [packaged[DEFAULT_SYSTEM]]
+def _profiles():
+    """Every profile's systems (the packaged ones alone when others are unreadable)."""
     try:
-        systems.append(system_name and load_systems().get(system_name))
+        return load_systems(include_stock=False)
     except CotainrLumiError as e:
-        logger.debug("Profiles unreadable, expecting the defaults: %s", e)
-    return systems
+        logger.debug("Profiles unreadable, reading the packaged one alone: %s", e)
+        return load_systems(files=[PACKAGED_PROFILE], include_stock=False)
 
 
 def _env_setting(system):
@@ -43,8 +41,9 @@ def _env_setting(system):
 
 def expected_env(*, system_name):
     """The values expected of an image of one system (None: the defaults)."""
+    packaged = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
     expected = {}
-    for system in _systems(system_name):
+    for system in (packaged[DEFAULT_SYSTEM], _profiles().get(system_name)):
         for name, value in _env_setting(system).items():
             if value is None:
                 expected.pop(name, None)
@@ -55,11 +54,7 @@ def expected_env(*, system_name):
 
 def window_for(*, labels):
     """The supported range for an image."""
-    try:
-        systems = load_systems(include_stock=False)
-    except CotainrLumiError as e:
-        logger.debug("Profiles unreadable: %s", e)
-        systems = load_systems(files=[PACKAGED_PROFILE], include_stock=False)
+    systems = _profiles()
     # The packaged profile, read first, always has DEFAULT_SYSTEM.
     system = systems.get(labels.get(LABEL_SYSTEM)) or systems[DEFAULT_SYSTEM]
     profile = rocmwindow.system_window(system)
@@ -71,9 +66,9 @@ def window_for(*, labels):
 
 def check_rocm_driver(report, facts, *, strict):
     """Add the ``rocm-driver`` row."""
-    window = window_for(labels=facts.get("labels") or {})
-    base = (facts.get("rocm") or {}).get("version_file")
-    torch = facts.get("torch") or None
+    window = window_for(labels=facts["labels"])
+    base = (facts["rocm"] or {}).get("version_file")
+    torch = facts["torch"]
     found = rocmwindow.problems(window=window, base_rocm=base, torch=torch)
     if found:
         report.add("rocm-driver", FAIL if strict else WARN, "; ".join(found))

@@ -5,6 +5,7 @@ One row per fact with the fix; host paths are looked up under a root (``/``,
 or a test tree), links resolved inside it, never followed out of it.
 """
 
+from dataclasses import replace
 import logging
 import os
 from pathlib import Path, PurePosixPath
@@ -16,7 +17,7 @@ from ..engine.rootfs import image_path_of, resolve_in_root
 from ..engine.sifimage import COMPRESSORS, Compression, mount_problem
 from ..errors import InputError
 from ..pipeline.profiles import get_system, load_systems
-from ..stages.lumi_env.mpi import HostBinding, discover_host_mpi, gpu_aware_caveat
+from ..stages.lumi_env.mpi import gpu_aware_caveat
 from .checks import VerifyReport
 from .status import FAIL, NA, PASS, WARN
 
@@ -48,9 +49,9 @@ def _moved(root, path):
     # The same line first (8.1.29: 8.1.32 before 9.0.1), then the newest.
     common = os.path.commonprefix
     names.sort(
-        key=lambda n: (len(common([missing, n])), [*map(int, re.findall(r"\d+", n))])
+        key=lambda n: (len(common([missing, n])), [*map(int, re.findall(r"\d+", n))]),
+        reverse=True,
     )
-    names.reverse()
     if not names:
         return ""
     has = f"{parent} has {', '.join(names[:8])}"
@@ -75,18 +76,11 @@ def _exists(root, path, *, file=False):
     return True, f"{where} exists"
 
 
-def _host_mpi(system):
-    """A system's host MPI binding setting (``lumi-env.mpi-host``; {}: none)."""
-    return system.stage_settings("lumi-env").get("mpi-host") or {}
-
-
 def _bind_rows(system, root):
-    host_mpi = _host_mpi(system)
-    binds = [
-        *(system.stage_settings("lumi-env").get("binds") or []),
-        *(host_mpi.get("binds") or []),
-        *(host_mpi.get("binds-if-absent") or []),
-    ]
+    binding = system.mpi_host
+    binds = system.stage_settings("lumi-env").get("binds") or []
+    if binding is not None:
+        binds += [*binding.binds, *binding.binds_if_absent]
     fix = "remove the bind or give where it moved in lumi-env binds"
     for src in (bind.partition(":")[0] for bind in binds):
         ok, words = _exists(root, src, file=".so" in PurePosixPath(src).name)
@@ -131,18 +125,15 @@ def _head(path):
         return f.read(4096).decode(errors="replace").strip() or None
 
 
-def _read(root, path):
-    return _try(root, path, _head)
-
-
 def _rocm_rows(system, root):
     window = system_window(system)
     if window is None:
         return
-    names = sorted(_try(root, "/opt", os.listdir, []))
-    rocms = {_read(root, f"/opt/{n}/.info/version") for n in names if "rocm" in n}
+    names = _try(root, "/opt", os.listdir, [])
+    rocms = {_try(root, f"/opt/{n}/.info/version", _head) for n in names if "rocm" in n}
+    driver = _try(root, "/sys/module/amdgpu/version", _head)
     for check, found, what in (
-        ("rocm-driver", {_read(root, "/sys/module/amdgpu/version")}, "amdgpu driver"),
+        ("rocm-driver", {driver}, "amdgpu driver"),
         ("rocm-host", rocms, "host ROCm"),
     ):
         found = sorted(found - {None})
@@ -153,13 +144,12 @@ def _rocm_rows(system, root):
         yield f"{check} {window}", not out if found else NA, words, fix
 
 
-def _discovered_mpi_row(raw, root):
+def _discovered_mpi_row(binding, root):
     """The ``mpi-host`` row of a binding found on the host (``discover``, globs)."""
     binds = [
-        f"{root}/{b.lstrip('/')}:{b}" if ":" not in b else b
-        for b in raw.get("binds") or ()
+        f"{root}/{b.lstrip('/')}:{b}" if ":" not in b else b for b in binding.binds
     ]
-    found = discover_host_mpi(setting={**raw, "binds": binds})
+    found = replace(binding, binds=tuple(binds)).find_here()
     words = found.problem or (
         f"the module file finds {found.libmpi} ({found.source}); LD_LIBRARY_PATH "
         f"{':'.join(found.ld_library_path)}"
@@ -168,9 +158,8 @@ def _discovered_mpi_row(raw, root):
     return "mpi-host", not found.problem, words, fix
 
 
-def _bound_mpi_rows(raw, root):
+def _bound_mpi_rows(binding, root):
     """A row per host path a fixed binding binds (the container's own: none)."""
-    binding = HostBinding.from_setting(raw)
     paths = [("libmpi", binding.libmpi)]
     paths += [("ld-library-path", p) for p in binding.ld_library_path[1:]]
     for key, path in paths:
@@ -185,17 +174,17 @@ def _bound_mpi_rows(raw, root):
 
 def _mpi_rows(system, root):
     """The rows of a system's host MPI binding (``lumi-env.mpi-host``)."""
-    raw = _host_mpi(system)
-    if not raw.get("libmpi"):
+    binding = system.mpi_host
+    if binding is None:
         return
     caveat = gpu_aware_caveat(system.rocm_version)
     if caveat:  # a ROCm 7 system (Update-202601)
         yield "mpi-gpu-aware", WARN, caveat, ""
-    paths = [raw["libmpi"], *(raw.get("ld-library-path") or [])]
-    if raw["libmpi"] == "discover" or any("*" in p for p in paths):
-        yield _discovered_mpi_row(raw, root)
+    paths = [binding.libmpi, *binding.ld_library_path]
+    if binding.discover or any("*" in p for p in paths):
+        yield _discovered_mpi_row(binding, root)
     else:
-        yield from _bound_mpi_rows(raw, root)
+        yield from _bound_mpi_rows(binding, root)
 
 
 def _status(ok):

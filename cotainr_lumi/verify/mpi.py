@@ -3,12 +3,7 @@
 from pathlib import Path
 
 from ..imagelayout import MPI_FILE
-from ..stages.lumi_env.mpi import (
-    LOAD_CHECK,
-    LOAD_CHECK_MARK,
-    gpu_aware_caveat,
-    parse_load_check,
-)
+from ..stages.lumi_env.mpi import LOAD_CHECK, gpu_aware_caveat, parse_load_check
 from .status import FAIL, NA, PASS, WARN, hardware_row
 
 #: How to run the LUMI acceptance job: from its directory, which holds
@@ -32,11 +27,7 @@ HARDWARE_CHECK = (
 
 def probe_inputs():
     """What :mod:`.probe` needs to know for the MPI facts."""
-    return {
-        "mpi_file": MPI_FILE,
-        "load_check": LOAD_CHECK,
-        "load_check_mark": LOAD_CHECK_MARK,
-    }
+    return {"mpi_file": MPI_FILE, "load_check": LOAD_CHECK}
 
 
 def _load_error_row(record, error):
@@ -144,7 +135,7 @@ def gpu_aware_row(facts):
     record = (facts.get("mpi") or {}).get("record") or {}
     if not record.get("host") or record.get("mode") == "none":
         return None
-    caveat = gpu_aware_caveat((facts.get("rocm") or {}).get("version_file"))
+    caveat = gpu_aware_caveat((facts["rocm"] or {}).get("version_file"))
     if caveat is None:
         return None
     return "mpi-gpu-aware", WARN, caveat
@@ -152,8 +143,8 @@ def gpu_aware_row(facts):
 
 def check_mpi(report, facts):
     """Add the MPI rows of the probe's facts to a report."""
-    for check, status, evidence in mpi_rows(facts.get("mpi")):
-        report.add(check, status, evidence)
+    for row in mpi_rows(facts.get("mpi")):
+        report.add(*row)
     row = gpu_aware_row(facts)
     if row:
         report.add(*row)

@@ -75,34 +75,6 @@ def _plugin_row(net, env, plugin):
     return PASS, f"{plugin['generation']}: {plugin['path']} (on {where})"
 
 
-def _needs_row(plugin, missing, *, where):
-    return FAIL, (
-        f"{plugin['path']} needs {', '.join(sorted(missing))}, not found in {where}"
-    )
-
-
-def _host_deps_row(plugin, deps, missing):
-    """The ``net-plugin-deps`` row of a plugin using the host's libfabric."""
-    host = [m for m in missing if m.startswith(HOST_PROVIDED)]
-    missing = [m for m in missing if m not in host]
-    if missing:
-        return _needs_row(plugin, missing, where="the image or from the host")
-    if host:
-        return PASS, (
-            f"{len(deps) - len(host)} of {len(deps)} resolve in the image; "
-            f"{', '.join(sorted(host))} come from the host at run time "
-            "(/opt/cray and libcxi bound by the module)"
-        )
-    return _all_resolve_row(plugin, deps)
-
-
-def _all_resolve_row(plugin, deps):
-    return (
-        PASS,
-        f"all {len(deps)} libraries of {os.path.basename(plugin['path'])} resolve",
-    )
-
-
 def _ldd_problem(plugin):
     """Why the probe's ``ldd`` of the plugin tells nothing (None: it tells)."""
     ldd = plugin.get("ldd") or {}
@@ -113,6 +85,14 @@ def _ldd_problem(plugin):
     return None
 
 
+#: By whose libfabric a plugin uses: the libraries the host provides at run
+#: time, and where the others must be.
+DEPS_BY_SOURCE = {
+    "host": (HOST_PROVIDED, "the image or from the host"),
+    "image": ((), "the image"),
+}
+
+
 def _deps_row(plugin, *, source):
     """The ``net-plugin-deps`` row: (status, evidence)."""
     if plugin is None:
@@ -121,12 +101,25 @@ def _deps_row(plugin, *, source):
     if problem:
         return FAIL, problem
     deps = plugin["ldd"].get("deps") or {}
-    missing = [name for name, path in deps.items() if path is None]
-    if source == "host":
-        return _host_deps_row(plugin, deps, missing)
+    provided, where = DEPS_BY_SOURCE[source]
+    unresolved = {name for name, path in deps.items() if path is None}
+    host = {name for name in unresolved if name.startswith(provided)}
+    missing = sorted(unresolved - host)
     if missing:
-        return _needs_row(plugin, missing, where="the image")
-    return _all_resolve_row(plugin, deps)
+        return (
+            FAIL,
+            f"{plugin['path']} needs {', '.join(missing)}, not found in {where}",
+        )
+    if host:
+        return PASS, (
+            f"{len(deps) - len(host)} of {len(deps)} resolve in the image; "
+            f"{', '.join(sorted(host))} come from the host at run time "
+            "(/opt/cray and libcxi bound by the module)"
+        )
+    return (
+        PASS,
+        f"all {len(deps)} libraries of {os.path.basename(plugin['path'])} resolve",
+    )
 
 
 def _cray_shadowing(ld_path, libfabric):

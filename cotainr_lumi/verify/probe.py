@@ -41,13 +41,13 @@ def ldd(path):
     return {"rc": result["rc"], "deps": deps, "err": result["err"][-500:]}
 
 
-def read(path, limit=200000):
+def read(path):
     """Read a text file, or None (also for a FIFO or device: never opened)."""
     if not os.path.isfile(path):
         return None
     try:
         with open(path, errors="replace") as f:
-            return f.read(limit)
+            return f.read(200000)
     except OSError:
         return None
 
@@ -78,7 +78,7 @@ def load(path, kind="object"):
         value = json.loads(data)
         check_depth(value)
         found = {dict: "object", list: "array"}.get(type(value), type(value).__name__)
-        if kind and found != kind:
+        if found != kind:
             raise ValueError(f"a JSON {found}, not an {kind}")
     except (ValueError, RecursionError) as e:
         PROBLEMS[path] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -215,14 +215,14 @@ def could_open(name, named):
     return rccl_name or (named and name == os.path.basename(named))
 
 
-def plugin_ldd(files, named, limit=8):
-    """``ldd`` of each file RCCL could open, each real file once."""
+def plugin_ldd(files, named):
+    """``ldd`` of each file RCCL could open, each real file once (8 at most)."""
     done = {}
     result = {}
     for d, names in files.items():
         for path in (os.path.join(d, n) for n in names if could_open(n, named)):
             real = os.path.realpath(path)
-            if real not in done and len(done) < limit:
+            if real not in done and len(done) < 8:
                 done[real] = ldd(path)
             if real in done:
                 result[path] = done[real]
@@ -300,13 +300,10 @@ def mpi_facts():
     """The lumi-env stage's MPI record; which libmpi mpi4py loads, ldd of it."""
     given = INPUTS["mpi"]
     check = run([sys.executable, "-c", given["load_check"]])
-    found = {"record": records.get(given["mpi_file"]), "check": check, "ldd": {}}
-    for line in check["out"].splitlines():
-        if line.startswith(given["load_check_mark"]):
-            loaded = json.loads(line[len(given["load_check_mark"]) :])
-            for library in loaded.get("libmpi") or []:
-                found["ldd"][library] = ldd(library)
-    return found
+    # The libmpi paths in the check's JSON answer (verify parses all of it).
+    libraries = re.findall(r'"(/[^"]*/libmpi[^"/]*)"', check["out"])
+    ldds = {library: ldd(library) for library in libraries}
+    return {"record": records.get(given["mpi_file"]), "check": check, "ldd": ldds}
 
 
 facts["mpi"] = guarded("mpi", mpi_facts)
