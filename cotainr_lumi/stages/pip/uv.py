@@ -107,7 +107,7 @@ def uv_in_sandbox(*, root, uv, cache, run):
     binds = []
     if cache is not None:
         Path(cache).mkdir(parents=True, exist_ok=True)
-        resolve_in_root(root=root, path=UV_CACHE_DIR).mkdir(parents=True)
+        resolve_in_root(root=root, path=UV_CACHE_DIR).mkdir(parents=True, exist_ok=True)
         binds.append(f"{cache}:{UV_CACHE_DIR}")
     with apptainer.bind_mounts(binds):
         yield
