@@ -10,7 +10,11 @@ Python sources, headers and data files.
 
 Usage::
 
-    python benchmarks/gen_torch_tree.py OUT_DIR [--files 40000] [--elf 500] [--gb 6]
+    python benchmarks/gen_torch_tree.py OUT_DIR [--files 40000] [--elf 500] [--gb 6] [--functions-scale 1]
+
+``--functions-scale`` scales the exported functions of the three compiled
+templates (e.g. 0.1: 5, 200 and 2,000 instead of 50, 2,000 and 20,000; the
+largest takes most of the generation time to compile).
 
 The tree is ``OUT_DIR/opt/env`` (a sandbox root at ``OUT_DIR``).
 """
@@ -56,14 +60,16 @@ def compile_template(directory, n_functions, index):
     return out.read_bytes()
 
 
-def generate(out, *, n_files=40000, n_elf=500, total_gb=6.0, seed=1):
+def generate(
+    out, *, n_files=40000, n_elf=500, total_gb=6.0, functions_scale=1.0, seed=1
+):
     """Write the tree; returns (files, elf files, apparent bytes)."""
     rng = random.Random(seed)
     env = Path(out) / "opt/env"
     site = env / "lib/python3.11/site-packages"
     with tempfile.TemporaryDirectory() as tmp:
         templates = [
-            (compile_template(tmp, n, i), share)
+            (compile_template(tmp, max(1, int(n * functions_scale)), i), share)
             for i, (n, share) in enumerate(TEMPLATES)
         ]
     # ELF sizes: a few huge ones (like libtorch_hip, librocblas, hipblaslt kernels), many small.
@@ -123,9 +129,14 @@ def main():
     parser.add_argument("--files", type=int, default=40000)
     parser.add_argument("--elf", type=int, default=500)
     parser.add_argument("--gb", type=float, default=6.0)
+    parser.add_argument("--functions-scale", type=float, default=1.0)
     args = parser.parse_args()
     files, elf, apparent = generate(
-        args.out, n_files=args.files, n_elf=args.elf, total_gb=args.gb
+        args.out,
+        n_files=args.files,
+        n_elf=args.elf,
+        total_gb=args.gb,
+        functions_scale=args.functions_scale,
     )
     print(
         f"generated {files} files ({elf} ELF), {apparent / 1024**3:.1f} GiB apparent, in {args.out}"

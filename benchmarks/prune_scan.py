@@ -12,7 +12,10 @@ memory (``ru_maxrss`` from ``wait4``) are measured alike:
 
 Usage::
 
-    python benchmarks/prune_scan.py [--tree DIR] [--repeat 3] [--files 40000] [--elf 500] [--gb 6]
+    python benchmarks/prune_scan.py [--tree DIR] [--repeat 3] [--files 40000] [--elf 500] [--gb 6] [--functions-scale 1]
+
+(``--files``, ``--elf``, ``--gb`` and ``--functions-scale``: the generated
+tree, see gen_torch_tree.py.)
 """
 
 import argparse
@@ -62,6 +65,7 @@ def main():
     parser.add_argument("--files", type=int, default=40000)
     parser.add_argument("--elf", type=int, default=500)
     parser.add_argument("--gb", type=float, default=6.0)
+    parser.add_argument("--functions-scale", type=float, default=1.0)
     args = parser.parse_args()
 
     tmp = None
@@ -75,7 +79,11 @@ def main():
 
         t0 = time.perf_counter()
         files, elf, apparent = generate(
-            root, n_files=args.files, n_elf=args.elf, total_gb=args.gb
+            root,
+            n_files=args.files,
+            n_elf=args.elf,
+            total_gb=args.gb,
+            functions_scale=args.functions_scale,
         )
         print(
             f"tree: {files} files, {elf} ELF, {apparent / 1024**3:.1f} GiB apparent (generated in {time.perf_counter() - t0:.1f} s)"

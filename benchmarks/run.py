@@ -10,7 +10,8 @@ Sections (each a ratio measured in one run, on the same inputs):
    ``find | xargs readelf -V`` on a generated torch-ROCm-sized tree);
 3. bytes saved on the ROCm-layout fixture: bytes de-duplicated vs bytes of
    the torch/lib entries that duplicate the base's ROCm (target 100%), and
-   the .sif size with and without pruning;
+   the .sif size with and without pruning (``--rocm-torch-base`` reuses a
+   fixture image derived before, as the e2e tests' ``rocm_torch_base_image``);
 4. cached rebuild: pip stage time of a first build (empty host cache) vs a
    second build (same requirements, warm cache) of a generated C-extension
    sdist served by a local index on 127.0.0.1 (its build dependency,
@@ -183,6 +184,7 @@ def section_scan(quick):
     """2. Pruning scan vs find | xargs readelf -V."""
     args = (
         ["--repeat", "1", "--files", "4000", "--elf", "50", "--gb", "0.5"]
+        + ["--functions-scale", "0.01"]
         if quick
         else []
     )
@@ -209,14 +211,17 @@ def _torch_lib_duplicate_bytes(image):
     return int(proc.stdout.strip().splitlines()[-1])
 
 
-def section_bytes(work, base):
+def section_bytes(work, base, given=None):
     """3. Bytes de-duplicated on the ROCm-layout fixture; .sif sizes."""
-    fixture = derive_base_image(
-        apptainer="apptainer",
-        base_image=base,
-        work=work,
-        cases=("libstdcxx-safe", "torch"),
-    )
+    if given:
+        fixture = Path(given)
+    else:
+        fixture = derive_base_image(
+            apptainer="apptainer",
+            base_image=base,
+            work=work,
+            cases=("libstdcxx-safe", "torch"),
+        )
     prof = profile(
         work,
         "bench-bytes",
@@ -703,6 +708,11 @@ def main(argv=None):
     )
     parser.add_argument("--full-base", help="section 7's base (else derived)")
     parser.add_argument(
+        "--rocm-torch-base",
+        help="section 3's ROCm-layout fixture, made before from the test base "
+        "(else derived)",
+    )
+    parser.add_argument(
         "--import-runs",
         type=int,
         default=3,
@@ -726,7 +736,10 @@ def main(argv=None):
             lambda w: section_overhead(w, base, 1 if args.quick else args.runs),
         ),
         2: ("2. pruning scan", lambda w: section_scan(args.quick)),
-        3: ("3. bytes saved (ROCm-layout fixture)", lambda w: section_bytes(w, base)),
+        3: (
+            "3. bytes saved (ROCm-layout fixture)",
+            lambda w: section_bytes(w, base, args.rocm_torch_base),
+        ),
         4: (
             "4. cached rebuild",
             lambda w: section_cache(

@@ -21,7 +21,14 @@ Session-scoped fixtures:
     Runs ``apptainer exec --no-home SIF CMD...`` and returns the
     ``subprocess.CompletedProcess`` (text output captured, ``check=False``).
 ``rocm_torch_base_image`` -> pathlib.Path
-    The 6.1.3 base plus prune fixture content (see ``prune_fixtures.py``).
+    The 6.1.3 base plus prune fixture content (see ``prune_fixtures.py``),
+    a ``derived_base``.
+``derived_base`` -> callable ``(name, *, cases, setup="", python="python")``
+    ``prune_fixtures.derive_base_image`` on the 6.1.3 base, made once per test
+    run: the two pytest-xdist workers share it (the first makes it under a
+    lock, the other waits and takes it). Returns the ``.sif`` (in pytest's
+    temporary directory, which only root can enter: copy it for a build by
+    another user). `name` names it; the same name must mean the same recipe.
 ``write_systems`` -> callable ``(path, systems)``
     Adds test systems (name -> entry) to the profile file `path` (made when
     missing) and returns `path`. An entry without ``extends`` extends
@@ -58,9 +65,11 @@ When the infrastructure cannot be set up, the fixtures fail the test if
 from __future__ import annotations
 
 from collections.abc import Mapping
+import fcntl
 import json
 import os
 from pathlib import Path
+import shutil
 import subprocess
 import sys
 import time
@@ -182,21 +191,46 @@ def apptainer_exec(apptainer_path: Path) -> ApptainerExec:
 
 
 @pytest.fixture(scope="session")
-def rocm_torch_base_image(tmp_path_factory, lumi_like_base_image, apptainer_path):
+def derived_base(tmp_path_factory, lumi_like_base_image, apptainer_path):
+    """Return ``derive(name, *, cases, setup, python)`` (see the module docstring)."""
+    from prune_fixtures import derive_base_image
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, above each worker's own
+    shared = root / "derived-bases"
+    shared.mkdir(exist_ok=True)
+
+    def derive(name, *, cases, setup="", python="python"):
+        work = shared / name
+        image = work / "derived-base.sif"
+        with open(shared / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not image.is_file():
+                shutil.rmtree(work, ignore_errors=True)
+                work.mkdir()
+                derive_base_image(
+                    apptainer=str(apptainer_path / "apptainer"),
+                    base_image=lumi_like_base_image,
+                    work=work,
+                    cases=cases,
+                    setup=setup,
+                    python=python,
+                )
+        return image
+
+    return derive
+
+
+@pytest.fixture(scope="session")
+def rocm_torch_base_image(derived_base):
     """The LUMI-like base plus a removable libstdc++ and a matching ROCm torch fixture.
 
     See ``prune_fixtures.py``: the env gets a copy of the base's libstdc++ and
     a C++ library needing it, and ``torch/lib`` holds copies of the base's
     ROCm 6.1 libraries with ``torch.version.hip`` matching.
     """
-    from prune_fixtures import derive_base_image
-
-    return derive_base_image(
-        apptainer=str(apptainer_path / "apptainer"),
-        base_image=lumi_like_base_image,
-        work=tmp_path_factory.mktemp("rocm-torch-base"),
-        cases=("libstdcxx-safe", "torch"),
-    )
+    return derived_base("rocm-torch", cases=("libstdcxx-safe", "torch"))
 
 
 def _write_systems(path, systems):

@@ -12,9 +12,17 @@ pytestmark = pytest.mark.e2e
 RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
 
 
-def test_quick_benchmark_prints_every_section(apptainer_path, lumi_like_base_image):
+def test_quick_benchmark_prints_every_section(
+    apptainer_path, lumi_like_base_image, rocm_torch_base_image
+):
+    # Section 3 on the session's ROCm-layout fixture (the same derivation).
     proc = subprocess.run(
-        [sys.executable, str(RUN), "--quick"],
+        [
+            sys.executable,
+            str(RUN),
+            "--quick",
+            f"--rocm-torch-base={rocm_torch_base_image}",
+        ],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,

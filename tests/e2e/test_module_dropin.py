@@ -21,7 +21,6 @@ import subprocess
 from hosttools import need_lmod, need_tool
 import layouts
 from pkgfixtures import make_wheel
-from prune_fixtures import derive_base_image
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -30,19 +29,16 @@ BASES = {"layout1": layouts.LAYOUT1, "layout2": layouts.LAYOUT2}
 
 
 @pytest.fixture(scope="module", params=sorted(BASES))
-def image(
-    request, tmp_path_factory, lumi_like_base_image, apptainer_path, cotainr_build
-):
+def image(request, tmp_path_factory, derived_base, cotainr_build):
     """(work dir, module dir, image) built on a LUMI-PyTorch-like base."""
     need_lmod()
     need_tool("mksquashfs", install="apt-get install -y squashfs-tools")
     need_tool("unsquashfs", install="apt-get install -y squashfs-tools")
     name = request.param
     work = tmp_path_factory.mktemp(f"dropin-{name}")
-    base = derive_base_image(
-        apptainer=str(apptainer_path / "apptainer"),
-        base_image=lumi_like_base_image,
-        work=work,
+    # layout 1's is also test_system_packages.py's base.
+    base = derived_base(
+        f"{name}-bare",
         cases=(),
         setup=BASES[name],
         python=f"{layouts.ENV}/bin/python",

@@ -34,7 +34,6 @@ from errorlines import error_lines
 from hosttools import as_user, need_proot, real_users
 import layouts
 from pkgfixtures import make_wheel
-from prune_fixtures import derive_base_image
 import pytest
 import yaml
 
@@ -59,19 +58,19 @@ def host_state():
 
 
 @pytest.fixture(scope="module")
-def work(lumi_like_base_image, apptainer_path, write_systems, build_times):
+def work(derived_base, write_systems, build_times):
     """A work dir any user can read, the layout-1 base and the test system."""
     need_proot()
     work = Path(tempfile.mkdtemp(prefix="syspkg-e2e-", dir="/tmp"))
     work.chmod(0o755)
-    base = derive_base_image(
-        apptainer=str(apptainer_path / "apptainer"),
-        base_image=lumi_like_base_image,
-        work=work,
+    # test_module_dropin.py's layout-1 base; a copy the user can read.
+    shared = derived_base(
+        "layout1-bare",
         cases=(),
         setup=layouts.LAYOUT1,
         python=f"{layouts.ENV}/bin/python",
     )
+    base = shutil.copy(shared, work / "derived-base.sif")
     write_systems(work / "systems.yaml", {SYSTEM: {"base-image": base}})
     (work / "wheels").mkdir()
     wheel = make_wheel(work / "wheels", "syspkgdemo", "1.0")
