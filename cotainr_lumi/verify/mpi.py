@@ -3,7 +3,12 @@
 from pathlib import Path
 
 from ..imagelayout import MPI_FILE
-from ..stages.lumi_env.mpi import LOAD_CHECK, gpu_aware_caveat, parse_load_check
+from ..stages.lumi_env.mpi import (
+    LOAD_CHECK,
+    LOAD_CHECK_MARK,
+    gpu_aware_caveat,
+    parse_load_check,
+)
 from .status import FAIL, NA, PASS, WARN, hardware_row
 
 #: How to run the LUMI acceptance job: from its directory, which holds
@@ -27,7 +32,11 @@ HARDWARE_CHECK = (
 
 def probe_inputs():
     """What :mod:`.probe` needs to know for the MPI facts."""
-    return {"mpi_file": MPI_FILE, "load_check": LOAD_CHECK}
+    return {
+        "mpi_file": MPI_FILE,
+        "load_check": LOAD_CHECK,
+        "load_check_mark": LOAD_CHECK_MARK,
+    }
 
 
 def _load_error_row(record, error):
@@ -143,8 +152,8 @@ def gpu_aware_row(facts):
 
 def check_mpi(report, facts):
     """Add the MPI rows of the probe's facts to a report."""
-    for row in mpi_rows(facts.get("mpi")):
-        report.add(*row)
+    for check, status, evidence in mpi_rows(facts.get("mpi")):
+        report.add(check, status, evidence)
     row = gpu_aware_row(facts)
     if row:
         report.add(*row)

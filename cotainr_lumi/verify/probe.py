@@ -300,10 +300,13 @@ def mpi_facts():
     """The lumi-env stage's MPI record; which libmpi mpi4py loads, ldd of it."""
     given = INPUTS["mpi"]
     check = run([sys.executable, "-c", given["load_check"]])
-    # The libmpi paths in the check's JSON answer (verify parses all of it).
-    libraries = re.findall(r'"(/[^"]*/libmpi[^"/]*)"', check["out"])
-    ldds = {library: ldd(library) for library in libraries}
-    return {"record": records.get(given["mpi_file"]), "check": check, "ldd": ldds}
+    found = {"record": records.get(given["mpi_file"]), "check": check, "ldd": {}}
+    for line in check["out"].splitlines():
+        if line.startswith(given["load_check_mark"]):
+            loaded = json.loads(line[len(given["load_check_mark"]) :])
+            for library in loaded.get("libmpi") or []:
+                found["ldd"][library] = ldd(library)
+    return found
 
 
 facts["mpi"] = guarded("mpi", mpi_facts)
