@@ -194,9 +194,8 @@ def _check_libstdcxx(report, facts):
     if not present:
         report.add("env-libstdcxx", PASS, f"no libstdc++ in {facts['prefix']}/lib")
         return
-    skipped = (facts["prune_manifest"] or {}).get(
-        "skipped"
-    ) or []  # the probe read an object
+    manifest = facts["prune_manifest"] or {}  # the probe read an object
+    skipped = manifest.get("skipped") or []
     kept = [d for d in skipped if isinstance(d, dict) and d.get("group") == "libstdcxx"]
     reason = kept and (kept[0].get("reason") or "reason recorded in the manifest")
     report.pass_if(
