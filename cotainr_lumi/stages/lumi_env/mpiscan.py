@@ -136,6 +136,12 @@ class ImageFiles:
                 return path
         return None
 
+    def needed(self, name, info, origin, ld_path=()):
+        """Where the loader finds `name` for `info` in `origin` (image path or None)."""
+        own = [*(() if info.runpath else info.rpath), *ld_path, *info.runpath]
+        search = [d for p in own if p and (d := _expand(p, origin))]
+        return self.find(name, search + self.library_dirs)
+
     def _conf_dirs(self, conf, seen):
         """The directories an ``ld.so.conf`` file names (``include`` followed)."""
         if conf in seen:
@@ -179,10 +185,7 @@ def _expand(entry, origin):
 
 def find_needed(*, root, name, info, origin, ld_path=()):
     """The image path where the loader finds `name` for `info` in `origin` (or None)."""
-    own = [*(() if info.runpath else info.rpath), *ld_path, *info.runpath]
-    search = [d for p in own if p and (d := _expand(p, origin))]
-    image = ImageFiles(root)
-    return image.find(name, search + image.library_dirs)
+    return ImageFiles(root).needed(name, info, origin, ld_path)
 
 
 def _speaks_cxi(image, library_path, info):
@@ -192,7 +195,7 @@ def _speaks_cxi(image, library_path, info):
     if LIBFABRIC not in info.needed:
         return None, False
     origin = str(PurePosixPath(library_path).parent)
-    fabric = find_needed(root=image.root, name=LIBFABRIC, info=info, origin=origin)
+    fabric = image.needed(LIBFABRIC, info, origin)
     if fabric is None:
         return None, False
     fabric_info = image.elf(fabric)  # a file
