@@ -28,7 +28,8 @@ Session-scoped fixtures:
     run: the two pytest-xdist workers share it (the first makes it under a
     lock, the other waits and takes it). Returns the ``.sif`` (in pytest's
     temporary directory, which only root can enter: copy it for a build by
-    another user). `name` names it; the same name must mean the same recipe.
+    another user). `name` names it; the image's directory also carries a hash
+    of the recipe, so two recipes under one name never share an image.
 ``write_systems`` -> callable ``(path, systems)``
     Adds test systems (name -> entry) to the profile file `path` (made when
     missing) and returns `path`. An entry without ``extends`` extends
@@ -66,6 +67,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import fcntl
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -202,9 +204,11 @@ def derived_base(tmp_path_factory, lumi_like_base_image, apptainer_path):
     shared.mkdir(exist_ok=True)
 
     def derive(name, *, cases, setup="", python="python"):
-        work = shared / name
+        recipe = json.dumps([list(cases), setup, python]).encode()
+        key = f"{name}-{hashlib.sha256(recipe).hexdigest()[:12]}"
+        work = shared / key
         image = work / "derived-base.sif"
-        with open(shared / f"{name}.lock", "w") as lock:
+        with open(shared / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not image.is_file():
                 shutil.rmtree(work, ignore_errors=True)

@@ -58,7 +58,7 @@ def host_state():
 
 
 @pytest.fixture(scope="module")
-def work(derived_base, write_systems, build_times):
+def work(derived_base, write_systems):
     """A work dir any user can read, the layout-1 base and the test system."""
     need_proot()
     work = Path(tempfile.mkdtemp(prefix="syspkg-e2e-", dir="/tmp"))
