@@ -98,7 +98,6 @@ def remembered_sha256(*, path, cache_file=None, pinned=None):
         and isinstance(entry[-1], str)
     ):
         logger.info("The sha256 of %s is remembered (the file is unchanged)", real)
-        known[real] = entry
         return entry[-1]
     logger.info("Computing the sha256 of %s", real)
     known[real] = [*pinned.stamp, sha256_of_file(path=pinned.path)]
