@@ -46,7 +46,7 @@ def sif_objects(path):
     """The data objects of a SIF (ValueError: not one; InputError: malformed)."""
     with safeio.open_regular(path) as f:
         header = f.read(128)
-        if len(header) < 104 or header[32 : 32 + len(SIF_MAGIC)] != SIF_MAGIC:
+        if len(header) < 104 or not header[32:].startswith(SIF_MAGIC):
             raise ValueError(f"{path} is not a SIF image (or is cut short)")
         total, offset = struct.unpack_from("<qq", header, 88)
         size = os.fstat(f.fileno()).st_size
@@ -177,7 +177,6 @@ def exec_in_image(
     *,
     image,
     args,
-    clean_env=True,
     env=None,
     timeout=600,
     writable=False,
@@ -185,7 +184,7 @@ def exec_in_image(
     binds=(),
 ):
     """Run a command in an image (`overlay`: a layer on it; `binds`: host paths)."""
-    cmd = [runtime(), "exec", "--no-home", *(["--cleanenv"] if clean_env else [])]
+    cmd = [runtime(), "exec", "--no-home", "--cleanenv"]
     cmd += ["--bind", ",".join(binds)] if binds else []
     cmd += ["--writable"] if writable else []
     cmd += ["--overlay", os.fspath(overlay)] if overlay else []

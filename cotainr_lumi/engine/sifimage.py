@@ -143,11 +143,11 @@ class _NoSifError(Exception):
     """The runtime's ``sif`` tool failed (Apptainer builds the image)."""
 
 
-def _run(cmd, *, timeout=None):
+def _run(cmd):
     cmd = [str(c) for c in cmd]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
         raise _StepError(f"{Path(cmd[0]).name}: {e}") from None
     if done.returncode:
         why = last_line(done.stderr or done.stdout)
@@ -155,12 +155,13 @@ def _run(cmd, *, timeout=None):
     return done.stdout
 
 
+#: What Go's encoding/json escapes in its raw UTF-8.
+GO_ESCAPES = {ord(char): f"\\u{ord(char):04x}" for char in "<>&\u2028\u2029"}
+
+
 def _go_json(value, **indent):
     """JSON as Go's encoding/json writes it (raw UTF-8, <, > and & escaped)."""
-    text = json.dumps(value, ensure_ascii=False, **indent)
-    for char in "<>&\u2028\u2029":
-        text = text.replace(char, f"\\u{ord(char):04x}")
-    return text
+    return json.dumps(value, ensure_ascii=False, **indent).translate(GO_ESCAPES)
 
 
 def _build_date(now):
