@@ -102,12 +102,13 @@ def whiteout_arguments(upper):
         inside = "/" + os.path.relpath(directory, upper).lstrip(".")
         for name in sorted(f for f in files if f.startswith(WHITEOUT)):
             if name == OPAQUE:
-                pseudo.append(f"{_escape(inside)} x trusted.overlay.opaque=y")
+                pseudo += ["-p", f"{_escape(inside)} x trusted.overlay.opaque=y"]
             else:
                 path = os.path.join(inside, name[len(WHITEOUT) :])
-                pseudo.append(f"{_escape(path)} c 0 0 0 0 0")
-    exclude = ["-wildcards", "-e", f"... {WHITEOUT}*"]  # -e takes all after it
-    return [*(a for p in pseudo for a in ("-p", p)), *exclude] if pseudo else []
+                pseudo += ["-p", f"{_escape(path)} c 0 0 0 0 0"]
+    if not pseudo:
+        return []
+    return [*pseudo, "-wildcards", "-e", f"... {WHITEOUT}*"]  # -e takes all after it
 
 
 def _escape(path):
@@ -216,7 +217,9 @@ class BaseView:
             return False
         try:
             labels = _read(resolve_in_root(root=self.merged, path=LABELS_FILE))
-            seen = self._write(Path(path), labels)
+            image, overlay = self._write(Path(path), labels)
+            cat = ["cat", LABELS_FILE]
+            seen = apptainer.exec_in_image(image=image, args=cat, overlay=overlay)
             why = f"it shows no layer: {seen.stderr.strip()[-300:] or 'other labels'}"
             if seen.returncode == 0 and seen.stdout == labels:
                 self.pinned.check()  # the same base at the end
@@ -232,7 +235,7 @@ class BaseView:
         return False
 
     def _write(self, path, labels):
-        """The base copied to `path` plus the layer (or it alone); the runtime's view."""
+        """The base copied to `path` plus the layer (or it alone); what to run it as."""
         delta = self.work / "layer.sqfs"
         whiteouts = whiteout_arguments(self.upper) if self.fuse else []
         _run(
@@ -244,15 +247,13 @@ class BaseView:
             )
         )
         size = delta.stat().st_size >> 10
-        cat = ["cat", LABELS_FILE]
         self.pinned.check()
         if self.only:  # as the module file runs it (a list of PATH[:ro])
             if not apptainer.can_bind(path):
                 raise LayerError(f"{path} has a ',' or ':' (--overlay takes a list)")
             shutil.copy(delta, path)
             logger.info("The layer alone (%d KiB) for the base %s", size, self.base)
-            ro = f"{path}:ro"  # (squashfs: read-only, without a warning)
-            return apptainer.exec_in_image(image=self.base, args=cat, overlay=ro)
+            return self.base, f"{path}:ro"  # (squashfs: read-only, without a warning)
         shutil.copyfile(self.source, path)
         arch = _partitions(self.objects)[-1].arch
         _run(apptainer.sif_add(image=path, file=delta, arch=arch))
@@ -262,7 +263,7 @@ class BaseView:
             _run(apptainer.sif_delete(image=path, object_id=self.meta.id))
             _run(apptainer.sif_add(image=path, file=self.work / METADATA_NAME))
         logger.info("Layered image: %s plus a %d KiB layer", self.base.name, size)
-        return apptainer.exec_in_image(image=path, args=cat)
+        return path, None
 
     def label(self, *, sha256=None):
         """The label :data:`LABEL_LAYERS`: the base's layers, then this build."""

@@ -110,7 +110,7 @@ def is_inside(*, parent, path):
 def walk_in_root(*, root, path):
     """Walk a tree inside `root`; links below the start are reported, never followed."""
     start = resolve_in_root(root=root, path=path)
-    if not start.is_dir() or start.is_symlink():
+    if not start.is_dir():
         return
     stack = [str(start)]
     while stack:
