@@ -155,7 +155,7 @@ def remove_leftovers(*, work_dir, image_path):
     """Remove the work and partial image files of your killed earlier builds."""
     image_path = Path(image_path)
     found = [
-        (path, path.name[len(BUILD_DIR_PREFIX) :].split("-", 1)[0])
+        (path, path.name.removeprefix(BUILD_DIR_PREFIX).split("-")[0])
         for path in Path(work_dir).glob(f"{BUILD_DIR_PREFIX}*-*")
     ] + [
         (path, path.name.rsplit("-", 1)[1])
