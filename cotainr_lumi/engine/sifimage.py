@@ -201,15 +201,15 @@ def _insert_labels(root, compression):
 
 
 def _metadata(root, work):
-    """What ``apptainer inspect`` shows, as Apptainer stores it, in `work` (or None)."""
+    """The SIF object of what ``apptainer inspect`` shows, as Apptainer stores it."""
     try:
         shown = _run([apptainer.runtime(), "inspect", "--all", root])
         text = _go_json(json.loads(shown), separators=(",", ":"))
     except (_StepError, ValueError) as e:
         logger.info("No inspect metadata in the image: %s", e)
-        return None
+        return []
     (work / METADATA_NAME).write_text(text)
-    return work / METADATA_NAME
+    return [["--datatype=6", f"--filename={METADATA_NAME}", work / METADATA_NAME]]
 
 
 def _system_partition(arch):
@@ -233,9 +233,7 @@ def _write(root, path, compression, *, arch, work):
     _run(squash_command(source=root, dest=squashfs, compression=compression))
     seconds = time.monotonic() - start
     definition = resolve_in_root(root=root, path=DEFINITION_FILE)
-    objects = [["--datatype=1", "--filename=", definition]]
-    if metadata is not None:
-        objects.append(["--datatype=6", f"--filename={METADATA_NAME}", metadata])
+    objects = [["--datatype=1", "--filename=", definition], *metadata]
     objects.append([*_system_partition(arch), "--filename=", squashfs])
     try:
         _new_sif(path, objects)
