@@ -46,7 +46,7 @@ def sif_objects(path):
     """The data objects of a SIF (ValueError: not one; InputError: malformed)."""
     with safeio.open_regular(path) as f:
         header = f.read(128)
-        if len(header) < 104 or header[32 : 32 + len(SIF_MAGIC)] != SIF_MAGIC:
+        if len(header) < 104 or not header[32:].startswith(SIF_MAGIC):
             raise ValueError(f"{path} is not a SIF image (or is cut short)")
         total, offset = struct.unpack_from("<qq", header, 88)
         size = os.fstat(f.fileno()).st_size
@@ -64,10 +64,12 @@ def _sif_object(path, size, fields):
     datatype, _used, id_, _group, _link, offset, length, *_, name, extra = fields
     if not (0 <= offset and 0 <= length <= size - offset):
         raise _malformed(path, f"object {id_} lies outside the file")
-    part = struct.unpack_from("<ii3s", extra) if datatype == SIF_PARTITION else ()
     name = name.rstrip(b"\0").decode(errors="replace")
-    arch = (int(part[2].rstrip(b"\0") or 0),) if part else ()
-    return SifObject(id_, datatype, offset, length, name, *part[:2], *arch)
+    if datatype != SIF_PARTITION:
+        return SifObject(id_, datatype, offset, length, name)
+    fstype, parttype, arch = struct.unpack_from("<ii3s", extra)
+    arch = int(arch.rstrip(b"\0") or 0)
+    return SifObject(id_, datatype, offset, length, name, fstype, parttype, arch)
 
 
 def _malformed(path, what):
@@ -139,8 +141,10 @@ def unpacked_bytes(*, image):
         listing = is_sif(image) and _listing(image=image)
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
-    sizes = [line.split(None, 3)[2] for line in listing or () if line[:1] == "-"]
-    return sum(int(size) for size in sizes if size.isdigit()) if listing else None
+    if not listing:
+        return None
+    sizes = [line.split(None, 3)[2] for line in listing if line[:1] == "-"]
+    return sum(int(size) for size in sizes if size.isdigit())
 
 
 def links_in_image(*, image, paths):
@@ -177,7 +181,6 @@ def exec_in_image(
     *,
     image,
     args,
-    clean_env=True,
     env=None,
     timeout=600,
     writable=False,
@@ -185,7 +188,7 @@ def exec_in_image(
     binds=(),
 ):
     """Run a command in an image (`overlay`: a layer on it; `binds`: host paths)."""
-    cmd = [runtime(), "exec", "--no-home", *(["--cleanenv"] if clean_env else [])]
+    cmd = [runtime(), "exec", "--no-home", "--cleanenv"]
     cmd += ["--bind", ",".join(binds)] if binds else []
     cmd += ["--writable"] if writable else []
     cmd += ["--overlay", os.fspath(overlay)] if overlay else []

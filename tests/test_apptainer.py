@@ -54,12 +54,11 @@ def test_exec_in_image_runs_the_command_line_with_empty_stdin(tmp_path, monkeypa
         "argv": ["exec", "--no-home", "--cleanenv", str(tmp_path / "x.sif"), "a b"],
         "stdin": "",
     }
-    proc = apptainer.exec_in_image(
-        image="/x.sif", args=["env"], clean_env=False, env={"A": "1 2"}
-    )
+    proc = apptainer.exec_in_image(image="/x.sif", args=["env"], env={"A": "1 2"})
     assert json.loads(proc.stdout)["argv"] == [
         "exec",
         "--no-home",
+        "--cleanenv",
         "--env",
         "A=1 2",
         "/x.sif",

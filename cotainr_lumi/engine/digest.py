@@ -98,16 +98,17 @@ def remembered_sha256(*, path, cache_file=None, pinned=None):
         and isinstance(entry[-1], str)
     ):
         logger.info("The sha256 of %s is remembered (the file is unchanged)", real)
-        known[real] = entry
         return entry[-1]
     logger.info("Computing the sha256 of %s", real)
     known[real] = [*pinned.stamp, sha256_of_file(path=pinned.path)]
     try:
         cache_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, partial = tempfile.mkstemp(dir=cache_file.parent, suffix=".partial")
-        with os.fdopen(fd, "w") as f:
-            json.dump(dict(list(known.items())[-KEEP:]), f)
-        os.replace(partial, cache_file)
+        partial = tempfile.NamedTemporaryFile(
+            "w", dir=cache_file.parent, suffix=".partial", delete=False
+        )
+        with partial:
+            json.dump(dict(list(known.items())[-KEEP:]), partial)
+        os.replace(partial.name, cache_file)
     except OSError as e:
         logger.debug("Could not remember the sha256 in %s: %s", cache_file, e)
     return known[real][-1]

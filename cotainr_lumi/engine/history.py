@@ -41,21 +41,6 @@ def read_labels(*, root):
     return labels if isinstance(labels, dict) else None
 
 
-def _move_labels(*, root, entry):
-    """The base's ``cotainr-lumi.*`` labels go to ``history/N/labels.json``."""
-    path = resolve_in_root(root=root, path=imagelayout.LABELS_FILE)
-    if not path.is_file():
-        return
-    labels = read_labels(root=root)
-    if labels is None:
-        logger.warning("Cannot read %s; its labels stay.", imagelayout.LABELS_FILE)
-        return
-    ours = {k: v for k, v in labels.items() if k.startswith(imagelayout.LABEL_PREFIX)}
-    (entry / "labels.json").write_text(json.dumps(ours, indent=2, sort_keys=True))
-    kept = {k: v for k, v in labels.items() if k not in ours}
-    path.write_text(json.dumps(kept))
-
-
 def keep_earlier_build(*, root):
     """Move the records of the build the base image comes from into the history."""
     if not resolve_in_root(root=root, path=imagelayout.PROVENANCE_FILE).is_file():
@@ -76,3 +61,17 @@ def keep_earlier_build(*, root):
         number,
     )
     return number
+
+
+def _move_labels(*, root, entry):
+    """The base's ``cotainr-lumi.*`` labels go to ``history/N/labels.json``."""
+    path = resolve_in_root(root=root, path=imagelayout.LABELS_FILE)
+    labels = read_labels(root=root)
+    if labels is None:
+        logger.warning("Cannot read %s; its labels stay.", imagelayout.LABELS_FILE)
+    elif path.is_file():
+        ours = {
+            k: v for k, v in labels.items() if k.startswith(imagelayout.LABEL_PREFIX)
+        }
+        (entry / "labels.json").write_text(json.dumps(ours, indent=2, sort_keys=True))
+        path.write_text(json.dumps({k: v for k, v in labels.items() if k not in ours}))

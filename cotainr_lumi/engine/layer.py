@@ -43,9 +43,8 @@ def refusal(image, problem):
     )
 
 
-def _partitions(image):
-    """The base's overlay partitions, newest first, then its system partition."""
-    objects = apptainer.sif_objects(image)
+def _partitions(objects):
+    """A base's overlay partitions, newest first, then its system partition."""
     parts = [o for o in objects if o.datatype == apptainer.SIF_PARTITION]
     system = [p for p in parts if p.parttype == apptainer.SIF_SYSTEM]
     overlays = [p for p in parts if p.parttype == apptainer.SIF_OVERLAY]
@@ -69,7 +68,7 @@ def mount_problem(image):
     if os.geteuid() != 0 and not all(map(shutil.which, fuse)):
         return "not root, and squashfuse and fuse-overlayfs are not both on PATH"
     try:
-        _partitions(image)
+        _partitions(apptainer.sif_objects(image))
     except (OSError, ValueError, LayerError) as e:
         return f"the base image cannot be mounted: {e}"
     return None
@@ -103,12 +102,13 @@ def whiteout_arguments(upper):
         inside = "/" + os.path.relpath(directory, upper).lstrip(".")
         for name in sorted(f for f in files if f.startswith(WHITEOUT)):
             if name == OPAQUE:
-                pseudo.append(f"{_escape(inside)} x trusted.overlay.opaque=y")
+                pseudo += ["-p", f"{_escape(inside)} x trusted.overlay.opaque=y"]
             else:
                 path = os.path.join(inside, name[len(WHITEOUT) :])
-                pseudo.append(f"{_escape(path)} c 0 0 0 0 0")
-    exclude = ["-wildcards", "-e", f"... {WHITEOUT}*"]  # -e takes all after it
-    return [*(a for p in pseudo for a in ("-p", p)), *exclude] if pseudo else []
+                pseudo += ["-p", f"{_escape(path)} c 0 0 0 0 0"]
+    if not pseudo:
+        return []
+    return [*pseudo, "-wildcards", "-e", f"... {WHITEOUT}*"]  # -e takes all after it
 
 
 def _escape(path):
@@ -125,8 +125,6 @@ def _run(cmd):
 class BaseView:
     """A base SIF, read through `pinned`, mounted under a writable dir in `work`."""
 
-    Error = LayerError  # what :meth:`mount` raises (besides OSError)
-
     def __init__(
         self, *, base, work, pinned=None, layer=True, only=False, compression=GZIP
     ):
@@ -141,8 +139,10 @@ class BaseView:
         self.upper = self.work / "upper"
         self.mounts = []
         self.merged = None
-        self.parts = ()
-        self.meta, self.metadata = _metadata(self.source)
+        self.objects = apptainer.sif_objects(self.source)
+        self.meta, self.metadata = _metadata(self.source, self.objects)
+        data = self.metadata.setdefault("data", {})
+        self.attributes = data.setdefault("attributes", {})  # what inspect shows
         self.fuse = os.geteuid() != 0  # squashfuse and fuse-overlayfs
         self.layers = overlays(self.source)
 
@@ -161,8 +161,7 @@ class BaseView:
     def _mount_view(self, at):
         fuse = self.fuse
         lowers = []
-        self.parts = _partitions(self.source)
-        for part in self.parts:
+        for part in _partitions(self.objects):
             lowers.append(self.work / f"lower-{part.id}")
             lowers[-1].mkdir(parents=True)
             mount = ["squashfuse", "-o"] if fuse else ["mount", "-t", "squashfs", "-o"]
@@ -218,7 +217,9 @@ class BaseView:
             return False
         try:
             labels = _read(resolve_in_root(root=self.merged, path=LABELS_FILE))
-            seen = self._write(Path(path), labels)
+            image, overlay = self._write(Path(path), labels)
+            cat = ["cat", LABELS_FILE]
+            seen = apptainer.exec_in_image(image=image, args=cat, overlay=overlay)
             why = f"it shows no layer: {seen.stderr.strip()[-300:] or 'other labels'}"
             if seen.returncode == 0 and seen.stdout == labels:
                 self.pinned.check()  # the same base at the end
@@ -234,7 +235,7 @@ class BaseView:
         return False
 
     def _write(self, path, labels):
-        """The base copied to `path` plus the layer (or it alone); the runtime's view."""
+        """The base copied to `path` plus the layer (or it alone); what to run it as."""
         delta = self.work / "layer.sqfs"
         whiteouts = whiteout_arguments(self.upper) if self.fuse else []
         _run(
@@ -246,37 +247,35 @@ class BaseView:
             )
         )
         size = delta.stat().st_size >> 10
-        cat = ["cat", LABELS_FILE]
         self.pinned.check()
         if self.only:  # as the module file runs it (a list of PATH[:ro])
             if not apptainer.can_bind(path):
                 raise LayerError(f"{path} has a ',' or ':' (--overlay takes a list)")
             shutil.copy(delta, path)
             logger.info("The layer alone (%d KiB) for the base %s", size, self.base)
-            ro = f"{path}:ro"  # (squashfs: read-only, without a warning)
-            return apptainer.exec_in_image(image=self.base, args=cat, overlay=ro)
+            return self.base, f"{path}:ro"  # (squashfs: read-only, without a warning)
         shutil.copyfile(self.source, path)
-        _run(apptainer.sif_add(image=path, file=delta, arch=self.parts[-1].arch))
+        arch = _partitions(self.objects)[-1].arch
+        _run(apptainer.sif_add(image=path, file=delta, arch=arch))
         if self.meta:  # what `inspect` may show: this build's labels and env files
             self._update(delta, json.JSONDecoder().raw_decode(labels)[0])
             (self.work / METADATA_NAME).write_text(json.dumps(self.metadata))
             _run(apptainer.sif_delete(image=path, object_id=self.meta.id))
             _run(apptainer.sif_add(image=path, file=self.work / METADATA_NAME))
         logger.info("Layered image: %s plus a %d KiB layer", self.base.name, size)
-        return apptainer.exec_in_image(image=path, args=cat)
+        return path, None
 
     def label(self, *, sha256=None):
         """The label :data:`LABEL_LAYERS`: the base's layers, then this build."""
         base = self.base.name + (f" sha256:{sha256}" if sha256 else "")
-        attributes = self.metadata.get("data", {}).get("attributes", {})
-        return f"{(attributes.get('labels') or {}).get(LABEL_LAYERS) or base} + {THIS}"
+        labels = self.attributes.get("labels") or {}
+        return f"{labels.get(LABEL_LAYERS) or base} + {THIS}"
 
     def _update(self, delta, labels):
-        attributes = self.metadata.setdefault("data", {}).setdefault("attributes", {})
         layer = f"layer sha256:{sha256_of_file(path=delta)}"
         layers = labels.get(LABEL_LAYERS, THIS).replace(THIS, layer)
-        attributes["labels"] = {**labels, LABEL_LAYERS: layers}
-        environment = attributes.get("environment") or {}
+        self.attributes["labels"] = {**labels, LABEL_LAYERS: layers}
+        environment = self.attributes.get("environment") or {}
         for name in environment:
             file = resolve_in_root(root=self.merged, path=name)
             environment[name] = _read(file) if file.is_file() else ""
@@ -287,12 +286,11 @@ def _read(path):
     return safeio.read_bounded(path).decode("utf-8", errors="replace")
 
 
-def _metadata(image):
+def _metadata(image, objects):
     """The SIF object of what ``apptainer inspect`` may show, and its JSON."""
-    meta = [o for o in apptainer.sif_objects(image) if o.datatype == apptainer.SIF_JSON]
-    if not meta or meta[0].size > safeio.MAX_RECORD_BYTES:
+    meta = next((o for o in objects if o.datatype == apptainer.SIF_JSON), None)
+    if meta is None or meta.size > safeio.MAX_RECORD_BYTES:
         return None, {}
     with open(image, "rb") as f, contextlib.suppress(ValueError):
-        f.seek(meta[0].offset)
-        return meta[0], json.loads(f.read(meta[0].size))
+        return meta, json.loads(os.pread(f.fileno(), meta.size, meta.offset))
     return None, {}

@@ -75,10 +75,8 @@ def image_path_of(*, root, host_path):
 
 def write_file_in_root(*, root, path, content, mode=0o644):
     """Write a regular file at an image path (a link there is replaced)."""
-    image_path = PurePosixPath("/", path)
-    parent = resolve_in_root(root=root, path=image_path.parent)
-    parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    target = parent / image_path.name
+    target = resolve_in_root(root=root, path=path, follow_final=False)
+    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     if target.is_symlink():
         target.unlink()
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
@@ -93,11 +91,6 @@ class RootEntry(NamedTuple):
 
     path: str
     kind: str
-
-    @property
-    def host_path(self):
-        """The host path as a :class:`pathlib.Path`."""
-        return Path(self.path)
 
     @property
     def size(self):
@@ -117,7 +110,7 @@ def is_inside(*, parent, path):
 def walk_in_root(*, root, path):
     """Walk a tree inside `root`; links below the start are reported, never followed."""
     start = resolve_in_root(root=root, path=path)
-    if not start.is_dir() or start.is_symlink():
+    if not start.is_dir():
         return
     stack = [str(start)]
     while stack:
@@ -192,7 +185,7 @@ def claim_build_dirs(*, root):
         if entry.kind == "symlink":
             link = image_path_of(root=root, host_path=entry.path)
             logger.warning("Removing the base image's link %s.", link)
-            entry.host_path.unlink()
+            os.unlink(entry.path)
 
 
 def resolve_or_none(*, root, path):

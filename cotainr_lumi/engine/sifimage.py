@@ -51,15 +51,15 @@ class Compression:
         name, _, level = str(text).partition(":")
         if name not in COMPRESSORS:
             raise ValueError(f"{text!r}: the compressors are {', '.join(COMPRESSORS)}")
-        levels = COMPRESSORS[name]
-        if levels is None:
+        if COMPRESSORS[name] is None:
             if level:
                 raise ValueError(f"{text!r}: {name} takes no level")
             return cls(name)
+        low, high, default = COMPRESSORS[name]
         if not level:
-            return cls(name, levels[2])
-        if not level.isdigit() or not levels[0] <= int(level) <= levels[1]:
-            raise ValueError(f"{text!r}: {name} levels are {levels[0]}-{levels[1]}")
+            return cls(name, default)
+        if not level.isdigit() or not low <= int(level) <= high:
+            raise ValueError(f"{text!r}: {name} levels are {low}-{high}")
         return cls(name, int(level))
 
     def __str__(self):
@@ -75,19 +75,17 @@ class Compression:
 GZIP = Compression("gzip", 9)
 
 
-def check_compression(text):
-    """The check of the setting ``build.compression``."""
-    Compression.parse(text)
+def _slurm(name):
+    """The number in a Slurm variable (0: unset, or not a number)."""
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else 0
 
 
 def job_processors():
     """The cores this job has (Slurm's allocation, within this process's affinity)."""
     cores = len(os.sched_getaffinity(0))
-    for name in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
-        value = os.environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            return min(int(value), cores)
-    return cores
+    wanted = _slurm("SLURM_CPUS_PER_TASK") or _slurm("SLURM_CPUS_ON_NODE")
+    return min(wanted or cores, cores)
 
 
 def _cgroup_free():
@@ -104,15 +102,10 @@ def _cgroup_free():
 
 def job_memory():
     """The bytes of memory this job has (Slurm's, the cgroup's, MemAvailable)."""
-    sizes = [_cgroup_free()]
+    per_cpu = _slurm("SLURM_MEM_PER_CPU") * job_processors()
+    sizes = [_cgroup_free(), (_slurm("SLURM_MEM_PER_NODE") or per_cpu) * 1024**2]
     with open("/proc/meminfo") as f:
         sizes += [int(line.split()[1]) * 1024 for line in f if "MemAvailable" in line]
-    per_node = os.environ.get("SLURM_MEM_PER_NODE", "")
-    per_cpu = os.environ.get("SLURM_MEM_PER_CPU", "")
-    if per_node.isdigit() and int(per_node):
-        sizes.append(int(per_node) * 1024**2)
-    elif per_cpu.isdigit():
-        sizes.append(int(per_cpu) * 1024**2 * job_processors())
     return min(size for size in sizes if size)
 
 
@@ -150,11 +143,11 @@ class _NoSifError(Exception):
     """The runtime's ``sif`` tool failed (Apptainer builds the image)."""
 
 
-def _run(cmd, *, timeout=None):
+def _run(cmd):
     cmd = [str(c) for c in cmd]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
         raise _StepError(f"{Path(cmd[0]).name}: {e}") from None
     if done.returncode:
         why = last_line(done.stderr or done.stdout)
@@ -162,12 +155,13 @@ def _run(cmd, *, timeout=None):
     return done.stdout
 
 
+#: What Go's encoding/json escapes in its raw UTF-8.
+GO_ESCAPES = {ord(char): f"\\u{ord(char):04x}" for char in "<>&\u2028\u2029"}
+
+
 def _go_json(value, **indent):
     """JSON as Go's encoding/json writes it (raw UTF-8, <, > and & escaped)."""
-    text = json.dumps(value, ensure_ascii=False, **indent)
-    for char in "<>&\u2028\u2029":
-        text = text.replace(char, f"\\u{ord(char):04x}")
-    return text
+    return json.dumps(value, ensure_ascii=False, **indent).translate(GO_ESCAPES)
 
 
 def _build_date(now):
@@ -176,49 +170,46 @@ def _build_date(now):
     return f"{now:%A}_{now.day}_{now:%B}_{now.year}_{clock}_{now:%Z}"
 
 
-class _Sandbox:
-    """The finished sandbox's metadata, as Apptainer's build of a SIF sets it."""
+def _insert_definition(root):
+    """The definition in :data:`DEFINITION_FILE`; the last one to history."""
+    path = resolve_in_root(root=root, path=DEFINITION_FILE)
+    history = path.with_name("bootstrap_history")
+    if path.is_file():
+        history.mkdir(exist_ok=True)
+        names = sorted(os.listdir(history))
+        prefix = re.sub(r"\d+$", "", names[-1]) if names else "Apptainer"
+        os.replace(path, history / f"{prefix}{len(names)}")
+    path.write_text(f"bootstrap: localimage\nfrom: {root}\n\n")
 
-    def __init__(self, root):
-        self.root = Path(root)
-        self.deffile = f"bootstrap: localimage\nfrom: {self.root}\n\n"
 
-    def insert_definition(self):
-        """The definition in :data:`DEFINITION_FILE`; the last one to history."""
-        old = resolve_in_root(root=self.root, path=DEFINITION_FILE)
-        history = old.with_name("bootstrap_history")
-        if old.is_file():
-            history.mkdir(exist_ok=True)
-            names = sorted(os.listdir(history))
-            prefix = re.sub(r"\d+$", "", names[-1]) if names else "Apptainer"
-            os.replace(old, history / f"{prefix}{len(names)}")
-        old.write_text(self.deffile)
+def _insert_labels(root, compression):
+    """The build labels and :data:`LABEL_COMPRESSION`; the text written."""
+    path = resolve_in_root(root=root, path=LABELS_FILE)
+    text = path.read_text() if path.is_file() else "{}"
+    labels = json.JSONDecoder().raw_decode(text)[0]
+    now = datetime.datetime.now().astimezone()
+    labels["org.label-schema.build-date"] = _build_date(now)
+    if "org.opencontainers.image.created" in labels:
+        labels["org.opencontainers.image.created"] = now.isoformat("T", "seconds")
+    deffile = "org.label-schema.usage.singularity.deffile."
+    labels[deffile + "bootstrap"] = "localimage"
+    labels[deffile + "from"] = str(root)
+    labels[LABEL_COMPRESSION] = str(compression)
+    text = _go_json(dict(sorted(labels.items())), indent="\t")
+    path.write_text(text)
+    return text
 
-    def insert_labels(self, compression):
-        """The build labels and :data:`LABEL_COMPRESSION`; the text written."""
-        path = resolve_in_root(root=self.root, path=LABELS_FILE)
-        text = path.read_text() if path.is_file() else "{}"
-        labels = json.JSONDecoder().raw_decode(text)[0]
-        now = datetime.datetime.now().astimezone()
-        labels["org.label-schema.build-date"] = _build_date(now)
-        if "org.opencontainers.image.created" in labels:
-            labels["org.opencontainers.image.created"] = now.isoformat("T", "seconds")
-        deffile = "org.label-schema.usage.singularity.deffile."
-        labels[deffile + "bootstrap"] = "localimage"
-        labels[deffile + "from"] = str(self.root)
-        labels[LABEL_COMPRESSION] = str(compression)
-        text = _go_json(dict(sorted(labels.items())), indent="\t")
-        path.write_text(text)
-        return text
 
-    def metadata(self):
-        """What ``apptainer inspect`` shows, as Apptainer stores it (None: cannot)."""
-        try:
-            shown = _run([apptainer.runtime(), "inspect", "--all", self.root])
-            return _go_json(json.loads(shown), separators=(",", ":"))
-        except (_StepError, ValueError) as e:
-            logger.info("No inspect metadata in the image: %s", e)
-            return None
+def _metadata(root, work):
+    """The SIF object of what ``apptainer inspect`` shows, as Apptainer stores it."""
+    try:
+        shown = _run([apptainer.runtime(), "inspect", "--all", root])
+        text = _go_json(json.loads(shown), separators=(",", ":"))
+    except (_StepError, ValueError) as e:
+        logger.info("No inspect metadata in the image: %s", e)
+        return []
+    (work / METADATA_NAME).write_text(text)
+    return [["--datatype=6", f"--filename={METADATA_NAME}", work / METADATA_NAME]]
 
 
 def _system_partition(arch):
@@ -234,20 +225,15 @@ def _new_sif(path, objects):
         _run([runtime, "sif", "add", "--groupid=1", *options, path, file])
 
 
-def _write(sandbox, path, compression, *, arch, work):
-    """Squash `sandbox` into a SIF at `path` as Apptainer does; mksquashfs's seconds."""
+def _write(root, path, compression, *, arch, work):
+    """Squash `root` into a SIF at `path` as Apptainer does; mksquashfs's seconds."""
     squashfs = work / "image.sqfs"
-    metadata = sandbox.metadata()
+    metadata = _metadata(root, work)
     start = time.monotonic()
-    _run(squash_command(source=sandbox.root, dest=squashfs, compression=compression))
+    _run(squash_command(source=root, dest=squashfs, compression=compression))
     seconds = time.monotonic() - start
-    (work / "deffile").write_text(sandbox.deffile)
-    objects = [["--datatype=1", "--filename=", work / "deffile"]]
-    if metadata is not None:
-        (work / METADATA_NAME).write_text(metadata)
-        objects.append(
-            ["--datatype=6", f"--filename={METADATA_NAME}", work / METADATA_NAME]
-        )
+    definition = resolve_in_root(root=root, path=DEFINITION_FILE)
+    objects = [["--datatype=1", "--filename=", definition], *metadata]
     objects.append([*_system_partition(arch), "--filename=", squashfs])
     try:
         _new_sif(path, objects)
@@ -293,21 +279,20 @@ def write_sif(*, sandbox_dir, path, compression, architecture):
     image : WrittenImage or None
         None when it cannot be written here (said why): Apptainer builds it.
     """
-    problem = None
-    if architecture not in SIF_ARCH:
-        problem = f"the architecture {architecture!r} has no SIF number here"
-    elif shutil.which("mksquashfs") is None:
-        problem = "mksquashfs is not on PATH"
+    root = Path(sandbox_dir)
+    path = Path(path)
     try:
-        if problem is not None:
+        if architecture not in SIF_ARCH:
+            problem = f"the architecture {architecture!r} has no SIF number here"
             raise _NoSifError(problem)
-        sandbox = _Sandbox(sandbox_dir)
-        sandbox.insert_definition()
+        if shutil.which("mksquashfs") is None:
+            raise _NoSifError("mksquashfs is not on PATH")
+        _insert_definition(root)
         with tempfile.TemporaryDirectory(prefix="sif-") as work:
             arch = SIF_ARCH[architecture]
-            image = _write_and_run(sandbox, Path(path), compression, arch, Path(work))
+            image = _write_and_run(root, path, compression, arch, Path(work))
     except _NoSifError as e:
-        Path(path).unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
         logger.warning("Apptainer builds the image (slower): %s.", e)
         return None
     logger.info(
@@ -317,13 +302,13 @@ def write_sif(*, sandbox_dir, path, compression, architecture):
     return image
 
 
-def _write_and_run(sandbox, path, compression, arch, work):
+def _write_and_run(root, path, compression, arch, work):
     """Write the image and run it once; squash it with gzip again if it cannot mount."""
     why = None
     for attempt in dict.fromkeys([compression, GZIP]):
-        labels = sandbox.insert_labels(attempt)
+        labels = _insert_labels(root, attempt)
         try:
-            seconds = _write(sandbox, path, attempt, arch=arch, work=work)
+            seconds = _write(root, path, attempt, arch=arch, work=work)
             problem = _compressor_problem(path, labels, attempt)
         except _StepError as e:
             path.unlink(missing_ok=True)
@@ -341,17 +326,17 @@ def mount_problem(compression, *, timeout=60):
     """Why the runtime here cannot mount a tiny `compression` image (None: it can)."""
     with tempfile.TemporaryDirectory(prefix="cotainr-lumi-probe-") as work:
         tree = Path(work, "tree")
+        tree.mkdir()
         binds = []
         for name in PROBE_DIRS:  # the host's programs, bound or linked as here
             host = Path("/", name)
-            tree.mkdir(exist_ok=True)
             if host.is_symlink():
                 (tree / name).symlink_to(os.readlink(host))
             elif host.is_dir():
                 (tree / name).mkdir()
                 binds.append(str(host))
-        sif = Path(work, "probe.sif")
         squashfs = Path(work, "probe.sqfs")
+        sif = squashfs.with_suffix(".sif")
         arch = SIF_ARCH.get(os.uname().machine, 0)
         try:
             _run(squash_command(source=tree, dest=squashfs, compression=compression))

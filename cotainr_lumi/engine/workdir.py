@@ -18,7 +18,7 @@ from typing import Optional
 from ..errors import InputError
 from .layer import unmount_below
 from .settings import StageSettings, setting
-from .sifimage import check_compression
+from .sifimage import Compression
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -64,7 +64,7 @@ class BuildSettings(StageSettings):
         "zstd:3",
         doc="the image's squashfs compressor: zstd, gzip, lz4 or xz, with a level "
         "as zstd:19 or gzip:1 (gzip where the runtime cannot run the image)",
-        check=check_compression,
+        check=Compression.parse,
     )
     layer_only: bool = setting(
         False,
@@ -155,7 +155,7 @@ def remove_leftovers(*, work_dir, image_path):
     """Remove the work and partial image files of your killed earlier builds."""
     image_path = Path(image_path)
     found = [
-        (path, path.name[len(BUILD_DIR_PREFIX) :].split("-", 1)[0])
+        (path, path.name.removeprefix(BUILD_DIR_PREFIX).split("-")[0])
         for path in Path(work_dir).glob(f"{BUILD_DIR_PREFIX}*-*")
     ] + [
         (path, path.name.rsplit("-", 1)[1])

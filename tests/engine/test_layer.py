@@ -11,6 +11,7 @@ from hosttools import need_root, need_tool
 import pytest
 from siffile import EXT3, JSON, OVERLAY, PARTITION, SQUASHFS, SYSTEM, write_sif
 
+from cotainr_lumi import apptainer
 from cotainr_lumi.engine import layer
 from cotainr_lumi.errors import InputError
 
@@ -40,7 +41,8 @@ def test_a_squashfs_sif_can_be_mounted_as_root_with_mksquashfs(tmp_path, monkeyp
 
 
 def test_the_partitions_mount_newest_layer_first(tmp_path):
-    parts = layer._partitions(sif(tmp_path / "a.sif", SQUASHFS, SQUASHFS))
+    objects = apptainer.sif_objects(sif(tmp_path / "a.sif", SQUASHFS, SQUASHFS))
+    parts = layer._partitions(objects)
     assert [(p.id, p.parttype) for p in parts] == [
         (3, OVERLAY),
         (2, OVERLAY),

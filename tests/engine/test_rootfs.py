@@ -69,16 +69,16 @@ def test_loops_raise(root):
 
 def test_walk_reports_links_and_never_follows_them(root, host):
     entries = {
-        image_path_of(root=root, host_path=e.host_path).as_posix(): e.kind
+        image_path_of(root=root, host_path=e.path).as_posix(): e.kind
         for e in walk_in_root(root=root, path="/opt")
     }
     assert entries["/opt/abs"] == "symlink" and entries["/opt/dotdot"] == "symlink"
     assert entries["/opt/env/lib"] == "dir"
     assert not any("precious" in p for p in entries)
     # Starting through a link resolves the start inside the root.
-    assert [e.host_path.name for e in walk_in_root(root=root, path="/opt/etclink")] == [
-        "precious"
-    ]
+    assert [
+        os.path.basename(e.path) for e in walk_in_root(root=root, path="/opt/etclink")
+    ] == ["precious"]
     assert (
         list(walk_in_root(root=root, path="/opt/abs")) == []
     )  # root/<host> does not exist

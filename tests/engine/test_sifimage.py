@@ -37,7 +37,7 @@ def test_compressions_and_their_mksquashfs_options(text, parsed, args):
 )
 def test_a_bad_compression_names_what_is_allowed(text, words):
     with pytest.raises(ValueError, match=words):
-        sifimage.check_compression(text)
+        Compression.parse(text)
 
 
 def test_the_jobs_cores_and_memory_bound_mksquashfs(monkeypatch):
