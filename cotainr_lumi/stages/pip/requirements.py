@@ -66,12 +66,19 @@ class ReqFile:
     path: Path | None
     display: str
     lines: list[str]
+    base: Path  # what relative references count from
     refs: list[ReqLine] = field(default_factory=list)
 
     @property
     def name(self):
         """The file's name (``packages.txt`` for a step's inline packages)."""
         return self.path.name if self.path is not None else "packages.txt"
+
+    def where(self, i, start):
+        """How messages name the `i`-th logical line, which starts at line `start`."""
+        if self.path is None:
+            return f"{self.display}[{i + 1}]"
+        return f"{self.display}, line {start + 1}"
 
 
 def _logical_lines(lines):
@@ -240,27 +247,26 @@ class StepScan:
             raise _error(
                 where, f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8"
             ) from e
-        rf = ReqFile(path=path, display=str(path), lines=text.splitlines(keepends=True))
+        rf = ReqFile(path, str(path), text.splitlines(keepends=True), path.parent)
         self.active.append(path)
         try:
-            self.scan_lines(
-                rf, base=path.parent, where=lambda i, s: f"{path}, line {s + 1}"
-            )
+            self.scan_lines(rf)
         finally:
             self.active.pop()
         self.cache[path] = rf
         return rf
 
-    def scan_lines(self, rf, *, base, where):
-        """Scan `rf`'s lines; ``where(i, start)`` names the i-th logical line."""
+    def scan_lines(self, rf):
+        """Scan `rf`'s lines."""
         for i, (start, end, text) in enumerate(_logical_lines(rf.lines)):
             if not text:
                 continue
             parse = self.option_line if text.startswith("-") else self.requirement_line
-            ref = parse(text, base=base, where=where(i, start))
+            ref = parse(text, base=rf.base, where=rf.where(i, start))
             if ref is None:
                 continue
-            ref.start, ref.end = start, end
+            ref.start = start
+            ref.end = end
             rf.refs.append(ref)
             if ref.kind == "image-path":
                 self.local_inputs.append(f"image:{ref.target}")
@@ -389,16 +395,9 @@ def scan_step(*, step):
             )
         scan.files.append(scan.scan_path(path, where=step.title))
     if step.packages:
-        rf = ReqFile(
-            path=None,
-            display=f"{step.title}, packages",
-            lines=[p.strip() + "\n" for p in step.packages],
-        )
-        scan.scan_lines(
-            rf,
-            base=step.base_dir,
-            where=lambda i, s: f"{step.title}, packages[{i + 1}]",
-        )
+        lines = [p.strip() + "\n" for p in step.packages]
+        rf = ReqFile(None, f"{step.title}, packages", lines, step.base_dir)
+        scan.scan_lines(rf)
         scan.files.append(rf)
     return scan
 
