@@ -249,10 +249,8 @@ class StepScan:
             ) from e
         rf = ReqFile(path, str(path), text.splitlines(keepends=True), path.parent)
         self.active.append(path)
-        try:
-            self.scan_lines(rf)
-        finally:
-            self.active.pop()
+        self.scan_lines(rf)  # the scan stops at the first error
+        self.active.pop()
         self.cache[path] = rf
         return rf
 
@@ -270,7 +268,7 @@ class StepScan:
             rf.refs.append(ref)
             if ref.kind == "image-path":
                 self.local_inputs.append(f"image:{ref.target}")
-            elif ref.kind != "include":
+            elif ref.include is None:
                 self.local_inputs.append(str(ref.target))
 
     def note_url(self, url, *, where):
