@@ -15,7 +15,7 @@ from typing import Callable
 from ... import apptainer, imagelayout
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from ...engine.stage import StageReport
-from ...errors import SECRET_NAME_RE, StageError, redact, redact_env
+from ...errors import SECRET_NAME_RE, StageError, redact
 from ...processes import CommandError
 from .cache import export_cache, import_cache
 from .hostenv import host_pip_overrides
@@ -107,36 +107,56 @@ def _pip_error_lines(output, *, limit=60):
     return "\n".join(keep[-limit:])
 
 
+def pip_command(*, cache_dir, python):
+    """The ``pip install`` command line (in the container), before a step's arguments."""
+    cmd = [python, "-m", "pip", "install", "--no-input"]
+    cmd += ["--disable-pip-version-check", "--progress-bar", "off"]
+    return cmd + (["--cache-dir", cache_dir] if cache_dir else ["--no-cache-dir"])
+
+
 @dataclass(frozen=True)
-class Lister:
-    """What lists and checks the target env: pip, or uv when a step uses it."""
+class Installer:
+    """What pip and uv do differently: a step is otherwise the same for both."""
 
-    name: str
-    listing: list
-    checking: list
-    verdict: str
-    parse: Callable
+    name: str  # how messages name its list and check
+    install: Callable  # (cache_dir, python) -> the install command's start
+    cache_dir: str  # its cache in the sandbox while the steps run
+    unset: str  # host variables unset for the install
+    explain: Callable  # which protected packages a failed install was about
+    list_args: tuple
+    verdict: str  # what its check says when nothing is broken
+    parse_check: Callable
+
+    def command(self, sub, *, python, args=()):
+        """The command ``SUB`` (list or check) on the target env's `python`."""
+        if self.name == "pip":
+            return [python, "-m", "pip", sub, *args]
+        return [UV_BIN, "--color", "never", "pip", sub, "--python", python, *args]
 
 
-def lister(*, uv, python):
-    """The :class:`Lister` of a build (`uv`: a step uses uv)."""
-    if uv:
-        tool = [UV_BIN, "--color", "never", "pip"]
-        return Lister(
-            "uv pip",
-            [*tool, "list", "--python", python, "--format", "json"],
-            [*tool, "check", "--python", python],
-            "All installed packages are compatible",
-            parse_uv_check,
-        )
-    tool = [python, "-m", "pip"]
-    return Lister(
+#: The installers of pip steps, by name.
+INSTALLERS = {
+    "pip": Installer(
         "pip",
-        [*tool, "list", "--format", "json", "--disable-pip-version-check"],
-        [*tool, "check"],
+        pip_command,
+        CACHE_DIR,
+        UNSET_PIP_VARIABLES,
+        explain_conflicts,
+        ("--format", "json", "--disable-pip-version-check"),
         "No broken requirements found.",
         parse_pip_check,
-    )
+    ),
+    "uv": Installer(
+        "uv pip",
+        uv_command,
+        UV_CACHE_DIR,
+        UNSET_UV_VARIABLES,
+        explain_uv_conflicts,
+        ("--format", "json"),
+        "All installed packages are compatible",
+        parse_uv_check,
+    ),
+}
 
 
 def step_dir(step):
@@ -151,16 +171,12 @@ def constraints_file(step):
 
 def install_command(*, step, requirement_files, cache, python="python"):
     """A step's install command: pip's or uv's (`cache`: the host caches used)."""
-    if step.installer == "uv":
-        cmd = uv_command(cache_dir=UV_CACHE_DIR if cache else None, python=python)
-    else:
-        cmd = [python, "-m", "pip", "install", "--no-input"]
-        cmd += ["--disable-pip-version-check", "--progress-bar", "off"]
-        cmd += ["--cache-dir", CACHE_DIR] if cache else ["--no-cache-dir"]
+    installer = INSTALLERS[step.installer]
+    cache_dir = installer.cache_dir if cache else None
     args = step.install_args(
         requirement_files=requirement_files, constraints=constraints_file(step)
     )
-    return cmd + args
+    return installer.install(cache_dir=cache_dir, python=python) + args
 
 
 @contextlib.contextmanager
@@ -169,9 +185,7 @@ def private_wheel_cache(*, root, step, cache):
     if not cache or not (step.no_build_isolation or step.env):
         yield
         return
-    top = resolve_in_root(root=root, path=CACHE_DIR)
-    if step.installer == "uv":
-        top = resolve_in_root(root=root, path=UV_CACHE_DIR)
+    top = resolve_in_root(root=root, path=INSTALLERS[step.installer].cache_dir)
     # pip's wheels built from source, uv's (its downloads are in wheels-vN).
     built = [top / "wheels", *map(Path, glob.glob(str(top / "sdists-v*")))]
     moved = []
@@ -189,14 +203,10 @@ def private_wheel_cache(*, root, step, cache):
             shutil.move(aside, path)
 
 
-#: What explains a failed install's conflicts, by installer.
-EXPLAIN_CONFLICTS = {"pip": explain_conflicts, "uv": explain_uv_conflicts}
-
-
 def install_error(error, *, step, before, staged):
     """The StageError for a failed ``pip install`` (conflicts explained)."""
     output = redact(f"{error.stdout}\n{error.stderr}", values=step_secrets([step]))
-    explain = EXPLAIN_CONFLICTS[step.installer]
+    explain = INSTALLERS[step.installer].explain
     conflicts = explain(output=output, installed=before, allowed=step.allow_changes)
     message = (
         f"{step.installer} install failed in {step.title} "
@@ -246,7 +256,9 @@ class PipRun:
         self.installers = {step.installer for step in stage.steps}
         self.pip_env = {}  # host pip variables replaced (see hostenv)
         self.target = None
-        self.tools = None  # the Lister of the target env
+        self.tools = INSTALLERS["pip"]  # what lists and checks the target env
+        if "uv" in self.installers:  # uv, when a step uses it (maybe no pip)
+            self.tools = INSTALLERS["uv"]
         self.base_packages = None  # before the first step (pip list form)
         self.listed = None  # the last _pip_list (nothing installed since)
 
@@ -259,14 +271,15 @@ class PipRun:
         )
 
     def _pip_list(self, *, check=False):
-        """(installed by canonical name, the list); `check`: ``pip check`` first.
-
-        uv lists and checks when a step uses it (the env may have no pip).
-        """
-        script = f"{shlex.join(self.tools.checking)} >{CHECK_FILE} 2>&1; "
-        proc = self._run(self.tools.listing, script=script if check else "")
+        """(installed by canonical name, the list); `check`: ``pip check`` first."""
+        python = self.target.python
+        script = ""
+        if check:
+            checking = self.tools.command("check", python=python)
+            script = f"{shlex.join(checking)} >{CHECK_FILE} 2>&1; "
+        listing = self.tools.command("list", python=python, args=self.tools.list_args)
         try:
-            return parse_pip_list(text=proc.stdout)
+            return parse_pip_list(text=self._run(listing, script=script).stdout)
         except ValueError as e:
             raise StageError(
                 f"cannot read the installed packages: {e}", stage="pip"
@@ -275,7 +288,6 @@ class PipRun:
     def _check_pip(self, target):
         """The target env's record, with the version of its pip (which must work)."""
         self.target = target
-        self.tools = lister(uv="uv" in self.installers, python=target.python)
         info = {
             k: getattr(target, k) for k in ("prefix", "version", "source", "reason")
         }
@@ -309,20 +321,20 @@ class PipRun:
         if work.exists():
             shutil.rmtree(work)
         work.mkdir(parents=True)
-        cache = resolve_in_root(root=self.root, path=CACHE_DIR)
+        sandbox_cache = resolve_in_root(root=self.root, path=CACHE_DIR)
         host_cache = self.stage.cache_dir
-        pip_cache = self.settings.cache and "pip" in self.installers
         stats = {"dir": None}
         uv_cache = None
         if self.settings.cache:
             stats["dir"] = str(host_cache)
-            if self.stage.uv:
-                uv_cache = self.stage.uv_cache_dir
-                stats["uv-dir"] = str(uv_cache)
+        if self.settings.cache and self.stage.uv:
+            uv_cache = self.stage.uv_cache_dir
+            stats["uv-dir"] = str(uv_cache)
+        pip_cache = self.settings.cache and "pip" in self.installers
         try:
             if pip_cache:
                 stats["import"] = _timed(
-                    import_cache, host_dir=host_cache, sandbox_dir=cache
+                    import_cache, host_dir=host_cache, sandbox_dir=sandbox_cache
                 )
                 logger.info(
                     "pip cache %s: %d files linked/copied into the sandbox",
@@ -336,7 +348,7 @@ class PipRun:
         finally:
             if pip_cache:
                 stats["export"] = _timed(
-                    export_cache, sandbox_dir=cache, host_dir=host_cache
+                    export_cache, sandbox_dir=sandbox_cache, host_dir=host_cache
                 )
             shutil.rmtree(work, ignore_errors=True)
 
@@ -365,12 +377,7 @@ class PipRun:
 
     def _report(self, details, *, summary):
         """Write the package list, the SBOMs and the steps record; the report."""
-        labels = {
-            imagelayout.LABEL_PIP_PACKAGES: PACKAGES_FILE,
-            imagelayout.LABEL_SBOM: imagelayout.CYCLONEDX_SBOM_FILE,
-        }
         installed, packages = self.listed or self._pip_list()
-        records = {PACKAGES_FILE: packages}
         details["sbom"] = write_sboms(
             root=self.root,
             image_name=Path(self.context.build.image_path).name,
@@ -379,16 +386,20 @@ class PipRun:
             target_prefix=self.target.prefix,
             base_image=self.context.build.base_image.given,
         )
+        labels = {
+            imagelayout.LABEL_PIP_PACKAGES: PACKAGES_FILE,
+            imagelayout.LABEL_SBOM: imagelayout.CYCLONEDX_SBOM_FILE,
+        }
+        records = {PACKAGES_FILE: packages}
         if self.stage.steps:
             labels[imagelayout.LABEL_PIP_STEPS] = STEPS_FILE
             records[STEPS_FILE] = details
         for path, data in records.items():
             text = json.dumps(data, indent=2, sort_keys=True) + "\n"
             write_file_in_root(root=self.root, path=path, content=text)
-        torch = installed.get("torch")
         summary += f"{len(installed)} distributions"
-        if torch:
-            summary += f" (torch {torch[1]})"
+        if "torch" in installed:
+            summary += f" (torch {installed['torch'][1]})"
         return StageReport(name="pip", summary=summary, record=details, labels=labels)
 
     def _run_steps(self):
@@ -420,7 +431,7 @@ class PipRun:
             return None
         path = resolve_in_root(root=self.root, path=CHECK_FILE)
         text = path.read_text(errors="replace") if path.is_file() else ""
-        broken = self.tools.parse(text=text)
+        broken = self.tools.parse_check(text=text)
         if not broken:
             if self.tools.verdict not in text:
                 logger.warning(
@@ -434,25 +445,25 @@ class PipRun:
         return [{"package": p, "problem": q, "involved": i} for p, q, i in broken]
 
     def _install(self, *, step, staged, before):
-        """Run the step's ``pip install`` in the target env; return it redacted."""
+        """Run the step's install command in the target env; return it redacted."""
         env = step.env
-        unset = UNSET_PIP_VARIABLES
         if step.installer == "uv":
-            unset = UNSET_UV_VARIABLES
             env = {**uv_env(environ=os.environ, overrides=self.pip_env), **env}
-        cache = self.settings.cache
         cmd = install_command(
             step=step,
             requirement_files=staged.requirement_files,
-            cache=cache,
+            cache=self.settings.cache,
             python=self.target.python,
         )
         shown = [redact(arg) for arg in cmd]
         logger.info("Running: %s", shlex.join(shown))
+        script = f"unset {INSTALLERS[step.installer].unset}; "
         try:
-            with private_wheel_cache(root=self.root, step=step, cache=cache):
+            with private_wheel_cache(
+                root=self.root, step=step, cache=self.settings.cache
+            ):
                 with apptainer.bind_mounts(staged.binds):
-                    self._run(cmd, env=env, script=f"unset {unset}; ")
+                    self._run(cmd, env=env, script=script)
         except CommandError as e:
             raise install_error(e, step=step, before=before, staged=staged) from e
         finally:  # pip has read them: the image keeps them without credentials
@@ -492,16 +503,14 @@ class PipRun:
             len(diff["added"]),
             len(diff["changed"]),
         )
+        settings = step.to_dict()
         return {
             "number": step.number,
-            "name": step.name,
-            "source": step.source,
-            "installer": step.installer,
+            **{k: settings[k] for k in ("name", "source", "installer", "env")},
             "command": cmd,
-            "env": redact_env(step.env),
             "requirement-files": staged.kept_files,
             "staged": staged.staged,
-            "allow-changes": sorted(step.allow_changes),
+            "allow-changes": settings["allow-changes"],
             "seconds": round(time.time() - t0, 1),
             **diff,
         }

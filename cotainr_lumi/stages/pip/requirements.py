@@ -66,12 +66,31 @@ class ReqFile:
     path: Path | None
     display: str
     lines: list[str]
+    base: Path  # what relative references count from
     refs: list[ReqLine] = field(default_factory=list)
 
     @property
     def name(self):
         """The file's name (``packages.txt`` for a step's inline packages)."""
         return self.path.name if self.path is not None else "packages.txt"
+
+    def where(self, i, start):
+        """The `i`-th logical line, which starts at line `start`."""
+        if self.path is None:
+            return Where(f"{self.display}[{i + 1}]", self.base)
+        return Where(f"{self.display}, line {start + 1}", self.base)
+
+
+@dataclass(frozen=True)
+class Where:
+    """What is being scanned: how messages name it, where its paths count from."""
+
+    name: str
+    base: Path
+
+    def error(self, message):
+        """The InputError of `message` on it."""
+        return InputError(f"{self.name}: {message}")
 
 
 def _logical_lines(lines):
@@ -111,26 +130,21 @@ def moving_vcs_ref(url):
     return f"{ref!r} is a branch or other moving ref"
 
 
-def _error(where, message):
-    return InputError(f"{where}: {message}")
-
-
-def _split_url(url, *, where):
+def _split_url(url, where):
     """:func:`urllib.parse.urlsplit`, with an InputError for a malformed URL."""
     try:
         # A VCS URL (git+https://...) is split without its scheme prefix.
         return urlsplit(url.split("+", 1)[1] if "+" in url.split(":", 1)[0] else url)
     except ValueError as e:
-        raise _error(
-            where, f"{url} is not a valid URL ({e}); check its brackets and host"
+        raise where.error(
+            f"{url} is not a valid URL ({e}); check its brackets and host"
         ) from None
 
 
-def _file_url_path(url, *, where):
-    parts = _split_url(url, where=where)
+def _file_url_path(url, where):
+    parts = _split_url(url, where)
     if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-        raise _error(
-            where,
+        raise where.error(
             f"{url}: only absolute file: URLs (file:///path) can be used; "
             "write a relative path without file: instead",
         )
@@ -148,45 +162,42 @@ def _split_option(tokens):
     return first, (tokens[1] if len(tokens) > 1 else None), tokens[2:]
 
 
-def _local_target(value, *, base, where):
+def _local_target(value, where):
     """(path, in_image): on this machine, else (absolute) in the image."""
     if "${" in value:
-        raise _error(
-            where,
+        raise where.error(
             f"{value!r}: local paths with ${{VARIABLES}} cannot be staged "
             "into the container; write the path out",
         )
     path = Path(value)
     if path.is_absolute() and not os.path.lexists(path):
         return Path(os.path.normpath(path)), True
-    resolved = Path(os.path.abspath(base / path))
+    resolved = Path(os.path.abspath(where.base / path))
     if not os.path.lexists(resolved):
-        raise _error(where, f"{value}: {resolved} does not exist")
+        raise where.error(f"{value}: {resolved} does not exist")
     return resolved, False
 
 
-def _installable(ref, *, base, where):
+def _installable(ref, where):
     """`ref` at its wheel, sdist or project directory (checked)."""
     original = ref.original
     value = original
     if ref.kind == "file-url":
-        value = _file_url_path(original, where=where)
-    path, in_image = _local_target(value, base=base, where=where)
+        value = _file_url_path(original, where)
+    path, in_image = _local_target(value, where)
     ref.target = path
     if in_image:
         ref.kind = "image-path"
     elif path.is_dir():
         if not ((path / "pyproject.toml").is_file() or (path / "setup.py").is_file()):
-            raise _error(
-                where,
+            raise where.error(
                 f"{original}: the directory {path} is not a Python project "
                 "(no pyproject.toml or setup.py)",
             )
     elif not path.is_file():
-        raise _error(where, f"{original}: {path} is not a file or directory")
+        raise where.error(f"{original}: {path} is not a file or directory")
     elif not path.name.lower().endswith(ARCHIVE_EXTENSIONS):
-        raise _error(
-            where,
+        raise where.error(
             f"{original}: {path} is neither a wheel nor an sdist "
             f"(expected one of {', '.join(ARCHIVE_EXTENSIONS)})",
         )
@@ -197,11 +208,11 @@ def _markers(markers, sep):
     return f" ; {markers.strip()}" if sep else ""
 
 
-def _requirement(text, *, where):
+def _requirement(text, where):
     try:
         return Requirement(text)
     except InvalidRequirement as e:
-        raise _error(where, f"invalid requirement {text!r}: {e}") from e
+        raise where.error(f"invalid requirement {text!r}: {e}") from e
 
 
 class StepScan:
@@ -215,19 +226,18 @@ class StepScan:
         self.cache: dict[Path, ReqFile] = {}
         self.active: list[Path] = []
 
-    def scan_path(self, path, *, where):
+    def scan_path(self, path, where):
         """Read and scan one file (and what it includes)."""
         path = Path(os.path.abspath(path))
         if path in self.active:
             cycle = " -> ".join(str(p) for p in (*self.active, path))
-            raise _error(
-                where, f"requirement files include each other in a cycle: {cycle}"
+            raise where.error(
+                f"requirement files include each other in a cycle: {cycle}"
             )
         if path in self.cache:
             return self.cache[path]
         if len(self.active) > MAX_INCLUDE_DEPTH:
-            raise _error(
-                where,
+            raise where.error(
                 "requirement files include each other more than "
                 f"{MAX_INCLUDE_DEPTH} levels deep (from {self.active[0]}); "
                 "flatten the chain of -r/-c files",
@@ -235,59 +245,55 @@ class StepScan:
         try:
             text = path.read_text()
         except OSError as e:
-            raise _error(where, f"cannot read {path}: {e.strerror}") from e
+            raise where.error(f"cannot read {path}: {e.strerror}") from e
         except UnicodeDecodeError as e:
-            raise _error(
-                where, f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8"
+            raise where.error(
+                f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8"
             ) from e
-        rf = ReqFile(path=path, display=str(path), lines=text.splitlines(keepends=True))
+        rf = ReqFile(path, str(path), text.splitlines(keepends=True), path.parent)
         self.active.append(path)
-        try:
-            self.scan_lines(
-                rf, base=path.parent, where=lambda i, s: f"{path}, line {s + 1}"
-            )
-        finally:
-            self.active.pop()
+        self.scan_lines(rf)  # the scan stops at the first error
+        self.active.pop()
         self.cache[path] = rf
         return rf
 
-    def scan_lines(self, rf, *, base, where):
-        """Scan `rf`'s lines; ``where(i, start)`` names the i-th logical line."""
+    def scan_lines(self, rf):
+        """Scan `rf`'s lines."""
         for i, (start, end, text) in enumerate(_logical_lines(rf.lines)):
             if not text:
                 continue
             parse = self.option_line if text.startswith("-") else self.requirement_line
-            ref = parse(text, base=base, where=where(i, start))
+            ref = parse(text, rf.where(i, start))
             if ref is None:
                 continue
-            ref.start, ref.end = start, end
+            ref.start = start
+            ref.end = end
             rf.refs.append(ref)
             if ref.kind == "image-path":
                 self.local_inputs.append(f"image:{ref.target}")
-            elif ref.kind != "include":
+            elif ref.include is None:
                 self.local_inputs.append(str(ref.target))
 
-    def note_url(self, url, *, where):
+    def note_url(self, url, where):
         """Check a remote URL; note it if it is VCS without a pinned revision."""
-        _split_url(url, where=where)
+        _split_url(url, where)
         reason = moving_vcs_ref(url)
         if reason:
             self.moving_refs.append(
-                f"{where}: {url}: {reason}; pin a commit (@<sha>) or a tag "
+                f"{where.name}: {url}: {reason}; pin a commit (@<sha>) or a tag "
                 "for a reproducible image"
             )
 
-    def option_line(self, text, *, base, where):
+    def option_line(self, text, where):
         """An option line (``-r``, ``-c``, ``-f``; editable installs rejected)."""
         try:
             tokens = shlex.split(text)
         except ValueError as e:
-            raise _error(where, f"cannot split the options ({e})") from e
+            raise where.error(f"cannot split the options ({e})") from e
         option, value, rest = _split_option(tokens)
-        self.options.append((option, where))
+        self.options.append((option, where.name))
         if option in _EDITABLE:
-            raise _error(
-                where,
+            raise where.error(
                 f"editable installs ({option} {value or ''}) are not supported in "
                 "an image build: the source would not be in the image. Drop "
                 f"'{option}' to install a copy of the project instead.",
@@ -295,86 +301,85 @@ class StepScan:
         if option not in _INCLUDE_OPTIONS + _FIND_LINKS:
             return None
         if not value:
-            raise _error(where, f"{option} needs a value")
+            raise where.error(f"{option} needs a value")
         if is_remote_url(value):
             return None  # a remote file or index: pip fetches it
-        path, in_image = _local_target(value, base=base, where=where)
+        path, in_image = _local_target(value, where)
         suffix = "".join(f" {shlex.quote(t)}" for t in rest)
         ref = ReqLine("path", path, f"{option} ", suffix, value)
         if option in _FIND_LINKS:
-            return _find_links(ref, in_image=in_image, where=where)
+            return _find_links(ref, where, in_image=in_image)
         if in_image:
-            raise _error(
-                where,
+            raise where.error(
                 f"{option} {value}: {path} does not exist on this machine "
                 "(included files must be on this machine)",
             )
-        return self._include(ref, where=where)
+        return self._include(ref, where)
 
-    def _include(self, ref, *, where):
+    def _include(self, ref, where):
         """The line of a ``-r``/``-c`` file here, scanned."""
         if not ref.target.is_file():
-            raise _error(
-                where, f"{ref.prefix}{ref.original}: {ref.target} is not a file"
-            )
+            raise where.error(f"{ref.prefix}{ref.original}: {ref.target} is not a file")
         ref.kind = "include"
-        ref.include = self.scan_path(ref.target, where=where)
+        ref.include = self.scan_path(ref.target, where)
         return ref
 
-    def requirement_line(self, text, *, base, where):
+    def requirement_line(self, text, where):
         """A requirement line: a name, a URL, a ``file:`` URL or a local path."""
-        req_text, options = _split_requirement(text, where=where)
-        self.options += [(t.partition("=")[0], where) for t in options if t[0] == "-"]
+        req_text, options = _split_requirement(text, where)
+        self.options += [
+            (t.partition("=")[0], where.name) for t in options if t[0] == "-"
+        ]
         if req_text.startswith("file:"):
             url, sep, markers = req_text.partition("; ")
             ref = ReqLine("file-url", None, "", _markers(markers, sep), url.strip())
         elif _URL_RE.match(req_text):
-            self.note_url(req_text.partition(";")[0].strip(), where=where)
+            self.note_url(req_text.partition(";")[0].strip(), where)
             return None  # remote URL (https://..., git+https://...)
         elif "@" in req_text and not _looks_like_path(req_text.split("@")[0].strip()):
-            ref = self._direct_url_line(req_text, where=where)
+            ref = self._direct_url_line(req_text, where)
         else:
-            ref = _path_line(req_text, where=where)
+            ref = _path_line(req_text, where)
         if ref is None:
             return None
         ref.suffix += "".join(f" {t}" for t in options)
-        return _installable(ref, base=base, where=where)
+        return _installable(ref, where)
 
-    def _direct_url_line(self, req_text, *, where):
+    def _direct_url_line(self, req_text, where):
         """``name @ URL``: a ``file:`` URL's line (a remote URL is only noted)."""
-        req = _requirement(req_text, where=where)
+        req = _requirement(req_text, where)
         if req.url and req.url.startswith("file:"):
             prefix, _, suffix = req_text.partition(req.url)
             return ReqLine("file-url", None, prefix, suffix, req.url)
         if req.url:
-            self.note_url(req.url, where=where)
+            self.note_url(req.url, where)
         return None
 
 
-def _split_requirement(text, *, where):
+def _split_requirement(text, where):
     """(requirement, the options after it) of a requirement line."""
     tokens = text.split()
     n = next((i for i, t in enumerate(tokens) if t.startswith("-")), len(tokens))
     if n == 0:
-        raise _error(where, f"no requirement before the options in {text!r}")
+        raise where.error(f"no requirement before the options in {text!r}")
     return " ".join(tokens[:n]), tokens[n:]
 
 
-def _find_links(ref, *, in_image, where):
+def _find_links(ref, where, *, in_image):
     """The line of a local ``--find-links`` directory (in the image or here)."""
     if in_image:
         ref.kind = "image-path"
     elif not ref.target.exists():
-        raise _error(where, f"{ref.prefix}{ref.original}: {ref.target} does not exist")
+        raise where.error(f"{ref.prefix}{ref.original}: {ref.target} does not exist")
     return ref
 
 
-def _path_line(req_text, *, where):
+def _path_line(req_text, where):
     """A local path requirement (``./dir[extra]``, ``x.whl``); None for a name."""
     path_part, sep, markers = req_text.partition(";")
     bare, extras = re.match(r"^(.*?)(\[[^\]]*\])?$", path_part.strip()).groups()
     if not (_looks_like_path(bare) or bare.lower().endswith(ARCHIVE_EXTENSIONS)):
-        _requirement(req_text, where=where)
+        _requirement(req_text, where)
         return None
     return ReqLine("path", None, "", (extras or "") + _markers(markers, sep), bare)
 
@@ -387,18 +392,11 @@ def scan_step(*, step):
             raise InputError(
                 f"{step.title}: the requirements file {path} does not exist."
             )
-        scan.files.append(scan.scan_path(path, where=step.title))
+        scan.files.append(scan.scan_path(path, Where(step.title, path.parent)))
     if step.packages:
-        rf = ReqFile(
-            path=None,
-            display=f"{step.title}, packages",
-            lines=[p.strip() + "\n" for p in step.packages],
-        )
-        scan.scan_lines(
-            rf,
-            base=step.base_dir,
-            where=lambda i, s: f"{step.title}, packages[{i + 1}]",
-        )
+        lines = [p.strip() + "\n" for p in step.packages]
+        rf = ReqFile(None, f"{step.title}, packages", lines, step.base_dir)
+        scan.scan_lines(rf)
         scan.files.append(rf)
     return scan
 

@@ -46,34 +46,19 @@ def _added(packages, base_packages):
     }
 
 
-def _library(package, *, purl, origin):
-    """The component of a package (name, version) with its :data:`ORIGIN_PROPERTY`."""
+def _library(package, origin, **purl):
+    """The component of a package with its purl and :data:`ORIGIN_PROPERTY`."""
+    name = package["name"]
+    version = package["version"]
+    purl = PackageURL(name=name, version=version, **purl)
     return Component(
-        name=package["name"],
-        version=package["version"],
+        name=name,
+        version=version,
         type=ComponentType.LIBRARY,
         purl=purl,
         bom_ref=purl.to_string(),
         properties=[Property(name=ORIGIN_PROPERTY, value=origin)],
     )
-
-
-def _system_components(record):
-    """Components of the distribution packages a system-packages record lists."""
-    return [
-        _library(
-            package,
-            purl=PackageURL(
-                type=record["kind"],
-                namespace=record["distro"],
-                name=package["name"],
-                version=package["version"],
-                qualifiers={"arch": package["arch"]},
-            ),
-            origin="build",
-        )
-        for package in record.get("added", []) + record.get("changed", [])
-    ]
 
 
 def read_system_record(*, root):
@@ -116,14 +101,20 @@ def cyclonedx_json(
     )
     added = _added(packages, base_packages)
     components = [
-        _library(
-            p,
-            purl=PackageURL(type="pypi", name=p["name"], version=p["version"]),
-            origin="build" if p["name"] in added else "base",
-        )
+        _library(p, "build" if p["name"] in added else "base", type="pypi")
         for p in sorted(packages, key=lambda p: p["name"].lower())
     ]
-    components += _system_components(system_record or {})
+    system = system_record or {}
+    components += [  # what the system-packages stage added or changed
+        _library(
+            p,
+            "build",
+            type=system["kind"],
+            namespace=system["distro"],
+            qualifiers={"arch": p["arch"]},
+        )
+        for p in system.get("added", []) + system.get("changed", [])
+    ]
     for component in components:
         bom.components.add(component)
     bom.register_dependency(image, components)
