@@ -144,34 +144,27 @@ class ImageFiles:
 
     def _conf_dirs(self, conf, seen):
         """The directories an ``ld.so.conf`` file names (``include`` followed)."""
-        if conf in seen:
+        host = self.host(conf)
+        if conf in seen or host is None:
             return []
         seen.add(conf)
-        host = self.host(conf)
         try:
-            lines = host.read_text(errors="replace").splitlines() if host else []
+            lines = host.read_text(errors="replace").splitlines()
         except OSError:
             return []
         dirs = []
         for line in lines:
             line = line.split("#", 1)[0].strip()
-            if line.startswith("include"):
-                pattern = line[len("include") :].strip()
-                dirs += self._included_dirs(conf, pattern, seen)
-            elif line.startswith("/"):
+            if line.startswith("/"):
                 dirs.append(line.rstrip("/") or "/")
-        return dirs
-
-    def _included_dirs(self, conf, pattern, seen):
-        """The directories of the files an ``include`` line of `conf` names."""
-        # A relative pattern is relative to the file's directory.
-        pattern = PurePosixPath(conf).parent / pattern
-        parent = self.host(str(pattern.parent))
-        if parent is None or not parent.is_dir():
-            return []
-        dirs = []
-        for match in sorted(glob.glob(str(parent / pattern.name))):
-            dirs += self._conf_dirs(str(pattern.parent / os.path.basename(match)), seen)
+            elif line.startswith("include"):
+                # A relative pattern is relative to the file's directory.
+                pattern = PurePosixPath(conf).parent / line[len("include") :].strip()
+                parent = self.host(str(pattern.parent))
+                matches = glob.glob(f"{parent}/{pattern.name}") if parent else []
+                for match in sorted(matches):
+                    included = pattern.parent / os.path.basename(match)
+                    dirs += self._conf_dirs(str(included), seen)
         return dirs
 
 
@@ -181,11 +174,6 @@ def _expand(entry, origin):
     if "$" in text or not text.startswith("/"):
         return None
     return os.path.normpath(text)
-
-
-def find_needed(*, root, name, info, origin, ld_path=()):
-    """The image path where the loader finds `name` for `info` in `origin` (or None)."""
-    return ImageFiles(root).needed(name, info, origin, ld_path)
 
 
 def _speaks_cxi(image, library_path, info):
@@ -287,39 +275,35 @@ def _pin(image, user, interpreter_search):
 
 def _users(image, prefixes, *, skip, owners, preloading):
     """The ELF files below `prefixes` that need an MPI library (`skip` aside)."""
-    users = []
-    seen = set(skip)
+    users = {}
     for prefix in prefixes:
         for info in scan_elf_files(root=image.root, path=prefix):
-            needs = next((n for n in (MPICH_ABI, OPEN_MPI) if n in info.needed), None)
+            needs = [n for n in (MPICH_ABI, OPEN_MPI) if n in info.needed]
             path = str(image_path_of(root=image.root, host_path=info.path))
-            if needs is None or path in seen:
-                continue
-            seen.add(path)
-            preloaded = bool(preloading and path.startswith(preloading))
-            owner = owners.get(path)
-            users.append(
-                MpiUser(path, needs, info.rpath, info.runpath, owner, preloaded)
-            )
-    return users
+            if needs and path not in skip and path not in users:
+                preloaded = bool(preloading and path.startswith(preloading))
+                owner = owners.get(path)
+                user = MpiUser(
+                    path, needs[0], info.rpath, info.runpath, owner, preloaded
+                )
+                users[path] = user
+    return list(users.values())
 
 
 def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
     """Find the MPI of an image."""
     image = ImageFiles(root)
-    scan = MpiScan(libraries=_libraries(image, prefixes))
-    scan.mpi4py = _mpi4py(image, site_dirs)
-    preloading = None
-    if scan.mpi4py and scan.mpi4py["abi_aware"]:
-        preloading = scan.mpi4py["dir"] + "/"
-    scan.users = _users(
+    libraries = _libraries(image, prefixes)
+    mpi4py = _mpi4py(image, site_dirs)
+    # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
+    preloading = mpi4py and mpi4py["abi_aware"] and mpi4py["dir"] + "/"
+    users = _users(
         image,
         prefixes,
-        skip={lib.real for lib in scan.libraries},
+        skip={lib.real for lib in libraries},
         owners=_distributions(image, site_dirs),
         preloading=preloading,
     )
-    interpreter_search = _interpreter_search(image, python)
-    pins = (_pin(image, user, interpreter_search) for user in scan.users)
-    scan.pins = [pin for pin in pins if pin]
-    return scan
+    search = _interpreter_search(image, python)
+    pins = [_pin(image, user, search) for user in users]
+    return MpiScan(libraries, users, [pin for pin in pins if pin], mpi4py)

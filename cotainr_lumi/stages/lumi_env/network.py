@@ -15,7 +15,7 @@ from ...engine import rcclplugin
 from ...engine.elfinfo import DEFAULT_LOADER_DIRS, read_elf_info
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from .envfile import default_assignments, path_addition
-from .mpiscan import LIBFABRIC, find_needed
+from .mpiscan import LIBFABRIC, ImageFiles
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -71,14 +71,11 @@ def decide_libfabric(*, settings, root, image_ld_path=str):
     plugin = _profile_plugin(settings=settings, root=root)
     for name in plugin["files"] if plugin else ():
         path = f"{plugin['dir']}/{name}"
-        host = resolve_in_root(root=root, path=path)
-        info = read_elf_info(path=host) if host.is_file() else None
+        info = read_elf_info(path=resolve_in_root(root=root, path=path))
         if info is None or LIBFABRIC not in info.needed:
             continue
         ld_path = (image_ld_path() or "").split(":")
-        found = find_needed(
-            root=root, name=LIBFABRIC, info=info, origin=plugin["dir"], ld_path=ld_path
-        )
+        found = ImageFiles(root).needed(LIBFABRIC, info, plugin["dir"], ld_path)
         where = f"the image's {found}" if found else "not in the image"
         logger.info("%s needs %s: %s", path, LIBFABRIC, where)
         return "image" if found else "host"
