@@ -74,29 +74,30 @@ def _say(*parts):  # shell code printing one line on stderr
 
 
 def _host_case(*, binding, own):
+    """The ``host)`` branch of the env file's ``case``."""
     if binding is None:
         say = f"{RUNTIME_VAR}=host, but this image has no host MPI binding"
         say = _say(f"cotainr-lumi: {say} (lumi-env.mpi-host); using {own}.")
-        return ["host)", f"    {say}", f"    {ACTIVE_VAR}=container ;;"]
-    return [
-        "host)",
-        f'    if [ -f "${HOST_LIBMPI_VAR}" ]; then',
-        *("        " + line for line in _MOVE_TO_FRONT.splitlines()),
-        "        "
-        + computed_default(name="MPI4PY_LIBMPI", expression=f'"${HOST_LIBMPI_VAR}"'),
-        f"        {ACTIVE_VAR}=host",
-        "    else",
-        "        "
-        + _say(
-            f"cotainr-lumi: {RUNTIME_VAR}=host, but LUMI's Cray MPICH (",
-            f"${{{HOST_LIBMPI_VAR}:-none found}}",
-            ") is not in the container (load the image's module file, or source "
-            f"its .sh, to bind LUMI's Cray MPICH); using {own}. Export "
-            f"{RUNTIME_VAR}=container to choose that.",
-        ),
-        f"        {ACTIVE_VAR}=container",
-        "    fi ;;",
-    ]
+        return f"host)\n    {say}\n    {ACTIVE_VAR}=container ;;"
+    move = textwrap.indent(_MOVE_TO_FRONT, " " * 8)
+    libmpi = computed_default(name="MPI4PY_LIBMPI", expression=f'"${HOST_LIBMPI_VAR}"')
+    say = _say(
+        f"cotainr-lumi: {RUNTIME_VAR}=host, but LUMI's Cray MPICH (",
+        f"${{{HOST_LIBMPI_VAR}:-none found}}",
+        ") is not in the container (load the image's module file, or source "
+        f"its .sh, to bind LUMI's Cray MPICH); using {own}. Export "
+        f"{RUNTIME_VAR}=container to choose that.",
+    )
+    return f"""\
+host)
+    if [ -f "${HOST_LIBMPI_VAR}" ]; then
+{move}
+        {libmpi}
+        {ACTIVE_VAR}=host
+    else
+        {say}
+        {ACTIVE_VAR}=container
+    fi ;;"""
 
 
 def mpi_env_file(*, mode, binding, image_library, found=None):
@@ -106,54 +107,61 @@ def mpi_env_file(*, mode, binding, image_library, found=None):
         if image_library
         else "no MPI library (the image has none of its own)"
     )
-    lines = [
-        f"# cotainr-lumi MPI settings (lumi-env stage, mpi={mode}): which",
-        "# libmpi.so.12 the image's MPI users (mpi4py, ...) load.",
-        f"# {RUNTIME_VAR}=host: LUMI's Cray MPICH, bound in by the module file;",
-        f"# {RUNTIME_VAR}=container (or none): {printable(own)}.",
-        f"_cl_default={shlex.quote(mode)}",
-        computed_default(name=RUNTIME_VAR, expression="$_cl_default"),
-        # The mode the container asks for (its own value, else the host's export).
-        read_host_value(name=RUNTIME_VAR, into="_cl_mpi", default="$_cl_default"),
-    ]
+    default = computed_default(name=RUNTIME_VAR, expression="$_cl_default")
+    # The mode the container asks for (its own value, else the host's export).
+    wanted = read_host_value(name=RUNTIME_VAR, into="_cl_mpi", default="$_cl_default")
+    reads = ""
     if binding is not None:
         lib, path = binding.defaults(found)
-        lines += [
+        reads = [
             read_host_value(name=HOST_PATH_VAR, into="_cl_new", default=quote(path)),
             read_host_value(name=HOST_LIBMPI_VAR, into="_cl_lib", default=quote(lib)),
-            f"{HOST_LIBMPI_VAR}=$_cl_lib; export {HOST_LIBMPI_VAR}",
+            f"{HOST_LIBMPI_VAR}=$_cl_lib; export {HOST_LIBMPI_VAR}\n",
         ]
+        reads = "\n".join(reads)
+    host = _host_case(binding=binding, own=own)
     other = f" is not host, container or none; using {own}."
-    lines += [
-        'case "$_cl_mpi" in',
-        *_host_case(binding=binding, own=own),
-        f"container | none) {ACTIVE_VAR}=$_cl_mpi ;;",
-        "*)",
-        "    " + _say(f"cotainr-lumi: {RUNTIME_VAR}=", "$_cl_mpi", other),
-        f"    {ACTIVE_VAR}=container ;;",
-        "esac",
-        f"export {ACTIVE_VAR}",
-        "unset _cl_mpi _cl_env _cl_default _cl_new _cl_lib",
-    ]
-    return "\n".join(lines) + "\n"
+    other = _say(f"cotainr-lumi: {RUNTIME_VAR}=", "$_cl_mpi", other)
+    shown = printable(own)
+    return f"""\
+# cotainr-lumi MPI settings (lumi-env stage, mpi={mode}): which
+# libmpi.so.12 the image's MPI users (mpi4py, ...) load.
+# {RUNTIME_VAR}=host: LUMI's Cray MPICH, bound in by the module file;
+# {RUNTIME_VAR}=container (or none): {shown}.
+_cl_default={mode}
+{default}
+{wanted}
+{reads}case "$_cl_mpi" in
+{host}
+container | none) {ACTIVE_VAR}=$_cl_mpi ;;
+*)
+    {other}
+    {ACTIVE_VAR}=container ;;
+esac
+export {ACTIVE_VAR}
+unset _cl_mpi _cl_env _cl_default _cl_new _cl_lib
+"""
 
 
 def mpi_module_ops(*, mode, binding, image):
     """The module file's MPI operations (its binds come with the others)."""
     ops = []
     if binding is not None:
-        which = (
-            "finds LUMI's Cray MPICH on load: a loaded cray-mpich-abi or "
-            "cray-mpich, else the default PE's (docs/mpi.md). Cray MPICH 8.1 (MPICH 3.4) and 9.0 (MPICH 4.1) "
-            "share sonames, not libraries: the one found is used"
-            if binding.discover
-            else f"uses {binding.libmpi} (lumi-env.mpi-host)"
-        )
+        which = f"uses {binding.libmpi} (lumi-env.mpi-host)"
+        if binding.discover:
+            which = (
+                "finds LUMI's Cray MPICH on load: a loaded cray-mpich-abi or "
+                "cray-mpich, else the default PE's (docs/mpi.md). Cray MPICH 8.1 "
+                "(MPICH 3.4) and 9.0 (MPICH 4.1) share sonames, not libraries: the "
+                "one found is used"
+            )
+        default = ""
+        if mode == "host":
+            default = " (the image's default)"
         text = (
             f"MPI (lumi-env mpi={mode}) for {image}: this module {which}. Its "
-            f"libmpi.so.12 replaces the image's when {RUNTIME_VAR}=host"
-            + (" (the image's default)" if mode == "host" else "")
-            + f" ({HOST_LIBMPI_VAR}, {HOST_PATH_VAR}: LD_LIBRARY_PATH first; "
+            f"libmpi.so.12 replaces the image's when {RUNTIME_VAR}=host{default} "
+            f"({HOST_LIBMPI_VAR}, {HOST_PATH_VAR}: LD_LIBRARY_PATH first; "
             f"MPI4PY_LIBMPI). export {RUNTIME_VAR}=container keeps the image's "
             f"MPICH. Launch: {SRUN_HINT['host']}; image's MPICH: "
             f"{SRUN_HINT['container']}."
@@ -248,17 +256,14 @@ class HostBinding(StageSettings):
         """Whether the host library is found where the module file is loaded."""
         return self.libmpi == DISCOVER
 
-    @property
-    def fixed(self):
-        """The host library as set (empty with ``discover``)."""
-        if self.discover:
-            return []
-        return [self.libmpi]
-
     def command(self):
         """:func:`discovery_program` with its arguments for this binding."""
-        args = [self.host_path(CRAY) or CRAY, CRAY] + ([] if self.fixed else ["", ""])
-        for entry in [*self.fixed, *self.ld_library_path[len(self.fixed) :]]:
+        # The library set replaces its directory; discover: none ("").
+        entries = [self.libmpi, *self.ld_library_path[1:]]
+        if self.discover:
+            entries = ["", *self.ld_library_path]
+        args = [self.host_path(CRAY) or CRAY, CRAY]
+        for entry in entries:
             args += [entry, self.host_path(entry) or entry]
         return ["sh", "-c", discovery_program(), "sh", *args]
 
@@ -274,11 +279,10 @@ class HostBinding(StageSettings):
         covers = [(-1, None, None, None)]
         for bind in self.binds:
             src, _, rest = bind.partition(":")
-            dst = (rest.partition(":")[0] or src).rstrip("/") or "/"
-            if path == dst or path.startswith(dst + "/"):
-                below = path[len(dst.rstrip("/")) :]
-                host = src.rstrip("/") + below if below else src
-                covers.append((len(dst), bind, src, host))
+            dst = PurePosixPath(rest.partition(":")[0] or src)
+            if PurePosixPath(path).is_relative_to(dst):
+                host = PurePosixPath(src, PurePosixPath(path).relative_to(dst))
+                covers.append((len(dst.parts), bind, src, str(host)))
         return max(covers, key=lambda c: c[0])[1:]
 
     def host_path(self, path):
@@ -306,7 +310,8 @@ class HostBinding(StageSettings):
 
     def host_problems(self):
         """What of the binding is missing here (where its bind's source exists)."""
-        paths = [p for p in [*self.fixed, *self.ld_library_path] if "*" not in p]
+        # A binding that discovers its library names none: no bind covers it.
+        paths = [p for p in [self.libmpi, *self.ld_library_path] if "*" not in p]
         problems = []
         for path in dict.fromkeys(paths):
             bind, src, host = self._cover(path)
@@ -354,7 +359,7 @@ def discovery_program():
 
 @dataclass(frozen=True)
 class HostMpi:
-    """What :func:`discover_host_mpi` found (container paths)."""
+    """What :meth:`HostBinding.find_here` found (container paths)."""
 
     libmpi: Optional[str] = None
     ld_library_path: tuple = ()
@@ -363,19 +368,11 @@ class HostMpi:
     problem: Optional[str] = None
 
 
-def discover_host_mpi(*, setting, env=None):
-    """Run the module file's discovery on this host for a ``lumi-env.mpi-host``."""
-    binding = HostBinding.from_setting(setting)
-    if binding is None:
-        return HostMpi(source="no host binding (libmpi: null)")
-    return binding.find_here(env=env)
-
-
 def check_host_binding(value):
     """Check ``lumi-env.mpi-host``."""
     binding = HostBinding.from_setting(value)
     need = binding and (f"{CRAY}/pe" if binding.discover else binding.libmpi)
-    if binding is not None and binding._cover(need)[0] is None:
+    if binding is not None and binding.host_path(need) is None:
         raise SettingError(
             f"{need} is not below any of the binds "
             f"({', '.join(binding.binds) or 'none'}): it would never be in the "
@@ -511,7 +508,7 @@ class MpiPlan:
     binding: Optional[HostBinding]
     scan: object
     loaded: Optional[dict] = None
-    #: What the build found on its host (:func:`discover_host_mpi`).
+    #: What the build found on its host (:meth:`HostBinding.find_here`).
     found: Optional[HostMpi] = None
     #: binds-if-absent: {bind: the image's own library, or None (bound)}.
     absent: Optional[dict] = None
