@@ -7,7 +7,7 @@ image's MPICH-ABI library at run time (HPE's hybrid model, arXiv 2407.19928).
 ``COTAINR_LUMI_MPI`` switches at run time (the MPI env file reads it).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 import importlib.resources
 import json
 import logging
@@ -15,7 +15,6 @@ import os
 from pathlib import PurePosixPath
 import re
 import shlex
-from shlex import quote
 import subprocess
 import textwrap
 from typing import Optional
@@ -98,86 +97,6 @@ host)
         {say}
         {ACTIVE_VAR}=container
     fi ;;"""
-
-
-def mpi_env_file(*, mode, binding, image_library, found=None):
-    """The MPI env file (after Apptainer's ``99-base.sh``, so it sees ``--env``)."""
-    own = (
-        f"the image's own MPI ({image_library})"
-        if image_library
-        else "no MPI library (the image has none of its own)"
-    )
-    default = computed_default(name=RUNTIME_VAR, expression="$_cl_default")
-    # The mode the container asks for (its own value, else the host's export).
-    wanted = read_host_value(name=RUNTIME_VAR, into="_cl_mpi", default="$_cl_default")
-    reads = ""
-    if binding is not None:
-        lib, path = binding.defaults(found)
-        reads = [
-            read_host_value(name=HOST_PATH_VAR, into="_cl_new", default=quote(path)),
-            read_host_value(name=HOST_LIBMPI_VAR, into="_cl_lib", default=quote(lib)),
-            f"{HOST_LIBMPI_VAR}=$_cl_lib; export {HOST_LIBMPI_VAR}\n",
-        ]
-        reads = "\n".join(reads)
-    host = _host_case(binding=binding, own=own)
-    other = f" is not host, container or none; using {own}."
-    other = _say(f"cotainr-lumi: {RUNTIME_VAR}=", "$_cl_mpi", other)
-    shown = printable(own)
-    return f"""\
-# cotainr-lumi MPI settings (lumi-env stage, mpi={mode}): which
-# libmpi.so.12 the image's MPI users (mpi4py, ...) load.
-# {RUNTIME_VAR}=host: LUMI's Cray MPICH, bound in by the module file;
-# {RUNTIME_VAR}=container (or none): {shown}.
-_cl_default={mode}
-{default}
-{wanted}
-{reads}case "$_cl_mpi" in
-{host}
-container | none) {ACTIVE_VAR}=$_cl_mpi ;;
-*)
-    {other}
-    {ACTIVE_VAR}=container ;;
-esac
-export {ACTIVE_VAR}
-unset _cl_mpi _cl_env _cl_default _cl_new _cl_lib
-"""
-
-
-def mpi_module_ops(*, mode, binding, image):
-    """The module file's MPI operations (its binds come with the others)."""
-    ops = []
-    if binding is not None:
-        which = f"uses {binding.libmpi} (lumi-env.mpi-host)"
-        if binding.discover:
-            which = (
-                "finds LUMI's Cray MPICH on load: a loaded cray-mpich-abi or "
-                "cray-mpich, else the default PE's (docs/mpi.md). Cray MPICH 8.1 "
-                "(MPICH 3.4) and 9.0 (MPICH 4.1) share sonames, not libraries: the "
-                "one found is used"
-            )
-        default = ""
-        if mode == "host":
-            default = " (the image's default)"
-        text = (
-            f"MPI (lumi-env mpi={mode}) for {image}: this module {which}. Its "
-            f"libmpi.so.12 replaces the image's when {RUNTIME_VAR}=host{default} "
-            f"({HOST_LIBMPI_VAR}, {HOST_PATH_VAR}: LD_LIBRARY_PATH first; "
-            f"MPI4PY_LIBMPI). export {RUNTIME_VAR}=container keeps the image's "
-            f"MPICH. Launch: {SRUN_HINT['host']}; image's MPICH: "
-            f"{SRUN_HINT['container']}."
-        )
-        # Never break a path: paths in the comment are searched for and copied.
-        lines = textwrap.wrap(text, 76, break_on_hyphens=False, break_long_words=False)
-        ops += [Comment(line) for line in lines]
-        say = "problem" if mode == "host" else "quiet"  # the line to show
-        command = shlex.join(binding.command())
-        ops.append(Discover(command, say, HOST_LIBMPI_VAR, HOST_PATH_VAR))
-    if mode == "container":  # as lumi-aif-singularity-bindings does
-        ops += [
-            Comment(f"{SRUN_HINT['container']}: srun's default here."),
-            PushEnv("SLURM_MPI_TYPE", "pmi2"),
-        ]
-    return ops
 
 
 MODES = ("auto", "container", "host", "none")
@@ -269,10 +188,10 @@ class HostBinding(StageSettings):
 
     def defaults(self, found):
         """The env file's default library and LD_LIBRARY_PATH (the build's)."""
-        if found is not None and found.libmpi:
-            return found.libmpi, ":".join(found.ld_library_path)
+        if found.libmpi:
+            return found.libmpi, list(found.ld_library_path)
         static = [e for e in self.ld_library_path if "*" not in e]
-        return ("" if self.discover else self.libmpi), ":".join(static)
+        return ("" if self.discover else self.libmpi), static
 
     def _cover(self, path):
         """(bind, source, host path) of the deepest bind bringing `path` in."""
@@ -506,12 +425,12 @@ class MpiPlan:
     mode: str
     reason: str
     binding: Optional[HostBinding]
-    scan: object
+    scan: MpiScan
     loaded: Optional[dict] = None
     #: What the build found on its host (:meth:`HostBinding.find_here`).
-    found: Optional[HostMpi] = None
+    found: HostMpi = HostMpi()
     #: binds-if-absent: {bind: the image's own library, or None (bound)}.
-    absent: Optional[dict] = None
+    absent: dict = field(default_factory=dict)
     #: :func:`gpu_aware_caveat` of the image (None: none applies).
     gpu_caveat: Optional[str] = None
 
@@ -527,28 +446,98 @@ class MpiPlan:
         return mpich[0].path if mpich else None
 
     def env_file(self):
-        """The MPI env file's content (None in ``none`` mode)."""
+        """The MPI env file, after Apptainer's ``99-base.sh`` (None: ``none`` mode)."""
         if not self.active:
             return None
-        return mpi_env_file(
-            mode=self.mode,
-            binding=self.binding,
-            image_library=self.image_library,
-            found=self.found,
+        own = (
+            f"the image's own MPI ({self.image_library})"
+            if self.image_library
+            else "no MPI library (the image has none of its own)"
         )
+        default = computed_default(name=RUNTIME_VAR, expression="$_cl_default")
+        # The mode the container asks for (its own value, else the host's export).
+        wanted = read_host_value(
+            name=RUNTIME_VAR, into="_cl_mpi", default="$_cl_default"
+        )
+        reads = ""
+        if self.binding is not None:
+            lib, path = self.binding.defaults(self.found)
+            path = shlex.quote(":".join(path))
+            reads = [
+                read_host_value(name=HOST_PATH_VAR, into="_cl_new", default=path),
+                read_host_value(
+                    name=HOST_LIBMPI_VAR, into="_cl_lib", default=shlex.quote(lib)
+                ),
+                f"{HOST_LIBMPI_VAR}=$_cl_lib; export {HOST_LIBMPI_VAR}\n",
+            ]
+            reads = "\n".join(reads)
+        host = _host_case(binding=self.binding, own=own)
+        other = f" is not host, container or none; using {own}."
+        other = _say(f"cotainr-lumi: {RUNTIME_VAR}=", "$_cl_mpi", other)
+        shown = printable(own)
+        return f"""\
+# cotainr-lumi MPI settings (lumi-env stage, mpi={self.mode}): which
+# libmpi.so.12 the image's MPI users (mpi4py, ...) load.
+# {RUNTIME_VAR}=host: LUMI's Cray MPICH, bound in by the module file;
+# {RUNTIME_VAR}=container (or none): {shown}.
+_cl_default={self.mode}
+{default}
+{wanted}
+{reads}case "$_cl_mpi" in
+{host}
+container | none) {ACTIVE_VAR}=$_cl_mpi ;;
+*)
+    {other}
+    {ACTIVE_VAR}=container ;;
+esac
+export {ACTIVE_VAR}
+unset _cl_mpi _cl_env _cl_default _cl_new _cl_lib
+"""
 
     def binds(self):
         """The binds the module file adds (none in ``none`` mode)."""
         if not (self.active and self.binding):
             return []
-        lacking = [b for b, own in (self.absent or {}).items() if own is None]
+        lacking = [b for b, own in self.absent.items() if own is None]
         return [*self.binding.binds, *lacking]
 
     def module_ops(self, *, image):
-        """The module file's MPI operations (none in ``none`` mode)."""
-        if not self.active:
-            return []
-        return mpi_module_ops(mode=self.mode, binding=self.binding, image=image)
+        """The module file's MPI operations (its binds come with the others)."""
+        ops = []
+        if self.active and self.binding:
+            which = f"uses {self.binding.libmpi} (lumi-env.mpi-host)"
+            if self.binding.discover:
+                which = (
+                    "finds LUMI's Cray MPICH on load: a loaded cray-mpich-abi or "
+                    "cray-mpich, else the default PE's (docs/mpi.md). Cray MPICH 8.1 "
+                    "(MPICH 3.4) and 9.0 (MPICH 4.1) share sonames, not libraries: "
+                    "the one found is used"
+                )
+            default = ""
+            if self.mode == "host":
+                default = " (the image's default)"
+            text = (
+                f"MPI (lumi-env mpi={self.mode}) for {image}: this module {which}. "
+                f"Its libmpi.so.12 replaces the image's when {RUNTIME_VAR}=host"
+                f"{default} ({HOST_LIBMPI_VAR}, {HOST_PATH_VAR}: LD_LIBRARY_PATH "
+                f"first; MPI4PY_LIBMPI). export {RUNTIME_VAR}=container keeps the "
+                f"image's MPICH. Launch: {SRUN_HINT['host']}; image's MPICH: "
+                f"{SRUN_HINT['container']}."
+            )
+            # Never break a path: paths in the comment are searched for and copied.
+            lines = textwrap.wrap(
+                text, 76, break_on_hyphens=False, break_long_words=False
+            )
+            ops += [Comment(line) for line in lines]
+            say = "problem" if self.mode == "host" else "quiet"  # the line to show
+            command = shlex.join(self.binding.command())
+            ops.append(Discover(command, say, HOST_LIBMPI_VAR, HOST_PATH_VAR))
+        if self.mode == "container":  # as lumi-aif-singularity-bindings does
+            ops += [
+                Comment(f"{SRUN_HINT['container']}: srun's default here."),
+                PushEnv("SLURM_MPI_TYPE", "pmi2"),
+            ]
+        return ops
 
     def check_loaded(self, *, text, stage):
         """Read :data:`LOAD_CHECK`'s answer from the start check's output."""
@@ -578,19 +567,19 @@ class MpiPlan:
 
     def _host_record(self):
         lib, path = self.binding.defaults(self.found)
-        found = self.found or HostMpi()
+        version = self.found.version
         return {
             "setting": self.binding.libmpi,
             "libmpi": lib or None,
-            "ld-library-path": path.split(":") if path else [],
+            "ld-library-path": path,
             "mpi4py-libmpi": lib or f"${HOST_LIBMPI_VAR}",
             "binds": self.binds(),
-            "binds-if-absent": self.absent or {},
+            "binds-if-absent": self.absent,
             "gpu-aware-caveat": self.gpu_caveat,
-            "source": found.source,
-            "version": found.version,
-            "line": found.version and ".".join(found.version.split(".")[:2]),
-            "build-host-problem": found.problem,
+            "source": self.found.source,
+            "version": version,
+            "line": version and ".".join(version.split(".")[:2]),
+            "build-host-problem": self.found.problem,
         }
 
     def launch_hint(self):
@@ -609,7 +598,7 @@ class MpiPlan:
             text += f"; mpi4py loads {', '.join(self.loaded['libmpi'])} here"
         if self.binding is not None:
             which = "" if self.mode == "host" else f" with {RUNTIME_VAR}=host"
-            lib = self._host_record()["libmpi"] or "the Cray MPICH found on load"
+            lib = self.binding.defaults(self.found)[0] or "the Cray MPICH found on load"
             text += f"; on LUMI {lib} replaces it{which}"
             if self.binding.discover and self.found.libmpi:
                 text += f" (found here: {self.found.source}, {self.found.version})"
@@ -665,7 +654,7 @@ def plan_mpi(*, root, target, requested, host_setting, stage, libfabric="host"):
     if requested == "none":
         reason = "lumi-env.mpi is none"
         return MpiPlan(requested, "none", reason, binding, MpiScan())
-    found = binding and binding.find_here()
+    found = binding.find_here() if binding else HostMpi()
     scan = _scan(root=root, target=target)
     try:
         mode, reason = resolve_mode(requested=requested, scan=scan, binding=binding)

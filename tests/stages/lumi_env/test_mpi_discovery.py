@@ -24,9 +24,10 @@ import pytest
 from cotainr_lumi.pipeline.profiles import get_system, load_systems
 from cotainr_lumi.stages.lumi_env.mpi import (
     HostBinding,
+    MpiPlan,
     discovery_program,
-    mpi_module_ops,
 )
+from cotainr_lumi.stages.lumi_env.mpiscan import MpiScan
 from cotainr_lumi.stages.lumi_env.ops import render
 
 NEWEST = mpich_versions()["25.09"]  # 9.0.1: installed, not the default
@@ -207,7 +208,8 @@ def test_a_host_directory_with_a_newline_or_colon_is_no_version(tmp_path):
 
 def ops(cray, *, mode="host"):
     binding = HostBinding.from_setting(setting(cray))
-    return mpi_module_ops(mode=mode, binding=binding, image="/images/x.sif")
+    plan = MpiPlan(mode, mode, "asked", binding, MpiScan())
+    return plan.module_ops(image="/images/x.sif")
 
 
 def lmod(module_dir, script, env=None):
