@@ -261,8 +261,8 @@ def gpu_aware_caveat(rocm_version):
 
 def absent_binds(*, binding, root):
     """{bind: the image's library of that name, or None (then it is bound)}."""
-    found = {}
     image = ImageFiles(root)
+    found = {}
     for bind in binding.binds_if_absent if binding else ():
         src, _, rest = bind.partition(":")
         name = PurePosixPath(rest.partition(":")[0] or src).name

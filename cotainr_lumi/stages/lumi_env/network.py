@@ -84,19 +84,17 @@ def decide_libfabric(*, settings, root, image_ld_path=str):
 
 def _plugin_files(host_dir):
     """{plugin file name: link target or None} in a sandbox directory."""
-    files = {}
-    for pattern in rcclplugin.PATTERNS:
-        for path in host_dir.glob(pattern):
-            files[path.name] = str(path.readlink()) if path.is_symlink() else None
-    return dict(sorted(files.items()))
+    paths = [p for pattern in rcclplugin.PATTERNS for p in host_dir.glob(pattern)]
+    return {
+        p.name: str(p.readlink()) if p.is_symlink() else None for p in sorted(paths)
+    }
 
 
 def find_plugin(*, root, dirs, named=None):
     """The network plugin RCCL would load from the profile's directories."""
     candidates = {}
     for directory in dirs:
-        host_dir = resolve_in_root(root=root, path=directory)
-        files = _plugin_files(host_dir) if host_dir.is_dir() else {}
+        files = _plugin_files(resolve_in_root(root=root, path=directory))
         if files:
             candidates.setdefault(directory, files)
     if not candidates:
