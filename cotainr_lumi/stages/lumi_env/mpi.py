@@ -161,7 +161,7 @@ class HostBinding(StageSettings):
         read = cls.complete(read_declared(schema=cls, raw=value or {}, origin=Origin()))
         if not read.libmpi:
             return None
-        own = [] if read.discover else [str(PurePosixPath(read.libmpi).parent)]
+        own = [] if read.discover else [os.path.dirname(read.libmpi)]
         order = tuple(dict.fromkeys([*own, *read.ld_library_path]))
         return replace(
             read,
@@ -651,9 +651,8 @@ def plan_mpi(*, root, target, requested, host_setting, stage, libfabric="host"):
     binding = HostBinding.from_setting(host_setting)
     if binding and libfabric == "image":
         binding = binding.without_host_libfabric()
-    if requested == "none":
-        reason = "lumi-env.mpi is none"
-        return MpiPlan(requested, "none", reason, binding, MpiScan())
+    if requested == "none":  # the image is not read
+        return MpiPlan(requested, "none", "lumi-env.mpi is none", binding, MpiScan())
     found = binding.find_here() if binding else HostMpi()
     scan = _scan(root=root, target=target)
     try:

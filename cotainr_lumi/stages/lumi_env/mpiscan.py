@@ -216,10 +216,9 @@ def _distributions(image, site_dirs):
     owners = {}
     for site in site_dirs:
         host_site = image.host(site)
-        if host_site is None or not host_site.is_dir():
-            continue
-        for record in sorted(host_site.glob("*.dist-info/RECORD")):
-            name, _, version = record.parent.name[: -len(".dist-info")].partition("-")
+        records = host_site.glob("*.dist-info/RECORD") if host_site else []
+        for record in sorted(records):
+            name, _, version = record.parent.stem.partition("-")
             try:
                 lines = record.read_text(errors="replace").splitlines()
             except OSError:
@@ -246,25 +245,14 @@ def _mpi4py(image, site_dirs):
     return None
 
 
-def _interpreter_search(image, python):
-    """The DT_RPATH of the env's Python, which pins its extensions' MPI too."""
-    if not python:
-        return []
-    exe = image.real(python)
-    info = image.elf(exe)
-    if info is None or not info.rpath or info.runpath:
-        return []
-    return [(info.rpath, str(PurePosixPath(exe).parent), f"the DT_RPATH of {exe}")]
-
-
-def _pin(image, user, interpreter_search):
+def _pin(image, user, search):
     """The pin of one :class:`MpiUser` (None: not pinned)."""
     # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
     if user.needs != MPICH_ABI or user.preloaded or user.runpath:
         return None
     own = (user.rpath, str(PurePosixPath(user.path).parent), "its DT_RPATH")
     # The loader takes the first directory that has it, in this order.
-    for entries, origin, via in [own, *interpreter_search]:
+    for entries, origin, via in [own, *search]:
         for entry in entries:
             directory = _expand(entry, origin)
             found = directory and image.find(MPICH_ABI, [directory])
@@ -304,6 +292,13 @@ def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
         owners=_distributions(image, site_dirs),
         preloading=preloading,
     )
-    search = _interpreter_search(image, python)
+    # The DT_RPATH of the env's Python pins its extensions' MPI too.
+    exe = python and image.real(python)
+    info = exe and image.elf(exe)
+    search = []
+    if info and info.rpath and not info.runpath:
+        search = [
+            (info.rpath, str(PurePosixPath(exe).parent), f"the DT_RPATH of {exe}")
+        ]
     pins = [_pin(image, user, search) for user in users]
     return MpiScan(libraries, users, [pin for pin in pins if pin], mpi4py)
