@@ -245,6 +245,15 @@ def _mpi4py(image, site_dirs):
     return None
 
 
+def _interpreter_search(image, python):
+    """The DT_RPATH of the env's Python, which pins its extensions' MPI too."""
+    exe = python and image.real(python)
+    info = exe and image.elf(exe)
+    if not info or not info.rpath or info.runpath:
+        return []
+    return [(info.rpath, str(PurePosixPath(exe).parent), f"the DT_RPATH of {exe}")]
+
+
 def _pin(image, user, search):
     """The pin of one :class:`MpiUser` (None: not pinned)."""
     # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
@@ -292,13 +301,6 @@ def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
         owners=_distributions(image, site_dirs),
         preloading=preloading,
     )
-    # The DT_RPATH of the env's Python pins its extensions' MPI too.
-    exe = python and image.real(python)
-    info = exe and image.elf(exe)
-    search = []
-    if info and info.rpath and not info.runpath:
-        search = [
-            (info.rpath, str(PurePosixPath(exe).parent), f"the DT_RPATH of {exe}")
-        ]
+    search = _interpreter_search(image, python)
     pins = [_pin(image, user, search) for user in users]
     return MpiScan(libraries, users, [pin for pin in pins if pin], mpi4py)
