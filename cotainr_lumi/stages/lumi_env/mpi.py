@@ -261,8 +261,8 @@ def gpu_aware_caveat(rocm_version):
 
 def absent_binds(*, binding, root):
     """{bind: the image's library of that name, or None (then it is bound)}."""
-    image = ImageFiles(root)
     found = {}
+    image = ImageFiles(root)
     for bind in binding.binds_if_absent if binding else ():
         src, _, rest = bind.partition(":")
         name = PurePosixPath(rest.partition(":")[0] or src).name
@@ -411,7 +411,7 @@ def parse_load_check(text):
     for line in text.splitlines():
         if line.startswith(LOAD_CHECK_MARK):
             try:
-                return json.loads(line[len(LOAD_CHECK_MARK) :])
+                return json.loads(line.removeprefix(LOAD_CHECK_MARK))
             except ValueError:
                 break
     return {"error": f"no answer from the check: {text.strip()[-300:]}"}
