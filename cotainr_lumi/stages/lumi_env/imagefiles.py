@@ -212,7 +212,8 @@ def env_file_blocks(*, settings, root, target, user_venv, libfabric):
         default_assignments(settings.env),
     ]
     blocks += _cache_blocks(settings=settings)
-    found, path_blocks = {}, []
+    found = {}
+    path_blocks = []
     if settings.rocm_paths:
         path_blocks += _rocm_blocks(root=root, found=found)
         path_blocks += network.plugin_blocks(settings=settings, root=root, found=found)

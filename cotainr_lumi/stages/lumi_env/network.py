@@ -128,7 +128,8 @@ def _plugin(directory, generation, candidates, *, value, loads=True):
 
 def plugin_name_blocks(*, plugin):
     """Env file blocks for the plugin's name: ``NCCL_NET_PLUGIN`` when needed."""
-    value, directory = plugin["nccl-net-plugin"], plugin["dir"]
+    value = plugin["nccl-net-plugin"]
+    directory = plugin["dir"]
     if not plugin["loads"]:
         files = {directory: dict.fromkeys(plugin["files"])}
         advice = rcclplugin.advice(named=None, files=files, search_dirs=[directory])
