@@ -182,12 +182,12 @@ def _speaks_cxi(image, library_path, info):
         return None, True
     if LIBFABRIC not in info.needed:
         return None, False
-    origin = str(PurePosixPath(library_path).parent)
+    origin = os.path.dirname(library_path)
     fabric = image.needed(LIBFABRIC, info, origin)
     if fabric is None:
         return None, False
     fabric_info = image.elf(fabric)  # a file
-    providers = image.host(f"{PurePosixPath(fabric).parent}/libfabric")
+    providers = image.host(f"{os.path.dirname(fabric)}/libfabric")
     has_provider = providers is not None and glob.glob(str(providers / "libcxi-fi*.so"))
     return fabric, bool(has_provider or (fabric_info and LIBCXI in fabric_info.needed))
 
@@ -232,14 +232,15 @@ def _distributions(image, site_dirs):
 def _mpi4py(image, site_dirs):
     """mpi4py's version, directory and whether it loads its library itself."""
     for site in site_dirs:
-        host = image.host(f"{site.rstrip('/')}/mpi4py/__init__.py")
+        directory = f"{site.rstrip('/')}/mpi4py"
+        host = image.host(f"{directory}/__init__.py")
         if host is None or not host.is_file():
             continue
         text = host.read_text(errors="replace")
         match = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", text, re.M)
         return {
             "version": match.group(1) if match else None,
-            "dir": f"{site.rstrip('/')}/mpi4py",
+            "dir": directory,
             "abi_aware": host.with_name("_mpiabi.py").is_file(),
         }
     return None
@@ -251,7 +252,7 @@ def _interpreter_search(image, python):
     info = exe and image.elf(exe)
     if not info or not info.rpath or info.runpath:
         return []
-    return [(info.rpath, str(PurePosixPath(exe).parent), f"the DT_RPATH of {exe}")]
+    return [(info.rpath, os.path.dirname(exe), f"the DT_RPATH of {exe}")]
 
 
 def _pin(image, user, search):
@@ -259,7 +260,7 @@ def _pin(image, user, search):
     # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
     if user.needs != MPICH_ABI or user.preloaded or user.runpath:
         return None
-    own = (user.rpath, str(PurePosixPath(user.path).parent), "its DT_RPATH")
+    own = (user.rpath, os.path.dirname(user.path), "its DT_RPATH")
     # The loader takes the first directory that has it, in this order.
     for entries, origin, via in [own, *search]:
         for entry in entries:
