@@ -122,14 +122,14 @@ def base_with_conda(*, root, target):
 
 def _activation(*, root, target):
     """Shell code activating the target env (conda, a venv, or PATH)."""
-    prefix, bin_dir = target.prefix, target.bin_dir
+    bin_dir = target.bin_dir
     conda_exe = target.image.conda_exe
-    if target.image.conda_prefix == prefix and conda_exe.startswith("/"):
+    if target.image.conda_prefix == target.prefix and conda_exe.startswith("/"):
         conda_sh = PurePosixPath(conda_exe).parent.parent / "etc/profile.d/conda.sh"
         if resolve_in_root(root=root, path=conda_sh).is_file():
             return (
                 f". {shlex.quote(str(conda_sh))} && "
-                f"conda activate {shlex.quote(prefix)}"
+                f"conda activate {shlex.quote(target.prefix)}"
             )
     if resolve_in_root(root=root, path=f"{bin_dir}/activate").is_file():
         return f". {shlex.quote(bin_dir + '/activate')}"
@@ -212,7 +212,8 @@ def env_file_blocks(*, settings, root, target, user_venv, libfabric):
         default_assignments(settings.env),
     ]
     blocks += _cache_blocks(settings=settings)
-    found, path_blocks = {}, []
+    found = {}
+    path_blocks = []
     if settings.rocm_paths:
         path_blocks += _rocm_blocks(root=root, found=found)
         path_blocks += network.plugin_blocks(settings=settings, root=root, found=found)

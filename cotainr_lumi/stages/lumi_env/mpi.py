@@ -7,7 +7,7 @@ image's MPICH-ABI library at run time (HPE's hybrid model, arXiv 2407.19928).
 ``COTAINR_LUMI_MPI`` switches at run time (the MPI env file reads it).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 import importlib.resources
 import json
 import logging
@@ -15,7 +15,6 @@ import os
 from pathlib import PurePosixPath
 import re
 import shlex
-from shlex import quote
 import subprocess
 import textwrap
 from typing import Optional
@@ -74,102 +73,30 @@ def _say(*parts):  # shell code printing one line on stderr
 
 
 def _host_case(*, binding, own):
+    """The ``host)`` branch of the env file's ``case``."""
     if binding is None:
         say = f"{RUNTIME_VAR}=host, but this image has no host MPI binding"
         say = _say(f"cotainr-lumi: {say} (lumi-env.mpi-host); using {own}.")
-        return ["host)", f"    {say}", f"    {ACTIVE_VAR}=container ;;"]
-    return [
-        "host)",
-        f'    if [ -f "${HOST_LIBMPI_VAR}" ]; then',
-        *("        " + line for line in _MOVE_TO_FRONT.splitlines()),
-        "        "
-        + computed_default(name="MPI4PY_LIBMPI", expression=f'"${HOST_LIBMPI_VAR}"'),
-        f"        {ACTIVE_VAR}=host",
-        "    else",
-        "        "
-        + _say(
-            f"cotainr-lumi: {RUNTIME_VAR}=host, but LUMI's Cray MPICH (",
-            f"${{{HOST_LIBMPI_VAR}:-none found}}",
-            ") is not in the container (load the image's module file, or source "
-            f"its .sh, to bind LUMI's Cray MPICH); using {own}. Export "
-            f"{RUNTIME_VAR}=container to choose that.",
-        ),
-        f"        {ACTIVE_VAR}=container",
-        "    fi ;;",
-    ]
-
-
-def mpi_env_file(*, mode, binding, image_library, found=None):
-    """The MPI env file (after Apptainer's ``99-base.sh``, so it sees ``--env``)."""
-    own = (
-        f"the image's own MPI ({image_library})"
-        if image_library
-        else "no MPI library (the image has none of its own)"
+        return f"host)\n    {say}\n    {ACTIVE_VAR}=container ;;"
+    move = textwrap.indent(_MOVE_TO_FRONT, " " * 8)
+    libmpi = computed_default(name="MPI4PY_LIBMPI", expression=f'"${HOST_LIBMPI_VAR}"')
+    say = _say(
+        f"cotainr-lumi: {RUNTIME_VAR}=host, but LUMI's Cray MPICH (",
+        f"${{{HOST_LIBMPI_VAR}:-none found}}",
+        ") is not in the container (load the image's module file, or source "
+        f"its .sh, to bind LUMI's Cray MPICH); using {own}. Export "
+        f"{RUNTIME_VAR}=container to choose that.",
     )
-    lines = [
-        f"# cotainr-lumi MPI settings (lumi-env stage, mpi={mode}): which",
-        "# libmpi.so.12 the image's MPI users (mpi4py, ...) load.",
-        f"# {RUNTIME_VAR}=host: LUMI's Cray MPICH, bound in by the module file;",
-        f"# {RUNTIME_VAR}=container (or none): {printable(own)}.",
-        f"_cl_default={shlex.quote(mode)}",
-        computed_default(name=RUNTIME_VAR, expression="$_cl_default"),
-        # The mode the container asks for (its own value, else the host's export).
-        read_host_value(name=RUNTIME_VAR, into="_cl_mpi", default="$_cl_default"),
-    ]
-    if binding is not None:
-        lib, path = binding.defaults(found)
-        lines += [
-            read_host_value(name=HOST_PATH_VAR, into="_cl_new", default=quote(path)),
-            read_host_value(name=HOST_LIBMPI_VAR, into="_cl_lib", default=quote(lib)),
-            f"{HOST_LIBMPI_VAR}=$_cl_lib; export {HOST_LIBMPI_VAR}",
-        ]
-    other = f" is not host, container or none; using {own}."
-    lines += [
-        'case "$_cl_mpi" in',
-        *_host_case(binding=binding, own=own),
-        f"container | none) {ACTIVE_VAR}=$_cl_mpi ;;",
-        "*)",
-        "    " + _say(f"cotainr-lumi: {RUNTIME_VAR}=", "$_cl_mpi", other),
-        f"    {ACTIVE_VAR}=container ;;",
-        "esac",
-        f"export {ACTIVE_VAR}",
-        "unset _cl_mpi _cl_env _cl_default _cl_new _cl_lib",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def mpi_module_ops(*, mode, binding, image):
-    """The module file's MPI operations (its binds come with the others)."""
-    ops = []
-    if binding is not None:
-        which = (
-            "finds LUMI's Cray MPICH on load: a loaded cray-mpich-abi or "
-            "cray-mpich, else the default PE's (docs/mpi.md). Cray MPICH 8.1 (MPICH 3.4) and 9.0 (MPICH 4.1) "
-            "share sonames, not libraries: the one found is used"
-            if binding.discover
-            else f"uses {binding.libmpi} (lumi-env.mpi-host)"
-        )
-        text = (
-            f"MPI (lumi-env mpi={mode}) for {image}: this module {which}. Its "
-            f"libmpi.so.12 replaces the image's when {RUNTIME_VAR}=host"
-            + (" (the image's default)" if mode == "host" else "")
-            + f" ({HOST_LIBMPI_VAR}, {HOST_PATH_VAR}: LD_LIBRARY_PATH first; "
-            f"MPI4PY_LIBMPI). export {RUNTIME_VAR}=container keeps the image's "
-            f"MPICH. Launch: {SRUN_HINT['host']}; image's MPICH: "
-            f"{SRUN_HINT['container']}."
-        )
-        # Never break a path: paths in the comment are searched for and copied.
-        lines = textwrap.wrap(text, 76, break_on_hyphens=False, break_long_words=False)
-        ops += [Comment(line) for line in lines]
-        say = "problem" if mode == "host" else "quiet"  # the line to show
-        command = shlex.join(binding.command())
-        ops.append(Discover(command, say, HOST_LIBMPI_VAR, HOST_PATH_VAR))
-    if mode == "container":  # as lumi-aif-singularity-bindings does
-        ops += [
-            Comment(f"{SRUN_HINT['container']}: srun's default here."),
-            PushEnv("SLURM_MPI_TYPE", "pmi2"),
-        ]
-    return ops
+    return f"""\
+host)
+    if [ -f "${HOST_LIBMPI_VAR}" ]; then
+{move}
+        {libmpi}
+        {ACTIVE_VAR}=host
+    else
+        {say}
+        {ACTIVE_VAR}=container
+    fi ;;"""
 
 
 MODES = ("auto", "container", "host", "none")
@@ -234,7 +161,7 @@ class HostBinding(StageSettings):
         read = cls.complete(read_declared(schema=cls, raw=value or {}, origin=Origin()))
         if not read.libmpi:
             return None
-        own = [] if read.discover else [str(PurePosixPath(read.libmpi).parent)]
+        own = [] if read.discover else [os.path.dirname(read.libmpi)]
         order = tuple(dict.fromkeys([*own, *read.ld_library_path]))
         return replace(
             read,
@@ -248,37 +175,33 @@ class HostBinding(StageSettings):
         """Whether the host library is found where the module file is loaded."""
         return self.libmpi == DISCOVER
 
-    @property
-    def fixed(self):
-        """The host library as set (empty with ``discover``)."""
-        if self.discover:
-            return []
-        return [self.libmpi]
-
     def command(self):
         """:func:`discovery_program` with its arguments for this binding."""
-        args = [self.host_path(CRAY) or CRAY, CRAY] + ([] if self.fixed else ["", ""])
-        for entry in [*self.fixed, *self.ld_library_path[len(self.fixed) :]]:
+        # The library set replaces its directory; discover: none ("").
+        entries = [self.libmpi, *self.ld_library_path[1:]]
+        if self.discover:
+            entries = ["", *self.ld_library_path]
+        args = [self.host_path(CRAY) or CRAY, CRAY]
+        for entry in entries:
             args += [entry, self.host_path(entry) or entry]
         return ["sh", "-c", discovery_program(), "sh", *args]
 
     def defaults(self, found):
         """The env file's default library and LD_LIBRARY_PATH (the build's)."""
-        if found is not None and found.libmpi:
-            return found.libmpi, ":".join(found.ld_library_path)
+        if found.libmpi:
+            return found.libmpi, list(found.ld_library_path)
         static = [e for e in self.ld_library_path if "*" not in e]
-        return ("" if self.discover else self.libmpi), ":".join(static)
+        return ("" if self.discover else self.libmpi), static
 
     def _cover(self, path):
         """(bind, source, host path) of the deepest bind bringing `path` in."""
         covers = [(-1, None, None, None)]
         for bind in self.binds:
             src, _, rest = bind.partition(":")
-            dst = (rest.partition(":")[0] or src).rstrip("/") or "/"
-            if path == dst or path.startswith(dst + "/"):
-                below = path[len(dst.rstrip("/")) :]
-                host = src.rstrip("/") + below if below else src
-                covers.append((len(dst), bind, src, host))
+            dst = PurePosixPath(rest.partition(":")[0] or src)
+            if PurePosixPath(path).is_relative_to(dst):
+                host = PurePosixPath(src, PurePosixPath(path).relative_to(dst))
+                covers.append((len(dst.parts), bind, src, str(host)))
         return max(covers, key=lambda c: c[0])[1:]
 
     def host_path(self, path):
@@ -306,7 +229,8 @@ class HostBinding(StageSettings):
 
     def host_problems(self):
         """What of the binding is missing here (where its bind's source exists)."""
-        paths = [p for p in [*self.fixed, *self.ld_library_path] if "*" not in p]
+        # A binding that discovers its library names none: no bind covers it.
+        paths = [p for p in [self.libmpi, *self.ld_library_path] if "*" not in p]
         problems = []
         for path in dict.fromkeys(paths):
             bind, src, host = self._cover(path)
@@ -354,7 +278,7 @@ def discovery_program():
 
 @dataclass(frozen=True)
 class HostMpi:
-    """What :func:`discover_host_mpi` found (container paths)."""
+    """What :meth:`HostBinding.find_here` found (container paths)."""
 
     libmpi: Optional[str] = None
     ld_library_path: tuple = ()
@@ -363,19 +287,11 @@ class HostMpi:
     problem: Optional[str] = None
 
 
-def discover_host_mpi(*, setting, env=None):
-    """Run the module file's discovery on this host for a ``lumi-env.mpi-host``."""
-    binding = HostBinding.from_setting(setting)
-    if binding is None:
-        return HostMpi(source="no host binding (libmpi: null)")
-    return binding.find_here(env=env)
-
-
 def check_host_binding(value):
     """Check ``lumi-env.mpi-host``."""
     binding = HostBinding.from_setting(value)
     need = binding and (f"{CRAY}/pe" if binding.discover else binding.libmpi)
-    if binding is not None and binding._cover(need)[0] is None:
+    if binding is not None and binding.host_path(need) is None:
         raise SettingError(
             f"{need} is not below any of the binds "
             f"({', '.join(binding.binds) or 'none'}): it would never be in the "
@@ -495,7 +411,7 @@ def parse_load_check(text):
     for line in text.splitlines():
         if line.startswith(LOAD_CHECK_MARK):
             try:
-                return json.loads(line[len(LOAD_CHECK_MARK) :])
+                return json.loads(line.removeprefix(LOAD_CHECK_MARK))
             except ValueError:
                 break
     return {"error": f"no answer from the check: {text.strip()[-300:]}"}
@@ -509,12 +425,12 @@ class MpiPlan:
     mode: str
     reason: str
     binding: Optional[HostBinding]
-    scan: object
+    scan: MpiScan
     loaded: Optional[dict] = None
-    #: What the build found on its host (:func:`discover_host_mpi`).
-    found: Optional[HostMpi] = None
+    #: What the build found on its host (:meth:`HostBinding.find_here`).
+    found: HostMpi = HostMpi()
     #: binds-if-absent: {bind: the image's own library, or None (bound)}.
-    absent: Optional[dict] = None
+    absent: dict = field(default_factory=dict)
     #: :func:`gpu_aware_caveat` of the image (None: none applies).
     gpu_caveat: Optional[str] = None
 
@@ -530,28 +446,98 @@ class MpiPlan:
         return mpich[0].path if mpich else None
 
     def env_file(self):
-        """The MPI env file's content (None in ``none`` mode)."""
+        """The MPI env file, after Apptainer's ``99-base.sh`` (None: ``none`` mode)."""
         if not self.active:
             return None
-        return mpi_env_file(
-            mode=self.mode,
-            binding=self.binding,
-            image_library=self.image_library,
-            found=self.found,
+        own = (
+            f"the image's own MPI ({self.image_library})"
+            if self.image_library
+            else "no MPI library (the image has none of its own)"
         )
+        default = computed_default(name=RUNTIME_VAR, expression="$_cl_default")
+        # The mode the container asks for (its own value, else the host's export).
+        wanted = read_host_value(
+            name=RUNTIME_VAR, into="_cl_mpi", default="$_cl_default"
+        )
+        reads = ""
+        if self.binding is not None:
+            lib, path = self.binding.defaults(self.found)
+            path = shlex.quote(":".join(path))
+            reads = [
+                read_host_value(name=HOST_PATH_VAR, into="_cl_new", default=path),
+                read_host_value(
+                    name=HOST_LIBMPI_VAR, into="_cl_lib", default=shlex.quote(lib)
+                ),
+                f"{HOST_LIBMPI_VAR}=$_cl_lib; export {HOST_LIBMPI_VAR}\n",
+            ]
+            reads = "\n".join(reads)
+        host = _host_case(binding=self.binding, own=own)
+        other = f" is not host, container or none; using {own}."
+        other = _say(f"cotainr-lumi: {RUNTIME_VAR}=", "$_cl_mpi", other)
+        shown = printable(own)
+        return f"""\
+# cotainr-lumi MPI settings (lumi-env stage, mpi={self.mode}): which
+# libmpi.so.12 the image's MPI users (mpi4py, ...) load.
+# {RUNTIME_VAR}=host: LUMI's Cray MPICH, bound in by the module file;
+# {RUNTIME_VAR}=container (or none): {shown}.
+_cl_default={self.mode}
+{default}
+{wanted}
+{reads}case "$_cl_mpi" in
+{host}
+container | none) {ACTIVE_VAR}=$_cl_mpi ;;
+*)
+    {other}
+    {ACTIVE_VAR}=container ;;
+esac
+export {ACTIVE_VAR}
+unset _cl_mpi _cl_env _cl_default _cl_new _cl_lib
+"""
 
     def binds(self):
         """The binds the module file adds (none in ``none`` mode)."""
         if not (self.active and self.binding):
             return []
-        lacking = [b for b, own in (self.absent or {}).items() if own is None]
+        lacking = [b for b, own in self.absent.items() if own is None]
         return [*self.binding.binds, *lacking]
 
     def module_ops(self, *, image):
-        """The module file's MPI operations (none in ``none`` mode)."""
-        if not self.active:
-            return []
-        return mpi_module_ops(mode=self.mode, binding=self.binding, image=image)
+        """The module file's MPI operations (its binds come with the others)."""
+        ops = []
+        if self.active and self.binding:
+            which = f"uses {self.binding.libmpi} (lumi-env.mpi-host)"
+            if self.binding.discover:
+                which = (
+                    "finds LUMI's Cray MPICH on load: a loaded cray-mpich-abi or "
+                    "cray-mpich, else the default PE's (docs/mpi.md). Cray MPICH 8.1 "
+                    "(MPICH 3.4) and 9.0 (MPICH 4.1) share sonames, not libraries: "
+                    "the one found is used"
+                )
+            default = ""
+            if self.mode == "host":
+                default = " (the image's default)"
+            text = (
+                f"MPI (lumi-env mpi={self.mode}) for {image}: this module {which}. "
+                f"Its libmpi.so.12 replaces the image's when {RUNTIME_VAR}=host"
+                f"{default} ({HOST_LIBMPI_VAR}, {HOST_PATH_VAR}: LD_LIBRARY_PATH "
+                f"first; MPI4PY_LIBMPI). export {RUNTIME_VAR}=container keeps the "
+                f"image's MPICH. Launch: {SRUN_HINT['host']}; image's MPICH: "
+                f"{SRUN_HINT['container']}."
+            )
+            # Never break a path: paths in the comment are searched for and copied.
+            lines = textwrap.wrap(
+                text, 76, break_on_hyphens=False, break_long_words=False
+            )
+            ops += [Comment(line) for line in lines]
+            say = "problem" if self.mode == "host" else "quiet"  # the line to show
+            command = shlex.join(self.binding.command())
+            ops.append(Discover(command, say, HOST_LIBMPI_VAR, HOST_PATH_VAR))
+        if self.mode == "container":  # as lumi-aif-singularity-bindings does
+            ops += [
+                Comment(f"{SRUN_HINT['container']}: srun's default here."),
+                PushEnv("SLURM_MPI_TYPE", "pmi2"),
+            ]
+        return ops
 
     def check_loaded(self, *, text, stage):
         """Read :data:`LOAD_CHECK`'s answer from the start check's output."""
@@ -581,19 +567,19 @@ class MpiPlan:
 
     def _host_record(self):
         lib, path = self.binding.defaults(self.found)
-        found = self.found or HostMpi()
+        version = self.found.version
         return {
             "setting": self.binding.libmpi,
             "libmpi": lib or None,
-            "ld-library-path": path.split(":") if path else [],
+            "ld-library-path": path,
             "mpi4py-libmpi": lib or f"${HOST_LIBMPI_VAR}",
             "binds": self.binds(),
-            "binds-if-absent": self.absent or {},
+            "binds-if-absent": self.absent,
             "gpu-aware-caveat": self.gpu_caveat,
-            "source": found.source,
-            "version": found.version,
-            "line": found.version and ".".join(found.version.split(".")[:2]),
-            "build-host-problem": found.problem,
+            "source": self.found.source,
+            "version": version,
+            "line": version and ".".join(version.split(".")[:2]),
+            "build-host-problem": self.found.problem,
         }
 
     def launch_hint(self):
@@ -612,7 +598,7 @@ class MpiPlan:
             text += f"; mpi4py loads {', '.join(self.loaded['libmpi'])} here"
         if self.binding is not None:
             which = "" if self.mode == "host" else f" with {RUNTIME_VAR}=host"
-            lib = self._host_record()["libmpi"] or "the Cray MPICH found on load"
+            lib = self.binding.defaults(self.found)[0] or "the Cray MPICH found on load"
             text += f"; on LUMI {lib} replaces it{which}"
             if self.binding.discover and self.found.libmpi:
                 text += f" (found here: {self.found.source}, {self.found.version})"
@@ -665,10 +651,9 @@ def plan_mpi(*, root, target, requested, host_setting, stage, libfabric="host"):
     binding = HostBinding.from_setting(host_setting)
     if binding and libfabric == "image":
         binding = binding.without_host_libfabric()
-    if requested == "none":
-        reason = "lumi-env.mpi is none"
-        return MpiPlan(requested, "none", reason, binding, MpiScan())
-    found = binding and binding.find_here()
+    if requested == "none":  # the image is not read
+        return MpiPlan(requested, "none", "lumi-env.mpi is none", binding, MpiScan())
+    found = binding.find_here() if binding else HostMpi()
     scan = _scan(root=root, target=target)
     try:
         mode, reason = resolve_mode(requested=requested, scan=scan, binding=binding)

@@ -144,34 +144,27 @@ class ImageFiles:
 
     def _conf_dirs(self, conf, seen):
         """The directories an ``ld.so.conf`` file names (``include`` followed)."""
-        if conf in seen:
+        host = self.host(conf)
+        if conf in seen or host is None:
             return []
         seen.add(conf)
-        host = self.host(conf)
         try:
-            lines = host.read_text(errors="replace").splitlines() if host else []
+            lines = host.read_text(errors="replace").splitlines()
         except OSError:
             return []
         dirs = []
         for line in lines:
             line = line.split("#", 1)[0].strip()
-            if line.startswith("include"):
-                pattern = line[len("include") :].strip()
-                dirs += self._included_dirs(conf, pattern, seen)
-            elif line.startswith("/"):
+            if line.startswith("/"):
                 dirs.append(line.rstrip("/") or "/")
-        return dirs
-
-    def _included_dirs(self, conf, pattern, seen):
-        """The directories of the files an ``include`` line of `conf` names."""
-        # A relative pattern is relative to the file's directory.
-        pattern = PurePosixPath(conf).parent / pattern
-        parent = self.host(str(pattern.parent))
-        if parent is None or not parent.is_dir():
-            return []
-        dirs = []
-        for match in sorted(glob.glob(str(parent / pattern.name))):
-            dirs += self._conf_dirs(str(pattern.parent / os.path.basename(match)), seen)
+            elif line.startswith("include"):
+                # A relative pattern is relative to the file's directory.
+                pattern = PurePosixPath(conf).parent / line[len("include") :].strip()
+                parent = self.host(str(pattern.parent))
+                matches = glob.glob(f"{parent}/{pattern.name}") if parent else []
+                for match in sorted(matches):
+                    included = pattern.parent / os.path.basename(match)
+                    dirs += self._conf_dirs(str(included), seen)
         return dirs
 
 
@@ -183,23 +176,18 @@ def _expand(entry, origin):
     return os.path.normpath(text)
 
 
-def find_needed(*, root, name, info, origin, ld_path=()):
-    """The image path where the loader finds `name` for `info` in `origin` (or None)."""
-    return ImageFiles(root).needed(name, info, origin, ld_path)
-
-
 def _speaks_cxi(image, library_path, info):
     """(libfabric image path or None, whether the library speaks CXI)."""
     if LIBCXI in info.needed:
         return None, True
     if LIBFABRIC not in info.needed:
         return None, False
-    origin = str(PurePosixPath(library_path).parent)
+    origin = os.path.dirname(library_path)
     fabric = image.needed(LIBFABRIC, info, origin)
     if fabric is None:
         return None, False
     fabric_info = image.elf(fabric)  # a file
-    providers = image.host(f"{PurePosixPath(fabric).parent}/libfabric")
+    providers = image.host(f"{os.path.dirname(fabric)}/libfabric")
     has_provider = providers is not None and glob.glob(str(providers / "libcxi-fi*.so"))
     return fabric, bool(has_provider or (fabric_info and LIBCXI in fabric_info.needed))
 
@@ -228,10 +216,9 @@ def _distributions(image, site_dirs):
     owners = {}
     for site in site_dirs:
         host_site = image.host(site)
-        if host_site is None or not host_site.is_dir():
-            continue
-        for record in sorted(host_site.glob("*.dist-info/RECORD")):
-            name, _, version = record.parent.name[: -len(".dist-info")].partition("-")
+        records = host_site.glob("*.dist-info/RECORD") if host_site else []
+        for record in sorted(records):
+            name, _, version = record.parent.stem.partition("-")
             try:
                 lines = record.read_text(errors="replace").splitlines()
             except OSError:
@@ -245,14 +232,15 @@ def _distributions(image, site_dirs):
 def _mpi4py(image, site_dirs):
     """mpi4py's version, directory and whether it loads its library itself."""
     for site in site_dirs:
-        host = image.host(f"{site.rstrip('/')}/mpi4py/__init__.py")
+        directory = f"{site.rstrip('/')}/mpi4py"
+        host = image.host(f"{directory}/__init__.py")
         if host is None or not host.is_file():
             continue
         text = host.read_text(errors="replace")
         match = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", text, re.M)
         return {
             "version": match.group(1) if match else None,
-            "dir": f"{site.rstrip('/')}/mpi4py",
+            "dir": directory,
             "abi_aware": host.with_name("_mpiabi.py").is_file(),
         }
     return None
@@ -260,23 +248,21 @@ def _mpi4py(image, site_dirs):
 
 def _interpreter_search(image, python):
     """The DT_RPATH of the env's Python, which pins its extensions' MPI too."""
-    if not python:
+    exe = python and image.real(python)
+    info = exe and image.elf(exe)
+    if not info or not info.rpath or info.runpath:
         return []
-    exe = image.real(python)
-    info = image.elf(exe)
-    if info is None or not info.rpath or info.runpath:
-        return []
-    return [(info.rpath, str(PurePosixPath(exe).parent), f"the DT_RPATH of {exe}")]
+    return [(info.rpath, os.path.dirname(exe), f"the DT_RPATH of {exe}")]
 
 
-def _pin(image, user, interpreter_search):
+def _pin(image, user, search):
     """The pin of one :class:`MpiUser` (None: not pinned)."""
     # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
     if user.needs != MPICH_ABI or user.preloaded or user.runpath:
         return None
-    own = (user.rpath, str(PurePosixPath(user.path).parent), "its DT_RPATH")
+    own = (user.rpath, os.path.dirname(user.path), "its DT_RPATH")
     # The loader takes the first directory that has it, in this order.
-    for entries, origin, via in [own, *interpreter_search]:
+    for entries, origin, via in [own, *search]:
         for entry in entries:
             directory = _expand(entry, origin)
             found = directory and image.find(MPICH_ABI, [directory])
@@ -287,39 +273,35 @@ def _pin(image, user, interpreter_search):
 
 def _users(image, prefixes, *, skip, owners, preloading):
     """The ELF files below `prefixes` that need an MPI library (`skip` aside)."""
-    users = []
-    seen = set(skip)
+    users = {}
     for prefix in prefixes:
         for info in scan_elf_files(root=image.root, path=prefix):
-            needs = next((n for n in (MPICH_ABI, OPEN_MPI) if n in info.needed), None)
+            needs = [n for n in (MPICH_ABI, OPEN_MPI) if n in info.needed]
             path = str(image_path_of(root=image.root, host_path=info.path))
-            if needs is None or path in seen:
-                continue
-            seen.add(path)
-            preloaded = bool(preloading and path.startswith(preloading))
-            owner = owners.get(path)
-            users.append(
-                MpiUser(path, needs, info.rpath, info.runpath, owner, preloaded)
-            )
-    return users
+            if needs and path not in skip and path not in users:
+                preloaded = bool(preloading and path.startswith(preloading))
+                owner = owners.get(path)
+                user = MpiUser(
+                    path, needs[0], info.rpath, info.runpath, owner, preloaded
+                )
+                users[path] = user
+    return list(users.values())
 
 
 def scan_mpi(*, root, prefixes, site_dirs=(), python=None):
     """Find the MPI of an image."""
     image = ImageFiles(root)
-    scan = MpiScan(libraries=_libraries(image, prefixes))
-    scan.mpi4py = _mpi4py(image, site_dirs)
-    preloading = None
-    if scan.mpi4py and scan.mpi4py["abi_aware"]:
-        preloading = scan.mpi4py["dir"] + "/"
-    scan.users = _users(
+    libraries = _libraries(image, prefixes)
+    mpi4py = _mpi4py(image, site_dirs)
+    # mpi4py 4 loads its library itself (MPI4PY_LIBMPI): its users are not pinned.
+    preloading = mpi4py and mpi4py["abi_aware"] and mpi4py["dir"] + "/"
+    users = _users(
         image,
         prefixes,
-        skip={lib.real for lib in scan.libraries},
+        skip={lib.real for lib in libraries},
         owners=_distributions(image, site_dirs),
         preloading=preloading,
     )
-    interpreter_search = _interpreter_search(image, python)
-    pins = (_pin(image, user, interpreter_search) for user in scan.users)
-    scan.pins = [pin for pin in pins if pin]
-    return scan
+    search = _interpreter_search(image, python)
+    pins = [_pin(image, user, search) for user in users]
+    return MpiScan(libraries, users, [pin for pin in pins if pin], mpi4py)

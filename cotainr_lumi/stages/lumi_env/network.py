@@ -15,7 +15,7 @@ from ...engine import rcclplugin
 from ...engine.elfinfo import DEFAULT_LOADER_DIRS, read_elf_info
 from ...engine.rootfs import resolve_in_root, write_file_in_root
 from .envfile import default_assignments, path_addition
-from .mpiscan import LIBFABRIC, find_needed
+from .mpiscan import LIBFABRIC, ImageFiles
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -71,14 +71,11 @@ def decide_libfabric(*, settings, root, image_ld_path=str):
     plugin = _profile_plugin(settings=settings, root=root)
     for name in plugin["files"] if plugin else ():
         path = f"{plugin['dir']}/{name}"
-        host = resolve_in_root(root=root, path=path)
-        info = read_elf_info(path=host) if host.is_file() else None
+        info = read_elf_info(path=resolve_in_root(root=root, path=path))
         if info is None or LIBFABRIC not in info.needed:
             continue
         ld_path = (image_ld_path() or "").split(":")
-        found = find_needed(
-            root=root, name=LIBFABRIC, info=info, origin=plugin["dir"], ld_path=ld_path
-        )
+        found = ImageFiles(root).needed(LIBFABRIC, info, plugin["dir"], ld_path)
         where = f"the image's {found}" if found else "not in the image"
         logger.info("%s needs %s: %s", path, LIBFABRIC, where)
         return "image" if found else "host"
@@ -87,19 +84,17 @@ def decide_libfabric(*, settings, root, image_ld_path=str):
 
 def _plugin_files(host_dir):
     """{plugin file name: link target or None} in a sandbox directory."""
-    files = {}
-    for pattern in rcclplugin.PATTERNS:
-        for path in host_dir.glob(pattern):
-            files[path.name] = str(path.readlink()) if path.is_symlink() else None
-    return dict(sorted(files.items()))
+    paths = [p for pattern in rcclplugin.PATTERNS for p in host_dir.glob(pattern)]
+    return {
+        p.name: str(p.readlink()) if p.is_symlink() else None for p in sorted(paths)
+    }
 
 
 def find_plugin(*, root, dirs, named=None):
     """The network plugin RCCL would load from the profile's directories."""
     candidates = {}
     for directory in dirs:
-        host_dir = resolve_in_root(root=root, path=directory)
-        files = _plugin_files(host_dir) if host_dir.is_dir() else {}
+        files = _plugin_files(resolve_in_root(root=root, path=directory))
         if files:
             candidates.setdefault(directory, files)
     if not candidates:
@@ -133,7 +128,8 @@ def _plugin(directory, generation, candidates, *, value, loads=True):
 
 def plugin_name_blocks(*, plugin):
     """Env file blocks for the plugin's name: ``NCCL_NET_PLUGIN`` when needed."""
-    value, directory = plugin["nccl-net-plugin"], plugin["dir"]
+    value = plugin["nccl-net-plugin"]
+    directory = plugin["dir"]
     if not plugin["loads"]:
         files = {directory: dict.fromkeys(plugin["files"])}
         advice = rcclplugin.advice(named=None, files=files, search_dirs=[directory])

@@ -21,12 +21,16 @@ from cotainr_lumi.errors import CotainrLumiError, InputError, StageError
 from cotainr_lumi.imagelayout import MPI_ENV_FILE, MPI_FILE
 from cotainr_lumi.stages.lumi_env.mpi import (
     HostBinding,
-    mpi_env_file,
-    mpi_module_ops,
+    MpiPlan,
     plan_mpi,
     resolve_mode,
 )
-from cotainr_lumi.stages.lumi_env.mpiscan import ImageFiles, scan_mpi
+from cotainr_lumi.stages.lumi_env.mpiscan import (
+    ImageFiles,
+    MpiLibrary,
+    MpiScan,
+    scan_mpi,
+)
 from cotainr_lumi.stages.lumi_env.ops import render
 from cotainr_lumi.stages.lumi_env.stage import LumiEnvStage
 
@@ -332,6 +336,13 @@ def host_lib(tmp_path):
     )
 
 
+def mpi_plan(*, mode, binding, image_library=None):
+    """The plan of a build in `mode` whose image has `image_library`."""
+    libs = [MpiLibrary(image_library, image_library, "libmpi.so.12", "env")]
+    scan = MpiScan(libraries=libs if image_library else [])
+    return MpiPlan(mode, mode, "asked", binding, scan)
+
+
 def source(text, tmp_path, env=None):
     """Source an env file with POSIX sh; return (its environment, stderr)."""
     script = tmp_path / "99-mpi.sh"
@@ -352,9 +363,9 @@ def source(text, tmp_path, env=None):
 
 
 def test_env_file_swaps_in_the_host_library(tmp_path, host_lib):
-    text = mpi_env_file(
+    text = mpi_plan(
         mode="host", binding=host_lib, image_library="/opt/env/lib/libmpi.so.12"
-    )
+    ).env_file()
     env, err = source(text, tmp_path)
     libdir = str(Path(host_lib.libmpi).parent)
     assert env["LD_LIBRARY_PATH"] == f"{libdir}:/opt/cray/pe/lib64:/base/b:/base/a"
@@ -379,9 +390,9 @@ def test_env_file_swaps_in_the_host_library(tmp_path, host_lib):
 
 def test_env_file_without_the_bound_library_says_so_once(tmp_path, host_lib):
     Path(host_lib.libmpi).unlink()
-    text = mpi_env_file(
+    text = mpi_plan(
         mode="host", binding=host_lib, image_library="/opt/env/lib/libmpi.so.12"
-    )
+    ).env_file()
     env, err = source(text, tmp_path)
     assert env["LD_LIBRARY_PATH"] == "/base/a:/base/b" and "MPI4PY_LIBMPI" not in env
     assert env["COTAINR_LUMI_MPI_ACTIVE"] == "container"
@@ -395,9 +406,9 @@ def test_env_file_without_the_bound_library_says_so_once(tmp_path, host_lib):
 
 
 def test_container_default_can_be_switched_to_host_at_run_time(tmp_path, host_lib):
-    text = mpi_env_file(
+    text = mpi_plan(
         mode="container", binding=host_lib, image_library="/usr/lib/libmpi.so.12"
-    )
+    ).env_file()
     env, _ = source(text, tmp_path)
     assert env["COTAINR_LUMI_MPI_ACTIVE"] == "container" and "MPI4PY_LIBMPI" not in env
     env, _ = source(text, tmp_path, {"__exported_env__": "COTAINR_LUMI_MPI=host"})
@@ -637,7 +648,7 @@ def test_an_image_with_its_own_libfabric_gets_no_host_libfabric_in_its_binding(
 
 def test_the_images_own_mpich_without_a_host_binding_still_sets_srun_pmi2():
     # The AI Factory profiles carry no host binding; srun still needs PMI-2.
-    ops = mpi_module_ops(mode="container", binding=None, image="/x.sif")
+    ops = mpi_plan(mode="container", binding=None).module_ops(image="/x.sif")
     assert (
         render(ops, language="lua").splitlines()[-1]
         == 'pushenv("SLURM_MPI_TYPE", "pmi2")'
@@ -647,7 +658,7 @@ def test_the_images_own_mpich_without_a_host_binding_still_sets_srun_pmi2():
         shell
         == '[ -n "${SLURM_MPI_TYPE-}" ] || SLURM_MPI_TYPE=pmi2; export SLURM_MPI_TYPE'
     )
-    assert mpi_module_ops(mode="host", binding=None, image="/x.sif") == []
+    assert mpi_plan(mode="host", binding=None).module_ops(image="/x.sif") == []
 
 
 def test_libjansson_is_bound_only_into_an_image_without_its_own(tmp_path, libs):

@@ -1,4 +1,4 @@
-"""Tests of the host MPI discovery (mpi.discover_host_mpi, hostscripts/discover-mpi).
+"""Tests of the host MPI discovery (HostBinding.find_here, hostscripts/discover-mpi).
 
 The host is tests/hostroot.py's tree built from LUMI's published facts (all
 four PEs installed, 25.03 the default; its /opt/cray bound at /opt/cray):
@@ -24,10 +24,10 @@ import pytest
 from cotainr_lumi.pipeline.profiles import get_system, load_systems
 from cotainr_lumi.stages.lumi_env.mpi import (
     HostBinding,
-    discover_host_mpi,
+    MpiPlan,
     discovery_program,
-    mpi_module_ops,
 )
+from cotainr_lumi.stages.lumi_env.mpiscan import MpiScan
 from cotainr_lumi.stages.lumi_env.ops import render
 
 NEWEST = mpich_versions()["25.09"]  # 9.0.1: installed, not the default
@@ -47,9 +47,8 @@ def setting(cray, libmpi="discover"):
 
 
 def found(cray, **env):
-    return discover_host_mpi(
-        setting=setting(cray), env={"PATH": os.environ["PATH"], **env}
-    )
+    binding = HostBinding.from_setting(setting(cray))
+    return binding.find_here(env={"PATH": os.environ["PATH"], **env})
 
 
 def dir_of(path):
@@ -139,12 +138,13 @@ def test_nothing_found_is_one_message_naming_the_paths(tmp_path):
 def test_a_fixed_profile_library_overrides_discovery(tmp_path):
     cray = lumi_tree(tmp_path)
     fixed = setting(cray, abi_library(NEWEST))
-    got = discover_host_mpi(setting=fixed, env={"PATH": os.environ["PATH"]})
+    got = HostBinding.from_setting(fixed).find_here(env={"PATH": os.environ["PATH"]})
     assert (
         got.libmpi == abi_library(NEWEST) and got.source == "lumi-env.mpi-host.libmpi"
     )
     # 8.1.25 (amd-server-files-tree, March 2025) is not installed any more.
-    gone = discover_host_mpi(setting=setting(cray, abi_library("8.1.25")), env={})
+    gone = HostBinding.from_setting(setting(cray, abi_library("8.1.25")))
+    gone = gone.find_here(env={})
     assert gone.libmpi is None and f"{cray}/pe/mpich/8.1.25" in gone.problem
 
 
@@ -208,7 +208,8 @@ def test_a_host_directory_with_a_newline_or_colon_is_no_version(tmp_path):
 
 def ops(cray, *, mode="host"):
     binding = HostBinding.from_setting(setting(cray))
-    return mpi_module_ops(mode=mode, binding=binding, image="/images/x.sif")
+    plan = MpiPlan(mode, mode, "asked", binding, MpiScan())
+    return plan.module_ops(image="/images/x.sif")
 
 
 def lmod(module_dir, script, env=None):
@@ -303,10 +304,8 @@ def test_lumi_g_ext_rocm_6_2_finds_directories_a_container_can_reach(tmp_path):
     cray = lumi_tree(tmp_path)
     system = get_system(name="lumi-g-ext-rocm-6.2", systems=load_systems())
     host = system.stage_settings("lumi-env")["mpi-host"]
-    got = discover_host_mpi(
-        setting={**host, "binds": [f"{cray}:/opt/cray"]},
-        env={"PATH": os.environ["PATH"]},
-    )
+    binding = HostBinding.from_setting({**host, "binds": [f"{cray}:/opt/cray"]})
+    got = binding.find_here(env={"PATH": os.environ["PATH"]})
     xpmem = facts("lust-ccpe-25.09")["xpmem-dir"] + "/lib64"
     assert xpmem in got.ld_library_path
     assert not _in_container(cray, "/opt/cray/xpmem/default/lib64")
