@@ -122,9 +122,9 @@ def test_the_probe_runs_the_check_and_ldd_in_the_one_verify_run(tmp_path):
     # The check as the image's mpi4py would answer it: this library loaded.
     answer = LOAD_CHECK_MARK + json.dumps({"libmpi": [str(real)]})
     mpi_inputs = dict(
-        verify_mpi.probe_inputs(),
         mpi_file=str(tmp_path / "missing.json"),
         load_check=f"print({answer!r})",
+        load_check_mark=LOAD_CHECK_MARK,
     )
     facts, _ = run_probe(tmp_path, mpi=mpi_inputs)
     assert facts["mpi"]["record"] is None
