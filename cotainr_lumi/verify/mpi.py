@@ -125,21 +125,16 @@ def mpi_rows(facts):
     ]
 
 
-def gpu_aware_row(facts):
-    """The ``mpi-gpu-aware`` WARN of an image with a host binding on ROCm 7 (or None)."""
-    record = (facts.get("mpi") or {}).get("record") or {}
-    if not record.get("host") or record.get("mode") == "none":
-        return None
-    caveat = gpu_aware_caveat((facts["rocm"] or {}).get("version_file"))
-    if caveat is None:
-        return None
-    return "mpi-gpu-aware", WARN, caveat
-
-
 def check_mpi(report, facts):
-    """Add the MPI rows of the probe's facts to a report."""
+    """Add the MPI rows of the probe's facts to a report.
+
+    With a host binding on ROCm 7 also the ``mpi-gpu-aware`` WARN.
+    """
     for row in mpi_rows(facts.get("mpi")):
         report.add(*row)
-    row = gpu_aware_row(facts)
-    if row:
-        report.add(*row)
+    record = (facts.get("mpi") or {}).get("record") or {}
+    if not record.get("host") or record.get("mode") == "none":
+        return
+    caveat = gpu_aware_caveat((facts["rocm"] or {}).get("version_file"))
+    if caveat is not None:
+        report.add("mpi-gpu-aware", WARN, caveat)

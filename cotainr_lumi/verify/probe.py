@@ -157,7 +157,9 @@ facts = {
         ),
     },
     "env_libstdcxx": sorted(
-        p for d in env_prefixes for p in glob.glob(f"{d}/lib/libstdc++.so*")
+        p
+        for d in env_prefixes
+        for p in glob.glob(os.path.join(d, "lib", "libstdc++.so*"))
     ),
     "files": {p: os.path.getsize(p) if os.path.isfile(p) else None for p in records},
     "prune_manifest": records.get(INPUTS["prune_manifest_file"]),
