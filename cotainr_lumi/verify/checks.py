@@ -172,7 +172,7 @@ def _check_rocm(report, facts):
         f"{rocm_path}/{sub} not on {var}"
         for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib"))
         if os.path.normpath(f"{rocm_path}/{sub}")
-        not in map(os.path.normpath, netplugin.entries(env, var))
+        not in map(os.path.normpath, netplugin.path_entries(env, var))
     ]
     report.pass_if(
         "rocm-env",

@@ -22,7 +22,7 @@ CRAY_PREFIX = "/opt/cray/"
 CRAY_LIBFABRIC_PREFIX = "/opt/cray/libfabric/"
 
 
-def entries(env, var):
+def path_entries(env, var):
     """The entries of a search path variable (PATH, LD_LIBRARY_PATH) of `env`."""
     return [p for p in (env.get(var) or "").split(":") if p]
 
@@ -39,7 +39,7 @@ def _lookup(net, ld_path):
 
 def loaded_plugin(net, env):
     """The plugin RCCL loads in the image, with its ``ldd``, or None."""
-    plugin = rcclplugin.resolve(**_lookup(net, entries(env, "LD_LIBRARY_PATH")))
+    plugin = rcclplugin.resolve(**_lookup(net, path_entries(env, "LD_LIBRARY_PATH")))
     if plugin is not None:
         plugin["ldd"] = (net.get("ldd") or {}).get(plugin["path"])
     return plugin
@@ -177,7 +177,7 @@ def _rccl_tests_row(net):
 def check_network(report, facts):
     """Add the network rows."""
     net = facts.get("network") or {}
-    ld_path = entries(facts["env"], "LD_LIBRARY_PATH")
+    ld_path = path_entries(facts["env"], "LD_LIBRARY_PATH")
     runtime = net.get("runtime") or {}  # whose libfabric: the image's record says
     source = runtime.get("libfabric")
     if source not in ("host", "image"):  # the image's own when it has one and no Cray's

@@ -65,10 +65,9 @@ def check_depth(value, level=0):
     """Raise ValueError for JSON nested deeper than the bound (it goes back as JSON)."""
     if level > INPUTS["max_record_depth"]:
         raise ValueError(f"nested deeper than {INPUTS['max_record_depth']} levels")
-    if isinstance(value, dict):
-        value = list(value.values())
-    for item in value if isinstance(value, list) else []:
-        check_depth(item, level + 1)
+    if isinstance(value, (dict, list)):
+        for item in value.values() if isinstance(value, dict) else value:
+            check_depth(item, level + 1)
 
 
 def parse(data, kind):
@@ -229,11 +228,11 @@ def plugin_ldd(files, named):
     result = {}
     for d, names in files.items():
         for name in names:
-            path = os.path.join(d, name)
-            real = os.path.realpath(path)
             rccl_name = name.startswith("librccl-net") and name.endswith(".so")
             if not (rccl_name or (named and name == os.path.basename(named))):
                 continue
+            path = os.path.join(d, name)
+            real = os.path.realpath(path)
             if real not in done and len(done) < 8:
                 done[real] = ldd(path)
             if real in done:
