@@ -12,7 +12,10 @@ PROBE = Path(verify.__file__).with_name("probe.py")
 
 
 def run_probe(tmp_path, mpi=None, **files):
-    """Run the probe with a real python on `files` (name -> content); its facts."""
+    """Run the probe with a real python on `files` (name -> content); its facts.
+
+    `mpi`: the MPI inputs to give instead (mpi_file, load_check, load_check_mark).
+    """
     paths = {}
     for name, content in files.items():
         paths[name] = tmp_path / f"{name}.json"
@@ -28,8 +31,7 @@ def run_probe(tmp_path, mpi=None, **files):
             str(paths.get("packages", tmp_path / "absent")): "array",
         },
     }
-    if mpi is not None:
-        inputs["mpi"] = mpi
+    inputs.update(mpi or {})
     source = PROBE.read_text()
     out = subprocess.run(
         [sys.executable, "-c", source, source, json.dumps(inputs)],

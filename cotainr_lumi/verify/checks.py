@@ -10,8 +10,12 @@ from pathlib import Path
 import subprocess
 
 from .. import apptainer, imagelayout, safeio
+from ..engine import rcclplugin
 from ..engine.digest import remembered_sha256
+from ..engine.elfinfo import DEFAULT_LOADER_DIRS
 from ..errors import InputError
+from ..stages.lumi_env.mpi import LOAD_CHECK, LOAD_CHECK_MARK
+from ..stages.lumi_env.network import AWS_OFI_RCCL_DIRS
 from . import expectedenv, mpi, netplugin
 from .status import FAIL, NA, PASS, WARN, hardware_row
 
@@ -44,6 +48,8 @@ VERIFY_TIMEOUT = 600
 MAX_EVIDENCE = 2000
 #: The runscripts that must be in the image.
 REQUIRED_RUNSCRIPTS = ("conda-python-simple", "conda-python-distributed", "get-master")
+#: Where rccl-tests may be when the image records none (2024, AI Factory).
+RCCL_TESTS_DIRS = ("/opt/rccltests", "/usr/libexec/rccl-tests")
 #: The node list ``get-master`` is run on, and the host it must answer.
 SAMPLE_NODELIST = "nid[005252-005254,005256],nid007000"
 SAMPLE_FIRST_HOST = "nid005252"
@@ -149,16 +155,6 @@ def _check_labels(report, facts):
     )
 
 
-def _missing_rocm_dirs(env, rocm_path):
-    """The ROCm directories not on PATH and LD_LIBRARY_PATH, in words."""
-    problems = []
-    for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
-        entries = [os.path.normpath(p) for p in (env.get(var) or "").split(":") if p]
-        if os.path.normpath(os.path.join(rocm_path, sub)) not in entries:
-            problems.append(f"{rocm_path}/{sub} not on {var}")
-    return problems
-
-
 def _check_rocm(report, facts):
     env = facts["env"]
     rocm = facts["rocm"]
@@ -172,7 +168,12 @@ def _check_rocm(report, facts):
         f"ROCM_PATH={env.get('ROCM_PATH')!r}, /opt/rocm is {opt_rocm['kind']}",
     )
     rocm_path = env.get("ROCM_PATH") or "/opt/rocm"
-    problems = _missing_rocm_dirs(env, rocm_path)
+    problems = [  # the ROCm directories not on PATH and LD_LIBRARY_PATH
+        f"{rocm_path}/{sub} not on {var}"
+        for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib"))
+        if os.path.normpath(f"{rocm_path}/{sub}")
+        not in map(os.path.normpath, netplugin.path_entries(env, var))
+    ]
     report.pass_if(
         "rocm-env",
         not problems,
@@ -185,8 +186,8 @@ def _check_lumi_env(report, facts):
     system = facts["labels"].get(imagelayout.LABEL_SYSTEM)
     for name, value in expectedenv.expected_env(system_name=system).items():
         found = facts["env"].get(name)
-        status = PASS if found == value else FAIL
-        report.add(f"env:{name}", status, f"{name}={found!r} (expected {value!r})")
+        words = f"{name}={found!r} (expected {value!r})"
+        report.pass_if(f"env:{name}", found == value, words, words)
 
 
 def _check_libstdcxx(report, facts):
@@ -305,11 +306,16 @@ def probe_inputs():
         "max_record_depth": MAX_RECORD_DEPTH,
         "prune_manifest_file": imagelayout.PRUNE_MANIFEST_FILE,
         "runscripts_dir": imagelayout.RUNSCRIPTS_DIR,
-        "runscripts": list(REQUIRED_RUNSCRIPTS),
+        "runscripts": REQUIRED_RUNSCRIPTS,
         "sample_nodelist": SAMPLE_NODELIST,
         "runtime_file": imagelayout.RUNTIME_FILE,
-        "mpi": mpi.probe_inputs(),
-        **netplugin.probe_inputs(),
+        "mpi_file": imagelayout.MPI_FILE,
+        "load_check": LOAD_CHECK,
+        "load_check_mark": LOAD_CHECK_MARK,
+        "plugin_patterns": rcclplugin.PATTERNS,
+        "plugin_dirs": AWS_OFI_RCCL_DIRS,
+        "loader_dirs": DEFAULT_LOADER_DIRS,
+        "rccl_tests_dirs": RCCL_TESTS_DIRS,
     }
 
 

@@ -223,14 +223,6 @@ def _checked_root(root):
     return root
 
 
-def _row_kinds(system):
-    """The row makers that apply to a system."""
-    kinds = [_site_rows, _base_image_rows, _rocm_rows]
-    if "lumi-env" in system.stages:
-        kinds += [_bind_rows, _mpi_rows]
-    return kinds
-
-
 def check_host(*, root="/", system=None):
     """The report of the host facts of every system (or of one)."""
     root = _checked_root(root)
@@ -238,7 +230,10 @@ def check_host(*, root="/", system=None):
     chosen = [get_system(name=system, systems=systems)] if system else systems.values()
     rows = {}
     for one in chosen:
-        for kind in _row_kinds(one):
+        kinds = [_site_rows, _base_image_rows, _rocm_rows]
+        if "lumi-env" in one.stages:  # the row makers that apply to the system
+            kinds += [_bind_rows, _mpi_rows]
+        for kind in kinds:
             for check, ok, words, fix in kind(one, Path(root)):
                 status = _status(ok)
                 row = rows.setdefault(check, [status, words, []])

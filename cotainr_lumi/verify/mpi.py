@@ -3,12 +3,7 @@
 from pathlib import Path
 
 from ..imagelayout import MPI_FILE
-from ..stages.lumi_env.mpi import (
-    LOAD_CHECK,
-    LOAD_CHECK_MARK,
-    gpu_aware_caveat,
-    parse_load_check,
-)
+from ..stages.lumi_env.mpi import gpu_aware_caveat, parse_load_check
 from .status import FAIL, NA, PASS, WARN, hardware_row
 
 #: How to run the LUMI acceptance job: from its directory, which holds
@@ -28,15 +23,6 @@ HARDWARE_CHECK = (
     "without CXI), and MPI.Get_library_version() naming Cray MPICH",
     f"{ACCEPTANCE_JOB} (on LUMI-G; MPI part with the image's module file next to it)",
 )
-
-
-def probe_inputs():
-    """What :mod:`.probe` needs to know for the MPI facts."""
-    return {
-        "mpi_file": MPI_FILE,
-        "load_check": LOAD_CHECK,
-        "load_check_mark": LOAD_CHECK_MARK,
-    }
 
 
 def _load_error_row(record, error):
@@ -139,21 +125,16 @@ def mpi_rows(facts):
     ]
 
 
-def gpu_aware_row(facts):
-    """The ``mpi-gpu-aware`` WARN of an image with a host binding on ROCm 7 (or None)."""
+def check_mpi(report, facts):
+    """Add the MPI rows of the probe's facts to a report.
+
+    With a host binding on ROCm 7 also the ``mpi-gpu-aware`` WARN.
+    """
+    for row in mpi_rows(facts.get("mpi")):
+        report.add(*row)
     record = (facts.get("mpi") or {}).get("record") or {}
     if not record.get("host") or record.get("mode") == "none":
-        return None
+        return
     caveat = gpu_aware_caveat((facts["rocm"] or {}).get("version_file"))
-    if caveat is None:
-        return None
-    return "mpi-gpu-aware", WARN, caveat
-
-
-def check_mpi(report, facts):
-    """Add the MPI rows of the probe's facts to a report."""
-    for check, status, evidence in mpi_rows(facts.get("mpi")):
-        report.add(check, status, evidence)
-    row = gpu_aware_row(facts)
-    if row:
-        report.add(*row)
+    if caveat is not None:
+        report.add("mpi-gpu-aware", WARN, caveat)

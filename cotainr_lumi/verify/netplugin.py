@@ -10,13 +10,8 @@ import os
 
 from ..engine import rcclplugin
 from ..engine.elfinfo import DEFAULT_LOADER_DIRS
-from ..stages.lumi_env import network
 from .status import FAIL, NA, PASS
 
-#: Where the plugin may be besides the image's record and ``/opt/aws-ofi-*``.
-PLUGIN_DIRS = list(network.AWS_OFI_RCCL_DIRS)
-#: Where rccl-tests may be when the image records none (2024, AI Factory).
-RCCL_TESTS_DIRS = ["/opt/rccltests", "/usr/libexec/rccl-tests"]
 #: Libraries the host provides at run time for a plugin using the host's
 #: libfabric (``/opt/cray`` and ``/usr/lib64/libcxi.so.1`` are bound).
 HOST_PROVIDED = ("libfabric.so", "libcxi.so", "libjansson.so", "libjson-c.so")
@@ -27,23 +22,14 @@ CRAY_PREFIX = "/opt/cray/"
 CRAY_LIBFABRIC_PREFIX = "/opt/cray/libfabric/"
 
 
-def probe_inputs():
-    """What the in-image probe needs to look for (JSON-able)."""
-    return {
-        "plugin_patterns": list(rcclplugin.PATTERNS),
-        "plugin_dirs": PLUGIN_DIRS,
-        "loader_dirs": list(DEFAULT_LOADER_DIRS),
-        "rccl_tests_dirs": RCCL_TESTS_DIRS,
-    }
+def path_entries(env, var):
+    """The entries of a search path variable (PATH, LD_LIBRARY_PATH) of `env`."""
+    return [p for p in (env.get(var) or "").split(":") if p]
 
 
-def _ld_library_path(env):
-    return [p for p in (env.get("LD_LIBRARY_PATH") or "").split(":") if p]
-
-
-def _lookup(net, env):
+def _lookup(net, ld_path):
     """What RCCL looks up; its search_dirs: where ``dlopen`` looks for a bare name."""
-    dirs = [*_ld_library_path(env), *(net.get("conf_dirs") or []), *DEFAULT_LOADER_DIRS]
+    dirs = [*ld_path, *(net.get("conf_dirs") or []), *DEFAULT_LOADER_DIRS]
     return {
         "named": net.get("named"),
         "files": net.get("plugin_files") or {},
@@ -53,26 +39,35 @@ def _lookup(net, env):
 
 def loaded_plugin(net, env):
     """The plugin RCCL loads in the image, with its ``ldd``, or None."""
-    plugin = rcclplugin.resolve(**_lookup(net, env))
+    plugin = rcclplugin.resolve(**_lookup(net, path_entries(env, "LD_LIBRARY_PATH")))
     if plugin is not None:
         plugin["ldd"] = (net.get("ldd") or {}).get(plugin["path"])
     return plugin
 
 
-def _plugin_row(net, env, plugin):
+def _plugin_row(net, ld_path, plugin):
     """The ``net-plugin`` row: (status, evidence)."""
     if plugin is None:
-        why = rcclplugin.advice(**_lookup(net, env))
+        why = rcclplugin.advice(**_lookup(net, ld_path))
         searched = ", ".join(net.get("searched") or [])
         return FAIL, (
             f"{why} (looked in {searched}): RCCL falls back to TCP sockets "
             "between nodes"
         )
-    ld_path = {os.path.normpath(p) for p in _ld_library_path(env)}
-    where = "LD_LIBRARY_PATH" if plugin["dir"] in ld_path else "the loader's path"
+    where = "the loader's path"
+    if plugin["dir"] in map(os.path.normpath, ld_path):
+        where = "LD_LIBRARY_PATH"
     if net.get("named"):
         where += f", named by NCCL_NET_PLUGIN={net['named']}"
     return PASS, f"{plugin['generation']}: {plugin['path']} (on {where})"
+
+
+#: By whose libfabric a plugin uses: the libraries the host provides at run
+#: time, and where the others must be.
+DEPS_BY_SOURCE = {
+    "host": (HOST_PROVIDED, "the image or from the host"),
+    "image": ((), "the image"),
+}
 
 
 def _ldd_problem(plugin):
@@ -83,14 +78,6 @@ def _ldd_problem(plugin):
     if not ldd.get("deps") and ldd.get("rc") not in (0, None):
         return f"ldd {plugin['path']} failed: {ldd.get('err')}"
     return None
-
-
-#: By whose libfabric a plugin uses: the libraries the host provides at run
-#: time, and where the others must be.
-DEPS_BY_SOURCE = {
-    "host": (HOST_PROVIDED, "the image or from the host"),
-    "image": ((), "the image"),
-}
 
 
 def _deps_row(plugin, *, source):
@@ -116,10 +103,8 @@ def _deps_row(plugin, *, source):
             f"{', '.join(sorted(host))} come from the host at run time "
             "(/opt/cray and libcxi bound by the module)"
         )
-    return (
-        PASS,
-        f"all {len(deps)} libraries of {os.path.basename(plugin['path'])} resolve",
-    )
+    name = os.path.basename(plugin["path"])
+    return PASS, f"all {len(deps)} libraries of {name} resolve"
 
 
 def _cray_shadowing(ld_path, libfabric):
@@ -135,10 +120,10 @@ def _resolved_libfabric(plugin):
     return next((p for n, p in deps.items() if n.startswith("libfabric.so")), None)
 
 
-def _image_libfabric_row(net, plugin, env):
+def _image_libfabric_row(net, plugin, ld_path):
     """The ``image-libfabric`` row: (status, evidence)."""
     resolved = _resolved_libfabric(plugin)
-    cray = _cray_shadowing(_ld_library_path(env), resolved)
+    cray = _cray_shadowing(ld_path, resolved)
     if cray:
         return FAIL, (
             f"LD_LIBRARY_PATH has the host's {cray[0]}: bound at run time it would "
@@ -157,11 +142,11 @@ def _image_libfabric_row(net, plugin, env):
     )
 
 
-def _cray_libfabric_row(plugin, env):
+def _cray_libfabric_row(plugin, ld_path):
     """The ``cray-libfabric`` row: (status, evidence)."""
     if plugin is None:
         return NA, "no aws-ofi-rccl plugin in the image"
-    for entry in _ld_library_path(env):
+    for entry in ld_path:
         if os.path.normpath(entry).startswith(CRAY_LIBFABRIC_PREFIX):
             return PASS, (
                 f"LD_LIBRARY_PATH has {entry} (the host's, bound with /opt/cray at "
@@ -192,18 +177,17 @@ def _rccl_tests_row(net):
 def check_network(report, facts):
     """Add the network rows."""
     net = facts.get("network") or {}
-    env = facts["env"]
+    ld_path = path_entries(facts["env"], "LD_LIBRARY_PATH")
     runtime = net.get("runtime") or {}  # whose libfabric: the image's record says
-    if runtime.get("libfabric") in ("host", "image"):
-        source = runtime["libfabric"]
-    else:  # without one: the image's own when it has one and no Cray's
-        cray = any(p.startswith(CRAY_PREFIX) for p in _ld_library_path(env))
+    source = runtime.get("libfabric")
+    if source not in ("host", "image"):  # the image's own when it has one and no Cray's
+        cray = any(p.startswith(CRAY_PREFIX) for p in ld_path)
         source = "image" if net.get("image_libfabric") and not cray else "host"
-    plugin = loaded_plugin(net, env)
-    report.add("net-plugin", *_plugin_row(net, env, plugin))
+    plugin = loaded_plugin(net, facts["env"])
+    report.add("net-plugin", *_plugin_row(net, ld_path, plugin))
     report.add("net-plugin-deps", *_deps_row(plugin, source=source))
     if source == "host":
-        report.add("cray-libfabric", *_cray_libfabric_row(plugin, env))
+        report.add("cray-libfabric", *_cray_libfabric_row(plugin, ld_path))
     else:
-        report.add("image-libfabric", *_image_libfabric_row(net, plugin, env))
+        report.add("image-libfabric", *_image_libfabric_row(net, plugin, ld_path))
     report.add("rccl-tests", *_rccl_tests_row(net))

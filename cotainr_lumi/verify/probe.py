@@ -20,10 +20,10 @@ INPUTS = json.loads(sys.argv[2])
 PROBLEMS = {}
 
 
-def run(args, **kwargs):
+def run(args):
     """Run a command; return its exit status and output tails."""
     try:
-        p = subprocess.run(args, capture_output=True, text=True, timeout=120, **kwargs)
+        p = subprocess.run(args, capture_output=True, text=True, timeout=120)
         return {"rc": p.returncode, "out": p.stdout[-4000:], "err": p.stderr[-2000:]}
     except Exception as e:  # noqa: BLE001 - report anything
         return {"rc": None, "out": "", "err": f"{type(e).__name__}: {e}"}
@@ -42,13 +42,22 @@ def ldd(path):
 
 
 def read(path):
-    """Read a text file, or None (also for a FIFO or device: never opened)."""
+    """Read a text file, or "" (also for a FIFO or device: never opened)."""
     if not os.path.isfile(path):
-        return None
+        return ""
     try:
         with open(path, errors="replace") as f:
             return f.read(200000)
     except OSError:
+        return ""
+
+
+def guarded(name, facts_of, *args):
+    """facts_of(*args), or None with the reason in PROBLEMS (nothing ends the probe)."""
+    try:
+        return facts_of(*args)
+    except Exception as e:  # noqa: BLE001 - a malformed image is a FAIL row
+        PROBLEMS[name] = f"{type(e).__name__}: {str(e)[:200]}"
         return None
 
 
@@ -61,38 +70,29 @@ def check_depth(value, level=0):
             check_depth(item, level + 1)
 
 
+def parse(data, kind):
+    """The JSON value of a record's bytes (ValueError: too large, deep or odd)."""
+    if len(data) > INPUTS["max_record_bytes"]:
+        raise ValueError(f"larger than {INPUTS['max_record_bytes']} bytes, not read")
+    value = json.loads(data)
+    check_depth(value)
+    found = {dict: "object", list: "array"}.get(type(value), type(value).__name__)
+    if found != kind:
+        raise ValueError(f"a JSON {found}, not an {kind}")
+    return value
+
+
 def load(path, kind="object"):
     """A JSON record, or None (absent; malformed: the reason goes to PROBLEMS)."""
-    limit = INPUTS["max_record_bytes"]
     if os.path.exists(path) and not os.path.isfile(path):
         PROBLEMS[path] = "not a regular file (not read)"
         return None
     try:
         with open(path, "rb") as f:
-            data = f.read(limit + 1)
+            data = f.read(INPUTS["max_record_bytes"] + 1)
     except OSError:
         return None
-    try:
-        if len(data) > limit:
-            raise ValueError(f"larger than {limit} bytes, not read")
-        value = json.loads(data)
-        check_depth(value)
-        found = {dict: "object", list: "array"}.get(type(value), type(value).__name__)
-        if found != kind:
-            raise ValueError(f"a JSON {found}, not an {kind}")
-    except (ValueError, RecursionError) as e:
-        PROBLEMS[path] = f"{type(e).__name__}: {str(e)[:200]}"
-        return None
-    return value
-
-
-def guarded(name, facts_of):
-    """facts_of(), or None with the reason in PROBLEMS (nothing ends the probe)."""
-    try:
-        return facts_of()
-    except Exception as e:  # noqa: BLE001 - a malformed image is a FAIL row
-        PROBLEMS[name] = f"{type(e).__name__}: {str(e)[:200]}"
-        return None
+    return guarded(path, parse, data, kind)
 
 
 def entry(path):
@@ -123,50 +123,53 @@ if (
     python = target_env["python"]
     # argv[1] twice: the code to run, and again as its own argv[1].
     argv = [python, "-c", sys.argv[1], *sys.argv[1:]]
-    guarded(INPUTS["target_env_file"], lambda: os.execv(python, argv))
+    guarded(INPUTS["target_env_file"], os.execv, python, argv)
 
-facts = {"python": sys.executable, "prefix": sys.prefix, "target_env": target_env}
-# The whole environment (the image's own, under --cleanenv): a profile can
-# add variables of its own that verify must find.
-facts["env"] = dict(os.environ)
 labels = load(INPUTS["labels_file"]) or {}
 odd = ", ".join(sorted(k for k, v in labels.items() if not isinstance(v, str)))
 if odd:
     PROBLEMS[INPUTS["labels_file"]] = f"labels that are not strings: {odd[:300]}"
-facts["labels"] = {k: v for k, v in labels.items() if isinstance(v, str)}
 rocm = os.environ.get("ROCM_PATH") or "/opt/rocm"
 rocm_libs = [os.path.join(rocm, "lib"), "/opt/amdgpu/lib64"]
-facts["rocm"] = {
-    "exists": os.path.isdir(rocm),
-    "opt_rocm": entry("/opt/rocm"),
-    "realpath": os.path.realpath(rocm),
-    "version_file": (read(os.path.join(rocm, ".info/version")) or "").strip() or None,
-    "lib_names": sorted(
-        {n for d in rocm_libs if os.path.isdir(d) for n in os.listdir(d)}
-    ),
-}
 # The env's own lib/ and, for a venv, its base env's (a conda env), never /usr.
-env_prefixes = [sys.prefix]
-if sys.base_prefix not in (sys.prefix, "/usr", "/usr/local", "/"):
-    env_prefixes.append(sys.base_prefix)
-facts["env_libstdcxx"] = sorted(
-    p for d in env_prefixes for p in glob.glob(os.path.join(d, "lib", "libstdc++.so*"))
-)
+env_prefixes = {sys.prefix}
+if sys.base_prefix not in ("/usr", "/usr/local", "/"):
+    env_prefixes.add(sys.base_prefix)
 # Every record is read once (a malformed one goes to PROBLEMS); verify uses
 # the prune manifest's content and the other records' sizes.
 records = {path: load(path, kind) for path, kind in INPUTS["records"].items()}
-facts["files"] = {p: os.path.getsize(p) if os.path.isfile(p) else None for p in records}
-facts["prune_manifest"] = records.get(INPUTS["prune_manifest_file"])
+facts = {
+    "python": sys.executable,
+    "prefix": sys.prefix,
+    "target_env": target_env,
+    # The whole environment (the image's own, under --cleanenv): a profile can
+    # add variables of its own that verify must find.
+    "env": dict(os.environ),
+    "labels": {k: v for k, v in labels.items() if isinstance(v, str)},
+    "rocm": {
+        "exists": os.path.isdir(rocm),
+        "opt_rocm": entry("/opt/rocm"),
+        "realpath": os.path.realpath(rocm),
+        "version_file": read(os.path.join(rocm, ".info/version")).strip() or None,
+        "lib_names": sorted(
+            {n for d in rocm_libs if os.path.isdir(d) for n in os.listdir(d)}
+        ),
+    },
+    "env_libstdcxx": sorted(
+        p
+        for d in env_prefixes
+        for p in glob.glob(os.path.join(d, "lib", "libstdc++.so*"))
+    ),
+    "files": {p: os.path.getsize(p) if os.path.isfile(p) else None for p in records},
+    "prune_manifest": records.get(INPUTS["prune_manifest_file"]),
+}
 
 
-spec = importlib.util.find_spec("torch")
-torch = None
-if spec is not None and spec.submodule_search_locations:
-    tdir = list(spec.submodule_search_locations)[0]
+def torch_facts(tdir):
+    """Where torch is, its versions, its lib/ entries and the librccl it loads."""
     lib = os.path.join(tdir, "lib")
-    version_py = read(os.path.join(tdir, "version.py")) or ""
     pattern = r"^(__version__|hip)\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)"
-    found = dict(re.findall(pattern, version_py, re.M))
+    found = dict(re.findall(pattern, read(os.path.join(tdir, "version.py")), re.M))
     torch = {
         "dir": tdir,
         "hip": found.get("hip") or None,
@@ -179,7 +182,14 @@ if spec is not None and spec.submodule_search_locations:
         for name, target in torch["ldd_torch_hip"]["deps"].items():
             if name.startswith("librccl") and target and target.startswith("/"):
                 torch["rccl_realpath"] = os.path.realpath(target)
-facts["torch"] = torch
+    return torch
+
+
+spec = importlib.util.find_spec("torch")
+if spec is not None and spec.submodule_search_locations:
+    facts["torch"] = torch_facts(list(spec.submodule_search_locations)[0])
+else:
+    facts["torch"] = None
 
 
 def conf_dirs():
@@ -187,7 +197,7 @@ def conf_dirs():
     lines = [
         line.split("#")[0].strip()
         for path in sorted(glob.glob("/etc/ld.so.conf.d/*.conf"))
-        for line in (read(path) or "").splitlines()
+        for line in read(path).splitlines()
     ]
     return list(dict.fromkeys(os.path.normpath(ln) for ln in lines if ln[:1] == "/"))
 
@@ -209,18 +219,19 @@ def plugin_files(dirs, named):
     return files
 
 
-def could_open(name, named):
-    """Whether RCCL could open a plugin file of this name (never a versioned one)."""
-    rccl_name = name.startswith("librccl-net") and name.endswith(".so")
-    return rccl_name or (named and name == os.path.basename(named))
-
-
 def plugin_ldd(files, named):
-    """``ldd`` of each file RCCL could open, each real file once (8 at most)."""
+    """``ldd`` of each file RCCL could open, each real file once (8 at most).
+
+    RCCL opens librccl-net*.so (never a versioned name) or the file named.
+    """
     done = {}
     result = {}
     for d, names in files.items():
-        for path in (os.path.join(d, n) for n in names if could_open(n, named)):
+        for name in names:
+            rccl_name = name.startswith("librccl-net") and name.endswith(".so")
+            if not (rccl_name or (named and name == os.path.basename(named))):
+                continue
+            path = os.path.join(d, name)
             real = os.path.realpath(path)
             if real not in done and len(done) < 8:
                 done[real] = ldd(path)
@@ -257,9 +268,6 @@ def network_facts():
     loader = ld_path + conf + INPUTS["loader_dirs"]
     dirs = plugin_dirs(record, named, loader)
     files = plugin_files(dirs, named)
-    libfabric = sorted(
-        {os.path.realpath(p) for d in loader for p in glob.glob(f"{d}/libfabric.so.1")}
-    )
     tests_dirs = INPUTS["rccl_tests_dirs"]
     if record.get("rccl-tests"):
         tests_dirs = [record["rccl-tests"]]
@@ -270,7 +278,13 @@ def network_facts():
         "named": named,
         "plugin_files": files,
         "ldd": plugin_ldd(files, named),
-        "image_libfabric": libfabric,
+        "image_libfabric": sorted(
+            {
+                os.path.realpath(p)
+                for d in loader
+                for p in glob.glob(f"{d}/libfabric.so.1")
+            }
+        ),
         "rccl_tests": rccl_tests(tests_dirs),
         "rccl_tests_dirs": tests_dirs,
     }
@@ -288,8 +302,7 @@ if scripts["get-master"]["executable"]:
     scripts["get-master"]["run"] = run([get_master, INPUTS["sample_nodelist"]])
 facts["runscripts"] = scripts
 facts["runscripts_on_path"] = runscripts_dir in os.environ.get("PATH", "").split(":")
-with_conda = os.environ.get("WITH_CONDA")
-if with_conda is not None:
+if os.environ.get("WITH_CONDA") is not None:
     # Exactly as the LUMI EasyBuild modules use it: an unquoted expansion.
     facts["with_conda"] = run(
         ["bash", "-c", '$WITH_CONDA && python -c "import sys; print(sys.prefix)"']
@@ -298,13 +311,12 @@ if with_conda is not None:
 
 def mpi_facts():
     """The lumi-env stage's MPI record; which libmpi mpi4py loads, ldd of it."""
-    given = INPUTS["mpi"]
-    check = run([sys.executable, "-c", given["load_check"]])
-    found = {"record": records.get(given["mpi_file"]), "check": check, "ldd": {}}
+    check = run([sys.executable, "-c", INPUTS["load_check"]])
+    found = {"record": records.get(INPUTS["mpi_file"]), "check": check, "ldd": {}}
+    mark = INPUTS["load_check_mark"]
     for line in check["out"].splitlines():
-        if line.startswith(given["load_check_mark"]):
-            loaded = json.loads(line[len(given["load_check_mark"]) :])
-            for library in loaded.get("libmpi") or []:
+        if line.startswith(mark):
+            for library in json.loads(line[len(mark) :]).get("libmpi") or []:
                 found["ldd"][library] = ldd(library)
     return found
 

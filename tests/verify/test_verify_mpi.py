@@ -14,6 +14,7 @@ from verifyprobe import run_probe
 
 from cotainr_lumi.stages.lumi_env.mpi import LOAD_CHECK_MARK
 from cotainr_lumi.verify import mpi as verify_mpi
+from cotainr_lumi.verify.checks import VerifyReport
 
 LIB = "/opt/env/lib/libmpi.so.12"
 CRAY = "/opt/cray/pe/mpich/8.1.29/ofi/gnu/12.3/lib-abi-mpich/libmpi.so.12"
@@ -122,9 +123,9 @@ def test_the_probe_runs_the_check_and_ldd_in_the_one_verify_run(tmp_path):
     # The check as the image's mpi4py would answer it: this library loaded.
     answer = LOAD_CHECK_MARK + json.dumps({"libmpi": [str(real)]})
     mpi_inputs = dict(
-        verify_mpi.probe_inputs(),
         mpi_file=str(tmp_path / "missing.json"),
         load_check=f"print({answer!r})",
+        load_check_mark=LOAD_CHECK_MARK,
     )
     facts, _ = run_probe(tmp_path, mpi=mpi_inputs)
     assert facts["mpi"]["record"] is None
@@ -146,15 +147,22 @@ def test_a_discover_image_passes_with_or_without_a_build_host_mpich():
     assert status == "PASS" and "(at build: none)" in text
 
 
+def gpu_aware_rows(facts):
+    """The ``mpi-gpu-aware`` rows check_mpi adds for the probe's facts."""
+    report = VerifyReport(image="x.sif")
+    verify_mpi.check_mpi(report, facts)
+    return [r for r in report.results if r.check == "mpi-gpu-aware"]
+
+
 def test_a_rocm_7_image_with_a_host_binding_warns_gpu_aware_mpi():
     """LUMI's Update-202601: no Cray MPICH up to PE 25.09 is GPU-aware with ROCm 7."""
     facts = {"mpi": FACTS, "rocm": {"version_file": "7.0.2-56"}}
-    check, status, text = verify_mpi.gpu_aware_row(facts)
+    [(check, status, text)] = gpu_aware_rows(facts)
     assert (check, status) == ("mpi-gpu-aware", "WARN")
     assert "ROCm 7.0.2-56" in text and "PE 25.09" in text
     assert "MPICH_GPU_SUPPORT_ENABLED" in text
     # ROCm 6, no host binding, or no MPI: no row.
-    assert verify_mpi.gpu_aware_row(dict(facts, rocm={"version_file": "6.2.4"})) is None
+    assert gpu_aware_rows(dict(facts, rocm={"version_file": "6.2.4"})) == []
     no_host = dict(FACTS, record=dict(RECORD, host=None))
-    assert verify_mpi.gpu_aware_row(dict(facts, mpi=no_host)) is None
-    assert verify_mpi.gpu_aware_row({"rocm": {"version_file": "7.0"}}) is None
+    assert gpu_aware_rows(dict(facts, mpi=no_host)) == []
+    assert gpu_aware_rows({"rocm": {"version_file": "7.0"}}) == []
