@@ -170,18 +170,23 @@ class DedupPlan:
     left_alone: list = field(default_factory=list)
 
 
+class _KeptError(Exception):
+    """A bundled entry is left alone (the reason)."""
+
+
 def plan_dedup(*, root, bundle, rocm_dirs):
     """The replacements for one bundle directory (like for like, same SONAME), and what is left alone."""
     plan = DedupPlan()
     for name in bundle.overlap:
-        found = _plan_entry(root=root, bundle=bundle, name=name, rocm_dirs=rocm_dirs)
-        into = plan.actions if isinstance(found, DedupAction) else plan.left_alone
-        into.append(found)
+        try:
+            plan.actions.append(_plan_entry(root, bundle, name, rocm_dirs))
+        except _KeptError as e:
+            plan.left_alone.append((f"{bundle.image_path}/{name}", str(e)))
     return plan
 
 
-def _plan_entry(*, root, bundle, name, rocm_dirs):
-    """The action for one overlapping name, or ``(image path, why)`` to leave it."""
+def _plan_entry(root, bundle, name, rocm_dirs):
+    """The action for one overlapping name (a _KeptError to leave it)."""
     ours = bundle.host_path / name
     ours_image = f"{bundle.image_path}/{name}"
     rocm = next(d for d in rocm_dirs if name in d.names)
@@ -189,20 +194,24 @@ def _plan_entry(*, root, bundle, name, rocm_dirs):
     try:
         theirs = resolve_in_root(root=root, path=theirs_image)
     except OSError as e:  # a symlink loop
-        return ours_image, f"{theirs_image}: {e.strerror or e}"
+        raise _KeptError(f"{theirs_image}: {e.strerror or e}") from None
+    info = None
     if ours.is_symlink():
-        return ours_image, "already a link"
-    if not (ours.is_dir() or ours.is_file()):
-        return ours_image, "not a regular file or directory"
-    kind, size, ours_info = _entry(root=root, path=ours, image_path=ours_image)
-    if kind == "dir":
-        ok, why = _dir_verdict(theirs=theirs, theirs_image=theirs_image)
+        raise _KeptError("already a link")
+    if ours.is_dir():
+        if not theirs.is_dir():
+            raise _KeptError(f"{theirs_image} is not a directory")
+        kind = "dir"
+        entries = walk_in_root(root=root, path=ours_image)
+        size = sum(e.size for e in entries if e.kind == "file")
+        why = f"same directory in the base image ({theirs_image})"
+    elif ours.is_file():
+        kind = "file"
+        size = os.lstat(ours).st_size
+        info = read_elf_info(path=ours)
+        why = _file_verdict(info, theirs, theirs_image)
     else:
-        ok, why = _file_verdict(
-            ours_info=ours_info, theirs=theirs, theirs_image=theirs_image
-        )
-    if not ok:
-        return ours_image, why
+        raise _KeptError("not a regular file or directory")
     return DedupAction(
         host_path=ours,
         image_path=ours_image,
@@ -211,42 +220,27 @@ def _plan_entry(*, root, bundle, name, rocm_dirs):
         target=os.path.relpath(theirs_image, start=bundle.image_path),
         rocm_image_path=theirs_image,
         reason=why,
-        is_elf=ours_info is not None,
+        is_elf=info is not None,
     )
 
 
-def _entry(*, root, path, image_path):
-    """(kind, size, ELF info) of a bundled entry (a directory's size: its files')."""
-    if path.is_dir():
-        entries = walk_in_root(root=root, path=image_path)
-        return "dir", sum(e.size for e in entries if e.kind == "file"), None
-    return "file", os.lstat(path).st_size, read_elf_info(path=path)
-
-
-def _dir_verdict(*, theirs, theirs_image):
-    """Whether a bundled directory may become a link to ROCm's `theirs`."""
-    if not theirs.is_dir():
-        return False, f"{theirs_image} is not a directory"
-    return True, f"same directory in the base image ({theirs_image})"
-
-
-def _file_verdict(*, ours_info, theirs, theirs_image):
-    """Whether a bundled file may become a link to ROCm's `theirs`."""
+def _file_verdict(ours_info, theirs, theirs_image):
+    """Why a bundled file may become a link to ROCm's `theirs` (a _KeptError if not)."""
     theirs_info = read_elf_info(path=theirs) if theirs.is_file() else None
     if ours_info is None:
         if not theirs.is_file() or theirs_info is not None:
-            return False, f"{theirs_image} is not a matching data file"
-        return True, f"same data file name in the base image ({theirs_image})"
+            raise _KeptError(f"{theirs_image} is not a matching data file")
+        return f"same data file name in the base image ({theirs_image})"
     if theirs_info is None:
-        return False, f"{theirs_image} is not an ELF file"
+        raise _KeptError(f"{theirs_image} is not an ELF file")
     if not ours_info.compatible_with(theirs_info):
-        return False, f"{theirs_image} is for another architecture"
+        raise _KeptError(f"{theirs_image} is for another architecture")
     if ours_info.soname != theirs_info.soname:
-        return False, (
+        raise _KeptError(
             f"SONAME {ours_info.soname} differs from "
             f"{theirs_info.soname} of {theirs_image}"
         )
-    return True, f"same SONAME {ours_info.soname} as {theirs_image}"
+    return f"same SONAME {ours_info.soname} as {theirs_image}"
 
 
 def apply_actions(*, actions):
