@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 import json
+import logging
 
 from ...engine.rootfs import write_file_in_root
+from ...errors import StageError
 from ...imagelayout import PRUNE_MANIFEST_FILE
+
+logger = logging.getLogger(f"cotainr.{__name__}")
 
 #: The version of the manifest format.
 MANIFEST_FORMAT = 1
@@ -44,15 +48,28 @@ class PruneManifest:
     settings: dict = field(default_factory=dict)
     facts: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
+    #: Whether a skipped pruning fails the build (``prune.strict``).
+    strict: bool = False
 
-    def skip(self, *, group, what, reason):
+    def skip(self, group, what, reason):
         """Record a decision not to prune."""
         self.skipped.append({"group": group, "what": str(what), "reason": reason})
 
-    def warn(self, *, group, what, reason):
+    def warn(self, group, what, reason):
         """Record a decision not to prune that the build log must show."""
-        self.skip(group=group, what=what, reason=reason)
+        self.skip(group, what, reason)
         self.warnings.append(reason)
+
+    def skip_or_fail(self, group, what, reason):
+        """Record a skipped pruning: a warning, or a failure in strict mode."""
+        if self.strict:
+            raise StageError(
+                f"{reason}. This build is strict (prune.strict: true); with "
+                "--set prune.strict=false it skips this pruning with a warning.",
+                stage="prune",
+            )
+        self.warn(group, what, reason)
+        logger.warning("Prune: %s; not pruned.", reason)
 
     @property
     def bytes_saved(self):

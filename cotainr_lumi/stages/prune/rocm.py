@@ -372,23 +372,22 @@ def _bundle_kept_reason(bundle, *, hip, base_mm, source, rocm_path):
 
 
 class RocmDedup:
-    """One de-duplication in the build's target env; `skip_or_fail` is the stage's."""
+    """One de-duplication in the build's target env, recorded in `manifest`."""
 
-    def __init__(self, *, context, target, manifest, skip_or_fail):
+    def __init__(self, *, context, manifest):
         self.context = context
         self.root = context.sandbox.root
-        self.target = target
+        self.target = context.target_env
         self.manifest = manifest
-        self.skip_or_fail = skip_or_fail
 
     def _note_left_alone(self, info):
         """Report what site-packages has that is left alone: symlink loops, ROCm wheels."""
         for site in self.target.site:
             if resolve_or_none(root=self.root, path=site) is None:
-                self.skip_or_fail(
-                    group="rocm-dedup",
-                    what=site,
-                    reason=f"{site} is a symlink loop (too many levels of symbolic "
+                self.manifest.skip_or_fail(
+                    "rocm-dedup",
+                    site,
+                    f"{site} is a symlink loop (too many levels of symbolic "
                     "links), so nothing in it is de-duplicated",
                 )
         sdk = find_rocm_sdk_packages(root=self.root, site_dirs=self.target.site)
@@ -401,7 +400,7 @@ class RocmDedup:
             "package rather than from torch/lib; they are left in place (not "
             "de-duplicated), so torch uses the wheel's ROCm, not the base image's"
         )
-        self.manifest.warn(group="rocm-dedup", what=", ".join(sdk), reason=reason)
+        self.manifest.warn("rocm-dedup", ", ".join(sdk), reason)
         logger.warning("Prune: %s.", reason)
 
     def _base_rocm(self, rocm_path):
@@ -435,9 +434,7 @@ class RocmDedup:
                 AMDGPU_LIB_DIR,
             )
             self.manifest.skip(
-                group="rocm-dedup",
-                what=rocm_path,
-                reason="no ROCm library directory in the base image",
+                "rocm-dedup", rocm_path, "no ROCm library directory in the base image"
             )
             return
         base_mm, source = self._base_rocm(rocm_path)
@@ -462,11 +459,11 @@ class RocmDedup:
                 what = (
                     f"{bundle.image_path} ({len(bundle.overlap)} entries also in ROCm)"
                 )
-                self.skip_or_fail(group="rocm-dedup", what=what, reason=reason)
+                self.manifest.skip_or_fail("rocm-dedup", what, reason)
                 continue
             plan = plan_dedup(root=self.root, bundle=bundle, rocm_dirs=rocm_dirs)
             for image_path, why in plan.left_alone:
-                self.manifest.skip(group="rocm-dedup", what=image_path, reason=why)
+                self.manifest.skip("rocm-dedup", image_path, why)
             if plan.actions:
                 apply_actions(actions=plan.actions)
                 applied.append((bundle, plan.actions))
@@ -527,11 +524,8 @@ class RocmDedup:
                     "image's ROCm, the image's loader could not resolve:\n"
                     f"{listing}\nthe bundled libraries were restored"
                 )
-                self.skip_or_fail(
-                    group="rocm-dedup",
-                    what=", ".join(b.image_path for b, _a in applied),
-                    reason=reason,
-                )
+                what = ", ".join(b.image_path for b, _a in applied)
+                self.manifest.skip_or_fail("rocm-dedup", what, reason)
                 return
             logger.warning(
                 "Prune: %d unresolved library reference(s) exist with or without "
