@@ -179,18 +179,18 @@ def plan_dedup(*, root, bundle, rocm_dirs):
     plan = DedupPlan()
     for name in bundle.overlap:
         try:
-            plan.actions.append(_plan_entry(root, bundle, name, rocm_dirs))
+            rocm = next(d for d in rocm_dirs if name in d.names)
+            theirs_image = f"{rocm.real_image_path}/{name}"
+            plan.actions.append(_plan_entry(root, bundle, name, theirs_image))
         except _KeptError as e:
             plan.left_alone.append((f"{bundle.image_path}/{name}", str(e)))
     return plan
 
 
-def _plan_entry(root, bundle, name, rocm_dirs):
+def _plan_entry(root, bundle, name, theirs_image):
     """The action for one overlapping name (a _KeptError to leave it)."""
     ours = bundle.host_path / name
     ours_image = f"{bundle.image_path}/{name}"
-    rocm = next(d for d in rocm_dirs if name in d.names)
-    theirs_image = f"{rocm.real_image_path}/{name}"
     try:
         theirs = resolve_in_root(root=root, path=theirs_image)
     except OSError as e:  # a symlink loop
