@@ -146,7 +146,7 @@ def install_packages(*, root, packages, proot):
             run_in_root, proot=proot, root=root, tmp=tmp, timeout=TIMEOUT
         )
         before = manager.installed(root=root, run=run)
-        for what, command in manager.commands(packages=packages, work=WORK_DIR):
+        for what, command in manager.commands(packages=packages):
             logger.info("system-packages: %s", " ".join(command))
             proc = _run(run, command)
             logger.debug("%s", proc.stdout + proc.stderr)
