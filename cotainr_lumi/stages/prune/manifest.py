@@ -96,9 +96,9 @@ class PruneManifest:
             "entries": [
                 asdict(e) for e in sorted(self.entries, key=lambda e: (e.group, e.path))
             ],
-            "skipped": list(self.skipped),
-            "settings": dict(self.settings),
-            "facts": dict(self.facts),
+            "skipped": self.skipped,
+            "settings": self.settings,
+            "facts": self.facts,
         }
 
     def write(self, *, root):

@@ -64,9 +64,8 @@ def packages_of_steps_file(path):
         what="pip steps file",
         describe=lambda _path: f"key '{STEPS_FILE_KEY}'",
     )
-    raw = {"packages": data[STEPS_FILE_KEY]}
     return load_settings(
-        schema=SystemPackagesSettings, raw=raw, origin=origin, stage="system-packages"
+        schema=SystemPackagesSettings, raw=view, origin=origin, stage="system-packages"
     )
 
 
