@@ -79,13 +79,6 @@ def _regular_file(root, image_path):
     return None
 
 
-def _is_libstdcxx(info, *, like):
-    """Whether ELF `info` is a libstdc++.so.6 that objects like `like` can load."""
-    if info is None or info.soname != LIBSTDCXX_SONAME:
-        return False
-    return like is None or info.compatible_with(like)
-
-
 def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
     """The base image's ``libstdc++.so.6``: its loader cache first, then the standard directories."""
     seen = set()
@@ -97,7 +90,9 @@ def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
         if exclude is not None and is_inside(parent=exclude, path=host):
             continue
         info = read_elf_info(path=host)
-        if _is_libstdcxx(info, like=like):
+        if info is None or info.soname != LIBSTDCXX_SONAME:
+            continue
+        if like is None or info.compatible_with(like):
             return SystemLib(image_path=image_path, info=info, how=how)
     return None
 
