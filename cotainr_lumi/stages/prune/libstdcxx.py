@@ -243,8 +243,8 @@ def format_missing(check, limit=20):
     """The refusal text: objects and the versions they miss."""
     missing = check.missing
     lines = [f"  {p}: needs {', '.join(missing[p])}" for p in sorted(missing)[:limit]]
-    if len(check.missing) > limit:
-        lines.append(f"  ... and {len(check.missing) - limit} more object(s)")
+    if len(missing) > limit:
+        lines.append(f"  ... and {len(missing) - limit} more object(s)")
     return "\n".join(lines)
 
 
