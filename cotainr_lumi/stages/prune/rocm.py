@@ -178,9 +178,9 @@ def plan_dedup(root, bundle, rocm_dirs):
     """The replacements for one bundle directory (like for like, same SONAME), and what is left alone."""
     plan = DedupPlan()
     for name in bundle.overlap:
+        rocm = next(d for d in rocm_dirs if name in d.names)
+        theirs_image = f"{rocm.real_image_path}/{name}"
         try:
-            rocm = next(d for d in rocm_dirs if name in d.names)
-            theirs_image = f"{rocm.real_image_path}/{name}"
             plan.actions.append(_plan_entry(root, bundle, name, theirs_image))
         except _KeptError as e:
             plan.left_alone.append((f"{bundle.image_path}/{name}", str(e)))
@@ -195,13 +195,13 @@ def _plan_entry(root, bundle, name, theirs_image):
         theirs = resolve_in_root(root=root, path=theirs_image)
     except OSError as e:  # a symlink loop
         raise _KeptError(f"{theirs_image}: {e.strerror or e}") from None
-    info = None
     if ours.is_symlink():
         raise _KeptError("already a link")
     if ours.is_dir():
         if not theirs.is_dir():
             raise _KeptError(f"{theirs_image} is not a directory")
         kind = "dir"
+        info = None
         entries = walk_in_root(root=root, path=ours_image)
         size = sum(e.size for e in entries if e.kind == "file")
         why = f"same directory in the base image ({theirs_image})"
