@@ -60,7 +60,7 @@ class ProvenanceStage(Stage):
             lines.append(f"sha256 of {build.base_image.resolved}")
         return lines
 
-    def _record(self, *, build, sha256, earlier):
+    def _record(self, build, sha256, earlier):
         """The provenance record written into the image."""
         base = build.base_image
         conda = ", ".join(f.name for f in build.conda_envs) or None
@@ -98,7 +98,7 @@ class ProvenanceStage(Stage):
         sha256 = ""
         if base.is_local_file and self.settings.hash_base_image:
             sha256 = remembered_sha256(path=base.resolved, pinned=base.pinned)
-        record = self._record(build=build, sha256=sha256, earlier=context.earlier)
+        record = self._record(build, sha256, context.earlier)
         labels = {
             LABEL_VERSION: record["cotainr-lumi"],
             LABEL_COTAINR_VERSION: record["cotainr"],

@@ -40,13 +40,13 @@ ROCM_SDK_PREFIX = "_rocm_sdk"
 _HIP = re.compile(r"^hip\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)['\"]", re.M)
 
 
-def major_minor(*, version):
+def major_minor(version):
     """``"6.1"`` from ``"6.1.40091-a8dbc0c19"`` or ``"6.1.3-122"``."""
     found = rocmwindow.major_minor(version)
     return found and f"{found[0]}.{found[1]}"
 
 
-def hip_version_of_package(*, version_file):
+def hip_version_of_package(version_file):
     """``hip`` from a package's ``version.py`` (``hip: str = '6.1...'`` too), never imported."""
     try:
         fd = os.open(version_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -66,7 +66,7 @@ class RocmDir:
     names: frozenset
 
 
-def rocm_dirs_of(*, root, rocm_path):
+def rocm_dirs_of(root, rocm_path):
     """The ROCm library directories that exist in the image."""
     found = []
     for image_path in (f"{rocm_path.rstrip('/')}/lib", AMDGPU_LIB_DIR):
@@ -93,7 +93,7 @@ class BundleDir:
     overlap: list
 
 
-def _site_subdirs(*, root, site_dirs):
+def _site_subdirs(root, site_dirs):
     """``(name, path)`` of the sub-directories (not links) of each site directory."""
     seen = set()
     for site in site_dirs:
@@ -109,11 +109,11 @@ def _site_subdirs(*, root, site_dirs):
         yield from sorted((e.name, Path(e.path)) for e in dirs)
 
 
-def find_bundle_dirs(*, root, site_dirs, rocm_dirs):
+def find_bundle_dirs(root, site_dirs, rocm_dirs):
     """``<package>/lib`` and auditwheel's ``<package>.libs`` holding entries ROCm also has."""
     names = frozenset().union(*(d.names for d in rocm_dirs))
     bundles = []
-    for name, pkg_dir in _site_subdirs(root=root, site_dirs=site_dirs):
+    for name, pkg_dir in _site_subdirs(root, site_dirs):
         if name.startswith(ROCM_SDK_PREFIX):
             continue
         lib_dir = pkg_dir if name.endswith(".libs") else pkg_dir / "lib"
@@ -136,12 +136,12 @@ def find_bundle_dirs(*, root, site_dirs, rocm_dirs):
     return bundles
 
 
-def find_rocm_sdk_packages(*, root, site_dirs):
+def find_rocm_sdk_packages(root, site_dirs):
     """``_rocm_sdk_*`` packages (the newer ROCm wheel layout)."""
     return sorted(
         {
             str(image_path_of(root=root, host_path=path))
-            for name, path in _site_subdirs(root=root, site_dirs=site_dirs)
+            for name, path in _site_subdirs(root, site_dirs)
             if name.startswith(ROCM_SDK_PREFIX)
         }
     )
@@ -170,39 +170,48 @@ class DedupPlan:
     left_alone: list = field(default_factory=list)
 
 
-def plan_dedup(*, root, bundle, rocm_dirs):
+class _KeptError(Exception):
+    """A bundled entry is left alone (the reason)."""
+
+
+def plan_dedup(root, bundle, rocm_dirs):
     """The replacements for one bundle directory (like for like, same SONAME), and what is left alone."""
     plan = DedupPlan()
     for name in bundle.overlap:
-        found = _plan_entry(root=root, bundle=bundle, name=name, rocm_dirs=rocm_dirs)
-        into = plan.actions if isinstance(found, DedupAction) else plan.left_alone
-        into.append(found)
+        rocm = next(d for d in rocm_dirs if name in d.names)
+        theirs_image = f"{rocm.real_image_path}/{name}"
+        try:
+            plan.actions.append(_plan_entry(root, bundle, name, theirs_image))
+        except _KeptError as e:
+            plan.left_alone.append((f"{bundle.image_path}/{name}", str(e)))
     return plan
 
 
-def _plan_entry(*, root, bundle, name, rocm_dirs):
-    """The action for one overlapping name, or ``(image path, why)`` to leave it."""
+def _plan_entry(root, bundle, name, theirs_image):
+    """The action for one overlapping name (a _KeptError to leave it)."""
     ours = bundle.host_path / name
     ours_image = f"{bundle.image_path}/{name}"
-    rocm = next(d for d in rocm_dirs if name in d.names)
-    theirs_image = f"{rocm.real_image_path}/{name}"
     try:
         theirs = resolve_in_root(root=root, path=theirs_image)
     except OSError as e:  # a symlink loop
-        return ours_image, f"{theirs_image}: {e.strerror or e}"
+        raise _KeptError(f"{theirs_image}: {e.strerror or e}") from None
     if ours.is_symlink():
-        return ours_image, "already a link"
-    if not (ours.is_dir() or ours.is_file()):
-        return ours_image, "not a regular file or directory"
-    kind, size, ours_info = _entry(root=root, path=ours, image_path=ours_image)
-    if kind == "dir":
-        ok, why = _dir_verdict(theirs=theirs, theirs_image=theirs_image)
+        raise _KeptError("already a link")
+    if ours.is_dir():
+        if not theirs.is_dir():
+            raise _KeptError(f"{theirs_image} is not a directory")
+        kind = "dir"
+        info = None
+        entries = walk_in_root(root=root, path=ours_image)
+        size = sum(e.size for e in entries if e.kind == "file")
+        why = f"same directory in the base image ({theirs_image})"
+    elif ours.is_file():
+        kind = "file"
+        size = os.lstat(ours).st_size
+        info = read_elf_info(path=ours)
+        why = _file_verdict(info, theirs, theirs_image)
     else:
-        ok, why = _file_verdict(
-            ours_info=ours_info, theirs=theirs, theirs_image=theirs_image
-        )
-    if not ok:
-        return ours_image, why
+        raise _KeptError("not a regular file or directory")
     return DedupAction(
         host_path=ours,
         image_path=ours_image,
@@ -211,45 +220,30 @@ def _plan_entry(*, root, bundle, name, rocm_dirs):
         target=os.path.relpath(theirs_image, start=bundle.image_path),
         rocm_image_path=theirs_image,
         reason=why,
-        is_elf=ours_info is not None,
+        is_elf=info is not None,
     )
 
 
-def _entry(*, root, path, image_path):
-    """(kind, size, ELF info) of a bundled entry (a directory's size: its files')."""
-    if path.is_dir():
-        entries = walk_in_root(root=root, path=image_path)
-        return "dir", sum(e.size for e in entries if e.kind == "file"), None
-    return "file", os.lstat(path).st_size, read_elf_info(path=path)
-
-
-def _dir_verdict(*, theirs, theirs_image):
-    """Whether a bundled directory may become a link to ROCm's `theirs`."""
-    if not theirs.is_dir():
-        return False, f"{theirs_image} is not a directory"
-    return True, f"same directory in the base image ({theirs_image})"
-
-
-def _file_verdict(*, ours_info, theirs, theirs_image):
-    """Whether a bundled file may become a link to ROCm's `theirs`."""
+def _file_verdict(ours_info, theirs, theirs_image):
+    """Why a bundled file may become a link to ROCm's `theirs` (a _KeptError if not)."""
     theirs_info = read_elf_info(path=theirs) if theirs.is_file() else None
     if ours_info is None:
         if not theirs.is_file() or theirs_info is not None:
-            return False, f"{theirs_image} is not a matching data file"
-        return True, f"same data file name in the base image ({theirs_image})"
+            raise _KeptError(f"{theirs_image} is not a matching data file")
+        return f"same data file name in the base image ({theirs_image})"
     if theirs_info is None:
-        return False, f"{theirs_image} is not an ELF file"
+        raise _KeptError(f"{theirs_image} is not an ELF file")
     if not ours_info.compatible_with(theirs_info):
-        return False, f"{theirs_image} is for another architecture"
+        raise _KeptError(f"{theirs_image} is for another architecture")
     if ours_info.soname != theirs_info.soname:
-        return False, (
+        raise _KeptError(
             f"SONAME {ours_info.soname} differs from "
             f"{theirs_info.soname} of {theirs_image}"
         )
-    return True, f"same SONAME {ours_info.soname} as {theirs_image}"
+    return f"same SONAME {ours_info.soname} as {theirs_image}"
 
 
-def apply_actions(*, actions):
+def apply_actions(actions):
     """Replace entries by links, renaming each original to a backup beside it."""
     done = []
     try:
@@ -262,11 +256,11 @@ def apply_actions(*, actions):
             done.append(action)
             os.symlink(action.target, action.host_path)
     except OSError:
-        rollback(actions=done)
+        rollback(done)
         raise
 
 
-def commit(*, actions):
+def commit(actions):
     """Delete the backups of applied actions."""
     for action in actions:
         if action.backup is not None:
@@ -274,7 +268,7 @@ def commit(*, actions):
             action.backup = None
 
 
-def rollback(*, actions):
+def rollback(actions):
     """Restore the originals of applied actions."""
     for action in reversed(actions):
         if action.backup is None:
@@ -293,7 +287,7 @@ def _remove(path):
         os.unlink(path)
 
 
-def elf_objects_below(*, root, bundle, actions):
+def elf_objects_below(root, bundle, actions):
     """Image paths of the ELF objects to check after de-duplication."""
     package_image = str(image_path_of(root=root, host_path=bundle.package_dir))
     paths = {
@@ -328,7 +322,7 @@ echo COTAINR_LUMI_VERIFY_DONE
 """
 
 
-def parse_verify_output(*, text):
+def parse_verify_output(text):
     """Parse the output of :data:`VERIFY_SCRIPT`."""
     if "COTAINR_LUMI_VERIFY_DONE" not in text:
         raise RuntimeError("the library check in the container did not complete")
@@ -340,7 +334,7 @@ def parse_verify_output(*, text):
     return failures
 
 
-def link_stays_inside(*, root, action):
+def link_stays_inside(root, action):
     """Whether an action's link resolves to its ROCm entry inside the sandbox."""
     via_link = resolve_in_root(root=root, path=action.image_path)
     direct = resolve_in_root(root=root, path=action.rocm_image_path)
@@ -351,9 +345,9 @@ def link_stays_inside(*, root, action):
 VERIFY_BATCH = 2000
 
 
-def _bundle_kept_reason(bundle, *, hip, base_mm, source, rocm_path):
+def _bundle_kept_reason(bundle, hip, base_mm, source, rocm_path):
     """Why a package's bundled ROCm libraries are kept (None: they can go)."""
-    wheel_mm = major_minor(version=hip)
+    wheel_mm = major_minor(hip)
     if wheel_mm is None:
         return (
             f"the ROCm version of {bundle.package} is unknown (no hip = '...' "
@@ -378,26 +372,25 @@ def _bundle_kept_reason(bundle, *, hip, base_mm, source, rocm_path):
 
 
 class RocmDedup:
-    """One de-duplication in the build's target env; `skip_or_fail` is the stage's."""
+    """One de-duplication in the build's target env, recorded in `manifest`."""
 
-    def __init__(self, *, context, target, manifest, skip_or_fail):
+    def __init__(self, *, context, manifest):
         self.context = context
         self.root = context.sandbox.root
-        self.target = target
+        self.target = context.target_env
         self.manifest = manifest
-        self.skip_or_fail = skip_or_fail
 
     def _note_left_alone(self, info):
         """Report what site-packages has that is left alone: symlink loops, ROCm wheels."""
         for site in self.target.site:
             if resolve_or_none(root=self.root, path=site) is None:
-                self.skip_or_fail(
-                    group="rocm-dedup",
-                    what=site,
-                    reason=f"{site} is a symlink loop (too many levels of symbolic "
+                self.manifest.skip_or_fail(
+                    "rocm-dedup",
+                    site,
+                    f"{site} is a symlink loop (too many levels of symbolic "
                     "links), so nothing in it is de-duplicated",
                 )
-        sdk = find_rocm_sdk_packages(root=self.root, site_dirs=self.target.site)
+        sdk = find_rocm_sdk_packages(self.root, self.target.site)
         if not sdk:
             return
         info["rocm-sdk-packages"] = sdk
@@ -407,13 +400,13 @@ class RocmDedup:
             "package rather than from torch/lib; they are left in place (not "
             "de-duplicated), so torch uses the wheel's ROCm, not the base image's"
         )
-        self.manifest.warn(group="rocm-dedup", what=", ".join(sdk), reason=reason)
+        self.manifest.warn("rocm-dedup", ", ".join(sdk), reason)
         logger.warning("Prune: %s.", reason)
 
     def _base_rocm(self, rocm_path):
         """The base image's ROCm major.minor (or None) and where it comes from."""
         base_text = rocmwindow.base_rocm_version(root=self.root, rocm_path=rocm_path)
-        base_mm = major_minor(version=base_text)
+        base_mm = major_minor(base_text)
         profile = self.context.build.rocm_version
         if base_mm is None and profile:
             return profile, "the profile's rocm-version"
@@ -428,7 +421,7 @@ class RocmDedup:
     def run(self):
         """De-duplicate what is safe; record it in the manifest."""
         rocm_path = self.target.image.rocm_path or "/opt/rocm"
-        rocm_dirs = rocm_dirs_of(root=self.root, rocm_path=rocm_path)
+        rocm_dirs = rocm_dirs_of(self.root, rocm_path)
         info = self.manifest.facts["rocm-dedup"] = {
             "rocm-path": rocm_path,
             "rocm-dirs": [d.real_image_path for d in rocm_dirs],
@@ -441,16 +434,12 @@ class RocmDedup:
                 AMDGPU_LIB_DIR,
             )
             self.manifest.skip(
-                group="rocm-dedup",
-                what=rocm_path,
-                reason="no ROCm library directory in the base image",
+                "rocm-dedup", rocm_path, "no ROCm library directory in the base image"
             )
             return
         base_mm, source = self._base_rocm(rocm_path)
         info["base-rocm"] = {"major-minor": base_mm, "source": source}
-        bundles = find_bundle_dirs(
-            root=self.root, site_dirs=self.target.site, rocm_dirs=rocm_dirs
-        )
+        bundles = find_bundle_dirs(self.root, self.target.site, rocm_dirs)
         if not bundles:
             logger.info(
                 "Prune: ROCm: no installed package bundles libraries the base image has"
@@ -459,22 +448,20 @@ class RocmDedup:
         applied = []
         packages = info["packages"] = {}
         for bundle in bundles:
-            hip = hip_version_of_package(version_file=bundle.package_dir / "version.py")
+            hip = hip_version_of_package(bundle.package_dir / "version.py")
             packages[bundle.package] = {"hip": hip, "dir": bundle.image_path}
-            reason = _bundle_kept_reason(
-                bundle, hip=hip, base_mm=base_mm, source=source, rocm_path=rocm_path
-            )
+            reason = _bundle_kept_reason(bundle, hip, base_mm, source, rocm_path)
             if reason:
                 what = (
                     f"{bundle.image_path} ({len(bundle.overlap)} entries also in ROCm)"
                 )
-                self.skip_or_fail(group="rocm-dedup", what=what, reason=reason)
+                self.manifest.skip_or_fail("rocm-dedup", what, reason)
                 continue
-            plan = plan_dedup(root=self.root, bundle=bundle, rocm_dirs=rocm_dirs)
+            plan = plan_dedup(self.root, bundle, rocm_dirs)
             for image_path, why in plan.left_alone:
-                self.manifest.skip(group="rocm-dedup", what=image_path, reason=why)
+                self.manifest.skip("rocm-dedup", image_path, why)
             if plan.actions:
-                apply_actions(actions=plan.actions)
+                apply_actions(plan.actions)
                 applied.append((bundle, plan.actions))
         if applied:
             self._verify_and_finish(applied)
@@ -483,23 +470,21 @@ class RocmDedup:
         """Run the loader check in the container; return the unresolved pairs."""
         objects = []
         for bundle, actions in applied:
-            objects += elf_objects_below(root=self.root, bundle=bundle, actions=actions)
+            objects += elf_objects_below(self.root, bundle, actions)
         failures = set()
         for start in range(0, len(objects), VERIFY_BATCH):
             batch = objects[start : start + VERIFY_BATCH]
             proc = self.context.sandbox.run(
                 ["bash", "-c", VERIFY_SCRIPT, "prune-verify", *batch]
             )
-            failures |= parse_verify_output(text=proc.stdout)
+            failures |= parse_verify_output(proc.stdout)
         return failures, len(objects)
 
     def _check_links(self, applied, all_actions):
         """The loader check of the links (rolled back when it cannot run)."""
         try:
             escaped = [
-                a.image_path
-                for a in all_actions
-                if not link_stays_inside(root=self.root, action=a)
+                a.image_path for a in all_actions if not link_stays_inside(self.root, a)
             ]
             if escaped:
                 raise ValueError(
@@ -507,7 +492,7 @@ class RocmDedup:
                 )
             return self._verify(applied)
         except (CommandError, ValueError, RuntimeError) as e:
-            rollback(actions=all_actions)
+            rollback(all_actions)
             details = e.error_lines() if isinstance(e, CommandError) else None
             raise StageError(
                 f"checking the de-duplicated ROCm libraries failed ({e}); the "
@@ -521,7 +506,7 @@ class RocmDedup:
         all_actions = [a for _bundle, actions in applied for a in actions]
         failures, checked = self._check_links(applied, all_actions)
         if failures:
-            rollback(actions=all_actions)
+            rollback(all_actions)
             before, _ = self._verify(applied)
             new = sorted(failures - before)
             if new:
@@ -533,11 +518,8 @@ class RocmDedup:
                     "image's ROCm, the image's loader could not resolve:\n"
                     f"{listing}\nthe bundled libraries were restored"
                 )
-                self.skip_or_fail(
-                    group="rocm-dedup",
-                    what=", ".join(b.image_path for b, _a in applied),
-                    reason=reason,
-                )
+                what = ", ".join(b.image_path for b, _a in applied)
+                self.manifest.skip_or_fail("rocm-dedup", what, reason)
                 return
             logger.warning(
                 "Prune: %d unresolved library reference(s) exist with or without "
@@ -545,8 +527,8 @@ class RocmDedup:
                 len(before),
                 ": ".join(sorted(before)[0]),
             )
-            apply_actions(actions=all_actions)
-        commit(actions=all_actions)
+            apply_actions(all_actions)
+        commit(all_actions)
         self.manifest.entries += [
             ManifestEntry(
                 path=a.image_path,
@@ -564,6 +546,6 @@ class RocmDedup:
             "(%s saved); %d ELF object(s) checked with the image's loader",
             len(all_actions),
             "y" if len(all_actions) == 1 else "ies",
-            format_bytes(size=sum(a.size for a in all_actions)),
+            format_bytes(sum(a.size for a in all_actions)),
             checked,
         )

@@ -1,7 +1,6 @@
 """The prune stage: remove what the base image provides, when provably safe."""
 
 from dataclasses import dataclass
-import functools
 import logging
 
 from ...engine.settings import StageSettings, setting
@@ -90,18 +89,18 @@ class PruneStage(Stage):
                 "env-source": target.reason if target is not None else None,
                 "site-packages": list(target.site) if target is not None else [],
             },
+            strict=self.settings.strict,
         )
         if target is None:
-            self._skip_or_fail(
-                manifest,
-                group="all",
-                what="environment",
-                reason="the image has no Python environment (no $WITH_CONDA, venv or "
+            manifest.skip_or_fail(
+                "all",
+                "environment",
+                "the image has no Python environment (no $WITH_CONDA, venv or "
                 "conda env): there is no environment to prune",
             )
         else:
             self._prune(context, target, manifest)
-        manifest.write(root=context.sandbox.root)
+        manifest.write(context.sandbox.root)
         summary = manifest.summary()
         logger.info("Prune summary: %s; manifest %s", summary, PRUNE_MANIFEST_FILE)
         return StageReport(
@@ -124,43 +123,28 @@ class PruneStage(Stage):
                 )
         else:
             manifest.skip(
-                group="libstdcxx",
-                what=f"{target.prefix}/lib/{LIBSTDCXX_GLOB}",
-                reason="kept on request (libstdcxx: false)",
+                "libstdcxx",
+                f"{target.prefix}/lib/{LIBSTDCXX_GLOB}",
+                "kept on request (libstdcxx: false)",
             )
         if self.settings.rocm_dedup:
-            RocmDedup(
-                context=context,
-                target=target,
-                manifest=manifest,
-                skip_or_fail=functools.partial(self._skip_or_fail, manifest),
-            ).run()
+            RocmDedup(context=context, manifest=manifest).run()
         else:
             manifest.skip(
-                group="rocm-dedup",
-                what="bundled ROCm libraries",
-                reason="kept on request (rocm-dedup: false)",
+                "rocm-dedup",
+                "bundled ROCm libraries",
+                "kept on request (rocm-dedup: false)",
             )
-
-    def _skip_or_fail(self, manifest, *, group, what, reason):
-        """Record a skipped pruning: a warning, or a failure in strict mode."""
-        if self.settings.strict:
-            raise StageError(
-                f"{reason}. This build is strict (prune.strict: true); with "
-                "--set prune.strict=false it skips this pruning with a warning.",
-                stage=self.name,
-            )
-        manifest.warn(group=group, what=what, reason=reason)
-        logger.warning("Prune: %s; not pruned.", reason)
 
     def _prune_libstdcxx(self, root, prefix, ldconfig_text, manifest):
+        """Remove the libstdc++ of one env prefix if that is safe."""
         check = check_libstdcxx(
             root=root, env_prefix=prefix, ldconfig_text=ldconfig_text
         )
         what = f"{prefix}/lib"
         if check.status == "absent" and "libstdcxx" in manifest.facts:
             # Another prefix of the env (a venv's base) already reported.
-            manifest.skip(group="libstdcxx", what=what, reason=check.reason)
+            manifest.skip("libstdcxx", what, check.reason)
             return
         manifest.facts["libstdcxx"] = {
             "status": check.status,
@@ -171,18 +155,16 @@ class PruneStage(Stage):
         }
         if check.status == "absent":
             logger.info("Prune: libstdc++: nothing to do (%s)", check.reason)
-            manifest.skip(group="libstdcxx", what=what, reason=check.reason)
+            manifest.skip("libstdcxx", what, check.reason)
             return
         if check.status == "unsupported":
-            self._skip_or_fail(
-                manifest, group="libstdcxx", what=what, reason=check.reason
-            )
+            manifest.skip_or_fail("libstdcxx", what, check.reason)
             return
         if check.status == "unsafe":
             system = check.system.image_path if check.system else "libstdc++.so.6"
             raise StageError(
-                f"removing the environment's libstdc++ ({prefix}/lib/{LIBSTDCXX_GLOB}) "
-                f"is not safe: {check.reason}:\n{format_missing(check=check)}\n"
+                f"removing the environment's libstdc++ ({what}/{LIBSTDCXX_GLOB}) "
+                f"is not safe: {check.reason}:\n{format_missing(check)}\n"
                 "Ways out: keep the environment's libstdc++ (--set prune.libstdcxx=false, "
                 "or `libstdcxx: false` under settings: prune: in the system "
                 "profile), or use a base image whose "
@@ -191,9 +173,9 @@ class PruneStage(Stage):
             )
         freed = remove_libstdcxx(check=check, root=root, manifest=manifest)
         logger.info(
-            "Prune: removed %d libstdc++ file(s) from %s/lib (%s): %s",
+            "Prune: removed %d libstdc++ file(s) from %s (%s): %s",
             len(check.candidates),
-            prefix,
-            format_bytes(size=freed),
+            what,
+            format_bytes(freed),
             check.reason,
         )

@@ -1,7 +1,7 @@
 """Installing system packages into the sandbox and recording what changed."""
 
 import contextlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 import functools
 import json
 import logging
@@ -41,10 +41,6 @@ class SystemPackagesRecord:
     removed: list[Package]
     seconds: float
 
-    def to_dict(self):
-        """The record as JSON data."""
-        return asdict(self)
-
 
 def _error(message, *, proc=None):
     details = None
@@ -82,7 +78,7 @@ def _scratch(*, root):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _problem(*, manager, what, output, packages):
+def _problem(manager, what, output, packages):
     """What the output of a run says went wrong (None: nothing)."""
     unknown = sorted({n for m in manager.unknown.findall(output) for n in m if n})
     if unknown:
@@ -109,12 +105,12 @@ def _refused(output, packages):
     return None
 
 
-def _check(*, manager, what, proc, packages, root):
+def _check(manager, what, proc, packages, root):
     """Raise the one error a run of the package manager calls for."""
     output = proc.stdout + proc.stderr
-    problem = _problem(manager=manager, what=what, output=output, packages=packages)
+    problem = _problem(manager, what, output, packages)
     if problem is None and proc.returncode != 0:
-        unfinished = manager.unfinished(root=root)
+        unfinished = manager.unfinished(root)
         problem = f"{manager.program} {what} failed (exit status {proc.returncode})."
         if unfinished:
             problem = (
@@ -125,7 +121,8 @@ def _check(*, manager, what, proc, packages, root):
         raise _error(problem, proc=proc)
 
 
-def _run(*, run, command):
+def _run(run, command):
+    """One run of the package manager (a StageError if it cannot run or hangs)."""
     try:
         return run(command=command)
     except subprocess.TimeoutExpired:
@@ -137,7 +134,7 @@ def _run(*, run, command):
 def install_packages(*, root, packages, proot):
     """Install `packages` with the image's package manager; the record."""
     t0 = time.time()
-    manager = find_manager(root=root)
+    manager = find_manager(root)
     if manager is None:
         raise _error(
             "the base image has no package manager to install them with (looked "
@@ -149,11 +146,11 @@ def install_packages(*, root, packages, proot):
             run_in_root, proot=proot, root=root, tmp=tmp, timeout=TIMEOUT
         )
         before = manager.installed(root=root, run=run)
-        for what, command in manager.commands(packages=packages, work=WORK_DIR):
+        for what, command in manager.commands(packages):
             logger.info("system-packages: %s", " ".join(command))
-            proc = _run(run=run, command=command)
+            proc = _run(run, command)
             logger.debug("%s", proc.stdout + proc.stderr)
-            _check(manager=manager, what=what, proc=proc, packages=packages, root=root)
+            _check(manager, what, proc, packages, root)
         after = manager.installed(root=root, run=run)
     return SystemPackagesRecord(
         manager=manager.name,

@@ -10,6 +10,7 @@ import os
 import re
 
 from ...engine.rootfs import resolve_in_root
+from ...imagelayout import SYSTEM_PACKAGES_WORK_DIR as WORK
 
 DPKG_STATUS = "/var/lib/dpkg/status"
 #: dpkg states of a package whose installation did not finish.
@@ -47,12 +48,13 @@ class Manager:
     steps: tuple
     #: What it prints about a package name it does not know.
     unknown: re.Pattern
+    #: The options before the arguments of each run.
+    options: tuple = ()
 
-    def commands(self, *, packages, work):
+    def commands(self, packages):
         """(what, argv) of the runs that install `packages`, in order."""
-        options = apt_options(work=work) if self.kind == "deb" else []
         return [
-            (what, [self.program, *options, *args, *(packages if named else [])])
+            (what, [self.program, *self.options, *args, *(packages if named else [])])
             for what, args, named in self.steps
         ]
 
@@ -66,25 +68,12 @@ class Manager:
         lines = [line.split("\t") for line in proc.stdout.splitlines()]
         return {f[0]: Package(*f) for f in lines if len(f) == 3}
 
-    def unfinished(self, *, root):
+    def unfinished(self, root):
         """The packages dpkg left half installed or configured (rpm: none)."""
         if self.kind != "deb":
             return []
         states = _dpkg_states(root)
         return sorted(p.name for state, p in states if state in DPKG_UNFINISHED)
-
-
-def apt_options(*, work):
-    """apt-get's options: lists and downloads in `work`, no privilege drop."""
-    return [
-        "-q",
-        f"-oDir::State::Lists={work}/lists",
-        f"-oDir::Cache={work}/cache",
-        f"-oDir::Cache::Archives={work}/archives",
-        "-oAPT::Sandbox::User=root",
-        "-oAcquire::Languages=none",
-        "-oDpkg::Use-Pty=0",
-    ]
 
 
 MANAGERS = (
@@ -99,6 +88,16 @@ MANAGERS = (
         ),
         unknown=re.compile(
             r"Unable to locate package (\S+)|Package '([^']+)' has no installation"
+        ),
+        # Lists and downloads in the stage's work directory, no privilege drop.
+        options=(
+            "-q",
+            f"-oDir::State::Lists={WORK}/lists",
+            f"-oDir::Cache={WORK}/cache",
+            f"-oDir::Cache::Archives={WORK}/archives",
+            "-oAPT::Sandbox::User=root",
+            "-oAcquire::Languages=none",
+            "-oDpkg::Use-Pty=0",
         ),
     ),
     Manager(
@@ -130,7 +129,7 @@ MANAGERS = (
 )
 
 
-def find_manager(*, root):
+def find_manager(root):
     """The first package manager the image has, or None."""
     for manager in MANAGERS:
         if os.access(resolve_in_root(root=root, path=manager.program), os.X_OK):

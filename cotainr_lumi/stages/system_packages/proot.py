@@ -48,9 +48,7 @@ def find_proot(command):
 
 def run_in_root(*, proot, root, tmp, command, timeout):
     """Run `command` (a program of the image) as fake root on `root`."""
-    binds = [f"{tmp}:/tmp"]
-    binds += [path for path in DEV_FILES + HOST_FILES if os.path.exists(path)]
-    binds.append("/proc")
+    binds = [f"{tmp}:/tmp", *filter(os.path.exists, DEV_FILES + HOST_FILES), "/proc"]
     argv = [proot, "-0", "-r", str(root), "-w", "/"]
     for bind in binds:
         argv += ["-b", bind]

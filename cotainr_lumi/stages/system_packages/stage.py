@@ -9,7 +9,7 @@ and after); the AI Factory images' ``/.sbom.json`` gets them in its ``apt``
 list. Pruning and the runtime settings run after it as after the pip steps.
 """
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 import json
 import os
 import re
@@ -64,9 +64,8 @@ def packages_of_steps_file(path):
         what="pip steps file",
         describe=lambda _path: f"key '{STEPS_FILE_KEY}'",
     )
-    raw = {"packages": data[STEPS_FILE_KEY]}
     return load_settings(
-        schema=SystemPackagesSettings, raw=raw, origin=origin, stage="system-packages"
+        schema=SystemPackagesSettings, raw=view, origin=origin, stage="system-packages"
     )
 
 
@@ -107,7 +106,7 @@ class SystemPackagesStage(Stage):
         record = install_packages(
             root=root, packages=list(self.settings.packages), proot=self.proot
         )
-        data = record.to_dict()
+        data = asdict(record)
         text = json.dumps(data, indent=2, sort_keys=True) + "\n"
         write_file_in_root(
             root=root, path=imagelayout.SYSTEM_PACKAGES_FILE, content=text
