@@ -39,7 +39,7 @@ def version_sort_key(version):
     )
 
 
-def parse_ldconfig(text):
+def parse_ldconfig(*, text):
     """Parse ``ldconfig -p`` output."""
     matches = (_LDCONFIG_LINE.match(line) for line in text.splitlines())
     return [(m["name"], m["flags"], m["path"]) for m in matches if m]
@@ -58,7 +58,7 @@ def _candidates(ldconfig_text):
     """(image path, how found) of each place the loader would look, in order."""
     found = [
         (path, "ld.so.cache")
-        for name, _flags, path in parse_ldconfig(ldconfig_text)
+        for name, _flags, path in parse_ldconfig(text=ldconfig_text)
         if name == LIBSTDCXX_SONAME
     ]
     dirs = [
@@ -67,7 +67,7 @@ def _candidates(ldconfig_text):
     return found + dirs
 
 
-def _regular_file(root, image_path):
+def _regular_file(*, root, image_path):
     """The host path of `image_path` if it is a regular file (not a link), else None."""
     try:
         host = resolve_in_root(root=root, path=image_path)
@@ -83,7 +83,7 @@ def find_system_libstdcxx(*, root, ldconfig_text="", exclude=None, like=None):
     """The base image's ``libstdc++.so.6``: its loader cache first, then the standard directories."""
     seen = set()
     for image_path, how in _candidates(ldconfig_text):
-        host = _regular_file(root, image_path)
+        host = _regular_file(root=root, image_path=image_path)
         if host is None or host in seen:
             continue
         seen.add(host)
@@ -118,7 +118,7 @@ class _LeftAloneError(Exception):
     """The env's libstdc++ is not looked at: (status, reason) of its check."""
 
 
-def _env_dir(root, env_prefix):
+def _env_dir(*, root, env_prefix):
     """The env's host directory (a separate env's, existing)."""
     env_host = resolve_or_none(root=root, path=env_prefix)
     if env_host is None:
@@ -138,7 +138,7 @@ def _env_dir(root, env_prefix):
     return env_host
 
 
-def _lib_files(root, env_prefix, env_host):
+def _lib_files(*, root, env_prefix, env_host):
     """The ``libstdc++.so*`` of the env's ``lib`` (a directory inside the env)."""
     lib_image = f"{env_prefix}/lib"
     lib_host = resolve_or_none(root=root, path=lib_image)
@@ -161,7 +161,7 @@ def _lib_files(root, env_prefix, env_host):
     return candidates
 
 
-def _libstdcxx_users(root, env_prefix, candidates):
+def _libstdcxx_users(*, root, env_prefix, candidates):
     """The env's ELF objects that use libstdc++."""
     like = None
     for path in candidates:
@@ -179,7 +179,7 @@ def _libstdcxx_users(root, env_prefix, candidates):
     return needs, objects, like
 
 
-def _reason(system, missing, needs):
+def _reason(*, system, missing, needs):
     """Why removing the env's libstdc++ is safe or not, once its users are known."""
     if system is None:  # then every user is missing: unsafe
         where = "the image's ld.so.cache and " + ", ".join(DEFAULT_LOADER_DIRS)
@@ -207,12 +207,14 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
     """Check whether removing the env's libstdc++ is safe."""
     env_prefix = str(PurePosixPath("/", env_prefix))
     try:
-        env_host = _env_dir(root, env_prefix)
-        candidates = _lib_files(root, env_prefix, env_host)
+        env_host = _env_dir(root=root, env_prefix=env_prefix)
+        candidates = _lib_files(root=root, env_prefix=env_prefix, env_host=env_host)
     except _LeftAloneError as e:
         status, reason = e.args
         return LibstdcxxCheck(env_prefix=env_prefix, status=status, reason=reason)
-    needs, objects, like = _libstdcxx_users(root, env_prefix, candidates)
+    needs, objects, like = _libstdcxx_users(
+        root=root, env_prefix=env_prefix, candidates=candidates
+    )
     system = find_system_libstdcxx(
         root=root, ldconfig_text=ldconfig_text, exclude=env_host, like=like
     )
@@ -230,7 +232,7 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
     return LibstdcxxCheck(
         env_prefix=env_prefix,
         status="unsafe" if missing else "safe",
-        reason=_reason(system, missing, needs),
+        reason=_reason(system=system, missing=missing, needs=needs),
         candidates=candidates,
         system=system,
         missing=missing,
@@ -239,7 +241,7 @@ def check_libstdcxx(*, root, env_prefix, ldconfig_text=""):
     )
 
 
-def format_missing(check, limit=20):
+def format_missing(*, check, limit=20):
     """The refusal text: objects and the versions they miss."""
     missing = check.missing
     lines = [f"  {p}: needs {', '.join(missing[p])}" for p in sorted(missing)[:limit]]

@@ -40,13 +40,13 @@ ROCM_SDK_PREFIX = "_rocm_sdk"
 _HIP = re.compile(r"^hip\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)['\"]", re.M)
 
 
-def major_minor(version):
+def major_minor(*, version):
     """``"6.1"`` from ``"6.1.40091-a8dbc0c19"`` or ``"6.1.3-122"``."""
     found = rocmwindow.major_minor(version)
     return found and f"{found[0]}.{found[1]}"
 
 
-def hip_version_of_package(version_file):
+def hip_version_of_package(*, version_file):
     """``hip`` from a package's ``version.py`` (``hip: str = '6.1...'`` too), never imported."""
     try:
         fd = os.open(version_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -66,7 +66,7 @@ class RocmDir:
     names: frozenset
 
 
-def rocm_dirs_of(root, rocm_path):
+def rocm_dirs_of(*, root, rocm_path):
     """The ROCm library directories that exist in the image."""
     found = []
     for image_path in (f"{rocm_path.rstrip('/')}/lib", AMDGPU_LIB_DIR):
@@ -93,7 +93,7 @@ class BundleDir:
     overlap: list
 
 
-def _site_subdirs(root, site_dirs):
+def _site_subdirs(*, root, site_dirs):
     """``(name, path)`` of the sub-directories (not links) of each site directory."""
     seen = set()
     for site in site_dirs:
@@ -109,11 +109,11 @@ def _site_subdirs(root, site_dirs):
         yield from sorted((e.name, Path(e.path)) for e in dirs)
 
 
-def find_bundle_dirs(root, site_dirs, rocm_dirs):
+def find_bundle_dirs(*, root, site_dirs, rocm_dirs):
     """``<package>/lib`` and auditwheel's ``<package>.libs`` holding entries ROCm also has."""
     names = frozenset().union(*(d.names for d in rocm_dirs))
     bundles = []
-    for name, pkg_dir in _site_subdirs(root, site_dirs):
+    for name, pkg_dir in _site_subdirs(root=root, site_dirs=site_dirs):
         if name.startswith(ROCM_SDK_PREFIX):
             continue
         lib_dir = pkg_dir if name.endswith(".libs") else pkg_dir / "lib"
@@ -136,12 +136,12 @@ def find_bundle_dirs(root, site_dirs, rocm_dirs):
     return bundles
 
 
-def find_rocm_sdk_packages(root, site_dirs):
+def find_rocm_sdk_packages(*, root, site_dirs):
     """``_rocm_sdk_*`` packages (the newer ROCm wheel layout)."""
     return sorted(
         {
             str(image_path_of(root=root, host_path=path))
-            for name, path in _site_subdirs(root, site_dirs)
+            for name, path in _site_subdirs(root=root, site_dirs=site_dirs)
             if name.startswith(ROCM_SDK_PREFIX)
         }
     )
@@ -174,7 +174,7 @@ class _KeptError(Exception):
     """A bundled entry is left alone (the reason)."""
 
 
-def plan_dedup(root, bundle, rocm_dirs):
+def plan_dedup(*, root, bundle, rocm_dirs):
     """The replacements for one bundle directory (like for like, same SONAME), and what is left alone."""
     plan = DedupPlan()
     for name in bundle.overlap:
@@ -243,7 +243,7 @@ def _file_verdict(ours_info, theirs, theirs_image):
     return f"same SONAME {ours_info.soname} as {theirs_image}"
 
 
-def apply_actions(actions):
+def apply_actions(*, actions):
     """Replace entries by links, renaming each original to a backup beside it."""
     done = []
     try:
@@ -256,11 +256,11 @@ def apply_actions(actions):
             done.append(action)
             os.symlink(action.target, action.host_path)
     except OSError:
-        rollback(done)
+        rollback(actions=done)
         raise
 
 
-def commit(actions):
+def commit(*, actions):
     """Delete the backups of applied actions."""
     for action in actions:
         if action.backup is not None:
@@ -268,7 +268,7 @@ def commit(actions):
             action.backup = None
 
 
-def rollback(actions):
+def rollback(*, actions):
     """Restore the originals of applied actions."""
     for action in reversed(actions):
         if action.backup is None:
@@ -287,7 +287,7 @@ def _remove(path):
         os.unlink(path)
 
 
-def elf_objects_below(root, bundle, actions):
+def elf_objects_below(*, root, bundle, actions):
     """Image paths of the ELF objects to check after de-duplication."""
     package_image = str(image_path_of(root=root, host_path=bundle.package_dir))
     paths = {
@@ -322,7 +322,7 @@ echo COTAINR_LUMI_VERIFY_DONE
 """
 
 
-def parse_verify_output(text):
+def parse_verify_output(*, text):
     """Parse the output of :data:`VERIFY_SCRIPT`."""
     if "COTAINR_LUMI_VERIFY_DONE" not in text:
         raise RuntimeError("the library check in the container did not complete")
@@ -334,7 +334,7 @@ def parse_verify_output(text):
     return failures
 
 
-def link_stays_inside(root, action):
+def link_stays_inside(*, root, action):
     """Whether an action's link resolves to its ROCm entry inside the sandbox."""
     via_link = resolve_in_root(root=root, path=action.image_path)
     direct = resolve_in_root(root=root, path=action.rocm_image_path)
@@ -345,9 +345,9 @@ def link_stays_inside(root, action):
 VERIFY_BATCH = 2000
 
 
-def _bundle_kept_reason(bundle, hip, base_mm, source, rocm_path):
+def _bundle_kept_reason(bundle, *, hip, base_mm, source, rocm_path):
     """Why a package's bundled ROCm libraries are kept (None: they can go)."""
-    wheel_mm = major_minor(hip)
+    wheel_mm = major_minor(version=hip)
     if wheel_mm is None:
         return (
             f"the ROCm version of {bundle.package} is unknown (no hip = '...' "
@@ -390,7 +390,7 @@ class RocmDedup:
                     f"{site} is a symlink loop (too many levels of symbolic "
                     "links), so nothing in it is de-duplicated",
                 )
-        sdk = find_rocm_sdk_packages(self.root, self.target.site)
+        sdk = find_rocm_sdk_packages(root=self.root, site_dirs=self.target.site)
         if not sdk:
             return
         info["rocm-sdk-packages"] = sdk
@@ -406,7 +406,7 @@ class RocmDedup:
     def _base_rocm(self, rocm_path):
         """The base image's ROCm major.minor (or None) and where it comes from."""
         base_text = rocmwindow.base_rocm_version(root=self.root, rocm_path=rocm_path)
-        base_mm = major_minor(base_text)
+        base_mm = major_minor(version=base_text)
         profile = self.context.build.rocm_version
         if base_mm is None and profile:
             return profile, "the profile's rocm-version"
@@ -421,7 +421,7 @@ class RocmDedup:
     def run(self):
         """De-duplicate what is safe; record it in the manifest."""
         rocm_path = self.target.image.rocm_path or "/opt/rocm"
-        rocm_dirs = rocm_dirs_of(self.root, rocm_path)
+        rocm_dirs = rocm_dirs_of(root=self.root, rocm_path=rocm_path)
         info = self.manifest.facts["rocm-dedup"] = {
             "rocm-path": rocm_path,
             "rocm-dirs": [d.real_image_path for d in rocm_dirs],
@@ -439,7 +439,9 @@ class RocmDedup:
             return
         base_mm, source = self._base_rocm(rocm_path)
         info["base-rocm"] = {"major-minor": base_mm, "source": source}
-        bundles = find_bundle_dirs(self.root, self.target.site, rocm_dirs)
+        bundles = find_bundle_dirs(
+            root=self.root, site_dirs=self.target.site, rocm_dirs=rocm_dirs
+        )
         if not bundles:
             logger.info(
                 "Prune: ROCm: no installed package bundles libraries the base image has"
@@ -448,20 +450,22 @@ class RocmDedup:
         applied = []
         packages = info["packages"] = {}
         for bundle in bundles:
-            hip = hip_version_of_package(bundle.package_dir / "version.py")
+            hip = hip_version_of_package(version_file=bundle.package_dir / "version.py")
             packages[bundle.package] = {"hip": hip, "dir": bundle.image_path}
-            reason = _bundle_kept_reason(bundle, hip, base_mm, source, rocm_path)
+            reason = _bundle_kept_reason(
+                bundle, hip=hip, base_mm=base_mm, source=source, rocm_path=rocm_path
+            )
             if reason:
                 what = (
                     f"{bundle.image_path} ({len(bundle.overlap)} entries also in ROCm)"
                 )
                 self.manifest.skip_or_fail("rocm-dedup", what, reason)
                 continue
-            plan = plan_dedup(self.root, bundle, rocm_dirs)
+            plan = plan_dedup(root=self.root, bundle=bundle, rocm_dirs=rocm_dirs)
             for image_path, why in plan.left_alone:
                 self.manifest.skip("rocm-dedup", image_path, why)
             if plan.actions:
-                apply_actions(plan.actions)
+                apply_actions(actions=plan.actions)
                 applied.append((bundle, plan.actions))
         if applied:
             self._verify_and_finish(applied)
@@ -470,21 +474,23 @@ class RocmDedup:
         """Run the loader check in the container; return the unresolved pairs."""
         objects = []
         for bundle, actions in applied:
-            objects += elf_objects_below(self.root, bundle, actions)
+            objects += elf_objects_below(root=self.root, bundle=bundle, actions=actions)
         failures = set()
         for start in range(0, len(objects), VERIFY_BATCH):
             batch = objects[start : start + VERIFY_BATCH]
             proc = self.context.sandbox.run(
                 ["bash", "-c", VERIFY_SCRIPT, "prune-verify", *batch]
             )
-            failures |= parse_verify_output(proc.stdout)
+            failures |= parse_verify_output(text=proc.stdout)
         return failures, len(objects)
 
     def _check_links(self, applied, all_actions):
         """The loader check of the links (rolled back when it cannot run)."""
         try:
             escaped = [
-                a.image_path for a in all_actions if not link_stays_inside(self.root, a)
+                a.image_path
+                for a in all_actions
+                if not link_stays_inside(root=self.root, action=a)
             ]
             if escaped:
                 raise ValueError(
@@ -492,7 +498,7 @@ class RocmDedup:
                 )
             return self._verify(applied)
         except (CommandError, ValueError, RuntimeError) as e:
-            rollback(all_actions)
+            rollback(actions=all_actions)
             details = e.error_lines() if isinstance(e, CommandError) else None
             raise StageError(
                 f"checking the de-duplicated ROCm libraries failed ({e}); the "
@@ -506,7 +512,7 @@ class RocmDedup:
         all_actions = [a for _bundle, actions in applied for a in actions]
         failures, checked = self._check_links(applied, all_actions)
         if failures:
-            rollback(all_actions)
+            rollback(actions=all_actions)
             before, _ = self._verify(applied)
             new = sorted(failures - before)
             if new:
@@ -527,8 +533,8 @@ class RocmDedup:
                 len(before),
                 ": ".join(sorted(before)[0]),
             )
-            apply_actions(all_actions)
-        commit(all_actions)
+            apply_actions(actions=all_actions)
+        commit(actions=all_actions)
         self.manifest.entries += [
             ManifestEntry(
                 path=a.image_path,

@@ -164,7 +164,7 @@ class PruneStage(Stage):
             system = check.system.image_path if check.system else "libstdc++.so.6"
             raise StageError(
                 f"removing the environment's libstdc++ ({what}/{LIBSTDCXX_GLOB}) "
-                f"is not safe: {check.reason}:\n{format_missing(check)}\n"
+                f"is not safe: {check.reason}:\n{format_missing(check=check)}\n"
                 "Ways out: keep the environment's libstdc++ (--set prune.libstdcxx=false, "
                 "or `libstdcxx: false` under settings: prune: in the system "
                 "profile), or use a base image whose "
