@@ -16,7 +16,7 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 MANIFEST_FORMAT = 1
 
 
-def format_bytes(size):
+def format_bytes(*, size):
     """A byte count for humans."""
     if size < 1024:
         return f"{int(size)} B"
@@ -83,7 +83,7 @@ class PruneManifest:
         parts = [f"removed {removed}"] if removed else []
         parts += [f"replaced {linked} by links into ROCm"] if linked else []
         text = ", ".join(parts) or "nothing pruned"
-        text += f" ({format_bytes(self.bytes_saved)} saved)"
+        text += f" ({format_bytes(size=self.bytes_saved)} saved)"
         if self.skipped:
             text += f"; {len(self.skipped)} decision(s) not to prune (see manifest)"
         return text
@@ -101,7 +101,7 @@ class PruneManifest:
             "facts": self.facts,
         }
 
-    def write(self, root):
+    def write(self, *, root):
         """Write the manifest into the image at ``PRUNE_MANIFEST_FILE``."""
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
         return write_file_in_root(

@@ -552,6 +552,6 @@ class RocmDedup:
             "(%s saved); %d ELF object(s) checked with the image's loader",
             len(all_actions),
             "y" if len(all_actions) == 1 else "ies",
-            format_bytes(sum(a.size for a in all_actions)),
+            format_bytes(size=sum(a.size for a in all_actions)),
             checked,
         )

@@ -100,7 +100,7 @@ class PruneStage(Stage):
             )
         else:
             self._prune(context, target, manifest)
-        manifest.write(context.sandbox.root)
+        manifest.write(root=context.sandbox.root)
         summary = manifest.summary()
         logger.info("Prune summary: %s; manifest %s", summary, PRUNE_MANIFEST_FILE)
         return StageReport(
@@ -176,6 +176,6 @@ class PruneStage(Stage):
             "Prune: removed %d libstdc++ file(s) from %s (%s): %s",
             len(check.candidates),
             what,
-            format_bytes(freed),
+            format_bytes(size=freed),
             check.reason,
         )

@@ -110,7 +110,7 @@ def _check(manager, what, proc, packages, root):
     output = proc.stdout + proc.stderr
     problem = _problem(manager, what, output, packages)
     if problem is None and proc.returncode != 0:
-        unfinished = manager.unfinished(root)
+        unfinished = manager.unfinished(root=root)
         problem = f"{manager.program} {what} failed (exit status {proc.returncode})."
         if unfinished:
             problem = (
@@ -134,7 +134,7 @@ def _run(run, command):
 def install_packages(*, root, packages, proot):
     """Install `packages` with the image's package manager; the record."""
     t0 = time.time()
-    manager = find_manager(root)
+    manager = find_manager(root=root)
     if manager is None:
         raise _error(
             "the base image has no package manager to install them with (looked "
@@ -146,7 +146,7 @@ def install_packages(*, root, packages, proot):
             run_in_root, proot=proot, root=root, tmp=tmp, timeout=TIMEOUT
         )
         before = manager.installed(root=root, run=run)
-        for what, command in manager.commands(packages):
+        for what, command in manager.commands(packages=packages):
             logger.info("system-packages: %s", " ".join(command))
             proc = _run(run, command)
             logger.debug("%s", proc.stdout + proc.stderr)

@@ -51,7 +51,7 @@ class Manager:
     #: The options before the arguments of each run.
     options: tuple = ()
 
-    def commands(self, packages):
+    def commands(self, *, packages):
         """(what, argv) of the runs that install `packages`, in order."""
         return [
             (what, [self.program, *self.options, *args, *(packages if named else [])])
@@ -68,7 +68,7 @@ class Manager:
         lines = [line.split("\t") for line in proc.stdout.splitlines()]
         return {f[0]: Package(*f) for f in lines if len(f) == 3}
 
-    def unfinished(self, root):
+    def unfinished(self, *, root):
         """The packages dpkg left half installed or configured (rpm: none)."""
         if self.kind != "deb":
             return []
@@ -129,7 +129,7 @@ MANAGERS = (
 )
 
 
-def find_manager(root):
+def find_manager(*, root):
     """The first package manager the image has, or None."""
     for manager in MANAGERS:
         if os.access(resolve_in_root(root=root, path=manager.program), os.X_OK):
