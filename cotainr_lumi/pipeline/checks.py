@@ -140,9 +140,7 @@ def check_base_image_unchanged(base, *, used):
 
 
 def as_stage_error(error, *, stage):
-    """The one clear error to report for an exception raised while building."""
-    if isinstance(error, CotainrLumiError):
-        return error
+    """The one clear error to report for an exception (not a CotainrLumiError)."""
     command_error = _cotainr.command_error_from(error)
     if command_error is not None:
         return StageError(
