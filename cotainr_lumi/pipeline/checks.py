@@ -191,9 +191,7 @@ def cotainr_failure(error, *, plan):
     """One line for a failure of cotainr's own steps (sandbox, conda, image)."""
     if isinstance(error, CotainrLumiError):  # said by cotainr-lumi's own parts
         return error
-    cause = error
-    if error.__cause__ is not None:
-        cause = error.__cause__
+    cause = error.__cause__ or error
     lines = (getattr(cause, "stderr", None) or "").strip().splitlines()
     detail = f"{type(error).__name__}: {error}"
     if lines:
