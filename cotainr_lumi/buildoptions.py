@@ -7,6 +7,15 @@ the options are turned into settings when a build is planned.
 
 from .errors import InputError, quoted
 
+
+def _requirements_file(value):
+    return ("requirements", value)
+
+
+def _steps_file(value):
+    return ("steps", value)
+
+
 #: The options, in the order of ``--help``: name and ``add_argument`` keywords.
 OPTIONS = (
     (
@@ -69,7 +78,7 @@ OPTIONS = (
         dict(
             dest="pip_inputs",
             action="append",
-            type=lambda value: ("requirements", value),
+            type=_requirements_file,
             metavar="FILE",
             help="pip: install this requirements file as one step after the "
             "conda env (repeatable: one step per file, in order, mixed with "
@@ -82,7 +91,7 @@ OPTIONS = (
         dict(
             dest="pip_inputs",
             action="append",
-            type=lambda value: ("steps", value),
+            type=_steps_file,
             metavar="FILE",
             help="pip: a YAML file of pip steps with per-step settings "
             "(no-build-isolation, env, pip-args, index-url, extra-index-urls, "
