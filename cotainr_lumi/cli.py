@@ -7,8 +7,10 @@ built image, ``check-host`` the host. The command works without the start-up hoo
 """
 
 import argparse
+from dataclasses import dataclass
 import signal
 import sys
+from typing import Optional
 
 from . import console, processes
 from .errors import CotainrLumiError, InputError, UnsupportedCotainrError, fail
@@ -21,7 +23,22 @@ except UnsupportedCotainrError as e:
     COTAINR_MISSING = e
 
 
-class Verify:
+class Report:
+    """A subcommand printing a report (``report()``): text, or JSON with ``--json``."""
+
+    def execute(self):
+        """Print the report; exit 1 when a row failed, 2 on bad input."""
+        try:
+            report = self.report()
+        except CotainrLumiError as e:
+            fail(e)
+        print(report.as_json() if self.json else report.as_text())
+        if report.failed:
+            raise SystemExit(1)
+
+
+@dataclass
+class Verify(Report):
     """
     Check an image against the hand-built LUMI PyTorch image.
 
@@ -29,11 +46,10 @@ class Verify:
     evidence) and a summary; exits non-zero if any check fails.
     """
 
-    def __init__(self, *, image, json=False, strict=False, timeout=600):
-        self.image = image
-        self.json = json
-        self.strict = strict
-        self.timeout = timeout
+    image: str
+    json: bool = False
+    strict: bool = False
+    timeout: float = 600
 
     def report(self):
         """The report (a signal stops the container it started)."""
@@ -51,18 +67,9 @@ class Verify:
                 exit_code=e.exit_code,
             )
 
-    def execute(self):
-        """Print the report; exit 1 when a row failed, 2 on bad input."""
-        try:
-            report = self.report()
-        except CotainrLumiError as e:
-            fail(e)
-        print(report.as_json() if self.json else report.as_text())
-        if report.failed:
-            raise SystemExit(1)
 
-
-class CheckHost(Verify):
+@dataclass
+class CheckHost(Report):
     """
     Check the host facts the system profiles rely on (after a LUMI update).
 
@@ -70,10 +77,9 @@ class CheckHost(Verify):
     host MPI) with the fix; exits non-zero if a fact is stale.
     """
 
-    def __init__(self, *, json=False, system=None, root="/"):
-        self.json = json
-        self.system = system
-        self.root = root
+    json: bool = False
+    system: Optional[str] = None
+    root: str = "/"
 
     def report(self):
         """The report of the host under ``--root``."""

@@ -59,9 +59,13 @@ class ProfileError(CotainrLumiError):
         self.line = line
         self.system = system
         self.key = key
-        where = [f"file {self.file}"] if file is not None else []
-        where += [f"line {line}"] if line is not None else []
-        where += [f"{n} '{v}'" for n, v in (("system", system), ("key", key)) if v]
+        shown = (
+            f"file {self.file}",
+            f"line {line}",
+            f"system '{system}'",
+            f"key '{key}'",
+        )
+        where = [text for text, value in zip(shown, (file, line, system, key)) if value]
         prefix = f"Invalid system profile ({', '.join(where)}): " if where else ""
         super().__init__(prefix + message)
 

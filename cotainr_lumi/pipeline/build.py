@@ -118,7 +118,6 @@ class Build:
         self.facts = plan.facts  # with the base held open once started
         self.labels = {}
         self.reports = []
-        self.host_files = None
         self.compression = sifimage.Compression.parse(plan.build_settings.compression)
         self.result = None
         self.view = None  # the mounted base of a layered build
@@ -237,7 +236,7 @@ class Build:
         with blamed("cotainr-lumi"):  # the stages read the base it still is
             checks.check_base_image_unchanged(base, used=base_image_used)
         with blamed("outputs"):
-            self.host_files = hostfiles.checked(self.reports)
+            hostfiles.check(self.reports)
         self.labels[imagelayout.LABEL_COMPRESSION] = str(self.compression)
         if self.view is not None and self.view.layer:
             sha256 = self.labels.get(imagelayout.LABEL_BASE_IMAGE_SHA256)
@@ -298,10 +297,7 @@ class Build:
             )
             return None
         layer_kept = self.view is not None and self.view.only and self.view.kept
-        files = self.host_files.layer if layer_kept else self.host_files.image
-        hostfiles.write(files.files)
-        if files.run_hint:
-            logger.info("%s", files.run_hint)
+        hostfiles.write(hostfiles.joined(self.reports, layer=layer_kept))
         self.result = BuildResult.of_plan(
             self.plan,
             labels=dict(self.labels),

@@ -140,9 +140,7 @@ def check_base_image_unchanged(base, *, used):
 
 
 def as_stage_error(error, *, stage):
-    """The one clear error to report for an exception raised while building."""
-    if isinstance(error, CotainrLumiError):
-        return error
+    """The one clear error to report for an exception (not a CotainrLumiError)."""
     command_error = _cotainr.command_error_from(error)
     if command_error is not None:
         return StageError(
@@ -193,9 +191,7 @@ def cotainr_failure(error, *, plan):
     """One line for a failure of cotainr's own steps (sandbox, conda, image)."""
     if isinstance(error, CotainrLumiError):  # said by cotainr-lumi's own parts
         return error
-    cause = error
-    if error.__cause__ is not None:
-        cause = error.__cause__
+    cause = error.__cause__ or error
     lines = (getattr(cause, "stderr", None) or "").strip().splitlines()
     detail = f"{type(error).__name__}: {error}"
     if lines:

@@ -37,11 +37,11 @@ def _probe_failure(error, *, timeout):
     if isinstance(error, subprocess.TimeoutExpired):
         return imageprobe.timeout_message(timeout)
     text = (getattr(error, "stderr", None) or "").strip()
-    why = " | ".join(text.splitlines()[-3:])[-300:]
-    if not why:
-        why = getattr(error, "strerror", None)
-    if not why:
-        why = f"exit status {getattr(error, 'returncode', '')}, no message"
+    why = (
+        " | ".join(text.splitlines()[-3:])[-300:]
+        or getattr(error, "strerror", None)
+        or f"exit status {getattr(error, 'returncode', '')}, no message"
+    )
     hint = apptainer.env_deadline_hint(text, image="the base image")
     return f"the probe of the base image failed ({why}){hint}"
 

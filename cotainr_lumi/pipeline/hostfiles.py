@@ -1,6 +1,5 @@
 """The host files of a build (module file, shell snippet, ...): checked, then written."""
 
-from dataclasses import dataclass
 import logging
 import os
 from pathlib import Path
@@ -9,14 +8,6 @@ from ..engine.stage import OUTPUT_MARKER, HostFiles
 from ..errors import StageError
 
 logger = logging.getLogger(f"cotainr.{__name__}")
-
-
-@dataclass(frozen=True)
-class Choice:
-    """The host files for the image, and for its layer alone (``--layer-only``)."""
-
-    image: HostFiles
-    layer: HostFiles
 
 
 def _check(path, content, *, stage):
@@ -44,37 +35,27 @@ def _check(path, content, *, stage):
         )
 
 
-def checked(reports):
-    """
-    The host files the stages asked for, checked before the image is built.
-
-    Returns
-    -------
-    choice : Choice
-        All files and run hints of the reports, for the image and for a layer.
-    """
+def check(reports):
+    """Refuse the host files the stages ask for that cannot be written (before the image)."""
     for report in reports:
         for files in filter(None, (report.host_files, report.layer_host_files)):
             for path, content in files.files.items():
                 _check(Path(path), content, stage=report.name)
-    return Choice(
-        image=_joined([report.host_files for report in reports]),
-        layer=_joined([r.layer_host_files or r.host_files for r in reports]),
-    )
 
 
-def _joined(host_files):
-    """One HostFiles of several: all their files, their run hints in order."""
-    files = {
-        Path(path): text for each in host_files for path, text in each.files.items()
-    }
-    hints = [each.run_hint for each in host_files if each.run_hint]
+def joined(reports, *, layer):
+    """The host files of all reports in one, of the image or of its `layer` alone."""
+    chosen = [report.host_files for report in reports]
+    if layer:
+        chosen = [r.layer_host_files or r.host_files for r in reports]
+    files = {Path(path): text for each in chosen for path, text in each.files.items()}
+    hints = [each.run_hint for each in chosen if each.run_hint]
     return HostFiles(files=files, run_hint="\n".join(hints))
 
 
-def write(files):
-    """Write host files atomically, one by one (after :func:`checked`)."""
-    for path, content in files.items():
+def write(host_files):
+    """Write host files atomically, one by one (after :func:`check`); log the run hint."""
+    for path, content in host_files.files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
         tmp.write_text(content)
@@ -84,3 +65,5 @@ def write(files):
         tmp.chmod(mode)
         os.replace(tmp, path)
         logger.info("Wrote %s", path)
+    if host_files.run_hint:
+        logger.info("%s", host_files.run_hint)

@@ -262,17 +262,6 @@ def _mount_problem(*, base, layered, layers, conda_envs):
     return layer.mount_problem(base.resolved)
 
 
-def _refuse_unpacking_layers(*, base, mount):
-    """Stop before a base's layers would be left out by unpacking it."""
-    if mount:
-        raise layer.refusal(base.given, mount)
-    raise InputError(
-        f"The base image {base.given} has layers (SIF overlay partitions), "
-        "which unpacking it would leave out; stock cotainr unpacks it: build "
-        "with --lumi-system NAME, which mounts it."
-    )
-
-
 def _layering(*, base, build_settings, conda_envs, extended):
     """Why the base is not mounted, and why the image is not a layer (None: it is)."""
     layered = build_settings.layered
@@ -280,8 +269,14 @@ def _layering(*, base, build_settings, conda_envs, extended):
     mount = _mount_problem(
         base=base, layered=layered, layers=layers, conda_envs=conda_envs
     )
-    if layers and (mount or not extended):
-        _refuse_unpacking_layers(base=base, mount=mount)
+    if layers and mount:  # unpacking it would leave its layers out
+        raise layer.refusal(base.given, mount)
+    if layers and not extended:
+        raise InputError(
+            f"The base image {base.given} has layers (SIF overlay partitions), "
+            "which unpacking it would leave out; stock cotainr unpacks it: build "
+            "with --lumi-system NAME, which mounts it."
+        )
     if not layered:
         return mount, "--flatten (build.layered=false)"
     return mount, mount

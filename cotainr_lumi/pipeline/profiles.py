@@ -16,7 +16,6 @@ loaded, the base image of that system of its ``systems.json`` replaces
 """
 
 import copy
-import dataclasses
 from dataclasses import dataclass, field
 import logging
 import os
@@ -193,24 +192,18 @@ def _read_system(*, path, name, raw, systems):
         raise ProfileError(
             "a system must be a mapping of keys", file=path, line=line, system=name
         )
+
+    def error(message, key):
+        line = line_of(data=raw, path=(key,))
+        return ProfileError(message, file=path, line=line, system=name, key=key)
+
     unknown = sorted(set(raw) - _SYSTEM_KEYS)
     if unknown:
-        raise ProfileError(
-            f"unknown key (known keys: {', '.join(sorted(_SYSTEM_KEYS))})",
-            file=path,
-            line=line_of(data=raw, path=(unknown[0],)),
-            system=name,
-            key=unknown[0],
-        )
+        known = ", ".join(sorted(_SYSTEM_KEYS))
+        raise error(f"unknown key (known keys: {known})", unknown[0])
     follows = raw.get("follows")
     if follows is not None and (not isinstance(follows, str) or not follows.strip()):
-        raise ProfileError(
-            "must name a system of LUST's systems.json, e.g. lumi-g",
-            file=path,
-            line=line_of(data=raw, path=("follows",)),
-            system=name,
-            key="follows",
-        )
+        raise error("must name a system of LUST's systems.json, e.g. lumi-g", "follows")
     system = dict(raw)
     if "settings" in raw:
         system["settings"] = load_sections(
@@ -304,8 +297,12 @@ def load_systems(*, files=None, include_stock=True):
     sources = {name: [file for file, _ in read] for name, read in history.items()}
     site_bases = _follow_site(raw, history=history)
     for name in raw:
-        system = _resolve(name=name, raw=raw, sources=sources)
-        systems[name] = dataclasses.replace(system, site_base=site_bases.get(name))
+        systems[name] = _validate(
+            name=name,
+            merged=_resolve(name=name, raw=raw, sources=sources),
+            sources=sources[name],
+            site_base=site_bases.get(name),
+        )
     return systems
 
 
@@ -344,39 +341,30 @@ def _stock_profiles(*, exclude):
 
 
 def _resolve(*, name, raw, sources, chain=()):
-    """Resolve `extends` and validate one system."""
+    """One system's keys over those of the system it `extends` (that one validated)."""
     where = {"file": sources[name][-1], "system": name}
     if name in chain:
         cycle = " -> ".join((*chain, name))
         raise ProfileError(f"'extends' forms a cycle: {cycle}", key="extends", **where)
-    definition = raw[name]
-    parent = definition.get("extends")
-    if parent is not None:
-        if parent not in raw:
-            raise ProfileError(
-                f"extends unknown system {parent!r} (profile systems: "
-                f"{', '.join(sorted(raw))})",
-                key="extends",
-                **where,
-            )
-        base = _resolve(name=parent, raw=raw, sources=sources, chain=(*chain, name))
-        merged = merge_mappings(
-            {
-                "description": base.description,
-                "base-image": base.base_image,
-                "rocm-version": base.rocm_version,
-                "stages": list(base.stages),
-                "settings": base.settings,
-            },
-            {k: v for k, v in definition.items() if k != "extends"},
+    merged = raw[name]
+    parent = merged.get("extends")
+    if parent is None:
+        return merged
+    if parent not in raw:
+        raise ProfileError(
+            f"extends unknown system {parent!r} (profile systems: "
+            f"{', '.join(sorted(raw))})",
+            key="extends",
+            **where,
         )
-    else:
-        merged = definition
-    return _validate(name=name, merged=merged, sources=sources[name], where=where)
+    base = _resolve(name=parent, raw=raw, sources=sources, chain=(*chain, name))
+    _validate(name=parent, merged=base, sources=sources[parent])
+    return merge_mappings(base, merged)
 
 
-def _validate(*, name, merged, sources, where):
+def _validate(*, name, merged, sources, site_base=None):
     """Check the keys of a resolved system and build its SystemProfile."""
+    where = {"file": sources[-1], "system": name}
     base_image = merged.get("base-image")
     if not isinstance(base_image, str) or not base_image.strip():
         raise ProfileError(
@@ -397,6 +385,7 @@ def _validate(*, name, merged, sources, where):
         settings=copy.deepcopy(settings),
         rocm_version=_rocm_version(merged.get("rocm-version"), where=where),
         sources=tuple(sources),
+        site_base=site_base,
         mpi_host=_host_binding(settings, where=where),
     )
 

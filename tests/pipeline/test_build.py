@@ -317,7 +317,6 @@ def test_a_kept_layer_only_image_gets_the_module_files_for_its_base(tmp_path, ke
     """The stage reports both; the whole image (the layer not kept) keeps SIF."""
     from types import SimpleNamespace
 
-    from cotainr_lumi.pipeline import hostfiles
     from cotainr_lumi.pipeline.build import Build
 
     lua = tmp_path / "x.lua"
@@ -337,7 +336,7 @@ def test_a_kept_layer_only_image_gets_the_module_files_for_its_base(tmp_path, ke
         build_settings=SimpleNamespace(compression="zstd:3"),
     )
     build = Build(plan=plan)
-    build.host_files = hostfiles.checked([report])
+    build.reports = [report]
     build.view = SimpleNamespace(only=True, kept=kept)
     build.finish(error=None)
     assert lua.read_text().endswith("the base" if kept else "the image")
