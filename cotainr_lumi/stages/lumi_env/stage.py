@@ -32,7 +32,7 @@ from .modulefile import (
 from .mpi import LOAD_CHECK, HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
 from .settings import LumiEnvSettings
-from .validators import CONTAINER_ROOT, MODULE_DIR, module_name_problem, text_problem
+from .validators import CONTAINER_ROOT, MODULE_DIR, check_module_name, check_text
 
 
 class LumiEnvStage(Stage):
@@ -60,18 +60,16 @@ class LumiEnvStage(Stage):
         names = self.settings.names(image_path=build.image_path)
         if names.lua is None:
             return []
-        fix = (
-            "Rename the image, or set the name or place with --set "
-            "lumi-env.module-name=NAME, lumi-env.module-dir=DIR or "
-            "lumi-env.container-root=DIR (or --set lumi-env.module-file=false)."
-        )
-        for problem in (
-            module_name_problem(names.name),
-            text_problem(str(names.lua.parent), **MODULE_DIR),
-            text_problem(str(names.root), **CONTAINER_ROOT),
-        ):
-            if problem:
-                raise InputError(f"lumi-env: {problem}. {fix}")
+        try:
+            check_module_name(names.name)
+            check_text(str(names.lua.parent), **MODULE_DIR)
+            check_text(str(names.root), **CONTAINER_ROOT)
+        except ValueError as e:
+            raise InputError(
+                f"lumi-env: {e}. Rename the image, or set the name or place with "
+                "--set lumi-env.module-name=NAME, lumi-env.module-dir=DIR or "
+                "lumi-env.container-root=DIR (or --set lumi-env.module-file=false)."
+            ) from None
         return [names.lua, names.shell, names.root]
 
     def _run_hint(self, *, image_path, mpi, binds, base=None):
