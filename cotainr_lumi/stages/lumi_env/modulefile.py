@@ -31,7 +31,7 @@ from .ops import (
     bind,
     render,
 )
-from .validators import check_image_path, check_var_name, validate_bind, var_name_of
+from .validators import check_image_path, var_name_of
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -105,12 +105,12 @@ def module_ops(
     base=None,
 ):
     """The module file's and snippet's operations (`base`: the image is its layer)."""
+    # The binds and names are checked settings; the paths the build's.
     image = check_image_path(image)
     sif = check_image_path(base.path) if base else image
-    bind_ops = [bind(validate_bind(b)) for b in binds]
     name = name or Path(image).stem
-    var = check_var_name(var or var_name_of(name))
-    root = check_image_path(container_root) if container_root else None
+    var = var or var_name_of(name)
+    root = str(container_root) if container_root else None
     ops = [
         Comment(f"File {MARKER} {__version__} for {image}."),
         Comment("Rewritten when the image is rebuilt; copy it before editing."),
@@ -128,7 +128,7 @@ def module_ops(
         )
     elif runscripts:
         ops.append(SetEnv("RUNSCRIPTS", runscripts))
-    return ops + bind_ops
+    return ops + [bind(b) for b in binds]
 
 
 @dataclass(frozen=True)
@@ -219,26 +219,17 @@ def module_outputs(
         user_software=user_software,
         base=base,
     ) + mpi.module_ops(image=str(image_path))
-    return {
-        names.lua: render(ops, language="lua"),
-        names.shell: render(ops, language="sh"),
-        **_container_root_files(
-            settings=settings,
-            root=names.root,
-            image_path=image_path,
-            user_venv=names.user_venv,
-            wrappers=wrappers,
-            base=base,
-        ),
-    }
-
-
-def _container_root_files(*, settings, root, image_path, user_venv, wrappers, base):
-    """CONTAINERROOT's files: host commands, runscripts, user-software."""
+    root = names.root  # CONTAINERROOT: host commands, runscripts, user-software
     scripts = {**{n: n for n in HOST_COMMANDS}, **dict.fromkeys(wrappers, "python")}
     files = {
-        root / "bin" / n: _host_command_text(s, image=image_path, root=root, base=base)
-        for n, s in scripts.items()
+        names.lua: render(ops, language="lua"),
+        names.shell: render(ops, language="sh"),
+        **{
+            root / "bin" / n: _host_command_text(
+                s, image=image_path, root=root, base=base
+            )
+            for n, s in scripts.items()
+        },
     }
     if settings.runscripts:
         for name in RUNSCRIPTS:  # with the output marker after the first line
@@ -251,7 +242,7 @@ def _container_root_files(*, settings, root, image_path, user_venv, wrappers, ba
         f"{MARKER} {__version__} for {image_path}.\n"
         f"This directory is mounted at {USER_SOFTWARE_DIR} by the module.\n"
         f"In the container, `source /runscripts/init-conda-venv` creates and\n"
-        f"activates the venv {user_venv} on top of the image's Python\n"
+        f"activates the venv {names.user_venv} on top of the image's Python\n"
         "environment; `pip install` then installs here. `make-squashfs` packs\n"
         "this directory into ../user-software.squashfs (reload the module).\n"
     )

@@ -129,13 +129,7 @@ class LumiEnvStage(Stage):
         names = self.settings.names(image_path=image_path)
         user_software = not image_has_user_software(root=root)
         record = self._write_image_files(
-            root=root,
-            # The build's one probe of the image (never `python` on PATH).
-            target=context.target_env if self.settings.with_conda else None,
-            mpi=mpi,
-            binds=binds,
-            user_venv=names.user_venv,
-            libfabric=libfabric,
+            context=context, mpi=mpi, binds=binds, names=names, libfabric=libfabric
         )
         record["runtime"] = network.write_runtime_record(
             settings=self.settings, root=root, binds=binds, libfabric=libfabric
@@ -144,57 +138,47 @@ class LumiEnvStage(Stage):
         wrappers = None
         if names.lua is not None:  # (no probe for them without a module file)
             wrappers = wrapper_names(root=root, target=context.target_env)
-        module = dict(
-            settings=self.settings,
-            binds=binds,
-            image_path=image_path,
-            user_software=user_software,
-            mpi=mpi,
-            wrappers=wrappers,
-        )
-        host_files = self._host_files(module=module)
-        layer_host_files = None
-        if context.build.layer_only:  # used if the layer is kept
-            base = LayerBase.of(context.build.base_image)
-            layer_host_files = self._host_files(module=module, base=base)
-        module_file = None
+
+        def host_files(base=None):  # (`base`: of the layer on that base)
+            files = module_outputs(
+                settings=self.settings,
+                image_path=image_path,
+                binds=binds,
+                user_software=user_software,
+                mpi=mpi,
+                wrappers=wrappers,
+                base=base,
+            )
+            hint = self._run_hint(
+                image_path=image_path, mpi=mpi, binds=binds, base=base
+            )
+            return HostFiles(files=files, run_hint=hint)
+
+        module = host_files()
         record |= {
             "mpi": mpi.record(),
             "module-files": [],
             "container-root": None,
-            "host-files": sorted(str(p) for p in host_files.files),
+            "host-files": sorted(str(p) for p in module.files),
         }
-        if host_files.files:
-            module_file = names.lua
-            record["module-files"] = [str(names.lua), str(names.shell)]
-            record["container-root"] = str(names.root)
-        return StageReport(
-            name=self.name,
-            summary=self._summary(module_file=module_file, mpi=mpi),
-            record=record,
-            labels=self._labels(binds=binds, mpi=mpi, record=record),
-            host_files=host_files,
-            layer_host_files=layer_host_files,
-        )
-
-    def _summary(self, *, module_file, mpi):
-        """The stage's line in the build log."""
         summary = f"{len(self.env)} variables in {ENV_FILE}"
         if self.settings.runscripts:
             summary += f", runscripts in {RUNSCRIPTS_DIR}"
-        if module_file:
-            summary += f", module file {module_file}"
-        return f"{summary}; {mpi.summary()}"
-
-    def _host_files(self, *, module, base=None):
-        """The module files and CONTAINERROOT (`base`: of the layer on that base)."""
-        hint = self._run_hint(
-            image_path=module["image_path"],
-            mpi=module["mpi"],
-            binds=module["binds"],
-            base=base,
+        if module.files:
+            record["module-files"] = [str(names.lua), str(names.shell)]
+            record["container-root"] = str(names.root)
+            summary += f", module file {names.lua}"
+        layer = None
+        if context.build.layer_only:  # used if the layer is kept
+            layer = host_files(LayerBase.of(context.build.base_image))
+        return StageReport(
+            name=self.name,
+            summary=f"{summary}; {mpi.summary()}",
+            record=record,
+            labels=self._labels(binds=binds, mpi=mpi, record=record),
+            host_files=module,
+            layer_host_files=layer,
         )
-        return HostFiles(files=module_outputs(**module, base=base), run_hint=hint)
 
     def _network_and_mpi(self, *, context):
         """The network family (decided from the image), the MPI plan and the binds."""
@@ -236,16 +220,20 @@ class LumiEnvStage(Stage):
             labels[imagelayout.LABEL_RUNSCRIPTS] = RUNSCRIPTS_DIR
         return labels
 
-    def _write_image_files(self, *, root, target, mpi, binds, user_venv, libfabric):
+    def _write_image_files(self, *, context, mpi, binds, names, libfabric):
         """Write the env files, with-conda.sh and runscripts; the report's details."""
+        root = context.sandbox.root
+        target = None
         env_prefix = None
         if self.settings.with_conda:
+            # The build's one probe of the image (never `python` on PATH).
+            target = context.target_env
             env_prefix = imagefiles.write_with_conda(root=root, target=target)
         blocks, found = imagefiles.env_file_blocks(
             settings=self.settings,
             root=root,
             target=target,
-            user_venv=user_venv,
+            user_venv=names.user_venv,
             libfabric=libfabric,
         )
         header = (
@@ -255,8 +243,10 @@ class LumiEnvStage(Stage):
         content = render_env_file(header=header, blocks=blocks)
         write_file_in_root(root=root, path=ENV_FILE, content=content)
         entry = entrypoint.write_entrypoint_env(root=root)
+        runscripts = []
         if self.settings.runscripts:
             imagefiles.write_runscripts(root=root)
+            runscripts = [f"{RUNSCRIPTS_DIR}/{n}" for n in RUNSCRIPTS]
         if mpi.active:
             write_file_in_root(root=root, path=MPI_ENV_FILE, content=mpi.env_file())
         return {
@@ -265,11 +255,9 @@ class LumiEnvStage(Stage):
             "env": dict(self.env),
             "search-paths": found,
             "python-prefix": env_prefix,
-            "runscripts": [f"{RUNSCRIPTS_DIR}/{n}" for n in RUNSCRIPTS]
-            if self.settings.runscripts
-            else [],
+            "runscripts": runscripts,
             "binds": binds,
-            "user-venv": user_venv,
+            "user-venv": names.user_venv,
         }
 
     def _start_command(self, *, context, mpi):
