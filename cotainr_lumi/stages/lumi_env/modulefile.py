@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import importlib.resources
 import logging
 import os
-from pathlib import Path
 import shlex
 
 from ..._version import __version__
@@ -31,7 +30,7 @@ from .ops import (
     bind,
     render,
 )
-from .validators import check_image_path, var_name_of
+from .validators import check_image_path
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
@@ -81,50 +80,42 @@ def _container_root_ops(*, root, var, runscripts, user_software):
     return ops
 
 
-def _sif_ops(*, image, sif, var, base):
-    """SIF; for a layer (`base`): its check of the base, itself as the overlay."""
-    ops = [SetEnv("SIF", sif), SetEnv(f"SIF{var}", sif)]
-    if not base:
-        return ops
-    # The runtimes read these as --overlay (squashfs: read-only, without a warning).
-    overlay = [
-        SetEnv(f"{v}_OVERLAY", f"{image}:ro") for v in ("APPTAINER", "SINGULARITY")
-    ]
-    return [SameBase(base.path, base.stamp, *base.check(image)), *ops, *overlay]
-
-
 def module_ops(
-    *,
-    image,
-    binds,
-    runscripts=RUNSCRIPTS_DIR,
-    name=None,
-    var=None,
-    container_root=None,
-    user_software=True,
-    base=None,
+    *, image, binds, names, runscripts=RUNSCRIPTS_DIR, user_software=True, base=None
 ):
-    """The module file's and snippet's operations (`base`: the image is its layer)."""
-    # The binds and names are checked settings; the paths the build's.
+    """The module file's and snippet's operations (`base`: the image is its layer).
+
+    `names`: the module's :class:`.settings.ModuleNames` (``root`` None: no
+    CONTAINERROOT); they and the binds are checked settings.
+    """
     image = check_image_path(image)
-    sif = check_image_path(base.path) if base else image
-    name = name or Path(image).stem
-    var = var or var_name_of(name)
-    root = str(container_root) if container_root else None
+    name = names.name
+    var = names.var
     ops = [
         Comment(f"File {MARKER} {__version__} for {image}."),
         Comment("Rewritten when the image is rebuilt; copy it before editing."),
         Comment(f"Use: module load {name}, or source {name}.sh."),
-        Help(_help_text(image=image, var=var, root=root)),
+        Help(_help_text(image=image, var=var, root=names.root)),
         Whatis(f"Name: {name}"),
         Whatis(f"Description: cotainr-lumi container image {image}"),
     ]
-    ops += _sif_ops(image=image, sif=sif, var=var, base=base)
+    sif = image
+    if base:  # the image is a layer: check its base, run that
+        sif = check_image_path(base.path)
+        ops.append(SameBase(base.path, base.stamp, *base.check(image)))
+    ops += [SetEnv("SIF", sif), SetEnv(f"SIF{var}", sif)]
+    if base:  # The runtimes read these as --overlay (squashfs: read-only, no warning).
+        ops += [
+            SetEnv(f"{v}_OVERLAY", f"{image}:ro") for v in ("APPTAINER", "SINGULARITY")
+        ]
     if runscripts:
         ops.append(PrependPath("SINGULARITYENV_PREPEND_PATH", runscripts))
-    if root:
+    if names.root:
         ops += _container_root_ops(
-            root=root, var=var, runscripts=runscripts, user_software=user_software
+            root=str(names.root),
+            var=var,
+            runscripts=runscripts,
+            user_software=user_software,
         )
     elif runscripts:
         ops.append(SetEnv("RUNSCRIPTS", runscripts))
@@ -213,9 +204,7 @@ def module_outputs(
         image=image_path,
         binds=binds,
         runscripts=RUNSCRIPTS_DIR if settings.runscripts else None,
-        name=names.name,
-        var=names.var,
-        container_root=names.root,
+        names=names,
         user_software=user_software,
         base=base,
     ) + mpi.module_ops(image=str(image_path))
