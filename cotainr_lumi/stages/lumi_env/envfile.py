@@ -80,7 +80,7 @@ def private_dir_defaults(*, groups):
 def forced_assignment(*, name, value):
     """Shell code setting a variable unconditionally."""
     validate_name(name)
-    return SetEnv(name, validate_value(name=name, value=value)).sh()
+    return SetEnv(name, validate_value(name=name, value=value)).code("sh")
 
 
 def path_addition(*, name, entries, position="append"):
@@ -92,7 +92,7 @@ def path_addition(*, name, entries, position="append"):
     if position == "prepend":
         op = PrependPath
         entries.reverse()
-    return "\n".join(op(name, e).sh() for e in entries)
+    return "\n".join(op(name, e).code("sh") for e in entries)
 
 
 def render_env_file(*, header, blocks: Iterable[str]):
