@@ -72,12 +72,11 @@ class LumiEnvStage(Stage):
             ) from None
         return [names.lua, names.shell, names.root]
 
-    def _run_hint(self, *, image_path, mpi, binds, base=None):
+    def _run_hint(self, *, names, image_path, mpi, binds, base=None):
         """The command to run the image on LUMI (`base`: the image is its layer)."""
         entry = "conda-python-distributed" if self.settings.runscripts else "python"
         bind_opt = f"-B {shlex.quote(','.join(binds))} " if binds else ""
         lines = ["Run the image on LUMI with:"]
-        names = self.settings.names(image_path=image_path)
         if names.lua is not None:
             lines.append(
                 f"  module use {shlex.quote(str(names.lua.parent))}; "
@@ -150,7 +149,7 @@ class LumiEnvStage(Stage):
                 base=base,
             )
             hint = self._run_hint(
-                image_path=image_path, mpi=mpi, binds=binds, base=base
+                names=names, image_path=image_path, mpi=mpi, binds=binds, base=base
             )
             return HostFiles(files=files, run_hint=hint)
 
@@ -260,23 +259,19 @@ class LumiEnvStage(Stage):
             "user-venv": names.user_venv,
         }
 
-    def _start_command(self, *, context, mpi):
-        """The start check's command; with :data:`.mpi.LOAD_CHECK` when it applies."""
+    def _check_in_sandbox(self, *, context, mpi):
+        """One start of the container: the env file works, mpi4py loads its MPI."""
         script = 'printf "ok\\n"'
         if self.settings.runscripts:
             script = "command -v get-master >/dev/null && " + script
+        args = ["bash", "-c", script]
         python = getattr(context.target_env, "python", None) if mpi.active else None
-        if not (python and mpi.scan.mpi4py):
-            return ["bash", "-c", script], False
-        script += ' && { "$1" -c "$2" || true; }'
-        return ["bash", "-c", script, "check", python, LOAD_CHECK], True
-
-    def _check_in_sandbox(self, *, context, mpi):
-        """One start of the container: the env file works, mpi4py loads its MPI."""
-        sandbox = context.sandbox
-        args, load_check = self._start_command(context=context, mpi=mpi)
+        load_check = python and mpi.scan.mpi4py  # with :data:`.mpi.LOAD_CHECK`
+        if load_check:
+            args = ["bash", "-c", script + ' && { "$1" -c "$2" || true; }']
+            args += ["check", python, LOAD_CHECK]
         try:
-            proc = sandbox.run(args)
+            proc = context.sandbox.run(args)
         except CommandError as e:
             raise StageError(
                 f"the container does not start with the generated {ENV_FILE}",
@@ -293,4 +288,4 @@ class LumiEnvStage(Stage):
             text = f"{proc.stdout or ''}\n{proc.stderr or ''}"
             mpi.check_loaded(text=text, stage=self.name)
         record = json.dumps(mpi.record(), indent=2) + "\n"
-        write_file_in_root(root=sandbox.root, path=MPI_FILE, content=record)
+        write_file_in_root(root=context.sandbox.root, path=MPI_FILE, content=record)
