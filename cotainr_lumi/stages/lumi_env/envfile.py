@@ -22,12 +22,6 @@ from .validators import (
 )
 
 
-def default_assignment(*, name, value):
-    """Shell code setting a variable unless it is already set."""
-    text = validate_value(name=name, value=value)
-    return computed_default(name=name, expression=shlex.quote(text))
-
-
 def computed_default(*, name, expression):
     """Shell code setting a variable to a shell expression unless already set."""
     validate_name(name)
@@ -103,9 +97,11 @@ def render_env_file(*, header, blocks: Iterable[str]):
 
 
 def default_assignments(env: Mapping[str, object]):
-    """Default assignments for a mapping, skipping ``None`` values."""
+    """Shell code setting each variable unless it is set (``None`` values: not)."""
     return "\n".join(
-        default_assignment(name=name, value=value)
-        for name, value in env.items()
-        if value is not None
+        computed_default(
+            name=n, expression=shlex.quote(validate_value(name=n, value=v))
+        )
+        for n, v in env.items()
+        if v is not None
     )
