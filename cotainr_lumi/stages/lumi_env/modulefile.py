@@ -189,10 +189,12 @@ def _host_command_text(name, *, image, root, base=None):
 
 
 def module_outputs(
-    *, settings, image_path, binds, user_software, mpi, wrappers, base=None
+    *, settings, names, image_path, binds, user_software, mpi, wrappers, base=None
 ):
-    """{path: text} of the module file, shell snippet and CONTAINERROOT files."""
-    names = settings.names(image_path=image_path)
+    """{path: text} of the module file, shell snippet and CONTAINERROOT files.
+
+    `names`: the image's :class:`.settings.ModuleNames`.
+    """
     if names.lua is None:
         return {}
     try:

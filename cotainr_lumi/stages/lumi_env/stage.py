@@ -141,6 +141,7 @@ class LumiEnvStage(Stage):
         def host_files(base=None):  # (`base`: of the layer on that base)
             files = module_outputs(
                 settings=self.settings,
+                names=names,
                 image_path=image_path,
                 binds=binds,
                 user_software=user_software,

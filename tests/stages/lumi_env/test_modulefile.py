@@ -261,6 +261,7 @@ def test_wrappers_are_the_commands_the_target_env_has(tmp_path):
     croot = settings.names(image_path=image).root
     outputs = module_outputs(
         settings=settings,
+        names=settings.names(image_path=image),
         image_path=image,
         binds=[],
         user_software=True,
