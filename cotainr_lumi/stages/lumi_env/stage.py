@@ -10,7 +10,6 @@ SIF cannot hold.
 """
 
 import json
-from pathlib import Path
 import shlex
 
 from ... import imagelayout
@@ -123,7 +122,7 @@ class LumiEnvStage(Stage):
     def run(self, *, context):
         """Write the env file, runscripts and with-conda.sh; report the outputs."""
         root = context.sandbox.root
-        image_path = Path(context.build.image_path)
+        image_path = context.build.image_path
         libfabric, mpi, binds = self._network_and_mpi(context=context)
         names = self.settings.names(image_path=image_path)
         user_software = not image_has_user_software(root=root)

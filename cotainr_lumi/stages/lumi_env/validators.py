@@ -54,7 +54,7 @@ def text_problem(value, *, what, forbid=",:", spaces=False, absolute=True, use="
         rule.append("white space")
         bad += r"\s"
     start = "/" if absolute else ""
-    if isinstance(value, str) and value.startswith(start) and value:
+    if isinstance(value, str) and value and value.startswith(start):
         if not re.search(f"[{bad}]", value):
             return None
     kind = "an absolute path" if absolute else "non-empty text"
