@@ -278,14 +278,15 @@ class LumiEnvStage(Stage):
                 stage=self.name,
                 details=e.error_lines(),
             ) from e
-        if "ok" not in (proc.stdout or ""):
+        stdout = proc.stdout or ""
+        stderr = proc.stderr or ""
+        if "ok" not in stdout:
             raise StageError(
                 f"the container did not run a command with the generated {ENV_FILE}",
                 stage=self.name,
-                details=(proc.stderr or "")[-2000:],
+                details=stderr[-2000:],
             )
         if load_check:
-            text = f"{proc.stdout or ''}\n{proc.stderr or ''}"
-            mpi.check_loaded(text=text, stage=self.name)
+            mpi.check_loaded(text=f"{stdout}\n{stderr}", stage=self.name)
         record = json.dumps(mpi.record(), indent=2) + "\n"
         write_file_in_root(root=context.sandbox.root, path=MPI_FILE, content=record)
