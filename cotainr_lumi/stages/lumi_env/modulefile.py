@@ -40,28 +40,51 @@ def _help_text(*, image, var, root):
         f"cotainr-lumi container image {image}\n\n"
         f"Sets SIF and SIF{var} (the image), SINGULARITY_BIND (the LUMI host paths\n"
         f"the image needs), SINGULARITYENV_PREPEND_PATH ({RUNSCRIPTS_DIR} first in the\n"
-        "container)"
+        f"container), CONTAINERROOT ({root}), RUNSCRIPTS (host copies of the\n"
+        "runscripts) and puts start-shell, list-packages, make-squashfs and\n"
+        "unmake-squashfs on PATH, and wrappers of the image's python, pip, torchrun, ...\n"
+        "(those its env has), which run these in the container with the same\n"
+        "arguments.\n"
+        "$CONTAINERROOT/user-software (or user-software.squashfs, after\n"
+        f"make-squashfs) is mounted at {USER_SOFTWARE_DIR}; a venv there is active in\n"
+        f"the container (source {RUNSCRIPTS_DIR}/init-conda-venv creates it). Run with "
+        'e.g.\n  srun singularity exec "$SIF" conda-python-distributed train.py\n'
     )
-    if root:
-        text += (
-            f", CONTAINERROOT ({root}), RUNSCRIPTS (host copies of the\n"
-            "runscripts) and puts start-shell, list-packages, make-squashfs and\n"
-            "unmake-squashfs on PATH, and wrappers of the image's python, pip, torchrun, ...\n"
-            "(those its env has), which run these in the container with the same\n"
-            "arguments.\n"
-            "$CONTAINERROOT/user-software (or user-software.squashfs, after\n"
-            f"make-squashfs) is mounted at {USER_SOFTWARE_DIR}; a venv there is active in\n"
-            f"the container (source {RUNSCRIPTS_DIR}/init-conda-venv creates it)"
-        )
-    return (
-        text
-        + '. Run with e.g.\n  srun singularity exec "$SIF" conda-python-distributed train.py\n'
-    )
+    return text
 
 
-def _container_root_ops(*, root, var, runscripts, user_software):
-    """CONTAINERROOT, its bin/ and runscripts/, and the user-software mount."""
+def module_ops(
+    *, image, binds, names, runscripts=RUNSCRIPTS_DIR, user_software=True, base=None
+):
+    """The module file's and snippet's operations (`base`: the image is its layer).
+
+    `names`: the module's :class:`.settings.ModuleNames`; they and the binds
+    are checked settings.
+    """
+    image = check_image_path(image)
+    name = names.name
+    var = names.var
+    root = str(names.root)  # CONTAINERROOT: bin/, runscripts/, user-software
     ops = [
+        Comment(f"File {MARKER} {__version__} for {image}."),
+        Comment("Rewritten when the image is rebuilt; copy it before editing."),
+        Comment(f"Use: module load {name}, or source {name}.sh."),
+        Help(_help_text(image=image, var=var, root=root)),
+        Whatis(f"Name: {name}"),
+        Whatis(f"Description: cotainr-lumi container image {image}"),
+    ]
+    sif = image
+    if base:  # the image is a layer: check its base, run that
+        sif = check_image_path(base.path)
+        ops.append(SameBase(base.path, base.stamp, *base.check(image)))
+    ops += [SetEnv("SIF", sif), SetEnv(f"SIF{var}", sif)]
+    if base:  # The runtimes read these as --overlay (squashfs: read-only, no warning).
+        ops += [
+            SetEnv(f"{v}_OVERLAY", f"{image}:ro") for v in ("APPTAINER", "SINGULARITY")
+        ]
+    if runscripts:
+        ops.append(PrependPath("SINGULARITYENV_PREPEND_PATH", runscripts))
+    ops += [
         SetEnv("CONTAINERROOT", root),
         SetEnv(f"EBROOT{var}", root),
         PrependPath("PATH", os.path.join(root, "bin")),
@@ -77,48 +100,6 @@ def _container_root_ops(*, root, var, runscripts, user_software):
             ("dir", home, [bind(f"{home}:{USER_SOFTWARE_DIR}")]),
         )
         ops.append(IfPath(branches))
-    return ops
-
-
-def module_ops(
-    *, image, binds, names, runscripts=RUNSCRIPTS_DIR, user_software=True, base=None
-):
-    """The module file's and snippet's operations (`base`: the image is its layer).
-
-    `names`: the module's :class:`.settings.ModuleNames` (``root`` None: no
-    CONTAINERROOT); they and the binds are checked settings.
-    """
-    image = check_image_path(image)
-    name = names.name
-    var = names.var
-    ops = [
-        Comment(f"File {MARKER} {__version__} for {image}."),
-        Comment("Rewritten when the image is rebuilt; copy it before editing."),
-        Comment(f"Use: module load {name}, or source {name}.sh."),
-        Help(_help_text(image=image, var=var, root=names.root)),
-        Whatis(f"Name: {name}"),
-        Whatis(f"Description: cotainr-lumi container image {image}"),
-    ]
-    sif = image
-    if base:  # the image is a layer: check its base, run that
-        sif = check_image_path(base.path)
-        ops.append(SameBase(base.path, base.stamp, *base.check(image)))
-    ops += [SetEnv("SIF", sif), SetEnv(f"SIF{var}", sif)]
-    if base:  # The runtimes read these as --overlay (squashfs: read-only, no warning).
-        ops += [
-            SetEnv(f"{v}_OVERLAY", f"{image}:ro") for v in ("APPTAINER", "SINGULARITY")
-        ]
-    if runscripts:
-        ops.append(PrependPath("SINGULARITYENV_PREPEND_PATH", runscripts))
-    if names.root:
-        ops += _container_root_ops(
-            root=str(names.root),
-            var=var,
-            runscripts=runscripts,
-            user_software=user_software,
-        )
-    elif runscripts:
-        ops.append(SetEnv("RUNSCRIPTS", runscripts))
     return ops + [bind(b) for b in binds]
 
 

@@ -32,8 +32,9 @@ BINDS = ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1", "/pfs", "/s
 
 
 def names(name, root=None):
-    """The module's names as the settings derive them (`root`: CONTAINERROOT or none)."""
+    """The module's names as the settings derive them (`root`: CONTAINERROOT)."""
     venv = f"/user-software/venv/{name}"
+    root = root or Path(f"/x/{name}.root")
     return ModuleNames(name, var_name_of(name), venv, None, None, root)
 
 
@@ -89,7 +90,7 @@ def test_module_file_loads_in_lmod_with_hostile_paths(tmp_path, image):
     env = lmod_env(tmp_path, "img")
     assert env["SIF"] == image
     assert env["SINGULARITY_BIND"] == ",".join(BINDS)
-    assert env["RUNSCRIPTS"] == "/runscripts"
+    assert env["RUNSCRIPTS"] == "/x/img.root/runscripts"
     assert env["SINGULARITYENV_PREPEND_PATH"] == "/runscripts"
     assert not marker.exists()
 
@@ -132,23 +133,38 @@ def test_shell_snippet_sets_the_same_variables(tmp_path):
         assert env["SINGULARITY_BIND"] == "/mine,/pfs," + ",".join(
             b for b in BINDS if b != "/pfs"
         )
-        assert env["RUNSCRIPTS"] == "/runscripts"
+        assert env["RUNSCRIPTS"] == "/x/img.root/runscripts"
         assert env["SINGULARITYENV_PREPEND_PATH"] == "/runscripts"
     assert not (tmp_path / "PWNED").exists()
 
 
 def test_no_runscripts_means_no_runscripts_variables():
     text = render(
-        module_ops(image="/x/a.sif", binds=[], names=names("a"), runscripts=None),
+        module_ops(
+            image="/x/a.sif",
+            binds=[],
+            names=names("a"),
+            runscripts=None,
+            user_software=False,
+        ),
         language="lua",
     )
     assert 'setenv("RUNSCRIPTS"' not in text and "append_path" not in text
+    assert 'setenv("RUNSCRIPTSA"' not in text
+    assert 'prepend_path("SINGULARITYENV_PREPEND_PATH"' not in text
     assert 'setenv("SIF", "/x/a.sif")' in text
     shell = render(
-        module_ops(image="/x/a.sif", binds=[], names=names("a"), runscripts=None),
+        module_ops(
+            image="/x/a.sif",
+            binds=[],
+            names=names("a"),
+            runscripts=None,
+            user_software=False,
+        ),
         language="sh",
     )
     assert "RUNSCRIPTS=" not in shell and "SINGULARITY_BIND" not in shell
+    assert "RUNSCRIPTSA=" not in shell
     assert "SIF=/x/a.sif; export SIF" in shell
 
 
