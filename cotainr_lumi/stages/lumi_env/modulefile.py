@@ -36,7 +36,7 @@ logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 def _help_text(*, image, var, root):
-    text = (
+    return (
         f"cotainr-lumi container image {image}\n\n"
         f"Sets SIF and SIF{var} (the image), SINGULARITY_BIND (the LUMI host paths\n"
         f"the image needs), SINGULARITYENV_PREPEND_PATH ({RUNSCRIPTS_DIR} first in the\n"
@@ -50,7 +50,6 @@ def _help_text(*, image, var, root):
         f"the container (source {RUNSCRIPTS_DIR}/init-conda-venv creates it). Run with "
         'e.g.\n  srun singularity exec "$SIF" conda-python-distributed train.py\n'
     )
-    return text
 
 
 def module_ops(
