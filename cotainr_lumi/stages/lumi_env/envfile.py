@@ -22,12 +22,6 @@ from .validators import (
 )
 
 
-def default_assignment(*, name, value):
-    """Shell code setting a variable unless it is already set."""
-    text = validate_value(name=name, value=value)
-    return computed_default(name=name, expression=shlex.quote(text))
-
-
 def computed_default(*, name, expression):
     """Shell code setting a variable to a shell expression unless already set."""
     validate_name(name)
@@ -80,7 +74,7 @@ def private_dir_defaults(*, groups):
 def forced_assignment(*, name, value):
     """Shell code setting a variable unconditionally."""
     validate_name(name)
-    return SetEnv(name, validate_value(name=name, value=value)).sh()
+    return SetEnv(name, validate_value(name=name, value=value)).code("sh")
 
 
 def path_addition(*, name, entries, position="append"):
@@ -92,7 +86,7 @@ def path_addition(*, name, entries, position="append"):
     if position == "prepend":
         op = PrependPath
         entries.reverse()
-    return "\n".join(op(name, e).sh() for e in entries)
+    return "\n".join(op(name, e).code("sh") for e in entries)
 
 
 def render_env_file(*, header, blocks: Iterable[str]):
@@ -103,9 +97,11 @@ def render_env_file(*, header, blocks: Iterable[str]):
 
 
 def default_assignments(env: Mapping[str, object]):
-    """Default assignments for a mapping, skipping ``None`` values."""
+    """Shell code setting each variable unless it is set (``None`` values: not)."""
     return "\n".join(
-        default_assignment(name=name, value=value)
-        for name, value in env.items()
-        if value is not None
+        computed_default(
+            name=n, expression=shlex.quote(validate_value(name=n, value=v))
+        )
+        for n, v in env.items()
+        if v is not None
     )

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import importlib.resources
 import logging
 import os
-from pathlib import Path
 import shlex
 
 from ..._version import __version__
@@ -31,38 +30,60 @@ from .ops import (
     bind,
     render,
 )
-from .validators import check_image_path, check_var_name, validate_bind, var_name_of
+from .validators import check_image_path
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
 
 def _help_text(*, image, var, root):
-    text = (
+    return (
         f"cotainr-lumi container image {image}\n\n"
         f"Sets SIF and SIF{var} (the image), SINGULARITY_BIND (the LUMI host paths\n"
         f"the image needs), SINGULARITYENV_PREPEND_PATH ({RUNSCRIPTS_DIR} first in the\n"
-        "container)"
-    )
-    if root:
-        text += (
-            f", CONTAINERROOT ({root}), RUNSCRIPTS (host copies of the\n"
-            "runscripts) and puts start-shell, list-packages, make-squashfs and\n"
-            "unmake-squashfs on PATH, and wrappers of the image's python, pip, torchrun, ...\n"
-            "(those its env has), which run these in the container with the same\n"
-            "arguments.\n"
-            "$CONTAINERROOT/user-software (or user-software.squashfs, after\n"
-            f"make-squashfs) is mounted at {USER_SOFTWARE_DIR}; a venv there is active in\n"
-            f"the container (source {RUNSCRIPTS_DIR}/init-conda-venv creates it)"
-        )
-    return (
-        text
-        + '. Run with e.g.\n  srun singularity exec "$SIF" conda-python-distributed train.py\n'
+        f"container), CONTAINERROOT ({root}), RUNSCRIPTS (host copies of the\n"
+        "runscripts) and puts start-shell, list-packages, make-squashfs and\n"
+        "unmake-squashfs on PATH, and wrappers of the image's python, pip, torchrun, ...\n"
+        "(those its env has), which run these in the container with the same\n"
+        "arguments.\n"
+        "$CONTAINERROOT/user-software (or user-software.squashfs, after\n"
+        f"make-squashfs) is mounted at {USER_SOFTWARE_DIR}; a venv there is active in\n"
+        f"the container (source {RUNSCRIPTS_DIR}/init-conda-venv creates it). Run with "
+        'e.g.\n  srun singularity exec "$SIF" conda-python-distributed train.py\n'
     )
 
 
-def _container_root_ops(*, root, var, runscripts, user_software):
-    """CONTAINERROOT, its bin/ and runscripts/, and the user-software mount."""
+def module_ops(
+    *, image, binds, names, runscripts=RUNSCRIPTS_DIR, user_software=True, base=None
+):
+    """The module file's and snippet's operations (`base`: the image is its layer).
+
+    `names`: the module's :class:`.settings.ModuleNames`; they and the binds
+    are checked settings.
+    """
+    image = check_image_path(image)
+    name = names.name
+    var = names.var
+    root = str(names.root)  # CONTAINERROOT: bin/, runscripts/, user-software
     ops = [
+        Comment(f"File {MARKER} {__version__} for {image}."),
+        Comment("Rewritten when the image is rebuilt; copy it before editing."),
+        Comment(f"Use: module load {name}, or source {name}.sh."),
+        Help(_help_text(image=image, var=var, root=root)),
+        Whatis(f"Name: {name}"),
+        Whatis(f"Description: cotainr-lumi container image {image}"),
+    ]
+    sif = image
+    if base:  # the image is a layer: check its base, run that
+        sif = check_image_path(base.path)
+        ops.append(SameBase(base.path, base.stamp, *base.check(image)))
+    ops += [SetEnv("SIF", sif), SetEnv(f"SIF{var}", sif)]
+    if base:  # The runtimes read these as --overlay (squashfs: read-only, no warning).
+        ops += [
+            SetEnv(f"{v}_OVERLAY", f"{image}:ro") for v in ("APPTAINER", "SINGULARITY")
+        ]
+    if runscripts:
+        ops.append(PrependPath("SINGULARITYENV_PREPEND_PATH", runscripts))
+    ops += [
         SetEnv("CONTAINERROOT", root),
         SetEnv(f"EBROOT{var}", root),
         PrependPath("PATH", os.path.join(root, "bin")),
@@ -78,57 +99,7 @@ def _container_root_ops(*, root, var, runscripts, user_software):
             ("dir", home, [bind(f"{home}:{USER_SOFTWARE_DIR}")]),
         )
         ops.append(IfPath(branches))
-    return ops
-
-
-def _sif_ops(*, image, sif, var, base):
-    """SIF; for a layer (`base`): its check of the base, itself as the overlay."""
-    ops = [SetEnv("SIF", sif), SetEnv(f"SIF{var}", sif)]
-    if not base:
-        return ops
-    # The runtimes read these as --overlay (squashfs: read-only, without a warning).
-    overlay = [
-        SetEnv(f"{v}_OVERLAY", f"{image}:ro") for v in ("APPTAINER", "SINGULARITY")
-    ]
-    return [SameBase(base.path, base.stamp, *base.check(image)), *ops, *overlay]
-
-
-def module_ops(
-    *,
-    image,
-    binds,
-    runscripts=RUNSCRIPTS_DIR,
-    name=None,
-    var=None,
-    container_root=None,
-    user_software=True,
-    base=None,
-):
-    """The module file's and snippet's operations (`base`: the image is its layer)."""
-    image = check_image_path(image)
-    sif = check_image_path(base.path) if base else image
-    bind_ops = [bind(validate_bind(b)) for b in binds]
-    name = name or Path(image).stem
-    var = check_var_name(var or var_name_of(name))
-    root = check_image_path(container_root) if container_root else None
-    ops = [
-        Comment(f"File {MARKER} {__version__} for {image}."),
-        Comment("Rewritten when the image is rebuilt; copy it before editing."),
-        Comment(f"Use: module load {name}, or source {name}.sh."),
-        Help(_help_text(image=image, var=var, root=root)),
-        Whatis(f"Name: {name}"),
-        Whatis(f"Description: cotainr-lumi container image {image}"),
-    ]
-    ops += _sif_ops(image=image, sif=sif, var=var, base=base)
-    if runscripts:
-        ops.append(PrependPath("SINGULARITYENV_PREPEND_PATH", runscripts))
-    if root:
-        ops += _container_root_ops(
-            root=root, var=var, runscripts=runscripts, user_software=user_software
-        )
-    elif runscripts:
-        ops.append(SetEnv("RUNSCRIPTS", runscripts))
-    return ops + bind_ops
+    return ops + [bind(b) for b in binds]
 
 
 @dataclass(frozen=True)
@@ -198,10 +169,12 @@ def _host_command_text(name, *, image, root, base=None):
 
 
 def module_outputs(
-    *, settings, image_path, binds, user_software, mpi, wrappers, base=None
+    *, settings, names, image_path, binds, user_software, mpi, wrappers, base=None
 ):
-    """{path: text} of the module file, shell snippet and CONTAINERROOT files."""
-    names = settings.names(image_path=image_path)
+    """{path: text} of the module file, shell snippet and CONTAINERROOT files.
+
+    `names`: the image's :class:`.settings.ModuleNames`.
+    """
     if names.lua is None:
         return {}
     try:
@@ -213,32 +186,21 @@ def module_outputs(
         image=image_path,
         binds=binds,
         runscripts=RUNSCRIPTS_DIR if settings.runscripts else None,
-        name=names.name,
-        var=names.var,
-        container_root=names.root,
+        names=names,
         user_software=user_software,
         base=base,
     ) + mpi.module_ops(image=str(image_path))
-    return {
-        names.lua: render(ops, language="lua"),
-        names.shell: render(ops, language="sh"),
-        **_container_root_files(
-            settings=settings,
-            root=names.root,
-            image_path=image_path,
-            user_venv=names.user_venv,
-            wrappers=wrappers,
-            base=base,
-        ),
-    }
-
-
-def _container_root_files(*, settings, root, image_path, user_venv, wrappers, base):
-    """CONTAINERROOT's files: host commands, runscripts, user-software."""
+    root = names.root  # CONTAINERROOT: host commands, runscripts, user-software
     scripts = {**{n: n for n in HOST_COMMANDS}, **dict.fromkeys(wrappers, "python")}
     files = {
-        root / "bin" / n: _host_command_text(s, image=image_path, root=root, base=base)
-        for n, s in scripts.items()
+        names.lua: render(ops, language="lua"),
+        names.shell: render(ops, language="sh"),
+        **{
+            root / "bin" / n: _host_command_text(
+                s, image=image_path, root=root, base=base
+            )
+            for n, s in scripts.items()
+        },
     }
     if settings.runscripts:
         for name in RUNSCRIPTS:  # with the output marker after the first line
@@ -251,7 +213,7 @@ def _container_root_files(*, settings, root, image_path, user_venv, wrappers, ba
         f"{MARKER} {__version__} for {image_path}.\n"
         f"This directory is mounted at {USER_SOFTWARE_DIR} by the module.\n"
         f"In the container, `source /runscripts/init-conda-venv` creates and\n"
-        f"activates the venv {user_venv} on top of the image's Python\n"
+        f"activates the venv {names.user_venv} on top of the image's Python\n"
         "environment; `pip install` then installs here. `make-squashfs` packs\n"
         "this directory into ../user-software.squashfs (reload the module).\n"
     )

@@ -27,38 +27,36 @@ def printable(text):
     return "".join(c if c.isprintable() else "?" for c in str(text))
 
 
+#: The string literal and the comment of each language.
+QUOTE = {"lua": lua_quote, "sh": shlex.quote}
+COMMENT = {"lua": "--", "sh": "#"}
+
+
 class Op:
     """An operation: its fields fill the ``LUA`` and ``SH`` templates."""
 
     LUA: ClassVar[str]
     SH: ClassVar[Optional[str]] = None
 
-    def lua(self):
-        """The operation in Lmod's Lua."""
-        return self.LUA.format(*map(lua_quote, self.lua_args()))
+    def code(self, language):
+        """The operation in Lmod's Lua (``lua``) or POSIX sh (``sh``; None: not in sh)."""
+        template = getattr(self, language.upper())
+        return template and template.format(*map(QUOTE[language], self.args(language)))
 
-    def sh(self):
-        """The operation in POSIX sh (None: not in sh)."""
-        return self.SH and self.SH.format(*map(shlex.quote, astuple(self)))
-
-    def lua_args(self):
-        """The values the Lua template gets."""
+    def args(self, language):
+        """The values the `language` template gets."""
         return astuple(self)
 
 
 @dataclass(frozen=True)
 class Comment(Op):
-    """A comment line."""
+    """A comment line: ``-- text`` in Lua, ``# text`` in sh."""
 
     text: str
 
-    def lua(self):
-        """``-- text``."""
-        return f"-- {printable(self.text)}"
-
-    def sh(self):
-        """``# text``."""
-        return f"# {printable(self.text)}"
+    def code(self, language):
+        """The comment, control characters as ``?``."""
+        return f"{COMMENT[language]} {printable(self.text)}"
 
 
 @dataclass(frozen=True)
@@ -110,9 +108,9 @@ class PrependPath(Op):
     entry: str
     sep: str = ":"
 
-    def lua_args(self):
+    def args(self, language):
         """Lmod drops a final "/" from path entries: "//" keeps one."""
-        if self.entry.endswith("/"):
+        if language == "lua" and self.entry.endswith("/"):
             return self.name, self.entry + "/", self.sep
         return astuple(self)
 
@@ -179,6 +177,13 @@ class SameBase(Op):
     stat: str
 
 
+#: IfPath in each language: if, elif, end, its tests of a file and a directory.
+IF_PATH = {
+    "lua": ("if {} then", "elseif {} then", "end", "isFile({})", "isDir({})"),
+    "sh": ("if {}; then", "elif {}; then", "fi", "[ -f {} ]", "[ -d {} ]"),
+}
+
+
 @dataclass(frozen=True)
 class IfPath(Op):
     """The operations of the first branch whose path exists.
@@ -188,31 +193,19 @@ class IfPath(Op):
 
     branches: tuple
 
-    def lua(self):
-        """``if isFile(...) then ... elseif isDir(...) then ... end``."""
-        tests = {"file": "isFile({0})", "dir": "isDir({0})"}
-        return self._text("if {} then", "elseif {} then", "end", tests, "lua")
-
-    def sh(self):
-        """``if [ -f ... ]; then ... elif [ -d ... ]; then ... fi``."""
-        tests = {"file": "[ -f {0} ]", "dir": "[ -d {0} ]"}
-        return self._text("if {}; then", "elif {}; then", "fi", tests, "sh")
-
-    def _text(self, first, other, end, tests, language):
-        quote = {"lua": lua_quote, "sh": shlex.quote}[language]
+    def code(self, language):
+        """``if isFile(...) then ... elseif isDir(...) then ... end`` (sh: ``[ -f ]``)."""
+        first, other, end, is_file, is_dir = IF_PATH[language]
         lines = []
         for i, (kind, path, ops) in enumerate(self.branches):
-            test = tests[kind].format(quote(path))
+            test = {"file": is_file, "dir": is_dir}[kind].format(QUOTE[language](path))
             lines.append((other if i else first).format(test))
-            lines.append(textwrap.indent(_text(ops, language), "    "))
+            text = render(ops, language=language).rstrip("\n")
+            lines.append(textwrap.indent(text, "    "))
         return "\n".join([*lines, end])
-
-
-def _text(ops, language):
-    texts = (getattr(op, language)() for op in ops)
-    return "\n".join(text for text in texts if text is not None)
 
 
 def render(ops, *, language):
     """The module file (``lua``) or shell snippet (``sh``, to source) of `ops`."""
-    return _text(ops, language) + "\n"
+    texts = (op.code(language) for op in ops)
+    return "\n".join(text for text in texts if text is not None) + "\n"

@@ -13,8 +13,9 @@ from .network import AWS_OFI_RCCL_DIRS, check_gdr_level, check_libfabric
 from .validators import (
     CONTAINER_ROOT,
     MODULE_DIR,
+    check_module_name,
+    check_text,
     check_var_name,
-    module_name_problem,
     text_problem,
     validate_bind,
     validate_name,
@@ -24,32 +25,25 @@ from .validators import (
 )
 
 
-def directory_problem(directory):
-    """Why `directory` cannot hold the module files."""
-    ancestor = directory
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    why = f"cannot create {directory}: " if ancestor != directory else ""
-    if not ancestor.is_dir():
-        return f"{why}{ancestor} {'is' if why else 'exists and is'} not a directory"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"{why}{ancestor} is not writable"
-    return None
-
-
 def _directory(rule):
-    """The check of a directory setting: `rule`, then room for the files."""
+    """The check of a directory setting: `rule`, then room for the module files."""
 
     def check(value):
         if not value:
             return
         try:
-            path = Path(value).expanduser()
+            directory = Path(value).expanduser()
         except RuntimeError as e:  # ~nosuchuser
             raise ValueError(f"{value!r}: {e}") from None
-        problem = text_problem(str(path), **rule) or directory_problem(path)
-        if problem:
-            raise ValueError(problem)
+        ancestor = Path(check_text(str(directory), **rule))
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        why = f"cannot create {directory}: " if ancestor != directory else ""
+        if not ancestor.is_dir():
+            is_not = "is" if why else "exists and is"
+            raise ValueError(f"{why}{ancestor} {is_not} not a directory")
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise ValueError(f"{why}{ancestor} is not writable")
 
     return check
 
@@ -74,12 +68,6 @@ def _check_user_venv(value):
             f"must be a path below {USER_SOFTWARE_DIR}/ without ',', ':', '..' or "
             f"white space (got {value!r})"
         )
-
-
-def _check_module_name(value):
-    problem = module_name_problem(value)
-    if problem:
-        raise ValueError(problem)
 
 
 def _entries(name):
@@ -142,7 +130,7 @@ class LumiEnvSettings(StageSettings):
         check=_directory(MODULE_DIR),
     )
     module_name: Optional[str] = setting(
-        None, doc="the module's name (null: the image's)", check=_check_module_name
+        None, doc="the module's name (null: the image's)", check=check_module_name
     )
     module_var_name: Optional[str] = setting(
         None,

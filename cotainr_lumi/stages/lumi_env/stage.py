@@ -10,7 +10,6 @@ SIF cannot hold.
 """
 
 import json
-from pathlib import Path
 import shlex
 
 from ... import imagelayout
@@ -32,7 +31,7 @@ from .modulefile import (
 from .mpi import LOAD_CHECK, HostBinding, check_host_paths, plan_mpi
 from .mpi import describe as describe_mpi
 from .settings import LumiEnvSettings
-from .validators import CONTAINER_ROOT, MODULE_DIR, module_name_problem, text_problem
+from .validators import CONTAINER_ROOT, MODULE_DIR, check_module_name, check_text
 
 
 class LumiEnvStage(Stage):
@@ -60,26 +59,23 @@ class LumiEnvStage(Stage):
         names = self.settings.names(image_path=build.image_path)
         if names.lua is None:
             return []
-        fix = (
-            "Rename the image, or set the name or place with --set "
-            "lumi-env.module-name=NAME, lumi-env.module-dir=DIR or "
-            "lumi-env.container-root=DIR (or --set lumi-env.module-file=false)."
-        )
-        for problem in (
-            module_name_problem(names.name),
-            text_problem(str(names.lua.parent), **MODULE_DIR),
-            text_problem(str(names.root), **CONTAINER_ROOT),
-        ):
-            if problem:
-                raise InputError(f"lumi-env: {problem}. {fix}")
+        try:
+            check_module_name(names.name)
+            check_text(str(names.lua.parent), **MODULE_DIR)
+            check_text(str(names.root), **CONTAINER_ROOT)
+        except ValueError as e:
+            raise InputError(
+                f"lumi-env: {e}. Rename the image, or set the name or place with "
+                "--set lumi-env.module-name=NAME, lumi-env.module-dir=DIR or "
+                "lumi-env.container-root=DIR (or --set lumi-env.module-file=false)."
+            ) from None
         return [names.lua, names.shell, names.root]
 
-    def _run_hint(self, *, image_path, mpi, binds, base=None):
+    def _run_hint(self, *, names, image_path, mpi, binds, base=None):
         """The command to run the image on LUMI (`base`: the image is its layer)."""
         entry = "conda-python-distributed" if self.settings.runscripts else "python"
         bind_opt = f"-B {shlex.quote(','.join(binds))} " if binds else ""
         lines = ["Run the image on LUMI with:"]
-        names = self.settings.names(image_path=image_path)
         if names.lua is not None:
             lines.append(
                 f"  module use {shlex.quote(str(names.lua.parent))}; "
@@ -126,18 +122,12 @@ class LumiEnvStage(Stage):
     def run(self, *, context):
         """Write the env file, runscripts and with-conda.sh; report the outputs."""
         root = context.sandbox.root
-        image_path = Path(context.build.image_path)
+        image_path = context.build.image_path
         libfabric, mpi, binds = self._network_and_mpi(context=context)
         names = self.settings.names(image_path=image_path)
         user_software = not image_has_user_software(root=root)
         record = self._write_image_files(
-            root=root,
-            # The build's one probe of the image (never `python` on PATH).
-            target=context.target_env if self.settings.with_conda else None,
-            mpi=mpi,
-            binds=binds,
-            user_venv=names.user_venv,
-            libfabric=libfabric,
+            context=context, mpi=mpi, binds=binds, names=names, libfabric=libfabric
         )
         record["runtime"] = network.write_runtime_record(
             settings=self.settings, root=root, binds=binds, libfabric=libfabric
@@ -146,57 +136,48 @@ class LumiEnvStage(Stage):
         wrappers = None
         if names.lua is not None:  # (no probe for them without a module file)
             wrappers = wrapper_names(root=root, target=context.target_env)
-        module = dict(
-            settings=self.settings,
-            binds=binds,
-            image_path=image_path,
-            user_software=user_software,
-            mpi=mpi,
-            wrappers=wrappers,
-        )
-        host_files = self._host_files(module=module)
-        layer_host_files = None
-        if context.build.layer_only:  # used if the layer is kept
-            base = LayerBase.of(context.build.base_image)
-            layer_host_files = self._host_files(module=module, base=base)
-        module_file = None
+
+        def host_files(base=None):  # (`base`: of the layer on that base)
+            files = module_outputs(
+                settings=self.settings,
+                names=names,
+                image_path=image_path,
+                binds=binds,
+                user_software=user_software,
+                mpi=mpi,
+                wrappers=wrappers,
+                base=base,
+            )
+            hint = self._run_hint(
+                names=names, image_path=image_path, mpi=mpi, binds=binds, base=base
+            )
+            return HostFiles(files=files, run_hint=hint)
+
+        module = host_files()
         record |= {
             "mpi": mpi.record(),
             "module-files": [],
             "container-root": None,
-            "host-files": sorted(str(p) for p in host_files.files),
+            "host-files": sorted(str(p) for p in module.files),
         }
-        if host_files.files:
-            module_file = names.lua
-            record["module-files"] = [str(names.lua), str(names.shell)]
-            record["container-root"] = str(names.root)
-        return StageReport(
-            name=self.name,
-            summary=self._summary(module_file=module_file, mpi=mpi),
-            record=record,
-            labels=self._labels(binds=binds, mpi=mpi, record=record),
-            host_files=host_files,
-            layer_host_files=layer_host_files,
-        )
-
-    def _summary(self, *, module_file, mpi):
-        """The stage's line in the build log."""
         summary = f"{len(self.env)} variables in {ENV_FILE}"
         if self.settings.runscripts:
             summary += f", runscripts in {RUNSCRIPTS_DIR}"
-        if module_file:
-            summary += f", module file {module_file}"
-        return f"{summary}; {mpi.summary()}"
-
-    def _host_files(self, *, module, base=None):
-        """The module files and CONTAINERROOT (`base`: of the layer on that base)."""
-        hint = self._run_hint(
-            image_path=module["image_path"],
-            mpi=module["mpi"],
-            binds=module["binds"],
-            base=base,
+        if module.files:
+            record["module-files"] = [str(names.lua), str(names.shell)]
+            record["container-root"] = str(names.root)
+            summary += f", module file {names.lua}"
+        layer = None
+        if context.build.layer_only:  # used if the layer is kept
+            layer = host_files(LayerBase.of(context.build.base_image))
+        return StageReport(
+            name=self.name,
+            summary=f"{summary}; {mpi.summary()}",
+            record=record,
+            labels=self._labels(binds=binds, mpi=mpi, record=record),
+            host_files=module,
+            layer_host_files=layer,
         )
-        return HostFiles(files=module_outputs(**module, base=base), run_hint=hint)
 
     def _network_and_mpi(self, *, context):
         """The network family (decided from the image), the MPI plan and the binds."""
@@ -238,16 +219,20 @@ class LumiEnvStage(Stage):
             labels[imagelayout.LABEL_RUNSCRIPTS] = RUNSCRIPTS_DIR
         return labels
 
-    def _write_image_files(self, *, root, target, mpi, binds, user_venv, libfabric):
+    def _write_image_files(self, *, context, mpi, binds, names, libfabric):
         """Write the env files, with-conda.sh and runscripts; the report's details."""
+        root = context.sandbox.root
+        target = None
         env_prefix = None
         if self.settings.with_conda:
+            # The build's one probe of the image (never `python` on PATH).
+            target = context.target_env
             env_prefix = imagefiles.write_with_conda(root=root, target=target)
         blocks, found = imagefiles.env_file_blocks(
             settings=self.settings,
             root=root,
             target=target,
-            user_venv=user_venv,
+            user_venv=names.user_venv,
             libfabric=libfabric,
         )
         header = (
@@ -257,8 +242,10 @@ class LumiEnvStage(Stage):
         content = render_env_file(header=header, blocks=blocks)
         write_file_in_root(root=root, path=ENV_FILE, content=content)
         entry = entrypoint.write_entrypoint_env(root=root)
+        runscripts = []
         if self.settings.runscripts:
             imagefiles.write_runscripts(root=root)
+            runscripts = [f"{RUNSCRIPTS_DIR}/{n}" for n in RUNSCRIPTS]
         if mpi.active:
             write_file_in_root(root=root, path=MPI_ENV_FILE, content=mpi.env_file())
         return {
@@ -267,44 +254,39 @@ class LumiEnvStage(Stage):
             "env": dict(self.env),
             "search-paths": found,
             "python-prefix": env_prefix,
-            "runscripts": [f"{RUNSCRIPTS_DIR}/{n}" for n in RUNSCRIPTS]
-            if self.settings.runscripts
-            else [],
+            "runscripts": runscripts,
             "binds": binds,
-            "user-venv": user_venv,
+            "user-venv": names.user_venv,
         }
-
-    def _start_command(self, *, context, mpi):
-        """The start check's command; with :data:`.mpi.LOAD_CHECK` when it applies."""
-        script = 'printf "ok\\n"'
-        if self.settings.runscripts:
-            script = "command -v get-master >/dev/null && " + script
-        python = getattr(context.target_env, "python", None) if mpi.active else None
-        if not (python and mpi.scan.mpi4py):
-            return ["bash", "-c", script], False
-        script += ' && { "$1" -c "$2" || true; }'
-        return ["bash", "-c", script, "check", python, LOAD_CHECK], True
 
     def _check_in_sandbox(self, *, context, mpi):
         """One start of the container: the env file works, mpi4py loads its MPI."""
-        sandbox = context.sandbox
-        args, load_check = self._start_command(context=context, mpi=mpi)
+        script = 'printf "ok\\n"'
+        if self.settings.runscripts:
+            script = "command -v get-master >/dev/null && " + script
+        args = ["bash", "-c", script]
+        python = getattr(context.target_env, "python", None) if mpi.active else None
+        load_check = python and mpi.scan.mpi4py  # with :data:`.mpi.LOAD_CHECK`
+        if load_check:
+            args = ["bash", "-c", script + ' && { "$1" -c "$2" || true; }']
+            args += ["check", python, LOAD_CHECK]
         try:
-            proc = sandbox.run(args)
+            proc = context.sandbox.run(args)
         except CommandError as e:
             raise StageError(
                 f"the container does not start with the generated {ENV_FILE}",
                 stage=self.name,
                 details=e.error_lines(),
             ) from e
-        if "ok" not in (proc.stdout or ""):
+        stdout = proc.stdout or ""
+        stderr = proc.stderr or ""
+        if "ok" not in stdout:
             raise StageError(
                 f"the container did not run a command with the generated {ENV_FILE}",
                 stage=self.name,
-                details=(proc.stderr or "")[-2000:],
+                details=stderr[-2000:],
             )
         if load_check:
-            text = f"{proc.stdout or ''}\n{proc.stderr or ''}"
-            mpi.check_loaded(text=text, stage=self.name)
+            mpi.check_loaded(text=f"{stdout}\n{stderr}", stage=self.name)
         record = json.dumps(mpi.record(), indent=2) + "\n"
-        write_file_in_root(root=sandbox.root, path=MPI_FILE, content=record)
+        write_file_in_root(root=context.sandbox.root, path=MPI_FILE, content=record)

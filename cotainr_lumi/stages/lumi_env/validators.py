@@ -2,11 +2,10 @@
 The validators of text that goes into an env file or a module file (a leaf).
 
 Each check returns its argument or raises :class:`EnvError` (a ValueError);
-``*_problem`` functions return the reason instead (None: fine).
+``text_problem`` returns the reason instead (None: fine).
 """
 
 import re
-import unicodedata
 
 # Matched with fullmatch: "$" would also match before a trailing newline.
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -26,6 +25,9 @@ RESERVED_PREFIXES = tuple(
     "APPTAINER_ APPTAINERENV_ SINGULARITY_ SINGULARITYENV_ BASH_FUNC_".split()
 )
 
+#: Unicode's control characters (category Cc), as a regular expression range.
+CONTROL_CHARACTERS = r"\x00-\x1f\x7f-\x9f"
+
 #: The longest value accepted (Linux's limit for one NAME=VALUE is 128 KiB).
 MAX_VALUE_BYTES = 64 * 1024
 
@@ -44,26 +46,17 @@ class EnvError(ValueError):
     """An environment variable name or value cannot be used."""
 
 
-def _bad_char(char, *, forbid, spaces):
-    if char.isspace() and not spaces:
-        return True
-    return char in forbid or unicodedata.category(char) == "Cc"
-
-
-def _fits(value, *, forbid, spaces, absolute):
-    """Whether `value` is text for :func:`text_problem`."""
-    if not isinstance(value, str) or not value:
-        return False
-    if absolute and not value.startswith("/"):
-        return False
-    return not any(_bad_char(c, forbid=forbid, spaces=spaces) for c in value)
-
-
 def text_problem(value, *, what, forbid=",:", spaces=False, absolute=True, use=""):
     """Why `value` cannot be `what`, a path or name in a list (None when it can)."""
-    if _fits(value, forbid=forbid, spaces=spaces, absolute=absolute):
-        return None
-    rule = [repr(c) for c in forbid] + ([] if spaces else ["white space"])
+    rule = [repr(c) for c in forbid]
+    bad = re.escape(forbid) + CONTROL_CHARACTERS
+    if not spaces:
+        rule.append("white space")
+        bad += r"\s"
+    start = "/" if absolute else ""
+    if isinstance(value, str) and value and value.startswith(start):
+        if not re.search(f"[{bad}]", value):
+            return None
     kind = "an absolute path" if absolute else "non-empty text"
     where = f" (it goes into {use})" if use else ""
     return (
@@ -114,15 +107,17 @@ def check_var_name(var):
     return var
 
 
-def module_name_problem(value):
-    """Why `value` cannot be the name of a module Lmod loads."""
+def check_module_name(value):
+    """Check the name of a module Lmod loads."""
     what = "the module name"
-    problem = text_problem(value, what=what, forbid=",:/", absolute=False)
-    if problem is None and value.startswith((".", "-")):
-        return f"{what} must not start with '.' or '-' (got {value!r})"
-    if problem is None and value.endswith((".lua", ".sh")):
-        return f"{what} must not end in .lua or .sh, the module files' (got {value!r})"
-    return problem
+    check_text(value, what=what, forbid=",:/", absolute=False)
+    if value.startswith((".", "-")):
+        raise EnvError(f"{what} must not start with '.' or '-' (got {value!r})")
+    if value.endswith((".lua", ".sh")):
+        raise EnvError(
+            f"{what} must not end in .lua or .sh, the module files' (got {value!r})"
+        )
+    return value
 
 
 def is_name(name):

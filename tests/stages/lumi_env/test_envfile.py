@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 import pytest
 
 from cotainr_lumi.stages.lumi_env.envfile import (
-    default_assignment,
     default_assignments,
     forced_assignment,
     path_addition,
@@ -219,7 +218,7 @@ def test_path_addition_rejects_bad_entries(entry):
 
 
 def test_default_assignment_shape():
-    code = default_assignment(name="X", value="a b")
+    code = default_assignments({"X": "a b"})
     assert code.startswith('if [ -z "${X+x}" ]; then case "${__exported_env__:-}" in')
     assert "X='a b'; export X" in code
 
@@ -264,7 +263,7 @@ def test_fuzz_whatever_validation_accepts_is_valid_shell_and_round_trips(
     name, value, workdir
 ):
     try:
-        block = default_assignment(name=name, value=value)
+        block = default_assignments({name: value})
     except EnvError:
         return  # one clear error for the user: fine
     script = workdir / "fuzz.sh"

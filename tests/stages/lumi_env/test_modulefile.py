@@ -20,7 +20,7 @@ from cotainr_lumi.stages.lumi_env.modulefile import (
 )
 from cotainr_lumi.stages.lumi_env.mpi import plan_mpi
 from cotainr_lumi.stages.lumi_env.ops import lua_quote, render
-from cotainr_lumi.stages.lumi_env.settings import LumiEnvSettings
+from cotainr_lumi.stages.lumi_env.settings import LumiEnvSettings, ModuleNames
 from cotainr_lumi.stages.lumi_env.validators import (
     check_image_path,
     check_var_name,
@@ -29,6 +29,13 @@ from cotainr_lumi.stages.lumi_env.validators import (
 )
 
 BINDS = ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1", "/pfs", "/scratch"]
+
+
+def names(name, root=None):
+    """The module's names as the settings derive them (`root`: CONTAINERROOT)."""
+    venv = f"/user-software/venv/{name}"
+    root = root or Path(f"/x/{name}.root")
+    return ModuleNames(name, var_name_of(name), venv, None, None, root)
 
 
 def lmod_env(module_dir, name, *, env=None, unload=False):
@@ -78,19 +85,22 @@ def test_module_file_loads_in_lmod_with_hostile_paths(tmp_path, image):
     marker = tmp_path / "PWNED"
     image = image.replace("X", f"$(touch {marker})`touch {marker}`")
     (tmp_path / "img.lua").write_text(
-        render(module_ops(image=image, binds=BINDS), language="lua")
+        render(module_ops(image=image, binds=BINDS, names=names("img")), language="lua")
     )
     env = lmod_env(tmp_path, "img")
     assert env["SIF"] == image
     assert env["SINGULARITY_BIND"] == ",".join(BINDS)
-    assert env["RUNSCRIPTS"] == "/runscripts"
+    assert env["RUNSCRIPTS"] == "/x/img.root/runscripts"
     assert env["SINGULARITYENV_PREPEND_PATH"] == "/runscripts"
     assert not marker.exists()
 
 
 def test_module_file_keeps_existing_binds_and_unloads_cleanly(tmp_path):
     (tmp_path / "img.lua").write_text(
-        render(module_ops(image="/x/img.sif", binds=BINDS), language="lua")
+        render(
+            module_ops(image="/x/img.sif", binds=BINDS, names=names("img")),
+            language="lua",
+        )
     )
     env = lmod_env(tmp_path, "img", env={"SINGULARITY_BIND": "/mine,/pfs"})
     binds = env["SINGULARITY_BIND"].split(",")
@@ -106,7 +116,9 @@ def test_module_file_keeps_existing_binds_and_unloads_cleanly(tmp_path):
 def test_shell_snippet_sets_the_same_variables(tmp_path):
     image = "/x/it's $(touch " + str(tmp_path / "PWNED") + ").sif"
     snippet = tmp_path / "img.sh"
-    snippet.write_text(render(module_ops(image=image, binds=BINDS), language="sh"))
+    snippet.write_text(
+        render(module_ops(image=image, binds=BINDS, names=names("img")), language="sh")
+    )
     for shell in ("bash", "sh"):
         proc = subprocess.run(
             [shell, "-c", '. "$1"; . "$1"; env -0', "sh", str(snippet)],
@@ -121,21 +133,38 @@ def test_shell_snippet_sets_the_same_variables(tmp_path):
         assert env["SINGULARITY_BIND"] == "/mine,/pfs," + ",".join(
             b for b in BINDS if b != "/pfs"
         )
-        assert env["RUNSCRIPTS"] == "/runscripts"
+        assert env["RUNSCRIPTS"] == "/x/img.root/runscripts"
         assert env["SINGULARITYENV_PREPEND_PATH"] == "/runscripts"
     assert not (tmp_path / "PWNED").exists()
 
 
 def test_no_runscripts_means_no_runscripts_variables():
     text = render(
-        module_ops(image="/x/a.sif", binds=[], runscripts=None), language="lua"
+        module_ops(
+            image="/x/a.sif",
+            binds=[],
+            names=names("a"),
+            runscripts=None,
+            user_software=False,
+        ),
+        language="lua",
     )
     assert 'setenv("RUNSCRIPTS"' not in text and "append_path" not in text
+    assert 'setenv("RUNSCRIPTSA"' not in text
+    assert 'prepend_path("SINGULARITYENV_PREPEND_PATH"' not in text
     assert 'setenv("SIF", "/x/a.sif")' in text
     shell = render(
-        module_ops(image="/x/a.sif", binds=[], runscripts=None), language="sh"
+        module_ops(
+            image="/x/a.sif",
+            binds=[],
+            names=names("a"),
+            runscripts=None,
+            user_software=False,
+        ),
+        language="sh",
     )
     assert "RUNSCRIPTS=" not in shell and "SINGULARITY_BIND" not in shell
+    assert "RUNSCRIPTSA=" not in shell
     assert "SIF=/x/a.sif; export SIF" in shell
 
 
@@ -169,7 +198,7 @@ def _lust_env(tmp_path, *, squashfs):
     mods.mkdir(exist_ok=True)
     (mods / "pt.lua").write_text(
         render(
-            module_ops(image="/x/pt.sif", binds=BINDS, container_root=root, name="pt"),
+            module_ops(image="/x/pt.sif", binds=BINDS, names=names("pt", root)),
             language="lua",
         )
     )
@@ -204,7 +233,7 @@ def test_shell_snippet_is_the_same_drop_in(tmp_path, squashfs):
     snippet = tmp_path / "pt.sh"
     snippet.write_text(
         render(
-            module_ops(image="/x/pt.sif", binds=BINDS, container_root=root, name="pt"),
+            module_ops(image="/x/pt.sif", binds=BINDS, names=names("pt", root)),
             language="sh",
         )
     )
@@ -248,6 +277,7 @@ def test_wrappers_are_the_commands_the_target_env_has(tmp_path):
     croot = settings.names(image_path=image).root
     outputs = module_outputs(
         settings=settings,
+        names=settings.names(image_path=image),
         image_path=image,
         binds=[],
         user_software=True,
@@ -272,7 +302,7 @@ def test_a_layer_only_image_is_mounted_on_its_base_in_lmod_and_sh(tmp_path):
     Path(base).parent.mkdir(parents=True)
     Path(base).write_text("the base")
     on_base = LayerBase.of(SimpleNamespace(resolved=base, pinned=None))
-    ops = module_ops(image=layer, binds=BINDS, name="img", var="IMG", base=on_base)
+    ops = module_ops(image=layer, binds=BINDS, names=names("img"), base=on_base)
     (tmp_path / "img.lua").write_text(render(ops, language="lua"))
     (tmp_path / "img.sh").write_text(render(ops, language="sh"))
     snippet = subprocess.run(
@@ -286,7 +316,9 @@ def test_a_layer_only_image_is_mounted_on_its_base_in_lmod_and_sh(tmp_path):
         assert env["SIF"] == env["SIFIMG"] == base
         assert env["APPTAINER_OVERLAY"] == env["SINGULARITY_OVERLAY"] == layer + ":ro"
     assert not (tmp_path / "PWNED").exists()
-    assert "OVERLAY" not in render(module_ops(image=layer, binds=[]), language="sh")
+    assert "OVERLAY" not in render(
+        module_ops(image=layer, binds=[], names=names("img")), language="sh"
+    )
 
 
 def test_a_layer_only_module_and_snippet_stop_on_another_base(tmp_path):
@@ -296,7 +328,11 @@ def test_a_layer_only_module_and_snippet_stop_on_another_base(tmp_path):
     base.write_text("the base")
     on_base = LayerBase.of(SimpleNamespace(resolved=str(base), pinned=None))
     ops = module_ops(
-        image=tmp_path / "my.sqfs", binds=[], runscripts=None, base=on_base
+        image=tmp_path / "my.sqfs",
+        binds=[],
+        names=names("my"),
+        runscripts=None,
+        base=on_base,
     )
     (tmp_path / "my.lua").write_text(render(ops, language="lua"))
     (tmp_path / "my.sh").write_text(render(ops, language="sh"))
