@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import re
-import subprocess
 from typing import Any, Optional
 
 from .. import apptainer, imagelayout
@@ -223,8 +222,5 @@ def probe_image_facts(*, image, explicit=None, timeout=120):
     proc = apptainer.exec_in_image(
         image=os.fspath(image), args=probe_command(explicit=explicit), timeout=timeout
     )
-    if proc.returncode != 0:
-        raise subprocess.CalledProcessError(
-            proc.returncode, proc.args, proc.stdout, proc.stderr
-        )
+    proc.check_returncode()  # a CalledProcessError with the output
     return parse_probe(text=proc.stdout)

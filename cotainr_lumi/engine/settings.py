@@ -241,12 +241,11 @@ def read_declared(*, schema, raw, origin, unknown="setting"):
     declared = schema.declared()
     values = {}
     for key, value in raw.items():
-        spec = declared.get(key)
-        if spec is None:
+        if key not in declared:
             raise SettingError(
                 unknown_message(key, list(declared), unknown), path=(key,)
             )
-        values[key] = _under((key,), spec.read, value, origin=origin)
+        values[key] = _under((key,), declared[key].read, value, origin=origin)
     return values
 
 
