@@ -350,9 +350,9 @@ def _place_target(facts):
     image = facts.get("image", {})
     for source, place, where, reason in _PLACE_RULES:
         info = _python(facts, where)
-        if image.get(place) and info and _kind(info) in ("venv", "conda-env"):
-            kind = _KIND_WORDS[_kind(info)]
-            reason = reason.format(place=image[place], kind=kind, **info)
+        kind = info and _kind(info)
+        if image.get(place) and kind in ("venv", "conda-env"):
+            reason = reason.format(place=image[place], kind=_KIND_WORDS[kind], **info)
             return _make_target(facts, info, source=source, reason=reason)
     return None
 
