@@ -83,8 +83,7 @@ def read_elf_info(*, path):
     try:
         # The magic is checked on the raw descriptor: most files are not ELF,
         # and a buffered stream would read (and allocate) far more.
-        is_elf = os.read(fd, 4) == ELF_MAGIC
-        os.lseek(fd, 0, os.SEEK_SET)
+        is_elf = os.pread(fd, 4, 0) == ELF_MAGIC
     except OSError:
         is_elf = False
     if not is_elf:

@@ -121,12 +121,12 @@ def read_yaml(*, path, error):
         size = path.stat().st_size  # a missing file: "cannot be read: No such ..."
         if not path.is_file():
             kind = "a directory" if path.is_dir() else "not a regular file"
-            raise error(f"is {kind}; give a YAML file") from None
+            raise error(f"is {kind}; give a YAML file")
         if size > MAX_BYTES:
             raise error(
                 f"is {size} bytes, more than the {MAX_BYTES} a YAML file of "
                 "cotainr-lumi may have"
-            ) from None
+            )
         with path.open("rb") as f:
             text = f.read(MAX_BYTES + 1).decode("utf-8")
     except OSError as e:
