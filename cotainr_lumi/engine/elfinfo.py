@@ -83,8 +83,7 @@ def read_elf_info(*, path):
     try:
         # The magic is checked on the raw descriptor: most files are not ELF,
         # and a buffered stream would read (and allocate) far more.
-        is_elf = os.read(fd, 4) == ELF_MAGIC
-        os.lseek(fd, 0, os.SEEK_SET)
+        is_elf = os.pread(fd, 4, 0) == ELF_MAGIC
     except OSError:
         is_elf = False
     if not is_elf:
@@ -139,26 +138,21 @@ def _open_elf(stream):
         return ELFFile(stream)
 
 
-def _version_needs(sections):
-    """{library: the versions needed from it} of the GNU verneed sections."""
+def _versions(sections):
+    """The versions needed ({library: versions}) and defined (not the library's name)."""
     needs = {}
+    defs = set()
     for section in sections:
         if isinstance(section, GNUVerNeedSection):
             for verneed, auxiliaries in section.iter_versions():
-                versions = needs.setdefault(verneed.name, set())
-                versions.update(aux.name for aux in auxiliaries)
-    return {name: frozenset(v) for name, v in needs.items()}
-
-
-def _version_defs(sections):
-    """The versions the GNU verdef sections define (not the library's own name)."""
-    defs = set()
-    for section in sections:
-        if isinstance(section, GNUVerDefSection):
+                needs.setdefault(verneed.name, set()).update(
+                    a.name for a in auxiliaries
+                )
+        elif isinstance(section, GNUVerDefSection):
             for verdef, auxiliaries in section.iter_versions():
                 if not verdef["vd_flags"] & _VER_FLG_BASE:
                     defs.update(aux.name for aux in islice(auxiliaries, 1))
-    return frozenset(defs)
+    return {name: frozenset(v) for name, v in needs.items()}, frozenset(defs)
 
 
 def _read_open_elf(stream, *, path):
@@ -169,10 +163,15 @@ def _read_open_elf(stream, *, path):
     if not dynamic:
         # No section headers (stripped hard): fall back to the PT_DYNAMIC
         # segment, which has the tags but no version information.
-        dynamic = list(elf.iter_segments(type="PT_DYNAMIC"))
-    strings = {name: [] for name in _DYNAMIC_STRINGS}
-    for tags in dynamic:
-        _read_dynamic(tags, strings=strings)
+        dynamic = elf.iter_segments(type="PT_DYNAMIC")
+    strings = {
+        name: [] for name in ("DT_SONAME", "DT_NEEDED", "DT_RPATH", "DT_RUNPATH")
+    }
+    for tag in (tag for tags in dynamic for tag in tags.iter_tags()):
+        if tag.entry.d_tag in strings:
+            # pyelftools' DynamicTag keeps DT_SONAME's string as .soname (and so on).
+            strings[tag.entry.d_tag].append(getattr(tag, tag.entry.d_tag[3:].lower()))
+    needs, defs = _versions(sections)
     return ElfInfo(
         path=path,
         elfclass=elf.elfclass,
@@ -181,8 +180,8 @@ def _read_open_elf(stream, *, path):
         needed=tuple(strings["DT_NEEDED"]),
         rpath=_split_paths(strings["DT_RPATH"]),
         runpath=_split_paths(strings["DT_RUNPATH"]),
-        version_needs=_version_needs(sections),
-        version_defs=_version_defs(sections),
+        version_needs=needs,
+        version_defs=defs,
     )
 
 
@@ -210,18 +209,6 @@ def _iter_wanted_sections(elf):
         start = index * entsize + 4
         if int.from_bytes(table[start : start + 4], order) in _WANTED_SH_TYPES:
             yield elf.get_section(index)
-
-
-#: The string-valued dynamic tags read.
-_DYNAMIC_STRINGS = ("DT_SONAME", "DT_NEEDED", "DT_RPATH", "DT_RUNPATH")
-
-
-def _read_dynamic(dynamic, *, strings):
-    """Collect the :data:`_DYNAMIC_STRINGS` of a dynamic section or segment."""
-    for tag in dynamic.iter_tags():
-        if tag.entry.d_tag in strings:
-            # pyelftools' DynamicTag keeps DT_SONAME's string as .soname (and so on).
-            strings[tag.entry.d_tag].append(getattr(tag, tag.entry.d_tag[3:].lower()))
 
 
 def _split_paths(values):

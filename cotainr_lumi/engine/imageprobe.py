@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import re
-import subprocess
 from typing import Any, Optional
 
 from .. import apptainer, imagelayout
@@ -31,7 +30,8 @@ from .targetenv import (
 
 logger = logging.getLogger(f"cotainr.{__name__}")
 
-_MARK = "COTAINR_LUMI_TARGET_ENV "
+#: One fact of the probe's output: where, key, value.
+_FACT = re.compile("COTAINR_LUMI_TARGET_ENV ([^ ]*) ?([^ ]*) ?(.*)")
 
 #: Each fact is one line "MARK <where> <key> <value>" ("ldcache" once per
 #: entry); $1: an explicit prefix to check (may be empty).
@@ -125,24 +125,27 @@ CLEAN_ENV = (
 )
 
 
+def _json(text):
+    """The value of JSON text (None: not JSON)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def parse_probe(*, text):
     """Parse the output of :data:`PROBE_SCRIPT`."""
     facts: dict[str, dict[str, Any]] = {}
-    for line in text.splitlines():
-        if not line.startswith(_MARK):
-            continue
-        where, _, rest = line[len(_MARK) :].partition(" ")
-        key, _, value = rest.partition(" ")
+    for match in filter(None, map(_FACT.match, text.splitlines())):
+        where, key, value = match.groups()
         value = re.sub(r"\\(.)", lambda m: "\n" if m[1] == "n" else m[1], value)
-        if key == "python":
-            try:
-                value = json.loads(value) if value.strip() else None
-            except ValueError:
-                value = None
+        state = facts.setdefault(where, {})
         if key == "ldcache":
-            facts.setdefault(where, {}).setdefault(key, []).append(value)
+            state.setdefault(key, []).append(value)
+        elif key == "python":
+            state[key] = _json(value)
         else:
-            facts.setdefault(where, {})[key] = value
+            state[key] = value
     return facts
 
 
@@ -175,10 +178,10 @@ class TargetAnswer:
 def probe_build(*, sandbox, build):
     """The build's one probe, before the stages; recorded in the image and a label."""
     settings = build.target_settings
-    explicit = settings.prefix or None
+    explicit = settings.prefix
     conda_env = bool(build.conda_envs) and CONDA_ENV
     try:
-        command = probe_command(explicit=explicit or conda_env or None)
+        command = probe_command(explicit=explicit or conda_env)
         output = sandbox.run(command, timeout=settings.probe_timeout).stdout or ""
     except CommandTimeoutError:
         raise StageError(
@@ -219,8 +222,5 @@ def probe_image_facts(*, image, explicit=None, timeout=120):
     proc = apptainer.exec_in_image(
         image=os.fspath(image), args=probe_command(explicit=explicit), timeout=timeout
     )
-    if proc.returncode != 0:
-        raise subprocess.CalledProcessError(
-            proc.returncode, proc.args, proc.stdout, proc.stderr
-        )
+    proc.check_returncode()  # a CalledProcessError with the output
     return parse_probe(text=proc.stdout)

@@ -46,28 +46,20 @@ def generation(name, *, target=None):
     return "rccl-plugin"
 
 
-def _search(name, *, files, search_dirs):
-    if "/" in name:
-        directory, base = posixpath.split(posixpath.normpath(name))
-        return name if base in files.get(directory, {}) else None
-    for directory in search_dirs:
-        if name in files.get(directory, {}):
-            return posixpath.join(directory, name)
-    return None
-
-
 def resolve(*, named, files, search_dirs):
     """The plugin file RCCL loads, or None."""
     for name in load_names(named):
-        path = _search(name, files=files, search_dirs=search_dirs)
-        if path is not None:
-            directory, base = posixpath.split(path)
-            return {
-                "path": path,
-                "dir": directory,
-                "name": base,
-                "generation": generation(base, target=files[directory][base]),
-            }
+        places = [(d, name) for d in search_dirs]
+        if "/" in name:
+            places = [posixpath.split(posixpath.normpath(name))]
+        for directory, base in places:
+            if base in files.get(directory, {}):
+                return {
+                    "path": posixpath.join(directory, base),
+                    "dir": directory,
+                    "name": base,
+                    "generation": generation(base, target=files[directory][base]),
+                }
     return None
 
 

@@ -33,7 +33,7 @@ _TORCH_VERSION_PY = re.compile(
 def major_minor(version):
     """The major.minor of a version string."""
     match = _MAJOR_MINOR.match(str(version or ""))
-    return (int(match.group(1)), int(match.group(2))) if match else None
+    return (int(match[1]), int(match[2])) if match else None
 
 
 def _text(version):
@@ -53,7 +53,7 @@ class Window:
         """The window of ``"LOW-HIGH"`` (None: not such a range)."""
         match = _RANGE.match(str(text or ""))
         if match:
-            return cls(*(major_minor(v) for v in match.groups()), source=source or "")
+            return cls(major_minor(match[1]), major_minor(match[2]), source or "")
         return None
 
     @classmethod
@@ -113,7 +113,7 @@ def torch_rocm(torch):
     if not torch:
         return None
     match = _TORCH_ROCM.search(str(torch.get("version") or ""))
-    return major_minor(match.group(1) if match else torch.get("hip"))
+    return major_minor(match[1] if match else torch.get("hip"))
 
 
 def problems(*, window, base_rocm, torch):
@@ -121,19 +121,19 @@ def problems(*, window, base_rocm, torch):
     found = []
     base = major_minor(base_rocm)
     built_for = torch_rocm(torch)
-    if window is not None and base is not None and base not in window:
+    if window and base and base not in window:
         found.append(
             f"the base image's ROCm {base_rocm} is outside what {window.words()}: "
             "GPU jobs are likely to fail at run time; use a base image with ROCm "
             f"{window}"
         )
-    if window is not None and built_for is not None and built_for not in window:
+    if window and built_for and built_for not in window:
         found.append(
             f"torch {torch.get('version')} is built for ROCm {_text(built_for)}, "
             f"outside what {window.words()}; install a torch built for ROCm "
             f"{window}"
         )
-    if base is not None and built_for is not None and base != built_for:
+    if base and built_for and base != built_for:
         found.append(
             f"torch {torch.get('version')} is built for ROCm {_text(built_for)} "
             f"but the base image has ROCm {base_rocm}: torch keeps its own ROCm "
@@ -144,20 +144,15 @@ def problems(*, window, base_rocm, torch):
     return found
 
 
-def _dry_run_torch(*, facts, target):
-    """The torch the dry run saw: of the target env, else of the explicit prefix."""
-    torch = getattr(target, "torch", None)
-    if torch:
-        return torch
-    explicit = (facts or {}).get("explicit", {}).get("python")
-    if isinstance(explicit, dict):
-        return explicit.get("torch")
-    return None
+def _explicit_torch(facts):
+    """The torch of the explicit prefix the dry run probed."""
+    explicit = facts.get("explicit", {}).get("python")
+    return explicit.get("torch") if isinstance(explicit, dict) else None
 
 
 def _dry_run_base(*, facts, profile_rocm):
     """The base image's ROCm the dry run knows of, and its words."""
-    base = (facts or {}).get("image", {}).get("rocm_version")
+    base = facts.get("image", {}).get("rocm_version")
     if base:
         return base, f"base image ROCm {base}"
     if profile_rocm:
@@ -179,11 +174,13 @@ def describe_lines(*, settings, profile_rocm, facts, target):
     facts : dict or None
         The dry run's probe facts of the base image.
     target : TargetEnv or other
-        The target env the dry run found.
+        The target env the dry run found (its torch, else the explicit
+        prefix's torch of `facts`).
     """
+    facts = facts or {}
     window = settings.window
     base, first = _dry_run_base(facts=facts, profile_rocm=profile_rocm)
-    torch = _dry_run_torch(facts=facts, target=target)
+    torch = getattr(target, "torch", None) or _explicit_torch(facts)
     if torch:
         first += f", torch {torch.get('version') or '?'}"
     first += f"; {window.words() if window else 'no supported range stated'}"
@@ -197,7 +194,7 @@ def describe_lines(*, settings, profile_rocm, facts, target):
 
 def _torch_in_sandbox(*, root, target):
     """The torch of the target env, read from ``torch/version.py`` in the sandbox."""
-    for site in target.site if target is not None else ():
+    for site in target.site if target else ():
         try:
             path = resolve_in_root(root=root, path=f"{site}/torch/version.py")
             with safeio.open_regular(path) as f:  # no FIFO, no device
@@ -213,7 +210,7 @@ def base_rocm_version(*, root, rocm_path):
     """The base image's ROCm version from ``$ROCM_PATH/.info/version``."""
     try:
         host = resolve_in_root(root=root, path=f"{rocm_path}/.info/version")
-        if not host.is_file():
+        if not host.is_file():  # no FIFO, no directory
             return None
         with open(host, encoding="utf-8", errors="replace") as f:
             return f.readline(200).strip() or None
@@ -236,10 +233,8 @@ def _report(found, *, settings):
 
 def _base_rocm(*, root, target):
     """The base image's ROCm version, found through the target env's ROCM_PATH."""
-    rocm_path = "/opt/rocm"
-    if target is not None and target.image.rocm_path:
-        rocm_path = target.image.rocm_path
-    return base_rocm_version(root=root, rocm_path=rocm_path)
+    rocm_path = target.image.rocm_path if target else ""
+    return base_rocm_version(root=root, rocm_path=rocm_path or "/opt/rocm")
 
 
 def check_start(*, root, target, settings):
@@ -265,12 +260,10 @@ def check_end(*, root, target, settings):
     said = problems(window=window, base_rocm=base, torch=None)
     found = problems(window=window, base_rocm=base, torch=torch)
     _report([p for p in found if p not in said], settings=settings)
-    labels = {}
-    if base:
-        labels[imagelayout.LABEL_ROCM_VERSION] = base
-    if window is not None:
-        labels[imagelayout.LABEL_ROCM_SUPPORTED] = str(window)
     built_for = torch_rocm(torch)
-    if built_for is not None:
-        labels[imagelayout.LABEL_ROCM_TORCH] = _text(built_for)
-    return labels
+    labels = {
+        imagelayout.LABEL_ROCM_VERSION: base,
+        imagelayout.LABEL_ROCM_SUPPORTED: window,
+        imagelayout.LABEL_ROCM_TORCH: built_for and _text(built_for),
+    }
+    return {key: str(value) for key, value in labels.items() if value}

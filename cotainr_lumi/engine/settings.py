@@ -23,16 +23,17 @@ from typing import Any, Callable, Optional, Union, get_args, get_origin, get_typ
 _NONE = type(None)
 
 #: How messages name values of a scalar type: (one, many).
-_SCALAR_WORDS = {
+_WORDS = {
     bool: ("true or false", "true or false values"),
     str: ("a string", "strings"),
     int: ("an integer", "integers"),
     float: ("a number", "numbers"),
+    Any: ("a value", "values"),
 }
 
 
 class SettingError(ValueError):
-    """A value that does not fit its declaration."""
+    """A value that does not fit its declaration (`path`: where, below the value)."""
 
     def __init__(self, message, *, path=()):
         super().__init__(message)
@@ -44,22 +45,14 @@ class SettingError(ValueError):
         return SettingError(self.message, path=(*parts, *self.path))
 
 
-def _under(key, function, *args, **kwargs):
-    """Call `function`; a SettingError it raises is placed under `key`."""
+def _under(path, function, *args, **kwargs):
+    """Call `function`; a ValueError it raises becomes a SettingError under `path`."""
     try:
         return function(*args, **kwargs)
     except SettingError as e:
-        raise e.under(key) from None
-
-
-def _run_check(check, value):
-    """Run a check; a ValueError it raises becomes a SettingError."""
-    try:
-        check(value)
-    except SettingError:
-        raise
+        raise e.under(*path) from None
     except ValueError as e:
-        raise SettingError(str(e)) from None
+        raise SettingError(str(e), path=path) from None
 
 
 def setting(default, *, doc, check=None, load=None):
@@ -78,7 +71,7 @@ def each(check):
 
     def check_items(values):
         for i, value in enumerate(values):
-            _under(i, _run_check, check, value)
+            _under((i,), check, value)
 
     return check_items
 
@@ -91,7 +84,7 @@ class Declared:
     name: str
     type: Any
     default: Any
-    doc: str
+    doc: str = ""
     check: Optional[Callable] = None
     load: Optional[Callable] = None
 
@@ -102,7 +95,7 @@ class Declared:
         else:
             value = convert(type_=self.type, value=value)
         if self.check is not None and value is not None:
-            _run_check(self.check, value)
+            _under((), self.check, value)
         return value
 
 
@@ -129,26 +122,21 @@ class StageSettings:
     def declared(cls):
         """The declared settings, by key."""
         hints = get_type_hints(cls)
-        return {
-            f.name.replace("_", "-"): Declared(
-                key=f.name.replace("_", "-"),
-                name=f.name,
-                type=hints[f.name],
-                default=f.default_factory()
-                if f.default is dataclasses.MISSING
-                else f.default,
-                doc=f.metadata.get("doc", ""),
-                check=f.metadata.get("check"),
-                load=f.metadata.get("load"),
+        specs = {}
+        for f in dataclasses.fields(cls):
+            key = f.name.replace("_", "-")
+            default = f.default
+            if default is dataclasses.MISSING:
+                default = f.default_factory()
+            specs[key] = Declared(
+                key=key, name=f.name, type=hints[f.name], default=default, **f.metadata
             )
-            for f in dataclasses.fields(cls)
-        }
+        return specs
 
     @classmethod
     def complete(cls, partial=None):
         """The settings with the defaults filled in."""
-        declared = cls.declared()
-        return cls(**{declared[k].name: v for k, v in (partial or {}).items()})
+        return cls(**{k.replace("-", "_"): v for k, v in (partial or {}).items()})
 
     def to_dict(self):
         """The settings as users write them (keys with ``-``, plain data)."""
@@ -168,80 +156,74 @@ def _union_words(args, many):
     return text + (" or null" if _NONE in args else "")
 
 
-def _list_words(args, many):
-    return ("lists of " if many else "a list of ") + _words(args[0], many=True)
-
-
-def _dict_words(args, many):
-    return "mappings" if many else f"a mapping of names to {_words(args[1], many=True)}"
-
-
-#: How messages name values of a generic type, by its origin.
-_GENERIC_WORDS = {Union: _union_words, list: _list_words, dict: _dict_words}
-
-
 def _words(type_, *, many=False):
     """How messages name values of `type_`."""
+    args = get_args(type_)
     origin = get_origin(type_)
-    if type_ is Any:
-        return "values" if many else "a value"
-    if origin in _GENERIC_WORDS:
-        return _GENERIC_WORDS[origin](get_args(type_), many)
-    if type_ in _SCALAR_WORDS:
-        return _SCALAR_WORDS[type_][1 if many else 0]
+    if origin is Union:
+        return _union_words(args, many)
+    if origin is list:
+        return ("lists of " if many else "a list of ") + _words(args[0], many=True)
+    if origin is dict:
+        return (
+            "mappings"
+            if many
+            else f"a mapping of names to {_words(args[1], many=True)}"
+        )
+    if type_ in _WORDS:
+        return _WORDS[type_][many]
     name = getattr(type_, "__name__", str(type_))
     return f"{name} values" if many else f"a {name}"
 
 
+#: What a value of a type (or generic type's origin) may be, where not itself.
+_KINDS = {float: (int, float), list: (list, tuple), dict: Mapping}
+
+
 def _fits(type_, value):
-    if isinstance(value, bool) and type_ in (int, float):
+    kind = get_origin(type_) or type_
+    if isinstance(value, bool) and kind in (int, float):
         return False  # a bool is an int to Python, not to users
-    return isinstance(value, (int, float) if type_ is float else type_)
+    return isinstance(value, _KINDS.get(kind, kind))
 
 
 def _mismatch(type_, value):
     return SettingError(f"must be {_words(type_)} (got {value!r})")
 
 
+def _key(type_, key):
+    """A mapping's key, checked against its declared type."""
+    if not _fits(type_, key):
+        raise SettingError(f"{key!r} is not {_words(type_)}", path=(key,))
+    return key
+
+
 def _convert_union(type_, args, value):
-    if value is None and _NONE in args:
-        return None
-    for arg in (a for a in args if a is not _NONE):
+    for arg in args:
         with contextlib.suppress(SettingError):
             return convert(type_=arg, value=value)
     raise _mismatch(type_, value)
 
 
-def _convert_list(type_, args, value):
-    if not isinstance(value, (list, tuple)):
-        raise _mismatch(type_, value)
-    return [_under(i, convert, type_=args[0], value=v) for i, v in enumerate(value)]
-
-
-def _convert_dict(type_, args, value):
-    if not isinstance(value, Mapping):
-        raise _mismatch(type_, value)
-    result = {}
-    for key, item in value.items():  # an error points at the key
-        if not _fits(args[0], key):
-            raise SettingError(f"{key!r} is not {_words(args[0])}", path=(key,))
-        result[key] = _under(key, convert, type_=args[1], value=item)
-    return result
-
-
-#: How a value is converted to a generic type, by its origin.
-_GENERIC_CONVERT = {Union: _convert_union, list: _convert_list, dict: _convert_dict}
-
-
 def convert(*, type_, value):
-    """A value as a declared type."""
+    """A value as a declared type (lists and mappings copied)."""
+    args = get_args(type_)
     origin = get_origin(type_)
-    if type_ is Any:
+    if type_ is Any or (value is None and _NONE in args):
         return value
-    if origin in _GENERIC_CONVERT:
-        return _GENERIC_CONVERT[origin](type_, get_args(type_), value)
+    if origin is Union:
+        return _convert_union(type_, args, value)
     if not _fits(type_, value):
         raise _mismatch(type_, value)
+    if origin is list:
+        return [
+            _under((i,), convert, type_=args[0], value=v) for i, v in enumerate(value)
+        ]
+    if origin is dict:
+        return {
+            _key(args[0], k): _under((k,), convert, type_=args[1], value=v)
+            for k, v in value.items()
+        }
     return value
 
 
@@ -259,12 +241,11 @@ def read_declared(*, schema, raw, origin, unknown="setting"):
     declared = schema.declared()
     values = {}
     for key, value in raw.items():
-        spec = declared.get(key)
-        if spec is None:
+        if key not in declared:
             raise SettingError(
                 unknown_message(key, list(declared), unknown), path=(key,)
             )
-        values[key] = _under(key, spec.read, value, origin=origin)
+        values[key] = _under((key,), declared[key].read, value, origin=origin)
     return values
 
 

@@ -41,7 +41,7 @@ RULES = tuple(_SOURCE_WORDS)
 def _check_prefix(value):
     if not value.startswith("/"):
         raise ValueError(f"must be an absolute path in the image (got {value!r})")
-    if os.path.normpath(value) in SYSTEM_PREFIXES:
+    if _is_system_prefix(value):
         raise ValueError(
             f"{value!r} is the prefix of a system Python; cotainr-lumi never "
             "installs there. Name a venv or conda env of the base image"
@@ -320,9 +320,14 @@ _PLACE_RULES = (
 )
 
 
-def _named_target(facts, *, explicit):
-    """Rule 1: the env the setting names (it must be a working env)."""
+def _explicit_target(facts, *, explicit):
+    """Rule 1, the env the setting names, or rule 2, the conda env cotainr created."""
     info = _python(facts, "explicit")
+    if not explicit and info is None:
+        raise TargetEnvNotFoundError(
+            f"the conda env cotainr created ({CONDA_ENV}) has no working python; "
+            "check the conda environment file"
+        )
     if info is None:
         raise TargetEnvNotFoundError(
             f"target-env.prefix={explicit}: there is no working "
@@ -330,24 +335,14 @@ def _named_target(facts, *, explicit):
             "of a venv or conda env of the base image (the directory holding "
             "bin/python), or drop the setting to let cotainr-lumi find it."
         )
-    if _is_system_prefix(info["prefix"]):
+    if explicit and _is_system_prefix(info["prefix"]):
         raise TargetEnvNotFoundError(
             f"target-env.prefix={explicit} is a system Python (sys.prefix "
             f"{info['prefix']}); cotainr-lumi never installs there. Name a venv "
             "or conda env, or give --conda-env."
         )
-    return _make_target(facts, info, source="setting")
-
-
-def _conda_env_target(facts):
-    """Rule 2: the conda env cotainr created."""
-    info = _python(facts, "explicit")
-    if info is None:
-        raise TargetEnvNotFoundError(
-            f"the conda env cotainr created ({CONDA_ENV}) has no working python; "
-            "check the conda environment file"
-        )
-    return _make_target(facts, info, source="conda-env")
+    source = "setting" if explicit else "conda-env"
+    return _make_target(facts, info, source=source)
 
 
 def _place_target(facts):
@@ -355,19 +350,17 @@ def _place_target(facts):
     image = facts.get("image", {})
     for source, place, where, reason in _PLACE_RULES:
         info = _python(facts, where)
-        if image.get(place) and info and _kind(info) in ("venv", "conda-env"):
-            kind = _KIND_WORDS[_kind(info)]
-            reason = reason.format(place=image[place], kind=kind, **info)
+        kind = info and _kind(info)
+        if image.get(place) and kind in ("venv", "conda-env"):
+            reason = reason.format(place=image[place], kind=_KIND_WORDS[kind], **info)
             return _make_target(facts, info, source=source, reason=reason)
     return None
 
 
 def choose(*, facts, explicit=None, conda_env=False):
     """Choose the target environment from the probe's facts."""
-    if explicit:
-        return _named_target(facts, explicit=explicit)
-    if conda_env:
-        return _conda_env_target(facts)
+    if explicit or conda_env:
+        return _explicit_target(facts, explicit=explicit)
     before = _active(facts, "image")
     target = _from_with_conda(facts, before=before)
     if target is not None:

@@ -12,21 +12,23 @@ import yaml
 
 
 class LineDict(dict):
-    """A mapping from a YAML file, with the line of each key."""
+    """A mapping from a YAML file, with the line of each key (`lines`)."""
+
+    line = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.line = None
         self.lines = {}
 
 
 class LineList(list):
-    """A list from a YAML file, with the line of each item."""
+    """A list from a YAML file, with the line of each item (`lines`, by index)."""
+
+    line = None
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.line = None
-        self.lines = []
+        self.lines = {}
 
 
 #: The largest YAML file read (profiles, steps and conda env files are small).
@@ -45,52 +47,50 @@ def _expanded_size(node, sizes):
     key = id(node)
     if key not in sizes:
         sizes[key] = 1  # a node reached again through itself counts once
-        total = 1
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
         if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                total += _expanded_size(k, sizes) + _expanded_size(v, sizes)
-        elif isinstance(node, yaml.SequenceNode):
-            for item in node.value:
-                total += _expanded_size(item, sizes)
-        sizes[key] = total
+            children = [child for pair in node.value for child in pair]
+        sizes[key] = 1 + sum(_expanded_size(child, sizes) for child in children)
     return sizes[key]
+
+
+def _refuse(problem, mark):
+    raise yaml.MarkedYAMLError(problem=problem, problem_mark=mark)
 
 
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, keeping the lines of keys and items, and bounded."""
 
-    def __init__(self, stream):
-        super().__init__(stream)
-        self._depth = 0
-        self._aliases = 0
+    depth = 0
+    aliases = 0
 
     def get_single_node(self):
         node = super().get_single_node()
         if node is not None and _expanded_size(node, {}) > MAX_VALUES:
-            raise yaml.MarkedYAMLError(
-                problem=f"expands to more than {MAX_VALUES} values through its aliases",
-                problem_mark=node.start_mark,
+            _refuse(
+                f"expands to more than {MAX_VALUES} values through its aliases",
+                node.start_mark,
             )
         return node
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
-            self._aliases += 1
-            if self._aliases > MAX_ALIASES:
-                raise yaml.MarkedYAMLError(
-                    problem=f"more than {MAX_ALIASES} aliases (*name); write the values out",
-                    problem_mark=self.peek_event().start_mark,
-                )
-        self._depth += 1
-        if self._depth > MAX_DEPTH:
-            raise yaml.MarkedYAMLError(
-                problem=f"nested more than {MAX_DEPTH} levels deep",
-                problem_mark=self.peek_event().start_mark,
+            self.aliases += 1
+        if self.aliases > MAX_ALIASES:
+            _refuse(
+                f"more than {MAX_ALIASES} aliases (*name); write the values out",
+                self.peek_event().start_mark,
+            )
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            _refuse(
+                f"nested more than {MAX_DEPTH} levels deep",
+                self.peek_event().start_mark,
             )
         try:
             return super().compose_node(parent, index)
         finally:
-            self._depth -= 1
+            self.depth -= 1
 
 
 def _construct_mapping(loader, node):
@@ -98,10 +98,8 @@ def _construct_mapping(loader, node):
     yield data
     data.update(loader.construct_mapping(node, deep=True))
     data.line = node.start_mark.line + 1
-    for key_node, _value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if isinstance(key, Hashable):
-            data.lines[key] = key_node.start_mark.line + 1
+    for key, _value in node.value:  # keys are hashable, or construct_mapping raised
+        data.lines[loader.construct_object(key, deep=True)] = key.start_mark.line + 1
 
 
 def _construct_sequence(loader, node):
@@ -109,7 +107,7 @@ def _construct_sequence(loader, node):
     yield data
     data.extend(loader.construct_sequence(node, deep=True))
     data.line = node.start_mark.line + 1
-    data.lines = [item.start_mark.line + 1 for item in node.value]
+    data.lines = {i: item.start_mark.line + 1 for i, item in enumerate(node.value)}
 
 
 _Loader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
@@ -123,12 +121,12 @@ def read_yaml(*, path, error):
         size = path.stat().st_size  # a missing file: "cannot be read: No such ..."
         if not path.is_file():
             kind = "a directory" if path.is_dir() else "not a regular file"
-            raise error(f"is {kind}; give a YAML file") from None
+            raise error(f"is {kind}; give a YAML file")
         if size > MAX_BYTES:
             raise error(
                 f"is {size} bytes, more than the {MAX_BYTES} a YAML file of "
                 "cotainr-lumi may have"
-            ) from None
+            )
         with path.open("rb") as f:
             text = f.read(MAX_BYTES + 1).decode("utf-8")
     except OSError as e:
@@ -157,16 +155,9 @@ def line_of(*, data, path):
     """The line of the value at `path` in data read by :func:`read_yaml`."""
     line = getattr(data, "line", None)
     for part in path:
-        if isinstance(data, LineDict) and isinstance(part, Hashable) and part in data:
-            line = data.lines.get(part, line)
-        elif (
-            isinstance(data, LineList)
-            and isinstance(part, int)
-            and 0 <= part < len(data)
-            and part < len(data.lines)
-        ):
-            line = data.lines[part]
-        else:
+        lines = getattr(data, "lines", {})
+        if not isinstance(part, Hashable) or part not in lines:
             break
+        line = lines[part]
         data = data[part]
     return line

@@ -70,10 +70,10 @@ def test_non_elf_files_cost_one_small_read(tmp_path, mocker):
         return fds[-1]
 
     mocker.patch.object(elfinfo, "_open_fd", side_effect=spy)
-    reads = mocker.spy(elfinfo.os, "read")
+    reads = mocker.spy(elfinfo.os, "pread")
     fdopen = mocker.spy(elfinfo.os, "fdopen")
     assert read_elf_info(path=data) is None
-    assert len(fds) == 1 and reads.call_args_list == [mocker.call(fds[0], 4)]
+    assert len(fds) == 1 and reads.call_args_list == [mocker.call(fds[0], 4, 0)]
     fdopen.assert_not_called()  # no buffered stream for a non-ELF file
     with pytest.raises(OSError):
         os.fstat(fds[0])  # closed
