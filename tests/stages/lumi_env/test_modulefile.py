@@ -139,30 +139,19 @@ def test_shell_snippet_sets_the_same_variables(tmp_path):
 
 
 def test_no_runscripts_means_no_runscripts_variables():
-    text = render(
-        module_ops(
-            image="/x/a.sif",
-            binds=[],
-            names=names("a"),
-            runscripts=None,
-            user_software=False,
-        ),
-        language="lua",
+    ops = module_ops(
+        image="/x/a.sif",
+        binds=[],
+        names=names("a"),
+        runscripts=None,
+        user_software=False,
     )
+    text = render(ops, language="lua")
     assert 'setenv("RUNSCRIPTS"' not in text and "append_path" not in text
     assert 'setenv("RUNSCRIPTSA"' not in text
     assert 'prepend_path("SINGULARITYENV_PREPEND_PATH"' not in text
     assert 'setenv("SIF", "/x/a.sif")' in text
-    shell = render(
-        module_ops(
-            image="/x/a.sif",
-            binds=[],
-            names=names("a"),
-            runscripts=None,
-            user_software=False,
-        ),
-        language="sh",
-    )
+    shell = render(ops, language="sh")
     assert "RUNSCRIPTS=" not in shell and "SINGULARITY_BIND" not in shell
     assert "RUNSCRIPTSA=" not in shell
     assert "SIF=/x/a.sif; export SIF" in shell
