@@ -25,8 +25,9 @@ SETTINGS_NAME = "rocm"
 _MAJOR_MINOR = re.compile(r"^\s*(\d+)\.(\d+)")
 _RANGE = re.compile(r"^\s*(\d+\.\d+)\s*-\s*(\d+\.\d+)\s*$")
 _TORCH_ROCM = re.compile(r"\+rocm(\d+\.\d+)")
-_TORCH_VERSION_PY = re.compile(
-    r"^(__version__|hip)\s*(?::[^=]*)?=\s*['\"]([^'\"]*)", re.M
+#: ``hip = '6.1...'`` or ``hip: str = '6.1...'`` (``__version__`` too) in a version.py.
+_VERSION_PY_FIELD = re.compile(
+    r"^(__version__|hip)\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)['\"]", re.M
 )
 
 
@@ -192,17 +193,40 @@ def describe_lines(*, settings, profile_rocm, facts, target):
     return lines
 
 
+def version_py_fields(*, root, path):
+    """``__version__`` and ``hip`` of a package's ``version.py``, never imported.
+
+    Parameters
+    ----------
+    root : os.PathLike
+        The sandbox.
+    path : str
+        The file's path in the image, resolved inside `root`; read only if it
+        is a regular file (a FIFO or a device is never opened).
+
+    Returns
+    -------
+    fields : dict or None
+        The fields found (name -> value); None when the file cannot be read.
+    """
+    try:
+        host = resolve_in_root(root=root, path=path)
+        with safeio.open_regular(host) as f:
+            text = f.read(1024**2).decode("utf-8", "replace")
+    except OSError:
+        return None
+    return dict(_VERSION_PY_FIELD.findall(text))
+
+
 def _torch_in_sandbox(*, root, target):
     """The torch of the target env, read from ``torch/version.py`` in the sandbox."""
     for site in target.site if target else ():
-        try:
-            path = resolve_in_root(root=root, path=f"{site}/torch/version.py")
-            with safeio.open_regular(path) as f:  # no FIFO, no device
-                text = f.read(20000).decode(errors="replace")
-        except OSError:
-            continue
-        found = dict(_TORCH_VERSION_PY.findall(text))
-        return {"version": found.get("__version__", ""), "hip": found.get("hip", "")}
+        found = version_py_fields(root=root, path=f"{site}/torch/version.py")
+        if found is not None:
+            return {
+                "version": found.get("__version__", ""),
+                "hip": found.get("hip", ""),
+            }
     return None
 
 

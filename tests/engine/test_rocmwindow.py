@@ -1,5 +1,7 @@
 """The ROCm versions LUMI's driver supports (engine/rocmwindow.py) and the profiles."""
 
+import os
+
 from planfakes import plan_text
 import pytest
 
@@ -163,3 +165,32 @@ def test_a_strict_build_stops_with_one_error(tmp_path):
     )
     start()
     end()
+
+
+def test_version_py_fields_read_as_text_never_imported(tmp_path):
+    root = tmp_path / "root"
+    (root / "pkg").mkdir(parents=True)
+    version = root / "pkg/version.py"
+
+    def fields():
+        return rocmwindow.version_py_fields(root=root, path="/pkg/version.py")
+
+    version.write_text("__version__ = '2.7.1+rocm6.2.4'\nhip: str = '6.2.41134'\n")
+    assert fields() == {"__version__": "2.7.1+rocm6.2.4", "hip": "6.2.41134"}
+    for text in ("hip = None\n", "cuda = '12.1'\n", "hip = (\n'6.1'\n)\n"):
+        version.write_text(text)
+        assert "hip" not in fields()
+    version.unlink()
+    assert fields() is None
+
+
+def test_version_py_fields_stay_in_the_image_and_never_block(tmp_path):
+    """A base's link to a host file is read inside the image; a FIFO is not opened."""
+    root = tmp_path / "root"
+    (root / "pkg").mkdir(parents=True)
+    host = tmp_path / "host_version.py"
+    host.write_text("hip = '6.1.1'\n")
+    (root / "pkg/version.py").symlink_to(host)
+    assert rocmwindow.version_py_fields(root=root, path="/pkg/version.py") is None
+    os.mkfifo(root / "pkg/fifo.py")
+    assert rocmwindow.version_py_fields(root=root, path="/pkg/fifo.py") is None

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import logging
 import os
 from pathlib import Path
-import re
 import shutil
 
 from ...engine import rocmwindow
@@ -37,25 +36,11 @@ BACKUP_PREFIX = ".cotainr-lumi-prune-backup."
 #: Prefix of the package directories of the newer ROCm wheel layout.
 ROCM_SDK_PREFIX = "_rocm_sdk"
 
-_HIP = re.compile(r"^hip\s*(?::[^=\n]*)?=\s*['\"]([^'\"\n]*)['\"]", re.M)
-
 
 def major_minor(*, version):
     """``"6.1"`` from ``"6.1.40091-a8dbc0c19"`` or ``"6.1.3-122"``."""
     found = rocmwindow.major_minor(version)
     return found and f"{found[0]}.{found[1]}"
-
-
-def hip_version_of_package(*, version_file):
-    """``hip`` from a package's ``version.py`` (``hip: str = '6.1...'`` too), never imported."""
-    try:
-        fd = os.open(version_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            text = f.read(1024 * 1024).decode("utf-8", "replace")
-    except OSError:
-        return None
-    match = _HIP.search(text)
-    return match[1] if match else None
 
 
 @dataclass
@@ -450,7 +435,11 @@ class RocmDedup:
         applied = []
         packages = info["packages"] = {}
         for bundle in bundles:
-            hip = hip_version_of_package(version_file=bundle.package_dir / "version.py")
+            package = image_path_of(root=self.root, host_path=bundle.package_dir)
+            fields = rocmwindow.version_py_fields(
+                root=self.root, path=f"{package}/version.py"
+            )
+            hip = (fields or {}).get("hip")
             packages[bundle.package] = {"hip": hip, "dir": bundle.image_path}
             reason = _bundle_kept_reason(
                 bundle, hip=hip, base_mm=base_mm, source=source, rocm_path=rocm_path

@@ -7,7 +7,8 @@ import shutil
 import elfbuild
 import pytest
 
-from cotainr_lumi.engine.rocmwindow import base_rocm_version
+from cotainr_lumi.engine.rocmwindow import base_rocm_version, version_py_fields
+from cotainr_lumi.engine.rootfs import image_path_of
 from cotainr_lumi.stages.prune.rocm import (
     BACKUP_PREFIX,
     apply_actions,
@@ -15,7 +16,6 @@ from cotainr_lumi.stages.prune.rocm import (
     elf_objects_below,
     find_bundle_dirs,
     find_rocm_sdk_packages,
-    hip_version_of_package,
     link_stays_inside,
     major_minor,
     parse_verify_output,
@@ -86,26 +86,9 @@ def test_versions(root, tmp_path):
     assert major_minor(version=None) is None and major_minor(version="rocm") is None
     assert base_rocm_version(root=root, rocm_path="/opt/rocm") == "6.1.3-122"
     assert base_rocm_version(root=root, rocm_path="/nowhere") is None
-    assert (
-        hip_version_of_package(version_file=torch_lib(root).parent / "version.py")
-        == "6.1.40091-a8dbc0c19"
-    )
-    plain = tmp_path / "plain.py"
-    plain.write_text("hip = '6.0.32830'\n")
-    assert hip_version_of_package(version_file=plain) == "6.0.32830"
-    for text in ("hip = None\n", "cuda = '12.1'\n", "hip = (\n"):
-        plain.write_text(text)
-        assert hip_version_of_package(version_file=plain) is None
-    assert hip_version_of_package(version_file=tmp_path / "missing.py") is None
-
-
-def test_version_py_link_to_host_is_not_read(root, tmp_path):
-    host = tmp_path / "host_version.py"
-    host.write_text("hip = '6.1.1'\n")
-    version = torch_lib(root).parent / "version.py"
-    version.unlink()
-    version.symlink_to(host)
-    assert hip_version_of_package(version_file=version) is None
+    version = image_path_of(root=root, host_path=torch_lib(root).parent / "version.py")
+    fields = version_py_fields(root=root, path=str(version))
+    assert fields["hip"] == "6.1.40091-a8dbc0c19"
 
 
 def test_find_bundle_dirs_and_sdk_packages(root):
